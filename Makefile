@@ -1,0 +1,39 @@
+# A thin wrapper over CMake presets (CMakePresets.json). The two commands of the quick start:
+#   make tour   set up, build (Release), run every chapter on the bundled model
+#   make test   set up, build, run the whole test suite with ctest
+# Others: make build | asan | docs | bench | clean.
+.PHONY: setup configure build tour test asan docs bench clean
+
+setup:
+	@tools/setup.sh
+
+configure: setup
+	@cmake --preset release > build-configure.log 2>&1 || (cat build-configure.log; exit 1)
+	@grep -E "InferLab CUDA backend" build-configure.log || true
+	@rm -f build-configure.log
+
+build: configure
+	cmake --build --preset release
+
+tour: build
+	@tools/tour.sh build/release/bin
+
+test: build
+	ctest --preset release
+
+# The unit tests once more under AddressSanitizer + UndefinedBehaviorSanitizer (CPU only).
+asan: setup
+	cmake --preset asan
+	cmake --build --preset asan
+	ctest --preset asan
+
+# The Doxygen site in build/release/docs/html (warnings are errors).
+docs: configure
+	cmake --build --preset release --target docs
+
+# The benchmarks on this machine, with the ceilings they are measured against.
+bench: build
+	@tools/bench.sh build/release/bin
+
+clean:
+	rm -rf build

@@ -1,0 +1,117 @@
+#include "common/cli.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "common/cuda/backend.h"
+#include "common/error.h"
+
+#ifndef INFERLAB_DATA_DIR
+#define INFERLAB_DATA_DIR "data"
+#endif
+
+namespace inferlab {
+
+std::string data_dir() { return INFERLAB_DATA_DIR; }
+std::string default_model_path() { return data_dir() + "/models/tiny-mha"; }
+
+Device CommonOptions::resolved_device() const {
+  if (device == "cpu") return Device::CPU;
+  IL_CHECK(device == "cuda", "unknown device '", device, "' (use cpu or cuda)");
+  cuda::require_device();
+  return Device::CUDA;
+}
+
+SamplingParams CommonOptions::sampling() const {
+  SamplingParams p{temperature, top_k, top_p, seed};
+  validate(p);
+  return p;
+}
+
+void add_common_options(CLI::App& app, CommonOptions& o) {
+  if (o.model.empty()) o.model = default_model_path();
+  app.add_option("--model", o.model, "Model folder (config.json, *.safetensors, tokenizer.json) or file")
+      ->capture_default_str();
+  app.add_option("--prompt", o.prompt, "Prompt text")->capture_default_str();
+  app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--device", o.device, "Where to run")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  app.add_option("--seed", o.seed, "Random seed for sampling")->capture_default_str();
+  app.add_option("--temperature", o.temperature, "Sampling temperature (0 = greedy)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--top-k", o.top_k, "Keep the k most likely tokens (0 = all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--top-p", o.top_p, "Nucleus sampling mass, in (0, 1]")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--json", o.json, "Write the results as JSON to this file");
+}
+
+int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << app.get_name() << ": error: " << e.what() << "\nRun with --help for the options.\n";
+    return 2;
+  }
+  try {
+    return body();
+  } catch (const Error& e) {
+    std::cerr << app.get_name() << ": error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << app.get_name() << ": error: out of host memory\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << app.get_name() << ": internal error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  std::ofstream out(path);
+  IL_CHECK(out.good(), "cannot write ", path, ": ", std::strerror(errno));
+  out << j.dump(2) << "\n";
+  IL_CHECK(out.good(), "error writing ", path);
+}
+
+Progress::Progress(std::string label, std::int64_t total)
+    : label_(std::move(label)), total_(total), tty_(isatty(STDERR_FILENO) != 0) {}
+
+Progress::~Progress() { finish(); }
+
+void Progress::update(std::int64_t done) {
+  const double t = timer_.seconds();
+  if (t < 2.0) return;
+  const int decile = total_ > 0 ? static_cast<int>(10 * done / total_) : 0;
+  if (tty_) {
+    if (t - last_print_ < 0.1 && done < total_) return;
+  } else if (decile == last_decile_) {
+    return;
+  }
+  last_print_ = t, last_decile_ = decile, printed_ = true;
+  std::fprintf(stderr, "%s%s %lld/%lld (%d%%), %.1f s%s", tty_ ? "\r" : "", label_.c_str(),
+               static_cast<long long>(done), static_cast<long long>(total_),
+               total_ > 0 ? static_cast<int>(100 * done / total_) : 0, t, tty_ ? "\033[K" : "\n");
+  std::fflush(stderr);
+}
+
+void Progress::finish() {
+  if (printed_ && tty_) std::fprintf(stderr, "\n");
+  printed_ = false;
+}
+
+}  // namespace inferlab

@@ -1,0 +1,331 @@
+// CUDA kernels of the core ops. Each mirrors its reference loop in ops_ref.cpp; these are the
+// first, plain versions (the chapters add tuned ones beside them, e.g. split-K decode attention).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/cuda/backend.h"
+#include "common/cuda/util.cuh"
+
+namespace inferlab::cuda {
+
+namespace {
+
+__device__ inline float to_f(float v) { return v; }
+__device__ inline float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ inline float to_f(__half v) { return __half2float(v); }
+
+// Calls f with a null pointer of the C++ type that stores weight dtype d.
+template <class F>
+void with_weight_type(DType d, F&& f) {
+  switch (d) {
+    case DType::F32: f(static_cast<const float*>(nullptr)); break;
+    case DType::BF16: f(static_cast<const __nv_bfloat16*>(nullptr)); break;
+    case DType::F16: f(static_cast<const __half*>(nullptr)); break;
+    default: fail("CUDA op: weight dtype ", dtype_name(d), " is not supported");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMV (M = 1): one warp per output row. The weights are the whole cost, so each lane loads 16
+// bytes at a time and the warp reads a row in fully coalesced 512-byte sweeps.
+template <class W>
+__global__ void gemv_vec(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ y, long long N,
+                         long long K) {
+  constexpr int E = 16 / sizeof(W);  // weights per 16-byte load
+  const long long row = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const W* wr = w + row * K;
+  float acc = 0.0f;
+  for (long long k = lane * E; k < K; k += 32 * E) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(wr + k);
+    const W* wv = reinterpret_cast<const W*>(&raw);
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc += x[k + e] * to_f(wv[e]);
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) y[row] = acc;
+}
+
+// Any K and alignment: the same with scalar loads.
+template <class W>
+__global__ void gemv_scalar(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ y, long long N,
+                            long long K) {
+  const long long row = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  float acc = 0.0f;
+  for (long long k = lane; k < K; k += 32) acc += x[k] * to_f(w[row * K + k]);
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) y[row] = acc;
+}
+
+template <class W>
+__global__ void convert_f32(const float* __restrict__ in, W* __restrict__ out, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    if constexpr (sizeof(W) == 2 && std::is_same_v<W, __half>) out[i] = __float2half_rn(in[i]);
+    else out[i] = __float2bfloat16_rn(in[i]);
+  }
+}
+
+GemvKernel g_gemv = GemvKernel::Own;
+
+}  // namespace
+
+void set_gemv_kernel(GemvKernel k) { g_gemv = k; }
+
+void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
+  const long long M = x.size(0), K = x.size(1), N = w.size(0);
+  if (M == 1 && g_gemv == GemvKernel::Own) {
+    with_weight_type(w.dtype(), [&](auto* tag) {
+      using W = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
+      constexpr int E = 16 / sizeof(W);
+      const unsigned threads = 256, blocks = blocks_for(N * 32, threads);
+      const bool aligned = K % E == 0 && reinterpret_cast<std::uintptr_t>(w.raw_data()) % 16 == 0;
+      if (aligned)
+        gemv_vec<W><<<blocks, threads, 0, stream()>>>(x.data<float>(), static_cast<const W*>(w.raw_data()),
+                                                       out.data<float>(), N, K);
+      else
+        gemv_scalar<W><<<blocks, threads, 0, stream()>>>(x.data<float>(), static_cast<const W*>(w.raw_data()),
+                                                          out.data<float>(), N, K);
+      IL_CUDA_LAUNCHED();
+    });
+    return;
+  }
+  // cuBLAS is column-major: our row-major out[M,N] is its N×M matrix out' = w'ᵀ·x' where w' is
+  // w viewed as K×N and x' is x viewed as K×M.
+  const float alpha = 1.0f, beta = 0.0f;
+  if (w.dtype() == DType::F32) {
+    IL_CUBLAS(cublasSgemm(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
+                          static_cast<int>(K), &alpha, w.data<float>(), static_cast<int>(K), x.data<float>(),
+                          static_cast<int>(K), &beta, out.data<float>(), static_cast<int>(N)));
+    return;
+  }
+  // 16-bit weights: cuBLAS wants both inputs in one type, so the activations are rounded to the
+  // weights' type first (as every bf16 inference engine does); accumulation stays f32.
+  const bool bf = w.dtype() == DType::BF16;
+  void* xh = scratch(static_cast<std::size_t>(M * K) * 2);
+  if (bf) convert_f32<__nv_bfloat16><<<blocks_for(M * K, 256), 256, 0, stream()>>>(x.data<float>(), static_cast<__nv_bfloat16*>(xh), M * K);
+  else convert_f32<__half><<<blocks_for(M * K, 256), 256, 0, stream()>>>(x.data<float>(), static_cast<__half*>(xh), M * K);
+  IL_CUDA_LAUNCHED();
+  const cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_16F;
+  IL_CUBLAS(cublasGemmEx(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
+                         static_cast<int>(K), &alpha, w.raw_data(), t, static_cast<int>(K), xh, t, static_cast<int>(K),
+                         &beta, out.data<float>(), CUDA_R_32F, static_cast<int>(N), CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT));
+}
+
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+__global__ void add_kernel(const float* a, const float* b, float* out, long long n, long long bn) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    out[i] = a[i] + b[i % bn];
+}
+
+template <class W>
+__global__ void rmsnorm_kernel(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ out,
+                               long long D, float eps) {
+  const float* xr = x + blockIdx.x * D;
+  float ss = 0.0f;
+  for (long long i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss);
+  const float inv_rms = rsqrtf(ss / static_cast<float>(D) + eps);
+  for (long long i = threadIdx.x; i < D; i += blockDim.x) out[blockIdx.x * D + i] = xr[i] * inv_rms * to_f(w[i]);
+}
+
+__global__ void rope_kernel(float* x, const int* pos, const float* inv_freq, long long T, long long heads, long long D,
+                            long long half, bool adjacent) {
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;  // one (t, j) pair
+  if (i >= T * half) return;
+  const long long t = i / half, j = i % half;
+  double s, c;
+  sincos(static_cast<double>(pos[t]) * static_cast<double>(inv_freq[j]), &s, &c);  // angle in double, as on the CPU
+  const float cf = static_cast<float>(c), sf = static_cast<float>(s);
+  const long long ia = adjacent ? 2 * j : j, ib = adjacent ? 2 * j + 1 : j + half;
+  for (long long h = 0; h < heads; ++h) {
+    float* row = x + (t * heads + h) * D;
+    const float a = row[ia], b = row[ib];
+    row[ia] = a * cf - b * sf;
+    row[ib] = a * sf + b * cf;
+  }
+}
+
+__global__ void softmax_kernel(const float* __restrict__ x, float* __restrict__ out, long long N) {
+  const float* xr = x + blockIdx.x * N;
+  float* orow = out + blockIdx.x * N;
+  float mx = -INFINITY;
+  for (long long i = threadIdx.x; i < N; i += blockDim.x) mx = fmaxf(mx, xr[i]);
+  mx = block_max(mx);
+  float sum = 0.0f;
+  for (long long i = threadIdx.x; i < N; i += blockDim.x) sum += (orow[i] = expf(xr[i] - mx));
+  sum = block_sum(sum);
+  for (long long i = threadIdx.x; i < N; i += blockDim.x) orow[i] /= sum;
+}
+
+__global__ void swiglu_kernel(const float* g, const float* u, float* out, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+template <class W>
+__global__ void embedding_kernel(const W* __restrict__ table, const int* __restrict__ ids, float* __restrict__ out,
+                                 long long D) {
+  const W* row = table + static_cast<long long>(ids[blockIdx.x]) * D;
+  for (long long i = threadIdx.x; i < D; i += blockDim.x) out[blockIdx.x * D + i] = to_f(row[i]);
+}
+
+// Attention, one block per (query row, head), online softmax over chunks of blockDim keys:
+// each thread scores one key of the chunk, the block rescales its running sum and output by
+// exp(old max - new max), then each thread accumulates its output dimensions.
+constexpr int kAttnThreads = 128;
+constexpr int kAttnMaxHead = 256;
+
+__global__ void attention_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                                 float* __restrict__ out, long long S, long long Nq, long long Nk, long long H,
+                                 long long q_offset, long long window, float scale, bool causal) {
+  __shared__ float qs[kAttnMaxHead];
+  __shared__ float ps[kAttnThreads];
+  const long long t = blockIdx.x, h = blockIdx.y, kvh = h / (Nq / Nk);
+  const long long hi = causal ? q_offset + t : S - 1;
+  const long long lo = window > 0 ? max(0LL, hi - window + 1) : 0;
+  for (long long d = threadIdx.x; d < H; d += blockDim.x) qs[d] = q[(t * Nq + h) * H + d];
+  __syncthreads();
+  constexpr int kDims = kAttnMaxHead / kAttnThreads;  // output dimensions per thread
+  float acc[kDims] = {};
+  float m = -INFINITY, l = 0.0f;
+  for (long long j0 = lo; j0 <= hi; j0 += blockDim.x) {
+    const long long j = j0 + threadIdx.x;
+    float s = -INFINITY;
+    if (j <= hi) {
+      const float* kr = k + (j * Nk + kvh) * H;
+      float dot = 0.0f;
+      for (long long d = 0; d < H; ++d) dot += qs[d] * kr[d];
+      s = dot * scale;
+    }
+    const float m_new = fmaxf(m, block_max(s));
+    const float correction = expf(m - m_new);  // 0 on the first chunk (m = -inf)
+    const float p = j <= hi ? expf(s - m_new) : 0.0f;
+    __syncthreads();
+    ps[threadIdx.x] = p;
+    const float chunk_sum = block_sum(p);  // synchronises, so ps[] is complete
+    l = l * correction + chunk_sum;
+    const long long n = min(static_cast<long long>(blockDim.x), hi - j0 + 1);
+#pragma unroll
+    for (int c = 0; c < kDims; ++c) {
+      const long long d = threadIdx.x + c * blockDim.x;
+      if (d < H) {
+        float a = acc[c] * correction;
+        for (long long i = 0; i < n; ++i) a += ps[i] * v[((j0 + i) * Nk + kvh) * H + d];
+        acc[c] = a;
+      }
+    }
+    m = m_new;
+  }
+#pragma unroll
+  for (int c = 0; c < kDims; ++c) {
+    const long long d = threadIdx.x + c * blockDim.x;
+    if (d < H) out[(t * Nq + h) * H + d] = acc[c] / l;
+  }
+}
+
+// (value, index) with NaN largest and ties to the lower index: the same order as the CPU loop.
+__device__ inline bool beats(float a, int ia, float b, int ib) {
+  const bool na = isnan(a), nb = isnan(b);
+  if (na || nb) return na && (!nb || ia < ib);
+  return a > b || (a == b && ia < ib);
+}
+
+__global__ void argmax_kernel(const float* __restrict__ x, int* __restrict__ out, long long N) {
+  __shared__ float sv[1024];
+  __shared__ int si[1024];
+  const float* r = x + blockIdx.x * N;
+  float best = r[0];
+  int bi = 0;
+  for (long long i = threadIdx.x; i < N; i += blockDim.x)
+    if (beats(r[i], static_cast<int>(i), best, bi)) best = r[i], bi = static_cast<int>(i);
+  sv[threadIdx.x] = best, si[threadIdx.x] = bi;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s && beats(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x], si[threadIdx.x]))
+      sv[threadIdx.x] = sv[threadIdx.x + s], si[threadIdx.x] = si[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = si[0];
+}
+
+}  // namespace
+
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  add_kernel<<<blocks_for(a.numel(), 256), 256, 0, stream()>>>(a.data<float>(), b.data<float>(), out.data<float>(),
+                                                                a.numel(), b.numel());
+  IL_CUDA_LAUNCHED();
+}
+
+void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  const long long D = x.size(-1), rows = x.numel() / D;
+  if (rows == 0) return;
+  with_weight_type(w.dtype(), [&](auto* tag) {
+    using W = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
+    rmsnorm_kernel<W><<<static_cast<unsigned>(rows), 256, 0, stream()>>>(
+        x.data<float>(), static_cast<const W*>(w.raw_data()), out.data<float>(), D, eps);
+    IL_CUDA_LAUNCHED();
+  });
+}
+
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing) {
+  const long long T = x.size(0), half = inv_freq.size(0);
+  if (T * half == 0) return;
+  rope_kernel<<<blocks_for(T * half, 256), 256, 0, stream()>>>(x.data<float>(), positions.data<std::int32_t>(),
+                                                                inv_freq.data<float>(), T, x.size(1), x.size(2), half,
+                                                                pairing == RopePairing::Adjacent);
+  IL_CUDA_LAUNCHED();
+}
+
+void softmax(const Tensor& x, Tensor& out) {
+  const long long N = x.size(-1), rows = x.numel() / N;
+  if (rows == 0) return;
+  softmax_kernel<<<static_cast<unsigned>(rows), 256, 0, stream()>>>(x.data<float>(), out.data<float>(), N);
+  IL_CUDA_LAUNCHED();
+}
+
+void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+  if (gate.numel() == 0) return;
+  swiglu_kernel<<<blocks_for(gate.numel(), 256), 256, 0, stream()>>>(gate.data<float>(), up.data<float>(),
+                                                                      out.data<float>(), gate.numel());
+  IL_CUDA_LAUNCHED();
+}
+
+void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  if (ids.size(0) == 0) return;
+  with_weight_type(table.dtype(), [&](auto* tag) {
+    using W = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
+    embedding_kernel<W><<<static_cast<unsigned>(ids.size(0)), 256, 0, stream()>>>(
+        static_cast<const W*>(table.raw_data()), ids.data<std::int32_t>(), out.data<float>(), table.size(1));
+    IL_CUDA_LAUNCHED();
+  });
+}
+
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
+  const long long T = q.size(0), Nq = q.size(1), H = q.size(2);
+  IL_CHECK(H <= kAttnMaxHead, "attention (CUDA): head dimension ", H, " is above this kernel's limit of ",
+           kAttnMaxHead);
+  if (T == 0) return;
+  dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(Nq));
+  attention_kernel<<<grid, kAttnThreads, 0, stream()>>>(q.data<float>(), k.data<float>(), v.data<float>(),
+                                                         out.data<float>(), k.size(0), Nq, k.size(1), H, p.q_offset,
+                                                         p.window, p.scale, p.causal);
+  IL_CUDA_LAUNCHED();
+}
+
+void argmax(const Tensor& x, Tensor& out) {
+  if (x.size(0) == 0) return;
+  argmax_kernel<<<static_cast<unsigned>(x.size(0)), 256, 0, stream()>>>(x.data<float>(), out.data<std::int32_t>(),
+                                                                         x.size(1));
+  IL_CUDA_LAUNCHED();
+}
+
+}  // namespace inferlab::cuda

@@ -1,0 +1,36 @@
+// The CUDA backend of a build without CUDA: every entry point says so clearly.
+#include "common/cuda/backend.h"
+#include "common/error.h"
+
+namespace inferlab::cuda {
+
+namespace {
+constexpr const char* kReason =
+    "this build has no CUDA backend (nvcc was not found when it was configured; reconfigure with "
+    "-DINFERLAB_CUDA=ON on a machine with the CUDA toolkit)";
+[[noreturn]] void no_cuda() { fail("no CUDA device available: ", kReason); }
+}  // namespace
+
+bool built() { return false; }
+std::string unavailable_reason() { return kReason; }
+void require_device() { no_cuda(); }
+std::string device_description() { no_cuda(); }
+void* device_malloc(std::size_t) { no_cuda(); }
+void device_free(void*) {}
+void memcpy(void*, Device, const void*, Device, std::size_t) { no_cuda(); }
+void memset_zero(void*, std::size_t) { no_cuda(); }
+void synchronize() {}
+void matmul(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
+void add(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
+void rmsnorm(const Tensor&, const Tensor&, float, Tensor&) { no_cuda(); }
+void rope(Tensor&, const Tensor&, const Tensor&, RopePairing) { no_cuda(); }
+void softmax(const Tensor&, Tensor&) { no_cuda(); }
+void swiglu(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
+void embedding(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
+void attention(const Tensor&, const Tensor&, const Tensor&, Tensor&, const AttentionParams&) { no_cuda(); }
+void argmax(const Tensor&, Tensor&) { no_cuda(); }
+void set_gemv_kernel(GemvKernel) {}
+double measure_read_bandwidth(std::size_t) { no_cuda(); }
+double measure_gemm_flops(int) { no_cuda(); }
+
+}  // namespace inferlab::cuda

@@ -1,0 +1,42 @@
+#pragma once
+/// @file error.h
+/// @brief The one exception type InferLab throws, and the checks that build its messages.
+///
+/// Every error names what is wrong in words a user can act on ("model.safetensors: tensor
+/// 'lm_head.weight': data_offsets end 4096 past the data section (2048 bytes)"). Executables
+/// catch it at the top (see cli.h) and print it; nothing is allowed to crash instead.
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace inferlab {
+
+/// A user-facing error: a bad file, a bad shape, an unavailable device.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+namespace detail {
+template <class... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+}  // namespace detail
+
+/// Throws inferlab::Error with the streamed arguments as the message.
+template <class... Args>
+[[noreturn]] void fail(const Args&... args) {
+  throw Error(detail::concat(args...));
+}
+
+}  // namespace inferlab
+
+/// Checks a condition that depends on user input; throws inferlab::Error with the message.
+#define IL_CHECK(cond, ...)                   \
+  do {                                        \
+    if (!(cond)) ::inferlab::fail(__VA_ARGS__); \
+  } while (0)

@@ -1,0 +1,91 @@
+#include "common/hf_config.h"
+
+#include <filesystem>
+
+#include "common/json_file.h"
+
+namespace inferlab {
+
+namespace fs = std::filesystem;
+
+HfConfig load_hf_config(const std::string& path) {
+  HfConfig c;
+  c.path = fs::is_directory(path) ? (fs::path(path) / "config.json").string() : path;
+  IL_CHECK(fs::exists(c.path), "cannot open ", c.path, ": no such file (a model folder needs a config.json)");
+  c.json = load_json(c.path);
+  IL_CHECK(c.json.is_object(), c.path, ": expected a JSON object");
+  return c;
+}
+
+std::string HfConfig::architecture() const {
+  if (json.contains("architectures") && json["architectures"].is_array() && !json["architectures"].empty() &&
+      json["architectures"][0].is_string())
+    return json["architectures"][0].get<std::string>();
+  return "";
+}
+
+std::string HfConfig::model_type() const {
+  return json.contains("model_type") && json["model_type"].is_string() ? json["model_type"].get<std::string>() : "";
+}
+
+TransformerConfig parse_transformer_config(const HfConfig& cfg) {
+  JsonFields f(cfg.json, cfg.path);
+  TransformerConfig c;
+  c.architecture = cfg.architecture();
+  c.hidden_size = f.get<std::int64_t>("hidden_size");
+  c.intermediate_size = f.get<std::int64_t>("intermediate_size");
+  c.num_layers = f.get<std::int64_t>("num_hidden_layers");
+  c.num_heads = f.get<std::int64_t>("num_attention_heads");
+  c.num_kv_heads = f.get_or<std::int64_t>("num_key_value_heads", c.num_heads);
+  c.vocab_size = f.get<std::int64_t>("vocab_size");
+  c.max_position_embeddings = f.get_or<std::int64_t>("max_position_embeddings", 2048);
+  c.rms_norm_eps = f.get_or<double>("rms_norm_eps", 1e-6);
+  c.rope_theta = f.get_or<double>("rope_theta", 10000.0);
+  if (f.has("rope_scaling")) c.rope_scaling = cfg.json["rope_scaling"];
+  c.tie_word_embeddings = f.get_or<bool>("tie_word_embeddings", false);
+  // Qwen2's q/k/v biases are implied by its architecture rather than a config field.
+  c.attention_bias = f.get_or<bool>("attention_bias", cfg.model_type() == "qwen2");
+  c.mlp_bias = f.get_or<bool>("mlp_bias", false);
+  c.torch_dtype = f.get_or<std::string>("torch_dtype", f.get_or<std::string>("dtype", ""));
+  if (f.has("bos_token_id")) c.bos_token_id = f.get<std::int64_t>("bos_token_id");
+  if (f.has("eos_token_id")) {
+    const auto& e = cfg.json["eos_token_id"];
+    if (e.is_array()) {
+      for (const auto& v : e) {
+        IL_CHECK(v.is_number_integer(), cfg.path, ": field 'eos_token_id' must hold integers, got ", v.dump());
+        c.eos_token_ids.push_back(v.get<std::int64_t>());
+      }
+    } else {
+      c.eos_token_ids.push_back(f.get<std::int64_t>("eos_token_id"));
+    }
+  }
+  for (auto [name, v] : {std::pair{"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
+                         {"num_hidden_layers", c.num_layers}, {"num_attention_heads", c.num_heads},
+                         {"num_key_value_heads", c.num_kv_heads}, {"vocab_size", c.vocab_size}})
+    IL_CHECK(v > 0, cfg.path, ": field '", name, "' must be positive, got ", v);
+  IL_CHECK(c.num_heads % c.num_kv_heads == 0, cfg.path, ": num_attention_heads ", c.num_heads,
+           " is not a multiple of num_key_value_heads ", c.num_kv_heads);
+  if (f.has("head_dim")) {
+    c.head_dim = f.get<std::int64_t>("head_dim");
+    IL_CHECK(c.head_dim > 0, cfg.path, ": field 'head_dim' must be positive, got ", c.head_dim);
+  } else {
+    IL_CHECK(c.hidden_size % c.num_heads == 0, cfg.path, ": hidden_size ", c.hidden_size,
+             " is not a multiple of num_attention_heads ", c.num_heads, " (and no head_dim is given)");
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+  IL_CHECK(c.head_dim % 2 == 0, cfg.path, ": head_dim ", c.head_dim, " must be even for RoPE");
+  return c;
+}
+
+std::int64_t TransformerConfig::num_parameters() const {
+  const std::int64_t D = hidden_size, F = intermediate_size, H = head_dim;
+  const std::int64_t q = D * num_heads * H, kv = 2 * D * num_kv_heads * H, o = num_heads * H * D;
+  const std::int64_t bias = attention_bias ? (num_heads + 2 * num_kv_heads) * H : 0;
+  const std::int64_t mlp = 3 * D * F + (mlp_bias ? 2 * F + D : 0);
+  const std::int64_t per_layer = q + kv + o + bias + mlp + 2 * D;  // two RMSNorm weights
+  return vocab_size * D + num_layers * per_layer + D + (tie_word_embeddings ? 0 : vocab_size * D);
+}
+
+std::int64_t TransformerConfig::kv_elements_per_token() const { return 2 * num_layers * num_kv_heads * head_dim; }
+
+}  // namespace inferlab

@@ -1,0 +1,58 @@
+#pragma once
+/// @file hf_config.h
+/// @brief A Hugging Face `config.json`, and the hyper-parameters of a Llama-family decoder.
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace inferlab {
+
+/// The config.json of a model folder (or a path to the file itself), kept whole: chapters read
+/// their own fields (MLA's kv_lora_rank, Mamba's state size) through JsonFields.
+struct HfConfig {
+  std::string path;  ///< the config.json file
+  nlohmann::json json;
+  /// First entry of "architectures", or "" if absent.
+  std::string architecture() const;
+  /// "model_type", or "" if absent.
+  std::string model_type() const;
+};
+
+/// Loads `<folder>/config.json` (or the file at `path`); throws on a missing file or bad JSON.
+HfConfig load_hf_config(const std::string& path);
+
+/// The shape of a Llama-family decoder, in the lecture's letters where it has them.
+struct TransformerConfig {
+  std::string architecture;         ///< e.g. "LlamaForCausalLM"
+  std::int64_t hidden_size = 0;     ///< D
+  std::int64_t intermediate_size = 0; ///< F
+  std::int64_t num_layers = 0;      ///< L
+  std::int64_t num_heads = 0;       ///< N (query heads)
+  std::int64_t num_kv_heads = 0;    ///< K (key/value heads; = N for MHA)
+  std::int64_t head_dim = 0;        ///< H (hidden_size / num_heads unless given)
+  std::int64_t vocab_size = 0;      ///< V
+  std::int64_t max_position_embeddings = 0;  ///< the context length the model was trained for
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  nlohmann::json rope_scaling;      ///< null, or the config's rope_scaling object
+  bool tie_word_embeddings = false; ///< lm_head shares the token embedding
+  bool attention_bias = false;      ///< q/k/v projections have biases (Qwen2)
+  bool mlp_bias = false;
+  std::optional<std::int64_t> bos_token_id;
+  std::vector<std::int64_t> eos_token_ids;
+  std::string torch_dtype;          ///< the dtype the weights were saved in, e.g. "bfloat16"
+
+  /// Parameters: embeddings, attention, MLP, norms and (when untied) the output head.
+  std::int64_t num_parameters() const;
+  /// KV-cache elements per token: 2 · L · K · H (multiply by bytes per element).
+  std::int64_t kv_elements_per_token() const;
+};
+
+/// Reads a Llama-family config (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, ...),
+/// checking that the fields agree (heads divide hidden size, KV heads divide heads, ...).
+TransformerConfig parse_transformer_config(const HfConfig& cfg);
+
+}  // namespace inferlab

@@ -1,0 +1,57 @@
+#pragma once
+/// @file json_file.h
+/// @brief Reading JSON files (nlohmann_json) with errors that name the file and the field.
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <type_traits>
+
+#include "common/error.h"
+
+namespace inferlab {
+
+/// Parses a JSON file; throws "cannot open <path>" or "<path>: not valid JSON: <parser's words>".
+nlohmann::json load_json(const std::string& path);
+
+/// Typed access to the fields of one JSON object; every error names `context` (usually the
+/// file) and the field.
+class JsonFields {
+ public:
+  JsonFields(const nlohmann::json& j, std::string context) : j_(j), ctx_(std::move(context)) {
+    IL_CHECK(j_.is_object(), ctx_, ": expected a JSON object");
+  }
+  bool has(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
+  /// The field, which must exist and have type T (std::int64_t, double, bool, std::string).
+  template <class T>
+  T get(const std::string& key) const {
+    IL_CHECK(has(key), ctx_, ": missing field '", key, "'");
+    return convert<T>(key, j_[key]);
+  }
+  /// The field, or `fallback` when it is absent or null.
+  template <class T>
+  T get_or(const std::string& key, T fallback) const {
+    return has(key) ? convert<T>(key, j_[key]) : fallback;
+  }
+  const nlohmann::json& json() const { return j_; }
+  const std::string& context() const { return ctx_; }
+
+ private:
+  template <class T>
+  T convert(const std::string& key, const nlohmann::json& v) const {
+    if constexpr (std::is_same_v<T, bool>) {
+      IL_CHECK(v.is_boolean(), ctx_, ": field '", key, "' must be true or false, got ", v.dump());
+    } else if constexpr (std::is_integral_v<T>) {
+      IL_CHECK(v.is_number_integer(), ctx_, ": field '", key, "' must be an integer, got ", v.dump());
+    } else if constexpr (std::is_floating_point_v<T>) {
+      IL_CHECK(v.is_number(), ctx_, ": field '", key, "' must be a number, got ", v.dump());
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      IL_CHECK(v.is_string(), ctx_, ": field '", key, "' must be a string, got ", v.dump());
+    }
+    return v.get<T>();
+  }
+  const nlohmann::json& j_;
+  std::string ctx_;
+};
+
+}  // namespace inferlab

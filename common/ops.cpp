@@ -1,0 +1,274 @@
+// ops:: — checks, work counting, and dispatch to the fast CPU path or the CUDA backend.
+#include "common/ops.h"
+
+#include <cmath>
+
+#include "common/cuda/backend.h"
+#include "common/metrics.h"
+#include "common/ops_cpu.h"
+
+namespace inferlab {
+
+// ---------------------------------------------------------------------------------------------
+// Checks shared by every version of every op.
+namespace {
+
+void want(const Tensor& t, const char* op, const char* name) {
+  IL_CHECK(t.defined(), op, ": ", name, " is undefined");
+  IL_CHECK(t.is_contiguous(), op, ": ", name, " ", t.describe(), " must be contiguous");
+}
+void want_dtype(const Tensor& t, DType d, const char* op, const char* name) {
+  IL_CHECK(t.dtype() == d, op, ": ", name, " must be ", dtype_name(d), ", got ", t.describe());
+}
+void want_weight_dtype(const Tensor& t, const char* op, const char* name) {
+  IL_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F16 || t.dtype() == DType::BF16, op, ": ", name,
+           " must be f32, f16 or bf16, got ", t.describe());
+}
+void want_ndim(const Tensor& t, int n, const char* op, const char* name) {
+  IL_CHECK(t.ndim() == n, op, ": ", name, " must be ", n, "-d, got ", t.describe());
+}
+void same_device(const char* op, std::initializer_list<const Tensor*> ts) {
+  Device d = (*ts.begin())->device();
+  for (const Tensor* t : ts)
+    IL_CHECK(t->device() == d, op, ": all tensors must be on one device, got ", t->describe(), " and a ",
+             device_name(d), " tensor");
+}
+void same_shape(const Tensor& a, const Tensor& b, const char* op, const char* na, const char* nb) {
+  IL_CHECK(a.shape() == b.shape(), op, ": ", na, " ", a.describe(), " and ", nb, " ", b.describe(),
+           " must have the same shape");
+}
+double bytes(const Tensor& t) { return static_cast<double>(t.nbytes()); }
+
+}  // namespace
+
+namespace check {
+
+void matmul(const Tensor& x, const Tensor& w, const Tensor& out) {
+  want(x, "matmul", "x"), want(w, "matmul", "w"), want(out, "matmul", "out");
+  want_ndim(x, 2, "matmul", "x"), want_ndim(w, 2, "matmul", "w"), want_ndim(out, 2, "matmul", "out");
+  want_dtype(x, DType::F32, "matmul", "x"), want_weight_dtype(w, "matmul", "w");
+  want_dtype(out, DType::F32, "matmul", "out");
+  same_device("matmul", {&x, &w, &out});
+  IL_CHECK(x.size(1) == w.size(1), "matmul: x ", x.describe(), " and w ", w.describe(),
+           " disagree on the inner dimension");
+  IL_CHECK(out.size(0) == x.size(0) && out.size(1) == w.size(0), "matmul: out ", out.describe(), " should be [",
+           x.size(0), ", ", w.size(0), "]");
+  metrics::count(2.0 * x.size(0) * w.size(0) * x.size(1), bytes(x) + bytes(w) + bytes(out));
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  want(a, "add", "a"), want(b, "add", "b"), want(out, "add", "out");
+  want_dtype(a, DType::F32, "add", "a"), want_dtype(b, DType::F32, "add", "b"), want_dtype(out, DType::F32, "add", "out");
+  same_device("add", {&a, &b, &out});
+  same_shape(a, out, "add", "a", "out");
+  bool row = b.ndim() == 1 && a.ndim() >= 1 && b.size(0) == a.size(-1);
+  IL_CHECK(row || b.shape() == a.shape(), "add: b ", b.describe(), " must have a's shape ", shape_str(a.shape()),
+           " or be one row of its last dimension");
+  metrics::count(static_cast<double>(a.numel()), bytes(a) + bytes(b) + bytes(out));
+}
+
+void rmsnorm(const Tensor& x, const Tensor& w, const Tensor& out) {
+  want(x, "rmsnorm", "x"), want(w, "rmsnorm", "w"), want(out, "rmsnorm", "out");
+  want_dtype(x, DType::F32, "rmsnorm", "x"), want_weight_dtype(w, "rmsnorm", "w");
+  want_dtype(out, DType::F32, "rmsnorm", "out");
+  same_device("rmsnorm", {&x, &w, &out});
+  want_ndim(w, 1, "rmsnorm", "w");
+  IL_CHECK(x.ndim() >= 1 && x.size(-1) == w.size(0), "rmsnorm: x ", x.describe(), " and weight ", w.describe(),
+           " disagree on the last dimension");
+  same_shape(x, out, "rmsnorm", "x", "out");
+  metrics::count(4.0 * static_cast<double>(x.numel()), bytes(x) + bytes(w) + bytes(out));
+}
+
+void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  want(x, "rope", "x"), want(positions, "rope", "positions"), want(inv_freq, "rope", "inv_freq");
+  want_ndim(x, 3, "rope", "x"), want_ndim(positions, 1, "rope", "positions"), want_ndim(inv_freq, 1, "rope", "inv_freq");
+  want_dtype(x, DType::F32, "rope", "x"), want_dtype(positions, DType::I32, "rope", "positions");
+  want_dtype(inv_freq, DType::F32, "rope", "inv_freq");
+  same_device("rope", {&x, &positions, &inv_freq});
+  IL_CHECK(positions.size(0) == x.size(0), "rope: ", positions.size(0), " positions for ", x.size(0), " rows of x ",
+           x.describe());
+  IL_CHECK(2 * inv_freq.size(0) <= x.size(2), "rope: ", inv_freq.size(0), " frequencies rotate ",
+           2 * inv_freq.size(0), " dimensions, but the head dimension is ", x.size(2));
+  const double pairs = static_cast<double>(x.size(0) * x.size(1) * inv_freq.size(0));
+  metrics::count(6.0 * pairs, 2.0 * pairs * 2 * 4 + bytes(positions) + bytes(inv_freq));
+}
+
+void softmax(const Tensor& x, const Tensor& out) {
+  want(x, "softmax", "x"), want(out, "softmax", "out");
+  want_dtype(x, DType::F32, "softmax", "x"), want_dtype(out, DType::F32, "softmax", "out");
+  same_device("softmax", {&x, &out});
+  IL_CHECK(x.ndim() >= 1, "softmax: x must have at least one dimension");
+  same_shape(x, out, "softmax", "x", "out");
+  metrics::count(4.0 * static_cast<double>(x.numel()), bytes(x) + bytes(out));
+}
+
+void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  want(gate, "swiglu", "gate"), want(up, "swiglu", "up"), want(out, "swiglu", "out");
+  want_dtype(gate, DType::F32, "swiglu", "gate"), want_dtype(up, DType::F32, "swiglu", "up");
+  want_dtype(out, DType::F32, "swiglu", "out");
+  same_device("swiglu", {&gate, &up, &out});
+  same_shape(gate, up, "swiglu", "gate", "up"), same_shape(gate, out, "swiglu", "gate", "out");
+  metrics::count(5.0 * static_cast<double>(gate.numel()), bytes(gate) + bytes(up) + bytes(out));
+}
+
+void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
+  want(table, "embedding", "table"), want(ids, "embedding", "ids"), want(out, "embedding", "out");
+  want_ndim(table, 2, "embedding", "table"), want_ndim(ids, 1, "embedding", "ids"), want_ndim(out, 2, "embedding", "out");
+  want_weight_dtype(table, "embedding", "table"), want_dtype(ids, DType::I32, "embedding", "ids");
+  want_dtype(out, DType::F32, "embedding", "out");
+  same_device("embedding", {&table, &ids, &out});
+  IL_CHECK(out.size(0) == ids.size(0) && out.size(1) == table.size(1), "embedding: out ", out.describe(),
+           " should be [", ids.size(0), ", ", table.size(1), "]");
+  // Token ids come from users and tokenizers: check every one (on the host; T is small).
+  Tensor host_ids = ids.is_cuda() ? ids.to(Device::CPU) : ids;
+  const std::int32_t* p = host_ids.data<std::int32_t>();
+  for (std::int64_t t = 0; t < ids.size(0); ++t)
+    IL_CHECK(p[t] >= 0 && p[t] < table.size(0), "embedding: token id ", p[t], " at position ", t,
+             " is outside the vocabulary [0, ", table.size(0), ")");
+  metrics::count(0, bytes(ids) + bytes(out) + static_cast<double>(ids.size(0) * table.size(1)) * dtype_size(table.dtype()));
+}
+
+AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const AttentionParams& p) {
+  const char* op = "attention";
+  want(q, op, "q"), want(k, op, "k"), want(v, op, "v"), want(out, op, "out");
+  want_ndim(q, 3, op, "q"), want_ndim(k, 3, op, "k"), want_ndim(v, 3, op, "v"), want_ndim(out, 3, op, "out");
+  want_dtype(q, DType::F32, op, "q"), want_dtype(k, DType::F32, op, "k"), want_dtype(v, DType::F32, op, "v");
+  want_dtype(out, DType::F32, op, "out");
+  same_device(op, {&q, &k, &v, &out});
+  same_shape(k, v, op, "k", "v"), same_shape(q, out, op, "q", "out");
+  const std::int64_t T = q.size(0), Nq = q.size(1), H = q.size(2), S = k.size(0), Nk = k.size(1);
+  IL_CHECK(k.size(2) == H, "attention: q ", q.describe(), " and k ", k.describe(), " disagree on the head dimension");
+  IL_CHECK(S > 0, "attention: no keys (k is ", k.describe(), ")");
+  IL_CHECK(Nk > 0 && Nq % Nk == 0, "attention: ", Nq, " query heads cannot be grouped over ", Nk, " KV heads");
+  AttentionParams r = p;
+  if (r.q_offset < 0) r.q_offset = S - T;
+  if (r.scale == 0.0f) r.scale = 1.0f / std::sqrt(static_cast<float>(H));
+  IL_CHECK(r.window >= 0, "attention: negative window ", r.window);
+  IL_CHECK(r.causal || r.window == 0, "attention: a sliding window needs causal attention");
+  if (r.causal)
+    IL_CHECK(r.q_offset >= 0 && r.q_offset + T <= S, "attention: queries at positions ", r.q_offset, "..",
+             r.q_offset + T - 1, " need keys up to there, but only ", S, " keys were given");
+  // Work: every query row reads the keys it can see.
+  double visible = 0;
+  for (std::int64_t t = 0; t < T; ++t) {
+    std::int64_t hi = r.causal ? r.q_offset + t : S - 1;
+    std::int64_t lo = r.window > 0 ? std::max<std::int64_t>(0, hi - r.window + 1) : 0;
+    visible += static_cast<double>(hi - lo + 1);
+  }
+  metrics::count(4.0 * visible * static_cast<double>(Nq * H), bytes(q) + bytes(k) + bytes(v) + bytes(out));
+  return r;
+}
+
+void argmax(const Tensor& x, const Tensor& out) {
+  want(x, "argmax", "x"), want(out, "argmax", "out");
+  want_ndim(x, 2, "argmax", "x"), want_ndim(out, 1, "argmax", "out");
+  want_dtype(x, DType::F32, "argmax", "x"), want_dtype(out, DType::I32, "argmax", "out");
+  same_device("argmax", {&x, &out});
+  IL_CHECK(out.size(0) == x.size(0), "argmax: out ", out.describe(), " should have ", x.size(0), " entries");
+  IL_CHECK(x.size(1) > 0, "argmax: rows of x ", x.describe(), " are empty");
+  metrics::count(static_cast<double>(x.numel()), bytes(x) + bytes(out));
+}
+
+}  // namespace check
+
+Tensor rope_inv_freq(std::int64_t rot_dim, double theta) {
+  IL_CHECK(rot_dim > 0 && rot_dim % 2 == 0, "rope_inv_freq: rotary dimension ", rot_dim, " must be positive and even");
+  IL_CHECK(theta > 0, "rope_inv_freq: theta ", theta, " must be positive");
+  std::vector<float> f(static_cast<std::size_t>(rot_dim / 2));
+  for (std::size_t j = 0; j < f.size(); ++j)
+    f[j] = static_cast<float>(std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(rot_dim)));
+  return Tensor::from_vector(f, {rot_dim / 2});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch.
+namespace ops {
+
+void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
+  check::matmul(x, w, out);
+  x.is_cuda() ? cuda::matmul(x, w, out) : cpu::matmul(x, w, out);
+}
+Tensor matmul(const Tensor& x, const Tensor& w) {
+  Tensor out = Tensor::empty({x.size(0), w.size(0)}, DType::F32, x.device());
+  matmul(x, w, out);
+  return out;
+}
+
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  check::add(a, b, out);
+  a.is_cuda() ? cuda::add(a, b, out) : cpu::add(a, b, out);
+}
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = Tensor::empty(a.shape(), DType::F32, a.device());
+  add(a, b, out);
+  return out;
+}
+
+void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  check::rmsnorm(x, w, out);
+  x.is_cuda() ? cuda::rmsnorm(x, w, eps, out) : cpu::rmsnorm(x, w, eps, out);
+}
+Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps) {
+  Tensor out = Tensor::empty(x.shape(), DType::F32, x.device());
+  rmsnorm(x, w, eps, out);
+  return out;
+}
+
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing) {
+  check::rope(x, positions, inv_freq);
+  x.is_cuda() ? cuda::rope(x, positions, inv_freq, pairing) : cpu::rope(x, positions, inv_freq, pairing);
+}
+
+void softmax(const Tensor& x, Tensor& out) {
+  check::softmax(x, out);
+  x.is_cuda() ? cuda::softmax(x, out) : cpu::softmax(x, out);
+}
+Tensor softmax(const Tensor& x) {
+  Tensor out = Tensor::empty(x.shape(), DType::F32, x.device());
+  softmax(x, out);
+  return out;
+}
+
+void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+  check::swiglu(gate, up, out);
+  gate.is_cuda() ? cuda::swiglu(gate, up, out) : cpu::swiglu(gate, up, out);
+}
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  Tensor out = Tensor::empty(gate.shape(), DType::F32, gate.device());
+  swiglu(gate, up, out);
+  return out;
+}
+
+void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  check::embedding(table, ids, out);
+  table.is_cuda() ? cuda::embedding(table, ids, out) : cpu::embedding(table, ids, out);
+}
+Tensor embedding(const Tensor& table, const Tensor& ids) {
+  Tensor out = Tensor::empty({ids.size(0), table.size(1)}, DType::F32, table.device());
+  embedding(table, ids, out);
+  return out;
+}
+
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
+  AttentionParams r = check::attention(q, k, v, out, p);
+  q.is_cuda() ? cuda::attention(q, k, v, out, r) : cpu::attention(q, k, v, out, r);
+}
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
+  Tensor out = Tensor::empty(q.shape(), DType::F32, q.device());
+  attention(q, k, v, out, p);
+  return out;
+}
+
+void argmax(const Tensor& x, Tensor& out) {
+  check::argmax(x, out);
+  x.is_cuda() ? cuda::argmax(x, out) : cpu::argmax(x, out);
+}
+Tensor argmax(const Tensor& x) {
+  Tensor out = Tensor::empty({x.size(0)}, DType::I32, x.device());
+  argmax(x, out);
+  return out;
+}
+
+}  // namespace ops
+}  // namespace inferlab

@@ -1,0 +1,112 @@
+#pragma once
+/// @file ops.h
+/// @brief The transformer's building blocks, each in three versions behind the same contract.
+///
+/// - `ref::`  the plain CPU loop: the formula as you would write it beside the lecture.
+///            Single-threaded, no tricks. This is what every other version is tested against.
+/// - `ops::`  what the chapters call: dispatches on the inputs' device to the fast CPU path
+///            (Eigen GEMM, an OpenMP GEMV for decode, threaded attention) or the CUDA kernels
+///            (cuBLAS for GEMM, our own GEMV and the rest). Elementwise ops have no separate
+///            fast CPU path: the reference loop is already memory-bound.
+///
+/// Conventions shared by all three:
+/// - Activations are F32 and contiguous, row-major; weights may be F32, F16 or BF16.
+/// - Outputs are preallocated by the caller (`out`), so a decode loop allocates nothing;
+///   every op also has a convenience overload that returns a new tensor.
+/// - Every call checks shapes, dtypes and devices and throws inferlab::Error naming the op and
+///   the offending tensor; all tensors of one call must be on the same device.
+/// - Every call adds its FLOPs and minimal bytes moved to the active metrics::CountScope.
+
+#include <cstdint>
+
+#include "common/tensor.h"
+
+namespace inferlab {
+
+/// Which elements RoPE rotates together.
+enum class RopePairing {
+  /// Hugging Face `rotate_half`: element j pairs with j + d/2 (Llama/Qwen in transformers).
+  HalfSplit,
+  /// Adjacent pairs (2j, 2j+1): Meta's original Llama code, llama2.c and GGUF.
+  Adjacent,
+};
+
+/// Options of causal attention.
+struct AttentionParams {
+  /// Absolute position of q[0] among the keys; -1 means S - T (queries are the last T keys).
+  std::int64_t q_offset = -1;
+  /// Sliding window: a query at position p sees keys p - window + 1 .. p. 0 means unlimited.
+  std::int64_t window = 0;
+  /// Score scale; 0 means 1 / sqrt(head_dim).
+  float scale = 0.0f;
+  /// False gives bidirectional attention (every query sees every key).
+  bool causal = true;
+};
+
+namespace ops {
+
+/// out[M,N] = x[M,K] · w[N,K]ᵀ (w stored as PyTorch's Linear stores it: one row per output).
+void matmul(const Tensor& x, const Tensor& w, Tensor& out);
+Tensor matmul(const Tensor& x, const Tensor& w);
+/// out = a + b, where b has a's shape or is one row [N] broadcast over a's rows.
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+Tensor add(const Tensor& a, const Tensor& b);
+/// out[m,:] = x[m,:] / sqrt(mean(x[m,:]²) + eps) * w   (Zhang & Sennrich 2019).
+void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
+Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps);
+/// Rotary position embedding, in place on x[T, heads, head_dim]: the first 2·len(inv_freq)
+/// dimensions of row t are rotated by angles positions[t] · inv_freq[j]; the rest are kept.
+/// positions is I32 [T]; inv_freq is F32 [rot/2] (see rope_inv_freq).
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing);
+/// Row-wise softmax over the last dimension of x[M,N].
+void softmax(const Tensor& x, Tensor& out);
+Tensor softmax(const Tensor& x);
+/// out = silu(gate) * up, silu(g) = g / (1 + e^-g): the gated MLP's activation.
+void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
+Tensor swiglu(const Tensor& gate, const Tensor& up);
+/// out[t,:] = table[ids[t],:] as F32; ids is I32 [T] and must be in range.
+void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
+Tensor embedding(const Tensor& table, const Tensor& ids);
+/// Scaled dot-product attention. q[T,Nq,H], k and v [S,Nk,H] with Nq a multiple of Nk (query
+/// head h reads KV head h / (Nq/Nk): MHA, GQA and MQA alike); out[T,Nq,H].
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p = {});
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p = {});
+/// Index of the largest element of each row of x[M,N] (I32 [M]); ties go to the lowest index,
+/// and NaN counts as the largest value (as torch.argmax does), so a NaN never hides.
+void argmax(const Tensor& x, Tensor& out);
+Tensor argmax(const Tensor& x);
+
+}  // namespace ops
+
+/// The reference versions: same contracts, CPU only, plain loops.
+namespace ref {
+void matmul(const Tensor& x, const Tensor& w, Tensor& out);
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing);
+void softmax(const Tensor& x, Tensor& out);
+void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
+void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p = {});
+void argmax(const Tensor& x, Tensor& out);
+}  // namespace ref
+
+/// RoPE inverse frequencies theta^(-2j/rot_dim), j = 0 .. rot_dim/2 - 1, as F32 on the host.
+Tensor rope_inv_freq(std::int64_t rot_dim, double theta);
+
+/// The shape, dtype and device checks shared by every version (they also count the op's work).
+namespace check {
+void matmul(const Tensor& x, const Tensor& w, const Tensor& out);
+void add(const Tensor& a, const Tensor& b, const Tensor& out);
+void rmsnorm(const Tensor& x, const Tensor& w, const Tensor& out);
+void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
+void softmax(const Tensor& x, const Tensor& out);
+void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out);
+void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
+/// Returns the resolved parameters (q_offset, scale filled in).
+AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const AttentionParams& p);
+void argmax(const Tensor& x, const Tensor& out);
+}  // namespace check
+
+}  // namespace inferlab

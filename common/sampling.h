@@ -1,0 +1,47 @@
+#pragma once
+/// @file sampling.h
+/// @brief Choosing the next token from logits: greedy, temperature, top-k, top-p (nucleus).
+///
+/// Reproducible by construction: the random numbers come from std::mt19937_64, whose output
+/// sequence the C++ standard fixes, turned into doubles by taking its top 53 bits (never
+/// through std::uniform_real_distribution, whose algorithm is left to each library). Sampling
+/// runs on the host in double precision for both devices; a CUDA logits row is copied over
+/// first (V floats, tiny next to the weights a decode step reads). So one seed gives the same
+/// tokens on CPU and CUDA whenever the logits are the same.
+
+#include <cstdint>
+#include <random>
+
+#include "common/tensor.h"
+
+namespace inferlab {
+
+struct SamplingParams {
+  float temperature = 0.0f;  ///< 0 means greedy (argmax)
+  int top_k = 0;             ///< keep the k most likely tokens; 0 keeps all
+  float top_p = 1.0f;        ///< keep the smallest set whose probability reaches p; 1 keeps all
+  std::uint64_t seed = 0;
+};
+
+/// Checks the parameters; throws inferlab::Error naming a bad one.
+void validate(const SamplingParams& p);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p);
+  /// Picks a token from one row of logits (F32 [V] or [1, V], CPU or CUDA).
+  std::int32_t sample(const Tensor& logits);
+  /// The same on a host array of V logits.
+  std::int32_t sample(const float* logits, std::int64_t V);
+  /// The next uniform number in [0, 1) (53 random bits).
+  double uniform();
+  const SamplingParams& params() const { return p_; }
+
+ private:
+  SamplingParams p_;
+  std::mt19937_64 rng_;
+  std::vector<double> probs_;
+  std::vector<std::int32_t> order_;
+};
+
+}  // namespace inferlab

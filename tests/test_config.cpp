@@ -1,0 +1,70 @@
+// config.json: Llama-family hyper-parameters, parameter counts checked against published
+// figures, and clear errors for missing or mistyped fields.
+#include "common/hf_config.h"
+#include "test_util.h"
+
+namespace inferlab {
+namespace {
+
+using test::expect_error;
+
+TransformerConfig parse(const std::string& json_text) {
+  test::TempDir dir;
+  test::write_file(dir.file("config.json"), json_text);
+  return parse_transformer_config(load_hf_config(dir.path().string()));
+}
+
+TEST(Config, PublishedParameterCounts) {
+  // Parameter counts published with the checkpoints (model cards / safetensors metadata).
+  const TransformerConfig llama2_7b = parse(R"({"architectures":["LlamaForCausalLM"],"hidden_size":4096,
+      "intermediate_size":11008,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":32,
+      "vocab_size":32000,"rms_norm_eps":1e-5,"max_position_embeddings":4096,"bos_token_id":1,"eos_token_id":2})");
+  EXPECT_EQ(llama2_7b.num_parameters(), 6738415616);
+  EXPECT_EQ(llama2_7b.head_dim, 128);
+  EXPECT_EQ(llama2_7b.num_kv_heads, 32);
+  EXPECT_EQ(llama2_7b.eos_token_ids, (std::vector<std::int64_t>{2}));
+  // The lecture's Llama 2 70B example: 4096 tokens x 8 KV heads x 128 x 80 layers x 2 (K and V)
+  // x 2 bytes = 1,342,177,280 bytes (the lecture prints 671,088,640, one factor of 2 short).
+  const TransformerConfig llama2_70b = parse(R"({"hidden_size":8192,"intermediate_size":28672,"num_hidden_layers":80,
+      "num_attention_heads":64,"num_key_value_heads":8,"vocab_size":32000})");
+  EXPECT_EQ(4096 * llama2_70b.kv_elements_per_token() * 2, 1342177280);
+  EXPECT_EQ(llama2_70b.num_parameters(), 68976648192);
+  const TransformerConfig llama3_8b = parse(R"({"hidden_size":4096,"intermediate_size":14336,"num_hidden_layers":32,
+      "num_attention_heads":32,"num_key_value_heads":8,"vocab_size":128256,"rope_theta":500000.0,
+      "eos_token_id":[128001,128009],"torch_dtype":"bfloat16"})");
+  EXPECT_EQ(llama3_8b.num_parameters(), 8030261248);
+  EXPECT_EQ(llama3_8b.rope_theta, 500000.0);
+  EXPECT_EQ(llama3_8b.eos_token_ids, (std::vector<std::int64_t>{128001, 128009}));
+  EXPECT_EQ(llama3_8b.torch_dtype, "bfloat16");
+  const TransformerConfig tinyllama = parse(R"({"hidden_size":2048,"intermediate_size":5632,"num_hidden_layers":22,
+      "num_attention_heads":32,"num_key_value_heads":4,"vocab_size":32000})");
+  EXPECT_EQ(tinyllama.num_parameters(), 1100048384);
+  // Qwen2.5-0.5B: tied embeddings and q/k/v biases (implied by model_type qwen2).
+  const TransformerConfig qwen = parse(R"({"model_type":"qwen2","hidden_size":896,"intermediate_size":4864,
+      "num_hidden_layers":24,"num_attention_heads":14,"num_key_value_heads":2,"vocab_size":151936,
+      "tie_word_embeddings":true})");
+  EXPECT_TRUE(qwen.attention_bias);
+  EXPECT_EQ(qwen.num_parameters(), 494032768);
+}
+
+TEST(Config, MissingAndMistypedFieldsAreNamed) {
+  test::TempDir dir;
+  const std::string path = dir.file("config.json");
+  test::write_file(path, R"({"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"vocab_size":10})");
+  expect_error([&] { parse_transformer_config(load_hf_config(path)); }, {path, "missing field 'intermediate_size'"});
+  test::write_file(path, R"({"hidden_size":"64","intermediate_size":128,"num_hidden_layers":2,
+      "num_attention_heads":4,"vocab_size":10})");
+  expect_error([&] { parse_transformer_config(load_hf_config(path)); }, {"'hidden_size' must be an integer", "\"64\""});
+  test::write_file(path, R"({"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+      "num_attention_heads":4,"num_key_value_heads":3,"vocab_size":10})");
+  expect_error([&] { parse_transformer_config(load_hf_config(path)); }, {"not a multiple of num_key_value_heads 3"});
+  test::write_file(path, R"({"hidden_size":64,"intermediate_size":128,"num_hidden_layers":0,
+      "num_attention_heads":4,"vocab_size":10})");
+  expect_error([&] { parse_transformer_config(load_hf_config(path)); }, {"'num_hidden_layers' must be positive"});
+  test::write_file(path, R"({"hidden_size": 64,)");
+  expect_error([&] { load_hf_config(path); }, {path, "not valid JSON"});
+  expect_error([&] { load_hf_config(dir.file("nowhere")); }, {"nowhere", "config.json"});
+}
+
+}  // namespace
+}  // namespace inferlab

@@ -1,0 +1,87 @@
+// Test entry point: prints the random seed so any failure can be replayed with
+// INFERLAB_TEST_SEED=<seed>.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+
+#include "test_util.h"
+
+namespace inferlab::test {
+
+std::uint64_t run_seed() {
+  static const std::uint64_t seed = []() -> std::uint64_t {
+    if (const char* s = std::getenv("INFERLAB_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+    std::random_device rd;
+    return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  }();
+  return seed;
+}
+
+std::mt19937_64 rng_for_test() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::uint64_t h = run_seed();
+  if (info)
+    for (const char* p : {info->test_suite_name(), info->name()})
+      for (; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
+  return std::mt19937_64(h);
+}
+
+Tensor uniform(std::mt19937_64& rng, const Shape& shape, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  Tensor t = Tensor::empty(shape, DType::F32);
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = d(rng);
+  return t;
+}
+
+Tensor uniform_as(std::mt19937_64& rng, const Shape& shape, DType dtype, float lo, float hi) {
+  Tensor t = uniform(rng, shape, lo, hi);
+  return dtype == DType::F32 ? t : t.to(dtype);
+}
+
+void expect_within(const std::vector<double>& got, const std::vector<double>& want, const std::vector<double>& bound,
+                   const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_EQ(got.size(), bound.size()) << what;
+  std::size_t worst = 0, bad = 0;
+  double worst_ratio = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - want[i]);
+    const double ratio = bound[i] > 0 ? err / bound[i] : (err > 0 ? INFINITY : 0);
+    if (!(err <= bound[i])) ++bad;  // also catches NaN
+    if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements outside the bound; worst at "
+                     << worst << ": got " << got[worst] << ", want " << want[worst] << ", bound " << bound[worst]
+                     << " (seed " << run_seed() << ")";
+}
+
+TempDir::TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "inferlab-test-XXXXXX").string();
+  path_ = mkdtemp(tmpl.data());
+}
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+std::string shared_dir() {
+  const std::string d = INFERLAB_SHARED_DIR;
+  return std::filesystem::is_directory(d) ? d : "";
+}
+
+}  // namespace inferlab::test
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  std::cout << "InferLab tests: random seed " << inferlab::test::run_seed()
+            << " (replay with INFERLAB_TEST_SEED=" << inferlab::test::run_seed() << ")\n";
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,435 @@
+// Every op on the CPU: the reference loop against float64 arithmetic on fresh random inputs,
+// the fast path against both, and the checks' error messages. Each tolerance is an error
+// bound derived from the float32 unit roundoff u = 2^-24 (see the comment at each bound).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/metrics.h"
+#include "common/ops.h"
+#include "test_util.h"
+
+namespace inferlab {
+namespace {
+
+using test::expect_error;
+using test::expect_within;
+using test::gamma;
+constexpr double u = 0x1p-24;  // float32 unit roundoff
+
+// ---------------------------------------------------------------------------------------------
+// matmul
+struct MatmulCase {
+  std::int64_t M, K, N;
+  DType wt;
+};
+
+class MatmulTest : public ::testing::TestWithParam<MatmulCase> {};
+
+TEST_P(MatmulTest, ReferenceAndFastPathWithinTheDotProductBound) {
+  const auto [M, K, N, wt] = GetParam();
+  auto rng = test::rng_for_test();
+  Tensor x = test::uniform(rng, {M, K});
+  Tensor w = test::uniform_as(rng, {N, K}, wt);
+  const auto X = x.to_double_vector(), W = w.to_double_vector();
+  std::vector<double> exact(M * N), bound(M * N);
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      double s = 0, a = 0;
+      for (std::int64_t k = 0; k < K; ++k) s += X[m * K + k] * W[n * K + k], a += std::fabs(X[m * K + k] * W[n * K + k]);
+      exact[m * N + n] = s;
+      // |fl(x·w) − x·w| ≤ γ_K Σ|x_k w_k| for any summation order, with or without FMA; the
+      // float64 reference itself is off by at most γ_K(2^-53) Σ|x_k w_k|.
+      bound[m * N + n] = (gamma(K) + gamma(K, 0x1p-53)) * a;
+    }
+  Tensor r = Tensor::empty({M, N}, DType::F32), f = Tensor::empty({M, N}, DType::F32);
+  ref::matmul(x, w, r);
+  ops::matmul(x, w, f);
+  expect_within(r.to_double_vector(), exact, bound, "ref::matmul vs float64");
+  expect_within(f.to_double_vector(), exact, bound, "ops::matmul vs float64");
+  std::vector<double> both(bound.size());
+  for (std::size_t i = 0; i < both.size(); ++i) both[i] = 2 * bound[i];
+  expect_within(f.to_double_vector(), r.to_double_vector(), both, "ops::matmul vs ref::matmul");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MatmulTest,
+    ::testing::Values(MatmulCase{1, 64, 48, DType::F32}, MatmulCase{1, 257, 33, DType::BF16},
+                      MatmulCase{1, 1000, 130, DType::F16}, MatmulCase{3, 128, 64, DType::BF16},
+                      MatmulCase{4, 77, 19, DType::F32}, MatmulCase{17, 300, 65, DType::F32},
+                      MatmulCase{33, 128, 300, DType::BF16}, MatmulCase{9, 64, 40, DType::F16}),
+    [](const auto& info) {
+      return "M" + std::to_string(info.param.M) + "_K" + std::to_string(info.param.K) + "_N" +
+             std::to_string(info.param.N) + "_" + std::string(dtype_name(info.param.wt));
+    });
+
+TEST(Matmul, CountsItsWork) {
+  Tensor x = Tensor::zeros({3, 8}, DType::F32), w = Tensor::zeros({5, 8}, DType::BF16);
+  metrics::CountScope outer;
+  {
+    metrics::CountScope inner;
+    ops::matmul(x, w);
+    EXPECT_EQ(inner.work().flops, 2.0 * 3 * 5 * 8);
+    EXPECT_EQ(inner.work().bytes, 3 * 8 * 4 + 5 * 8 * 2 + 3 * 5 * 4);  // x + w + out, each once
+  }
+  EXPECT_EQ(outer.work().flops, 240.0);  // the inner scope's work reaches the outer one
+}
+
+TEST(Matmul, ShapeAndDtypeErrors) {
+  Tensor x = Tensor::zeros({2, 8}, DType::F32);
+  expect_error([&] { ops::matmul(x, Tensor::zeros({4, 7}, DType::F32)); }, {"matmul", "inner dimension"});
+  expect_error([&] { ops::matmul(x, Tensor::zeros({4, 8}, DType::I8)); }, {"matmul", "w must be f32, f16 or bf16"});
+  expect_error([&] { ops::matmul(Tensor::zeros({2, 8}, DType::BF16), Tensor::zeros({4, 8}, DType::F32)); },
+               {"matmul", "x must be f32"});
+  Tensor out = Tensor::zeros({2, 5}, DType::F32);
+  expect_error([&] { ops::matmul(x, Tensor::zeros({4, 8}, DType::F32), out); }, {"matmul", "out", "[2, 4]"});
+  Tensor wide = Tensor::zeros({4, 16}, DType::F32);
+  expect_error([&] { ops::matmul(x, wide.slice(1, 0, 8)); }, {"matmul", "contiguous"});
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(Add, ExactToOneRoundingAndBroadcastsARow) {
+  auto rng = test::rng_for_test();
+  Tensor a = test::uniform(rng, {7, 13}), b = test::uniform(rng, {7, 13}), row = test::uniform(rng, {13});
+  const auto A = a.to_double_vector(), B = b.to_double_vector(), R = row.to_double_vector();
+  std::vector<double> e1(A.size()), e2(A.size()), b1(A.size()), b2(A.size());
+  for (std::size_t i = 0; i < A.size(); ++i) {
+    e1[i] = A[i] + B[i], e2[i] = A[i] + R[i % 13];
+    b1[i] = u * std::fabs(e1[i]), b2[i] = u * std::fabs(e2[i]);  // one rounding
+  }
+  expect_within(ops::add(a, b).to_double_vector(), e1, b1, "add");
+  expect_within(ops::add(a, row).to_double_vector(), e2, b2, "add (row broadcast)");
+  expect_error([&] { ops::add(a, Tensor::zeros({7}, DType::F32)); }, {"add", "one row"});
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(RmsNorm, WithinItsBound) {
+  auto rng = test::rng_for_test();
+  for (DType wt : {DType::F32, DType::BF16}) {
+    const std::int64_t M = 5, D = 96;
+    Tensor x = test::uniform(rng, {M, D}, -3, 3), w = test::uniform_as(rng, {D}, wt, 0.5f, 1.5f);
+    const float eps = 1e-5f;
+    const auto X = x.to_double_vector(), W = w.to_double_vector();
+    std::vector<double> exact(M * D), bound(M * D);
+    for (std::int64_t m = 0; m < M; ++m) {
+      double ss = 0;
+      for (std::int64_t i = 0; i < D; ++i) ss += X[m * D + i] * X[m * D + i];
+      const double inv = 1.0 / std::sqrt(ss / D + static_cast<double>(eps));
+      for (std::int64_t i = 0; i < D; ++i) {
+        exact[m * D + i] = X[m * D + i] * inv * W[i];
+        // Sum of squares: relative γ_D; /D, +eps: 2u; the square root halves that and adds u;
+        // 1/sqrt: u; two products: 2u. Relative bound (γ_{D+2})/2 + 4u, plus slack of 2u for
+        // sqrt/rsqrt implementations within 1 ulp more.
+        bound[m * D + i] = (0.5 * gamma(D + 2) + 6 * u) * std::fabs(exact[m * D + i]);
+      }
+    }
+    Tensor out = Tensor::empty({M, D}, DType::F32);
+    ref::rmsnorm(x, w, eps, out);
+    expect_within(out.to_double_vector(), exact, bound, "ref::rmsnorm");
+    expect_within(ops::rmsnorm(x, w, eps).to_double_vector(), exact, bound, "ops::rmsnorm");
+  }
+  expect_error([] { ops::rmsnorm(Tensor::zeros({2, 8}, DType::F32), Tensor::zeros({7}, DType::F32), 1e-5f); },
+               {"rmsnorm", "last dimension"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE against the rotation written out in double, for both pairings.
+std::vector<double> rope_exact(const Tensor& x, const std::vector<std::int32_t>& pos, const Tensor& inv_freq,
+                               RopePairing pairing, std::vector<double>& bound) {
+  const std::int64_t T = x.size(0), Hn = x.size(1), D = x.size(2), half = inv_freq.size(0);
+  auto X = x.to_double_vector();
+  const auto F = inv_freq.to_double_vector();
+  bound.assign(X.size(), 0.0);
+  auto out = X;
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t h = 0; h < Hn; ++h)
+      for (std::int64_t j = 0; j < half; ++j) {
+        const std::int64_t base = (t * Hn + h) * D;
+        const std::int64_t ia = base + (pairing == RopePairing::HalfSplit ? j : 2 * j);
+        const std::int64_t ib = base + (pairing == RopePairing::HalfSplit ? j + half : 2 * j + 1);
+        const double ang = pos[t] * F[j], a = X[ia], b = X[ib];
+        out[ia] = a * std::cos(ang) - b * std::sin(ang);
+        out[ib] = a * std::sin(ang) + b * std::cos(ang);
+        // cos and sin rounded to float (u each), two products (u each), one sum (u): at most
+        // 3u(|a| + |b|); 4u leaves room for the double reference's own rounding.
+        bound[ia] = bound[ib] = 4 * u * (std::fabs(a) + std::fabs(b));
+      }
+  return out;
+}
+
+TEST(Rope, BothPairingsWithinTheirBound) {
+  auto rng = test::rng_for_test();
+  const std::int64_t T = 6, Hn = 3, D = 16;
+  std::vector<std::int32_t> pos = {0, 1, 7, 100, 4095, 131071};
+  Tensor positions = Tensor::from_vector(pos, {T});
+  for (auto [rot, pairing] : {std::pair{D, RopePairing::HalfSplit}, std::pair{D, RopePairing::Adjacent},
+                              std::pair{std::int64_t{8}, RopePairing::HalfSplit}}) {
+    Tensor inv = rope_inv_freq(rot, 10000.0);
+    Tensor x = test::uniform(rng, {T, Hn, D});
+    std::vector<double> bound;
+    const auto exact = rope_exact(x, pos, inv, pairing, bound);
+    Tensor r = x.clone(), f = x.clone();
+    ref::rope(r, positions, inv, pairing);
+    ops::rope(f, positions, inv, pairing);
+    expect_within(r.to_double_vector(), exact, bound, "ref::rope");
+    expect_within(f.to_double_vector(), exact, bound, "ops::rope");
+    // Position 0 is the identity, exactly; dimensions past the rotary ones are untouched.
+    for (std::int64_t i = 0; i < Hn * D; ++i) EXPECT_EQ(r.data<float>()[i], x.data<float>()[i]);
+    if (rot < D) {
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t d = rot; d < D; ++d) EXPECT_EQ(r.at<float>({t, 0, d}), x.at<float>({t, 0, d}));
+    }
+  }
+}
+
+TEST(Rope, AdjacentPairingIsHalfSplitOnPermutedDimensions) {
+  // The llama2.c <-> Hugging Face conversion in one identity: moving element 2j to j and
+  // 2j+1 to j + D/2 turns adjacent-pair RoPE into rotate-half RoPE.
+  auto rng = test::rng_for_test();
+  const std::int64_t T = 4, Hn = 2, D = 8, half = D / 2;
+  Tensor positions = Tensor::from_vector(std::vector<std::int32_t>{0, 3, 9, 27}, {T});
+  Tensor inv = rope_inv_freq(D, 500000.0);
+  Tensor x = test::uniform(rng, {T, Hn, D});
+  Tensor perm = Tensor::empty({T, Hn, D}, DType::F32);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t h = 0; h < Hn; ++h)
+      for (std::int64_t j = 0; j < half; ++j) {
+        perm.at<float>({t, h, j}) = x.at<float>({t, h, 2 * j});
+        perm.at<float>({t, h, j + half}) = x.at<float>({t, h, 2 * j + 1});
+      }
+  ref::rope(x, positions, inv, RopePairing::Adjacent);
+  ref::rope(perm, positions, inv, RopePairing::HalfSplit);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t h = 0; h < Hn; ++h)
+      for (std::int64_t j = 0; j < half; ++j) {
+        EXPECT_EQ(perm.at<float>({t, h, j}), x.at<float>({t, h, 2 * j}));
+        EXPECT_EQ(perm.at<float>({t, h, j + half}), x.at<float>({t, h, 2 * j + 1}));
+      }
+}
+
+TEST(Rope, Errors) {
+  Tensor x = Tensor::zeros({2, 1, 8}, DType::F32);
+  Tensor pos = Tensor::from_vector(std::vector<std::int32_t>{0, 1}, {2});
+  expect_error([&] { ops::rope(x, pos, rope_inv_freq(10, 1e4), RopePairing::HalfSplit); }, {"rope", "head dimension is 8"});
+  Tensor pos3 = Tensor::from_vector(std::vector<std::int32_t>{0, 1, 2}, {3});
+  expect_error([&] { ops::rope(x, pos3, rope_inv_freq(8, 1e4), RopePairing::HalfSplit); }, {"rope", "3 positions"});
+  expect_error([] { rope_inv_freq(7, 1e4); }, {"even"});
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(Softmax, WithinItsBoundAndRowsSumToOne) {
+  auto rng = test::rng_for_test();
+  const std::int64_t M = 4, N = 300;
+  Tensor x = test::uniform(rng, {M, N}, -4, 4);
+  const auto X = x.to_double_vector();
+  std::vector<double> exact(M * N), bound(M * N);
+  for (std::int64_t m = 0; m < M; ++m) {
+    double mx = -INFINITY, s = 0, spread = 0;
+    for (std::int64_t i = 0; i < N; ++i) mx = std::max(mx, X[m * N + i]);
+    for (std::int64_t i = 0; i < N; ++i) s += std::exp(X[m * N + i] - mx), spread = std::max(spread, mx - X[m * N + i]);
+    for (std::int64_t i = 0; i < N; ++i) {
+      const double e = std::exp(X[m * N + i] - mx) / s;
+      exact[m * N + i] = e;
+      // x − max: u|x − max| absolute, which exp turns into relative; exp itself ≤ 2u; the sum
+      // γ_N (and every term's error, at most u·spread + 2u); the division u.
+      bound[m * N + i] = ((mx - X[m * N + i]) * u + spread * u + 5 * u + gamma(N)) * e + 1e-300;
+    }
+  }
+  Tensor r = Tensor::empty({M, N}, DType::F32);
+  ref::softmax(x, r);
+  expect_within(r.to_double_vector(), exact, bound, "ref::softmax");
+  expect_within(ops::softmax(x).to_double_vector(), exact, bound, "ops::softmax");
+  // Large logits do not overflow (the max is subtracted first).
+  Tensor big = Tensor::from_vector(std::vector<float>{1000.0f, 1000.0f}, {1, 2});
+  EXPECT_EQ(ops::softmax(big).to_float_vector(), (std::vector<float>{0.5f, 0.5f}));
+}
+
+TEST(Swiglu, WithinItsBound) {
+  auto rng = test::rng_for_test();
+  Tensor g = test::uniform(rng, {3, 200}, -8, 8), up = test::uniform(rng, {3, 200});
+  const auto G = g.to_double_vector(), U = up.to_double_vector();
+  std::vector<double> exact(G.size()), bound(G.size());
+  for (std::size_t i = 0; i < G.size(); ++i) {
+    exact[i] = G[i] / (1 + std::exp(-G[i])) * U[i];
+    // exp ≤ 2u, 1 + e^-g: u (both positive), division u, product u: 5u relative; 6u with the
+    // reference's own rounding.
+    bound[i] = 6 * u * std::fabs(exact[i]);
+  }
+  Tensor r = Tensor::empty(g.shape(), DType::F32);
+  ref::swiglu(g, up, r);
+  expect_within(r.to_double_vector(), exact, bound, "ref::swiglu");
+  expect_within(ops::swiglu(g, up).to_double_vector(), exact, bound, "ops::swiglu");
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(Embedding, ExactRowsForEveryTableDtype) {
+  auto rng = test::rng_for_test();
+  for (DType d : {DType::F32, DType::F16, DType::BF16}) {
+    Tensor table = test::uniform_as(rng, {10, 6}, d);
+    Tensor ids = Tensor::from_vector(std::vector<std::int32_t>{3, 0, 9, 3}, {4});
+    Tensor out = ops::embedding(table, ids);
+    const auto T = table.to_float_vector();
+    for (std::int64_t t = 0; t < 4; ++t)
+      for (std::int64_t i = 0; i < 6; ++i)
+        EXPECT_EQ(out.at<float>({t, i}), T[ids.data<std::int32_t>()[t] * 6 + i]) << dtype_name(d);
+  }
+  Tensor table = Tensor::zeros({10, 6}, DType::F32);
+  expect_error([&] { ops::embedding(table, Tensor::from_vector(std::vector<std::int32_t>{2, 10}, {2})); },
+               {"token id 10", "position 1", "[0, 10)"});
+  expect_error([&] { ops::embedding(table, Tensor::from_vector(std::vector<std::int32_t>{-1}, {1})); }, {"token id -1"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention against float64, with the bound derived in attention_bound().
+struct AttnRef {
+  std::vector<double> out, bound;
+};
+
+AttnRef attention_exact(const Tensor& q, const Tensor& k, const Tensor& v, AttentionParams p, double extra_eta = 0) {
+  const std::int64_t T = q.size(0), Nq = q.size(1), H = q.size(2), S = k.size(0), Nk = k.size(1);
+  if (p.q_offset < 0) p.q_offset = S - T;
+  // The scale as the op computes it, in float.
+  const double fscale = p.scale == 0 ? 1.0f / std::sqrt(static_cast<float>(H)) : p.scale;
+  const auto Q = q.to_double_vector(), K = k.to_double_vector(), V = v.to_double_vector();
+  AttnRef r{std::vector<double>(Q.size()), std::vector<double>(Q.size())};
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t h = 0; h < Nq; ++h) {
+      const std::int64_t kvh = h / (Nq / Nk);
+      const std::int64_t hi = p.causal ? p.q_offset + t : S - 1;
+      const std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(0, hi - p.window + 1) : 0;
+      std::vector<double> s(S);
+      double mx = -INFINITY, E = 0;
+      for (std::int64_t j = lo; j <= hi; ++j) {
+        double dot = 0, a = 0;
+        for (std::int64_t d = 0; d < H; ++d)
+          dot += Q[(t * Nq + h) * H + d] * K[(j * Nk + kvh) * H + d],
+              a += std::fabs(Q[(t * Nq + h) * H + d] * K[(j * Nk + kvh) * H + d]);
+        s[j] = dot * fscale;
+        mx = std::max(mx, s[j]);
+        E = std::max(E, fscale * gamma(H) * a + u * std::fabs(s[j]));  // error of one score
+      }
+      double sum = 0, spread = 0;
+      for (std::int64_t j = lo; j <= hi; ++j) sum += std::exp(s[j] - mx), spread = std::max(spread, mx - s[j]);
+      const double n = static_cast<double>(hi - lo + 1);
+      // Each weight exp(s_j − max) is off by a relative η ≤ E + u·spread + 2u (score error,
+      // the subtraction, exp); weights normalised by their own sum move the output by at most
+      // 2η·max|v|; the two S-term sums add γ_S each, the division u.
+      const double eta = E + u * spread + 2 * u + extra_eta;
+      for (std::int64_t d = 0; d < H; ++d) {
+        double o = 0, vmax = 0;
+        for (std::int64_t j = lo; j <= hi; ++j)
+          o += std::exp(s[j] - mx) / sum * V[(j * Nk + kvh) * H + d], vmax = std::max(vmax, std::fabs(V[(j * Nk + kvh) * H + d]));
+        r.out[(t * Nq + h) * H + d] = o;
+        r.bound[(t * Nq + h) * H + d] = (2 * eta + 2 * gamma(n) + 3 * u) * vmax;
+      }
+    }
+  return r;
+}
+
+struct AttnCase {
+  std::int64_t T, S, Nq, Nk, H, window;
+  bool causal;
+};
+
+class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionTest, ReferenceAndFastPathWithinTheirBound) {
+  const auto c = GetParam();
+  auto rng = test::rng_for_test();
+  Tensor q = test::uniform(rng, {c.T, c.Nq, c.H}, -2, 2), k = test::uniform(rng, {c.S, c.Nk, c.H}, -2, 2),
+         v = test::uniform(rng, {c.S, c.Nk, c.H});
+  AttentionParams p;
+  p.window = c.window, p.causal = c.causal;
+  const AttnRef e = attention_exact(q, k, v, p);
+  Tensor r = Tensor::empty(q.shape(), DType::F32);
+  ref::attention(q, k, v, r, p);
+  expect_within(r.to_double_vector(), e.out, e.bound, "ref::attention vs float64");
+  Tensor f = ops::attention(q, k, v, p);
+  // The threaded path runs the same per-row loop: identical bits.
+  EXPECT_EQ(f.to_float_vector(), r.to_float_vector());
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
+                         ::testing::Values(AttnCase{1, 1, 4, 4, 8, 0, true},     // first token
+                                           AttnCase{9, 9, 4, 4, 16, 0, true},    // prefill, MHA
+                                           AttnCase{1, 40, 8, 2, 32, 0, true},   // decode, GQA
+                                           AttnCase{5, 33, 6, 1, 8, 0, true},    // MQA, queries at the end
+                                           AttnCase{12, 12, 4, 2, 8, 4, true},   // sliding window
+                                           AttnCase{7, 7, 2, 2, 8, 0, false}),   // bidirectional
+                         [](const auto& info) {
+                           const auto& c = info.param;
+                           return "T" + std::to_string(c.T) + "_S" + std::to_string(c.S) + "_N" + std::to_string(c.Nq) +
+                                  "_K" + std::to_string(c.Nk) + "_W" + std::to_string(c.window) +
+                                  (c.causal ? "_causal" : "_bidir");
+                         });
+
+TEST(Attention, GqaEqualsMhaOnRepeatedKv) {
+  auto rng = test::rng_for_test();
+  const std::int64_t T = 5, S = 11, Nq = 8, Nk = 2, H = 16, group = Nq / Nk;
+  Tensor q = test::uniform(rng, {T, Nq, H}), k = test::uniform(rng, {S, Nk, H}), v = test::uniform(rng, {S, Nk, H});
+  Tensor kr = Tensor::empty({S, Nq, H}, DType::F32), vr = Tensor::empty({S, Nq, H}, DType::F32);
+  for (std::int64_t s = 0; s < S; ++s)
+    for (std::int64_t h = 0; h < Nq; ++h)
+      for (std::int64_t d = 0; d < H; ++d)
+        kr.at<float>({s, h, d}) = k.at<float>({s, h / group, d}), vr.at<float>({s, h, d}) = v.at<float>({s, h / group, d});
+  EXPECT_EQ(ops::attention(q, k, v).to_float_vector(), ops::attention(q, kr, vr).to_float_vector());
+}
+
+TEST(Attention, OneRowAtATimeEqualsAllRowsAtOnce) {
+  // Decoding's view (one query against the keys so far) and prefill's view (all queries,
+  // causal mask) compute the same thing.
+  auto rng = test::rng_for_test();
+  const std::int64_t S = 10, N = 4, H = 8;
+  Tensor q = test::uniform(rng, {S, N, H}), k = test::uniform(rng, {S, N, H}), v = test::uniform(rng, {S, N, H});
+  const auto all = ops::attention(q, k, v).to_float_vector();
+  for (std::int64_t t = 0; t < S; ++t) {
+    const auto one = ops::attention(q.slice(0, t, t + 1).contiguous(), k.slice(0, 0, t + 1).contiguous(),
+                                    v.slice(0, 0, t + 1).contiguous())
+                         .to_float_vector();
+    for (std::int64_t i = 0; i < N * H; ++i) EXPECT_EQ(one[i], all[t * N * H + i]) << "row " << t;
+  }
+}
+
+TEST(Attention, WindowEdgeCases) {
+  auto rng = test::rng_for_test();
+  const std::int64_t S = 9, N = 2, H = 4;
+  Tensor q = test::uniform(rng, {S, N, H}), k = test::uniform(rng, {S, N, H}), v = test::uniform(rng, {S, N, H});
+  AttentionParams wide;
+  wide.window = S;  // a window as long as the sequence is full attention
+  EXPECT_EQ(ops::attention(q, k, v, wide).to_float_vector(), ops::attention(q, k, v).to_float_vector());
+  AttentionParams self;
+  self.window = 1;  // each query sees only its own key: the output is its own value
+  EXPECT_EQ(ops::attention(q, k, v, self).to_float_vector(), v.to_float_vector());
+}
+
+TEST(Attention, Errors) {
+  Tensor q = Tensor::zeros({3, 4, 8}, DType::F32), k = Tensor::zeros({2, 4, 8}, DType::F32);
+  expect_error([&] { ops::attention(q, k, k); }, {"attention", "only 2 keys"});
+  Tensor k3 = Tensor::zeros({3, 3, 8}, DType::F32);
+  expect_error([&] { ops::attention(q, k3, k3); }, {"4 query heads", "3 KV heads"});
+  AttentionParams p;
+  p.causal = false, p.window = 2;
+  Tensor k4 = Tensor::zeros({3, 4, 8}, DType::F32);
+  expect_error([&] { ops::attention(q, k4, k4, p); }, {"sliding window needs causal"});
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(Argmax, FirstMaximumAndNaNWins) {
+  auto rng = test::rng_for_test();
+  Tensor x = test::uniform(rng, {6, 1000});
+  Tensor a = ops::argmax(x);
+  for (std::int64_t m = 0; m < 6; ++m) {
+    const float* r = x.data<float>() + m * 1000;
+    EXPECT_EQ(a.data<std::int32_t>()[m], std::max_element(r, r + 1000) - r);
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor t = Tensor::from_vector(std::vector<float>{1, 3, 3, 2, /**/ 1, nan, 5, nan}, {2, 4});
+  Tensor r = Tensor::empty({2}, DType::I32);
+  ref::argmax(t, r);
+  EXPECT_EQ(r.data<std::int32_t>()[0], 1);  // the first of two equal maxima
+  EXPECT_EQ(r.data<std::int32_t>()[1], 1);  // the first NaN
+  EXPECT_EQ(ops::argmax(t).to(DType::I64).data<std::int64_t>()[1], 1);
+}
+
+}  // namespace
+}  // namespace inferlab

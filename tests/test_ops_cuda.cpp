@@ -1,0 +1,161 @@
+// Every op on CUDA against the CPU path, on fresh random inputs. Skipped, with the driver's
+// reason, where no CUDA device is usable. Bounds: both sides obey the float64 bounds of
+// test_ops.cpp, so they differ by at most the sum; each bound is restated here.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/cuda/backend.h"
+#include "common/ops.h"
+#include "common/sampling.h"
+#include "test_util.h"
+
+namespace inferlab {
+namespace {
+
+using test::expect_within;
+using test::gamma;
+constexpr double u = 0x1p-24;
+
+Tensor on_gpu(const Tensor& t) { return t.to(Device::CUDA); }
+
+void matmul_case(std::int64_t M, std::int64_t K, std::int64_t N, DType wt, cuda::GemvKernel gemv) {
+  auto rng = test::rng_for_test();
+  Tensor x = test::uniform(rng, {M, K}), w = test::uniform_as(rng, {N, K}, wt);
+  cuda::set_gemv_kernel(gemv);
+  Tensor g = ops::matmul(on_gpu(x), on_gpu(w)).to(Device::CPU);
+  cuda::set_gemv_kernel(cuda::GemvKernel::Own);
+  Tensor c = ops::matmul(x, w);
+  const auto X = x.to_double_vector(), W = w.to_double_vector();
+  // Our GEMV and cuBLAS' f32 GEMM keep x in f32: |gpu − cpu| ≤ 2γ_K Σ|x w|. cuBLAS with 16-bit
+  // weights first rounds x to the weights' type (relative u16 on each x), adding u16 Σ|x w|.
+  const bool rounds_x = wt != DType::F32 && !(M == 1 && gemv == cuda::GemvKernel::Own);
+  const double extra = rounds_x ? unit_roundoff(wt) : 0.0;
+  std::vector<double> bound(M * N);
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      double a = 0;
+      for (std::int64_t k = 0; k < K; ++k) a += std::fabs(X[m * K + k] * W[n * K + k]);
+      bound[m * N + n] = (2 * gamma(K) + extra * (1 + gamma(K))) * a;
+    }
+  expect_within(g.to_double_vector(), c.to_double_vector(), bound,
+                "cuda matmul M=" + std::to_string(M) + " " + std::string(dtype_name(wt)));
+}
+
+TEST(Cuda, MatmulGemvOwnKernel) {
+  IL_REQUIRE_CUDA();
+  for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
+    matmul_case(1, 4096, 300, wt, cuda::GemvKernel::Own);  // vectorised path
+    matmul_case(1, 1001, 77, wt, cuda::GemvKernel::Own);   // K not a multiple of 8: scalar path
+  }
+}
+
+TEST(Cuda, MatmulCublas) {
+  IL_REQUIRE_CUDA();
+  for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
+    matmul_case(1, 512, 130, wt, cuda::GemvKernel::Cublas);
+    matmul_case(37, 256, 96, wt, cuda::GemvKernel::Own);
+  }
+}
+
+TEST(Cuda, ElementwiseOps) {
+  IL_REQUIRE_CUDA();
+  auto rng = test::rng_for_test();
+  Tensor a = test::uniform(rng, {9, 70}, -8, 8), b = test::uniform(rng, {9, 70}), row = test::uniform(rng, {70});
+  // add: one rounding each, identical operations: exact agreement.
+  EXPECT_EQ(ops::add(on_gpu(a), on_gpu(b)).to_float_vector(), ops::add(a, b).to_float_vector());
+  EXPECT_EQ(ops::add(on_gpu(a), on_gpu(row)).to_float_vector(), ops::add(a, row).to_float_vector());
+  // swiglu: each side within 6u of the exact value (test_ops.cpp), so 12u apart.
+  const auto gs = ops::swiglu(on_gpu(a), on_gpu(b)).to_double_vector(), cs = ops::swiglu(a, b).to_double_vector();
+  std::vector<double> bound(cs.size());
+  for (std::size_t i = 0; i < cs.size(); ++i) bound[i] = 12 * u * std::fabs(cs[i]) * (1 + 12 * u);
+  expect_within(gs, cs, bound, "cuda swiglu");
+  // softmax: each side within (2·spread·u + 5u + γ_N) relative; spread ≤ 16 here.
+  const auto gm = ops::softmax(on_gpu(a)).to_double_vector(), cm = ops::softmax(a).to_double_vector();
+  for (std::size_t i = 0; i < cm.size(); ++i) bound[i] = 2 * (32 * u + 5 * u + gamma(70)) * cm[i] + 1e-300;
+  expect_within(gm, cm, bound, "cuda softmax");
+}
+
+TEST(Cuda, RmsNormRopeEmbedding) {
+  IL_REQUIRE_CUDA();
+  auto rng = test::rng_for_test();
+  for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
+    Tensor x = test::uniform(rng, {5, 300}, -3, 3), w = test::uniform_as(rng, {300}, wt, 0.5f, 1.5f);
+    const auto g = ops::rmsnorm(on_gpu(x), on_gpu(w), 1e-6f).to_double_vector();
+    const auto c = ops::rmsnorm(x, w, 1e-6f).to_double_vector();
+    // Each within (γ_{D+2}/2 + 6u) relative of exact (test_ops.cpp), plus rsqrtf's 2 ulp.
+    std::vector<double> bound(c.size());
+    for (std::size_t i = 0; i < c.size(); ++i) bound[i] = (gamma(302) + 14 * u) * std::fabs(c[i]);
+    expect_within(g, c, bound, "cuda rmsnorm " + std::string(dtype_name(wt)));
+
+    Tensor table = test::uniform_as(rng, {50, 24}, wt);
+    Tensor ids = Tensor::from_vector(std::vector<std::int32_t>{49, 0, 7, 7}, {4});
+    EXPECT_EQ(ops::embedding(on_gpu(table), on_gpu(ids)).to_float_vector(), ops::embedding(table, ids).to_float_vector());
+  }
+  for (RopePairing pairing : {RopePairing::HalfSplit, RopePairing::Adjacent}) {
+    Tensor x = test::uniform(rng, {6, 3, 32});
+    Tensor pos = Tensor::from_vector(std::vector<std::int32_t>{0, 1, 2, 500, 8191, 100000}, {6});
+    Tensor inv = rope_inv_freq(32, 10000.0);
+    Tensor gx = on_gpu(x);
+    ops::rope(gx, on_gpu(pos), on_gpu(inv), pairing);
+    Tensor cx = x.clone();
+    ops::rope(cx, pos, inv, pairing);
+    // Same double-precision angles on both sides; each side within 4u(|a| + |b|) ≤ 8u·max|x|.
+    const auto X = x.to_double_vector();
+    std::vector<double> bound(X.size(), 2 * 8 * u);
+    expect_within(gx.to_double_vector(), cx.to_double_vector(), bound, "cuda rope");
+  }
+}
+
+TEST(Cuda, AttentionMatchesCpu) {
+  IL_REQUIRE_CUDA();
+  auto rng = test::rng_for_test();
+  struct Case {
+    std::int64_t T, S, Nq, Nk, H, window;
+    bool causal;
+  };
+  for (const Case& c : {Case{1, 1, 4, 4, 64, 0, true}, Case{1, 1000, 32, 8, 128, 0, true},
+                        Case{17, 300, 8, 8, 64, 0, true}, Case{40, 40, 4, 1, 256, 16, true},
+                        Case{9, 9, 2, 2, 80, 0, false}}) {
+    Tensor q = test::uniform(rng, {c.T, c.Nq, c.H}, -2, 2), k = test::uniform(rng, {c.S, c.Nk, c.H}, -2, 2),
+           v = test::uniform(rng, {c.S, c.Nk, c.H});
+    AttentionParams p;
+    p.window = c.window, p.causal = c.causal;
+    const auto g = ops::attention(on_gpu(q), on_gpu(k), on_gpu(v), p).to_double_vector();
+    const auto cpu = ops::attention(q, k, v, p).to_double_vector();
+    // The kernel's online softmax rescales once per chunk of 128 keys (exp: 2u each) and sums
+    // in a different order. A per-element bound: each side is within (2η + 2γ_S + 3u)·max|v|
+    // of the exact value with η ≤ γ_H·Σ|q||k|·scale + u·spread + 2u (+ (2·chunks + 4)u on the
+    // GPU); with |q|, |k| ≤ 2, |v| ≤ 1 and a spread of at most 8·H·scale:
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.H));
+    const double spread = 8.0 * c.H * scale, chunks = std::ceil(c.S / 128.0);
+    const double eta = gamma(c.H) * 4.0 * c.H * scale + u * spread + 2 * u;
+    const double each = 2 * eta + 2 * gamma(c.S) + 3 * u;
+    std::vector<double> bound(cpu.size(), 2 * each + 2 * (2 * chunks + 4) * u);
+    expect_within(g, cpu, bound, "cuda attention S=" + std::to_string(c.S));
+  }
+}
+
+TEST(Cuda, ArgmaxAndSamplingAgreeWithCpu) {
+  IL_REQUIRE_CUDA();
+  auto rng = test::rng_for_test();
+  Tensor x = test::uniform(rng, {8, 32000}, -10, 10);
+  x.at<float>({3, 17}) = 10.0f, x.at<float>({3, 31999}) = 10.0f;  // a tie: the lower index wins
+  x.at<float>({5, 100}) = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(ops::argmax(on_gpu(x)).to(DType::I64).to_double_vector(), ops::argmax(x).to(DType::I64).to_double_vector());
+  // The same logits and seed give the same tokens from a CUDA tensor as from a CPU one.
+  Tensor logits = test::uniform(rng, {1, 32000}, -5, 5);
+  Tensor glogits = on_gpu(logits);
+  Sampler a({0.8f, 50, 0.9f, 1234}), b({0.8f, 50, 0.9f, 1234});
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(a.sample(glogits), b.sample(logits));
+}
+
+TEST(Cuda, DeviceDescriptionAndCeilings) {
+  IL_REQUIRE_CUDA();
+  EXPECT_FALSE(cuda::device_description().empty());
+  // A device with HBM reads far beyond 100 GB/s; the exact figure goes in the benchmark log.
+  EXPECT_GT(cuda::measure_read_bandwidth(std::size_t(256) << 20), 1e11);
+}
+
+}  // namespace
+}  // namespace inferlab

@@ -1,0 +1,157 @@
+// safetensors: files written by the Python `safetensors` package, files built byte by byte,
+// our own writer, sharded checkpoints, and every kind of broken file.
+#include <cstring>
+#include <fstream>
+
+#include "common/json_file.h"
+#include "common/safetensors.h"
+#include "test_util.h"
+
+namespace inferlab {
+namespace {
+
+using test::expect_error;
+const std::string kGolden = std::string(INFERLAB_DATA_DIR) + "/golden/core";
+
+// A safetensors file from a header string and raw data bytes.
+std::string make_file(const std::string& header, const std::string& data) {
+  std::string s(8, '\0');
+  const std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(n >> (8 * i));
+  return s + header + data;
+}
+
+std::string floats(std::initializer_list<float> v) {
+  std::string s(v.size() * 4, '\0');
+  std::memcpy(s.data(), std::data(v), s.size());
+  return s;
+}
+
+TEST(Safetensors, ReadsWhatThePythonLibraryWrote) {
+  SafetensorsFile f(kGolden + "/reference.safetensors");
+  const auto ref = load_json(kGolden + "/reference.json");
+  EXPECT_EQ(f.metadata().at("format"), "np");
+  for (const auto& [name, want] : ref["tensors"].items()) {
+    SCOPED_TRACE(name);
+    Tensor t = f.get(name);
+    EXPECT_EQ(t.shape(), want["shape"].get<Shape>());
+    const auto got = t.to_double_vector();
+    const auto values = want["values"].get<std::vector<double>>();
+    ASSERT_EQ(got.size(), values.size());
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], values[i]) << "element " << i;
+  }
+  EXPECT_EQ(f.info("f16").dtype, DType::F16);
+  EXPECT_EQ(f.info("i64").dtype, DType::I64);
+}
+
+TEST(Safetensors, ReadsAHandBuiltFile) {
+  test::TempDir dir;
+  const std::string header = R"({"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},)"
+                             R"("a":{"dtype":"BF16","shape":[1,2],"data_offsets":[0,4]},"__metadata__":{"k":"v"}})";
+  std::string data = floats({0.0f, 0.0f, 1.5f, -2.0f});
+  const std::uint16_t bf[2] = {0x3F80, 0xC040};  // 1.0, -3.0
+  std::memcpy(data.data(), bf, 4);
+  test::write_file(dir.file("x.safetensors"), make_file(header, data));
+  SafetensorsFile f(dir.file("x.safetensors"));
+  EXPECT_EQ(f.names(), (std::vector<std::string>{"a", "b"}));  // in data order
+  EXPECT_EQ(f.get("b").to_float_vector(), (std::vector<float>{1.5f, -2.0f}));
+  EXPECT_EQ(f.get("a").to_float_vector(), (std::vector<float>{1.0f, -3.0f}));
+  EXPECT_EQ(f.metadata().at("k"), "v");
+}
+
+TEST(Safetensors, WriterRoundTripsEveryDtype) {
+  test::TempDir dir;
+  auto rng = test::rng_for_test();
+  std::vector<std::pair<std::string, Tensor>> ts;
+  for (DType d : {DType::F32, DType::F16, DType::BF16})
+    ts.emplace_back(std::string(dtype_name(d)), test::uniform_as(rng, {3, 5}, d));
+  ts.emplace_back("ids", Tensor::from_vector(std::vector<std::int32_t>{4, -1, 7}, {3}));
+  ts.emplace_back("big", Tensor::from_vector(std::vector<std::int64_t>{1ll << 40}, {1}));
+  ts.emplace_back("strided", test::uniform(rng, {4, 6}).slice(1, 2, 5));
+  save_safetensors(dir.file("rt.safetensors"), ts, {{"who", "test"}});
+  SafetensorsFile f(dir.file("rt.safetensors"));
+  EXPECT_EQ(f.metadata().at("who"), "test");
+  for (const auto& [name, t] : ts) {
+    Tensor r = f.get(name);
+    EXPECT_EQ(r.dtype(), t.dtype()) << name;
+    EXPECT_EQ(r.shape(), t.shape()) << name;
+    EXPECT_EQ(r.to_double_vector(), t.to_double_vector()) << name;
+  }
+}
+
+TEST(Checkpoint, ShardedFolderThroughItsIndex) {
+  Checkpoint c(kGolden + "/sharded");
+  EXPECT_EQ(c.names(), (std::vector<std::string>{"lm_head.weight", "model.embed.weight", "model.norm.weight"}));
+  EXPECT_EQ(c.get("model.embed.weight", {4, 2}).to_float_vector()[7], 7.0f);
+  EXPECT_EQ(c.get("model.norm.weight").dtype(), DType::F16);
+  expect_error([&] { c.get("model.embed.weight", {2, 4}); }, {"model.embed.weight", "[4, 2]", "expected [2, 4]"});
+  expect_error([&] { c.get("nope"); }, {"no tensor 'nope'"});
+}
+
+TEST(Checkpoint, BrokenIndexAndMissingFiles) {
+  test::TempDir dir;
+  expect_error([&] { Checkpoint(dir.file("absent")); }, {"absent", "no such file"});
+  expect_error([&] { Checkpoint c(dir.path().string()); }, {"no model.safetensors"});
+  test::write_file(dir.file("model.safetensors.index.json"), R"({"weight_map": {"w": "shard.safetensors"}})");
+  expect_error([&] { Checkpoint c(dir.path().string()); }, {"shard.safetensors"});
+  test::write_file(dir.file("shard.safetensors"), make_file(R"({"v":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                                                            floats({1.0f})));
+  expect_error([&] { Checkpoint c(dir.path().string()); }, {"weight_map puts 'w'", "no such tensor"});
+  test::write_file(dir.file("model.safetensors.index.json"), R"({"metadata": {}})");
+  expect_error([&] { Checkpoint c(dir.path().string()); }, {"model.safetensors.index.json", "weight_map"});
+  test::write_file(dir.file("model.safetensors.index.json"), R"({"weight_map": )");
+  expect_error([&] { Checkpoint c(dir.path().string()); }, {"model.safetensors.index.json", "not valid JSON"});
+}
+
+struct Broken {
+  const char* name;
+  std::string bytes;
+  std::vector<std::string> message;
+};
+
+TEST(Safetensors, MalformedFilesNameTheFileAndTheField) {
+  const std::string ok_entry = R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::string data = floats({1.0f, 2.0f});
+  std::string long_header = make_file("{" + ok_entry + "}", data);
+  long_header[0] = static_cast<char>(0xFF);  // header length far past the end
+  const std::vector<Broken> cases = {
+      {"empty", "", {"too short"}},
+      {"short", "abc", {"too short"}},
+      {"header past end", long_header, {"header length", "runs past the end"}},
+      {"truncated data", make_file("{" + ok_entry + "}", data.substr(0, 5)), {"tensor 'w'", "data_offsets end 8", "truncated"}},
+      {"bad json", make_file(R"({"w": {"dtype": )", data), {"not valid JSON"}},
+      {"not an object", make_file("[1, 2]", data), {"JSON object"}},
+      {"missing dtype", make_file(R"({"w":{"shape":[2],"data_offsets":[0,8]}})", data), {"tensor 'w'", "'dtype'"}},
+      {"missing shape", make_file(R"({"w":{"dtype":"F32","data_offsets":[0,8]}})", data), {"tensor 'w'", "'shape'"}},
+      {"missing offsets", make_file(R"({"w":{"dtype":"F32","shape":[2]}})", data), {"tensor 'w'", "'data_offsets'"}},
+      {"unknown dtype", make_file(R"({"w":{"dtype":"I16","shape":[4],"data_offsets":[0,8]}})", data),
+       {"tensor 'w'", "dtype 'I16' is not supported"}},
+      {"wrong byte count", make_file(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", data),
+       {"tensor 'w'", "hold 8 bytes", "needs 12"}},
+      {"negative shape", make_file(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", data),
+       {"tensor 'w'", "'shape'"}},
+      {"backwards", make_file(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", data), {"run backwards"}},
+      {"overlap", make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                            R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data),
+       {"'a' and 'b' overlap"}},
+      {"bad metadata", make_file(R"({"__metadata__":{"x":1},)" + ok_entry + "}", data), {"__metadata__", "'x'"}},
+  };
+  test::TempDir dir;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string path = dir.file("broken.safetensors");
+    test::write_file(path, c.bytes);
+    try {
+      SafetensorsFile f(path);
+      ADD_FAILURE() << "opened a broken file";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;  // names the file
+      for (const auto& part : c.message) EXPECT_NE(msg.find(part), std::string::npos) << msg;
+    }
+  }
+  expect_error([&] { SafetensorsFile f(dir.file("missing.safetensors")); }, {"cannot open", "missing.safetensors"});
+}
+
+}  // namespace
+}  // namespace inferlab

@@ -1,0 +1,93 @@
+// tokenizer.json: encodings and decodings against Hugging Face `tokenizers` on six tokenizer
+// families (goldens made by tools/make_test_goldens.py), round trips on Unicode text, and
+// clear errors for what we do not support or cannot read.
+#include "common/json_file.h"
+#include "common/tokenizer.h"
+#include "test_util.h"
+
+namespace inferlab {
+namespace {
+
+using test::expect_error;
+const std::string kGolden = std::string(INFERLAB_DATA_DIR) + "/golden/tokenizers";
+
+class TokenizerGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TokenizerGolden, MatchesHuggingFaceTokenizers) {
+  const std::string dir = kGolden + "/" + GetParam();
+  const Tokenizer tok = Tokenizer::load(dir);
+  const auto doc = load_json(dir + "/cases.json");
+  EXPECT_EQ(tok.vocab_size(), doc["vocab_size"].get<std::int64_t>());
+  for (const auto& c : doc["cases"]) {
+    const std::string text = c["text"];
+    SCOPED_TRACE("text: \"" + text + "\"");
+    const auto ids = c["ids"].get<std::vector<std::int32_t>>();
+    EXPECT_EQ(tok.encode(text), ids);
+    EXPECT_EQ(tok.encode(text, false), c["ids_no_special"].get<std::vector<std::int32_t>>());
+    EXPECT_EQ(tok.decode(ids), c["decoded"].get<std::string>());
+    EXPECT_EQ(tok.decode(ids, true), c["decoded_skip_special"].get<std::string>());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TokenizerGolden,
+                         ::testing::Values("gpt2", "llama3", "smollm", "qwen", "llama2", "mistral"));
+
+TEST(Tokenizer, ByteLevelRoundTripsAnyUnicode) {
+  const Tokenizer tok = Tokenizer::load(kGolden + "/gpt2");
+  for (const std::string s : {"Grüße aus Köln 🚀\n", "日本語のテキスト、句読点。", "a\u0301\u0302 \t\r\n x",
+                              "مرحبا بالعالم", "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9", "   ", ""}) {
+    EXPECT_EQ(tok.decode(tok.encode(s)), s);
+  }
+  EXPECT_TRUE(tok.is_special(*tok.token_to_id("<|endoftext|>")));
+  EXPECT_FALSE(tok.is_special(*tok.token_to_id("a")));
+  EXPECT_EQ(tok.id_to_token(*tok.token_to_id("Ġthe")), "Ġthe");
+}
+
+TEST(Tokenizer, ByteFallbackRoundTripsUnseenCharacters) {
+  const Tokenizer tok = Tokenizer::load(kGolden + "/llama2");
+  const std::string s = "ψ∑ and 𝔘 never appeared in training";
+  const auto ids = tok.encode(s);
+  EXPECT_EQ(tok.decode(ids, true), s);
+  EXPECT_EQ(ids[0], *tok.token_to_id("<s>"));
+  bool has_byte = false;
+  for (auto id : ids) has_byte |= tok.id_to_token(id).rfind("<0x", 0) == 0;
+  EXPECT_TRUE(has_byte) << "unseen characters should become <0xHH> byte tokens";
+}
+
+TEST(Tokenizer, MergesApplyByRankNotByPosition) {
+  // Vocabulary a, b, c, ab, bc, abc; the merge "b c" ranks before "a b", so "abc" must merge
+  // b+c first and then a+bc ... which is not in the merges: the result is [a, bc].
+  test::TempDir dir;
+  test::write_file(dir.file("tokenizer.json"), R"({
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "bc": 4, "abc": 5},
+              "merges": ["b c", "a b"]},
+    "pre_tokenizer": null, "decoder": {"type": "Fuse"}})");
+  const Tokenizer tok = Tokenizer::load(dir.path().string());
+  EXPECT_EQ(tok.encode("abc"), (std::vector<std::int32_t>{0, 4}));
+  EXPECT_EQ(tok.encode("abab"), (std::vector<std::int32_t>{3, 3}));
+  EXPECT_EQ(tok.decode({0, 4, 3}), "abcab");
+}
+
+TEST(Tokenizer, ErrorsNameTheProblem) {
+  test::TempDir dir;
+  const std::string path = dir.file("tokenizer.json");
+  expect_error([&] { Tokenizer::load(dir.file("missing.json")); }, {"missing.json"});
+  test::write_file(path, R"({"model": {"type": "WordPiece", "vocab": {}}})");
+  expect_error([&] { Tokenizer::load(path); }, {path, "model type 'WordPiece' is not supported"});
+  test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b c"]}})");
+  expect_error([&] { Tokenizer::load(path); }, {path, "merge 'a b c'"});
+  test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                             "pre_tokenizer": {"type": "BertPreTokenizer"}})");
+  expect_error([&] { Tokenizer::load(path); }, {path, "pre_tokenizer type 'BertPreTokenizer' is not supported"});
+  test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                             "normalizer": {"type": "Replace", "content": "x"}})");
+  expect_error([&] { Tokenizer::load(path); }, {path, "malformed tokenizer.json"});
+  test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
+  const Tokenizer tok = Tokenizer::load(path);
+  expect_error([&] { tok.encode("ab"); }, {"'b' is not in the vocabulary", "no unk_token"});
+  expect_error([&] { tok.encode("a\xC3"); }, {"not valid UTF-8 at byte 1"});
+  expect_error([&] { tok.decode({0, 5}); }, {"token id 5", "[0, 1)"});
+}
+
+}  // namespace
+}  // namespace inferlab

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The one prepared check for a GPU machine (see docs/gpu.md): build with the CUDA backend
+# required, run every CUDA test and then the whole suite, run the benchmarks, and write a log
+# plus JSON under $OUT (or build/gpu-check when OUT is unset). The summary table prints last.
+#
+# On a bare machine, first fill .deps/ here with tools/gpu_deps.sh and carry it along.
+# Fits in about 8 minutes on one H200 with 16 cores (most of it the first build).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/gpu-check}
+mkdir -p "$OUT"
+LOG="$OUT/gpu_check.log"
+BUILD=build/gpu
+ARCH=${CUDA_ARCH:-90}  # the H200/H100; sm_80 for an A100
+prefix=()
+[ -d .deps/root/usr ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
+status=0
+step() {  # step NAME COMMAND...: runs and logs one step, remembering failures
+  local name=$1
+  shift
+  echo "=== $name: $*" | tee -a "$LOG"
+  local t0=$(date +%s)
+  "$@" >> "$LOG" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $(( $(date +%s) - t0 ))s" | tee -a "$OUT/steps.txt"
+  [ $rc -eq 0 ] || status=1
+  return $rc
+}
+: > "$LOG"
+: > "$OUT/steps.txt"
+{
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | grep -q . && echo '(with local changes)')"
+  date -u +"%Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
+  nvcc --version | tail -1
+} | tee -a "$LOG" > "$OUT/machine.txt"
+
+step configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DINFERLAB_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${prefix[@]}" || { tail -30 "$LOG"; exit 1; }
+step build cmake --build "$BUILD" -j "$(nproc)" || { grep -E "error" "$LOG" | head -30; exit 1; }
+step cuda_tests "$BUILD/bin/inferlab_tests" --gtest_filter='Cuda*' --gtest_output=json:"$OUT/cuda_tests.json"
+step all_tests ctest --test-dir "$BUILD" --output-on-failure -j 8
+for b in "$BUILD"/bin/bench_*; do
+  name=$(basename "$b")
+  step "$name" "$b" --benchmark_out="$OUT/$name.json" --benchmark_out_format=json --benchmark_counters_tabular=true
+done
+
+echo
+echo "==== summary (full log: $LOG)"
+cat "$OUT/machine.txt"
+cat "$OUT/steps.txt"
+grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$LOG" | sort | uniq -c | head -20
+grep -E "tests passed|tests failed" "$LOG" | tail -2
+# The benchmark tables (name, time, counters).
+grep -E "^(BM_|-{10}|Benchmark)" "$LOG" | cut -c1-160
+exit $status
