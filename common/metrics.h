@@ -67,7 +67,8 @@ struct Ceiling {
   double bytes_per_s = 0;  ///< memory bandwidth
   double flops_per_s = 0;  ///< peak arithmetic rate for the dtype in `flops_dtype`
   std::string flops_dtype; ///< "f32", "bf16"
-  std::string source;      ///< how it was obtained: "measured: ..." or "datasheet: ..."
+  std::string source;      ///< how it was obtained: "measured: ..." or "datasheet"
+  double memory_bytes = 0; ///< memory capacity (0 when not known)
   /// FLOPs per byte where the two roofs meet (the lecture's "accelerator intensity").
   double ridge() const { return bytes_per_s > 0 ? flops_per_s / bytes_per_s : 0; }
 };

@@ -23,6 +23,8 @@ std::string unavailable_reason();
 void require_device();
 /// "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)"
 std::string device_description();
+/// Total memory of the device, in bytes.
+std::size_t device_memory_bytes();
 
 void* device_malloc(std::size_t bytes);
 void device_free(void* p);

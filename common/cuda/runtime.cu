@@ -56,6 +56,13 @@ std::string device_description() {
   return std::string(p.name) + tail;
 }
 
+std::size_t device_memory_bytes() {
+  require_device();
+  cudaDeviceProp p{};
+  IL_CUDA(cudaGetDeviceProperties(&p, 0));
+  return p.totalGlobalMem;
+}
+
 cudaStream_t stream() {
   static cudaStream_t s = [] {
     require_device();

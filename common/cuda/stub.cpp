@@ -15,6 +15,7 @@ bool built() { return false; }
 std::string unavailable_reason() { return kReason; }
 void require_device() { no_cuda(); }
 std::string device_description() { no_cuda(); }
+std::size_t device_memory_bytes() { no_cuda(); }
 void* device_malloc(std::size_t) { no_cuda(); }
 void device_free(void*) {}
 void memcpy(void*, Device, const void*, Device, std::size_t) { no_cuda(); }

@@ -1,0 +1,159 @@
+#include "common/plot.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace inferlab::plot {
+
+namespace {
+
+const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
+
+std::string esc(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '&') o += "&amp;";
+    else if (c == '<') o += "&lt;";
+    else if (c == '>') o += "&gt;";
+    else o += c;
+  }
+  return o;
+}
+
+std::string num(double v) {
+  char b[32];
+  const double a = std::fabs(v);
+  if (a != 0 && (a >= 1e6 || a < 1e-3)) std::snprintf(b, sizeof b, "%.0e", v);
+  else std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+struct Scale {
+  double lo, hi;
+  bool log;
+  double px0, px1;
+  double operator()(double v) const {
+    const double t = log ? (std::log10(v) - std::log10(lo)) / (std::log10(hi) - std::log10(lo)) : (v - lo) / (hi - lo);
+    return px0 + t * (px1 - px0);
+  }
+  std::vector<double> ticks() const {
+    std::vector<double> t;
+    if (log) {
+      for (double d = std::pow(10, std::floor(std::log10(lo))); d <= hi * 1.0001; d *= 10)
+        if (d >= lo * 0.9999) t.push_back(d);
+      return t;
+    }
+    const double raw = (hi - lo) / 6, mag = std::pow(10, std::floor(std::log10(raw)));
+    const double step = raw / mag < 2 ? 2 * mag : raw / mag < 5 ? 5 * mag : 10 * mag;
+    for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(std::fabs(v) < step * 1e-9 ? 0 : v);
+    return t;
+  }
+};
+
+void range(const Figure& f, bool xaxis, double& lo, double& hi) {
+  const Axis& a = xaxis ? f.x : f.y;
+  if (a.min != 0 || a.max != 0) {
+    lo = a.min, hi = a.max;
+    return;
+  }
+  lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for (const auto& s : f.series)
+    for (double v : xaxis ? s.x : s.y)
+      if (std::isfinite(v) && (!a.log || v > 0)) lo = std::min(lo, v), hi = std::max(hi, v);
+  if (!std::isfinite(lo)) lo = a.log ? 1 : 0, hi = a.log ? 10 : 1;
+  if (a.log) {
+    lo = std::pow(10, std::floor(std::log10(lo))), hi = std::pow(10, std::ceil(std::log10(hi)));
+    if (hi <= lo) hi = lo * 10;
+  } else {
+    if (lo > 0 && lo < hi * 0.5) lo = 0;
+    const double pad = (hi - lo) * 0.05 + (hi == lo ? 1 : 0);
+    hi += pad;
+    if (lo != 0) lo -= pad;
+  }
+}
+
+}  // namespace
+
+std::string to_svg(const Figure& f) {
+  const double L = 90, R = 250, T = 50, B = 60;  // margins; the legend sits on the right
+  double xlo, xhi, ylo, yhi;
+  range(f, true, xlo, xhi);
+  range(f, false, ylo, yhi);
+  const Scale sx{xlo, xhi, f.x.log, L, f.width - R}, sy{ylo, yhi, f.y.log, f.height - B, T};
+  std::ostringstream o;
+  o << R"(<svg xmlns="http://www.w3.org/2000/svg" width=")" << f.width << "\" height=\"" << f.height
+    << R"(" font-family="sans-serif" font-size="12">)" << "\n"
+    << R"(<rect width="100%" height="100%" fill="white"/>)" << "\n"
+    << "<text x=\"" << f.width / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">" << esc(f.title)
+    << "</text>\n";
+  // Grid and ticks.
+  for (double t : sx.ticks())
+    o << "<line x1=\"" << sx(t) << "\" y1=\"" << T << "\" x2=\"" << sx(t) << "\" y2=\"" << f.height - B
+      << R"(" stroke="#ddd"/><text x=")" << sx(t) << "\" y=\"" << f.height - B + 16 << R"(" text-anchor="middle">)"
+      << num(t) << "</text>\n";
+  for (double t : sy.ticks())
+    o << "<line x1=\"" << L << "\" y1=\"" << sy(t) << "\" x2=\"" << f.width - R << "\" y2=\"" << sy(t)
+      << R"(" stroke="#ddd"/><text x=")" << L - 6 << "\" y=\"" << sy(t) + 4 << R"(" text-anchor="end">)" << num(t)
+      << "</text>\n";
+  o << "<rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << f.width - R - L << "\" height=\"" << f.height - B - T
+    << R"(" fill="none" stroke="#333"/>)" << "\n";
+  o << "<text x=\"" << (L + f.width - R) / 2 << "\" y=\"" << f.height - 18 << R"(" text-anchor="middle">)"
+    << esc(f.x.label) << "</text>\n";
+  o << "<text transform=\"translate(22," << (T + f.height - B) / 2 << R"svg() rotate(-90)" text-anchor="middle">)svg"
+    << esc(f.y.label) << "</text>\n";
+  // Series, clipped to the plot area.
+  o << "<clipPath id=\"area\"><rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << f.width - R - L
+    << "\" height=\"" << f.height - B - T << "\"/></clipPath>\n";
+  int k = 0;
+  for (const auto& s : f.series) {
+    const std::string color = s.color.empty() ? kPalette[k % 8] : s.color;
+    auto ok = [&](std::size_t i) {
+      return std::isfinite(s.x[i]) && std::isfinite(s.y[i]) && (!f.x.log || s.x[i] > 0) && (!f.y.log || s.y[i] > 0);
+    };
+    o << "<g clip-path=\"url(#area)\">";
+    if (s.line) {
+      o << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"2\""
+        << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << " points=\"";
+      for (std::size_t i = 0; i < s.x.size(); ++i)
+        if (ok(i)) o << sx(s.x[i]) << ',' << sy(s.y[i]) << ' ';
+      o << "\"/>";
+    }
+    if (s.markers || s.label_points)
+      for (std::size_t i = 0; i < s.x.size(); ++i)
+        if (ok(i)) {
+          o << "<circle cx=\"" << sx(s.x[i]) << "\" cy=\"" << sy(s.y[i]) << "\" r=\"4\" fill=\"" << color << "\"/>";
+          if (s.label_points && i < s.point_labels.size())
+            o << "<text x=\"" << sx(s.x[i]) + 6 << "\" y=\"" << sy(s.y[i]) - 6 << "\" fill=\"" << color << "\">"
+              << esc(s.point_labels[i]) << "</text>";
+        }
+    o << "</g>\n";
+    // Legend entry.
+    const double ly = T + 14 + 20 * k, lx = f.width - R + 14;
+    if (s.line)
+      o << "<line x1=\"" << lx << "\" y1=\"" << ly << "\" x2=\"" << lx + 22 << "\" y2=\"" << ly << "\" stroke=\""
+        << color << "\" stroke-width=\"3\"" << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << "/>";
+    else
+      o << "<circle cx=\"" << lx + 11 << "\" cy=\"" << ly << "\" r=\"4\" fill=\"" << color << "\"/>";
+    o << "<text x=\"" << lx + 28 << "\" y=\"" << ly + 4 << "\">" << esc(s.label) << "</text>\n";
+    ++k;
+  }
+  o << "</svg>\n";
+  return o.str();
+}
+
+void save_svg(const Figure& f, const std::string& path) {
+  std::ofstream out(path);
+  IL_CHECK(out.good(), "cannot write ", path, ": ", std::strerror(errno));
+  out << to_svg(f);
+  IL_CHECK(out.good(), "error writing ", path);
+}
+
+}  // namespace inferlab::plot
