@@ -20,17 +20,20 @@ namespace {
 thread_local CountScope* g_scope = nullptr;
 }
 
-void count(double flops, double bytes) {
+void count(const char* op, double flops, double bytes) {
   if (g_scope) {
-    g_scope->work_.flops += flops;
-    g_scope->work_.bytes += bytes;
+    g_scope->work_ += Work{flops, bytes};
+    g_scope->by_op_[op] += Work{flops, bytes};
   }
 }
 
 CountScope::CountScope() : parent_(g_scope) { g_scope = this; }
 CountScope::~CountScope() {
   g_scope = parent_;
-  if (parent_) parent_->work_ += work_;
+  if (parent_) {
+    parent_->work_ += work_;
+    for (const auto& [op, w] : by_op_) parent_->by_op_[op] += w;
+  }
 }
 
 double RooflinePoint::attainable_flops_per_s() const {

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,9 @@ struct Work {
   }
 };
 
-/// Adds work to the innermost active CountScope of this thread (no-op when there is none).
-void count(double flops, double bytes);
+/// Adds work, under the name of the op that did it ("matmul", "attention", ...), to the
+/// innermost active CountScope of this thread (no-op when there is none).
+void count(const char* op, double flops, double bytes);
 
 /// Collects the work of every op called on this thread while it is alive. Scopes nest: an
 /// inner scope's work is added to the outer one when the inner one ends.
@@ -40,10 +42,13 @@ class CountScope {
   CountScope(const CountScope&) = delete;
   CountScope& operator=(const CountScope&) = delete;
   const Work& work() const { return work_; }
+  /// The same work split by op name.
+  const std::map<std::string, Work>& by_op() const { return by_op_; }
 
  private:
-  friend void count(double, double);
+  friend void count(const char*, double, double);
   Work work_;
+  std::map<std::string, Work> by_op_;
   CountScope* parent_;
 };
 

@@ -53,7 +53,7 @@ void matmul(const Tensor& x, const Tensor& w, const Tensor& out) {
            " disagree on the inner dimension");
   IL_CHECK(out.size(0) == x.size(0) && out.size(1) == w.size(0), "matmul: out ", out.describe(), " should be [",
            x.size(0), ", ", w.size(0), "]");
-  metrics::count(2.0 * x.size(0) * w.size(0) * x.size(1), bytes(x) + bytes(w) + bytes(out));
+  metrics::count("matmul", 2.0 * x.size(0) * w.size(0) * x.size(1), bytes(x) + bytes(w) + bytes(out));
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {
@@ -64,7 +64,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
   bool row = b.ndim() == 1 && a.ndim() >= 1 && b.size(0) == a.size(-1);
   IL_CHECK(row || b.shape() == a.shape(), "add: b ", b.describe(), " must have a's shape ", shape_str(a.shape()),
            " or be one row of its last dimension");
-  metrics::count(static_cast<double>(a.numel()), bytes(a) + bytes(b) + bytes(out));
+  metrics::count("add", static_cast<double>(a.numel()), bytes(a) + bytes(b) + bytes(out));
 }
 
 void rmsnorm(const Tensor& x, const Tensor& w, const Tensor& out) {
@@ -76,7 +76,7 @@ void rmsnorm(const Tensor& x, const Tensor& w, const Tensor& out) {
   IL_CHECK(x.ndim() >= 1 && x.size(-1) == w.size(0), "rmsnorm: x ", x.describe(), " and weight ", w.describe(),
            " disagree on the last dimension");
   same_shape(x, out, "rmsnorm", "x", "out");
-  metrics::count(4.0 * static_cast<double>(x.numel()), bytes(x) + bytes(w) + bytes(out));
+  metrics::count("rmsnorm", 4.0 * static_cast<double>(x.numel()), bytes(x) + bytes(w) + bytes(out));
 }
 
 void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
@@ -90,7 +90,7 @@ void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
   IL_CHECK(2 * inv_freq.size(0) <= x.size(2), "rope: ", inv_freq.size(0), " frequencies rotate ",
            2 * inv_freq.size(0), " dimensions, but the head dimension is ", x.size(2));
   const double pairs = static_cast<double>(x.size(0) * x.size(1) * inv_freq.size(0));
-  metrics::count(6.0 * pairs, 2.0 * pairs * 2 * 4 + bytes(positions) + bytes(inv_freq));
+  metrics::count("rope", 6.0 * pairs, 2.0 * pairs * 2 * 4 + bytes(positions) + bytes(inv_freq));
 }
 
 void softmax(const Tensor& x, const Tensor& out) {
@@ -99,7 +99,7 @@ void softmax(const Tensor& x, const Tensor& out) {
   same_device("softmax", {&x, &out});
   IL_CHECK(x.ndim() >= 1, "softmax: x must have at least one dimension");
   same_shape(x, out, "softmax", "x", "out");
-  metrics::count(4.0 * static_cast<double>(x.numel()), bytes(x) + bytes(out));
+  metrics::count("softmax", 4.0 * static_cast<double>(x.numel()), bytes(x) + bytes(out));
 }
 
 void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
@@ -108,7 +108,7 @@ void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
   want_dtype(out, DType::F32, "swiglu", "out");
   same_device("swiglu", {&gate, &up, &out});
   same_shape(gate, up, "swiglu", "gate", "up"), same_shape(gate, out, "swiglu", "gate", "out");
-  metrics::count(5.0 * static_cast<double>(gate.numel()), bytes(gate) + bytes(up) + bytes(out));
+  metrics::count("swiglu", 5.0 * static_cast<double>(gate.numel()), bytes(gate) + bytes(up) + bytes(out));
 }
 
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
@@ -125,7 +125,7 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
   for (std::int64_t t = 0; t < ids.size(0); ++t)
     IL_CHECK(p[t] >= 0 && p[t] < table.size(0), "embedding: token id ", p[t], " at position ", t,
              " is outside the vocabulary [0, ", table.size(0), ")");
-  metrics::count(0, bytes(ids) + bytes(out) + static_cast<double>(ids.size(0) * table.size(1)) * dtype_size(table.dtype()));
+  metrics::count("embedding", 0, bytes(ids) + bytes(out) + static_cast<double>(ids.size(0) * table.size(1)) * dtype_size(table.dtype()));
 }
 
 AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -156,7 +156,7 @@ AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, con
     std::int64_t lo = r.window > 0 ? std::max<std::int64_t>(0, hi - r.window + 1) : 0;
     visible += static_cast<double>(hi - lo + 1);
   }
-  metrics::count(4.0 * visible * static_cast<double>(Nq * H), bytes(q) + bytes(k) + bytes(v) + bytes(out));
+  metrics::count("attention", 4.0 * visible * static_cast<double>(Nq * H), bytes(q) + bytes(k) + bytes(v) + bytes(out));
   return r;
 }
 
@@ -167,7 +167,7 @@ void argmax(const Tensor& x, const Tensor& out) {
   same_device("argmax", {&x, &out});
   IL_CHECK(out.size(0) == x.size(0), "argmax: out ", out.describe(), " should have ", x.size(0), " entries");
   IL_CHECK(x.size(1) > 0, "argmax: rows of x ", x.describe(), " are empty");
-  metrics::count(static_cast<double>(x.numel()), bytes(x) + bytes(out));
+  metrics::count("argmax", static_cast<double>(x.numel()), bytes(x) + bytes(out));
 }
 
 }  // namespace check

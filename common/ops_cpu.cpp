@@ -14,6 +14,10 @@ namespace {
 // Up to this many rows, matmul streams each weight row once and dots it with every x row
 // (decode: the weights are read once per step, which is the whole cost). Beyond it, GEMM.
 constexpr std::int64_t kGemvMaxRows = 4;
+// Below this many multiply-adds an op runs on one thread: waking a team of threads costs
+// microseconds, and when the machine is busy a descheduled thread can stall the whole team for
+// a scheduler time slice. Tiny models must not pay that on every op.
+constexpr std::int64_t kParallelWork = 1 << 18;
 
 // Dot products with 16 independent partial sums: the compiler turns the fixed-size inner loop
 // into SIMD multiply-adds, and the partial sums break the dependency chain that would otherwise
@@ -53,7 +57,7 @@ void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
   float* Y = out.data<float>();
   const DType wt = w.dtype();
   const void* W = w.raw_data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (M * N * K >= kParallelWork)
   for (std::int64_t n = 0; n < N; ++n) {
     for (std::int64_t m = 0; m < M; ++m) {
       const float* xr = X + m * K;
@@ -82,7 +86,7 @@ void gemm(const Tensor& x, const Tensor& w, Tensor& out) {
   RowMajor wb(std::min(kBlock, N), K);
   for (std::int64_t n0 = 0; n0 < N; n0 += kBlock) {
     const std::int64_t nb = std::min(kBlock, N - n0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (nb * K >= kParallelWork)
     for (std::int64_t r = 0; r < nb; ++r)
       for (std::int64_t k = 0; k < K; ++k) wb(r, k) = weight_at(w.raw_data(), w.dtype(), (n0 + r) * K + k);
     Y.middleCols(n0, nb).noalias() = X * wb.topRows(nb).transpose();
@@ -97,8 +101,8 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
 }
 
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
-  const std::int64_t T = q.size(0), Nq = q.size(1), S = k.size(0);
-#pragma omp parallel
+  const std::int64_t T = q.size(0), Nq = q.size(1), S = k.size(0), H = q.size(2);
+#pragma omp parallel if (T * Nq * S * H >= kParallelWork)
   {
     std::vector<float> scratch(static_cast<std::size_t>(std::max<std::int64_t>(S, 1)));
 #pragma omp for collapse(2) schedule(dynamic, 1)

@@ -5,6 +5,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <array>
 #include <filesystem>
 #include <functional>
@@ -13,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/json_file.h"
+#include "common/llama2c.h"
 #include "common/regex.h"
 
 namespace inferlab {
@@ -480,7 +482,7 @@ Decoder parse_decoder(const json& j, const std::string& ctx) {
 }  // namespace
 
 // --- the tokenizer -------------------------------------------------------------------------
-struct Tokenizer::Impl {
+struct HfTokenizer::Impl {
   std::string path;
   std::unordered_map<std::string, std::int32_t> vocab;  // model vocabulary
   std::vector<std::string> id_to_token;                 // model + added tokens
@@ -512,7 +514,7 @@ struct Tokenizer::Impl {
   void parse_post_processor(const json& j);
 };
 
-void Tokenizer::Impl::parse_post_processor(const json& j) {
+void HfTokenizer::Impl::parse_post_processor(const json& j) {
   if (j.is_null()) return;
   const std::string type = j.value("type", "");
   const std::string ctx = path + ": post_processor";
@@ -540,7 +542,7 @@ void Tokenizer::Impl::parse_post_processor(const json& j) {
   fail(ctx, ": type '", type, "' is not supported");
 }
 
-void Tokenizer::Impl::bpe(const std::string& word, std::vector<std::int32_t>& ids) const {
+void HfTokenizer::Impl::bpe(const std::string& word, std::vector<std::int32_t>& ids) const {
   if (word.empty()) return;
   if (ignore_merges) {
     auto it = vocab.find(word);
@@ -623,12 +625,12 @@ void Tokenizer::Impl::bpe(const std::string& word, std::vector<std::int32_t>& id
   }
 }
 
-Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Tokenizer::~Tokenizer() = default;
-Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
-Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+HfTokenizer::HfTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HfTokenizer::~HfTokenizer() = default;
+HfTokenizer::HfTokenizer(HfTokenizer&&) noexcept = default;
+HfTokenizer& HfTokenizer::operator=(HfTokenizer&&) noexcept = default;
 
-Tokenizer Tokenizer::load(const std::string& path) {
+HfTokenizer HfTokenizer::load(const std::string& path) {
   try {
     return load_impl(path);
   } catch (const nlohmann::json::exception& e) {
@@ -637,7 +639,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   }
 }
 
-Tokenizer Tokenizer::load_impl(const std::string& path_in) {
+HfTokenizer HfTokenizer::load_impl(const std::string& path_in) {
   namespace fs = std::filesystem;
   auto impl = std::make_unique<Impl>();
   impl->path = fs::is_directory(path_in) ? (fs::path(path_in) / "tokenizer.json").string() : path_in;
@@ -715,10 +717,10 @@ Tokenizer Tokenizer::load_impl(const std::string& path_in) {
     IL_CHECK(id >= 0 && id <= max_id, path, ": post_processor token id ", id, " is outside the vocabulary");
   for (auto id : impl->template_after)
     IL_CHECK(id >= 0 && id <= max_id, path, ": post_processor token id ", id, " is outside the vocabulary");
-  return Tokenizer(std::move(impl));
+  return HfTokenizer(std::move(impl));
 }
 
-std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+std::vector<std::int32_t> HfTokenizer::encode(std::string_view text, bool add_special_tokens) const {
   const Impl& t = *impl_;
   validate_utf8(text, "tokenizer input");
   std::vector<std::int32_t> ids;
@@ -770,7 +772,7 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_spec
   return ids;
 }
 
-std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool skip_special_tokens) const {
+std::string HfTokenizer::decode(const std::vector<std::int32_t>& ids, bool skip_special_tokens) const {
   const Impl& t = *impl_;
   std::vector<std::string> toks;
   for (auto id : ids) {
@@ -788,14 +790,14 @@ std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool skip_sp
   return s;
 }
 
-std::int64_t Tokenizer::vocab_size() const { return static_cast<std::int64_t>(impl_->id_to_token.size()); }
+std::int64_t HfTokenizer::vocab_size() const { return static_cast<std::int64_t>(impl_->id_to_token.size()); }
 
-const std::string& Tokenizer::id_to_token(std::int32_t id) const {
+const std::string& HfTokenizer::id_to_token(std::int32_t id) const {
   IL_CHECK(id >= 0 && id < vocab_size(), "token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");
   return impl_->id_to_token[static_cast<std::size_t>(id)];
 }
 
-std::optional<std::int32_t> Tokenizer::token_to_id(std::string_view token) const {
+std::optional<std::int32_t> HfTokenizer::token_to_id(std::string_view token) const {
   for (const auto& a : impl_->added)
     if (a.content == token) return a.id;
   auto it = impl_->vocab.find(std::string(token));
@@ -803,10 +805,56 @@ std::optional<std::int32_t> Tokenizer::token_to_id(std::string_view token) const
   return it->second;
 }
 
-bool Tokenizer::is_special(std::int32_t id) const {
+bool HfTokenizer::is_special(std::int32_t id) const {
   return id >= 0 && id < vocab_size() && impl_->special[static_cast<std::size_t>(id)];
 }
 
-const std::string& Tokenizer::path() const { return impl_->path; }
+const std::string& HfTokenizer::path() const { return impl_->path; }
+
+TextStream::TextStream(const Tokenizer& tok, const std::vector<std::int32_t>& prompt) : tok_(tok) { print(prompt); }
+
+void TextStream::print(const std::vector<std::int32_t>& tokens) {
+  const std::string text = tok_.decode(tokens, true);
+  std::size_t end = text.size();
+  // Hold back a trailing U+FFFD or an incomplete UTF-8 sequence: the next token may complete
+  // the character (byte-fallback tokens carry one byte each).
+  if (end >= 3 && text.compare(end - 3, 3, "\xEF\xBF\xBD") == 0) end -= 3;
+  std::size_t lead = end;
+  while (lead > 0 && (static_cast<unsigned char>(text[lead - 1]) & 0xC0) == 0x80) --lead;
+  if (lead > 0) {
+    const unsigned char c = static_cast<unsigned char>(text[lead - 1]);
+    const std::size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    if (end - (lead - 1) < len) end = lead - 1;
+  }
+  if (end > printed_) {
+    std::fwrite(text.data() + printed_, 1, end - printed_, stdout);
+    std::fflush(stdout);
+    printed_ = end;
+  }
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::for_model(const std::string& model_path, const std::string& explicit_path) {
+  namespace fs = std::filesystem;
+  if (!explicit_path.empty()) return load(explicit_path);
+  if (fs::is_directory(model_path)) return load(model_path);
+  const fs::path dir = fs::path(model_path).parent_path();
+  if (fs::path(model_path).extension() == ".bin") {
+    if (fs::exists(dir / "tokenizer.bin")) return load((dir / "tokenizer.bin").string());
+    std::vector<fs::path> found;
+    for (const auto& e : fs::directory_iterator(dir.empty() ? fs::path(".") : dir))
+      if (e.path().filename().string().rfind("tok", 0) == 0 && e.path().extension() == ".bin") found.push_back(e.path());
+    IL_CHECK(found.size() == 1, "cannot tell which tokenizer goes with ", model_path, ": found ", found.size(),
+             " tokenizer.bin/tok*.bin files beside it (name one with --tokenizer)");
+    return load(found[0].string());
+  }
+  return load((dir / "tokenizer.json").string());
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::is_regular_file(path) && fs::path(path).extension() == ".bin")
+    return std::make_unique<Llama2cTokenizer>(Llama2cTokenizer::load(path));
+  return std::make_unique<HfTokenizer>(HfTokenizer::load(path));
+}
 
 }  // namespace inferlab

@@ -21,34 +21,69 @@
 
 namespace inferlab {
 
+/// What generation needs from a tokenizer, whatever its file format.
 class Tokenizer {
  public:
-  /// Loads `<folder>/tokenizer.json` or the file at `path`.
-  static Tokenizer load(const std::string& path);
-  ~Tokenizer();
-  Tokenizer(Tokenizer&&) noexcept;
-  Tokenizer& operator=(Tokenizer&&) noexcept;
-
+  virtual ~Tokenizer() = default;
   /// Token ids of UTF-8 `text` (throws on invalid UTF-8). With add_special_tokens, the
-  /// post-processor's template adds its tokens (e.g. BOS).
-  std::vector<std::int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
+  /// tokenizer's own rule adds its tokens (e.g. BOS).
+  virtual std::vector<std::int32_t> encode(std::string_view text, bool add_special_tokens = true) const = 0;
   /// Text of `ids`; throws on an id outside the vocabulary.
-  std::string decode(const std::vector<std::int32_t>& ids, bool skip_special_tokens = false) const;
-
+  virtual std::string decode(const std::vector<std::int32_t>& ids, bool skip_special_tokens = false) const = 0;
   /// Vocabulary size including added tokens (one past the largest id).
-  std::int64_t vocab_size() const;
+  virtual std::int64_t vocab_size() const = 0;
   /// The token string of an id, as stored in the vocabulary (e.g. "Ġthe", "▁the", "<0x0A>").
-  const std::string& id_to_token(std::int32_t id) const;
-  /// The id of a token string, if it is in the vocabulary or the added tokens.
-  std::optional<std::int32_t> token_to_id(std::string_view token) const;
-  /// True for added tokens marked special (BOS, EOS, <|mask|>, ...).
-  bool is_special(std::int32_t id) const;
-  const std::string& path() const;
+  virtual const std::string& id_to_token(std::int32_t id) const = 0;
+  /// The id of a token string, if it is in the vocabulary.
+  virtual std::optional<std::int32_t> token_to_id(std::string_view token) const = 0;
+  /// True for special tokens (BOS, EOS, <|mask|>, ...).
+  virtual bool is_special(std::int32_t id) const = 0;
+  /// The file it was loaded from.
+  virtual const std::string& path() const = 0;
+
+  /// Loads a Hugging Face tokenizer.json (the file, or a folder holding one) or a llama2.c
+  /// tokenizer (a .bin file; see llama2c.h).
+  static std::unique_ptr<Tokenizer> load(const std::string& path);
+  /// The tokenizer that goes with a model: `explicit_path` when given; else the model folder's
+  /// tokenizer.json; for a llama2.c checkpoint (a .bin file), a tokenizer.bin or tok*.bin beside it.
+  static std::unique_ptr<Tokenizer> for_model(const std::string& model_path, const std::string& explicit_path = "");
+};
+
+/// Prints generated text as it grows: decodes the whole sequence each time and writes what is
+/// new, so that characters split across tokens come out whole.
+class TextStream {
+ public:
+  /// Prints the prompt's text.
+  TextStream(const Tokenizer& tok, const std::vector<std::int32_t>& prompt);
+  /// Prints the text of `tokens` (prompt + generated so far) past what was printed.
+  void print(const std::vector<std::int32_t>& tokens);
+
+ private:
+  const Tokenizer& tok_;
+  std::size_t printed_ = 0;
+};
+
+/// A Hugging Face `tokenizer.json` BPE tokenizer.
+class HfTokenizer final : public Tokenizer {
+ public:
+  /// Loads `<folder>/tokenizer.json` or the file at `path`.
+  static HfTokenizer load(const std::string& path);
+  ~HfTokenizer() override;
+  HfTokenizer(HfTokenizer&&) noexcept;
+  HfTokenizer& operator=(HfTokenizer&&) noexcept;
+
+  std::vector<std::int32_t> encode(std::string_view text, bool add_special_tokens = true) const override;
+  std::string decode(const std::vector<std::int32_t>& ids, bool skip_special_tokens = false) const override;
+  std::int64_t vocab_size() const override;
+  const std::string& id_to_token(std::int32_t id) const override;
+  std::optional<std::int32_t> token_to_id(std::string_view token) const override;
+  bool is_special(std::int32_t id) const override;
+  const std::string& path() const override;
 
  private:
   struct Impl;
-  explicit Tokenizer(std::unique_ptr<Impl> impl);
-  static Tokenizer load_impl(const std::string& path);
+  explicit HfTokenizer(std::unique_ptr<Impl> impl);
+  static HfTokenizer load_impl(const std::string& path);
   std::unique_ptr<Impl> impl_;
 };
 

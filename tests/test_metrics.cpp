@@ -39,15 +39,17 @@ TEST(Metrics, HumanUnits) {
 
 TEST(Metrics, CountScopesNestAndStop) {
   metrics::CountScope a;
-  metrics::count(1, 2);
+  metrics::count("a", 1, 2);
   {
     metrics::CountScope b;
-    metrics::count(10, 20);
+    metrics::count("b", 10, 20);
     EXPECT_EQ(b.work().flops, 10);
     EXPECT_EQ(a.work().flops, 1);  // not yet: b adds itself when it ends
   }
   EXPECT_EQ(a.work().flops, 11);
   EXPECT_EQ(a.work().bytes, 22);
+  EXPECT_EQ(a.by_op().at("a").flops, 1);
+  EXPECT_EQ(a.by_op().at("b").bytes, 20);
 }
 
 TEST(Metrics, CpuCeilingsAreMeasured) {

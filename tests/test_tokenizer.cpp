@@ -15,7 +15,7 @@ class TokenizerGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TokenizerGolden, MatchesHuggingFaceTokenizers) {
   const std::string dir = kGolden + "/" + GetParam();
-  const Tokenizer tok = Tokenizer::load(dir);
+  const HfTokenizer tok = HfTokenizer::load(dir);
   const auto doc = load_json(dir + "/cases.json");
   EXPECT_EQ(tok.vocab_size(), doc["vocab_size"].get<std::int64_t>());
   for (const auto& c : doc["cases"]) {
@@ -33,7 +33,7 @@ INSTANTIATE_TEST_SUITE_P(Families, TokenizerGolden,
                          ::testing::Values("gpt2", "llama3", "smollm", "qwen", "llama2", "mistral"));
 
 TEST(Tokenizer, ByteLevelRoundTripsAnyUnicode) {
-  const Tokenizer tok = Tokenizer::load(kGolden + "/gpt2");
+  const HfTokenizer tok = HfTokenizer::load(kGolden + "/gpt2");
   for (const std::string s : {"Grüße aus Köln 🚀\n", "日本語のテキスト、句読点。", "a\u0301\u0302 \t\r\n x",
                               "مرحبا بالعالم", "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9", "   ", ""}) {
     EXPECT_EQ(tok.decode(tok.encode(s)), s);
@@ -44,7 +44,7 @@ TEST(Tokenizer, ByteLevelRoundTripsAnyUnicode) {
 }
 
 TEST(Tokenizer, ByteFallbackRoundTripsUnseenCharacters) {
-  const Tokenizer tok = Tokenizer::load(kGolden + "/llama2");
+  const HfTokenizer tok = HfTokenizer::load(kGolden + "/llama2");
   const std::string s = "ψ∑ and 𝔘 never appeared in training";
   const auto ids = tok.encode(s);
   EXPECT_EQ(tok.decode(ids, true), s);
@@ -62,7 +62,7 @@ TEST(Tokenizer, MergesApplyByRankNotByPosition) {
     "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "bc": 4, "abc": 5},
               "merges": ["b c", "a b"]},
     "pre_tokenizer": null, "decoder": {"type": "Fuse"}})");
-  const Tokenizer tok = Tokenizer::load(dir.path().string());
+  const HfTokenizer tok = HfTokenizer::load(dir.path().string());
   EXPECT_EQ(tok.encode("abc"), (std::vector<std::int32_t>{0, 4}));
   EXPECT_EQ(tok.encode("abab"), (std::vector<std::int32_t>{3, 3}));
   EXPECT_EQ(tok.decode({0, 4, 3}), "abcab");
@@ -71,19 +71,19 @@ TEST(Tokenizer, MergesApplyByRankNotByPosition) {
 TEST(Tokenizer, ErrorsNameTheProblem) {
   test::TempDir dir;
   const std::string path = dir.file("tokenizer.json");
-  expect_error([&] { Tokenizer::load(dir.file("missing.json")); }, {"missing.json"});
+  expect_error([&] { HfTokenizer::load(dir.file("missing.json")); }, {"missing.json"});
   test::write_file(path, R"({"model": {"type": "WordPiece", "vocab": {}}})");
-  expect_error([&] { Tokenizer::load(path); }, {path, "model type 'WordPiece' is not supported"});
+  expect_error([&] { HfTokenizer::load(path); }, {path, "model type 'WordPiece' is not supported"});
   test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b c"]}})");
-  expect_error([&] { Tokenizer::load(path); }, {path, "merge 'a b c'"});
+  expect_error([&] { HfTokenizer::load(path); }, {path, "merge 'a b c'"});
   test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
                              "pre_tokenizer": {"type": "BertPreTokenizer"}})");
-  expect_error([&] { Tokenizer::load(path); }, {path, "pre_tokenizer type 'BertPreTokenizer' is not supported"});
+  expect_error([&] { HfTokenizer::load(path); }, {path, "pre_tokenizer type 'BertPreTokenizer' is not supported"});
   test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
                              "normalizer": {"type": "Replace", "content": "x"}})");
-  expect_error([&] { Tokenizer::load(path); }, {path, "malformed tokenizer.json"});
+  expect_error([&] { HfTokenizer::load(path); }, {path, "malformed tokenizer.json"});
   test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
-  const Tokenizer tok = Tokenizer::load(path);
+  const HfTokenizer tok = HfTokenizer::load(path);
   expect_error([&] { tok.encode("ab"); }, {"'b' is not in the vocabulary", "no unk_token"});
   expect_error([&] { tok.encode("a\xC3"); }, {"not valid UTF-8 at byte 1"});
   expect_error([&] { tok.decode({0, 5}); }, {"token id 5", "[0, 1)"});

@@ -1,0 +1,89 @@
+// ch01_naive_decode: generation that re-runs the whole sequence for every token, with each
+// step's time and counted FLOPs, so the cost's growth is there to see.
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "chapters/01_naive_decode/generate.h"
+#include "common/cli.h"
+#include "common/tokenizer.h"
+
+using namespace inferlab;
+using namespace inferlab::ch01;
+
+namespace {
+
+// Least-squares slope of log(y) against log(x): the exponent of a power law.
+double power_law_exponent(const std::vector<double>& x, const std::vector<double>& y) {
+  double sx = 0, sy = 0, sxx = 0, sxy = 0, n = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (x[i] <= 0 || y[i] <= 0) continue;
+    const double lx = std::log(x[i]), ly = std::log(y[i]);
+    sx += lx, sy += ly, sxx += lx * lx, sxy += lx * ly, n += 1;
+  }
+  return n > 1 ? (n * sxy - sx * sy) / (n * sxx - sx * sx) : NAN;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Chapter 01: naive decoding, re-running the whole sequence for every new token", "ch01_naive_decode"};
+  CommonOptions o;
+  std::string tokenizer_path, dtype = "f32";
+  bool all_steps = false;
+  add_common_options(app, o);
+  app.add_option("--tokenizer", tokenizer_path, "Tokenizer file (default: the one beside the model)");
+  app.add_option("--dtype", dtype, "Weight dtype: f32 or bf16")->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
+  app.add_flag("--steps", all_steps, "Print every step (default: eight spread over the run)");
+  return run_cli(app, argc, argv, [&] {
+    const Device dev = o.resolved_device();
+    const DType wt = dtype == "bf16" ? DType::BF16 : dtype == "f16" ? DType::F16 : DType::F32;
+    Llama m = load_llama(o.model).to(dev, wt);
+    const auto tok = Tokenizer::for_model(o.model, tokenizer_path);
+    IL_CHECK(tok->vocab_size() <= m.config.vocab_size, "the tokenizer (", tok->vocab_size(),
+             " tokens) does not fit the model's vocabulary of ", m.config.vocab_size);
+    const auto prompt = tok->encode(o.prompt);
+    std::vector<std::int64_t> eos = m.config.eos_token_ids;
+    if (m.rope_pairing == RopePairing::Adjacent) eos.push_back(1);  // llama2.c models end a story with BOS
+    std::printf("%s: %s, %.2f M parameters, %s weights on %s\n", app.get_name().c_str(), m.source.c_str(),
+                static_cast<double>(m.config.num_parameters()) / 1e6, dtype_name(m.weight_dtype()).data(),
+                device_name(dev).data());
+    std::printf("naive decoding: each step runs the forward pass over the whole sequence so far\n\n");
+    Sampler sampler(o.sampling());
+    TextStream stream(*tok, prompt);
+    const Generation g = generate_naive(m, prompt, o.max_new_tokens, sampler, eos,
+                                        [&](const Generation& gen) { stream.print(gen.tokens); });
+    std::printf("\n\n%6s %8s %11s %14s %14s %10s\n", "step", "tokens", "time (ms)", "attn MFLOP", "other MFLOP", "MB moved");
+    std::vector<double> len, attn, other, secs;
+    double total_s = 0, total_flops = 0;
+    for (const Step& s : g.steps) total_s += s.seconds, total_flops += s.work.flops;
+    // Per-step split of the work: attention (grows like T²) against the rest (like T).
+    for (std::size_t i = 0; i < g.steps.size(); ++i) {
+      const Step& s = g.steps[i];
+      const double at = s.attention_flops, rest = s.work.flops - s.attention_flops;
+      len.push_back(static_cast<double>(s.tokens_in)), attn.push_back(at), other.push_back(rest), secs.push_back(s.seconds);
+      const std::size_t n = g.steps.size();
+      const bool show = all_steps || n <= 8 || i == 0 || i + 1 == n || i % std::max<std::size_t>(1, n / 6) == 0;
+      if (show)
+        std::printf("%6zu %8lld %11.3f %14.3f %14.3f %10.2f\n", i + 1, static_cast<long long>(s.tokens_in),
+                    s.seconds * 1e3, at / 1e6, rest / 1e6, s.work.bytes / 1e6);
+    }
+    const double ea = power_law_exponent(len, attn), eo = power_law_exponent(len, other);
+    std::printf("\n%zu tokens in %.1f ms (%.1f tokens/s), %.3f GFLOP in all.\n", g.generated.size(), total_s * 1e3,
+                static_cast<double>(g.generated.size()) / total_s, total_flops / 1e9);
+    std::printf("Per step, attention FLOPs grow like T^%.2f and the rest like T^%.2f; summed over T steps, the\n"
+                "attention costs O(T^3) and the rest O(T^2). Chapter 02's KV cache makes each step O(T).\n",
+                ea, eo);
+    if (!o.json.empty()) {
+      nlohmann::json steps = nlohmann::json::array();
+      for (const auto& s : g.steps)
+        steps.push_back({{"tokens_in", s.tokens_in}, {"seconds", s.seconds}, {"flops", s.work.flops},
+                         {"attention_flops", s.attention_flops}, {"bytes", s.work.bytes}, {"token", s.token}});
+      write_json(o.json, {{"model", m.source}, {"device", device_name(dev)}, {"weight_dtype", dtype_name(m.weight_dtype())},
+                          {"prompt", o.prompt}, {"prompt_tokens", prompt}, {"generated_tokens", g.generated},
+                          {"text", tok->decode(g.generated, true)}, {"steps", steps},
+                          {"attention_flops_exponent", ea}, {"other_flops_exponent", eo}});
+    }
+    return 0;
+  });
+}

@@ -1,0 +1,262 @@
+// Chapters 01 and 02: a real checkpoint's reference output, and two paths to one answer
+// (naive vs cached, prefill + decode vs one forward pass), plus the cache's size and limits.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <numbers>
+
+#include "chapters/02_kv_cache/kv_cache.h"
+#include "common/llama2c.h"
+#include "common/safetensors.h"
+#include "common/tokenizer.h"
+#include "test_util.h"
+
+namespace inferlab {
+namespace {
+
+using ch01::Llama;
+using test::expect_error;
+constexpr double u = 0x1p-24;
+
+// --- stories260K: a real pretrained checkpoint and its documented greedy output --------------
+const std::vector<std::int32_t> kStories260KReference = {
+    403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
+    410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352,
+    266, 268, 388, 426, 338, 391, 266, 267, 337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415};
+
+std::string stories_dir() {
+  const std::string d = test::shared_dir();
+  return d.empty() ? "" : d + "/models/stories260K";
+}
+
+#define IL_REQUIRE_STORIES()                                                                            \
+  if (stories_dir().empty()) GTEST_SKIP() << "../shared/models/stories260K is absent (shared test data)"
+
+TEST(Stories260K, GreedyFromBosReproducesTheReference) {
+  IL_REQUIRE_STORIES();
+  const Llama m = ch01::load_llama(stories_dir() + "/stories260K.bin");
+  EXPECT_EQ(m.config.num_kv_heads, 4);
+  EXPECT_TRUE(m.config.tie_word_embeddings);
+  EXPECT_EQ(m.rope_pairing, RopePairing::Adjacent);
+  Sampler a({}), b({});
+  const auto naive = ch01::generate_naive(m, {1}, 60, a, {});
+  const auto cached = ch02::generate_cached(m, {1}, 60, b, {});
+  EXPECT_EQ(naive.generated, kStories260KReference);
+  EXPECT_EQ(cached.gen.generated, kStories260KReference);
+  const auto tok = Tokenizer::for_model(stories_dir() + "/stories260K.bin");
+  std::vector<std::int32_t> all = {1};
+  all.insert(all.end(), kStories260KReference.begin(), kStories260KReference.end());
+  EXPECT_EQ(tok->decode(all, true),
+            "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, "
+            "she saw a big, red ball. She wanted to play with it, but it was too high");
+}
+
+TEST(Stories260K, TokenizerRoundTripAndItsHuggingFaceConversion) {
+  IL_REQUIRE_STORIES();
+  const auto tok = Llama2cTokenizer::load(stories_dir() + "/tok512.bin");
+  EXPECT_EQ(tok.vocab_size(), 512);
+  test::TempDir dir;
+  test::write_file(dir.file("tokenizer.json"), tok.to_tokenizer_json());
+  const HfTokenizer hf = HfTokenizer::load(dir.path().string());
+  for (const std::string s : {"Once upon a time, there was a little girl named Lily.", "Tom said \"Hi!\"\n\nThe end.",
+                              "Émile ate 12 café crêpes 🍰", "  two  spaces", "a"}) {
+    SCOPED_TRACE(s);
+    EXPECT_EQ(hf.encode(s), tok.encode(s));  // SentencePiece BPE by scores == BPE by ranked merges
+    EXPECT_EQ(tok.decode(tok.encode(s), true), s);
+  }
+}
+
+TEST(Stories260K, LlamaCToHuggingFaceConversionGivesTheSameLogits) {
+  // Two paths to one model: llama2.c's adjacent-pair RoPE on the original q/k rows, and
+  // Hugging Face's rotate-half RoPE on rows permuted as its conversion script permutes them.
+  IL_REQUIRE_STORIES();
+  const auto ck = load_llama2c(stories_dir() + "/stories260K.bin");
+  Llama a = ch01::load_llama(stories_dir() + "/stories260K.bin");
+  Llama b = a;
+  b.rope_pairing = RopePairing::HalfSplit;
+  for (auto& l : b.layers) {
+    l.wq = permute_rope_rows(l.wq, a.config.num_heads, true);
+    l.wk = permute_rope_rows(l.wk, a.config.num_kv_heads, true);
+  }
+  const std::vector<std::int32_t> toks = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376};
+  const auto la = ch01::forward(a, toks, true).to_float_vector(), lb = ch01::forward(b, toks, true).to_float_vector();
+  // The rotations pair the same numbers and the dot products q·k sum the same products in a
+  // different order: within γ_H of each score, far below a logit's scale.
+  for (std::size_t i = 0; i < la.size(); ++i) ASSERT_NEAR(la[i], lb[i], 1e-4) << i;
+  // And the file round-trips through our llama2.c writer.
+  test::TempDir dir;
+  save_llama2c(dir.file("copy.bin"), ck.config, ck.tensors);
+  const auto ck2 = load_llama2c(dir.file("copy.bin"));
+  for (const auto& [name, t] : ck.tensors) EXPECT_EQ(ck2.tensors.at(name).to_float_vector(), t.to_float_vector()) << name;
+}
+
+TEST(Llama2c, BrokenFilesAreClearErrors) {
+  test::TempDir dir;
+  test::write_file(dir.file("short.bin"), "abc");
+  expect_error([&] { load_llama2c(dir.file("short.bin")); }, {"short.bin", "too short"});
+  std::string header(28, '\0');
+  const std::int32_t h[7] = {64, 172, 5, 8, 4, 512, 512};
+  std::memcpy(header.data(), h, 28);
+  test::write_file(dir.file("trunc.bin"), header + std::string(1000, '\0'));
+  expect_error([&] { load_llama2c(dir.file("trunc.bin")); }, {"trunc.bin", "truncated"});
+  const std::int32_t bad[7] = {64, 172, 5, 7, 4, 512, 512};
+  std::memcpy(header.data(), bad, 28);
+  test::write_file(dir.file("bad.bin"), header);
+  expect_error([&] { load_llama2c(dir.file("bad.bin")); }, {"bad.bin", "not a multiple of n_heads"});
+  test::write_file(dir.file("tok.bin"), std::string("\x10\0\0\0\0\0\0\0\x05\0\0\0ab", 14));
+  expect_error([&] { Llama2cTokenizer::load(dir.file("tok.bin")); }, {"tok.bin", "token 0 is truncated"});
+}
+
+// --- two paths on random models -------------------------------------------------------------
+TransformerConfig small_config(std::int64_t kv_heads, std::int64_t layers = 2) {
+  TransformerConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.hidden_size = 64, c.intermediate_size = 160, c.num_layers = layers, c.num_heads = 8, c.num_kv_heads = kv_heads;
+  c.head_dim = 8, c.vocab_size = 97, c.max_position_embeddings = 128, c.rms_norm_eps = 1e-5, c.rope_theta = 10000;
+  return c;
+}
+
+std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n, std::int64_t vocab) {
+  std::uniform_int_distribution<std::int32_t> d(0, static_cast<std::int32_t>(vocab - 1));
+  std::vector<std::int32_t> t(n);
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+// The two paths run the same float32 arithmetic except the matmuls' summation order (GEMV for
+// one row, GEMM for many). Each dependent stage on the way to a logit (q/k/v, QKᵀ, PV, o, gate
+// and up, down per layer; embedding and head) can add γ_K of its inputs' scale, K its inner
+// size; first-order errors add along the P = 6L + 2 stages. Each path is within P·γ_K·scale of
+// the exact logits, so the two are within 2·P·γ_K·scale of each other, scale = max |logit|·4
+// allowing a condition factor of 4 for these randomly initialised models.
+double two_path_bound(const TransformerConfig& c, const std::vector<float>& logits) {
+  double scale = 0;
+  for (float v : logits) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+  const double P = 6.0 * static_cast<double>(c.num_layers) + 2;
+  const double K = static_cast<double>(std::max({c.hidden_size, c.intermediate_size, c.max_position_embeddings}));
+  return 2 * P * test::gamma(K) * 4 * scale;
+}
+
+struct TwoPathCase {
+  std::int64_t kv_heads;
+  std::size_t prompt, decode;
+};
+
+class TwoPaths : public ::testing::TestWithParam<TwoPathCase> {};
+
+TEST_P(TwoPaths, PrefillThenDecodeEqualsOneForwardPass) {
+  const auto [K, P, n] = GetParam();
+  auto rng = test::rng_for_test();
+  const auto c = small_config(K);
+  const Llama m = ch01::random_llama(c, rng());
+  const auto tokens = random_tokens(rng, P + n, c.vocab_size);
+  // One forward pass over all P + n tokens (chapter 01) ...
+  const auto full = ch01::forward(m, tokens, true).to_float_vector();
+  // ... against prefill(P) and n single-token decode steps through the cache (chapter 02).
+  ch02::KVCache cache = ch02::KVCache::allocate(c, static_cast<std::int64_t>(P + n));
+  std::vector<float> cached = ch02::forward_cached(m, cache, {tokens.begin(), tokens.begin() + static_cast<long>(P)}, true)
+                                  .to_float_vector();
+  for (std::size_t i = P; i < P + n; ++i) {
+    const auto row = ch02::forward_cached(m, cache, {tokens[i]}).to_float_vector();
+    cached.insert(cached.end(), row.begin(), row.end());
+  }
+  ASSERT_EQ(cached.size(), full.size());
+  EXPECT_EQ(cache.length, static_cast<std::int64_t>(P + n));
+  const double bound = two_path_bound(c, full);
+  double worst = 0;
+  for (std::size_t i = 0; i < full.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(full[i] - cached[i])));
+  EXPECT_LE(worst, bound) << "max |Δ logit| over " << full.size() << " logits";
+  RecordProperty("worst_over_bound", std::to_string(worst / bound));
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, TwoPaths,
+                         ::testing::Values(TwoPathCase{8, 1, 20}, TwoPathCase{8, 17, 12}, TwoPathCase{2, 1, 30},
+                                           TwoPathCase{2, 40, 8}, TwoPathCase{1, 9, 9}, TwoPathCase{4, 64, 1}),
+                         [](const auto& info) {
+                           return "K" + std::to_string(info.param.kv_heads) + "_prompt" + std::to_string(info.param.prompt) +
+                                  "_decode" + std::to_string(info.param.decode);
+                         });
+
+TEST(TwoPaths, NaiveAndCachedGenerationChooseTheSameTokens) {
+  auto rng = test::rng_for_test();
+  for (std::int64_t K : {8, 2, 1}) {
+    const auto c = small_config(K, 3);
+    const Llama m = ch01::random_llama(c, rng());
+    const auto prompt = random_tokens(rng, 5, c.vocab_size);
+    Sampler a({0.9f, 20, 0.95f, 11}), b({0.9f, 20, 0.95f, 11});
+    const auto naive = ch01::generate_naive(m, prompt, 40, a, {});
+    const auto cached = ch02::generate_cached(m, prompt, 40, b, {});
+    // The logits agree to a few units in the last place (above); a sampled token can differ only
+    // when its random draw lands within that distance of a boundary: vanishingly rare.
+    EXPECT_EQ(naive.generated, cached.gen.generated) << "K = " << K;
+  }
+}
+
+TEST(KVCache, BytesEqualTheFormulaAndOverflowIsAnError) {
+  const auto c = small_config(2);
+  auto cache = ch02::KVCache::allocate(c, 100);
+  EXPECT_EQ(cache.bytes(), 100 * c.num_kv_heads * c.head_dim * c.num_layers * 2 * 4);  // S × K × H × L × 2 × 4
+  const auto bf = ch02::KVCache::allocate(c, 100, Device::CPU, DType::BF16);
+  EXPECT_EQ(bf.bytes(), 100 * 2 * 8 * 2 * 2 * 2);
+  const Llama m = ch01::random_llama(c, 1);
+  ch02::forward_cached(m, cache, std::vector<std::int32_t>(98, 3));
+  expect_error([&] { ch02::forward_cached(m, cache, {1, 2, 3}); }, {"KV cache full", "98", "capacity of 100"});
+  Sampler s({});
+  expect_error([&] { ch02::generate_cached(m, std::vector<std::int32_t>(100, 1), 40, s, {}); },
+               {"longer than the model's context of 128"});
+  expect_error([&] { ch01::forward(m, {5, 97}); }, {"token id 97"});
+}
+
+TEST(Loading, ModelFoldersAndTheirErrors) {
+  test::TempDir dir;
+  auto c = small_config(2, 1);
+  const Llama m = ch01::random_llama(c, 3, DType::BF16);
+  std::vector<std::pair<std::string, Tensor>> ts = {{"model.embed_tokens.weight", m.embed},
+                                                    {"model.norm.weight", m.final_norm},
+                                                    {"lm_head.weight", m.lm_head}};
+  const auto& l = m.layers[0];
+  for (auto [n, t] : {std::pair{"input_layernorm.weight", l.attn_norm}, {"self_attn.q_proj.weight", l.wq},
+                      {"self_attn.k_proj.weight", l.wk}, {"self_attn.v_proj.weight", l.wv}, {"self_attn.o_proj.weight", l.wo},
+                      {"post_attention_layernorm.weight", l.mlp_norm}, {"mlp.gate_proj.weight", l.w_gate},
+                      {"mlp.up_proj.weight", l.w_up}, {"mlp.down_proj.weight", l.w_down}})
+    ts.emplace_back(std::string("model.layers.0.") + n, t);
+  save_safetensors(dir.file("model.safetensors"), ts);
+  test::write_file(dir.file("config.json"), R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
+      "intermediate_size":160,"num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":97,
+      "max_position_embeddings":128,"rms_norm_eps":1e-5})");
+  const Llama back = ch01::load_llama(dir.path().string());
+  EXPECT_EQ(back.weight_dtype(), DType::BF16);
+  const std::vector<std::int32_t> toks = {1, 2, 3};
+  EXPECT_EQ(ch01::forward(back, toks).to_float_vector(), ch01::forward(m, toks).to_float_vector());
+  test::write_file(dir.file("config.json"), R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
+      "intermediate_size":128,"num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":97})");
+  expect_error([&] { ch01::load_llama(dir.path().string()); }, {"mlp.gate_proj.weight", "[160, 64]", "expected [128, 64]"});
+  test::write_file(dir.file("config.json"), R"({"architectures":["MambaForCausalLM"],"hidden_size":64})");
+  expect_error([&] { ch01::load_llama(dir.path().string()); }, {"MambaForCausalLM", "not a Llama-family"});
+  expect_error([&] { ch01::load_llama(dir.file("nothing")); }, {"nothing", "no such file"});
+}
+
+TEST(Rope, Llama3ScalingMatchesTheReferenceFormula) {
+  // Llama 3.1's rope_scaling on its own numbers: factor 8, low 1, high 4, original context 8192.
+  TransformerConfig c = small_config(2);
+  c.head_dim = 128, c.rope_theta = 500000;
+  c.rope_scaling = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                    {"original_max_position_embeddings", 8192}};
+  const auto f = ch01::rope_frequencies(c).to_double_vector();
+  const auto base = rope_inv_freq(128, 500000).to_double_vector();
+  // High frequencies (wavelength < 8192/4 = 2048) are untouched; low ones (> 8192) divided by 8.
+  for (std::size_t j = 0; j < f.size(); ++j) {
+    const double wl = 2 * std::numbers::pi / base[j];
+    if (wl < 2048) EXPECT_EQ(f[j], base[j]);
+    else if (wl > 8192) EXPECT_NEAR(f[j], base[j] / 8, base[j] * 1e-6);
+    else EXPECT_TRUE(f[j] < base[j] && f[j] > base[j] / 8);
+  }
+  c.rope_scaling = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  expect_error([&] { ch01::rope_frequencies(c); }, {"rope_scaling type 'yarn'"});
+}
+
+}  // namespace
+}  // namespace inferlab
