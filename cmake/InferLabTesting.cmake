@@ -7,5 +7,9 @@ function(inferlab_add_test name)
   endif()
   add_executable(${name} ${ARGN})
   target_link_libraries(${name} PRIVATE inferlab_test_main)
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "unit")
+  # ctest runs two tests at a time on the 2-core CI machine: one OpenMP thread each, waiting
+  # passively, so that teams never fight for cores. Tests that exercise the threaded paths ask
+  # for their threads themselves (test::ThreadCount).
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS "unit" ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 endfunction()

@@ -72,7 +72,21 @@ void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
 
 using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// Eigen threads its GEMM on its own; below this many multiply-adds (a few milliseconds of one
+// core's work) it is told to use one thread, for the reason given at kParallelWork.
+constexpr std::int64_t kParallelGemm = std::int64_t{1} << 24;
+
+void gemm_threads(const Tensor& x, const Tensor& w, Tensor& out);
+
 void gemm(const Tensor& x, const Tensor& w, Tensor& out) {
+  if (x.size(0) * x.size(1) * w.size(0) >= kParallelGemm) return gemm_threads(x, w, out);
+  const int saved = Eigen::nbThreads();
+  Eigen::setNbThreads(1);
+  gemm_threads(x, w, out);
+  Eigen::setNbThreads(saved);
+}
+
+void gemm_threads(const Tensor& x, const Tensor& w, Tensor& out) {
   const std::int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   Eigen::Map<const RowMajor> X(x.data<float>(), M, K);
   Eigen::Map<RowMajor> Y(out.data<float>(), M, N);

@@ -1,5 +1,6 @@
 // Test entry point: prints the random seed so any failure can be replayed with
 // INFERLAB_TEST_SEED=<seed>.
+#include <omp.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -71,6 +72,9 @@ void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
 }
+
+ThreadCount::ThreadCount(int n) : previous_(omp_get_max_threads()) { omp_set_num_threads(n); }
+ThreadCount::~ThreadCount() { omp_set_num_threads(previous_); }
 
 std::string shared_dir() {
   const std::string d = INFERLAB_SHARED_DIR;

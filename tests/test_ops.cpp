@@ -28,6 +28,7 @@ class MatmulTest : public ::testing::TestWithParam<MatmulCase> {};
 
 TEST_P(MatmulTest, ReferenceAndFastPathWithinTheDotProductBound) {
   const auto [M, K, N, wt] = GetParam();
+  test::ThreadCount threads(2);  // the fast path's threaded partition, on shapes above its threshold
   auto rng = test::rng_for_test();
   Tensor x = test::uniform(rng, {M, K});
   Tensor w = test::uniform_as(rng, {N, K}, wt);
@@ -55,6 +56,7 @@ TEST_P(MatmulTest, ReferenceAndFastPathWithinTheDotProductBound) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, MatmulTest,
     ::testing::Values(MatmulCase{1, 64, 48, DType::F32}, MatmulCase{1, 257, 33, DType::BF16},
+                      MatmulCase{1, 1024, 515, DType::F32}, MatmulCase{2, 1027, 300, DType::BF16},
                       MatmulCase{1, 1000, 130, DType::F16}, MatmulCase{3, 128, 64, DType::BF16},
                       MatmulCase{4, 77, 19, DType::F32}, MatmulCase{17, 300, 65, DType::F32},
                       MatmulCase{33, 128, 300, DType::BF16}, MatmulCase{9, 64, 40, DType::F16}),
@@ -335,6 +337,7 @@ class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(AttentionTest, ReferenceAndFastPathWithinTheirBound) {
   const auto c = GetParam();
+  test::ThreadCount threads(2);
   auto rng = test::rng_for_test();
   Tensor q = test::uniform(rng, {c.T, c.Nq, c.H}, -2, 2), k = test::uniform(rng, {c.S, c.Nk, c.H}, -2, 2),
          v = test::uniform(rng, {c.S, c.Nk, c.H});
@@ -355,7 +358,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                                            AttnCase{1, 40, 8, 2, 32, 0, true},   // decode, GQA
                                            AttnCase{5, 33, 6, 1, 8, 0, true},    // MQA, queries at the end
                                            AttnCase{12, 12, 4, 2, 8, 4, true},   // sliding window
-                                           AttnCase{7, 7, 2, 2, 8, 0, false}),   // bidirectional
+                                           AttnCase{7, 7, 2, 2, 8, 0, false},    // bidirectional
+                                           AttnCase{32, 64, 8, 2, 32, 0, true}), // large enough to thread
                          [](const auto& info) {
                            const auto& c = info.param;
                            return "T" + std::to_string(c.T) + "_S" + std::to_string(c.S) + "_N" + std::to_string(c.Nq) +

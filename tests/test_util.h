@@ -69,6 +69,17 @@ void expect_error(F&& f, std::initializer_list<std::string> parts) {
     if (!il_reason_.empty()) GTEST_SKIP() << "no CUDA device available: " << il_reason_; \
   } while (0)
 
+/// Sets the OpenMP thread count for the current scope (the fast paths' threaded code runs
+/// with a team of this size; ctest itself runs tests with one thread each).
+class ThreadCount {
+ public:
+  explicit ThreadCount(int n);
+  ~ThreadCount();
+
+ private:
+  int previous_;
+};
+
 /// The shared read-only test data folder (../shared), or "" when it is absent.
 std::string shared_dir();
 

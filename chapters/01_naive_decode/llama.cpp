@@ -5,6 +5,7 @@
 #include <numbers>
 #include <random>
 
+#include "common/cuda/backend.h"
 #include "common/json_file.h"
 #include "common/llama2c.h"
 #include "common/safetensors.h"
@@ -155,37 +156,40 @@ Llama load_llama(const std::string& path) {
   return m;
 }
 
-Llama random_llama(const TransformerConfig& c, std::uint64_t seed, DType dtype) {
+Llama random_llama(const TransformerConfig& c, std::uint64_t seed, DType dtype, Device device) {
   std::mt19937_64 rng(seed);
+  auto fill = [&](Shape s, DType d, float lo, float hi) {
+    if (device == Device::CUDA) {
+      Tensor t = Tensor::empty(s, d, Device::CUDA);
+      cuda::fill_uniform(t, rng(), lo, hi);
+      return t;
+    }
+    std::uniform_real_distribution<float> dist(lo, hi);
+    Tensor t = Tensor::empty(s, DType::F32);
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
+    return d == DType::F32 ? t : t.to(d);
+  };
   auto mat = [&](std::int64_t out, std::int64_t in) {
     const float a = 1.0f / std::sqrt(static_cast<float>(in));
-    std::uniform_real_distribution<float> d(-a, a);
-    Tensor t = Tensor::empty({out, in}, DType::F32);
-    for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = d(rng);
-    return dtype == DType::F32 ? t : t.to(dtype);
+    return fill({out, in}, dtype, -a, a);
   };
-  auto ones = [&](std::int64_t n) {
-    std::uniform_real_distribution<float> d(0.8f, 1.2f);
-    Tensor t = Tensor::empty({n}, DType::F32);
-    for (std::int64_t i = 0; i < n; ++i) t.data<float>()[i] = d(rng);
-    return t;
-  };
-  auto vec = [&](std::int64_t n) { return mat(1, n).view({n}).to(DType::F32); };
+  auto norm = [&](std::int64_t n) { return fill({n}, DType::F32, 0.8f, 1.2f); };
+  auto bias = [&](std::int64_t n) { return fill({n}, DType::F32, -0.1f, 0.1f); };
   const std::int64_t D = c.hidden_size, F = c.intermediate_size, Q = c.num_heads * c.head_dim,
                      KV = c.num_kv_heads * c.head_dim;
   Llama m;
   m.config = c;
-  m.inv_freq = rope_frequencies(c);
+  m.inv_freq = rope_frequencies(c).to(device);
   m.embed = mat(c.vocab_size, D);
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     LlamaLayer l;
-    l.attn_norm = ones(D), l.mlp_norm = ones(D);
+    l.attn_norm = norm(D), l.mlp_norm = norm(D);
     l.wq = mat(Q, D), l.wk = mat(KV, D), l.wv = mat(KV, D), l.wo = mat(D, Q);
-    if (c.attention_bias) l.bq = vec(Q), l.bk = vec(KV), l.bv = vec(KV);
+    if (c.attention_bias) l.bq = bias(Q), l.bk = bias(KV), l.bv = bias(KV);
     l.w_gate = mat(F, D), l.w_up = mat(F, D), l.w_down = mat(D, F);
     m.layers.push_back(l);
   }
-  m.final_norm = ones(D);
+  m.final_norm = norm(D);
   m.lm_head = c.tie_word_embeddings ? m.embed : mat(c.vocab_size, D);
   m.source = "random weights, seed " + std::to_string(seed);
   return m;

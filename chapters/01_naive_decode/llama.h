@@ -49,8 +49,10 @@ struct Llama {
 Llama load_llama(const std::string& path);
 
 /// Random weights for a config: the benchmarks' large models and the two-path tests' small
-/// ones. Values ~ U(-a, a) with a = 1/sqrt(fan_in), norms 1.
-Llama random_llama(const TransformerConfig& config, std::uint64_t seed, DType dtype = DType::F32);
+/// ones. Matrices ~ U(-a, a) with a = 1/sqrt(fan_in), norms ~ U(0.8, 1.2). On CUDA the values
+/// are generated on the device (a different stream of numbers than on the CPU).
+Llama random_llama(const TransformerConfig& config, std::uint64_t seed, DType dtype = DType::F32,
+                   Device device = Device::CPU);
 
 /// RoPE inverse frequencies for a config, including Llama 3's "llama3" and the "linear"
 /// rope_scaling; other scaling types are an error that names them.

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "chapters/01_naive_decode/convert.h"
 #include "chapters/01_naive_decode/generate.h"
 #include "common/cli.h"
 #include "common/tokenizer.h"
@@ -35,7 +36,19 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", tokenizer_path, "Tokenizer file (default: the one beside the model)");
   app.add_option("--dtype", dtype, "Weight dtype: f32 or bf16")->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
   app.add_flag("--steps", all_steps, "Print every step (default: eight spread over the run)");
+  std::string conv_in, conv_out, conv_to;
+  auto* conv = app.add_subcommand("convert", "Convert between a llama2.c checkpoint and a Hugging Face folder");
+  conv->add_option("input", conv_in, "llama2.c .bin checkpoint, or Hugging Face model folder")->required();
+  conv->add_option("output", conv_out, "output folder (to hf) or .bin file (to llama2c)")->required();
+  conv->add_option("--to", conv_to, "hf or llama2c")->required()->check(CLI::IsMember({"hf", "llama2c"}));
+  conv->add_option("--tokenizer", tokenizer_path, "llama2.c tokenizer.bin (default: the one beside the checkpoint)");
   return run_cli(app, argc, argv, [&] {
+    if (*conv) {
+      if (conv_to == "hf") convert_llama2c_to_hf(conv_in, tokenizer_path, conv_out);
+      else convert_hf_to_llama2c(conv_in, conv_out);
+      std::printf("wrote %s\n", conv_out.c_str());
+      return 0;
+    }
     const Device dev = o.resolved_device();
     const DType wt = dtype == "bf16" ? DType::BF16 : dtype == "f16" ? DType::F16 : DType::F32;
     Llama m = load_llama(o.model).to(dev, wt);

@@ -44,6 +44,10 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p);
 void argmax(const Tensor& x, Tensor& out);
 
+/// Fills a CUDA tensor (F32, F16 or BF16) with uniform random values in [lo, hi) from a
+/// counter-based hash of (seed, index): large random models without a trip through the host.
+void fill_uniform(Tensor& t, std::uint64_t seed, float lo, float hi);
+
 /// Which matmul kernel ops::matmul uses for a single row (M = 1).
 enum class GemvKernel { Own, Cublas };
 /// The GEMV used for M = 1 (ours by default; cuBLAS for comparison in benchmarks).

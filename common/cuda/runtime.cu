@@ -1,6 +1,9 @@
 // Device discovery, memory, the shared stream and cuBLAS handle, and the two ceilings we
 // measure (read bandwidth, bf16 GEMM FLOP/s).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include <algorithm>
 #include <cstdio>
@@ -163,7 +166,34 @@ struct Events {
   }
 };
 
+template <class T>
+__global__ void fill_uniform_kernel(T* p, long long n, unsigned long long seed, float lo, float hi) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    unsigned long long h = (static_cast<unsigned long long>(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    h ^= h >> 31, h *= 0xBF58476D1CE4E5B9ull, h ^= h >> 29;
+    const float r = lo + (hi - lo) * static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
+    if constexpr (std::is_same_v<T, float>) p[i] = r;
+    else if constexpr (std::is_same_v<T, __half>) p[i] = __float2half_rn(r);
+    else p[i] = __float2bfloat16_rn(r);
+  }
+}
+
 }  // namespace
+
+void fill_uniform(Tensor& t, std::uint64_t seed, float lo, float hi) {
+  IL_CHECK(t.is_cuda() && t.is_contiguous(), "fill_uniform: ", t.describe(), " must be a contiguous CUDA tensor");
+  const long long n = t.numel();
+  if (n == 0) return;
+  switch (t.dtype()) {
+    case DType::F32: fill_uniform_kernel<<<1024, 256, 0, stream()>>>(static_cast<float*>(t.raw_data()), n, seed, lo, hi); break;
+    case DType::F16: fill_uniform_kernel<<<1024, 256, 0, stream()>>>(static_cast<__half*>(t.raw_data()), n, seed, lo, hi); break;
+    case DType::BF16:
+      fill_uniform_kernel<<<1024, 256, 0, stream()>>>(static_cast<__nv_bfloat16*>(t.raw_data()), n, seed, lo, hi);
+      break;
+    default: fail("fill_uniform: ", t.describe(), " is not a float tensor");
+  }
+  IL_CUDA_LAUNCHED();
+}
 
 double measure_read_bandwidth(std::size_t bytes) {
   require_device();

@@ -30,6 +30,7 @@ void swiglu(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void embedding(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void attention(const Tensor&, const Tensor&, const Tensor&, Tensor&, const AttentionParams&) { no_cuda(); }
 void argmax(const Tensor&, Tensor&) { no_cuda(); }
+void fill_uniform(Tensor&, std::uint64_t, float, float) { no_cuda(); }
 void set_gemv_kernel(GemvKernel) {}
 double measure_read_bandwidth(std::size_t) { no_cuda(); }
 double measure_gemm_flops(int) { no_cuda(); }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <numbers>
 
+#include "chapters/01_naive_decode/convert.h"
 #include "chapters/02_kv_cache/kv_cache.h"
 #include "common/llama2c.h"
 #include "common/safetensors.h"
@@ -90,6 +91,25 @@ TEST(Stories260K, LlamaCToHuggingFaceConversionGivesTheSameLogits) {
   test::TempDir dir;
   save_llama2c(dir.file("copy.bin"), ck.config, ck.tensors);
   const auto ck2 = load_llama2c(dir.file("copy.bin"));
+  for (const auto& [name, t] : ck.tensors) EXPECT_EQ(ck2.tensors.at(name).to_float_vector(), t.to_float_vector()) << name;
+}
+
+TEST(Stories260K, ConvertedToAHuggingFaceFolderAndBack) {
+  IL_REQUIRE_STORIES();
+  test::TempDir dir;
+  const std::string hf = dir.file("hf"), back = dir.file("back.bin");
+  ch01::convert_llama2c_to_hf(stories_dir() + "/stories260K.bin", "", hf);
+  const Llama a = ch01::load_llama(stories_dir() + "/stories260K.bin"), b = ch01::load_llama(hf);
+  EXPECT_EQ(b.rope_pairing, RopePairing::HalfSplit);
+  const std::vector<std::int32_t> toks = {1, 403, 407, 261, 378, 432, 383};
+  const auto la = ch01::forward(a, toks, true).to_float_vector(), lb = ch01::forward(b, toks, true).to_float_vector();
+  for (std::size_t i = 0; i < la.size(); ++i) ASSERT_NEAR(la[i], lb[i], 1e-4) << i;
+  Sampler s({});
+  EXPECT_EQ(ch02::generate_cached(b, {1}, 60, s, {}).gen.generated, kStories260KReference);
+  const auto tok = Tokenizer::for_model(hf);  // the converted tokenizer.json
+  EXPECT_EQ(tok->encode("Once upon a time"), Llama2cTokenizer::load(stories_dir() + "/tok512.bin").encode("Once upon a time"));
+  ch01::convert_hf_to_llama2c(hf, back);  // and back: the original weights, bit for bit
+  const auto ck = load_llama2c(stories_dir() + "/stories260K.bin"), ck2 = load_llama2c(back);
   for (const auto& [name, t] : ck.tensors) EXPECT_EQ(ck2.tensors.at(name).to_float_vector(), t.to_float_vector()) << name;
 }
 

@@ -1,0 +1,77 @@
+#include "chapters/01_naive_decode/convert.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "chapters/01_naive_decode/llama.h"
+#include "common/llama2c.h"
+#include "common/safetensors.h"
+
+namespace inferlab::ch01 {
+
+namespace fs = std::filesystem;
+
+void convert_llama2c_to_hf(const std::string& checkpoint, const std::string& tokenizer, const std::string& out_dir) {
+  const Llama2cCheckpoint ck = load_llama2c(checkpoint);
+  const auto& c = ck.config;
+  fs::create_directories(out_dir);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, t] : ck.tensors) {
+    Tensor w = t;
+    if (name.find("self_attn.q_proj.weight") != std::string::npos) w = permute_rope_rows(t, c.num_heads, true);
+    if (name.find("self_attn.k_proj.weight") != std::string::npos) w = permute_rope_rows(t, c.num_kv_heads, true);
+    tensors.emplace_back(name, w);
+  }
+  save_safetensors((fs::path(out_dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
+                                 {"model_type", "llama"},
+                                 {"hidden_size", c.hidden_size},
+                                 {"intermediate_size", c.intermediate_size},
+                                 {"num_hidden_layers", c.num_layers},
+                                 {"num_attention_heads", c.num_heads},
+                                 {"num_key_value_heads", c.num_kv_heads},
+                                 {"vocab_size", c.vocab_size},
+                                 {"max_position_embeddings", c.max_position_embeddings},
+                                 {"rms_norm_eps", c.rms_norm_eps},
+                                 {"rope_theta", c.rope_theta},
+                                 {"tie_word_embeddings", c.tie_word_embeddings},
+                                 {"hidden_act", "silu"},
+                                 {"bos_token_id", 1},
+                                 {"eos_token_id", 2},
+                                 {"torch_dtype", "float32"}};
+  std::ofstream((fs::path(out_dir) / "config.json").string()) << config.dump(2) << "\n";
+  const auto tok = Tokenizer::for_model(checkpoint, tokenizer);
+  const auto* l2c = dynamic_cast<const Llama2cTokenizer*>(tok.get());
+  IL_CHECK(l2c != nullptr, tok->path(), " is not a llama2.c tokenizer (.bin)");
+  std::ofstream out((fs::path(out_dir) / "tokenizer.json").string());
+  out << l2c->to_tokenizer_json() << "\n";
+  IL_CHECK(out.good(), "error writing ", out_dir, "/tokenizer.json");
+}
+
+void convert_hf_to_llama2c(const std::string& folder, const std::string& out_file) {
+  const Llama m = load_llama(folder);
+  IL_CHECK(!m.layers.empty() && !m.layers[0].bq.defined(), folder, ": llama2.c has no q/k/v biases");
+  const auto& c = m.config;
+  std::map<std::string, Tensor> t;
+  auto f32 = [](const Tensor& x) { return x.to(DType::F32); };
+  t["model.embed_tokens.weight"] = f32(m.embed);
+  t["model.norm.weight"] = f32(m.final_norm);
+  if (!c.tie_word_embeddings) t["lm_head.weight"] = f32(m.lm_head);
+  for (std::size_t i = 0; i < m.layers.size(); ++i) {
+    const auto& l = m.layers[i];
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    t[p + "input_layernorm.weight"] = f32(l.attn_norm);
+    t[p + "self_attn.q_proj.weight"] = f32(permute_rope_rows(l.wq, c.num_heads, false));
+    t[p + "self_attn.k_proj.weight"] = f32(permute_rope_rows(l.wk, c.num_kv_heads, false));
+    t[p + "self_attn.v_proj.weight"] = f32(l.wv);
+    t[p + "self_attn.o_proj.weight"] = f32(l.wo);
+    t[p + "post_attention_layernorm.weight"] = f32(l.mlp_norm);
+    t[p + "mlp.gate_proj.weight"] = f32(l.w_gate);
+    t[p + "mlp.up_proj.weight"] = f32(l.w_up);
+    t[p + "mlp.down_proj.weight"] = f32(l.w_down);
+  }
+  save_llama2c(out_file, c, t);
+}
+
+}  // namespace inferlab::ch01

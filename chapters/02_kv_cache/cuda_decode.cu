@@ -1,0 +1,395 @@
+// Chapter 02's decode step on the GPU: bf16 weight streaming, fused kernels, split-K attention
+// over the cache, one CUDA graph per token. See cuda_decode.h for the plan.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "chapters/02_kv_cache/cuda_decode.h"
+#include "common/cuda/backend.h"
+#include "common/cuda/util.cuh"
+
+namespace inferlab::ch02 {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using cuda::blocks_for;
+using cuda::stream;
+
+constexpr int kWarps = 8;        // warps per block in the GEMV kernels: one output row per warp
+constexpr int kInFlight = 4;     // 16-byte weight loads each lane issues before using them
+constexpr int kChunk = 256;      // attention positions per split
+constexpr int kAttnThreads = 128;
+constexpr int kMaxHead = 256;
+
+// --- GEMV ------------------------------------------------------------------------------------
+// dot(w[0:K], x[0:K]) for one warp; w bf16, x f32. The vector path reads 8 weights per 16-byte
+// load and keeps kInFlight loads outstanding per lane, so the memory system always has work.
+template <bool kVec>
+__device__ inline float warp_dot(const bf16* __restrict__ w, const float* __restrict__ x, int K, int lane) {
+  float acc = 0.0f;
+  if constexpr (kVec) {
+    const uint4* w4 = reinterpret_cast<const uint4*>(w);
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const int n = K / 8;
+    int i = lane;
+    for (; i + 32 * (kInFlight - 1) < n; i += 32 * kInFlight) {
+      uint4 r[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) r[u] = w4[i + 32 * u];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const bf16* e = reinterpret_cast<const bf16*>(&r[u]);
+        const float4 a = x4[2 * (i + 32 * u)], b = x4[2 * (i + 32 * u) + 1];
+        acc += __bfloat162float(e[0]) * a.x + __bfloat162float(e[1]) * a.y + __bfloat162float(e[2]) * a.z +
+               __bfloat162float(e[3]) * a.w + __bfloat162float(e[4]) * b.x + __bfloat162float(e[5]) * b.y +
+               __bfloat162float(e[6]) * b.z + __bfloat162float(e[7]) * b.w;
+      }
+    }
+    for (; i < n; i += 32) {
+      const uint4 r = w4[i];
+      const bf16* e = reinterpret_cast<const bf16*>(&r);
+      const float4 a = x4[2 * i], b = x4[2 * i + 1];
+      acc += __bfloat162float(e[0]) * a.x + __bfloat162float(e[1]) * a.y + __bfloat162float(e[2]) * a.z +
+             __bfloat162float(e[3]) * a.w + __bfloat162float(e[4]) * b.x + __bfloat162float(e[5]) * b.y +
+             __bfloat162float(e[6]) * b.z + __bfloat162float(e[7]) * b.w;
+    }
+  } else {
+    for (int k = lane; k < K; k += 32) acc += __bfloat162float(w[k]) * x[k];
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  return acc;
+}
+
+// Up to three weight matrices stacked into one output vector (q, k and v in one launch).
+struct Segments {
+  const bf16* w[3];
+  const float* bias[3];
+  int rows[3];
+  int count;
+};
+
+// y[row] = W[row]·x + bias[row], or y[row] += W[row]·x when `accumulate` (the residual add).
+template <bool kVec>
+__global__ void gemv(Segments s, const float* __restrict__ x, float* y, int K, int total, bool accumulate) {
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= total) return;
+  int seg = 0, r = row;
+  while (seg + 1 < s.count && r >= s.rows[seg]) r -= s.rows[seg++];
+  float v = warp_dot<kVec>(s.w[seg] + static_cast<long long>(r) * K, x, K, lane);
+  if (lane == 0) {
+    if (s.bias[seg]) v += s.bias[seg][r];
+    y[row] = accumulate ? y[row] + v : v;
+  }
+}
+
+// hid[row] = silu(Wg[row]·x) · (Wu[row]·x): gate, up and SwiGLU in one pass over both weights.
+template <bool kVec>
+__global__ void gemv_swiglu(const bf16* __restrict__ wg, const bf16* __restrict__ wu, const float* __restrict__ x,
+                            float* __restrict__ hid, int F, int K) {
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= F) return;
+  const float g = warp_dot<kVec>(wg + static_cast<long long>(row) * K, x, K, lane);
+  const float u = warp_dot<kVec>(wu + static_cast<long long>(row) * K, x, K, lane);
+  if (lane == 0) hid[row] = g / (1.0f + expf(-g)) * u;
+}
+
+// --- small kernels -----------------------------------------------------------------------------
+__global__ void embed(const bf16* __restrict__ table, const int* __restrict__ token, float* __restrict__ x, int D) {
+  const bf16* row = table + static_cast<long long>(*token) * D;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < D; i += gridDim.x * blockDim.x) x[i] = __bfloat162float(row[i]);
+}
+
+__global__ void rmsnorm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int D,
+                        float eps) {
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) ss += x[i] * x[i];
+  ss = cuda::block_sum(ss);
+  const float inv = rsqrtf(ss / static_cast<float>(D) + eps);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) out[i] = x[i] * inv * w[i];
+}
+
+// RoPE on q (N heads) and k (K heads) at the current position, then k and v into the cache.
+__global__ void rope_and_store(float* __restrict__ qkv, const float* __restrict__ inv_freq, const int* __restrict__ pos_p,
+                               float* __restrict__ kc, float* __restrict__ vc, int N, int Kh, int H, int half,
+                               bool adjacent) {
+  const int pos = *pos_p, pairs = (N + Kh) * half, vn = Kh * H;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  float* q = qkv;
+  float* k = qkv + N * H;
+  const float* v = k + Kh * H;
+  if (i < pairs) {
+    const int head = i / half, j = i % half;
+    float* row = head < N ? q + head * H : k + (head - N) * H;
+    const int ia = adjacent ? 2 * j : j, ib = adjacent ? 2 * j + 1 : j + half;
+    double s, c;
+    sincos(static_cast<double>(pos) * static_cast<double>(inv_freq[j]), &s, &c);
+    const float a = row[ia], b = row[ib], cf = static_cast<float>(c), sf = static_cast<float>(s);
+    const float ra = a * cf - b * sf, rb = a * sf + b * cf;
+    row[ia] = ra, row[ib] = rb;
+    if (head >= N) {
+      float* dst = kc + (static_cast<long long>(pos) * Kh + (head - N)) * H;
+      dst[ia] = ra, dst[ib] = rb;
+    }
+    if (head >= N && 2 * half < H && j == 0)  // dimensions past the rotary ones
+      for (int d = 2 * half; d < H; ++d) kc[(static_cast<long long>(pos) * Kh + (head - N)) * H + d] = row[d];
+  } else if (i < pairs + vn) {
+    const int e = i - pairs;
+    vc[static_cast<long long>(pos) * vn + e] = v[e];
+  }
+}
+
+// Flash-decoding, part 1: one block per (query head, chunk of kChunk positions) computes the
+// chunk's softmax statistics (max m, sum l) and unnormalised output acc = Σ e^(s−m) v.
+__global__ void attention_partial(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+                                  const int* __restrict__ pos_p, float* __restrict__ pm, float* __restrict__ pl,
+                                  float* __restrict__ pacc, int N, int Kh, int H, float scale) {
+  __shared__ float qs[kMaxHead];
+  __shared__ float sc[kChunk];
+  const int h = blockIdx.x, c = blockIdx.y, splits = gridDim.y, slot = h * splits + c;
+  const int len = *pos_p + 1, start = c * kChunk, end = min(start + kChunk, len);
+  if (start >= len) {  // this chunk is past the sequence: contributes nothing
+    if (threadIdx.x == 0) pm[slot] = -INFINITY, pl[slot] = 0.0f;
+    for (int d = threadIdx.x; d < H; d += blockDim.x) pacc[static_cast<long long>(slot) * H + d] = 0.0f;
+    return;
+  }
+  const int kvh = h / (N / Kh), n = end - start, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int d = threadIdx.x; d < H; d += blockDim.x) qs[d] = q[h * H + d] * scale;
+  __syncthreads();
+  for (int j = warp; j < n; j += blockDim.x / 32) {  // a warp per key: coalesced reads of its row
+    const float* kr = kc + (static_cast<long long>(start + j) * Kh + kvh) * H;
+    float dot = 0.0f;
+    for (int d = lane; d < H; d += 32) dot += qs[d] * kr[d];
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    if (lane == 0) sc[j] = dot;
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, sc[j]);
+  mx = cuda::block_max(mx);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) sum += (sc[j] = expf(sc[j] - mx));
+  sum = cuda::block_sum(sum);  // synchronises: sc[] holds the weights
+  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+    float a = 0.0f;
+    for (int j = 0; j < n; ++j) a += sc[j] * vc[(static_cast<long long>(start + j) * Kh + kvh) * H + d];
+    pacc[static_cast<long long>(slot) * H + d] = a;
+  }
+  if (threadIdx.x == 0) pm[slot] = mx, pl[slot] = sum;
+}
+
+// Flash-decoding, part 2: rescale each chunk by e^(m_c − M) and normalise by the total sum.
+__global__ void attention_merge(const float* __restrict__ pm, const float* __restrict__ pl,
+                                const float* __restrict__ pacc, float* __restrict__ out, int splits, int H) {
+  const int h = blockIdx.x;
+  float M = -INFINITY;
+  for (int c = 0; c < splits; ++c) M = fmaxf(M, pm[h * splits + c]);
+  float L = 0.0f;
+  for (int c = 0; c < splits; ++c) L += pl[h * splits + c] * expf(pm[h * splits + c] - M);
+  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+    float o = 0.0f;
+    for (int c = 0; c < splits; ++c) o += pacc[static_cast<long long>(h * splits + c) * H + d] * expf(pm[h * splits + c] - M);
+    out[h * H + d] = o / L;
+  }
+}
+
+// The greedy choice on the device: argmax (first index of the maximum) becomes the next
+// step's input token; the position advances.
+__global__ void argmax_and_advance(const float* __restrict__ logits, int V, int* token, int* pos, int* log) {
+  __shared__ float bv[1024];
+  __shared__ int bi[1024];
+  float best = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int i = threadIdx.x; i < V; i += blockDim.x)
+    if (logits[i] > best || (logits[i] == best && i < idx) || isnan(logits[i])) best = logits[i], idx = i;
+  bv[threadIdx.x] = best, bi[threadIdx.x] = idx;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      const float o = bv[threadIdx.x + s];
+      const int oi = bi[threadIdx.x + s];
+      if (o > bv[threadIdx.x] || (o == bv[threadIdx.x] && oi < bi[threadIdx.x])) bv[threadIdx.x] = o, bi[threadIdx.x] = oi;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    *token = bi[0];
+    log[*pos] = bi[0];
+    *pos += 1;
+  }
+}
+
+__global__ void advance(int* pos) { *pos += 1; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+struct CudaDecoder::Impl {
+  const ch01::Llama& m;
+  KVCache cache;
+  bool use_graph;
+  std::int64_t N, Kh, H, D, F, V;
+  int splits;
+  Tensor token, pos, log, x, h, qkv, attn, hid, logits, pm, pl, pacc;
+  cudaGraphExec_t graph = nullptr;
+  bool greedy_graph = false;
+
+  Impl(const ch01::Llama& model, std::int64_t capacity, bool graph)
+      : m(model), cache(KVCache::allocate(model.config, capacity, Device::CUDA)), use_graph(graph) {
+    const auto& c = m.config;
+    IL_CHECK(m.device() == Device::CUDA && m.weight_dtype() == DType::BF16,
+             "CudaDecoder: the model must be on CUDA with bf16 weights (Llama::to(Device::CUDA, DType::BF16))");
+    N = c.num_heads, Kh = c.num_kv_heads, H = c.head_dim, D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+    IL_CHECK(H <= kMaxHead, "CudaDecoder: head dimension ", H, " is above the kernel's limit of ", kMaxHead);
+    splits = static_cast<int>((capacity + kChunk - 1) / kChunk);
+    auto f32 = [](Shape s) { return Tensor::zeros(s, DType::F32, Device::CUDA); };
+    token = Tensor::zeros({1}, DType::I32, Device::CUDA), pos = Tensor::zeros({1}, DType::I32, Device::CUDA);
+    log = Tensor::zeros({capacity}, DType::I32, Device::CUDA);
+    x = f32({D}), h = f32({D}), qkv = f32({(N + 2 * Kh) * H}), attn = f32({N * H}), hid = f32({F});
+    logits = f32({1, V}), pm = f32({N * splits}), pl = f32({N * splits}), pacc = f32({N * splits * H});
+  }
+
+  ~Impl() {
+    if (graph) cudaGraphExecDestroy(graph);
+  }
+
+  void launch_gemv(const Segments& s, const float* in, float* out, std::int64_t K, bool accumulate) {
+    int total = 0;
+    bool vec = K % 8 == 0;
+    for (int i = 0; i < s.count; ++i) total += s.rows[i], vec = vec && reinterpret_cast<std::uintptr_t>(s.w[i]) % 16 == 0;
+    const unsigned blocks = blocks_for(total, kWarps);
+    if (vec) gemv<true><<<blocks, kWarps * 32, 0, stream()>>>(s, in, out, static_cast<int>(K), total, accumulate);
+    else gemv<false><<<blocks, kWarps * 32, 0, stream()>>>(s, in, out, static_cast<int>(K), total, accumulate);
+    IL_CUDA_LAUNCHED();
+  }
+
+  static Segments one(const Tensor& w, std::int64_t rows) {
+    return Segments{{static_cast<const bf16*>(w.raw_data()), nullptr, nullptr}, {nullptr, nullptr, nullptr},
+                    {static_cast<int>(rows), 0, 0}, 1};
+  }
+  static const float* bias(const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; }
+
+  // The whole decode step, as a sequence of launches on stream(): captured once into a graph.
+  void enqueue_step(bool greedy) {
+    const auto& c = m.config;
+    const float eps = static_cast<float>(c.rms_norm_eps), scale = 1.0f / std::sqrt(static_cast<float>(H));
+    const int half = static_cast<int>(m.inv_freq.numel());
+    embed<<<blocks_for(D, 256), 256, 0, stream()>>>(static_cast<const bf16*>(m.embed.raw_data()), token.data<std::int32_t>(),
+                                                    x.data<float>(), static_cast<int>(D));
+    IL_CUDA_LAUNCHED();
+    for (std::size_t li = 0; li < m.layers.size(); ++li) {
+      const auto& l = m.layers[li];
+      rmsnorm<<<1, 1024, 0, stream()>>>(x.data<float>(), l.attn_norm.data<float>(), h.data<float>(), static_cast<int>(D), eps);
+      IL_CUDA_LAUNCHED();
+      const Segments qkv_s{{static_cast<const bf16*>(l.wq.raw_data()), static_cast<const bf16*>(l.wk.raw_data()),
+                            static_cast<const bf16*>(l.wv.raw_data())},
+                           {bias(l.bq), bias(l.bk), bias(l.bv)},
+                           {static_cast<int>(N * H), static_cast<int>(Kh * H), static_cast<int>(Kh * H)},
+                           3};
+      launch_gemv(qkv_s, h.data<float>(), qkv.data<float>(), D, false);
+      const long long work = (N + Kh) * half + Kh * H;
+      rope_and_store<<<blocks_for(work, 256), 256, 0, stream()>>>(
+          qkv.data<float>(), m.inv_freq.data<float>(), pos.data<std::int32_t>(), cache.k[li].data<float>(),
+          cache.v[li].data<float>(), static_cast<int>(N), static_cast<int>(Kh), static_cast<int>(H), half,
+          m.rope_pairing == RopePairing::Adjacent);
+      IL_CUDA_LAUNCHED();
+      attention_partial<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(splits)), kAttnThreads, 0, stream()>>>(
+          qkv.data<float>(), cache.k[li].data<float>(), cache.v[li].data<float>(), pos.data<std::int32_t>(),
+          pm.data<float>(), pl.data<float>(), pacc.data<float>(), static_cast<int>(N), static_cast<int>(Kh),
+          static_cast<int>(H), scale);
+      IL_CUDA_LAUNCHED();
+      attention_merge<<<static_cast<unsigned>(N), kAttnThreads, 0, stream()>>>(pm.data<float>(), pl.data<float>(),
+                                                                               pacc.data<float>(), attn.data<float>(),
+                                                                               splits, static_cast<int>(H));
+      IL_CUDA_LAUNCHED();
+      launch_gemv(one(l.wo, D), attn.data<float>(), x.data<float>(), N * H, true);  // x += Wo·attn
+      rmsnorm<<<1, 1024, 0, stream()>>>(x.data<float>(), l.mlp_norm.data<float>(), h.data<float>(), static_cast<int>(D), eps);
+      IL_CUDA_LAUNCHED();
+      const bool vec = D % 8 == 0;
+      if (vec)
+        gemv_swiglu<true><<<blocks_for(F, kWarps), kWarps * 32, 0, stream()>>>(
+            static_cast<const bf16*>(l.w_gate.raw_data()), static_cast<const bf16*>(l.w_up.raw_data()), h.data<float>(),
+            hid.data<float>(), static_cast<int>(F), static_cast<int>(D));
+      else
+        gemv_swiglu<false><<<blocks_for(F, kWarps), kWarps * 32, 0, stream()>>>(
+            static_cast<const bf16*>(l.w_gate.raw_data()), static_cast<const bf16*>(l.w_up.raw_data()), h.data<float>(),
+            hid.data<float>(), static_cast<int>(F), static_cast<int>(D));
+      IL_CUDA_LAUNCHED();
+      launch_gemv(one(l.w_down, D), hid.data<float>(), x.data<float>(), F, true);  // x += Wdown·hid
+    }
+    rmsnorm<<<1, 1024, 0, stream()>>>(x.data<float>(), m.final_norm.data<float>(), h.data<float>(), static_cast<int>(D), eps);
+    IL_CUDA_LAUNCHED();
+    launch_gemv(one(m.lm_head, V), h.data<float>(), logits.data<float>(), D, false);
+    if (greedy) {
+      argmax_and_advance<<<1, 1024, 0, stream()>>>(logits.data<float>(), static_cast<int>(V), token.data<std::int32_t>(),
+                                                   pos.data<std::int32_t>(), log.data<std::int32_t>());
+    } else {
+      advance<<<1, 1, 0, stream()>>>(pos.data<std::int32_t>());
+    }
+    IL_CUDA_LAUNCHED();
+  }
+
+  void run_step(bool greedy) {
+    IL_CHECK(cache.length < cache.capacity, "KV cache full: ", cache.length, " positions of ", cache.capacity);
+    if (!use_graph) {
+      enqueue_step(greedy);
+    } else {
+      if (!graph || greedy_graph != greedy) {
+        if (graph) IL_CUDA(cudaGraphExecDestroy(graph));
+        cudaGraph_t g;
+        IL_CUDA(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+        enqueue_step(greedy);
+        IL_CUDA(cudaStreamEndCapture(stream(), &g));
+        IL_CUDA(cudaGraphInstantiate(&graph, g, 0));
+        IL_CUDA(cudaGraphDestroy(g));
+        greedy_graph = greedy;
+      }
+      IL_CUDA(cudaGraphLaunch(graph, stream()));
+    }
+    cache.length += 1;
+  }
+
+  void set_device_int(Tensor& t, std::int32_t v) { t.copy_from(Tensor::from_vector(std::vector<std::int32_t>{v}, {1})); }
+};
+
+CudaDecoder::CudaDecoder(const ch01::Llama& m, std::int64_t capacity, bool use_graph)
+    : impl_(std::make_unique<Impl>(m, capacity, use_graph)) {}
+CudaDecoder::~CudaDecoder() = default;
+
+Tensor CudaDecoder::prefill(const std::vector<std::int32_t>& tokens) {
+  Tensor out = forward_cached(impl_->m, impl_->cache, tokens);
+  impl_->set_device_int(impl_->pos, static_cast<std::int32_t>(impl_->cache.length));
+  return out;
+}
+
+Tensor CudaDecoder::step(std::int32_t token) {
+  IL_CHECK(token >= 0 && token < impl_->V, "CudaDecoder: token id ", token, " is outside the vocabulary");
+  impl_->set_device_int(impl_->pos, static_cast<std::int32_t>(impl_->cache.length));
+  impl_->set_device_int(impl_->token, token);
+  impl_->run_step(false);
+  return impl_->logits;
+}
+
+std::vector<std::int32_t> CudaDecoder::greedy(std::int32_t token, int n) {
+  IL_CHECK(impl_->cache.length + n <= impl_->cache.capacity, "KV cache full: ", impl_->cache.length, " + ", n,
+           " positions exceed its capacity of ", impl_->cache.capacity);
+  const std::int64_t first = impl_->cache.length;
+  impl_->set_device_int(impl_->pos, static_cast<std::int32_t>(first));
+  impl_->set_device_int(impl_->token, token);
+  for (int i = 0; i < n; ++i) impl_->run_step(true);  // the chosen token feeds the next step on the device
+  const Tensor log = impl_->log.to(Device::CPU);
+  const std::int32_t* p = log.data<std::int32_t>();
+  return std::vector<std::int32_t>(p + first, p + first + n);
+}
+
+std::int64_t CudaDecoder::length() const { return impl_->cache.length; }
+const KVCache& CudaDecoder::cache() const { return impl_->cache; }
+
+double CudaDecoder::step_bytes() const {
+  const auto& c = impl_->m.config;
+  return static_cast<double>(impl_->m.weight_bytes()) +
+         2.0 * static_cast<double>(impl_->cache.length + 1) * c.num_kv_heads * c.head_dim * c.num_layers * 4;
+}
+
+}  // namespace inferlab::ch02
