@@ -2,7 +2,10 @@
 #include <omp.h>
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <bit>
+#include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common/ops_cpu.h"
@@ -11,38 +14,68 @@ namespace inferlab::cpu {
 
 namespace {
 
-// Up to this many rows, matmul streams each weight row once and dots it with every x row
-// (decode: the weights are read once per step, which is the whole cost). Beyond it, GEMM.
-constexpr std::int64_t kGemvMaxRows = 4;
+// Up to this many rows, matmul streams each weight row and dots it with eight x rows at a time
+// (decode, also batched: the weight reads are the whole cost). Beyond it, Eigen's GEMM, which
+// blocks for the caches and wins once there is enough arithmetic per weight.
+constexpr std::int64_t kGemvMaxRows = 32;
 // Below this many multiply-adds an op runs on one thread: waking a team of threads costs
 // microseconds, and when the machine is busy a descheduled thread can stall the whole team for
 // a scheduler time slice. Tiny models must not pay that on every op.
 constexpr std::int64_t kParallelWork = 1 << 18;
 
-// Dot products with 16 independent partial sums: the compiler turns the fixed-size inner loop
-// into SIMD multiply-adds, and the partial sums break the dependency chain that would otherwise
-// make one scalar add per element the bottleneck instead of memory. (Any summation order obeys
-// the same γ_K error bound as the reference loop.)
-constexpr int kLanes = 16;
+// SIMD through GCC/Clang vector extensions: 8 floats per vector (one AVX register, two NEON
+// ones), written once for every target instead of per-ISA intrinsics.
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef std::uint16_t u16x8 __attribute__((vector_size(16)));
+typedef std::uint32_t u32x8 __attribute__((vector_size(32)));
 
-template <class Load>
-inline float dot_lanes(const float* x, std::int64_t K, Load load) {
-  float acc[kLanes] = {};
+inline f32x8 load8(const float* p) {
+  f32x8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+// Eight bf16 values widened to f32: each is the top half of a float.
+inline f32x8 load8(const std::uint16_t* p) {
+  u16x8 h;
+  std::memcpy(&h, p, sizeof h);
+  const u32x8 w = __builtin_convertvector(h, u32x8) << 16;
+  f32x8 v;
+  std::memcpy(&v, &w, sizeof v);
+  return v;
+}
+inline float widen(float v) { return v; }
+inline float widen(std::uint16_t b) { return bf16_to_f32(b); }
+
+// M dot products of x's rows with one weight row w: each slice of w is loaded once and used
+// for all M rows of x (decode, even batched, reads the weights once). Independent vector
+// accumulators (M·U of them, at most 8) keep the multiply-adds from waiting on each other
+// without spilling the 16 vector registers. Any summation order obeys the reference loop's
+// γ_K error bound.
+template <int M, class W>
+inline void dots(const float* x, std::int64_t K, const W* w, float* y, std::int64_t y_stride) {
+  constexpr int U = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+  f32x8 acc[M][U] = {};
   std::int64_t k = 0;
-  for (; k + kLanes <= K; k += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += x[k + j] * load(k + j);
-  float s = 0.0f;
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
-  for (; k < K; ++k) s += x[k] * load(k);
-  return s;
+  for (; k + 8 * U <= K; k += 8 * U) {
+    f32x8 wv[U];
+    for (int u = 0; u < U; ++u) wv[u] = load8(w + k + 8 * u);
+    for (int m = 0; m < M; ++m)
+      for (int u = 0; u < U; ++u) acc[m][u] += load8(x + m * K + k + 8 * u) * wv[u];
+  }
+  for (int m = 0; m < M; ++m) {
+    f32x8 t = acc[m][0];
+    for (int u = 1; u < U; ++u) t += acc[m][u];
+    float s = 0.0f;
+    for (int i = 0; i < 8; ++i) s += t[i];
+    for (std::int64_t r = k; r < K; ++r) s += x[m * K + r] * widen(w[r]);
+    y[m * y_stride] = s;
+  }
 }
 
 inline float dot(const float* x, const float* w, std::int64_t K) {
-  return dot_lanes(x, K, [w](std::int64_t k) { return w[k]; });
-}
-
-inline float dot_bf16(const float* x, const std::uint16_t* w, std::int64_t K) {
-  return dot_lanes(x, K, [w](std::int64_t k) { return std::bit_cast<float>(static_cast<std::uint32_t>(w[k]) << 16); });
+  float y;
+  dots<1>(x, K, w, &y, 1);
+  return y;
 }
 
 inline float dot_f16(const float* x, const std::uint16_t* w, std::int64_t K) {
@@ -51,22 +84,43 @@ inline float dot_f16(const float* x, const std::uint16_t* w, std::int64_t K) {
   return acc;
 }
 
-void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
-  const std::int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+template <int M>
+void gemv_rows(const Tensor& x, const Tensor& w, Tensor& out) {
+  const std::int64_t K = x.size(1), N = w.size(0);
   const float* X = x.data<float>();
   float* Y = out.data<float>();
   const DType wt = w.dtype();
-  const void* W = w.raw_data();
 #pragma omp parallel for schedule(static) if (M * N * K >= kParallelWork)
   for (std::int64_t n = 0; n < N; ++n) {
-    for (std::int64_t m = 0; m < M; ++m) {
-      const float* xr = X + m * K;
-      float y;
-      if (wt == DType::F32) y = dot(xr, static_cast<const float*>(W) + n * K, K);
-      else if (wt == DType::BF16) y = dot_bf16(xr, static_cast<const std::uint16_t*>(W) + n * K, K);
-      else y = dot_f16(xr, static_cast<const std::uint16_t*>(W) + n * K, K);
-      Y[m * N + n] = y;
+    if (wt == DType::F32) {
+      dots<M>(X, K, w.data<float>() + n * K, Y + n, N);
+    } else if (wt == DType::BF16) {
+      dots<M>(X, K, w.data<std::uint16_t>() + n * K, Y + n, N);
+    } else {
+      for (std::int64_t m = 0; m < M; ++m) Y[m * N + n] = dot_f16(X + m * K, w.data<std::uint16_t>() + n * K, K);
     }
+  }
+}
+
+void gemv8(const Tensor& x, const Tensor& w, Tensor& out) {
+  switch (x.size(0)) {
+    case 1: return gemv_rows<1>(x, w, out);
+    case 2: return gemv_rows<2>(x, w, out);
+    case 3: return gemv_rows<3>(x, w, out);
+    case 4: return gemv_rows<4>(x, w, out);
+    case 5: return gemv_rows<5>(x, w, out);
+    case 6: return gemv_rows<6>(x, w, out);
+    case 7: return gemv_rows<7>(x, w, out);
+    default: return gemv_rows<8>(x, w, out);
+  }
+}
+
+// Up to kGemvMaxRows rows: eight at a time, so the weights are read ceil(M/8) times.
+void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
+  for (std::int64_t m0 = 0; m0 < x.size(0); m0 += 8) {
+    const std::int64_t m1 = std::min<std::int64_t>(x.size(0), m0 + 8);
+    Tensor o = out.slice(0, m0, m1);
+    gemv8(x.slice(0, m0, m1), w, o);
   }
 }
 
@@ -114,14 +168,58 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   else gemm(x, w, out);
 }
 
+// Attention, fast path. Each task takes one query row and a range of KV heads with their whole
+// query groups: every cached key and value row is read once per group rather than once per
+// query head (the saving GQA is for), rows are walked in memory order (all of the range's heads
+// at position j, then j + 1), and the q·k products use the SIMD dot above.
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
-  const std::int64_t T = q.size(0), Nq = q.size(1), S = k.size(0), H = q.size(2);
-#pragma omp parallel if (T * Nq * S * H >= kParallelWork)
+  const std::int64_t T = q.size(0), Nq = q.size(1), H = q.size(2), S = k.size(0), Nk = k.size(1), G = Nq / Nk;
+  const float *Q = q.data<float>(), *K = k.data<float>(), *V = v.data<float>();
+  float* O = out.data<float>();
+  const bool parallel = T * Nq * S * H >= kParallelWork;
+  // Split the KV heads so that there are a few tasks per thread, no more.
+  const std::int64_t threads = parallel ? omp_get_max_threads() : 1;
+  const std::int64_t ranges = std::min<std::int64_t>(Nk, std::max<std::int64_t>(1, (2 * threads + T - 1) / T));
+  const std::int64_t per = (Nk + ranges - 1) / ranges;
+#pragma omp parallel if (parallel)
   {
-    std::vector<float> scratch(static_cast<std::size_t>(std::max<std::int64_t>(S, 1)));
+    std::vector<float> scores(static_cast<std::size_t>(per * G * std::max<std::int64_t>(S, 1)));
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (std::int64_t t = 0; t < T; ++t)
-      for (std::int64_t h = 0; h < Nq; ++h) loops::attention_rows(q, k, v, out, p, t, h, scratch.data());
+      for (std::int64_t r = 0; r < ranges; ++r) {
+        const std::int64_t h0 = r * per, h1 = std::min(Nk, h0 + per);
+        if (h0 >= h1) continue;
+        const std::int64_t hi = p.causal ? p.q_offset + t : S - 1;
+        const std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(0, hi - p.window + 1) : 0;
+        const std::int64_t n = hi - lo + 1, heads = (h1 - h0) * G;
+        const float* qr = Q + (t * Nq + h0 * G) * H;  // the range's query heads, contiguous
+        for (std::int64_t j = 0; j < n; ++j)
+          for (std::int64_t kvh = h0; kvh < h1; ++kvh) {
+            const float* kr = K + ((lo + j) * Nk + kvh) * H;  // read once for its whole group
+            for (std::int64_t g = 0; g < G; ++g) {
+              const std::int64_t qh = (kvh - h0) * G + g;
+              scores[qh * n + j] = dot(qr + qh * H, kr, H) * p.scale;
+            }
+          }
+        for (std::int64_t qh = 0; qh < heads; ++qh) {
+          float* sq = scores.data() + qh * n;
+          const float mx = *std::max_element(sq, sq + n);
+          float sum = 0.0f;
+          for (std::int64_t j = 0; j < n; ++j) sum += (sq[j] = std::exp(sq[j] - mx));
+          for (std::int64_t j = 0; j < n; ++j) sq[j] /= sum;
+          std::fill(O + (t * Nq + h0 * G + qh) * H, O + (t * Nq + h0 * G + qh + 1) * H, 0.0f);
+        }
+        for (std::int64_t j = 0; j < n; ++j)
+          for (std::int64_t kvh = h0; kvh < h1; ++kvh) {
+            const float* vr = V + ((lo + j) * Nk + kvh) * H;  // read once for its whole group
+            for (std::int64_t g = 0; g < G; ++g) {
+              const std::int64_t qh = (kvh - h0) * G + g;
+              const float pj = scores[qh * n + j];
+              float* o = O + (t * Nq + h0 * G + qh) * H;
+              for (std::int64_t d = 0; d < H; ++d) o[d] += pj * vr[d];
+            }
+          }
+      }
   }
 }
 

@@ -8,6 +8,7 @@
 #include "chapters/02_kv_cache/cuda_decode.h"
 #include "common/cuda/backend.h"
 #include "common/cuda/util.cuh"
+#include "chapters/02_kv_cache/decode_attention.cuh"
 
 namespace inferlab::ch02 {
 
@@ -19,9 +20,6 @@ using cuda::stream;
 
 constexpr int kWarps = 8;        // warps per block in the GEMV kernels: one output row per warp
 constexpr int kInFlight = 4;     // 16-byte weight loads each lane issues before using them
-constexpr int kChunk = 256;      // attention positions per split
-constexpr int kAttnThreads = 128;
-constexpr int kMaxHead = 256;
 
 // --- GEMV ------------------------------------------------------------------------------------
 // dot(w[0:K], x[0:K]) for one warp; w bf16, x f32. The vector path reads 8 weights per 16-byte
@@ -137,60 +135,6 @@ __global__ void rope_and_store(float* __restrict__ qkv, const float* __restrict_
   } else if (i < pairs + vn) {
     const int e = i - pairs;
     vc[static_cast<long long>(pos) * vn + e] = v[e];
-  }
-}
-
-// Flash-decoding, part 1: one block per (query head, chunk of kChunk positions) computes the
-// chunk's softmax statistics (max m, sum l) and unnormalised output acc = Σ e^(s−m) v.
-__global__ void attention_partial(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
-                                  const int* __restrict__ pos_p, float* __restrict__ pm, float* __restrict__ pl,
-                                  float* __restrict__ pacc, int N, int Kh, int H, float scale) {
-  __shared__ float qs[kMaxHead];
-  __shared__ float sc[kChunk];
-  const int h = blockIdx.x, c = blockIdx.y, splits = gridDim.y, slot = h * splits + c;
-  const int len = *pos_p + 1, start = c * kChunk, end = min(start + kChunk, len);
-  if (start >= len) {  // this chunk is past the sequence: contributes nothing
-    if (threadIdx.x == 0) pm[slot] = -INFINITY, pl[slot] = 0.0f;
-    for (int d = threadIdx.x; d < H; d += blockDim.x) pacc[static_cast<long long>(slot) * H + d] = 0.0f;
-    return;
-  }
-  const int kvh = h / (N / Kh), n = end - start, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int d = threadIdx.x; d < H; d += blockDim.x) qs[d] = q[h * H + d] * scale;
-  __syncthreads();
-  for (int j = warp; j < n; j += blockDim.x / 32) {  // a warp per key: coalesced reads of its row
-    const float* kr = kc + (static_cast<long long>(start + j) * Kh + kvh) * H;
-    float dot = 0.0f;
-    for (int d = lane; d < H; d += 32) dot += qs[d] * kr[d];
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-    if (lane == 0) sc[j] = dot;
-  }
-  __syncthreads();
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, sc[j]);
-  mx = cuda::block_max(mx);
-  float sum = 0.0f;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) sum += (sc[j] = expf(sc[j] - mx));
-  sum = cuda::block_sum(sum);  // synchronises: sc[] holds the weights
-  for (int d = threadIdx.x; d < H; d += blockDim.x) {
-    float a = 0.0f;
-    for (int j = 0; j < n; ++j) a += sc[j] * vc[(static_cast<long long>(start + j) * Kh + kvh) * H + d];
-    pacc[static_cast<long long>(slot) * H + d] = a;
-  }
-  if (threadIdx.x == 0) pm[slot] = mx, pl[slot] = sum;
-}
-
-// Flash-decoding, part 2: rescale each chunk by e^(m_c − M) and normalise by the total sum.
-__global__ void attention_merge(const float* __restrict__ pm, const float* __restrict__ pl,
-                                const float* __restrict__ pacc, float* __restrict__ out, int splits, int H) {
-  const int h = blockIdx.x;
-  float M = -INFINITY;
-  for (int c = 0; c < splits; ++c) M = fmaxf(M, pm[h * splits + c]);
-  float L = 0.0f;
-  for (int c = 0; c < splits; ++c) L += pl[h * splits + c] * expf(pm[h * splits + c] - M);
-  for (int d = threadIdx.x; d < H; d += blockDim.x) {
-    float o = 0.0f;
-    for (int c = 0; c < splits; ++c) o += pacc[static_cast<long long>(h * splits + c) * H + d] * expf(pm[h * splits + c] - M);
-    out[h * H + d] = o / L;
   }
 }
 
@@ -381,6 +325,28 @@ std::vector<std::int32_t> CudaDecoder::greedy(std::int32_t token, int n) {
   const Tensor log = impl_->log.to(Device::CPU);
   const std::int32_t* p = log.data<std::int32_t>();
   return std::vector<std::int32_t>(p + first, p + first + n);
+}
+
+void decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t len, Tensor& out) {
+  const std::int64_t N = q.size(1), H = q.size(2), Kh = k.size(1);
+  IL_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && out.is_cuda(), "decode_attention: tensors must be on CUDA");
+  IL_CHECK(len > 0 && len <= k.size(0) && H <= kMaxHead && N % Kh == 0, "decode_attention: bad shapes or length");
+  const int splits = static_cast<int>((len + kChunk - 1) / kChunk);
+  // One scratch allocation: the position, then the chunks' statistics and partial outputs.
+  char* base = static_cast<char*>(cuda::scratch(256 + static_cast<std::size_t>(N * splits * (H + 2)) * 4));
+  int* pos = reinterpret_cast<int*>(base);
+  float* pm = reinterpret_cast<float*>(base + 256);
+  float* pl = pm + N * splits;
+  float* pacc = pl + N * splits;
+  const int last = static_cast<int>(len - 1);
+  IL_CUDA(cudaMemcpyAsync(pos, &last, sizeof last, cudaMemcpyHostToDevice, stream()));
+  attention_partial<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(splits)), kAttnThreads, 0, stream()>>>(
+      q.data<float>(), k.data<float>(), v.data<float>(), pos, pm, pl, pacc, static_cast<int>(N), static_cast<int>(Kh),
+      static_cast<int>(H), 1.0f / std::sqrt(static_cast<float>(H)));
+  IL_CUDA_LAUNCHED();
+  attention_merge<<<static_cast<unsigned>(N), kAttnThreads, 0, stream()>>>(pm, pl, pacc, out.data<float>(), splits,
+                                                                           static_cast<int>(H));
+  IL_CUDA_LAUNCHED();
 }
 
 std::int64_t CudaDecoder::length() const { return impl_->cache.length; }

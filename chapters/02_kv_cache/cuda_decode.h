@@ -50,4 +50,10 @@ class CudaDecoder {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Chapter 02's split-K decode attention on its own (for chapter 03's comparison): one query row
+/// q [1, N, H] against the first `len` positions of a cache k, v [S, K, H] (CUDA, f32), one block
+/// per query head and chunk of 256 positions; out [1, N, H]. Query head h reads KV head h/(N/K),
+/// so a group's KV head is fetched once per query head.
+void decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t len, Tensor& out);
+
 }  // namespace inferlab::ch02

@@ -12,4 +12,5 @@ std::vector<std::int32_t> CudaDecoder::greedy(std::int32_t, int) { cuda::require
 std::int64_t CudaDecoder::length() const { return 0; }
 const KVCache& CudaDecoder::cache() const { cuda::require_device(); static KVCache none; return none; }
 double CudaDecoder::step_bytes() const { return 0; }
+void decode_attention(const Tensor&, const Tensor&, const Tensor&, std::int64_t, Tensor&) { cuda::require_device(); }
 }  // namespace inferlab::ch02

@@ -1,0 +1,70 @@
+#pragma once
+// Chapter 02's decode attention over the cache, split into chunks (flash-decoding). A header
+// so that chapter 03 can run the same kernels (and compare its grouped kernel against them).
+#include <cuda_runtime.h>
+
+#include "common/cuda/util.cuh"
+
+namespace inferlab::ch02 {
+namespace {
+
+constexpr int kChunk = 256;  // attention positions per split
+constexpr int kAttnThreads = 128;
+constexpr int kMaxHead = 256;
+
+// Flash-decoding, part 1: one block per (query head, chunk of kChunk positions) computes the
+// chunk's softmax statistics (max m, sum l) and unnormalised output acc = Σ e^(s−m) v.
+__global__ void attention_partial(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+                                  const int* __restrict__ pos_p, float* __restrict__ pm, float* __restrict__ pl,
+                                  float* __restrict__ pacc, int N, int Kh, int H, float scale) {
+  __shared__ float qs[kMaxHead];
+  __shared__ float sc[kChunk];
+  const int h = blockIdx.x, c = blockIdx.y, splits = gridDim.y, slot = h * splits + c;
+  const int len = *pos_p + 1, start = c * kChunk, end = min(start + kChunk, len);
+  if (start >= len) {  // this chunk is past the sequence: contributes nothing
+    if (threadIdx.x == 0) pm[slot] = -INFINITY, pl[slot] = 0.0f;
+    for (int d = threadIdx.x; d < H; d += blockDim.x) pacc[static_cast<long long>(slot) * H + d] = 0.0f;
+    return;
+  }
+  const int kvh = h / (N / Kh), n = end - start, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int d = threadIdx.x; d < H; d += blockDim.x) qs[d] = q[h * H + d] * scale;
+  __syncthreads();
+  for (int j = warp; j < n; j += blockDim.x / 32) {  // a warp per key: coalesced reads of its row
+    const float* kr = kc + (static_cast<long long>(start + j) * Kh + kvh) * H;
+    float dot = 0.0f;
+    for (int d = lane; d < H; d += 32) dot += qs[d] * kr[d];
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    if (lane == 0) sc[j] = dot;
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, sc[j]);
+  mx = cuda::block_max(mx);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) sum += (sc[j] = expf(sc[j] - mx));
+  sum = cuda::block_sum(sum);  // synchronises: sc[] holds the weights
+  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+    float a = 0.0f;
+    for (int j = 0; j < n; ++j) a += sc[j] * vc[(static_cast<long long>(start + j) * Kh + kvh) * H + d];
+    pacc[static_cast<long long>(slot) * H + d] = a;
+  }
+  if (threadIdx.x == 0) pm[slot] = mx, pl[slot] = sum;
+}
+
+// Flash-decoding, part 2: rescale each chunk by e^(m_c − M) and normalise by the total sum.
+__global__ void attention_merge(const float* __restrict__ pm, const float* __restrict__ pl,
+                                const float* __restrict__ pacc, float* __restrict__ out, int splits, int H) {
+  const int h = blockIdx.x;
+  float M = -INFINITY;
+  for (int c = 0; c < splits; ++c) M = fmaxf(M, pm[h * splits + c]);
+  float L = 0.0f;
+  for (int c = 0; c < splits; ++c) L += pl[h * splits + c] * expf(pm[h * splits + c] - M);
+  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+    float o = 0.0f;
+    for (int c = 0; c < splits; ++c) o += pacc[static_cast<long long>(h * splits + c) * H + d] * expf(pm[h * splits + c] - M);
+    out[h * H + d] = o / L;
+  }
+}
+
+}  // namespace
+}  // namespace inferlab::ch02

@@ -1,0 +1,55 @@
+#pragma once
+/// @file gqa.h
+/// @brief Chapter 03: grouped-query attention. N query heads share K key/value heads.
+///
+/// Nothing in the attention op changes: query head h reads KV head h / (N/K) (ops.h). What
+/// changes is what has to be stored and read: the KV cache shrinks by K/N, while every weight
+/// (except the small k and v projections) stays. So the speed-up of a decode step is K/N only
+/// where the cache dominates the bytes read: long contexts and large batches.
+
+#include <vector>
+
+#include "chapters/02_kv_cache/kv_cache.h"
+#include "common/metrics.h"
+
+namespace inferlab::ch03 {
+
+/// MHA (or GQA) -> GQA with `kv_heads` KV heads, without retraining: the K and V projection heads
+/// of each group are averaged (mean pooling, the starting point of GQA uptraining in Ainslie et
+/// al. 2023, section 2.1). Query heads keep their order: group g holds heads g·N/K .. (g+1)·N/K − 1.
+ch01::Llama mean_pool_kv_heads(const ch01::Llama& m, std::int64_t kv_heads);
+
+/// The inverse view: every KV head's projection rows repeated for each query head of its
+/// group. The result is an MHA model computing exactly the same function.
+ch01::Llama repeat_kv_heads(const ch01::Llama& m);
+
+/// One decode step for a batch: sequence b feeds tokens[b] and owns caches[b] (lengths may
+/// differ). Their rows share every matmul (one weight read for the whole batch); attention
+/// reads each sequence's own cache. Returns logits [B, V].
+Tensor forward_batch(const ch01::Llama& m, std::vector<ch02::KVCache>& caches, const std::vector<std::int32_t>& tokens);
+
+/// Fills positions [0, length) of a cache with pseudo-random values and sets its length, so a
+/// benchmark can decode at a long context without paying for the prefill.
+void fill_cache(ch02::KVCache& cache, std::int64_t length, std::uint64_t seed);
+
+/// Bytes one decode step of a batch must read: the weights once, every sequence's cache so far.
+double decode_step_bytes(const ch01::Llama& m, const std::vector<ch02::KVCache>& caches);
+
+/// A measured batch size against the memory-bound prediction.
+struct ThroughputPoint {
+  std::int64_t batch = 0;
+  double seconds_per_step = 0;
+  double bytes_per_step = 0;
+  double tokens_per_s() const { return static_cast<double>(batch) / seconds_per_step; }
+  double achieved_bytes_per_s() const { return bytes_per_step / seconds_per_step; }
+  /// B / (bytes per step / bandwidth): what the lecture's model predicts.
+  double predicted_tokens_per_s(double bandwidth) const {
+    return static_cast<double>(batch) * bandwidth / bytes_per_step;
+  }
+};
+
+/// Times `steps` decode steps of a batch of `batch` sequences at `context` cached positions
+/// (best of the steps, after one warm-up step).
+ThroughputPoint measure_decode(const ch01::Llama& m, std::int64_t batch, std::int64_t context, int steps);
+
+}  // namespace inferlab::ch03

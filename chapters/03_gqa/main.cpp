@@ -1,0 +1,185 @@
+// ch03_gqa: grouped-query attention. What it saves (KV bytes), what it costs (quality, measured
+// on models converted without retraining), and what it buys (decode throughput by batch size).
+//   ch03_gqa                 the headline
+//   ch03_gqa memory          KV bytes per token and the largest batch for MHA, GQA and MQA
+//   ch03_gqa throughput      measured decode throughput against batch size, with the prediction
+//   ch03_gqa convert         tiny-mha mean-pooled to GQA/MQA against tiny-gqa/tiny-mqa
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "chapters/03_gqa/gqa.h"
+#include "common/cli.h"
+#include "common/cuda/backend.h"
+#include "common/eval.h"
+#include "common/tokenizer.h"
+
+using namespace inferlab;
+using namespace inferlab::ch03;
+using nlohmann::json;
+
+namespace {
+
+// The shape the throughput sweep uses: big enough that weights and caches live in DRAM.
+TransformerConfig sweep_shape(std::int64_t kv_heads) {
+  TransformerConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.hidden_size = 1024, c.intermediate_size = 2816, c.num_layers = 8, c.num_heads = 16, c.num_kv_heads = kv_heads;
+  c.head_dim = 64, c.vocab_size = 8192, c.max_position_embeddings = 1 << 16, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
+  return c;
+}
+
+double bandwidth(Device dev) {
+  return dev == Device::CUDA ? cuda::measure_read_bandwidth(std::size_t(2) << 30)
+                             : metrics::measure_cpu_read_bandwidth(std::size_t(1) << 30, 0, 3);
+}
+
+std::string variant_name(std::int64_t K, std::int64_t N) { return K == N ? "MHA" : K == 1 ? "MQA" : "GQA"; }
+
+int memory(const CommonOptions& o, std::int64_t seq, double memory_gb) {
+  const auto base = parse_transformer_config(load_hf_config(o.model));
+  const std::int64_t N = base.num_heads;
+  std::printf("%s: N = %lld query heads, H = %lld, L = %lld; S = %lld, f32 cache, %.1f GB budget\n\n", o.model.c_str(),
+              static_cast<long long>(N), static_cast<long long>(base.head_dim), static_cast<long long>(base.num_layers),
+              static_cast<long long>(seq), memory_gb);
+  std::printf("%-5s %4s %16s %18s %12s %10s\n", "", "K", "KV bytes/token", "KV bytes/sequence", "weights", "max batch");
+  json rows = json::array();
+  for (std::int64_t K : {N, std::max<std::int64_t>(1, N / 4), std::int64_t{1}}) {
+    auto c = base;
+    c.num_kv_heads = K;
+    const std::int64_t per_token = c.kv_elements_per_token() * 4, per_seq = per_token * seq;
+    const std::int64_t weights = c.num_parameters() * 4;
+    const double free = memory_gb * 1e9 - static_cast<double>(weights);
+    const std::int64_t max_b = free < 0 ? -1 : static_cast<std::int64_t>(free / static_cast<double>(per_seq));
+    std::printf("%-5s %4lld %16lld %18lld %12lld %10lld\n", variant_name(K, N).c_str(), static_cast<long long>(K),
+                static_cast<long long>(per_token), static_cast<long long>(per_seq), static_cast<long long>(weights),
+                static_cast<long long>(max_b));
+    rows.push_back({{"kv_heads", K}, {"kv_bytes_per_token", per_token}, {"kv_bytes_per_sequence", per_seq},
+                    {"weight_bytes", weights}, {"max_batch", max_b}});
+  }
+  std::printf("\nThe cache shrinks by K/N; the weights barely move (only the k and v projections shrink).\n");
+  if (!o.json.empty()) write_json(o.json, {{"model", o.model}, {"seq", seq}, {"memory_gb", memory_gb}, {"rows", rows}});
+  return 0;
+}
+
+int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_t> batches, int steps) {
+  const Device dev = o.resolved_device();
+  const double bw = bandwidth(dev);
+  const auto shape = sweep_shape(16);
+  std::printf("Decode throughput at context %lld, random weights (speed does not depend on their values), "
+              "D = %lld, L = %lld, N = 16, H = 64, f32, %s\n",
+              static_cast<long long>(seq), static_cast<long long>(shape.hidden_size),
+              static_cast<long long>(shape.num_layers), device_name(dev).data());
+  std::printf("measured read bandwidth: %.1f GB/s; prediction = B × bandwidth / (weights + B × KV cache)\n\n", bw / 1e9);
+  std::printf("%-4s %3s %6s %14s %14s %12s %10s %12s\n", "", "K", "B", "tokens/s", "predicted", "GB/s", "of ceil",
+              "vs MHA");
+  json rows = json::array();
+  std::map<std::int64_t, double> mha;
+  for (std::int64_t K : {16, 4, 1}) {
+    const ch01::Llama m = ch01::random_llama(sweep_shape(K), 1).to(dev, DType::F32);
+    for (std::int64_t B : batches) {
+      const auto p = measure_decode(m, B, seq, steps);
+      if (K == 16) mha[B] = p.tokens_per_s();
+      std::printf("%-4s %3lld %6lld %14.1f %14.1f %12.2f %9.0f%% %11.2f×\n", variant_name(K, 16).c_str(),
+                  static_cast<long long>(K), static_cast<long long>(B), p.tokens_per_s(), p.predicted_tokens_per_s(bw),
+                  p.achieved_bytes_per_s() / 1e9, 100 * p.achieved_bytes_per_s() / bw, p.tokens_per_s() / mha[B]);
+      rows.push_back({{"kv_heads", K}, {"batch", B}, {"tokens_per_s", p.tokens_per_s()},
+                      {"predicted_tokens_per_s", p.predicted_tokens_per_s(bw)}, {"bytes_per_step", p.bytes_per_step},
+                      {"seconds_per_step", p.seconds_per_step}});
+    }
+    std::printf("\n");
+  }
+  std::printf("GQA's cache is 4× and MQA's 16× smaller than MHA's, but their speed-up reaches that only where the\n"
+              "cache dominates the bytes of a step: large B at long context. At B = 1 the weights dominate.\n");
+  if (!o.json.empty())
+    write_json(o.json, {{"device", device_name(dev)}, {"seq", seq}, {"bandwidth_bytes_per_s", bw}, {"rows", rows}});
+  return 0;
+}
+
+int convert(const CommonOptions& o, std::int64_t windows, std::int64_t per_kind) {
+  const std::string data = data_dir();
+  const auto tok = Tokenizer::for_model(data + "/models/tiny-mha");
+  const auto val = eval::tokenize_documents(*tok, data + "/corpus/val.txt");
+  const auto probes = eval::load_probes(data + "/corpus/probes.jsonl");
+  const ch01::Llama mha = ch01::load_llama(data + "/models/tiny-mha");
+  struct Row {
+    std::string name;
+    ch01::Llama m;
+  };
+  std::vector<Row> rows = {{"tiny-mha (K = 8, trained)", mha},
+                           {"tiny-mha mean-pooled to K = 2", mean_pool_kv_heads(mha, 2)},
+                           {"tiny-gqa (K = 2, trained)", ch01::load_llama(data + "/models/tiny-gqa")},
+                           {"tiny-mha mean-pooled to K = 1", mean_pool_kv_heads(mha, 1)},
+                           {"tiny-mqa (K = 1, trained)", ch01::load_llama(data + "/models/tiny-mqa")}};
+  std::printf("Validation perplexity (%s windows of 512) and probe accuracy (%lld per kind), no retraining\n\n",
+              windows ? std::to_string(windows).c_str() : "all", static_cast<long long>(per_kind));
+  std::vector<std::string> kinds;
+  json out = json::array();
+  for (const auto& r : rows) {
+    auto logits = [&](const std::vector<std::int32_t>& t) { return ch01::forward(r.m, t, true); };
+    const auto ppl = eval::perplexity(logits, val, 512, windows);
+    const auto pr = eval::probe_accuracy(logits, *tok, probes, per_kind);
+    if (kinds.empty()) {
+      std::printf("%-32s %10s %8s", "model", "KV B/token", "val ppl");
+      for (const auto& [k, v] : pr.accuracy) kinds.push_back(k), std::printf(" %11s", k.c_str());
+      std::printf("\n");
+    }
+    std::printf("%-32s %10lld %8.3f", r.name.c_str(), static_cast<long long>(r.m.config.kv_elements_per_token() * 4), ppl.ppl);
+    for (const auto& k : kinds) std::printf(" %11.3f", pr.accuracy.at(k));
+    std::printf("\n");
+    std::fflush(stdout);
+    out.push_back({{"model", r.name}, {"kv_bytes_per_token", r.m.config.kv_elements_per_token() * 4},
+                   {"val_loss", ppl.loss}, {"val_ppl", ppl.ppl}, {"val_tokens", ppl.tokens}, {"probes", pr.accuracy}});
+  }
+  if (!o.json.empty()) write_json(o.json, {{"rows", out}, {"probes_per_kind", per_kind}});
+  return 0;
+}
+
+int headline() {
+  const std::string data = data_dir();
+  std::printf("Grouped-query attention (lecture: 分组查询注意力 GQA): N query heads share K KV heads\n");
+  for (const char* name : {"tiny-mha", "tiny-gqa", "tiny-mqa"}) {
+    const auto c = parse_transformer_config(load_hf_config(data + "/models/" + name));
+    std::printf("  %-9s N = %lld, K = %lld: %6lld KV bytes per token (f32), %lld weight bytes\n", name,
+                static_cast<long long>(c.num_heads), static_cast<long long>(c.num_kv_heads),
+                static_cast<long long>(c.kv_elements_per_token() * 4), static_cast<long long>(c.num_parameters() * 4));
+  }
+  const double bw = bandwidth(Device::CPU);
+  for (std::int64_t K : {16, 1}) {
+    const ch01::Llama m = ch01::random_llama(sweep_shape(K), 1);
+    const auto p = measure_decode(m, 8, 1024, 2);
+    std::printf("  %s, B = 8 at context 1024 (random 16-head model): %.0f tokens/s measured, %.0f predicted\n",
+                variant_name(K, 16).c_str(), p.tokens_per_s(), p.predicted_tokens_per_s(bw));
+  }
+  std::printf("  more: ch03_gqa memory | throughput | convert\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Chapter 03: grouped-query and multi-query attention", "ch03_gqa"};
+  CommonOptions o;
+  add_common_options(app, o);
+  app.fallthrough();
+  std::int64_t seq = 1024, windows = 0, per_kind = 200;
+  double memory_gb = 80;
+  int steps = 3;
+  std::vector<std::int64_t> batches = {1, 2, 4, 8, 16, 32, 64};
+  auto* sm = app.add_subcommand("memory", "KV bytes per token and the largest batch for MHA, GQA and MQA");
+  sm->add_option("--seq", seq, "Context length S")->check(CLI::PositiveNumber)->capture_default_str();
+  sm->add_option("--memory-gb", memory_gb, "Memory budget in GB")->check(CLI::PositiveNumber)->capture_default_str();
+  auto* st = app.add_subcommand("throughput", "Measured decode throughput against batch size, with the prediction");
+  st->add_option("--seq", seq, "Context length")->check(CLI::PositiveNumber)->capture_default_str();
+  st->add_option("--batches", batches, "Batch sizes")->delimiter(',')->check(CLI::PositiveNumber);
+  st->add_option("--steps", steps, "Timed steps per point (best is kept)")->check(CLI::PositiveNumber)->capture_default_str();
+  auto* sc = app.add_subcommand("convert", "tiny-mha mean-pooled to GQA/MQA against models trained that way");
+  sc->add_option("--windows", windows, "Validation windows (0: all)")->capture_default_str();
+  sc->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->capture_default_str();
+  app.require_subcommand(0, 1);
+  return run_cli(app, argc, argv, [&] {
+    if (*sm) return memory(o, seq, memory_gb);
+    if (*st) return throughput(o, seq, batches, steps);
+    if (*sc) return convert(o, windows, per_kind);
+    return headline();
+  });
+}

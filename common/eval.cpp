@@ -1,0 +1,107 @@
+#include "common/eval.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/json_file.h"
+
+namespace inferlab::eval {
+
+std::vector<std::int32_t> tokenize_documents(const Tokenizer& tok, const std::string& path) {
+  std::ifstream in(path);
+  IL_CHECK(in.good(), "cannot open ", path);
+  std::vector<std::int32_t> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const auto ids = tok.encode(line, true);
+    out.insert(out.end(), ids.begin(), ids.end());
+  }
+  return out;
+}
+
+namespace {
+// Cross-entropy of one row of logits against `target`: logsumexp(l) − l[target], in double.
+double cross_entropy(const float* l, std::int64_t V, std::int32_t target) {
+  const double mx = *std::max_element(l, l + V);
+  double s = 0;
+  for (std::int64_t i = 0; i < V; ++i) s += std::exp(static_cast<double>(l[i]) - mx);
+  return mx + std::log(s) - static_cast<double>(l[target]);
+}
+}  // namespace
+
+Perplexity perplexity(const LogitsFn& logits, const std::vector<std::int32_t>& tokens, std::int64_t window,
+                      std::int64_t max_windows) {
+  IL_CHECK(window > 0, "perplexity: window must be positive");
+  std::int64_t n = (static_cast<std::int64_t>(tokens.size()) - 1) / window;
+  if (max_windows > 0) n = std::min(n, max_windows);
+  IL_CHECK(n > 0, "perplexity: ", tokens.size(), " tokens are fewer than one window of ", window + 1);
+  double total = 0;
+  std::int64_t count = 0;
+  for (std::int64_t w = 0; w < n; ++w) {
+    const auto b = tokens.begin() + w * window;
+    const std::vector<std::int32_t> x(b, b + window);
+    const Tensor l = logits(x).to(Device::CPU).contiguous();
+    const std::int64_t V = l.size(1);
+    for (std::int64_t t = 0; t < window; ++t) total += cross_entropy(l.data<float>() + t * V, V, *(b + t + 1));
+    count += window;
+  }
+  return {total / static_cast<double>(count), std::exp(total / static_cast<double>(count)), count};
+}
+
+std::vector<Probe> load_probes(const std::string& path) {
+  std::ifstream in(path);
+  IL_CHECK(in.good(), "cannot open ", path);
+  std::vector<Probe> out;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      fail(path, ": line ", n, " is not valid JSON: ", e.what());
+    }
+    JsonFields f(j, path + ": line " + std::to_string(n));
+    out.push_back({f.get<std::string>("kind"), f.get<std::string>("prompt"), f.get<std::string>("answer"),
+                   f.get_or<std::string>("distractor", "")});
+  }
+  return out;
+}
+
+ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const std::vector<Probe>& probes,
+                           std::int64_t per_kind) {
+  std::map<std::string, std::int64_t> right, dist, total;
+  for (const Probe& p : probes) {
+    if (per_kind > 0 && total[p.kind] >= per_kind) continue;
+    const auto prompt = tok.encode(p.prompt, true), full = tok.encode(p.prompt + p.answer, true);
+    IL_CHECK(full.size() > prompt.size() && std::equal(prompt.begin(), prompt.end(), full.begin()),
+             "probe '", p.prompt.substr(0, 40), "...': its answer does not tokenize as a continuation of the prompt");
+    const Tensor l = logits(full).to(Device::CPU).contiguous();
+    const std::int64_t V = l.size(1);
+    bool ok = true;
+    std::int32_t first = -1;
+    for (std::size_t t = prompt.size(); t < full.size(); ++t) {
+      const float* row = l.data<float>() + static_cast<std::int64_t>(t - 1) * V;
+      const auto pred = static_cast<std::int32_t>(std::max_element(row, row + V) - row);
+      if (t == prompt.size()) first = pred;
+      ok = ok && pred == full[t];
+    }
+    ++total[p.kind];
+    right[p.kind] += ok;
+    if (!p.distractor.empty()) dist[p.kind] += first == tok.encode(p.distractor, false).at(0);
+  }
+  ProbeScores s;
+  for (const auto& [kind, n] : total) {
+    s.accuracy[kind] = static_cast<double>(right[kind]) / static_cast<double>(n);
+    if (dist.count(kind)) s.distractor[kind] = static_cast<double>(dist[kind]) / static_cast<double>(n);
+    s.per_kind = std::max(s.per_kind, n);
+  }
+  return s;
+}
+
+}  // namespace inferlab::eval

@@ -1,0 +1,55 @@
+#pragma once
+/// @file eval.h
+/// @brief Model quality the way the model zoo measures it: validation perplexity and probes.
+///
+/// The same protocol as tools/evaluate.py, so numbers from the C++ side (a converted or
+/// quantised model) sit beside the model cards' numbers: each line of the validation text is a
+/// document, encoded with its special tokens (BOS first) and packed; the stream is cut into
+/// non-overlapping windows of `window` + 1 tokens; the loss is the mean next-token cross-entropy
+/// in nats. A probe is right when, teacher-forced, the argmax at every answer position is the
+/// answer's token (what greedy decoding would produce).
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/tensor.h"
+#include "common/tokenizer.h"
+
+namespace inferlab::eval {
+
+/// Logits [T, V] at every position of a token sequence (any device).
+using LogitsFn = std::function<Tensor(const std::vector<std::int32_t>&)>;
+
+struct Perplexity {
+  double loss = 0;  ///< mean cross-entropy, nats per token
+  double ppl = 0;   ///< exp(loss)
+  std::int64_t tokens = 0;
+};
+
+/// Each non-empty line of `path` encoded with special tokens, concatenated.
+std::vector<std::int32_t> tokenize_documents(const Tokenizer& tok, const std::string& path);
+
+/// Mean next-token cross-entropy over windows of window + 1 tokens (max_windows = 0: all).
+Perplexity perplexity(const LogitsFn& logits, const std::vector<std::int32_t>& tokens, std::int64_t window,
+                      std::int64_t max_windows = 0);
+
+struct Probe {
+  std::string kind, prompt, answer, distractor;
+};
+
+/// Reads data/corpus/probes.jsonl (fields: kind, prompt, answer, and distractor for recall).
+std::vector<Probe> load_probes(const std::string& path);
+
+struct ProbeScores {
+  std::map<std::string, double> accuracy;    ///< per kind
+  std::map<std::string, double> distractor;  ///< how often the first answer token was the distractor's
+  std::int64_t per_kind = 0;
+};
+
+/// Probe accuracy, using at most `per_kind` probes of each kind (0: all).
+ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const std::vector<Probe>& probes,
+                           std::int64_t per_kind = 0);
+
+}  // namespace inferlab::eval
