@@ -94,7 +94,7 @@ TEST_P(Golden, LogitsCachesAndGreedyTokensMatchTransformers) {
   EXPECT_GE(p, 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Golden, ::testing::Values("tiny-mha", "tiny-gqa", "tiny-mqa"));
+INSTANTIATE_TEST_SUITE_P(Models, Golden, ::testing::Values("tiny-mha", "tiny-gqa", "tiny-mqa", "tiny-draft"));
 
 }  // namespace
 }  // namespace inferlab

@@ -1,0 +1,273 @@
+"""Prose for the model cards (forward-pass notes per architecture family) and the
+docs/model-zoo.md template.  Kept apart from cards.py so the text is easy to edit."""
+
+_COMMON_BLOCK = """Notation: `x` is the residual stream, one row of `hidden_size` floats per
+token; `nn.Linear` weights are stored `[out, in]` and applied as `y = x W^T`
+(no biases anywhere in the attention models).  Positions start at 0 with the
+BOS token `<|endoftext|>` (id 0), which every prompt and training document
+starts with.
+
+* Embedding: `x = model.embed_tokens.weight[id]`.  The output head is tied:
+  `logits = norm(x) @ model.embed_tokens.weight^T` (`lm_head.weight` is not
+  stored).
+* RMSNorm (eps = `rms_norm_eps` = 1e-5): `y = x / sqrt(mean(x^2) + eps) * w`.
+* RoPE, transformers' "rotate half" layout: for a head vector of size `d`
+  (`head_dim`), `inv_freq[j] = rope_theta^(-2j/d)` for `j = 0 .. d/2-1`,
+  angle `a = pos * inv_freq[j]`; dimension `j` is paired with `j + d/2`:
+  `y[j] = x[j] cos a - x[j+d/2] sin a`, `y[j+d/2] = x[j+d/2] cos a + x[j] sin a`.
+  Applied to q and k (not v) after the projections.
+* Attention: scores `q . k / sqrt(head_dim)`, masked, softmax over keys, sum of
+  v; heads concatenated in head order (head `h` is rows/columns
+  `h*head_dim .. h*head_dim+head_dim-1` of the projections) then `o_proj`.
+  With fewer KV heads than query heads, query head `h` uses KV head
+  `h / (num_attention_heads / num_key_value_heads)` (consecutive query heads share).
+* Block: `h = x + o_proj(attn(input_layernorm(x)))`, then
+  `x = h + down_proj(silu(gate_proj(n)) * up_proj(n))` with `n = post_attention_layernorm(h)`;
+  after the last layer `model.norm`, then the head."""
+
+NOTES = {
+    "llama": f"""## Forward pass (for the C++ implementer)
+
+This is exactly `transformers.LlamaForCausalLM` (eager attention).
+
+{_COMMON_BLOCK}
+* Mask: causal, a query at position i sees keys 0..i.
+* KV cache: per layer K (after RoPE) and V, `[num_key_value_heads, T, head_dim]`
+  each.  Goldens: `data/golden/<model>/` (manifest.json lists every tensor).""",
+
+    "ministral": f"""## Forward pass (for the C++ implementer)
+
+This is exactly `transformers.MinistralForCausalLM` (eager attention): the Llama
+block, with a per-layer attention type from `layer_types`.
+
+{_COMMON_BLOCK}
+* Mask: `full_attention` layers are causal (query i sees keys 0..i).
+  `sliding_attention` layers with `sliding_window = W = 64`: query i sees keys
+  j with `i - W < j <= i`, i.e. **the W keys i-63 .. i, itself included**
+  (transformers' `sliding_window_overlay`: `kv_idx > q_idx - W`; checked by
+  `tools/check_window.py`, which compares the model with a hand-made mask).
+* KV cache: a sliding layer only ever needs its last W (K, V) rows, a full
+  layer needs all of them; K after RoPE.  RoPE uses absolute positions even
+  when old rows are dropped.""",
+
+    "deepseek_v3": f"""## Forward pass (for the C++ implementer)
+
+This is exactly `transformers.DeepseekV3ForCausalLM` (eager attention) with
+`q_lora_rank = null` (queries projected directly), a dense MLP in every layer
+(`first_k_dense_replace` = number of layers, so the MoE settings in config.json
+are unused and no expert weights exist), and `rope_interleave = false`
+(rotate-half RoPE, like Llama, not DeepSeek's interleaved layout).
+
+{_COMMON_BLOCK}
+
+Multi-head latent attention, per layer (H = 8 heads, r = `kv_lora_rank` = 32,
+dn = `qk_nope_head_dim` = 16, dr = `qk_rope_head_dim` = 8, dv = `v_head_dim` = 16):
+1. `q = q_proj(x)` viewed `[H, dn + dr]`; per head `q_nope = q[:dn]`, `q_rope = q[dn:]`.
+2. `a = kv_a_proj_with_mqa(x)` (`[r + dr]`): `c = a[:r]`, `k_rope = a[r:]` (one
+   RoPE key shared by all heads).
+3. `c_kv = kv_a_layernorm(c)` (RMSNorm with **eps 1e-6**: transformers builds this
+   norm with its class default, not `rms_norm_eps`).  **Cache per token: `c_kv` (r
+   floats) and `k_rope` after RoPE (dr floats).**
+4. `kv_b_proj(c_kv)` viewed `[H, dn + dv]`: per head `k_nope = [:dn]`, `v = [dn:]`
+   (rows `h*(dn+dv) .. h*(dn+dv)+dn-1` of `kv_b_proj.weight` are head h's key
+   part, the next dv rows its value part).
+5. RoPE (rotate half, head size dr, so `inv_freq[j] = theta^(-2j/dr)`) on `q_rope`
+   and `k_rope`.
+6. Per head: key = `[k_nope, k_rope]`, query = `[q_nope, q_rope]`, score scale
+   `1/sqrt(dn + dr)` = 1/sqrt(24), causal mask, softmax, sum of v; heads
+   concatenated (H*dv) then `o_proj`.
+The "absorbed" form (score = `(W_UK_h^T q_nope) . c_kv + q_rope . k_rope`,
+values `W_UV_h c_kv` folded into o_proj) gives the same numbers and is what
+the latent cache is for.  Goldens store `c_kv` and `k_rope` per layer.""",
+
+    "cla": f"""## Forward pass (for the C++ implementer)
+
+Architecture `InferLabCLAForCausalLM`, reference `tools/ref_transformer.py`
+(no transformers class exists).  Cross-layer attention, sharing factor
+`kv_share_factor` = 2 (Brandon et al. 2024, CLA2): the Llama block of tiny-mha,
+except that only layers with `i % 2 == 0` (`kv_producer_layers` = [0, 2]) have
+`k_proj`/`v_proj`.  Layer `i+1` uses **the same K (already rotated) and V that
+layer `i` computed from its own input** (the attention input of layer i, i.e.
+`input_layernorm` of layer i's residual stream); it only computes its own
+queries from its own input.  The cache therefore holds K, V for layers 0 and 2
+only: half of tiny-mha's.
+
+{_COMMON_BLOCK}
+* Mask: causal, query i sees keys 0..i.
+* The reference was checked against `transformers.LlamaForCausalLM` on tiny-mha's
+  weights with sharing switched off (see the golden manifest, `checks`).""",
+
+    "mdlm": f"""## Forward pass (for the C++ implementer)
+
+Architecture `InferLabMDLMForMaskedDiffusion`, reference `tools/ref_transformer.py`
+with `causal = false`.  The Llama block of tiny-mha (same sizes, tensor names and
+conventions) **without a causal mask: every position attends to every position
+of the sequence**.  No time/noise-level input (LLaDA style).
+
+{_COMMON_BLOCK}
+* Mask: none (bidirectional).  There is no KV cache: when a token is committed
+  the whole sequence changes, so each denoising step recomputes everything.
+* Token `<|mask|>` (id 1, `mask_token_id`) marks positions to predict; the
+  logits at a masked position give the distribution of the original token.
+* Training (LLaDA/MDLM objective): draw t ~ U(0,1) per sequence, replace each
+  token with `<|mask|>` with probability t, minimise `(1/t) * sum over masked
+  positions of -log p(original token)`, divided by the sequence length.
+* Sampling used by the goldens (`tools/golden.py`, `mdlm_sample`): prompt + 16
+  masks, 8 steps; at each step run the model, for every masked position take the
+  argmax token (never `<|mask|>`) and its probability, commit the 2 masked
+  positions with the highest probability (ties: lower position first).""",
+
+    "mamba": """## Forward pass (for the C++ implementer)
+
+This is exactly `transformers.MambaForCausalLM` (the sequential "slow" path;
+no CUDA kernels).  Sizes: d = `hidden_size` = 128, E = `intermediate_size` =
+256, N = `state_size` = 16, K = `conv_kernel` = 4, R = `time_step_rank` = 8.
+
+* `x = backbone.embeddings.weight[id]`; per layer `x = x + mixer(norm(x))`
+  (`backbone.layers.i.norm`, RMSNorm eps 1e-5); then `backbone.norm_f`; logits
+  against the tied embedding (`lm_head.weight` not stored).
+* Mixer, per token t:
+  1. `in_proj(x)` -> 2E values: the first E are `u_in`, the last E the gate `z`.
+  2. Causal depthwise conv over time, per channel c:
+     `xc[t,c] = conv1d.bias[c] + sum_{k=0..K-1} conv1d.weight[c,0,k] * u_in[t-K+1+k, c]`
+     (zero before position 0); `u = silu(xc)`.
+  3. `x_proj(u)` -> R + 2N values: `dt_raw` (R), `B` (N), `C` (N).
+     `dt = softplus(dt_proj(dt_raw))` (E values, dt_proj has a bias).
+  4. `A = -exp(A_log)` (`[E, N]`).  State update, for every c, n:
+     `h[c,n] = exp(dt[c] * A[c,n]) * h[c,n] + dt[c] * B[n] * u[c]`;
+     `y[c] = sum_n h[c,n] * C[n] + D[c] * u[c]`.
+  5. `out = out_proj(y * silu(z))`.
+* State per layer: the last K-1 conv inputs `u_in` (E x 3) and `h` (E x N),
+  fixed size whatever the length.  transformers' cache (and the goldens'
+  `conv_state`) keeps K = 4 inputs, the newest included.""",
+
+    "lti": """## Forward pass (for the C++ implementer)
+
+Architecture `InferLabLTIMambaForCausalLM`, reference `tools/ref_lti_mamba.py`
+(a subclass of transformers' MambaMixer).  Identical to tiny-mamba (same tensor
+names, sizes and steps 1, 2 and 5) except that there is no `x_proj` and no
+`dt_proj`: the step size and the B, C matrices are learned constants per
+channel, so the recurrence is the same for every token (linear time-invariant,
+S4D-style).
+
+* `delta[c] = softplus(mixer.dt[c])`  (`mixer.dt`: `[E]`)
+* `A = -exp(A_log)` (`[E, N]`); `mixer.B`, `mixer.C`: `[E, N]`.
+* `h[c,n] = exp(delta[c] * A[c,n]) * h[c,n] + delta[c] * B[c,n] * u[c]`;
+  `y[c] = sum_n C[c,n] * h[c,n] + D[c] * u[c]`; `out = out_proj(y * silu(z))`.
+* Because nothing depends on the input, the whole scan is also a causal
+  convolution of u with the kernel `K[c,k] = sum_n C[c,n] delta[c] B[c,n] exp(k delta[c] A[c,n])`
+  (training uses that form; the goldens use the recurrence).
+* State per layer: as tiny-mamba (conv inputs and h).""",
+}
+
+ZOO_DOC = """# The InferLab model zoo
+
+Every chapter of the tour runs on a real model that the project ships in
+`data/models/`, and checks itself against golden outputs in `data/golden/`
+computed in float64 by an implementation that is not ours (transformers, or a
+short PyTorch reference in `tools/` where transformers has no class).  All of
+it is regenerated from seeds by one command (see `tools/README.md`):
+
+    tools/.venv/bin/python tools/zoo.py all
+
+## The corpus and the probes
+
+A seeded, self-generated corpus (`tools/corpus.py`, no downloads) of short
+stories in the spirit of TinyStories: two or three characters are introduced
+with facts ("Mia painted her kite blue.", "Tom named his dog Bo."), filler
+events follow, and the story keeps asking about the facts and answering them
+("What colour did Mia paint her kite? Mia painted her kite blue."), tens to
+hundreds of tokens later.  Every object and animal appears once per story, so
+recalling a fact means finding that noun again and copying what followed it:
+the induction-head pattern, at whatever distance the story puts it.  Half of
+the documents are memory games instead: a list of made-up keys with digit
+values ("zob 7, kam 3, ..."), then queries answered the same way (multi-query
+associative recall).  9,000 training documents (about 2.7 M tokens) and a
+held-out validation split of 120 documents (`data/corpus/val.txt`).  The
+tokenizer is a byte-level BPE with 1024 tokens trained on the training split
+with Hugging Face `tokenizers` (`data/corpus/tokenizer.json`, copied into every
+model folder; id 0 `<|endoftext|>` is BOS/EOS, id 1 `<|mask|>` is for
+tiny-mdlm).  Every name, object, colour, pet name and key is a single token.
+
+Probes (`data/corpus/probes.jsonl`, 200 per set) measure what the lecture
+talks about.  **recall@N**: a fact about one character, a fact of the same kind
+about another character (the distractor), filler, then the question; the
+answer position is N tokens (at most; the exact distance is recorded) after the
+fact's answer.  **AR N pairs**: N key/value pairs then one query.  A probe
+counts when greedy decoding reproduces every answer token.  Chance is 1/12 for
+colours, 1/16 for pet names (or a little better for a model that has learnt
+which names are pets) and 1/10 for digits.
+
+## Side by side
+
+Same corpus, tokenizer, context (512), token budget (1,024,000 tokens: 250
+steps of 8 x 512), optimiser and seed for all; about 0.8 M parameters each except
+tiny-draft.  KV bytes count float32 values.  Accuracy on the probes (fraction
+correct, 200 probes per set).
+
+{table}
+
+\\* tiny-mdlm's loss is the masked-diffusion ELBO, an upper bound on the
+negative log-likelihood, so it is not directly comparable with the causal
+models' cross-entropy; its probes fill the answer from `<|mask|>` tokens in one
+step.  Training minutes are wall-clock on one thread of a shared 2-core CPU
+machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
+
+## Reading the table
+
+* **The KV cache is the cost that grows with length.**  MHA stores 2 x layers x
+  heads x head_dim values per token; GQA and MQA divide that by 4 and by 8, MLA
+  stores a small latent plus a RoPE key, CLA halves it by sharing K and V
+  across pairs of layers, the sliding window caps it at 64 tokens per layer,
+  the hybrid keeps one global layer, and the state-space models keep a fixed
+  state however long the sequence.  tiny-mdlm has no cache at all: each
+  denoising step recomputes the whole sequence.
+* **Quality is what you pay with**, here measured by the validation loss.  At
+  this size and budget the attention variants land close together (differences
+  of a few hundredths of a nat, probably within seed-to-seed noise, which we
+  have not measured), which is the
+  lecture's point about GQA, MQA, MLA and CLA: large cache savings for a small
+  loss in quality.
+* **The probes are at chance level for every model at this budget.**  One
+  million training tokens (about five CPU minutes for an attention model) is
+  enough to learn the corpus's local structure (which kind of word comes
+  next: a colour, a pet name, a digit) but not in-context retrieval: no model
+  has formed the induction-style lookup that copies the value after an earlier
+  key.  We checked that this is not an artefact of the probes: the models
+  predict the right *kind* of answer with a fixed preference among colours or
+  digits, whatever the context says, and a tiny-mha trained on 1.6 M tokens
+  of an earlier version of this corpus (an experiment, not committed) was
+  still at chance.  The probes are in
+  place for when the zoo is retrained with a larger budget (`zoo.py all
+  --device cuda --tokens N` on a GPU; that path has not been run yet, as no
+  GPU was available when the zoo was built); how large N must be has not been
+  measured.  Until then the lecture's contrasts that need retrieval (sliding
+  window versus global attention beyond 64 tokens, Mamba versus the
+  time-invariant SSM on associative recall) are not visible in these numbers.
+* tiny-mamba reaches a clearly lower validation loss than the attention models
+  at the same token budget: its causal convolution and recurrent state pick up
+  the corpus's local patterns faster early in training.  This says nothing
+  about retrieval (see above).
+* tiny-draft (a fifth of the parameters) reaches the same loss as tiny-mha:
+  at this budget the models are limited by training steps, not by size.  For
+  the speculative-sampling chapter that means a high acceptance rate.
+* tiny-mdlm is the least trained of all: masked diffusion learns more slowly
+  per token than next-token prediction, and after one million tokens its
+  one-step fills are frequent words ("her", "his", ","), so it scores 0 on the
+  probes.  Its goldens still pin down the forward pass and the sampler exactly.
+* These models are tiny and trained for minutes, so every number is noisy;
+  they show the direction of the trade-off, not its exact size.
+
+## Files
+
+| path | what |
+| --- | --- |
+| `data/models/<name>/config.json` | hyper-parameters (written by transformers' `save_pretrained`, or by `tools/zoo_models.py` for InferLab's own architectures) |
+| `data/models/<name>/model.safetensors` | float32 weights |
+| `data/models/<name>/tokenizer.json` | the shared tokenizer |
+| `data/models/<name>/README.md` | model card: config, tensors, metrics, forward-pass notes |
+| `data/models/<name>/metrics.json` | the numbers in the card |
+| `data/golden/<name>/golden.safetensors` | reference logits, greedy continuations, caches / states |
+| `data/golden/<name>/manifest.json` | prompts, reference library and versions, dtypes, tensor list |
+| `data/corpus/` | tokenizer, validation split, a training sample, probes |
+"""

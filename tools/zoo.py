@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Regenerate InferLab's model zoo: corpus, tokenizer, probes, models, goldens, cards.
+
+    tools/.venv/bin/python tools/zoo.py all            # everything, in order
+    tools/.venv/bin/python tools/zoo.py data           # corpus + tokenizer + probes
+    tools/.venv/bin/python tools/zoo.py train tiny-mha # one model (train, evaluate, card)
+    tools/.venv/bin/python tools/zoo.py golden tiny-mha
+    tools/.venv/bin/python tools/zoo.py docs           # docs/model-zoo.md from the metrics
+
+Options: --threads N (torch threads, default 1), --models a,b,c (subset for
+`all`), --tokens N (training tokens per model), --device cuda (train on a GPU).  Same library versions (tools/requirements.txt) and the same thread
+count give the same bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+WORK = os.path.join(HERE, ".work")             # scratch (git-ignored)
+CORPUS_DIR = os.path.join(ROOT, "data", "corpus")
+MODELS_DIR = os.path.join(ROOT, "data", "models")
+GOLDEN_DIR = os.path.join(ROOT, "data", "golden")
+TOKENIZER = os.path.join(CORPUS_DIR, "tokenizer.json")
+
+CORPUS_SEED = 1234
+N_TRAIN_DOCS = 9000
+N_VAL_DOCS = 120
+PROBES_PER_SET = 200
+TRAIN_SEED = 0
+# per model training settings (tokens are the same for every model)
+TOKEN_BUDGET = 1_024_000          # 250 steps of 8 x 512 tokens
+BATCH = 8
+LR = {"default": 4e-3}
+
+
+def log(msg: str) -> None:
+    print(time.strftime("%H:%M:%S"), msg, flush=True)
+
+
+def step_data() -> None:
+    import numpy as np
+    import corpus
+    from tokenizer_train import train_tokenizer
+    from tokenizers import Tokenizer
+
+    os.makedirs(WORK, exist_ok=True)
+    os.makedirs(CORPUS_DIR, exist_ok=True)
+    train_docs, val_docs = corpus.make_corpus(CORPUS_SEED, N_TRAIN_DOCS, N_VAL_DOCS)
+    with open(os.path.join(WORK, "train.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(train_docs) + "\n")
+    with open(os.path.join(CORPUS_DIR, "val.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(val_docs) + "\n")
+    with open(os.path.join(CORPUS_DIR, "train-sample.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(train_docs[:12]) + "\n")
+    log(f"corpus: {len(train_docs)} train docs, {len(val_docs)} val docs")
+    tok = train_tokenizer(train_docs)
+    tok.save(TOKENIZER, pretty=True)
+    tok = Tokenizer.from_file(TOKENIZER)
+    for split, docs in (("train", train_docs), ("val", val_docs)):
+        ids = [i for enc in tok.encode_batch(docs) for i in enc.ids]   # BOS before each doc
+        np.save(os.path.join(WORK, f"{split}.npy"), np.array(ids, dtype=np.uint16))
+        log(f"{split}: {len(ids)} tokens")
+
+    def enc(s):
+        return tok.encode(s, add_special_tokens=False).ids
+    probes = corpus.make_probes(CORPUS_SEED, enc, PROBES_PER_SET)
+    corpus.write_jsonl(os.path.join(CORPUS_DIR, "probes.jsonl"), probes)
+    log(f"probes: {len(probes)}")
+
+
+def step_train(name: str, threads: int, tokens_budget: int = TOKEN_BUDGET, device: str = "cpu") -> None:
+    import numpy as np
+    import train as tr
+    import zoo_models as zm
+
+    tokens = np.load(os.path.join(WORK, "train.npy"))
+    lr = LR.get(name, LR["default"])
+    model, info = tr.train(name, tokens, seed=TRAIN_SEED, token_budget=tokens_budget, batch=BATCH,
+                           lr=lr, threads=threads, device=device, log=log)
+    out = os.path.join(MODELS_DIR, name)
+    zm.save(name, model, out, TOKENIZER)
+    with open(os.path.join(WORK, f"train-{name}.json"), "w") as f:
+        json.dump(info, f, indent=2)
+    log(f"{name}: saved")
+    step_eval(name, threads)
+
+
+def step_eval(name: str, threads: int) -> None:
+    import evaluate
+    import zoo_models as zm
+    out = os.path.join(MODELS_DIR, name)
+    with open(os.path.join(WORK, f"train-{name}.json")) as f:
+        info = json.load(f)
+    model = zm.load(name, out)
+    metrics = evaluate.evaluate(name, model, WORK, CORPUS_DIR, threads=threads)
+    metrics["training"] = info
+    metrics["params"] = zm.param_count(model)
+    with open(os.path.join(out, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=2)
+        f.write("\n")
+    log(f"{name}: {json.dumps({k: v for k, v in metrics.items() if k != 'training'})}")
+    import cards
+    cards.write_card(name, out)
+
+
+def step_golden(name: str, threads: int) -> None:
+    import golden
+    golden.make_golden(name, os.path.join(MODELS_DIR, name), os.path.join(GOLDEN_DIR, name),
+                       threads=threads)
+
+
+def main() -> None:
+    import zoo_models as zm
+    ap = argparse.ArgumentParser()
+    ap.add_argument("step", choices=["all", "data", "train", "eval", "golden", "card", "docs"])
+    ap.add_argument("names", nargs="*")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--models", default=",".join(zm.ORDER))
+    ap.add_argument("--tokens", type=int, default=TOKEN_BUDGET,
+                    help="training tokens per model (the committed zoo uses the default)")
+    ap.add_argument("--device", default="cpu", help="training device (cpu, cuda); goldens always run on the CPU")
+    a = ap.parse_args()
+    names = a.names or a.models.split(",")
+    if a.step in ("all", "data"):
+        step_data()
+        import check_window
+        if check_window.main() != 0:
+            sys.exit("sliding-window semantics changed: see tools/check_window.py")
+    if a.step in ("all", "train"):
+        for n in names:
+            step_train(n, a.threads, a.tokens, a.device)
+    if a.step == "eval":
+        for n in names:
+            step_eval(n, a.threads)
+    if a.step in ("all", "golden"):
+        for n in names:
+            step_golden(n, a.threads)
+        import check_cards
+        if not all([check_cards.check(n) for n in names]):
+            sys.exit("a golden disagrees with the card-based re-implementation (tools/check_cards.py)")
+    if a.step == "card":
+        import cards
+        for n in names:
+            cards.write_card(n, os.path.join(MODELS_DIR, n))
+    if a.step in ("all", "docs", "card"):
+        import cards
+        cards.write_zoo_doc(os.path.join(ROOT, "docs", "model-zoo.md"))
+
+
+if __name__ == "__main__":
+    main()
