@@ -110,9 +110,9 @@ nlohmann::json to_json(const RooflinePoint& p);
 
 /// STREAM-style read bandwidth of this CPU: the best of `reps` passes summing a `bytes`-sized
 /// float array with `threads` OpenMP threads (0: all). Use an array well beyond the caches.
-double measure_cpu_read_bandwidth(std::size_t bytes = std::size_t(512) << 20, int threads = 0, int reps = 5);
+double measure_cpu_read_bandwidth(std::size_t bytes = std::size_t(1) << 30, int threads = 0, int reps = 5);
 /// f32 GEMM FLOP/s of this CPU through Eigen, n×n×n, best of `reps`.
-double measure_cpu_matmul_flops(int n = 1024, int reps = 3);
+double measure_cpu_matmul_flops(int n = 2048, int reps = 5);
 /// Both, with a source string that says how they were measured.
 Ceiling measure_cpu_ceiling(int threads = 0);
 /// The CUDA device's ceilings: read bandwidth of a streaming kernel and cuBLAS bf16 GEMM.

@@ -163,6 +163,23 @@ void gemm_threads(const Tensor& x, const Tensor& w, Tensor& out) {
 
 }  // namespace
 
+void dot_rows(const float* x, std::int64_t M, std::int64_t K, const float* w, float* y, std::int64_t y_stride) {
+  for (std::int64_t m0 = 0; m0 < M; m0 += 8) {
+    const float* xm = x + m0 * K;
+    float* ym = y + m0 * y_stride;
+    switch (std::min<std::int64_t>(8, M - m0)) {
+      case 1: dots<1>(xm, K, w, ym, y_stride); break;
+      case 2: dots<2>(xm, K, w, ym, y_stride); break;
+      case 3: dots<3>(xm, K, w, ym, y_stride); break;
+      case 4: dots<4>(xm, K, w, ym, y_stride); break;
+      case 5: dots<5>(xm, K, w, ym, y_stride); break;
+      case 6: dots<6>(xm, K, w, ym, y_stride); break;
+      case 7: dots<7>(xm, K, w, ym, y_stride); break;
+      default: dots<8>(xm, K, w, ym, y_stride); break;
+    }
+  }
+}
+
 void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   if (x.size(0) <= kGemvMaxRows) gemv(x, w, out);
   else gemm(x, w, out);

@@ -33,6 +33,10 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 void argmax(const Tensor& x, Tensor& out);
 }  // namespace loops
 
+/// y[m·y_stride] = x[m, :] · w for m < M: M dot products of length K against one f32 row,
+/// reading the row once (the fast GEMV's inner kernel, for other chapters' formats).
+void dot_rows(const float* x, std::int64_t M, std::int64_t K, const float* w, float* y, std::int64_t y_stride);
+
 /// Reads element i of a weight tensor (F32, F16 or BF16) as float.
 inline float weight_at(const void* p, DType t, std::int64_t i) {
   switch (t) {

@@ -13,9 +13,10 @@
 namespace inferlab::ch00 {
 
 /// Decode-like (M = 1 GEMV) and prefill-like (M = 256 GEMM) matmuls timed with ops::matmul on
-/// `device` with an N × K f32 weight: two points that sit on either side of the ridge.
+/// `device` with an N × K f32 weight (256 MiB by default, beyond any cache): two points that sit
+/// on either side of the ridge.
 std::vector<metrics::RooflinePoint> measure_matmul_points(Device device, const metrics::Ceiling& ceiling,
-                                                          std::int64_t N = 4096, std::int64_t K = 4096);
+                                                          std::int64_t N = 8192, std::int64_t K = 8192);
 
 /// Reads roofline points from JSON files the chapters write: either a top-level array or an
 /// object with "roofline_points", each point {label, work: {flops, bytes}, seconds}.

@@ -152,7 +152,11 @@ ThroughputPoint measure_decode(const ch01::Llama& m, std::int64_t batch, std::in
   ThroughputPoint p;
   p.batch = batch;
   p.bytes_per_step = decode_step_bytes(m, caches);
-  forward_batch(m, caches, tokens);  // warm-up
+  {
+    metrics::CountScope scope;
+    forward_batch(m, caches, tokens);  // warm-up, and the step's FLOPs
+    p.flops_per_step = scope.work().flops;
+  }
   if (m.device() == Device::CUDA) cuda::synchronize();
   double best = 1e300;
   for (int s = 0; s < steps; ++s) {

@@ -7,6 +7,7 @@
 /// (except the small k and v projections) stays. So the speed-up of a decode step is K/N only
 /// where the cache dominates the bytes read: long contexts and large batches.
 
+#include <algorithm>
 #include <vector>
 
 #include "chapters/02_kv_cache/kv_cache.h"
@@ -35,16 +36,23 @@ void fill_cache(ch02::KVCache& cache, std::int64_t length, std::uint64_t seed);
 /// Bytes one decode step of a batch must read: the weights once, every sequence's cache so far.
 double decode_step_bytes(const ch01::Llama& m, const std::vector<ch02::KVCache>& caches);
 
-/// A measured batch size against the memory-bound prediction.
+/// A measured batch size against the roofline's prediction.
 struct ThroughputPoint {
   std::int64_t batch = 0;
   double seconds_per_step = 0;
-  double bytes_per_step = 0;
+  double bytes_per_step = 0;  ///< weights once + every sequence's cache
+  double flops_per_step = 0;  ///< as the ops counted them
   double tokens_per_s() const { return static_cast<double>(batch) / seconds_per_step; }
   double achieved_bytes_per_s() const { return bytes_per_step / seconds_per_step; }
-  /// B / (bytes per step / bandwidth): what the lecture's model predicts.
-  double predicted_tokens_per_s(double bandwidth) const {
+  /// B / (bytes per step / bandwidth): the lecture's memory-bound model.
+  double memory_bound_tokens_per_s(double bandwidth) const {
     return static_cast<double>(batch) * bandwidth / bytes_per_step;
+  }
+  /// B / max(bytes / bandwidth, FLOPs / peak): the roofline, which also knows that a large
+  /// enough batch turns the matmuls compute-bound (on a CPU, whose ridge is a few FLOP per byte,
+  /// already at a handful of sequences).
+  double roofline_tokens_per_s(double bandwidth, double peak) const {
+    return static_cast<double>(batch) / std::max(bytes_per_step / bandwidth, flops_per_step / peak);
   }
 };
 

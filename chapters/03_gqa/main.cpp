@@ -28,9 +28,8 @@ TransformerConfig sweep_shape(std::int64_t kv_heads) {
   return c;
 }
 
-double bandwidth(Device dev) {
-  return dev == Device::CUDA ? cuda::measure_read_bandwidth(std::size_t(2) << 30)
-                             : metrics::measure_cpu_read_bandwidth(std::size_t(1) << 30, 0, 3);
+metrics::Ceiling ceiling(Device dev) {
+  return dev == Device::CUDA ? metrics::measure_cuda_ceiling() : metrics::measure_cpu_ceiling();
 }
 
 std::string variant_name(std::int64_t K, std::int64_t N) { return K == N ? "MHA" : K == 1 ? "MQA" : "GQA"; }
@@ -63,15 +62,17 @@ int memory(const CommonOptions& o, std::int64_t seq, double memory_gb) {
 
 int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_t> batches, int steps) {
   const Device dev = o.resolved_device();
-  const double bw = bandwidth(dev);
+  const auto roof = ceiling(dev);
   const auto shape = sweep_shape(16);
   std::printf("Decode throughput at context %lld, random weights (speed does not depend on their values), "
               "D = %lld, L = %lld, N = 16, H = 64, f32, %s\n",
               static_cast<long long>(seq), static_cast<long long>(shape.hidden_size),
               static_cast<long long>(shape.num_layers), device_name(dev).data());
-  std::printf("measured read bandwidth: %.1f GB/s; prediction = B × bandwidth / (weights + B × KV cache)\n\n", bw / 1e9);
-  std::printf("%-4s %3s %6s %14s %14s %12s %10s %12s\n", "", "K", "B", "tokens/s", "predicted", "GB/s", "of ceil",
-              "vs MHA");
+  std::printf("measured: %.1f GB/s read, %.0f GFLOP/s (ridge %.1f FLOP/B)\n", roof.bytes_per_s / 1e9,
+              roof.flops_per_s / 1e9, roof.ridge());
+  std::printf("memory model = B × bandwidth / (weights + B × cache); roofline = B / max(bytes/bandwidth, FLOPs/peak)\n\n");
+  std::printf("%-4s %3s %5s %11s %13s %10s %9s %9s %8s\n", "", "K", "B", "tokens/s", "memory model", "roofline",
+              "GB/s", "FLOP/B", "vs MHA");
   json rows = json::array();
   std::map<std::int64_t, double> mha;
   for (std::int64_t K : {16, 4, 1}) {
@@ -79,19 +80,23 @@ int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_
     for (std::int64_t B : batches) {
       const auto p = measure_decode(m, B, seq, steps);
       if (K == 16) mha[B] = p.tokens_per_s();
-      std::printf("%-4s %3lld %6lld %14.1f %14.1f %12.2f %9.0f%% %11.2f×\n", variant_name(K, 16).c_str(),
-                  static_cast<long long>(K), static_cast<long long>(B), p.tokens_per_s(), p.predicted_tokens_per_s(bw),
-                  p.achieved_bytes_per_s() / 1e9, 100 * p.achieved_bytes_per_s() / bw, p.tokens_per_s() / mha[B]);
+      std::printf("%-4s %3lld %5lld %11.1f %13.1f %10.1f %9.2f %9.2f %7.2f×\n", variant_name(K, 16).c_str(),
+                  static_cast<long long>(K), static_cast<long long>(B), p.tokens_per_s(),
+                  p.memory_bound_tokens_per_s(roof.bytes_per_s), p.roofline_tokens_per_s(roof.bytes_per_s, roof.flops_per_s),
+                  p.achieved_bytes_per_s() / 1e9, p.flops_per_step / p.bytes_per_step, p.tokens_per_s() / mha[B]);
       rows.push_back({{"kv_heads", K}, {"batch", B}, {"tokens_per_s", p.tokens_per_s()},
-                      {"predicted_tokens_per_s", p.predicted_tokens_per_s(bw)}, {"bytes_per_step", p.bytes_per_step},
+                      {"memory_model_tokens_per_s", p.memory_bound_tokens_per_s(roof.bytes_per_s)},
+                      {"roofline_tokens_per_s", p.roofline_tokens_per_s(roof.bytes_per_s, roof.flops_per_s)},
+                      {"bytes_per_step", p.bytes_per_step}, {"flops_per_step", p.flops_per_step},
                       {"seconds_per_step", p.seconds_per_step}});
     }
     std::printf("\n");
   }
-  std::printf("GQA's cache is 4× and MQA's 16× smaller than MHA's, but their speed-up reaches that only where the\n"
-              "cache dominates the bytes of a step: large B at long context. At B = 1 the weights dominate.\n");
+  std::printf("GQA's cache is 4× and MQA's 16× smaller than MHA's. Their speed-up approaches that only where the cache\n"
+              "dominates the bytes of a step (large B, long context) and the step is still memory-bound: once B×FLOP/B\n"
+              "passes the ridge, the matmuls are compute-bound and fewer KV bytes no longer buy time.\n");
   if (!o.json.empty())
-    write_json(o.json, {{"device", device_name(dev)}, {"seq", seq}, {"bandwidth_bytes_per_s", bw}, {"rows", rows}});
+    write_json(o.json, {{"device", device_name(dev)}, {"seq", seq}, {"ceiling", metrics::to_json(roof)}, {"rows", rows}});
   return 0;
 }
 
@@ -143,12 +148,12 @@ int headline() {
                 static_cast<long long>(c.num_heads), static_cast<long long>(c.num_kv_heads),
                 static_cast<long long>(c.kv_elements_per_token() * 4), static_cast<long long>(c.num_parameters() * 4));
   }
-  const double bw = bandwidth(Device::CPU);
+  const auto roof = ceiling(Device::CPU);
   for (std::int64_t K : {16, 1}) {
     const ch01::Llama m = ch01::random_llama(sweep_shape(K), 1);
-    const auto p = measure_decode(m, 8, 1024, 2);
-    std::printf("  %s, B = 8 at context 1024 (random 16-head model): %.0f tokens/s measured, %.0f predicted\n",
-                variant_name(K, 16).c_str(), p.tokens_per_s(), p.predicted_tokens_per_s(bw));
+    const auto p = measure_decode(m, 4, 1024, 2);
+    std::printf("  %s, B = 4 at context 1024 (random 16-head model): %.0f tokens/s measured, %.0f by the roofline\n",
+                variant_name(K, 16).c_str(), p.tokens_per_s(), p.roofline_tokens_per_s(roof.bytes_per_s, roof.flops_per_s));
   }
   std::printf("  more: ch03_gqa memory | throughput | convert\n");
   return 0;

@@ -46,8 +46,8 @@ void report(benchmark::State& state, const metrics::Work& per_iter, double secon
 // ---------------------------------------------------------------------------------------------
 void BM_CpuReadBandwidth(benchmark::State& state) {
   for (auto _ : state) {
-    const double bw = metrics::measure_cpu_read_bandwidth(std::size_t(512) << 20, 0, 3);
-    state.SetIterationTime((std::size_t(512) << 20) / bw);
+    const double bw = metrics::measure_cpu_read_bandwidth(std::size_t(1) << 30, 0, 3);
+    state.SetIterationTime((std::size_t(1) << 30) / bw);
     state.counters["GB/s"] = bw / 1e9;
   }
 }
@@ -57,17 +57,22 @@ BENCHMARK(BM_CpuReadBandwidth)->UseManualTime()->Iterations(1)->Unit(benchmark::
 void BM_CpuGemv(benchmark::State& state) {
   const std::int64_t N = state.range(0), K = state.range(1);
   const DType wt = state.range(2) ? DType::BF16 : DType::F32;
-  Tensor x = random({1, K}, DType::F32, 1), w = random({N, K}, wt, 2), out = Tensor::empty({1, N}, DType::F32);
+  // Enough weight copies, rotated, that the working set (>= 256 MiB) is far beyond the L3.
+  const int copies = std::max<int>(1, static_cast<int>(std::ceil(256e6 / (N * K * dtype_size(wt)))));
+  std::vector<Tensor> ws;
+  for (int i = 0; i < copies; ++i) ws.push_back(random({N, K}, wt, 2 + i));
+  Tensor x = random({1, K}, DType::F32, 1), out = Tensor::empty({1, N}, DType::F32);
   metrics::Work work;
   {
     metrics::CountScope s;
-    ops::matmul(x, w, out);
+    ops::matmul(x, ws[0], out);
     work = s.work();
   }
   double total = 0;
+  int i = 0;
   for (auto _ : state) {
     metrics::Timer t;
-    ops::matmul(x, w, out);
+    ops::matmul(x, ws[static_cast<std::size_t>(i++ % copies)], out);
     const double dt = t.seconds();
     state.SetIterationTime(dt);
     total += dt;
