@@ -142,7 +142,7 @@ belong to the technique.  Regenerate with `tools/.venv/bin/python tools/zoo.py a
 ## Probes
 
 Exact greedy match of the answer token(s), {pr['n_per_set']} probes per set
-(`data/corpus/probes.jsonl`).  recall@N: a fact stated about N tokens before the
+(`data/corpus/probes.jsonl`).  recall\\@N: a fact stated about N tokens before the
 answer position (a distractor fact of the same kind about another character sits
 in between); AR: associative recall over N key/value pairs.
 

@@ -190,7 +190,7 @@ model folder; id 0 `<|endoftext|>` is BOS/EOS, id 1 `<|mask|>` is for
 tiny-mdlm).  Every name, object, colour, pet name and key is a single token.
 
 Probes (`data/corpus/probes.jsonl`, 200 per set) measure what the lecture
-talks about.  **recall@N**: a fact about one character, a fact of the same kind
+talks about.  **recall\\@N**: a fact about one character, a fact of the same kind
 about another character (the distractor), filler, then the question; the
 answer position is N tokens (at most; the exact distance is recorded) after the
 fact's answer.  **AR N pairs**: N key/value pairs then one query.  A probe
