@@ -36,6 +36,18 @@ struct KVCache {
 Tensor forward_cached(const ch01::Llama& m, KVCache& cache, const std::vector<std::int32_t>& tokens,
                       bool all_positions = false);
 
+/// `x · wᵀ` for the plain weights of ch01::Llama. forward_cached_with() calls `linear(x, w)`
+/// for every projection, so a model whose weights are another type (chapter 09's quantised
+/// matrices) runs the same forward pass by providing its own `linear`.
+inline Tensor linear(const Tensor& x, const Tensor& w) { return ops::matmul(x, w); }
+
+/// forward_cached for any Llama-shaped model: it needs the fields of ch01::Llama (config,
+/// rope_pairing, inv_freq, embed, layers with attn_norm/wq/wk/wv/wo/bq/bk/bv/mlp_norm/w_gate/
+/// w_up/w_down, final_norm, lm_head) and a `linear(x, w)` for its weight type.
+template <class Model>
+Tensor forward_cached_with(const Model& m, KVCache& cache, const std::vector<std::int32_t>& tokens,
+                           bool all_positions = false);
+
 /// The lecture's serving metrics for one generation.
 struct Timing {
   double ttft_s = 0;                  ///< time to first token: prefill + the first sample
@@ -56,3 +68,5 @@ CachedGeneration generate_cached(const ch01::Llama& m, const std::vector<std::in
                                  const ch01::OnToken& on_token = nullptr);
 
 }  // namespace inferlab::ch02
+
+#include "chapters/02_kv_cache/kv_cache_forward.h"

@@ -1,0 +1,174 @@
+#include "chapters/09_quantization/awq.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "chapters/02_kv_cache/kv_cache.h"
+
+namespace inferlab::ch09 {
+
+namespace {
+
+// A weight that remembers the inputs it was multiplied with: running chapter 02's forward
+// pass over a model holding these collects every linear layer's calibration inputs.
+struct Recorded {
+  Tensor w;
+  std::vector<Tensor>* inputs;
+};
+Tensor linear(const Tensor& x, const Recorded& r) {
+  r.inputs->push_back(x.clone());
+  return ops::matmul(x, r.w);
+}
+
+struct RecLayer {
+  Tensor attn_norm, mlp_norm, bq, bk, bv, wk, wv, w_up;
+  Recorded wq, wo, w_gate, w_down;  // one per input: q (shares with k, v), o, gate (shares with up), down
+};
+struct RecLlama {
+  TransformerConfig config;
+  RopePairing rope_pairing;
+  Tensor inv_freq, embed, final_norm, lm_head;
+  std::vector<RecLayer> layers;
+  Device device() const { return Device::CPU; }
+};
+
+Tensor rows_concat(const std::vector<Tensor>& parts) {
+  std::int64_t rows = 0;
+  for (const auto& p : parts) rows += p.size(0);
+  Tensor out = Tensor::empty({rows, parts[0].size(1)}, DType::F32);
+  std::int64_t r = 0;
+  for (const auto& p : parts) {
+    out.slice(0, r, r + p.size(0)).copy_from(p);
+    r += p.size(0);
+  }
+  return out;
+}
+
+// Mean squared error of X·Wᵀ against (X/s)·deq(quant(W·s))ᵀ over the group's matrices.
+double group_loss(const Tensor& X, const std::vector<Tensor>& ws, const std::vector<float>& s, const QuantSpec& spec,
+                  const std::vector<Tensor>& exact) {
+  const std::int64_t T = X.size(0), C = X.size(1);
+  Tensor Xs = X.clone();
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t c = 0; c < C; ++c) Xs.data<float>()[t * C + c] /= s[static_cast<std::size_t>(c)];
+  double err = 0, n = 0;
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    Tensor w = ws[i].to(DType::F32).clone();
+    for (std::int64_t r = 0; r < w.size(0); ++r)
+      for (std::int64_t c = 0; c < C; ++c) w.data<float>()[r * C + c] *= s[static_cast<std::size_t>(c)];
+    const Tensor y = ops::matmul(Xs, dequantize(quantize(w, spec)));
+    for (std::int64_t j = 0; j < y.numel(); ++j) {
+      const double d = static_cast<double>(y.data<float>()[j]) - exact[i].data<float>()[j];
+      err += d * d;
+    }
+    n += static_cast<double>(y.numel());
+  }
+  return err / n;
+}
+
+// The search: α on a grid, s = mean|x|^α normalised to a geometric mean of 1 over its extremes.
+std::vector<float> search(const Tensor& X, const std::vector<Tensor>& ws, const QuantSpec& spec, int grid, AwqGroup& g,
+                          const std::vector<std::int64_t>* tie = nullptr) {
+  const std::int64_t T = X.size(0), C = X.size(1);
+  std::vector<double> act(static_cast<std::size_t>(C), 0.0);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t c = 0; c < C; ++c) act[static_cast<std::size_t>(c)] += std::fabs(X.data<float>()[t * C + c]) / T;
+  if (tie) {  // channels that must share a scale (GQA: the query heads of one value head)
+    std::vector<double> sum(static_cast<std::size_t>(C), 0.0), cnt(static_cast<std::size_t>(C), 0.0);
+    for (std::int64_t c = 0; c < C; ++c) sum[(*tie)[c]] += act[c], cnt[(*tie)[c]] += 1;
+    for (std::int64_t c = 0; c < C; ++c) act[c] = sum[(*tie)[c]] / cnt[(*tie)[c]];
+  }
+  std::vector<Tensor> exact;
+  for (const auto& w : ws) exact.push_back(ops::matmul(X, w.to(DType::F32)));
+  std::vector<float> best(static_cast<std::size_t>(C), 1.0f);
+  for (int i = 0; i <= grid; ++i) {
+    const double alpha = static_cast<double>(i) / grid;
+    std::vector<float> s(static_cast<std::size_t>(C));
+    double mx = 0, mn = 1e300;
+    for (std::int64_t c = 0; c < C; ++c) {
+      const double v = std::max(std::pow(act[c], alpha), 1e-4);
+      s[c] = static_cast<float>(v), mx = std::max(mx, v), mn = std::min(mn, v);
+    }
+    const double norm = std::sqrt(mx * mn);
+    for (auto& v : s) v = static_cast<float>(v / norm);
+    const double loss = group_loss(X, ws, s, spec, exact);
+    if (i == 0) g.loss_rtn = loss, g.loss_awq = loss, g.alpha = 0;
+    if (loss < g.loss_awq) g.loss_awq = loss, g.alpha = alpha, best = s;
+  }
+  return best;
+}
+
+Tensor scale_columns(const Tensor& w, const std::vector<float>& s) {  // W·diag(s)
+  Tensor o = w.to(DType::F32).clone();
+  const std::int64_t C = o.size(1);
+  for (std::int64_t r = 0; r < o.size(0); ++r)
+    for (std::int64_t c = 0; c < C; ++c) o.data<float>()[r * C + c] *= s[static_cast<std::size_t>(c)];
+  return o.to(w.dtype());
+}
+Tensor scale_rows(const Tensor& w, const std::vector<float>& s, bool divide) {  // diag(s)⁻¹·W (one s per row)
+  Tensor o = w.to(DType::F32).clone();
+  const std::int64_t C = o.ndim() == 2 ? o.size(1) : 1;
+  for (std::int64_t r = 0; r < o.size(0); ++r)
+    for (std::int64_t c = 0; c < C; ++c) {
+      float& v = o.data<float>()[r * C + c];
+      v = divide ? v / s[static_cast<std::size_t>(r)] : v * s[static_cast<std::size_t>(r)];
+    }
+  return o.to(w.dtype());
+}
+
+}  // namespace
+
+ch01::Llama awq_scale(const ch01::Llama& m_in, const std::vector<std::int32_t>& calibration, const QuantSpec& spec,
+                      std::vector<AwqGroup>* report, int grid) {
+  IL_CHECK(!calibration.empty(), "awq: no calibration tokens");
+  const ch01::Llama m = m_in.to(Device::CPU, DType::F32);
+  const auto& c = m.config;
+  const std::int64_t L = c.num_layers, G = c.num_heads / c.num_kv_heads, H = c.head_dim;
+  // 1. Collect each group's inputs on the calibration text.
+  std::vector<std::vector<Tensor>> in_q(L), in_o(L), in_gate(L), in_down(L);
+  RecLlama rec{c, m.rope_pairing, m.inv_freq, m.embed, m.final_norm, m.lm_head, {}};
+  for (std::int64_t l = 0; l < L; ++l) {
+    const auto& s = m.layers[l];
+    rec.layers.push_back({s.attn_norm, s.mlp_norm, s.bq, s.bk, s.bv, s.wk, s.wv, s.w_up, {s.wq, &in_q[l]},
+                          {s.wo, &in_o[l]}, {s.w_gate, &in_gate[l]}, {s.w_down, &in_down[l]}});
+  }
+  const std::int64_t window = c.max_position_embeddings;
+  for (std::size_t at = 0; at < calibration.size(); at += static_cast<std::size_t>(window)) {
+    const std::vector<std::int32_t> part(calibration.begin() + static_cast<long>(at),
+                                         calibration.begin() + static_cast<long>(std::min(calibration.size(), at + window)));
+    ch02::KVCache cache = ch02::KVCache::allocate(c, static_cast<std::int64_t>(part.size()));
+    ch02::forward_cached_with(rec, cache, part, true);
+  }
+  // 2. Search each group's scales and fold them in. Groups of one layer see the inputs of the
+  // original model: scaling is exact in real arithmetic, so they do not change.
+  ch01::Llama out = m;
+  std::vector<std::int64_t> v_channel(static_cast<std::size_t>(c.num_heads * H));
+  for (std::int64_t j = 0; j < c.num_heads * H; ++j) v_channel[j] = (j / H) / G * H + j % H;
+  for (std::int64_t l = 0; l < L; ++l) {
+    auto& o = out.layers[l];
+    AwqGroup a{"layer " + std::to_string(l) + " q/k/v"}, b{"layer " + std::to_string(l) + " gate/up"},
+        d{"layer " + std::to_string(l) + " o"}, e{"layer " + std::to_string(l) + " down"};
+    auto s = search(rows_concat(in_q[l]), {o.wq, o.wk, o.wv}, spec, grid, a);
+    o.wq = scale_columns(o.wq, s), o.wk = scale_columns(o.wk, s), o.wv = scale_columns(o.wv, s);
+    o.attn_norm = scale_rows(o.attn_norm.view({-1, 1}), s, true).view({-1});
+    s = search(rows_concat(in_gate[l]), {o.w_gate, o.w_up}, spec, grid, b);
+    o.w_gate = scale_columns(o.w_gate, s), o.w_up = scale_columns(o.w_up, s);
+    o.mlp_norm = scale_rows(o.mlp_norm.view({-1, 1}), s, true).view({-1});
+    // o's input channel (head h, dim d) comes from v's row (kv head h/G, d): one scale per v row.
+    s = search(rows_concat(in_o[l]), {o.wo}, spec, grid, d, &v_channel);
+    o.wo = scale_columns(o.wo, s);
+    std::vector<float> sv(static_cast<std::size_t>(c.num_kv_heads * H));
+    for (std::int64_t j = 0; j < c.num_heads * H; ++j) sv[static_cast<std::size_t>(v_channel[j])] = s[j];
+    o.wv = scale_rows(o.wv, sv, true);
+    if (o.bv.defined()) o.bv = scale_rows(o.bv.view({-1, 1}), sv, true).view({-1});
+    s = search(rows_concat(in_down[l]), {o.w_down}, spec, grid, e);
+    o.w_down = scale_columns(o.w_down, s);
+    o.w_up = scale_rows(o.w_up, s, true);
+    if (report)
+      for (auto* g : {&a, &b, &d, &e}) report->push_back(*g);
+  }
+  out.source = m_in.source + " (AWQ scales for " + spec.name() + ")";
+  return out;
+}
+
+}  // namespace inferlab::ch09

@@ -1,0 +1,165 @@
+#include "chapters/09_quantization/gguf_model.h"
+
+#include <nlohmann/json.hpp>
+
+#include "common/json_file.h"
+#include "common/llama2c.h"
+
+namespace inferlab::ch09 {
+
+namespace {
+
+using gguf::Value;
+
+gguf::Type type_of(const QuantSpec& s) {
+  if (s.format == Format::Q8_0) return gguf::Type::Q8_0;
+  if (s.format == Format::Q4_0) return gguf::Type::Q4_0;
+  fail("GGUF: format ", s.name(), " has no GGUF type here (q8_0 and q4_0 do)");
+}
+
+// The q/k rows in llama.cpp's order (adjacent pairs) for a model that rotates halves.
+QMatrix for_gguf(const QMatrix& w, std::int64_t heads, bool permute) {
+  QMatrix q = w.to(Device::CPU);
+  if (permute) q.data = permute_rope_rows(q.data, heads, false);
+  return q;
+}
+
+gguf::Output output(const std::string& name, const QMatrix& w) {
+  return {name, type_of(w.spec), {w.rows, w.cols}, w.data.to(Device::CPU)};
+}
+gguf::Output output(const std::string& name, const Tensor& t) {
+  const Tensor f = t.to(Device::CPU).to(DType::F32);
+  return {name, gguf::Type::F32, f.shape(), f.view({-1}).to(DType::F32)};
+}
+
+}  // namespace
+
+void save_gguf(const std::string& path, const QLlama& m, const HfTokenizer& tok) {
+  const auto& c = m.config;
+  const bool permute = m.rope_pairing == RopePairing::HalfSplit;
+  std::vector<std::pair<std::string, Value>> meta = {
+      {"general.architecture", Value::str("llama")},
+      {"general.name", Value::str(m.source)},
+      {"general.file_type", Value::u32(m.lm_head.spec.format == Format::Q8_0 ? 7 : 2)},  // MOSTLY_Q8_0 / MOSTLY_Q4_0
+      {"llama.context_length", Value::u32(static_cast<std::uint32_t>(c.max_position_embeddings))},
+      {"llama.embedding_length", Value::u32(static_cast<std::uint32_t>(c.hidden_size))},
+      {"llama.block_count", Value::u32(static_cast<std::uint32_t>(c.num_layers))},
+      {"llama.feed_forward_length", Value::u32(static_cast<std::uint32_t>(c.intermediate_size))},
+      {"llama.rope.dimension_count", Value::u32(static_cast<std::uint32_t>(c.head_dim))},
+      {"llama.attention.head_count", Value::u32(static_cast<std::uint32_t>(c.num_heads))},
+      {"llama.attention.head_count_kv", Value::u32(static_cast<std::uint32_t>(c.num_kv_heads))},
+      {"llama.attention.layer_norm_rms_epsilon", Value::f32(static_cast<float>(c.rms_norm_eps))},
+      {"llama.rope.freq_base", Value::f32(static_cast<float>(c.rope_theta))},
+  };
+  // The tokenizer, as llama.cpp's "gpt2" (byte-level BPE) vocabulary: tokens, types, merges.
+  const auto spec = load_json(tok.path());
+  std::vector<Value> tokens, types, merges;
+  for (std::int64_t i = 0; i < tok.vocab_size(); ++i) {
+    tokens.push_back(Value::str(tok.id_to_token(static_cast<std::int32_t>(i))));
+    Value t;
+    t.kind = Value::Kind::I32, t.i = tok.is_special(static_cast<std::int32_t>(i)) ? 3 : 1;  // control : normal
+    types.push_back(t);
+  }
+  for (std::int64_t i = tok.vocab_size(); i < c.vocab_size; ++i) {  // rows the tokenizer never produces
+    tokens.push_back(Value::str("[PAD" + std::to_string(i) + "]"));
+    Value t;
+    t.kind = Value::Kind::I32, t.i = 5;  // unused
+    types.push_back(t);
+  }
+  for (const auto& mg : spec["model"]["merges"])
+    merges.push_back(Value::str(mg.is_string() ? mg.get<std::string>() : mg[0].get<std::string>() + " " + mg[1].get<std::string>()));
+  meta.emplace_back("tokenizer.ggml.model", Value::str("gpt2"));
+  meta.emplace_back("tokenizer.ggml.pre", Value::str("default"));
+  meta.emplace_back("tokenizer.ggml.tokens", Value::array(Value::Kind::String, tokens));
+  meta.emplace_back("tokenizer.ggml.token_type", Value::array(Value::Kind::I32, types));
+  meta.emplace_back("tokenizer.ggml.merges", Value::array(Value::Kind::String, merges));
+  if (c.bos_token_id) meta.emplace_back("tokenizer.ggml.bos_token_id", Value::u32(static_cast<std::uint32_t>(*c.bos_token_id)));
+  if (!c.eos_token_ids.empty())
+    meta.emplace_back("tokenizer.ggml.eos_token_id", Value::u32(static_cast<std::uint32_t>(c.eos_token_ids[0])));
+
+  std::vector<gguf::Output> ts = {output("token_embd.weight", m.embed)};
+  for (std::size_t i = 0; i < m.layers.size(); ++i) {
+    const auto& l = m.layers[i];
+    const std::string b = "blk." + std::to_string(i) + ".";
+    IL_CHECK(!l.bq.defined(), "GGUF: q/k/v biases are not written by this exporter");
+    ts.push_back(output(b + "attn_norm.weight", l.attn_norm));
+    ts.push_back(output(b + "attn_q.weight", for_gguf(l.wq, c.num_heads, permute)));
+    ts.push_back(output(b + "attn_k.weight", for_gguf(l.wk, c.num_kv_heads, permute)));
+    ts.push_back(output(b + "attn_v.weight", l.wv));
+    ts.push_back(output(b + "attn_output.weight", l.wo));
+    ts.push_back(output(b + "ffn_norm.weight", l.mlp_norm));
+    ts.push_back(output(b + "ffn_gate.weight", l.w_gate));
+    ts.push_back(output(b + "ffn_up.weight", l.w_up));
+    ts.push_back(output(b + "ffn_down.weight", l.w_down));
+  }
+  ts.push_back(output("output_norm.weight", m.final_norm));
+  ts.push_back(output("output.weight", m.lm_head));  // written even when tied: llama.cpp then uses it
+  gguf::write(path, meta, ts);
+}
+
+TransformerConfig gguf_config(const gguf::File& f) {
+  IL_CHECK(f.get("general.architecture").s == "llama", f.path(), ": architecture '", f.get("general.architecture").s,
+           "' is not llama");
+  TransformerConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.hidden_size = f.get("llama.embedding_length").i;
+  c.intermediate_size = f.get("llama.feed_forward_length").i;
+  c.num_layers = f.get("llama.block_count").i;
+  c.num_heads = f.get("llama.attention.head_count").i;
+  c.num_kv_heads = f.has("llama.attention.head_count_kv") ? f.get("llama.attention.head_count_kv").i : c.num_heads;
+  c.head_dim = c.hidden_size / c.num_heads;
+  c.max_position_embeddings = f.get("llama.context_length").i;
+  c.rms_norm_eps = f.get("llama.attention.layer_norm_rms_epsilon").f;
+  c.rope_theta = f.has("llama.rope.freq_base") ? f.get("llama.rope.freq_base").f : 10000.0;
+  c.vocab_size = f.info("token_embd.weight").shape[0];
+  c.tie_word_embeddings = !f.contains("output.weight");
+  if (f.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = f.get("tokenizer.ggml.bos_token_id").i;
+  if (f.has("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {f.get("tokenizer.ggml.eos_token_id").i};
+  return c;
+}
+
+QLlama load_gguf(const std::string& path) {
+  const gguf::File f(path);
+  const TransformerConfig c = gguf_config(f);
+  const gguf::Type qt = f.info("blk.0.attn_q.weight").type;
+  IL_CHECK(qt == gguf::Type::Q8_0 || qt == gguf::Type::Q4_0, path, ": projections are ", gguf::type_name(qt),
+           "; this loader reads Q8_0 and Q4_0 models");
+  const QuantSpec spec{qt == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0};
+  auto dense = [&](const std::string& name, const Shape& s) {
+    const auto& i = f.info(name);
+    IL_CHECK(i.shape == s, path, ": tensor ", name, " has shape ", shape_str(i.shape), ", expected ", shape_str(s));
+    if (i.type == gguf::Type::F32 || i.type == gguf::Type::F16) return f.tensor(name).to(DType::F32);
+    QMatrix q{{i.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0}, s[0], s[1], f.raw(name).clone(), {}, {}};
+    return dequantize(q);
+  };
+  auto matrix = [&](const std::string& name, std::int64_t rows, std::int64_t cols, std::int64_t heads = 0) {
+    const auto& i = f.info(name);
+    IL_CHECK(i.type == qt && i.shape == Shape({rows, cols}), path, ": tensor ", name, " is ", gguf::type_name(i.type),
+             shape_str(i.shape), ", expected ", gguf::type_name(qt), shape_str(Shape{rows, cols}));
+    QMatrix q{spec, rows, cols, f.raw(name).clone(), {}, {}};
+    return q;
+  };
+  QLlama m;
+  m.config = c;
+  m.rope_pairing = RopePairing::Adjacent;  // llama.cpp's llama architecture
+  m.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta);
+  m.embed = dense("token_embd.weight", {c.vocab_size, c.hidden_size});
+  const std::int64_t D = c.hidden_size, F = c.intermediate_size, Q = c.num_heads * c.head_dim,
+                     KV = c.num_kv_heads * c.head_dim;
+  for (std::int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    QLayer q;
+    q.attn_norm = dense(b + "attn_norm.weight", {D}), q.mlp_norm = dense(b + "ffn_norm.weight", {D});
+    q.wq = matrix(b + "attn_q.weight", Q, D), q.wk = matrix(b + "attn_k.weight", KV, D);
+    q.wv = matrix(b + "attn_v.weight", KV, D), q.wo = matrix(b + "attn_output.weight", D, Q);
+    q.w_gate = matrix(b + "ffn_gate.weight", F, D), q.w_up = matrix(b + "ffn_up.weight", F, D);
+    q.w_down = matrix(b + "ffn_down.weight", D, F);
+    m.layers.push_back(std::move(q));
+  }
+  m.final_norm = dense("output_norm.weight", {D});
+  m.lm_head = f.contains("output.weight") ? matrix("output.weight", c.vocab_size, D) : quantize(m.embed, spec);
+  m.source = path;
+  return m;
+}
+
+}  // namespace inferlab::ch09

@@ -1,0 +1,360 @@
+// Quantisation formats: quantise, dequantise, and products that read the packed weights.
+#include "chapters/09_quantization/quant.h"
+
+#include <algorithm>
+#include <cfenv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "chapters/09_quantization/quant_impl.h"
+#include "common/error.h"
+
+namespace inferlab::ch09 {
+
+// --- names -----------------------------------------------------------------------------------
+std::string QuantSpec::name() const {
+  switch (format) {
+    case Format::Int8Tensor: return "int8_tensor";
+    case Format::Int8Row: return "int8_row";
+    case Format::LlmInt8: return "llm_int8";
+    case Format::Int4Sym: return "int4_g" + std::to_string(group) + "_sym";
+    case Format::Int4Asym: return "int4_g" + std::to_string(group) + "_asym";
+    case Format::Q8_0: return "q8_0";
+    case Format::Q4_0: return "q4_0";
+    case Format::Fp8E4M3: return "fp8_e4m3";
+  }
+  return "?";
+}
+
+QuantSpec QuantSpec::parse(const std::string& n) {
+  for (const QuantSpec& s : all_specs())
+    if (s.name() == n) return s;
+  for (int g : {32, 64, 128})
+    for (Format f : {Format::Int4Sym, Format::Int4Asym}) {
+      QuantSpec s{f, g};
+      if (s.name() == n) return s;
+    }
+  std::string names;
+  for (const QuantSpec& s : all_specs()) names += (names.empty() ? "" : ", ") + s.name();
+  fail("unknown quantisation format '", n, "' (known: ", names, ", and int4_g{32,64,128}_{sym,asym})");
+}
+
+std::vector<QuantSpec> all_specs() {
+  return {{Format::Int8Tensor},    {Format::Int8Row},       {Format::LlmInt8},      {Format::Q8_0},
+          {Format::Fp8E4M3},       {Format::Int4Sym, 32},   {Format::Int4Sym, 128}, {Format::Int4Asym, 32},
+          {Format::Int4Asym, 64},  {Format::Int4Asym, 128}, {Format::Q4_0}};
+}
+
+// --- fp8 E4M3FN ------------------------------------------------------------------------------
+float e4m3_to_f32(std::uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  const float sign = (b & 0x80) ? -1.0f : 1.0f;
+  if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
+  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -9);  // subnormals: m · 2^-9
+  return sign * std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
+}
+
+std::uint8_t f32_to_e4m3(float f) {
+  const std::uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  if (std::isnan(f)) return sign | 0x7F;
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7E;  // saturate (E4M3FN has no infinity)
+  // Values in [2^e, 2^(e+1)) are spaced 2^(e−3); below 2^-6 (subnormals) the spacing is 2^-9.
+  const int e = a >= 0x1p-6f ? std::ilogb(a) : -6;
+  const float step = std::ldexp(1.0f, e - 3);
+  const float r = std::nearbyint(a / step) * step;  // round to nearest, ties to even
+  if (r == 0) return sign;
+  if (r < 0x1p-6f) return static_cast<std::uint8_t>(sign | static_cast<int>(r / 0x1p-9f));  // subnormal
+  const int re = std::ilogb(r);
+  const int m = static_cast<int>((r / std::ldexp(1.0f, re) - 1.0f) * 8.0f);
+  return static_cast<std::uint8_t>(sign | ((re + 7) << 3) | m);
+}
+
+// --- quantise / dequantise -------------------------------------------------------------------
+namespace {
+std::uint16_t to_half(float f) { return f32_to_f16(f); }
+std::int64_t block_bytes(Format f) { return f == Format::Q8_0 ? 34 : 18; }
+}  // namespace
+
+float from_half(const std::uint8_t* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// Q8_0 and Q4_0 exactly as llama.cpp's reference quantisers (and the gguf package) do them.
+void quantize_q8_0_block(const float* x, std::uint8_t* out) {
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+  const std::uint16_t h = to_half(d);
+  std::memcpy(out, &h, 2);
+  for (int i = 0; i < 32; ++i) out[2 + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(std::round(x[i] * id)));
+}
+
+void quantize_q4_0_block(const float* x, std::uint8_t* out) {
+  float amax = 0, max = 0;
+  for (int i = 0; i < 32; ++i)
+    if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), max = x[i];  // the first largest, with its sign
+  const float d = max / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
+  const std::uint16_t h = to_half(d);
+  std::memcpy(out, &h, 2);
+  for (int i = 0; i < 16; ++i) {
+    const auto q0 = std::min<std::uint8_t>(15, static_cast<std::uint8_t>(std::trunc(x[i] * id + 8.5f)));
+    const auto q1 = std::min<std::uint8_t>(15, static_cast<std::uint8_t>(std::trunc(x[i + 16] * id + 8.5f)));
+    out[2 + i] = static_cast<std::uint8_t>(q0 | (q1 << 4));
+  }
+}
+
+QMatrix quantize(const Tensor& w_in, const QuantSpec& spec) {
+  IL_CHECK(w_in.ndim() == 2, "quantize: weights must be a matrix, got ", w_in.describe());
+  const Tensor w = w_in.to(Device::CPU).to(DType::F32);
+  const std::int64_t N = w.size(0), K = w.size(1);
+  const float* W = w.data<float>();
+  QMatrix q;
+  q.spec = spec, q.rows = N, q.cols = K;
+  switch (spec.format) {
+    case Format::Int8Tensor:
+    case Format::Int8Row:
+    case Format::LlmInt8: {
+      const bool per_row = spec.format != Format::Int8Tensor;
+      q.data = Tensor::empty({N, K}, DType::I8);
+      q.scales = Tensor::empty({per_row ? N : 1}, DType::F32);
+      float amax = 0;
+      for (std::int64_t i = 0; i < N * K && !per_row; ++i) amax = std::max(amax, std::fabs(W[i]));
+      for (std::int64_t n = 0; n < N; ++n) {
+        float a = amax;
+        if (per_row) {
+          a = 0;
+          for (std::int64_t k = 0; k < K; ++k) a = std::max(a, std::fabs(W[n * K + k]));
+        }
+        const float s = a > 0 ? a / 127.0f : 1.0f;  // absmax: the largest magnitude maps to ±127
+        if (per_row || n == 0) q.scales.data<float>()[per_row ? n : 0] = s;
+        for (std::int64_t k = 0; k < K; ++k)
+          q.data.data<std::int8_t>()[n * K + k] = static_cast<std::int8_t>(std::clamp(std::round(W[n * K + k] / s), -127.0f, 127.0f));
+      }
+      return q;
+    }
+    case Format::Int4Sym:
+    case Format::Int4Asym: {
+      const std::int64_t G = spec.group;
+      IL_CHECK(G > 0 && K % G == 0 && G % 2 == 0, "quantize: K = ", K, " is not a multiple of the group size ", G);
+      const bool sym = spec.format == Format::Int4Sym;
+      q.data = Tensor::zeros({N, K / 2}, DType::U8);
+      q.scales = Tensor::empty({N, K / G}, DType::F32);
+      if (!sym) q.zeros = Tensor::empty({N, K / G}, DType::U8);
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t g = 0; g < K / G; ++g) {
+          const float* x = W + n * K + g * G;
+          float mn = x[0], mx = x[0], amax = 0;
+          for (std::int64_t i = 0; i < G; ++i) mn = std::min(mn, x[i]), mx = std::max(mx, x[i]), amax = std::max(amax, std::fabs(x[i]));
+          float s, z = 0;
+          if (sym) {
+            s = amax > 0 ? amax / 7.0f : 1.0f;  // q ∈ [−7, 7] ⊂ [−8, 7]
+          } else {
+            s = mx > mn ? (mx - mn) / 15.0f : 1.0f;
+            z = std::clamp(std::round(-mn / s), 0.0f, 15.0f);
+            q.zeros.data<std::uint8_t>()[n * (K / G) + g] = static_cast<std::uint8_t>(z);
+          }
+          q.scales.data<float>()[n * (K / G) + g] = s;
+          // Element i of the group goes to byte i mod G/2: the low nibble for the first half of the
+          // group, the high nibble for the second (Q4_0's order: unpacking needs no shuffles).
+          for (std::int64_t i = 0; i < G; ++i) {
+            const float v = sym ? std::clamp(std::round(x[i] / s), -8.0f, 7.0f) + 8.0f
+                                : std::clamp(std::round(x[i] / s) + z, 0.0f, 15.0f);
+            const std::int64_t byte = n * (K / 2) + g * (G / 2) + i % (G / 2);
+            q.data.data<std::uint8_t>()[byte] |= static_cast<std::uint8_t>(static_cast<int>(v) << (i < G / 2 ? 0 : 4));
+          }
+        }
+      return q;
+    }
+    case Format::Q8_0:
+    case Format::Q4_0: {
+      IL_CHECK(K % 32 == 0, "quantize: ", spec.name(), " needs K to be a multiple of 32, got ", K);
+      const std::int64_t bb = block_bytes(spec.format), row = K / 32 * bb;
+      q.data = Tensor::empty({N, row}, DType::U8);
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t b = 0; b < K / 32; ++b) {
+          std::uint8_t* out = q.data.data<std::uint8_t>() + n * row + b * bb;
+          if (spec.format == Format::Q8_0) quantize_q8_0_block(W + n * K + b * 32, out);
+          else quantize_q4_0_block(W + n * K + b * 32, out);
+        }
+      return q;
+    }
+    case Format::Fp8E4M3: {
+      float amax = 0;
+      for (std::int64_t i = 0; i < N * K; ++i) amax = std::max(amax, std::fabs(W[i]));
+      const float s = amax > 0 ? amax / 448.0f : 1.0f;
+      q.data = Tensor::empty({N, K}, DType::U8);
+      q.scales = Tensor::from_vector(std::vector<float>{s}, {1});
+      for (std::int64_t i = 0; i < N * K; ++i) q.data.data<std::uint8_t>()[i] = f32_to_e4m3(W[i] / s);
+      return q;
+    }
+  }
+  fail("quantize: unknown format");
+}
+
+// The value of weight (n, k), as the format defines it. The reference product and
+// dequantize() both use it.
+float weight_value(const QMatrix& q, std::int64_t n, std::int64_t k) {
+  const std::int64_t K = q.cols;
+  switch (q.spec.format) {
+    case Format::Int8Tensor: return q.data.data<std::int8_t>()[n * K + k] * q.scales.data<float>()[0];
+    case Format::Int8Row:
+    case Format::LlmInt8: return q.data.data<std::int8_t>()[n * K + k] * q.scales.data<float>()[n];
+    case Format::Int4Sym:
+    case Format::Int4Asym: {
+      const std::int64_t G = q.spec.group, g = n * (K / G) + k / G, i = k % G;
+      const int v = (q.data.data<std::uint8_t>()[n * (K / 2) + (k / G) * (G / 2) + i % (G / 2)] >> (i < G / 2 ? 0 : 4)) & 15;
+      const int z = q.spec.format == Format::Int4Sym ? 8 : q.zeros.data<std::uint8_t>()[g];
+      return static_cast<float>(v - z) * q.scales.data<float>()[g];
+    }
+    case Format::Q8_0: {
+      const std::uint8_t* b = q.data.data<std::uint8_t>() + n * (K / 32 * 34) + (k / 32) * 34;
+      return from_half(b) * static_cast<float>(static_cast<std::int8_t>(b[2 + k % 32]));
+    }
+    case Format::Q4_0: {
+      const std::uint8_t* b = q.data.data<std::uint8_t>() + n * (K / 32 * 18) + (k / 32) * 18;
+      const int j = static_cast<int>(k % 32);
+      const int v = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
+      return from_half(b) * static_cast<float>(v - 8);
+    }
+    case Format::Fp8E4M3: return e4m3_to_f32(q.data.data<std::uint8_t>()[n * K + k]) * q.scales.data<float>()[0];
+  }
+  return 0;
+}
+
+Tensor dequantize(const QMatrix& q_in) {
+  const QMatrix q = q_in.to(Device::CPU);
+  Tensor w = Tensor::empty({q.rows, q.cols}, DType::F32);
+  for (std::int64_t n = 0; n < q.rows; ++n)
+    for (std::int64_t k = 0; k < q.cols; ++k) w.data<float>()[n * q.cols + k] = weight_value(q, n, k);
+  return w;
+}
+
+std::int64_t QMatrix::bytes() const {
+  std::int64_t b = static_cast<std::int64_t>(data.nbytes());
+  if (scales.defined()) b += static_cast<std::int64_t>(scales.nbytes());
+  if (zeros.defined()) b += static_cast<std::int64_t>(zeros.nbytes());
+  return b;
+}
+
+QMatrix QMatrix::to(Device d) const {
+  QMatrix q = *this;
+  if (data.device() == d) return q;
+  q.data = data.to(d);
+  if (scales.defined()) q.scales = scales.to(d);
+  if (zeros.defined()) q.zeros = zeros.to(d);
+  return q;
+}
+
+// --- the products -----------------------------------------------------------------------------
+namespace {
+
+void check_product(const Tensor& x, const QMatrix& w, const Tensor& out) {
+  IL_CHECK(x.ndim() == 2 && x.dtype() == DType::F32 && x.is_contiguous(), "qmatmul: x must be contiguous f32 [M, K], got ",
+           x.describe());
+  IL_CHECK(x.size(1) == w.cols, "qmatmul: x ", x.describe(), " and a ", w.rows, " × ", w.cols,
+           " weight disagree on K");
+  IL_CHECK(out.ndim() == 2 && out.size(0) == x.size(0) && out.size(1) == w.rows && out.dtype() == DType::F32,
+           "qmatmul: out ", out.describe(), " should be f32 [", x.size(0), ", ", w.rows, "]");
+  IL_CHECK(x.device() == w.device() && out.device() == x.device(), "qmatmul: x, weights and out must share a device");
+}
+
+}  // namespace
+
+// LLM.int8()'s decomposition, shared by every implementation: the outlier columns of x (any
+// |x| ≥ threshold in that column), and each row's absmax scale over the other columns.
+std::vector<char> outlier_columns(const Tensor& x, float threshold) {
+  const std::int64_t M = x.size(0), K = x.size(1);
+  std::vector<char> out(static_cast<std::size_t>(K), 0);
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t k = 0; k < K; ++k) out[static_cast<std::size_t>(k)] |= std::fabs(x.data<float>()[m * K + k]) >= threshold;
+  return out;
+}
+
+void quantize_rows_int8(const Tensor& x, const std::vector<char>& skip, std::vector<std::int8_t>& q, std::vector<float>& s) {
+  const std::int64_t M = x.size(0), K = x.size(1);
+  q.assign(static_cast<std::size_t>(M * K), 0);
+  s.assign(static_cast<std::size_t>(M), 1.0f);
+  for (std::int64_t m = 0; m < M; ++m) {
+    const float* r = x.data<float>() + m * K;
+    float a = 0;
+    for (std::int64_t k = 0; k < K; ++k)
+      if (!skip[static_cast<std::size_t>(k)]) a = std::max(a, std::fabs(r[k]));
+    const float sc = a > 0 ? a / 127.0f : 1.0f;
+    s[static_cast<std::size_t>(m)] = sc;
+    for (std::int64_t k = 0; k < K; ++k)
+      if (!skip[static_cast<std::size_t>(k)])
+        q[static_cast<std::size_t>(m * K + k)] = static_cast<std::int8_t>(std::clamp(std::round(r[k] / sc), -127.0f, 127.0f));
+  }
+}
+
+void qmatmul_ref(const Tensor& x, const QMatrix& w, Tensor& out) {
+  check_product(x, w, out);
+  IL_CHECK(!x.is_cuda(), "qmatmul_ref runs on the CPU only");
+  const std::int64_t M = x.size(0), K = x.size(1), N = w.rows;
+  const float* X = x.data<float>();
+  float* Y = out.data<float>();
+  if (w.spec.format == Format::LlmInt8) {
+    // y = s_x[m]·s_w[n]·Σ_{k ∉ O} xq·wq (int32)  +  Σ_{k ∈ O} f16(x)·f16(w)   (Dettmers et al. 2022, eq. 3)
+    const auto O = outlier_columns(x, w.spec.threshold);
+    std::vector<std::int8_t> xq;
+    std::vector<float> sx;
+    quantize_rows_int8(x, O, xq, sx);
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < N; ++n) {
+        std::int32_t acc = 0;
+        float hi = 0.0f;
+        for (std::int64_t k = 0; k < K; ++k) {
+          if (O[static_cast<std::size_t>(k)])
+            hi += f16_to_f32(f32_to_f16(X[m * K + k])) * f16_to_f32(f32_to_f16(weight_value(w, n, k)));
+          else
+            acc += static_cast<std::int32_t>(xq[static_cast<std::size_t>(m * K + k)]) * w.data.data<std::int8_t>()[n * K + k];
+        }
+        Y[m * N + n] = static_cast<float>(acc) * sx[static_cast<std::size_t>(m)] * w.scales.data<float>()[n] + hi;
+      }
+    return;
+  }
+  if (w.spec.format == Format::Q8_0) {
+    // llama.cpp: x quantised to q8_0 blocks too; per block an int32 sum, scaled by d_w·d_x.
+    std::vector<std::uint8_t> xq(static_cast<std::size_t>(K / 32 * 34));
+    for (std::int64_t m = 0; m < M; ++m) {
+      for (std::int64_t b = 0; b < K / 32; ++b) quantize_q8_0_block(X + m * K + b * 32, xq.data() + b * 34);
+      for (std::int64_t n = 0; n < N; ++n) {
+        float y = 0.0f;
+        for (std::int64_t b = 0; b < K / 32; ++b) {
+          const std::uint8_t* wb = w.data.data<std::uint8_t>() + n * (K / 32 * 34) + b * 34;
+          const std::uint8_t* xb = xq.data() + b * 34;
+          std::int32_t sumi = 0;
+          for (int i = 0; i < 32; ++i) sumi += static_cast<std::int8_t>(wb[2 + i]) * static_cast<std::int8_t>(xb[2 + i]);
+          y += static_cast<float>(sumi) * (from_half(wb) * from_half(xb));
+        }
+        Y[m * N + n] = y;
+      }
+    }
+    return;
+  }
+  // Weight-only formats: y = Σ_k x_k · w(n, k), x in f32.
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      float y = 0.0f;
+      for (std::int64_t k = 0; k < K; ++k) y += X[m * K + k] * weight_value(w, n, k);
+      Y[m * N + n] = y;
+    }
+}
+
+void qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
+  check_product(x, w, out);
+  if (x.is_cuda()) return cuda_qmatmul(x, w, out);
+  qmatmul_fast(x, w, out);
+}
+
+Tensor qmatmul(const Tensor& x, const QMatrix& w) {
+  Tensor out = Tensor::empty({x.size(0), w.rows}, DType::F32, x.device());
+  qmatmul(x, w, out);
+  return out;
+}
+
+}  // namespace inferlab::ch09

@@ -1,0 +1,83 @@
+#pragma once
+/// @file quant.h
+/// @brief Chapter 09: weight formats with fewer bits, and matrix products that read them directly.
+///
+/// Decoding is memory-bound, so the bytes per weight are the speed. Every format here stores a
+/// weight matrix W [N, K] (one row per output, as torch.nn.Linear) in fewer bits, and every
+/// product y = x·Wᵀ reads those bits, never a dequantised copy.
+///
+/// | format         | stores                                               | bits/weight      |
+/// |----------------|------------------------------------------------------|------------------|
+/// | int8_tensor    | q = round(w/s), s = max|W|/127 for the whole matrix   | 8 + 32/(N·K)     |
+/// | int8_row       | the same per output row ("vector-wise")              | 8 + 32/K         |
+/// | llm_int8       | int8_row weights; activations int8 per row except the | 8 + 32/K         |
+/// |                | outlier feature columns (|x| ≥ threshold), kept 16-bit |                  |
+/// | int4_gG_sym    | groups of G along K: q ∈ [−8, 7], s = max|w|/7        | 4 + 32/G         |
+/// | int4_gG_asym   | groups of G: q ∈ [0, 15], s = (max−min)/15, zero z    | 4 + 40/G         |
+/// | q8_0           | llama.cpp blocks of 32: f16 d = max|w|/127, 32 × int8  | 8.5              |
+/// | q4_0           | llama.cpp blocks of 32: f16 d = m/−8, 32 × 4-bit       | 4.5              |
+/// | fp8_e4m3       | OCP E4M3FN bytes of w/s, s = max|W|/448               | 8 + 32/(N·K)     |
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/tensor.h"
+
+namespace inferlab::ch09 {
+
+enum class Format { Int8Tensor, Int8Row, LlmInt8, Int4Sym, Int4Asym, Q8_0, Q4_0, Fp8E4M3 };
+
+struct QuantSpec {
+  Format format = Format::Int8Row;
+  int group = 32;              ///< int4 group size along K (32, 64, 128)
+  float threshold = 6.0f;      ///< LLM.int8(): activation magnitude that makes a column an outlier
+  /// "int8_row", "int4_g64_asym", "q4_0", ... (and parse() reads the same names).
+  std::string name() const;
+  static QuantSpec parse(const std::string& name);
+};
+
+/// The formats ch09_quantization compares, in table order.
+std::vector<QuantSpec> all_specs();
+
+/// A quantised weight matrix [N, K].
+struct QMatrix {
+  QuantSpec spec;
+  std::int64_t rows = 0, cols = 0;  ///< N, K
+  /// The packed values, row-major: int8 (int8_*, llm_int8), 4-bit pairs (int4: byte j of a group
+  /// holds element j in its low nibble and element j + G/2 in its high one, as Q4_0 does), GGUF
+  /// blocks (q8_0: 34 bytes, q4_0: 18 bytes per 32 weights), fp8 bytes.
+  Tensor data;
+  Tensor scales;  ///< F32: one (int8_tensor, fp8), per row (int8_row, llm_int8), per group (int4)
+  Tensor zeros;   ///< U8 per group (int4 asym)
+  Device device() const { return data.device(); }
+  /// Bytes read by a product: the packed data plus scales and zero points.
+  std::int64_t bytes() const;
+  double bits_per_weight() const { return 8.0 * static_cast<double>(bytes()) / static_cast<double>(rows * cols); }
+  QMatrix to(Device d) const;
+};
+
+/// Quantises an F32/F16/BF16 CPU matrix [N, K] (K must be a multiple of 32 for the block formats
+/// and of the group size for int4).
+QMatrix quantize(const Tensor& w, const QuantSpec& spec);
+/// Back to F32 (CPU): what the stored bits mean.
+Tensor dequantize(const QMatrix& q);
+
+/// out [M, N] = x [M, K] · Wᵀ, reading the quantised weights. Weight-only formats keep x in f32.
+/// llm_int8 quantises x per row (outside the outlier columns) and accumulates int8·int8 products
+/// in int32; q8_0 quantises x into q8_0 blocks and accumulates each block's products in int32
+/// (as llama.cpp does). On CUDA tensors this runs the CUDA kernels.
+void qmatmul(const Tensor& x, const QMatrix& w, Tensor& out);
+Tensor qmatmul(const Tensor& x, const QMatrix& w);
+
+/// The reference versions: plain loops, CPU only, same results as qmatmul up to float
+/// summation order (the integer parts are exact).
+void qmatmul_ref(const Tensor& x, const QMatrix& w, Tensor& out);
+
+// --- the pieces, for tests and readers -------------------------------------------------------
+/// fp8 E4M3FN (OCP): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; S.1111.111 is
+/// NaN; largest finite 448. Rounds to nearest even, saturates to ±448.
+std::uint8_t f32_to_e4m3(float f);
+float e4m3_to_f32(std::uint8_t b);
+
+}  // namespace inferlab::ch09

@@ -1,0 +1,241 @@
+// Chapter 09's CUDA products: one warp per output row streams the packed weights and unpacks
+// them in registers; llm_int8 and q8_0 accumulate int8·int8 products in int32 (__dp4a).
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "chapters/09_quantization/quant_impl.h"
+#include "common/cuda/backend.h"
+#include "common/cuda/util.cuh"
+
+namespace inferlab::ch09 {
+
+namespace {
+
+using cuda::blocks_for;
+using cuda::stream;
+constexpr int kWarps = 8;
+constexpr int kMaxRows = 8;  // rows of x per launch
+
+__constant__ float kE4m3[256];
+
+struct View {  // the quantised matrix as raw device pointers
+  const std::uint8_t* data;
+  const float* scales;
+  const std::uint8_t* zeros;
+  int K, group;
+};
+
+__device__ inline float half_at(const std::uint8_t* p) {
+  __half h;
+  memcpy(&h, p, 2);
+  return __half2float(h);
+}
+
+// The 8 weights of row `n` starting at column k (k a multiple of 8), as floats.
+template <Format F>
+__device__ inline void unpack8(const View& v, long long n, int k, float* w) {
+  const int K = v.K;
+  if constexpr (F == Format::Int8Tensor || F == Format::Int8Row || F == Format::LlmInt8) {
+    const float s = v.scales[F == Format::Int8Tensor ? 0 : n];
+    const uint2 raw = *reinterpret_cast<const uint2*>(v.data + n * K + k);
+    const std::int8_t* q = reinterpret_cast<const std::int8_t*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = static_cast<float>(q[j]) * s;
+  } else if constexpr (F == Format::Int4Sym || F == Format::Int4Asym) {
+    const int G = v.group, g = k / G, i = k % G, groups = K / G;  // 8 values in one half of a group
+    const float s = v.scales[n * groups + g];
+    const float z = F == Format::Int4Sym ? 8.0f : static_cast<float>(v.zeros[n * groups + g]);
+    const uint2 raw = *reinterpret_cast<const uint2*>(v.data + n * (K / 2) + g * (G / 2) + i % (G / 2));
+    const std::uint8_t* b = reinterpret_cast<const std::uint8_t*>(&raw);
+    const int shift = i < G / 2 ? 0 : 4;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = (static_cast<float>((b[j] >> shift) & 15) - z) * s;
+  } else if constexpr (F == Format::Q4_0) {
+    const std::uint8_t* b = v.data + n * (K / 32 * 18) + (k / 32) * 18;
+    const float d = half_at(b);
+    const int o = k % 32;  // 0, 8: low nibbles of bytes o..o+7; 16, 24: high nibbles of bytes o-16..
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int q = o < 16 ? (b[2 + o + j] & 15) : (b[2 + o - 16 + j] >> 4);
+      w[j] = static_cast<float>(q - 8) * d;
+    }
+  } else if constexpr (F == Format::Fp8E4M3) {
+    const float s = v.scales[0];
+    const uint2 raw = *reinterpret_cast<const uint2*>(v.data + n * K + k);
+    const std::uint8_t* q = reinterpret_cast<const std::uint8_t*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = kE4m3[q[j]] * s;
+  }
+}
+
+// Weight-only formats: y[m, n] = Σ_k x[m, k] · w(n, k) for up to kMaxRows rows of x.
+template <Format F>
+__global__ void qgemv(View v, const float* __restrict__ x, float* __restrict__ y, int M, int N) {
+  const long long n = blockIdx.x * (long long)kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N) return;
+  float acc[kMaxRows] = {};
+  for (int k = lane * 8; k < v.K; k += 32 * 8) {
+    float w[8];
+    unpack8<F>(v, n, k, w);
+    for (int m = 0; m < M; ++m) {
+      const float4 a = *reinterpret_cast<const float4*>(x + (long long)m * v.K + k);
+      const float4 b = *reinterpret_cast<const float4*>(x + (long long)m * v.K + k + 4);
+      acc[m] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    float s = acc[m];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) y[(long long)m * N + n] = s;
+  }
+}
+
+// --- llm_int8 ---------------------------------------------------------------------------------
+// Columns of x with any |x| ≥ threshold.
+__global__ void mark_outliers(const float* __restrict__ x, int M, int K, float threshold, int* __restrict__ flag) {
+  for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < K; k += gridDim.x * blockDim.x) {
+    int f = 0;
+    for (int m = 0; m < M; ++m) f |= fabsf(x[(long long)m * K + k]) >= threshold;
+    flag[k] = f;
+  }
+}
+
+// Each row of x to int8 by its absmax over the non-outlier columns (outlier columns get 0).
+__global__ void quantize_rows(const float* __restrict__ x, const int* __restrict__ flag, int K,
+                              std::int8_t* __restrict__ xq, float* __restrict__ sx) {
+  const float* r = x + (long long)blockIdx.x * K;
+  float a = 0.0f;
+  for (int k = threadIdx.x; k < K; k += blockDim.x)
+    if (!flag[k]) a = fmaxf(a, fabsf(r[k]));
+  a = cuda::block_max(a);
+  const float s = a > 0 ? a / 127.0f : 1.0f;
+  for (int k = threadIdx.x; k < K; k += blockDim.x)
+    xq[(long long)blockIdx.x * K + k] = flag[k] ? 0 : static_cast<std::int8_t>(fminf(fmaxf(roundf(r[k] / s), -127.0f), 127.0f));  // half away, as std::round
+  if (threadIdx.x == 0) sx[blockIdx.x] = s;
+}
+
+__global__ void llm_int8_gemv(View v, const float* __restrict__ x, const std::int8_t* __restrict__ xq,
+                              const float* __restrict__ sx, const int* __restrict__ flag, float* __restrict__ y, int M,
+                              int N) {
+  const long long n = blockIdx.x * (long long)kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, K = v.K;
+  if (n >= N) return;
+  const std::int8_t* wr = reinterpret_cast<const std::int8_t*>(v.data) + n * K;
+  const float sw = v.scales[n];
+  for (int m = 0; m < M; ++m) {
+    int acc = 0;
+    float hi = 0.0f;
+    for (int k = lane * 4; k < K; k += 32 * 4) {  // four int8 products per __dp4a
+      acc = __dp4a(*reinterpret_cast<const int*>(wr + k), *reinterpret_cast<const int*>(xq + (long long)m * K + k), acc);
+      for (int j = 0; j < 4; ++j)
+        if (flag[k + j])
+          hi += __half2float(__float2half_rn(x[(long long)m * K + k + j])) *
+                __half2float(__float2half_rn(static_cast<float>(wr[k + j]) * sw));
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o), hi += __shfl_xor_sync(0xffffffffu, hi, o);
+    if (lane == 0) y[(long long)m * N + n] = static_cast<float>(acc) * sx[m] * sw + hi;
+  }
+}
+
+// --- q8_0 ---------------------------------------------------------------------------------------
+// x into q8_0 blocks, exactly as the CPU reference quantiser (one thread per block).
+__global__ void quantize_q8_0(const float* __restrict__ x, long long blocks, std::uint8_t* __restrict__ out) {
+  const long long b = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  const float* p = x + b * 32;
+  float amax = 0.0f;
+  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(p[i]));
+  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  const __half h = __float2half_rn(d);
+  memcpy(out + b * 34, &h, 2);
+  for (int i = 0; i < 32; ++i) out[b * 34 + 2 + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(roundf(p[i] * id)));
+}
+
+__global__ void q8_0_gemv(View v, const std::uint8_t* __restrict__ xq, float* __restrict__ y, int M, int N) {
+  const long long n = blockIdx.x * (long long)kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, nb = v.K / 32;
+  if (n >= N) return;
+  for (int m = 0; m < M; ++m) {
+    float s = 0.0f;
+    for (int b = lane; b < nb; b += 32) {  // a lane per block: 32 int8 products in 8 __dp4a
+      const std::uint8_t* wb = v.data + (n * nb + b) * 34;
+      const std::uint8_t* xb = xq + ((long long)m * nb + b) * 34;
+      int sumi = 0;
+      for (int i = 0; i < 32; i += 4) {
+        int a, c;
+        memcpy(&a, wb + 2 + i, 4), memcpy(&c, xb + 2 + i, 4);
+        sumi = __dp4a(a, c, sumi);
+      }
+      s += static_cast<float>(sumi) * (half_at(wb) * half_at(xb));
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) y[(long long)m * N + n] = s;
+  }
+}
+
+template <Format F>
+void launch_weight_only(const View& v, const Tensor& x, Tensor& out, int N) {
+  const int M = static_cast<int>(x.size(0));
+  for (int m0 = 0; m0 < M; m0 += kMaxRows) {
+    const int rows = std::min(kMaxRows, M - m0);
+    qgemv<F><<<blocks_for(N, kWarps), kWarps * 32, 0, stream()>>>(v, x.data<float>() + (long long)m0 * v.K,
+                                                                  out.data<float>() + (long long)m0 * N, rows, N);
+    IL_CUDA_LAUNCHED();
+  }
+}
+
+}  // namespace
+
+void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
+  static bool table_ready = false;
+  if (!table_ready) {
+    float t[256];
+    for (int b = 0; b < 256; ++b) t[b] = e4m3_to_f32(static_cast<std::uint8_t>(b));
+    IL_CUDA(cudaMemcpyToSymbol(kE4m3, t, sizeof t));
+    table_ready = true;
+  }
+  const int M = static_cast<int>(x.size(0)), N = static_cast<int>(w.rows), K = static_cast<int>(w.cols);
+  IL_CHECK(K % 32 == 0, "qmatmul (CUDA): K = ", K, " must be a multiple of 32");
+  const View v{static_cast<const std::uint8_t*>(w.data.raw_data()), w.scales.defined() ? w.scales.data<float>() : nullptr,
+               w.zeros.defined() ? w.zeros.data<std::uint8_t>() : nullptr, K, w.spec.group};
+  switch (w.spec.format) {
+    case Format::Int8Tensor: return launch_weight_only<Format::Int8Tensor>(v, x, out, N);
+    case Format::Int8Row: return launch_weight_only<Format::Int8Row>(v, x, out, N);
+    case Format::Int4Sym: return launch_weight_only<Format::Int4Sym>(v, x, out, N);
+    case Format::Int4Asym: return launch_weight_only<Format::Int4Asym>(v, x, out, N);
+    case Format::Q4_0: return launch_weight_only<Format::Q4_0>(v, x, out, N);
+    case Format::Fp8E4M3: return launch_weight_only<Format::Fp8E4M3>(v, x, out, N);
+    case Format::LlmInt8: {
+      char* base = static_cast<char*>(cuda::scratch(static_cast<std::size_t>(K) * 4 + static_cast<std::size_t>(M) * K + M * 4 + 512));
+      int* flag = reinterpret_cast<int*>(base);
+      std::int8_t* xq = reinterpret_cast<std::int8_t*>(base + static_cast<std::size_t>(K) * 4);
+      float* sx = reinterpret_cast<float*>(base + ((static_cast<std::size_t>(K) * 4 + static_cast<std::size_t>(M) * K + 255) / 256) * 256);
+      mark_outliers<<<blocks_for(K, 256), 256, 0, stream()>>>(x.data<float>(), M, K, w.spec.threshold, flag);
+      quantize_rows<<<M, 256, 0, stream()>>>(x.data<float>(), flag, K, xq, sx);
+      for (int m0 = 0; m0 < M; m0 += kMaxRows) {
+        const int rows = std::min(kMaxRows, M - m0);
+        llm_int8_gemv<<<blocks_for(N, kWarps), kWarps * 32, 0, stream()>>>(
+            v, x.data<float>() + (long long)m0 * K, xq + (long long)m0 * K, sx + m0, flag,
+            out.data<float>() + (long long)m0 * N, rows, N);
+      }
+      IL_CUDA_LAUNCHED();
+      return;
+    }
+    case Format::Q8_0: {
+      const long long blocks = static_cast<long long>(M) * (K / 32);
+      auto* xq = static_cast<std::uint8_t*>(cuda::scratch(static_cast<std::size_t>(blocks) * 34));
+      quantize_q8_0<<<blocks_for(blocks, 128), 128, 0, stream()>>>(x.data<float>(), blocks, xq);
+      for (int m0 = 0; m0 < M; m0 += kMaxRows) {
+        const int rows = std::min(kMaxRows, M - m0);
+        q8_0_gemv<<<blocks_for(N, kWarps), kWarps * 32, 0, stream()>>>(v, xq + (long long)m0 * (K / 32) * 34,
+                                                                       out.data<float>() + (long long)m0 * N, rows, N);
+      }
+      IL_CUDA_LAUNCHED();
+      return;
+    }
+  }
+}
+
+}  // namespace inferlab::ch09

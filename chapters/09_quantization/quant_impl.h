@@ -1,0 +1,26 @@
+#pragma once
+// Chapter 09's internals shared by the reference loops, the fast CPU path and the CUDA kernels.
+#include <vector>
+
+#include "chapters/09_quantization/quant.h"
+
+namespace inferlab::ch09 {
+
+/// The value the format gives weight (n, k) (CPU).
+float weight_value(const QMatrix& q, std::int64_t n, std::int64_t k);
+/// An f16 stored at p (little-endian), as float.
+float from_half(const std::uint8_t* p);
+/// llama.cpp's reference Q8_0 / Q4_0 block quantisers: 32 floats -> 34 / 18 bytes.
+void quantize_q8_0_block(const float* x, std::uint8_t* out);
+void quantize_q4_0_block(const float* x, std::uint8_t* out);
+/// LLM.int8(): columns of x with any |x| ≥ threshold.
+std::vector<char> outlier_columns(const Tensor& x, float threshold);
+/// LLM.int8(): each row of x quantised to int8 by its absmax over the non-skipped columns.
+void quantize_rows_int8(const Tensor& x, const std::vector<char>& skip, std::vector<std::int8_t>& q, std::vector<float>& s);
+
+/// The fast CPU product (OpenMP over output rows; each row unpacked once for all rows of x).
+void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out);
+/// The CUDA product (quant_cuda.cu; a stub without CUDA).
+void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out);
+
+}  // namespace inferlab::ch09

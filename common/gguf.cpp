@@ -1,0 +1,245 @@
+#include "common/gguf.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "common/safetensors.h"
+
+namespace inferlab::gguf {
+
+std::int64_t row_bytes(Type t, std::int64_t n) {
+  switch (t) {
+    case Type::F32: return n * 4;
+    case Type::F16: return n * 2;
+    case Type::Q8_0: return n / 32 * 34;
+    case Type::Q4_0: return n / 32 * 18;
+  }
+  return 0;
+}
+
+std::string type_name(Type t) {
+  switch (t) {
+    case Type::F32: return "F32";
+    case Type::F16: return "F16";
+    case Type::Q8_0: return "Q8_0";
+    case Type::Q4_0: return "Q4_0";
+  }
+  return "?";
+}
+
+namespace {
+
+// A cursor over the mapped bytes that fails with the file's name when it runs out.
+struct Reader {
+  const unsigned char* p;
+  std::size_t size, at = 0;
+  const std::string& path;
+  template <class T>
+  T get(const char* what) {
+    IL_CHECK(at + sizeof(T) <= size, path, ": truncated while reading ", what, " at byte ", at);
+    T v;
+    std::memcpy(&v, p + at, sizeof v);
+    at += sizeof v;
+    return v;
+  }
+  std::string str(const char* what) {
+    const auto n = get<std::uint64_t>(what);
+    IL_CHECK(n <= size - at, path, ": ", what, " of ", n, " bytes runs past the end of the file");
+    std::string s(reinterpret_cast<const char*>(p + at), static_cast<std::size_t>(n));
+    at += static_cast<std::size_t>(n);
+    return s;
+  }
+  Value value(Value::Kind k, const std::string& key, int depth = 0) {
+    Value v;
+    v.kind = k;
+    switch (k) {
+      case Value::Kind::U8: v.i = get<std::uint8_t>(key.c_str()); break;
+      case Value::Kind::I8: v.i = get<std::int8_t>(key.c_str()); break;
+      case Value::Kind::U16: v.i = get<std::uint16_t>(key.c_str()); break;
+      case Value::Kind::I16: v.i = get<std::int16_t>(key.c_str()); break;
+      case Value::Kind::U32: v.i = get<std::uint32_t>(key.c_str()); break;
+      case Value::Kind::I32: v.i = get<std::int32_t>(key.c_str()); break;
+      case Value::Kind::U64: v.i = static_cast<std::int64_t>(get<std::uint64_t>(key.c_str())); break;
+      case Value::Kind::I64: v.i = get<std::int64_t>(key.c_str()); break;
+      case Value::Kind::F32: v.f = get<float>(key.c_str()); break;
+      case Value::Kind::F64: v.f = get<double>(key.c_str()); break;
+      case Value::Kind::Bool: v.i = get<std::uint8_t>(key.c_str()) != 0; break;
+      case Value::Kind::String: v.s = str(key.c_str()); break;
+      case Value::Kind::Array: {
+        IL_CHECK(depth == 0, path, ": metadata '", key, "' nests arrays, which is not supported");
+        v.element = static_cast<Value::Kind>(get<std::uint32_t>(key.c_str()));
+        const auto n = get<std::uint64_t>(key.c_str());
+        IL_CHECK(n <= size - at, path, ": metadata '", key, "' claims ", n, " elements, more than the file holds");
+        v.items.reserve(static_cast<std::size_t>(n));
+        for (std::uint64_t i = 0; i < n; ++i) v.items.push_back(value(v.element, key, depth + 1));
+        break;
+      }
+      default: fail(path, ": metadata '", key, "' has unknown type ", static_cast<std::uint32_t>(k));
+    }
+    return v;
+  }
+};
+
+}  // namespace
+
+File::File(const std::string& path) : path_(path), file_(std::make_shared<MappedFile>(path)) {
+  Reader r{file_->data(), file_->size(), 0, path_};
+  IL_CHECK(file_->size() >= 24 && std::memcmp(file_->data(), "GGUF", 4) == 0, path, ": not a GGUF file (no 'GGUF' magic)");
+  r.at = 4;
+  const auto version = r.get<std::uint32_t>("version");
+  IL_CHECK(version == 2 || version == 3, path, ": GGUF version ", version, " is not supported (2, 3)");
+  const auto n_tensors = r.get<std::uint64_t>("tensor count"), n_kv = r.get<std::uint64_t>("metadata count");
+  IL_CHECK(n_tensors < (1u << 24) && n_kv < (1u << 24), path, ": implausible counts (", n_tensors, " tensors, ", n_kv,
+           " metadata entries)");
+  for (std::uint64_t i = 0; i < n_kv; ++i) {
+    std::string key = r.str("a metadata key");
+    const auto kind = static_cast<Value::Kind>(r.get<std::uint32_t>(key.c_str()));
+    metadata_.emplace_back(key, r.value(kind, key));
+  }
+  std::uint64_t alignment = 32;
+  if (has("general.alignment")) alignment = static_cast<std::uint64_t>(get("general.alignment").i);
+  IL_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0, path, ": general.alignment ", alignment,
+           " is not a power of two");
+  for (std::uint64_t i = 0; i < n_tensors; ++i) {
+    TensorInfo t;
+    t.name = r.str("a tensor name");
+    const auto dims = r.get<std::uint32_t>(t.name.c_str());
+    IL_CHECK(dims >= 1 && dims <= 4, path, ": tensor '", t.name, "' has ", dims, " dimensions");
+    std::vector<std::int64_t> ne(dims);
+    for (auto& d : ne) d = static_cast<std::int64_t>(r.get<std::uint64_t>(t.name.c_str()));
+    t.shape.assign(ne.rbegin(), ne.rend());
+    const auto type = r.get<std::uint32_t>(t.name.c_str());
+    IL_CHECK(type == 0 || type == 1 || type == 2 || type == 8, path, ": tensor '", t.name, "' has ggml type ", type,
+             " (supported: F32, F16, Q4_0, Q8_0)");
+    t.type = static_cast<Type>(type);
+    if (t.type == Type::Q4_0 || t.type == Type::Q8_0)
+      IL_CHECK(ne[0] % 32 == 0, path, ": tensor '", t.name, "' rows of ", ne[0], " are not whole blocks of 32");
+    t.offset = r.get<std::uint64_t>(t.name.c_str());
+    tensors_.push_back(std::move(t));
+  }
+  data_start_ = (r.at + alignment - 1) / alignment * alignment;
+  for (const auto& t : tensors_) {
+    const std::int64_t rows = shape_numel(t.shape) / t.shape.back();
+    const std::uint64_t end = t.offset + static_cast<std::uint64_t>(rows * row_bytes(t.type, t.shape.back()));
+    IL_CHECK(data_start_ + end <= file_->size(), path, ": tensor '", t.name, "' ends at byte ", data_start_ + end,
+             ", past the end of the file (", file_->size(), " bytes)");
+  }
+}
+
+bool File::has(const std::string& key) const {
+  for (const auto& [k, v] : metadata_)
+    if (k == key) return true;
+  return false;
+}
+
+const Value& File::get(const std::string& key) const {
+  for (const auto& [k, v] : metadata_)
+    if (k == key) return v;
+  fail(path_, ": missing metadata '", key, "'");
+}
+
+bool File::contains(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return true;
+  return false;
+}
+
+const TensorInfo& File::info(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return t;
+  fail(path_, ": no tensor '", name, "'");
+}
+
+Tensor File::tensor(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  IL_CHECK(t.type == Type::F32 || t.type == Type::F16, path_, ": tensor '", name, "' is ", type_name(t.type),
+           "; use raw() for block formats");
+  auto* p = const_cast<unsigned char*>(file_->data() + data_start_ + t.offset);
+  return Tensor::wrap(p, t.shape, t.type == Type::F32 ? DType::F32 : DType::F16, Device::CPU, file_);
+}
+
+Tensor File::raw(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  const std::int64_t rows = shape_numel(t.shape) / t.shape.back();
+  auto* p = const_cast<unsigned char*>(file_->data() + data_start_ + t.offset);
+  return Tensor::wrap(p, {rows, row_bytes(t.type, t.shape.back())}, DType::U8, Device::CPU, file_);
+}
+
+namespace {
+
+struct Writer {
+  std::string out;
+  template <class T>
+  void put(T v) {
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  void str(const std::string& s) {
+    put<std::uint64_t>(s.size());
+    out += s;
+  }
+  void value(const Value& v, bool with_kind) {
+    if (with_kind) put<std::uint32_t>(static_cast<std::uint32_t>(v.kind));
+    switch (v.kind) {
+      case Value::Kind::U8: put<std::uint8_t>(static_cast<std::uint8_t>(v.i)); break;
+      case Value::Kind::I8: put<std::int8_t>(static_cast<std::int8_t>(v.i)); break;
+      case Value::Kind::U16: put<std::uint16_t>(static_cast<std::uint16_t>(v.i)); break;
+      case Value::Kind::I16: put<std::int16_t>(static_cast<std::int16_t>(v.i)); break;
+      case Value::Kind::U32: put<std::uint32_t>(static_cast<std::uint32_t>(v.i)); break;
+      case Value::Kind::I32: put<std::int32_t>(static_cast<std::int32_t>(v.i)); break;
+      case Value::Kind::U64: put<std::uint64_t>(static_cast<std::uint64_t>(v.i)); break;
+      case Value::Kind::I64: put<std::int64_t>(v.i); break;
+      case Value::Kind::F32: put<float>(static_cast<float>(v.f)); break;
+      case Value::Kind::F64: put<double>(v.f); break;
+      case Value::Kind::Bool: put<std::uint8_t>(v.i ? 1 : 0); break;
+      case Value::Kind::String: str(v.s); break;
+      case Value::Kind::Array:
+        put<std::uint32_t>(static_cast<std::uint32_t>(v.element));
+        put<std::uint64_t>(v.items.size());
+        for (const auto& e : v.items) value(e, false);
+        break;
+    }
+  }
+  void pad(std::size_t alignment) { out.append((alignment - out.size() % alignment) % alignment, '\0'); }
+};
+
+}  // namespace
+
+void write(const std::string& path, const std::vector<std::pair<std::string, Value>>& metadata,
+           const std::vector<Output>& tensors) {
+  constexpr std::size_t kAlign = 32;
+  Writer w;
+  w.out = "GGUF";
+  w.put<std::uint32_t>(3);
+  w.put<std::uint64_t>(tensors.size());
+  w.put<std::uint64_t>(metadata.size());
+  for (const auto& [k, v] : metadata) {
+    w.str(k);
+    w.value(v, true);
+  }
+  std::uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    IL_CHECK(!t.shape.empty(), "gguf::write: tensor '", t.name, "' has no shape");
+    const std::int64_t rows = shape_numel(t.shape) / t.shape.back(), bytes = rows * row_bytes(t.type, t.shape.back());
+    IL_CHECK(static_cast<std::int64_t>(t.bytes.nbytes()) == bytes, "gguf::write: tensor '", t.name, "' holds ",
+             t.bytes.nbytes(), " bytes, ", type_name(t.type), shape_str(t.shape), " needs ", bytes);
+    w.str(t.name);
+    w.put<std::uint32_t>(static_cast<std::uint32_t>(t.shape.size()));
+    for (auto it = t.shape.rbegin(); it != t.shape.rend(); ++it) w.put<std::uint64_t>(static_cast<std::uint64_t>(*it));
+    w.put<std::uint32_t>(static_cast<std::uint32_t>(t.type));
+    w.put<std::uint64_t>(offset);
+    offset += (static_cast<std::uint64_t>(bytes) + kAlign - 1) / kAlign * kAlign;
+  }
+  w.pad(kAlign);
+  for (const auto& t : tensors) {
+    const Tensor b = t.bytes.to(Device::CPU).contiguous();
+    w.out.append(static_cast<const char*>(b.raw_data()), b.nbytes());
+    w.pad(kAlign);
+  }
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  IL_CHECK(f.good(), "cannot write ", path, ": ", std::strerror(errno));
+  f.write(w.out.data(), static_cast<std::streamsize>(w.out.size()));
+  IL_CHECK(f.good(), "error writing ", path);
+}
+
+}  // namespace inferlab::gguf

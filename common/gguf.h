@@ -1,0 +1,102 @@
+#pragma once
+/// @file gguf.h
+/// @brief GGUF files (llama.cpp's format): reading tensors and metadata, writing them.
+///
+/// Layout (version 3, little-endian): "GGUF", u32 version, u64 tensor count, u64 metadata count;
+/// the metadata as (string key, u32 type, value) entries; per tensor a string name, u32 number of
+/// dimensions, u64 sizes innermost first, u32 ggml type, u64 offset into the data section; padding
+/// to `general.alignment` (default 32); the data section, each tensor padded to the alignment.
+/// Strings are a u64 length and the bytes; arrays a u32 element type, u64 count and the elements.
+/// Tensor types read and written here: F32 (0), F16 (1), Q4_0 (2), Q8_0 (8).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/tensor.h"
+
+namespace inferlab {
+
+class MappedFile;
+
+namespace gguf {
+
+enum class Type : std::uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8 };
+
+/// Bytes of n values of a tensor type (n a multiple of 32 for the block types).
+std::int64_t row_bytes(Type t, std::int64_t n);
+std::string type_name(Type t);
+
+/// A metadata value: integers, floats, booleans and strings, or arrays of them.
+struct Value {
+  enum class Kind : std::uint32_t {
+    U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, Bool = 7, String = 8, Array = 9, U64 = 10, I64 = 11,
+    F64 = 12
+  } kind = Kind::U32;
+  std::int64_t i = 0;  ///< integers and booleans (u64 above 2^63 are not supported)
+  double f = 0;        ///< floats
+  std::string s;       ///< strings
+  Kind element = Kind::U32;     ///< arrays: the element kind
+  std::vector<Value> items;     ///< arrays: the elements
+  static Value u32(std::uint32_t v) { Value x; x.kind = Kind::U32, x.i = v; return x; }
+  static Value f32(float v) { Value x; x.kind = Kind::F32, x.f = v; return x; }
+  static Value str(std::string v) { Value x; x.kind = Kind::String, x.s = std::move(v); return x; }
+  static Value array(Kind element, std::vector<Value> items) {
+    Value x;
+    x.kind = Kind::Array, x.element = element, x.items = std::move(items);
+    return x;
+  }
+};
+
+struct TensorInfo {
+  std::string name;
+  Type type;
+  Shape shape;          ///< outermost first, as a Tensor's (GGUF stores innermost first)
+  std::uint64_t offset; ///< into the data section
+};
+
+class File {
+ public:
+  /// Opens and validates a GGUF file; errors name the file and what is wrong.
+  explicit File(const std::string& path);
+  const std::string& path() const { return path_; }
+  const std::vector<std::pair<std::string, Value>>& metadata() const { return metadata_; }
+  /// The value of a key; throws "<file>: missing metadata '<key>'".
+  const Value& get(const std::string& key) const;
+  bool has(const std::string& key) const;
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo& info(const std::string& name) const;
+  bool contains(const std::string& name) const;
+  /// F32 and F16 tensors as Tensors (views of the mapping).
+  Tensor tensor(const std::string& name) const;
+  /// The raw bytes of a tensor: [rows, row_bytes] U8 (rows = product of all but the innermost
+  /// dimension), for the block types.
+  Tensor raw(const std::string& name) const;
+
+ private:
+  std::string path_;
+  std::shared_ptr<MappedFile> file_;
+  std::vector<std::pair<std::string, Value>> metadata_;
+  std::vector<TensorInfo> tensors_;
+  std::size_t data_start_ = 0;
+};
+
+/// One tensor to write: its type, shape (outermost first) and bytes (row-major; for the block
+/// types the packed blocks of each row).
+struct Output {
+  std::string name;
+  Type type;
+  Shape shape;
+  Tensor bytes;  ///< U8 (any shape) holding exactly row_bytes(type, innermost) × rows bytes
+};
+
+/// Writes a GGUF v3 file with the metadata in the given order and the tensors in order, as the
+/// gguf Python package's GGUFWriter lays it out (alignment 32).
+void write(const std::string& path, const std::vector<std::pair<std::string, Value>>& metadata,
+           const std::vector<Output>& tensors);
+
+}  // namespace gguf
+}  // namespace inferlab

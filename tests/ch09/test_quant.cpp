@@ -1,0 +1,341 @@
+// Chapter 09: every format's error bound, fp8's bit patterns, LLM.int8()'s two limits, the
+// products against float64, Q8_0/Q4_0 bytes against the gguf package, GGUF files both ways,
+// AWQ against round-to-nearest, and CUDA against the CPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "chapters/09_quantization/awq.h"
+#include "chapters/09_quantization/gguf_model.h"
+#include "chapters/09_quantization/quant_impl.h"
+#include "common/eval.h"
+#include "common/json_file.h"
+#include "common/safetensors.h"
+#include "test_util.h"
+
+namespace inferlab::ch09 {
+namespace {
+
+using test::expect_within;
+using test::gamma;
+const std::string kData = INFERLAB_DATA_DIR;
+constexpr double u = 0x1p-24, u16 = 0x1p-11;
+
+Tensor weights(std::mt19937_64& rng, std::int64_t N, std::int64_t K) {
+  Tensor w = test::uniform(rng, {N, K}, -1, 1);
+  w.at<float>({0, 3}) = 9.0f;    // an outlier weight
+  w.at<float>({1, 0}) = -0.0f;
+  for (std::int64_t k = 0; k < std::min<std::int64_t>(K, 64); ++k) w.at<float>({2, k}) = 0.0f;  // an all-zero group
+  return w;
+}
+
+// The largest error each format allows for weight (n, k), derived from how it rounds.
+double bound(const QMatrix& q, const Tensor& w, std::int64_t n, std::int64_t k) {
+  const std::int64_t K = q.cols;
+  const double x = std::fabs(w.at<float>({n, k}));
+  const double slack = 4 * u * x;  // w/s and (q − z)·s, each one float rounding
+  switch (q.spec.format) {
+    case Format::Int8Tensor: return q.scales.data<float>()[0] / 2 + slack;  // round to nearest, never clamped
+    case Format::Int8Row:
+    case Format::LlmInt8: return q.scales.data<float>()[n] / 2 + slack;
+    case Format::Int4Sym: return q.scales.data<float>()[n * (K / q.spec.group) + k / q.spec.group] / 2 + slack;
+    // Asymmetric: z = round(−min/s) can shift the range by half a step, so an end value may be
+    // clamped a whole step away.
+    case Format::Int4Asym: return q.scales.data<float>()[n * (K / q.spec.group) + k / q.spec.group] + slack;
+    case Format::Q8_0: {
+      const double d = f16_to_f32(*reinterpret_cast<const std::uint16_t*>(q.data.data<std::uint8_t>() + n * (K / 32 * 34) + k / 32 * 34));
+      return d / 2 + 127 * d * u16 + slack;  // rounding, plus d stored in f16 (relative u16) times |q| ≤ 127
+    }
+    case Format::Q4_0: {
+      const double d = std::fabs(f16_to_f32(*reinterpret_cast<const std::uint16_t*>(q.data.data<std::uint8_t>() + n * (K / 32 * 18) + k / 32 * 18)));
+      return d + 8 * d * u16 + slack;  // trunc(x/d + 8.5) is round-half-up, but +8·d clips to +7·d
+    }
+    case Format::Fp8E4M3: return x * 0x1p-4 + q.scales.data<float>()[0] * 0x1p-10 + slack;  // 3 mantissa bits; subnormals
+  }
+  return 0;
+}
+
+TEST(Quant, EveryFormatWithinItsErrorBound) {
+  auto rng = test::rng_for_test();
+  const Tensor w = weights(rng, 9, 256);
+  for (const QuantSpec& spec : all_specs()) {
+    SCOPED_TRACE(spec.name());
+    const QMatrix q = quantize(w, spec);
+    const Tensor d = dequantize(q);
+    for (std::int64_t n = 0; n < 9; ++n)
+      for (std::int64_t k = 0; k < 256; ++k)
+        ASSERT_LE(std::fabs(d.at<float>({n, k}) - w.at<float>({n, k})), bound(q, w, n, k)) << n << ", " << k;
+    EXPECT_EQ(QuantSpec::parse(spec.name()).name(), spec.name());
+  }
+  EXPECT_NEAR(quantize(w, {Format::Q4_0}).bits_per_weight(), 4.5, 1e-9);
+  EXPECT_NEAR(quantize(w, {Format::Q8_0}).bits_per_weight(), 8.5, 1e-9);
+  EXPECT_NEAR(quantize(w, {Format::Int4Asym, 32}).bits_per_weight(), 4 + 40.0 / 32, 1e-9);
+  test::expect_error([&] { quantize(test::uniform(rng, {2, 40}), {Format::Q8_0}); }, {"multiple of 32"});
+  test::expect_error([] { QuantSpec::parse("int3"); }, {"unknown quantisation format 'int3'"});
+}
+
+TEST(Quant, EveryFiniteFp8PatternRoundTrips) {
+  int finite = 0;
+  for (int b = 0; b < 256; ++b) {
+    const float f = e4m3_to_f32(static_cast<std::uint8_t>(b));
+    if (std::isnan(f)) continue;
+    ++finite;
+    EXPECT_EQ(f32_to_e4m3(f), b) << "pattern " << b << " = " << f;
+  }
+  EXPECT_EQ(finite, 254);  // only S.1111.111 is NaN
+  EXPECT_EQ(e4m3_to_f32(0x7E), 448.0f);
+  EXPECT_EQ(e4m3_to_f32(0x01), 0x1p-9f);                  // smallest subnormal
+  EXPECT_EQ(f32_to_e4m3(1000.0f), 0x7E);                  // saturates
+  EXPECT_EQ(f32_to_e4m3(-std::numeric_limits<float>::infinity()), 0xFE);
+  EXPECT_EQ(f32_to_e4m3(1.0625f), f32_to_e4m3(1.0f));     // a tie goes to the even mantissa (1.000)
+  EXPECT_EQ(f32_to_e4m3(1.1875f), f32_to_e4m3(1.25f));    // ... and here to 1.010
+  EXPECT_EQ(f32_to_e4m3(0x1p-10f), 0x00);                 // half the smallest subnormal: to zero (even)
+  EXPECT_EQ(f32_to_e4m3(0x1p-10f * 3), 0x02);             // 1.5 subnormal steps: to 2 (even)
+}
+
+TEST(Quant, WeightOnlyProductsAgainstFloat64) {
+  auto rng = test::rng_for_test();
+  test::ThreadCount threads(2);
+  for (const QuantSpec& spec : all_specs()) {
+    if (spec.format == Format::LlmInt8 || spec.format == Format::Q8_0) continue;  // they quantise x too
+    SCOPED_TRACE(spec.name());
+    for (std::int64_t M : {1, 3, 11}) {
+      const Tensor w = weights(rng, 70, 512), x = test::uniform(rng, {M, 512});
+      const QMatrix q = quantize(w, spec);
+      const auto D = dequantize(q).to_double_vector(), X = x.to_double_vector();
+      std::vector<double> exact(M * 70), b(M * 70);
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t n = 0; n < 70; ++n) {
+          double s = 0, a = 0;
+          for (std::int64_t k = 0; k < 512; ++k) s += X[m * 512 + k] * D[n * 512 + k], a += std::fabs(X[m * 512 + k] * D[n * 512 + k]);
+          exact[m * 70 + n] = s, b[m * 70 + n] = (gamma(512) + 2 * u) * a;  // the dot product's bound, plus unpacking
+        }
+      Tensor r = Tensor::empty({M, 70}, DType::F32);
+      qmatmul_ref(x, q, r);
+      expect_within(r.to_double_vector(), exact, b, "reference");
+      expect_within(qmatmul(x, q).to_double_vector(), exact, b, "fast");
+    }
+  }
+}
+
+// Plain vector-wise int8 (W8A8), written out independently: x rows and W rows by their absmax.
+std::vector<float> vectorwise_int8(const Tensor& x, const QMatrix& w) {
+  const std::int64_t M = x.size(0), K = x.size(1), N = w.rows;
+  std::vector<float> y(static_cast<std::size_t>(M * N));
+  for (std::int64_t m = 0; m < M; ++m) {
+    float a = 0;
+    for (std::int64_t k = 0; k < K; ++k) a = std::max(a, std::fabs(x.at<float>({m, k})));
+    const float s = a > 0 ? a / 127.0f : 1.0f;
+    for (std::int64_t n = 0; n < N; ++n) {
+      std::int32_t acc = 0;
+      for (std::int64_t k = 0; k < K; ++k)
+        acc += static_cast<std::int32_t>(std::clamp(std::round(x.at<float>({m, k}) / s), -127.0f, 127.0f)) *
+               w.data.data<std::int8_t>()[n * K + k];
+      y[static_cast<std::size_t>(m * N + n)] = static_cast<float>(acc) * s * w.scales.data<float>()[n];
+    }
+  }
+  return y;
+}
+
+TEST(LlmInt8, InfiniteThresholdIsVectorWiseInt8AndZeroIsThe16BitProduct) {
+  auto rng = test::rng_for_test();
+  const Tensor w = weights(rng, 40, 256), x = test::uniform(rng, {5, 256}, -3, 3);
+  QuantSpec spec{Format::LlmInt8};
+  spec.threshold = std::numeric_limits<float>::infinity();
+  QMatrix q = quantize(w, spec);
+  const auto plain = vectorwise_int8(x, q);
+  Tensor r = Tensor::empty({5, 40}, DType::F32);
+  qmatmul_ref(x, q, r);
+  EXPECT_EQ(r.to_float_vector(), plain);  // integer sums: exact
+  EXPECT_EQ(qmatmul(x, q).to_float_vector(), plain);
+  // Threshold 0: every column is an outlier, so everything is the 16-bit product of x and the
+  // (int8-stored) weights: Σ f16(x)·f16(w) accumulated in f32.
+  q.spec.threshold = 0.0f;
+  const auto D = dequantize(q).to_double_vector();
+  std::vector<double> exact(200), b(200);
+  for (std::int64_t m = 0; m < 5; ++m)
+    for (std::int64_t n = 0; n < 40; ++n) {
+      double s = 0, a = 0;
+      for (std::int64_t k = 0; k < 256; ++k) {
+        const double p = f16_to_f32(f32_to_f16(x.at<float>({m, k}))) * static_cast<double>(f16_to_f32(f32_to_f16(static_cast<float>(D[n * 256 + k]))));
+        s += p, a += std::fabs(p);
+      }
+      exact[m * 40 + n] = s, b[m * 40 + n] = gamma(257) * a;
+    }
+  qmatmul_ref(x, q, r);
+  expect_within(r.to_double_vector(), exact, b, "threshold 0");
+  expect_within(qmatmul(x, q).to_double_vector(), exact, b, "threshold 0, fast");
+}
+
+TEST(LlmInt8, AnOutlierFeatureNoLongerRuinsTheOtherColumns) {
+  // The paper's observation: one activation column of magnitude 60 makes the per-row int8 scale
+  // 60/127, crushing every other column to a few levels. Keeping that column in 16 bits fixes it.
+  auto rng = test::rng_for_test();
+  const Tensor w = test::uniform(rng, {64, 512}, -1, 1);
+  Tensor x = test::uniform(rng, {4, 512}, -1, 1);
+  for (std::int64_t m = 0; m < 4; ++m) x.at<float>({m, 100}) = 60.0f;
+  const QMatrix q = quantize(w, {Format::LlmInt8});
+  const auto exact = ops::matmul(x, dequantize(q)).to_double_vector();
+  const auto mixed = qmatmul(x, q).to_double_vector();
+  const auto plain = vectorwise_int8(x, q);
+  double e_mixed = 0, e_plain = 0;
+  for (std::size_t i = 0; i < exact.size(); ++i)
+    e_mixed += std::pow(mixed[i] - exact[i], 2), e_plain += std::pow(plain[i] - exact[i], 2);
+  EXPECT_LT(e_mixed * 25, e_plain) << "16-bit outliers should cut the error by far more than 5x";
+}
+
+TEST(Q8_0, ActivationsQuantisedToBlocksWithExactIntegerSums) {
+  auto rng = test::rng_for_test();
+  const Tensor w = weights(rng, 30, 128), x = test::uniform(rng, {3, 128});
+  const QMatrix q = quantize(w, {Format::Q8_0});
+  Tensor r = Tensor::empty({3, 30}, DType::F32);
+  qmatmul_ref(x, q, r);
+  const Tensor f = qmatmul(x, q);
+  // Independently: x into q8_0 blocks, per block an integer sum scaled by d_w·d_x.
+  for (std::int64_t m = 0; m < 3; ++m) {
+    std::vector<std::uint8_t> xb(4 * 34);
+    for (int b = 0; b < 4; ++b) quantize_q8_0_block(x.data<float>() + m * 128 + b * 32, xb.data() + b * 34);
+    for (std::int64_t n = 0; n < 30; ++n) {
+      double y = 0, a = 0;
+      for (int b = 0; b < 4; ++b) {
+        const std::uint8_t* wb = q.data.data<std::uint8_t>() + n * 136 + b * 34;
+        std::int32_t s = 0;
+        for (int i = 0; i < 32; ++i) s += static_cast<std::int8_t>(wb[2 + i]) * static_cast<std::int8_t>(xb[b * 34 + 2 + i]);
+        const double p = static_cast<double>(s) * (static_cast<double>(from_half(wb)) * from_half(xb.data() + b * 34));
+        y += p, a += std::fabs(p);
+      }
+      // The integer sums are exact; the float part is a scale product per block and a 4-term
+      // sum (whether or not the compiler fuses multiply and add): within (2u + γ_4)·Σ|terms|.
+      EXPECT_NEAR(r.at<float>({m, n}), y, (2 * u + gamma(4)) * a);
+      EXPECT_NEAR(f.at<float>({m, n}), y, (2 * u + gamma(4)) * a);
+    }
+  }
+}
+
+TEST(Gguf, OurQ8_0AndQ4_0BytesEqualTheGgufPackage) {
+  const SafetensorsFile f(kData + "/golden/quant/blocks.safetensors");
+  const Tensor w = f.get("input");
+  for (auto [name, fmt] : {std::pair{"q8_0", Format::Q8_0}, std::pair{"q4_0", Format::Q4_0}}) {
+    const QMatrix q = quantize(w, {fmt});
+    const Tensor want = f.get(name);
+    ASSERT_EQ(q.data.nbytes(), want.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(q.data.raw_data(), want.raw_data(), want.nbytes()), 0) << name << ": bytes differ from gguf's";
+  }
+}
+
+TEST(Gguf, ReadsAndWritesWhatTheGgufPackageWrites) {
+  const std::string ref = kData + "/golden/quant/reference.gguf";
+  const gguf::File f(ref);
+  const auto want = load_json(kData + "/golden/quant/reference.json");
+  EXPECT_EQ(f.get("general.architecture").s, "llama");
+  EXPECT_EQ(f.get("llama.context_length").i, 512);
+  EXPECT_EQ(f.get("llama.rope.freq_base").f, 10000.0);
+  EXPECT_EQ(f.get("tokenizer.ggml.tokens").items.at(3).s, "▁hello");
+  for (const auto& [name, t] : want["tensors"].items()) {
+    SCOPED_TRACE(name);
+    const auto& info = f.info(name);
+    EXPECT_EQ(info.shape, t["shape"].get<Shape>());
+    std::vector<double> got;
+    if (info.type == gguf::Type::F32 || info.type == gguf::Type::F16) {
+      got = f.tensor(name).to_double_vector();
+    } else {
+      const QMatrix q{{info.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0}, info.shape[0], info.shape[1],
+                      f.raw(name).clone(), {}, {}};
+      got = dequantize(q).to_double_vector();
+    }
+    EXPECT_EQ(got, t["values"].get<std::vector<double>>());
+  }
+  // Our writer, given the same metadata and tensors, writes the same bytes.
+  std::vector<std::pair<std::string, gguf::Value>> meta;
+  for (const auto& [k, v] : f.metadata()) meta.emplace_back(k, v);
+  std::vector<gguf::Output> ts;
+  for (const auto& i : f.tensors())
+    ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
+  test::TempDir dir;
+  gguf::write(dir.file("copy.gguf"), meta, ts);
+  const MappedFile a(ref), b(dir.file("copy.gguf"));
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0);
+  test::write_file(dir.file("bad.gguf"), std::string("GGUF\x07\0\0\0", 8) + std::string(16, '\0'));
+  test::expect_error([&] { gguf::File g(dir.file("bad.gguf")); }, {"bad.gguf", "version 7"});
+  test::write_file(dir.file("cut.gguf"), std::string(reinterpret_cast<const char*>(a.data()), 600));
+  test::expect_error([&] { gguf::File g(dir.file("cut.gguf")); }, {"cut.gguf", "past the end"});
+}
+
+TEST(Gguf, AQuantisedZooModelRoundTripsThroughGguf) {
+  const ch01::Llama m = ch01::load_llama(kData + "/models/tiny-mha");
+  const auto tok = HfTokenizer::load(kData + "/models/tiny-mha");
+  for (Format fmt : {Format::Q8_0, Format::Q4_0}) {
+    const QLlama q = quantize_model(m, {fmt});
+    test::TempDir dir;
+    save_gguf(dir.file("m.gguf"), q, tok);
+    const QLlama back = load_gguf(dir.file("m.gguf"));
+    EXPECT_EQ(back.rope_pairing, RopePairing::Adjacent);  // llama.cpp's order, rows permuted on the way out
+    EXPECT_EQ(back.matrix_bytes(), q.matrix_bytes());
+    const std::vector<std::int32_t> toks = {0, 523, 524, 278, 525, 522, 482};
+    const auto a = forward_all(q, toks).to_float_vector(), b = forward_all(back, toks).to_float_vector();
+    // The same numbers, attention summing q·k over the head's dimensions in another order.
+    for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4 * (1 + std::fabs(a[i]))) << i;
+    const gguf::File f(dir.file("m.gguf"));
+    EXPECT_EQ(f.get("tokenizer.ggml.tokens").items.size(), 1024u);
+    EXPECT_EQ(f.get("llama.attention.head_count").i, 8);
+  }
+}
+
+TEST(Awq, NeverLosesToRoundToNearestAndKeepsTheFunction) {
+  const ch01::Llama m = ch01::load_llama(kData + "/models/tiny-mha");
+  const auto tok = HfTokenizer::load(kData + "/models/tiny-mha");
+  auto calib = eval::tokenize_documents(tok, kData + "/corpus/train-sample.txt");
+  calib.resize(512);
+  const QuantSpec spec{Format::Int4Asym, 32};
+  std::vector<AwqGroup> report;
+  const ch01::Llama scaled = awq_scale(m, calib, spec, &report, 5);
+  ASSERT_EQ(report.size(), 4u * 4);
+  int improved = 0;
+  for (const auto& g : report) {
+    EXPECT_LE(g.loss_awq, g.loss_rtn) << g.name;  // α = 0 is RTN and is on the grid
+    improved += g.loss_awq < g.loss_rtn;
+  }
+  EXPECT_GT(improved, 0) << "AWQ found no better scales anywhere";
+  // Scaling x down and W up is exact in real arithmetic: the float model is unchanged but for
+  // rounding (one extra multiply and divide per weight and activation).
+  const std::vector<std::int32_t> toks(calib.begin(), calib.begin() + 64);
+  const auto a = ch01::forward(m, toks, true).to_float_vector(), b = ch01::forward(scaled, toks, true).to_float_vector();
+  for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-3 * (1 + std::fabs(a[i]))) << i;
+}
+
+TEST(CudaQuant, ProductsMatchTheCpu) {
+  IL_REQUIRE_CUDA();
+  auto rng = test::rng_for_test();
+  for (const QuantSpec& spec : all_specs()) {
+    SCOPED_TRACE(spec.name());
+    const Tensor w = weights(rng, 300, 1024), x = test::uniform(rng, {3, 1024});
+    const QMatrix q = quantize(w, spec);
+    const auto cpu = qmatmul(x, q).to_double_vector();
+    const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_double_vector();
+    const auto D = dequantize(q).to_double_vector(), X = x.to_double_vector();
+    std::vector<double> b(cpu.size());
+    for (std::int64_t m = 0; m < 3; ++m)
+      for (std::int64_t n = 0; n < 300; ++n) {
+        double a = 0;
+        for (std::int64_t k = 0; k < 1024; ++k) a += std::fabs(X[m * 1024 + k] * D[n * 1024 + k]);
+        // Both sides within γ_K of the same value (the integer formats' int32 sums are exact; their
+        // float scaling and block sums reorder).
+        b[m * 300 + n] = 2 * (gamma(1024) + 2 * u) * a;
+      }
+    expect_within(gpu, cpu, b, "cuda vs cpu");
+  }
+  // Integer accumulation is exact: llm_int8 without outliers and single-block q8_0 agree bit for bit.
+  QuantSpec inf{Format::LlmInt8};
+  inf.threshold = std::numeric_limits<float>::infinity();
+  const Tensor w = weights(rng, 64, 512), x = test::uniform(rng, {4, 512});
+  const QMatrix q = quantize(w, inf);
+  EXPECT_EQ(qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_float_vector(), qmatmul(x, q).to_float_vector());
+  const Tensor w32 = weights(rng, 64, 32), x32 = test::uniform(rng, {2, 32});
+  const QMatrix q32 = quantize(w32, {Format::Q8_0});
+  EXPECT_EQ(qmatmul(x32.to(Device::CUDA), q32.to(Device::CUDA)).to_float_vector(), qmatmul(x32, q32).to_float_vector());
+}
+
+}  // namespace
+}  // namespace inferlab::ch09
