@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/cli.h"
 #include "common/json_file.h"
 
 namespace inferlab::eval {
@@ -40,7 +41,9 @@ Perplexity perplexity(const LogitsFn& logits, const std::vector<std::int32_t>& t
   IL_CHECK(n > 0, "perplexity: ", tokens.size(), " tokens are fewer than one window of ", window + 1);
   double total = 0;
   std::int64_t count = 0;
+  Progress progress("perplexity: windows", n);
   for (std::int64_t w = 0; w < n; ++w) {
+    progress.update(w);
     const auto b = tokens.begin() + w * window;
     const std::vector<std::int32_t> x(b, b + window);
     const Tensor l = logits(x).to(Device::CPU).contiguous();
@@ -76,7 +79,10 @@ std::vector<Probe> load_probes(const std::string& path) {
 ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const std::vector<Probe>& probes,
                            std::int64_t per_kind) {
   std::map<std::string, std::int64_t> right, dist, total;
+  Progress progress("probes", static_cast<std::int64_t>(probes.size()));
+  std::int64_t seen = 0;
   for (const Probe& p : probes) {
+    progress.update(seen++);
     if (per_kind > 0 && total[p.kind] >= per_kind) continue;
     const auto prompt = tok.encode(p.prompt, true), full = tok.encode(p.prompt + p.answer, true);
     IL_CHECK(full.size() > prompt.size() && std::equal(prompt.begin(), prompt.end(), full.begin()),

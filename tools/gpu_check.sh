@@ -38,11 +38,15 @@ step() {  # step NAME COMMAND...: runs and logs one step, remembering failures
 step configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DINFERLAB_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${prefix[@]}" || { tail -30 "$LOG"; exit 1; }
 step build cmake --build "$BUILD" -j "$(nproc)" || { grep -E "error" "$LOG" | head -30; exit 1; }
-step cuda_tests "$BUILD/bin/inferlab_tests" --gtest_filter='Cuda*' --gtest_output=json:"$OUT/cuda_tests.json"
+for t in "$BUILD"/bin/inferlab_tests "$BUILD"/bin/test_ch*; do  # the CUDA tests first, each binary's own
+  step "cuda_$(basename "$t")" "$t" --gtest_filter='Cuda*' --gtest_output=json:"$OUT/cuda_$(basename "$t").json"
+done
 step all_tests ctest --test-dir "$BUILD" --output-on-failure -j 8
 for b in "$BUILD"/bin/bench_*; do
   name=$(basename "$b")
-  step "$name" "$b" --benchmark_out="$OUT/$name.json" --benchmark_out_format=json --benchmark_counters_tabular=true
+  # The GPU benchmarks only: the CPU ones are measured on the development machine.
+  step "$name" "$b" --benchmark_filter=Cuda --benchmark_out="$OUT/$name.json" --benchmark_out_format=json \
+    --benchmark_counters_tabular=true
 done
 
 echo
