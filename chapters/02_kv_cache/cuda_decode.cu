@@ -331,20 +331,12 @@ void decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::in
   const std::int64_t N = q.size(1), H = q.size(2), Kh = k.size(1);
   IL_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && out.is_cuda(), "decode_attention: tensors must be on CUDA");
   IL_CHECK(len > 0 && len <= k.size(0) && H <= kMaxHead && N % Kh == 0, "decode_attention: bad shapes or length");
-  const int splits = static_cast<int>((len + kChunk - 1) / kChunk);
-  // One scratch allocation: the position, then the chunks' statistics and partial outputs.
-  char* base = static_cast<char*>(cuda::scratch(256 + static_cast<std::size_t>(N * splits * (H + 2)) * 4));
-  int* pos = reinterpret_cast<int*>(base);
-  float* pm = reinterpret_cast<float*>(base + 256);
-  float* pl = pm + N * splits;
-  float* pacc = pl + N * splits;
-  const int last = static_cast<int>(len - 1);
-  IL_CUDA(cudaMemcpyAsync(pos, &last, sizeof last, cudaMemcpyHostToDevice, stream()));
-  attention_partial<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(splits)), kAttnThreads, 0, stream()>>>(
-      q.data<float>(), k.data<float>(), v.data<float>(), pos, pm, pl, pacc, static_cast<int>(N), static_cast<int>(Kh),
+  const SplitScratch s = split_scratch(N, H, len, stream());
+  attention_partial<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(s.splits)), kAttnThreads, 0, stream()>>>(
+      q.data<float>(), k.data<float>(), v.data<float>(), s.pos, s.m, s.l, s.acc, static_cast<int>(N), static_cast<int>(Kh),
       static_cast<int>(H), 1.0f / std::sqrt(static_cast<float>(H)));
   IL_CUDA_LAUNCHED();
-  attention_merge<<<static_cast<unsigned>(N), kAttnThreads, 0, stream()>>>(pm, pl, pacc, out.data<float>(), splits,
+  attention_merge<<<static_cast<unsigned>(N), kAttnThreads, 0, stream()>>>(s.m, s.l, s.acc, out.data<float>(), s.splits,
                                                                            static_cast<int>(H));
   IL_CUDA_LAUNCHED();
 }

@@ -3,6 +3,8 @@
 // so that chapter 03 can run the same kernels (and compare its grouped kernel against them).
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "common/cuda/util.cuh"
 
 namespace inferlab::ch02 {
@@ -64,6 +66,27 @@ __global__ void attention_merge(const float* __restrict__ pm, const float* __res
     for (int c = 0; c < splits; ++c) o += pacc[static_cast<long long>(h * splits + c) * H + d] * expf(pm[h * splits + c] - M);
     out[h * H + d] = o / L;
   }
+}
+
+// The host side shared by every split-K launch: how many chunks a length needs, and one scratch
+// allocation holding the last position (a device int, so that a captured graph can advance it)
+// followed by each (query head, chunk)'s statistics m, l and partial output acc.
+struct SplitScratch {
+  int splits;
+  int* pos;
+  float *m, *l, *acc;
+};
+inline SplitScratch split_scratch(std::int64_t N, std::int64_t H, std::int64_t len, cudaStream_t stream) {
+  SplitScratch s{};
+  s.splits = static_cast<int>((len + kChunk - 1) / kChunk);
+  char* base = static_cast<char*>(cuda::scratch(256 + static_cast<std::size_t>(N * s.splits * (H + 2)) * 4));
+  s.pos = reinterpret_cast<int*>(base);
+  s.m = reinterpret_cast<float*>(base + 256);
+  s.l = s.m + N * s.splits;
+  s.acc = s.l + N * s.splits;
+  const int last = static_cast<int>(len - 1);
+  IL_CUDA(cudaMemcpyAsync(s.pos, &last, sizeof last, cudaMemcpyHostToDevice, stream));
+  return s;
 }
 
 }  // namespace

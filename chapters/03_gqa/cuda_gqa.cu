@@ -69,20 +69,13 @@ void gqa_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, std
   IL_CHECK(N % Kh == 0 && G <= kMaxGroup && G * H <= kMaxGroupDims && H <= 256, "gqa_decode_attention: groups of ", G,
            " heads of size ", H, " exceed the kernel's limits (", kMaxGroup, " heads, ", kMaxGroupDims, " values)");
   IL_CHECK(len > 0 && len <= k.size(0), "gqa_decode_attention: length ", len, " outside the cache of ", k.size(0));
-  const int splits = static_cast<int>((len + kChunk - 1) / kChunk);
-  char* base = static_cast<char*>(cuda::scratch(256 + static_cast<std::size_t>(N * splits * (H + 2)) * 4));
-  int* pos = reinterpret_cast<int*>(base);
-  float* pm = reinterpret_cast<float*>(base + 256);
-  float* pl = pm + N * splits;
-  float* pacc = pl + N * splits;
-  const int last = static_cast<int>(len - 1);
-  IL_CUDA(cudaMemcpyAsync(pos, &last, sizeof last, cudaMemcpyHostToDevice, cuda::stream()));
-  gqa_partial<<<dim3(static_cast<unsigned>(Kh), static_cast<unsigned>(splits)), kAttnThreads, 0, cuda::stream()>>>(
-      q.data<float>(), k.data<float>(), v.data<float>(), pos, pm, pl, pacc, static_cast<int>(N), static_cast<int>(Kh),
+  const ch02::SplitScratch s = ch02::split_scratch(N, H, len, cuda::stream());
+  gqa_partial<<<dim3(static_cast<unsigned>(Kh), static_cast<unsigned>(s.splits)), kAttnThreads, 0, cuda::stream()>>>(
+      q.data<float>(), k.data<float>(), v.data<float>(), s.pos, s.m, s.l, s.acc, static_cast<int>(N), static_cast<int>(Kh),
       static_cast<int>(H), 1.0f / std::sqrt(static_cast<float>(H)));
   IL_CUDA_LAUNCHED();
-  ch02::attention_merge<<<static_cast<unsigned>(N), kAttnThreads, 0, cuda::stream()>>>(pm, pl, pacc, out.data<float>(),
-                                                                                       splits, static_cast<int>(H));
+  ch02::attention_merge<<<static_cast<unsigned>(N), kAttnThreads, 0, cuda::stream()>>>(s.m, s.l, s.acc, out.data<float>(),
+                                                                                       s.splits, static_cast<int>(H));
   IL_CUDA_LAUNCHED();
 }
 
