@@ -138,28 +138,13 @@ __global__ void rope_and_store(float* __restrict__ qkv, const float* __restrict_
   }
 }
 
-// The greedy choice on the device: argmax (first index of the maximum) becomes the next
-// step's input token; the position advances.
+// The greedy choice on the device: argmax (first index of the maximum, as ops::argmax) becomes
+// the next step's input token; the position advances.
 __global__ void argmax_and_advance(const float* __restrict__ logits, int V, int* token, int* pos, int* log) {
-  __shared__ float bv[1024];
-  __shared__ int bi[1024];
-  float best = -INFINITY;
-  int idx = 0x7fffffff;
-  for (int i = threadIdx.x; i < V; i += blockDim.x)
-    if (logits[i] > best || (logits[i] == best && i < idx) || isnan(logits[i])) best = logits[i], idx = i;
-  bv[threadIdx.x] = best, bi[threadIdx.x] = idx;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) {
-      const float o = bv[threadIdx.x + s];
-      const int oi = bi[threadIdx.x + s];
-      if (o > bv[threadIdx.x] || (o == bv[threadIdx.x] && oi < bi[threadIdx.x])) bv[threadIdx.x] = o, bi[threadIdx.x] = oi;
-    }
-    __syncthreads();
-  }
+  const int best = cuda::block_argmax(logits, V);
   if (threadIdx.x == 0) {
-    *token = bi[0];
-    log[*pos] = bi[0];
+    *token = best;
+    log[*pos] = best;
     *pos += 1;
   }
 }
@@ -281,12 +266,19 @@ struct CudaDecoder::Impl {
     } else {
       if (!graph || greedy_graph != greedy) {
         if (graph) IL_CUDA(cudaGraphExecDestroy(graph));
-        cudaGraph_t g;
+        graph = nullptr;
+        cudaGraph_t g = nullptr;
         IL_CUDA(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
-        enqueue_step(greedy);
+        try {
+          enqueue_step(greedy);
+        } catch (...) {  // end the capture, or every later call on the stream fails
+          if (cudaStreamEndCapture(stream(), &g) == cudaSuccess && g) cudaGraphDestroy(g);
+          throw;
+        }
         IL_CUDA(cudaStreamEndCapture(stream(), &g));
-        IL_CUDA(cudaGraphInstantiate(&graph, g, 0));
-        IL_CUDA(cudaGraphDestroy(g));
+        const cudaError_t e = cudaGraphInstantiate(&graph, g, 0);
+        cudaGraphDestroy(g);
+        IL_CUDA(e);
         greedy_graph = greedy;
       }
       IL_CUDA(cudaGraphLaunch(graph, stream()));
@@ -328,9 +320,9 @@ std::vector<std::int32_t> CudaDecoder::greedy(std::int32_t token, int n) {
 }
 
 void decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t len, Tensor& out) {
+  check_decode_inputs("decode_attention", q, k, v, len, out);
   const std::int64_t N = q.size(1), H = q.size(2), Kh = k.size(1);
-  IL_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && out.is_cuda(), "decode_attention: tensors must be on CUDA");
-  IL_CHECK(len > 0 && len <= k.size(0) && H <= kMaxHead && N % Kh == 0, "decode_attention: bad shapes or length");
+  IL_CHECK(H <= kMaxHead, "decode_attention: head dimension ", H, " is above the kernel's limit of ", kMaxHead);
   const SplitScratch s = split_scratch(N, H, len, stream());
   attention_partial<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(s.splits)), kAttnThreads, 0, stream()>>>(
       q.data<float>(), k.data<float>(), v.data<float>(), s.pos, s.m, s.l, s.acc, static_cast<int>(N), static_cast<int>(Kh),

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/cuda/util.cuh"
+#include "common/tensor.h"
 
 namespace inferlab::ch02 {
 namespace {
@@ -68,9 +69,25 @@ __global__ void attention_merge(const float* __restrict__ pm, const float* __res
   }
 }
 
-// The host side shared by every split-K launch: how many chunks a length needs, and one scratch
-// allocation holding the last position (a device int, so that a captured graph can advance it)
-// followed by each (query head, chunk)'s statistics m, l and partial output acc.
+// The inputs of one decode-attention call, checked before any kernel indexes them: q and out
+// [1, N, H], the cache k and v [S, K, H] with K dividing N, all f32, contiguous, on the device,
+// and 0 < len <= S positions filled.
+inline void check_decode_inputs(const char* who, const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t len,
+                                const Tensor& out) {
+  IL_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && out.is_cuda(), who, ": tensors must be on CUDA");
+  IL_CHECK(q.ndim() == 3 && k.ndim() == 3 && q.size(0) == 1 && k.size(1) > 0 && k.size(2) == q.size(2) &&
+               v.shape() == k.shape() && out.shape() == q.shape() && q.size(1) % k.size(1) == 0,
+           who, ": expected q and out [1, N, H] and k, v [S, K, H] with K dividing N; got q ", q.describe(), ", k ",
+           k.describe(), ", v ", v.describe(), ", out ", out.describe());
+  for (const Tensor* t : {&q, &k, &v, &out})
+    IL_CHECK(t->dtype() == DType::F32 && t->is_contiguous(), who, ": ", t->describe(), " must be contiguous f32");
+  IL_CHECK(len > 0 && len <= k.size(0), who, ": length ", len, " outside the cache of ", k.size(0), " positions");
+}
+
+// The host side shared by the one-off split-K launches: how many chunks a length needs, and one
+// scratch allocation holding the last position (a device int, as the kernels read it) followed by
+// each (query head, chunk)'s statistics m, l and partial output acc. Not for graph capture (it
+// may grow the scratch buffer and copies from the host): CudaDecoder keeps its own buffers.
 struct SplitScratch {
   int splits;
   int* pos;

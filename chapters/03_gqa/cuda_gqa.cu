@@ -64,11 +64,10 @@ __global__ void gqa_partial(const float* __restrict__ q, const float* __restrict
 }  // namespace
 
 void gqa_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t len, Tensor& out) {
+  ch02::check_decode_inputs("gqa_decode_attention", q, k, v, len, out);
   const std::int64_t N = q.size(1), H = q.size(2), Kh = k.size(1), G = N / Kh;
-  IL_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && out.is_cuda(), "gqa_decode_attention: tensors must be on CUDA");
-  IL_CHECK(N % Kh == 0 && G <= kMaxGroup && G * H <= kMaxGroupDims && H <= 256, "gqa_decode_attention: groups of ", G,
+  IL_CHECK(G <= kMaxGroup && G * H <= kMaxGroupDims && H <= 256, "gqa_decode_attention: groups of ", G,
            " heads of size ", H, " exceed the kernel's limits (", kMaxGroup, " heads, ", kMaxGroupDims, " values)");
-  IL_CHECK(len > 0 && len <= k.size(0), "gqa_decode_attention: length ", len, " outside the cache of ", k.size(0));
   const ch02::SplitScratch s = ch02::split_scratch(N, H, len, cuda::stream());
   gqa_partial<<<dim3(static_cast<unsigned>(Kh), static_cast<unsigned>(s.splits)), kAttnThreads, 0, cuda::stream()>>>(
       q.data<float>(), k.data<float>(), v.data<float>(), s.pos, s.m, s.l, s.acc, static_cast<int>(N), static_cast<int>(Kh),

@@ -193,11 +193,13 @@ void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
   if (!table_ready) {
     float t[256];
     for (int b = 0; b < 256; ++b) t[b] = e4m3_to_f32(static_cast<std::uint8_t>(b));
-    IL_CUDA(cudaMemcpyToSymbol(kE4m3, t, sizeof t));
+    // On InferLab's stream, so that the kernels queued after it are ordered after the upload.
+    IL_CUDA(cudaMemcpyToSymbolAsync(kE4m3, t, sizeof t, 0, cudaMemcpyHostToDevice, stream()));
     table_ready = true;
   }
   const int M = static_cast<int>(x.size(0)), N = static_cast<int>(w.rows), K = static_cast<int>(w.cols);
   IL_CHECK(K % 32 == 0, "qmatmul (CUDA): K = ", K, " must be a multiple of 32");
+  if (M == 0 || N == 0) return;  // nothing to compute (and a grid of zero blocks is a launch error)
   const View v{static_cast<const std::uint8_t*>(w.data.raw_data()), w.scales.defined() ? w.scales.data<float>() : nullptr,
                w.zeros.defined() ? w.zeros.data<std::uint8_t>() : nullptr, K, w.spec.group};
   switch (w.spec.format) {

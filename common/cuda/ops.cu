@@ -79,6 +79,7 @@ void set_gemv_kernel(GemvKernel k) { g_gemv = k; }
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   const long long M = x.size(0), K = x.size(1), N = w.size(0);
+  if (M == 0 || N == 0) return;  // an empty product (and a grid of zero blocks is a launch error)
   if (M == 1 && g_gemv == GemvKernel::Own) {
     with_weight_type(w.dtype(), [&](auto* tag) {
       using W = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
@@ -232,34 +233,15 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
   }
 }
 
-// (value, index) with NaN largest and ties to the lower index: the same order as the CPU loop.
-__device__ inline bool beats(float a, int ia, float b, int ib) {
-  const bool na = isnan(a), nb = isnan(b);
-  if (na || nb) return na && (!nb || ia < ib);
-  return a > b || (a == b && ia < ib);
-}
-
 __global__ void argmax_kernel(const float* __restrict__ x, int* __restrict__ out, long long N) {
-  __shared__ float sv[1024];
-  __shared__ int si[1024];
-  const float* r = x + blockIdx.x * N;
-  float best = r[0];
-  int bi = 0;
-  for (long long i = threadIdx.x; i < N; i += blockDim.x)
-    if (beats(r[i], static_cast<int>(i), best, bi)) best = r[i], bi = static_cast<int>(i);
-  sv[threadIdx.x] = best, si[threadIdx.x] = bi;
-  __syncthreads();
-  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s && beats(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x], si[threadIdx.x]))
-      sv[threadIdx.x] = sv[threadIdx.x + s], si[threadIdx.x] = si[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[blockIdx.x] = si[0];
+  const int i = block_argmax(x + blockIdx.x * N, N);
+  if (threadIdx.x == 0) out[blockIdx.x] = i;
 }
 
 }  // namespace
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  if (a.numel() == 0) return;
   add_kernel<<<blocks_for(a.numel(), 256), 256, 0, stream()>>>(a.data<float>(), b.data<float>(), out.data<float>(),
                                                                 a.numel(), b.numel());
   IL_CUDA_LAUNCHED();

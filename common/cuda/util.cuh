@@ -65,4 +65,30 @@ __device__ inline float block_max(float v) {
   return v;
 }
 
+/// The argmax order: NaN largest, ties to the lower index; the same order as ops::argmax on the CPU.
+__device__ inline bool argmax_beats(float a, int ia, float b, int ib) {
+  const bool na = isnan(a), nb = isnan(b);
+  if (na || nb) return na && (!nb || ia < ib);
+  return a > b || (a == b && ia < ib);
+}
+
+/// Index of the largest of x[0, n) in argmax_beats order, computed by the whole block
+/// (blockDim.x a power of two, at most 1024). All threads get it.
+__device__ inline int block_argmax(const float* __restrict__ x, long long n) {
+  __shared__ float sv[1024];
+  __shared__ int si[1024];
+  float best = x[0];
+  int bi = 0;
+  for (long long i = threadIdx.x; i < n; i += blockDim.x)
+    if (argmax_beats(x[i], static_cast<int>(i), best, bi)) best = x[i], bi = static_cast<int>(i);
+  sv[threadIdx.x] = best, si[threadIdx.x] = bi;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s && argmax_beats(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x], si[threadIdx.x]))
+      sv[threadIdx.x] = sv[threadIdx.x + s], si[threadIdx.x] = si[threadIdx.x + s];
+    __syncthreads();
+  }
+  return si[0];
+}
+
 }  // namespace inferlab::cuda

@@ -308,24 +308,29 @@ TEST(Awq, NeverLosesToRoundToNearestAndKeepsTheFunction) {
 TEST(CudaQuant, ProductsMatchTheCpu) {
   IL_REQUIRE_CUDA();
   auto rng = test::rng_for_test();
-  for (const QuantSpec& spec : all_specs()) {
-    SCOPED_TRACE(spec.name());
-    const Tensor w = weights(rng, 300, 1024), x = test::uniform(rng, {3, 1024});
-    const QMatrix q = quantize(w, spec);
-    const auto cpu = qmatmul(x, q).to_double_vector();
-    const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_double_vector();
-    const auto D = dequantize(q).to_double_vector(), X = x.to_double_vector();
-    std::vector<double> b(cpu.size());
-    for (std::int64_t m = 0; m < 3; ++m)
-      for (std::int64_t n = 0; n < 300; ++n) {
-        double a = 0;
-        for (std::int64_t k = 0; k < 1024; ++k) a += std::fabs(X[m * 1024 + k] * D[n * 1024 + k]);
-        // Both sides within γ_K of the same value (the integer formats' int32 sums are exact; their
-        // float scaling and block sums reorder).
-        b[m * 300 + n] = 2 * (gamma(1024) + 2 * u) * a;
-      }
-    expect_within(gpu, cpu, b, "cuda vs cpu");
-  }
+  // M = 11 runs past one launch's rows (8), and the large activations in columns 5 and 700 are
+  // LLM.int8()'s outliers (threshold 6): its mixed-precision half runs too.
+  for (const std::int64_t M : {3, 11})
+    for (const QuantSpec& spec : all_specs()) {
+      SCOPED_TRACE(spec.name() + " M=" + std::to_string(M));
+      const Tensor w = weights(rng, 300, 1024);
+      Tensor x = test::uniform(rng, {M, 1024});
+      x.at<float>({1, 5}) = 8.0f, x.at<float>({0, 700}) = -7.0f, x.at<float>({M - 1, 700}) = 9.5f;
+      const QMatrix q = quantize(w, spec);
+      const auto cpu = qmatmul(x, q).to_double_vector();
+      const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_double_vector();
+      const auto D = dequantize(q).to_double_vector(), X = x.to_double_vector();
+      std::vector<double> b(cpu.size());
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t n = 0; n < 300; ++n) {
+          double a = 0;
+          for (std::int64_t k = 0; k < 1024; ++k) a += std::fabs(X[m * 1024 + k] * D[n * 1024 + k]);
+          // Both sides within γ_K of the same value (the integer formats' int32 sums are exact; their
+          // float scaling and block sums reorder).
+          b[m * 300 + n] = 2 * (gamma(1024) + 2 * u) * a;
+        }
+      expect_within(gpu, cpu, b, "cuda vs cpu");
+    }
   // Integer accumulation is exact: llm_int8 without outliers and single-block q8_0 agree bit for bit.
   QuantSpec inf{Format::LlmInt8};
   inf.threshold = std::numeric_limits<float>::infinity();
