@@ -3,14 +3,19 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "common/cuda/backend.h"
 #include "common/error.h"
+#include "common/llama2c.h"
 
 #ifndef INFERLAB_DATA_DIR
 #define INFERLAB_DATA_DIR "data"
@@ -28,10 +33,35 @@ Device CommonOptions::resolved_device() const {
   return Device::CUDA;
 }
 
-SamplingParams CommonOptions::sampling() const {
-  SamplingParams p{temperature, top_k, top_p, seed};
+SamplingParams CommonOptions::sampling(const Tokenizer& tok, std::int64_t model_vocab) const {
+  check_tokenizer_vocab(tok, model_vocab, model);
+  SamplingParams p{temperature, top_k, top_p, seed, tok.vocab_size()};
   validate(p);
   return p;
+}
+
+void reject_options(const CLI::App& app, std::initializer_list<const char*> options, const std::string& command) {
+  for (const char* name : options) {
+    const CLI::Option* opt = app.get_option_no_throw(name);
+    IL_CHECK(opt == nullptr || opt->count() == 0, command, " does not use ", name, " (see --help for what it takes)");
+  }
+}
+
+CLI::Validator number_in(double lo, double hi) {
+  auto str = [](double v) {
+    std::ostringstream o;
+    o << std::setprecision(12) << v;
+    return o.str();
+  };
+  const std::string range = "[" + str(lo) + ", " + str(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v)) return "'" + text + "' is not a finite number";
+        if (v < lo || v > hi) return text + " is outside " + range;
+        return "";
+      },
+      "in " + range);
 }
 
 void add_common_options(CLI::App& app, CommonOptions& o) {
@@ -40,18 +70,20 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
       ->capture_default_str();
   app.add_option("--prompt", o.prompt, "Prompt text")->capture_default_str();
   app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate")
-      ->check(CLI::NonNegativeNumber)
+      ->check(number_in(1, 1 << 20))
       ->capture_default_str();
   app.add_option("--device", o.device, "Where to run")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
-  app.add_option("--seed", o.seed, "Random seed for sampling")->capture_default_str();
+  app.add_option("--seed", o.seed, "Random seed for sampling")
+      ->check(number_in(0, 18446744073709551615.0))
+      ->capture_default_str();
   app.add_option("--temperature", o.temperature, "Sampling temperature (0 = greedy)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(number_in(0, 100))
       ->capture_default_str();
   app.add_option("--top-k", o.top_k, "Keep the k most likely tokens (0 = all)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(number_in(0, 1 << 24))
       ->capture_default_str();
   app.add_option("--top-p", o.top_p, "Nucleus sampling mass, in (0, 1]")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(number_in(1e-6, 1))
       ->capture_default_str();
   app.add_option("--json", o.json, "Write the results as JSON to this file");
 }
@@ -72,6 +104,9 @@ int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& bo
   } catch (const Error& e) {
     std::cerr << app.get_name() << ": error: " << e.what() << "\n";
     return 1;
+  } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave: their error, not ours
+    std::cerr << app.get_name() << ": error: " << e.what() << "\n";
+    return 1;
   } catch (const std::bad_alloc&) {
     std::cerr << app.get_name() << ": error: out of host memory\n";
     return 1;
@@ -81,10 +116,13 @@ int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& bo
   }
 }
 
-void write_json(const std::string& path, const nlohmann::json& j) {
+void write_json(const std::string& path, const nlohmann::json& j) { write_text(path, j.dump(2) + "\n"); }
+
+void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path);
   IL_CHECK(out.good(), "cannot write ", path, ": ", std::strerror(errno));
-  out << j.dump(2) << "\n";
+  out << text;
+  out.flush();
   IL_CHECK(out.good(), "error writing ", path);
 }
 

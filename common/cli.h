@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
@@ -20,6 +21,8 @@
 #include "common/sampling.h"
 
 namespace inferlab {
+
+class Tokenizer;
 
 struct CommonOptions {
   std::string model;  ///< defaults to default_model_path()
@@ -34,8 +37,20 @@ struct CommonOptions {
 
   /// The device asked for; throws "no CUDA device available: <reason>" for cuda without one.
   Device resolved_device() const;
-  SamplingParams sampling() const;
+  /// The sampling options for a model (this->model) whose embedding table has `model_vocab`
+  /// rows, generating with `tok`: only the tokenizer's ids are ever sampled (a padded table's
+  /// extra rows decode to nothing; see SamplingParams::vocab). Throws when the two do not fit
+  /// (check_tokenizer_vocab: a llama2.c tokenizer.bin must match exactly).
+  SamplingParams sampling(const Tokenizer& tok, std::int64_t model_vocab) const;
 };
+
+/// Throws if any of `options` was given on the command line: for the (sub)commands that do
+/// not use them, so that e.g. `--device cuda` there is an error rather than silently ignored.
+void reject_options(const CLI::App& app, std::initializer_list<const char*> options, const std::string& command);
+
+/// A CLI11 check that an option is a finite number in [lo, hi], with a message in plain words
+/// ("0 is outside [1, 16777216]") instead of CLI11's default (which prints DBL_MAX in full).
+CLI::Validator number_in(double lo, double hi);
 
 /// The bundled default model: `data_dir()/models/tiny-mha`.
 std::string default_model_path();
@@ -50,6 +65,8 @@ int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& bo
 
 /// Writes `j` (pretty-printed) to `path`; throws naming the path on failure.
 void write_json(const std::string& path, const nlohmann::json& j);
+/// Writes `text` to `path`; throws naming the path on failure.
+void write_text(const std::string& path, const std::string& text);
 
 /// A progress line on stderr for work that takes more than about two seconds: silent before
 /// that, then "label 37/120 (31%), 4.2 s" redrawn in place on a terminal, or a line every 10%

@@ -6,6 +6,7 @@
 /// 'lm_head.weight': data_offsets end 4096 past the data section (2048 bytes)"). Executables
 /// catch it at the top (see cli.h) and print it; nothing is allowed to crash instead.
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,14 @@ std::string concat(const Args&... args) {
 template <class... Args>
 [[noreturn]] void fail(const Args&... args) {
   throw Error(detail::concat(args...));
+}
+
+/// a · b, or an error naming `what` when the product does not fit in 64 bits (sizes computed
+/// from user input: a context length times the bytes per token, ...).
+inline std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
+  std::int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) fail(what, ": ", a, " × ", b, " overflows 64 bits");
+  return r;
 }
 
 }  // namespace inferlab

@@ -1,14 +1,18 @@
 #include "common/gguf.h"
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 
 #include "common/safetensors.h"
 
 namespace inferlab::gguf {
 
 std::int64_t row_bytes(Type t, std::int64_t n) {
+  // n · 4 is the widest; checked so that a crafted shape cannot overflow it.
+  IL_CHECK(n >= 0 && n <= INT64_MAX / 4, "gguf: a row of ", n, " values is out of range");
   switch (t) {
     case Type::F32: return n * 4;
     case Type::F16: return n * 2;
@@ -28,7 +32,26 @@ std::string type_name(Type t) {
   return "?";
 }
 
+std::string kind_name(Value::Kind k) {
+  static const char* const names[] = {"UINT8", "INT8",   "UINT16", "INT16",  "UINT32", "INT32", "FLOAT32",
+                                      "BOOL",  "STRING", "ARRAY",  "UINT64", "INT64",  "FLOAT64"};
+  const auto i = static_cast<std::uint32_t>(k);
+  return i < std::size(names) ? names[i] : "type " + std::to_string(i);
+}
+
 namespace {
+
+// Bytes of a tensor (dimensions already checked positive), or -1 past 2^62: more than any file.
+std::int64_t tensor_bytes(const TensorInfo& t) {
+  std::int64_t rows = 1;
+  for (std::size_t d = 0; d + 1 < t.shape.size(); ++d)
+    if (__builtin_mul_overflow(rows, t.shape[d], &rows)) return -1;
+  std::int64_t bytes;
+  if (t.shape.back() > INT64_MAX / 4 || __builtin_mul_overflow(rows, row_bytes(t.type, t.shape.back()), &bytes) ||
+      bytes > (std::int64_t{1} << 62))
+    return -1;
+  return bytes;
+}
 
 // A cursor over the mapped bytes that fails with the file's name when it runs out.
 struct Reader {
@@ -60,7 +83,14 @@ struct Reader {
       case Value::Kind::I16: v.i = get<std::int16_t>(key.c_str()); break;
       case Value::Kind::U32: v.i = get<std::uint32_t>(key.c_str()); break;
       case Value::Kind::I32: v.i = get<std::int32_t>(key.c_str()); break;
-      case Value::Kind::U64: v.i = static_cast<std::int64_t>(get<std::uint64_t>(key.c_str())); break;
+      case Value::Kind::U64: {
+        const auto u = get<std::uint64_t>(key.c_str());
+        // Values are held as int64: refuse rather than wrap to a negative number.
+        IL_CHECK(u <= static_cast<std::uint64_t>(INT64_MAX), path, ": metadata '", key, "' = ", u,
+                 " is too large (UINT64 values must be below 2^63)");
+        v.i = static_cast<std::int64_t>(u);
+        break;
+      }
       case Value::Kind::I64: v.i = get<std::int64_t>(key.c_str()); break;
       case Value::Kind::F32: v.f = get<float>(key.c_str()); break;
       case Value::Kind::F64: v.f = get<double>(key.c_str()); break;
@@ -107,7 +137,13 @@ File::File(const std::string& path) : path_(path), file_(std::make_shared<Mapped
     const auto dims = r.get<std::uint32_t>(t.name.c_str());
     IL_CHECK(dims >= 1 && dims <= 4, path, ": tensor '", t.name, "' has ", dims, " dimensions");
     std::vector<std::int64_t> ne(dims);
-    for (auto& d : ne) d = static_cast<std::int64_t>(r.get<std::uint64_t>(t.name.c_str()));
+    for (auto& d : ne) {
+      const auto u = r.get<std::uint64_t>(t.name.c_str());
+      // Zero would divide by zero below; beyond 2^62 no file could hold it (and int64 would wrap).
+      IL_CHECK(u > 0 && u <= (std::uint64_t{1} << 62), path, ": tensor '", t.name, "' has a dimension of ", u,
+               " (dimensions must be in [1, 2^62])");
+      d = static_cast<std::int64_t>(u);
+    }
     t.shape.assign(ne.rbegin(), ne.rend());
     const auto type = r.get<std::uint32_t>(t.name.c_str());
     IL_CHECK(type == 0 || type == 1 || type == 2 || type == 8, path, ": tensor '", t.name, "' has ggml type ", type,
@@ -116,15 +152,42 @@ File::File(const std::string& path) : path_(path), file_(std::make_shared<Mapped
     if (t.type == Type::Q4_0 || t.type == Type::Q8_0)
       IL_CHECK(ne[0] % 32 == 0, path, ": tensor '", t.name, "' rows of ", ne[0], " are not whole blocks of 32");
     t.offset = r.get<std::uint64_t>(t.name.c_str());
+    // Misaligned F32/F16 data would be read through misaligned pointers.
+    IL_CHECK(t.offset % alignment == 0, path, ": tensor '", t.name, "' has offset ", t.offset,
+             ", not a multiple of the alignment ", alignment);
     tensors_.push_back(std::move(t));
   }
+  const std::size_t size = file_->size();
   data_start_ = (r.at + alignment - 1) / alignment * alignment;
+  IL_CHECK(tensors_.empty() || data_start_ <= size, path, ": the data section would start at byte ", data_start_,
+           ", past the end of the file (", size, " bytes)");
+  // Compared without adding to offset, which a crafted file can set near 2^64 to wrap the sum.
+  const std::uint64_t room = tensors_.empty() ? 0 : size - data_start_;
   for (const auto& t : tensors_) {
-    const std::int64_t rows = shape_numel(t.shape) / t.shape.back();
-    const std::uint64_t end = t.offset + static_cast<std::uint64_t>(rows * row_bytes(t.type, t.shape.back()));
-    IL_CHECK(data_start_ + end <= file_->size(), path, ": tensor '", t.name, "' ends at byte ", data_start_ + end,
-             ", past the end of the file (", file_->size(), " bytes)");
+    const std::int64_t bytes = tensor_bytes(t);
+    IL_CHECK(bytes >= 0, path, ": tensor '", t.name, "' of shape ", shape_str(t.shape), " is implausibly large");
+    IL_CHECK(t.offset <= room && static_cast<std::uint64_t>(bytes) <= room - t.offset, path, ": tensor '", t.name,
+             "' (", bytes, " bytes at offset ", t.offset, ") runs past the end of the file (", size,
+             " bytes, data from byte ", data_start_, ")");
   }
+}
+
+std::int64_t File::get_int(const std::string& key) const {
+  const Value& v = get(key);
+  IL_CHECK(v.is_integer(), path_, ": metadata '", key, "' is ", kind_name(v.kind), ", expected an integer");
+  return v.i;
+}
+
+double File::get_float(const std::string& key) const {
+  const Value& v = get(key);
+  IL_CHECK(v.is_float(), path_, ": metadata '", key, "' is ", kind_name(v.kind), ", expected FLOAT32 or FLOAT64");
+  return v.f;
+}
+
+const std::string& File::get_string(const std::string& key) const {
+  const Value& v = get(key);
+  IL_CHECK(v.kind == Value::Kind::String, path_, ": metadata '", key, "' is ", kind_name(v.kind), ", expected STRING");
+  return v.s;
 }
 
 bool File::has(const std::string& key) const {
@@ -220,6 +283,9 @@ void write(const std::string& path, const std::vector<std::pair<std::string, Val
   std::uint64_t offset = 0;
   for (const auto& t : tensors) {
     IL_CHECK(!t.shape.empty(), "gguf::write: tensor '", t.name, "' has no shape");
+    for (auto d : t.shape)  // what the reader accepts
+      IL_CHECK(d > 0, "gguf::write: tensor '", t.name, "' has shape ", shape_str(t.shape),
+               " (dimensions must be positive)");
     const std::int64_t rows = shape_numel(t.shape) / t.shape.back(), bytes = rows * row_bytes(t.type, t.shape.back());
     IL_CHECK(static_cast<std::int64_t>(t.bytes.nbytes()) == bytes, "gguf::write: tensor '", t.name, "' holds ",
              t.bytes.nbytes(), " bytes, ", type_name(t.type), shape_str(t.shape), " needs ", bytes);

@@ -26,7 +26,8 @@ namespace gguf {
 
 enum class Type : std::uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8 };
 
-/// Bytes of n values of a tensor type (n a multiple of 32 for the block types).
+/// Bytes of n values of a tensor type (n a multiple of 32 for the block types); throws for a
+/// negative n or one whose byte count would not fit an int64.
 std::int64_t row_bytes(Type t, std::int64_t n);
 std::string type_name(Type t);
 
@@ -36,7 +37,7 @@ struct Value {
     U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, Bool = 7, String = 8, Array = 9, U64 = 10, I64 = 11,
     F64 = 12
   } kind = Kind::U32;
-  std::int64_t i = 0;  ///< integers and booleans (u64 above 2^63 are not supported)
+  std::int64_t i = 0;  ///< integers and booleans (a u64 of 2^63 or more is an error)
   double f = 0;        ///< floats
   std::string s;       ///< strings
   Kind element = Kind::U32;     ///< arrays: the element kind
@@ -49,7 +50,12 @@ struct Value {
     x.kind = Kind::Array, x.element = element, x.items = std::move(items);
     return x;
   }
+  bool is_integer() const { return kind <= Kind::I32 || kind == Kind::U64 || kind == Kind::I64; }
+  bool is_float() const { return kind == Kind::F32 || kind == Kind::F64; }
 };
+
+/// The name of a metadata kind as the GGUF spec writes it ("UINT32", "STRING", ...).
+std::string kind_name(Value::Kind k);
 
 struct TensorInfo {
   std::string name;
@@ -67,6 +73,11 @@ class File {
   /// The value of a key; throws "<file>: missing metadata '<key>'".
   const Value& get(const std::string& key) const;
   bool has(const std::string& key) const;
+  /// Typed reads of a key: throw naming the file and key when it is missing or holds another
+  /// kind (get_float takes F32 and F64, get_int any integer kind but BOOL).
+  std::int64_t get_int(const std::string& key) const;
+  double get_float(const std::string& key) const;
+  const std::string& get_string(const std::string& key) const;
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo& info(const std::string& name) const;
   bool contains(const std::string& name) const;

@@ -1,5 +1,6 @@
 #include "common/hf_config.h"
 
+#include <cmath>
 #include <filesystem>
 
 #include "common/json_file.h"
@@ -12,6 +13,8 @@ HfConfig load_hf_config(const std::string& path) {
   HfConfig c;
   c.path = fs::is_directory(path) ? (fs::path(path) / "config.json").string() : path;
   IL_CHECK(fs::exists(c.path), "cannot open ", c.path, ": no such file (a model folder needs a config.json)");
+  IL_CHECK(fs::path(c.path).extension() == ".json", path,
+           " is not a Hugging Face model: expected its folder or its config.json");
   c.json = load_json(c.path);
   IL_CHECK(c.json.is_object(), c.path, ": expected a JSON object");
   return c;
@@ -59,22 +62,37 @@ TransformerConfig parse_transformer_config(const HfConfig& cfg) {
       c.eos_token_ids.push_back(f.get<std::int64_t>("eos_token_id"));
     }
   }
-  for (auto [name, v] : {std::pair{"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
-                         {"num_hidden_layers", c.num_layers}, {"num_attention_heads", c.num_heads},
-                         {"num_key_value_heads", c.num_kv_heads}, {"vocab_size", c.vocab_size}})
-    IL_CHECK(v > 0, cfg.path, ": field '", name, "' must be positive, got ", v);
-  IL_CHECK(c.num_heads % c.num_kv_heads == 0, cfg.path, ": num_attention_heads ", c.num_heads,
-           " is not a multiple of num_key_value_heads ", c.num_kv_heads);
   if (f.has("head_dim")) {
     c.head_dim = f.get<std::int64_t>("head_dim");
-    IL_CHECK(c.head_dim > 0, cfg.path, ": field 'head_dim' must be positive, got ", c.head_dim);
-  } else {
+  } else if (c.num_heads > 0) {
     IL_CHECK(c.hidden_size % c.num_heads == 0, cfg.path, ": hidden_size ", c.hidden_size,
              " is not a multiple of num_attention_heads ", c.num_heads, " (and no head_dim is given)");
     c.head_dim = c.hidden_size / c.num_heads;
   }
-  IL_CHECK(c.head_dim % 2 == 0, cfg.path, ": head_dim ", c.head_dim, " must be even for RoPE");
+  c.validate(cfg.path);
   return c;
+}
+
+void TransformerConfig::validate(const std::string& where) const {
+  // Positive, and small enough that every size the project multiplies out (parameters, cache
+  // bytes for any context it accepts) stays far inside 64 bits: the largest real models are
+  // about a tenth of each limit.
+  struct Field {
+    const char* name;
+    std::int64_t value, limit;
+  };
+  for (const Field& f : {Field{"hidden_size", hidden_size, 1 << 20}, Field{"intermediate_size", intermediate_size, 1 << 20},
+                         Field{"num_hidden_layers", num_layers, 1 << 12}, Field{"num_attention_heads", num_heads, 1 << 12},
+                         Field{"num_key_value_heads", num_kv_heads, 1 << 12}, Field{"head_dim", head_dim, 1 << 12},
+                         Field{"vocab_size", vocab_size, 1 << 24},
+                         Field{"max_position_embeddings", max_position_embeddings, 1 << 30}})
+    IL_CHECK(f.value > 0 && f.value <= f.limit, where, ": field '", f.name, "' must be in [1, ", f.limit, "], got ",
+             f.value);
+  IL_CHECK(num_heads % num_kv_heads == 0, where, ": num_attention_heads ", num_heads,
+           " is not a multiple of num_key_value_heads ", num_kv_heads);
+  IL_CHECK(head_dim % 2 == 0, where, ": head_dim ", head_dim, " must be even for RoPE");
+  IL_CHECK(std::isfinite(rms_norm_eps) && rms_norm_eps > 0, where, ": rms_norm_eps must be positive, got ", rms_norm_eps);
+  IL_CHECK(std::isfinite(rope_theta) && rope_theta > 0, where, ": rope_theta must be positive, got ", rope_theta);
 }
 
 std::int64_t TransformerConfig::num_parameters() const {

@@ -45,6 +45,10 @@ struct TransformerConfig {
   std::vector<std::int64_t> eos_token_ids;
   std::string torch_dtype;          ///< the dtype the weights were saved in, e.g. "bfloat16"
 
+  /// Checks that the fields agree and are in range (every count positive and below a limit that
+  /// keeps sizes far from overflowing, KV heads dividing query heads, an even head_dim, positive
+  /// eps and RoPE base); throws naming `where` (the file the config came from) and the field.
+  void validate(const std::string& where) const;
   /// Parameters: embeddings, attention, MLP, norms and (when untied) the output head.
   std::int64_t num_parameters() const;
   /// KV-cache elements per token: 2 · L · K · H (multiply by bytes per element).

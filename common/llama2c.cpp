@@ -1,6 +1,7 @@
 #include "common/llama2c.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -25,6 +26,7 @@ TransformerConfig config_of(const Header& h, bool shared, const std::string& pat
              " is not plausible (is this a llama2.c checkpoint?)");
   IL_CHECK(h.dim % h.heads == 0, path, ": dim ", h.dim, " is not a multiple of n_heads ", h.heads);
   IL_CHECK(h.heads % h.kv_heads == 0, path, ": n_heads ", h.heads, " is not a multiple of n_kv_heads ", h.kv_heads);
+  IL_CHECK(h.dim / h.heads % 2 == 0, path, ": head size dim / n_heads = ", h.dim / h.heads, " must be even for RoPE");
   TransformerConfig c;
   c.architecture = "LlamaForCausalLM";
   c.hidden_size = h.dim, c.intermediate_size = h.hidden, c.num_layers = h.layers, c.num_heads = h.heads;
@@ -72,9 +74,18 @@ void walk(const std::vector<Block>& blocks, std::int64_t layers, F&& f) {
   }
 }
 
-std::int64_t count_floats(const std::vector<Block>& blocks, std::int64_t layers) {
+// Floats in `blocks` over all layers. Each header field is below 2^24, so one tensor is below
+// 2^48 values but the sum can pass 2^63: refuse past 2^60 (4 EiB of floats), where the byte
+// counts the callers derive still fit.
+std::int64_t count_floats(const std::vector<Block>& blocks, std::int64_t layers, const std::string& path) {
+  constexpr std::int64_t kMax = std::int64_t{1} << 60;
   std::int64_t n = 0;
-  walk(blocks, layers, [&](const std::string&, const Shape& s) { n += shape_numel(s); });
+  for (const auto& b : blocks) {
+    const std::int64_t each = shape_numel(b.shape), copies = b.per_layer ? layers : 1;
+    IL_CHECK(each <= (kMax - n) / copies, path, ": the header's sizes imply more than 2^60 weights",
+             " (is this a llama2.c checkpoint?)");
+    n += each * copies;
+  }
   return n;
 }
 
@@ -104,6 +115,9 @@ Llama2cCheckpoint load_llama2c(const std::string& path) {
   } else {
     std::memcpy(&h, base, sizeof h);
     shared = h.vocab > 0;  // v0: the sign of vocab_size says whether the classifier is shared
+    // -2^31 has no positive counterpart (std::abs of it is undefined).
+    IL_CHECK(h.vocab != INT32_MIN, path, ": header field vocab_size = ", h.vocab,
+             " is not plausible (is this a llama2.c checkpoint?)");
     h.vocab = std::abs(h.vocab);
     offset = sizeof h;
   }
@@ -116,7 +130,7 @@ Llama2cCheckpoint load_llama2c(const std::string& path) {
   };
   if (ck.version == 0 || ck.version == 1) {
     const auto blocks = ck.version == 0 ? blocks_v0(c) : blocks_v1(c);
-    std::int64_t floats = count_floats(blocks, c.num_layers);
+    std::int64_t floats = count_floats(blocks, c.num_layers, path);
     if (ck.version == 0) floats += c.max_position_embeddings * c.head_dim;  // the unused RoPE tables
     if (!shared) floats += V * D;
     const std::size_t want = offset + static_cast<std::size_t>(floats) * 4;
@@ -136,7 +150,8 @@ Llama2cCheckpoint load_llama2c(const std::string& path) {
   const auto all = blocks_v1(c);
   const std::vector<Block> norms(all.begin(), all.begin() + 3), quant(all.begin() + 3, all.end());
   std::size_t at = offset;
-  std::size_t need = offset + static_cast<std::size_t>(count_floats(norms, c.num_layers)) * 4;
+  std::size_t need = offset + static_cast<std::size_t>(count_floats(norms, c.num_layers, path)) * 4;
+  count_floats(quant, c.num_layers, path);  // bounds the sums below
   walk(quant, c.num_layers, [&](const std::string&, const Shape& s) {
     need += static_cast<std::size_t>(shape_numel(s)) + static_cast<std::size_t>(shape_numel(s) / group) * 4;
   });
@@ -241,6 +256,16 @@ Llama2cTokenizer Llama2cTokenizer::load(const std::string& path) {
   }
   IL_CHECK(t.pieces_.size() > 3, path, ": no tokens");
   return t;
+}
+
+void check_tokenizer_vocab(const Tokenizer& tok, std::int64_t vocab_size, const std::string& model) {
+  if (dynamic_cast<const Llama2cTokenizer*>(&tok) != nullptr)
+    IL_CHECK(tok.vocab_size() == vocab_size, tok.path(), ": ", tok.vocab_size(), " tokens, but ", model,
+             " has a vocabulary of ", vocab_size,
+             " (a llama2.c tokenizer must match it exactly: truncated, or for another model?)");
+  else
+    IL_CHECK(tok.vocab_size() <= vocab_size, tok.path(), ": ", tok.vocab_size(),
+             " tokens do not fit the vocabulary of ", vocab_size, " of ", model);
 }
 
 const std::string& Llama2cTokenizer::id_to_token(std::int32_t id) const {

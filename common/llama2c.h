@@ -52,6 +52,12 @@ void save_llama2c(const std::string& path, const TransformerConfig& config,
 /// reverse permutation otherwise.
 Tensor permute_rope_rows(const Tensor& w, std::int64_t heads, bool to_half_split);
 
+/// Checks that `tok` can serve a model with `vocab_size` embedding rows (`model` names it in the
+/// error). A llama2.c tokenizer.bin stores no token count (run.c reads exactly vocab_size
+/// tokens), so it must hold exactly that many: a file cut at a token boundary is caught here.
+/// Any other tokenizer may have fewer tokens than rows (padded tables), never more.
+void check_tokenizer_vocab(const Tokenizer& tok, std::int64_t vocab_size, const std::string& model);
+
 /// llama2.c's tokenizer: SentencePiece-style BPE over byte-fallback pieces, BOS = 1, EOS = 2.
 class Llama2cTokenizer final : public Tokenizer {
  public:

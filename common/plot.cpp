@@ -1,14 +1,12 @@
 #include "common/plot.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <limits>
 #include <sstream>
 
+#include "common/cli.h"
 #include "common/error.h"
 
 namespace inferlab::plot {
@@ -149,11 +147,6 @@ std::string to_svg(const Figure& f) {
   return o.str();
 }
 
-void save_svg(const Figure& f, const std::string& path) {
-  std::ofstream out(path);
-  IL_CHECK(out.good(), "cannot write ", path, ": ", std::strerror(errno));
-  out << to_svg(f);
-  IL_CHECK(out.good(), "error writing ", path);
-}
+void save_svg(const Figure& f, const std::string& path) { write_text(path, to_svg(f)); }
 
 }  // namespace inferlab::plot

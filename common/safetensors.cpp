@@ -107,9 +107,13 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_shar
              ": missing field 'data_offsets' ([begin, end])");
     TensorInfo info;
     info.dtype = parse_safetensors_dtype(e["dtype"].get<std::string>(), ctx);
+    const std::string shape_ctx = ctx + ": shape " + e["shape"].dump();
+    std::int64_t numel = 1;
     for (const json& d : e["shape"]) {
-      IL_CHECK(d.is_number_unsigned(), ctx, ": field 'shape' must hold non-negative integers, got ", d.dump());
+      IL_CHECK(d.is_number_unsigned() && d.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX), ctx,
+               ": field 'shape' must hold non-negative 64-bit integers, got ", d.dump());
       info.shape.push_back(d.get<std::int64_t>());
+      numel = checked_mul(numel, info.shape.back(), shape_ctx.c_str());
     }
     for (const json& o : e["data_offsets"])
       IL_CHECK(o.is_number_unsigned(), ctx, ": field 'data_offsets' must hold non-negative integers, got ", o.dump());
@@ -118,7 +122,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_shar
     IL_CHECK(info.begin <= info.end, ctx, ": data_offsets [", info.begin, ", ", info.end, "] run backwards");
     IL_CHECK(info.end <= data_size, ctx, ": data_offsets end ", info.end, " is past the end of the data section (",
              data_size, " bytes); the file is truncated or corrupt");
-    const std::size_t want = static_cast<std::size_t>(shape_numel(info.shape)) * dtype_size(info.dtype);
+    const auto want = static_cast<std::size_t>(
+        checked_mul(numel, static_cast<std::int64_t>(dtype_size(info.dtype)), shape_ctx.c_str()));
     IL_CHECK(info.end - info.begin == want, ctx, ": data_offsets hold ", info.end - info.begin, " bytes but ",
              e["dtype"].get<std::string>(), shape_str(info.shape), " needs ", want);
     infos_[name] = info;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "common/ops.h"
@@ -13,6 +14,7 @@ void validate(const SamplingParams& p) {
            p.temperature);
   IL_CHECK(p.top_k >= 0, "sampling: top-k must be >= 0 (0 keeps every token), got ", p.top_k);
   IL_CHECK(p.top_p > 0 && p.top_p <= 1, "sampling: top-p must be in (0, 1], got ", p.top_p);
+  IL_CHECK(p.vocab >= 0, "sampling: vocabulary size must be >= 0 (0: every id), got ", p.vocab);
 }
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { validate(p); }
@@ -29,8 +31,16 @@ std::int32_t Sampler::sample(const Tensor& logits) {
 
 std::int32_t Sampler::sample(const float* logits, std::int64_t V) {
   IL_CHECK(V > 0, "sample: empty logits");
+  if (p_.vocab > 0) {
+    IL_CHECK(p_.vocab <= V, "sample: ", V, " logits for a vocabulary of ", p_.vocab);
+    V = p_.vocab;
+  }
+  // -inf is a masked token; NaN or +inf means the forward pass overflowed.
   for (std::int64_t i = 0; i < V; ++i)
-    IL_CHECK(!std::isnan(logits[i]), "sample: logit ", i, " is NaN (the model's output is broken)");
+    IL_CHECK(!std::isnan(logits[i]) && logits[i] != std::numeric_limits<float>::infinity(), "sample: logit ", i, " is ",
+             std::isnan(logits[i]) ? "NaN" : "+inf", " (the model's output is broken)");
+  IL_CHECK(*std::max_element(logits, logits + V) > -std::numeric_limits<float>::infinity(),
+           "sample: every logit is -inf, there is no token to choose");
   if (p_.temperature == 0.0f) {
     // Greedy: the first index of the maximum, exactly as ops::argmax.
     return static_cast<std::int32_t>(std::max_element(logits, logits + V) - logits);

@@ -21,6 +21,10 @@ struct SamplingParams {
   int top_k = 0;             ///< keep the k most likely tokens; 0 keeps all
   float top_p = 1.0f;        ///< keep the smallest set whose probability reaches p; 1 keeps all
   std::uint64_t seed = 0;
+  /// Sample only ids below this; 0 samples every id. A model's embedding table may be padded
+  /// beyond its tokenizer (tiny-mha: 1024 rows for 988 tokens), and the padding rows are ids no
+  /// tokenizer can decode, so the chapters set this to the tokenizer's size.
+  std::int64_t vocab = 0;
 };
 
 /// Checks the parameters; throws inferlab::Error naming a bad one.

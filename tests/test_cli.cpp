@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "common/cli.h"
+#include "common/tokenizer.h"
 #include "test_util.h"
 
 namespace inferlab {
@@ -38,8 +39,11 @@ TEST(Cli, DefaultsAndParsing) {
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.opts.prompt, "Hi there");
   EXPECT_EQ(r.opts.max_new_tokens, 5);
-  EXPECT_EQ(r.opts.sampling().top_k, 40);
-  EXPECT_FLOAT_EQ(r.opts.sampling().top_p, 0.9f);
+  const HfTokenizer tok = HfTokenizer::load(default_model_path());  // 988 tokens for 1024 embedding rows
+  EXPECT_EQ(r.opts.sampling(tok, 1024).top_k, 40);
+  EXPECT_FLOAT_EQ(r.opts.sampling(tok, 1024).top_p, 0.9f);
+  EXPECT_EQ(r.opts.sampling(tok, 1024).vocab, 988);  // the padded rows 988..1023 are never sampled
+  test::expect_error([&] { r.opts.sampling(tok, 900); }, {"988 tokens do not fit the vocabulary of 900"});
   EXPECT_EQ(r.opts.json, "out.json");
 }
 
@@ -49,7 +53,12 @@ TEST(Cli, BadCommandLinesExitWithStatus2AndSayWhy) {
            {{"--device", "tpu"}, "tpu"},
            {{"--max-new-tokens", "-3"}, "max-new-tokens"},
            {{"--top-p", "1.5"}, "top-p"},
-           {{"--temperature", "hot"}, "temperature"}}) {
+           {{"--temperature", "hot"}, "temperature"},
+           {{"--temperature", "nan"}, "'nan' is not a finite number"},
+           {{"--max-new-tokens", "0"}, "0 is outside [1, 1048576]"},
+           {{"--max-new-tokens", "99999999999999999999"}, "outside [1, 1048576]"},
+           {{"--seed", "-1"}, "-1 is outside [0, "},
+           {{"--top-p", "0"}, "top-p"}}) {
     CliRun r = run(args);
     EXPECT_EQ(r.status, 2) << args[0];
     EXPECT_NE(r.err.find(words), std::string::npos) << r.err;
@@ -69,6 +78,23 @@ TEST(Cli, ErrorsInTheBodyExitWithStatus1AndAMessage) {
   });
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("no CUDA device available: " + reason), std::string::npos) << r.err;
+}
+
+TEST(Cli, OptionsACommandDoesNotUseAreRejected) {
+  CliRun r = run({"--device", "cpu"}, [](const CommonOptions&) { return 0; });
+  EXPECT_EQ(r.status, 0);
+  CLI::App app{"test", "chXX_test"};
+  CommonOptions o;
+  add_common_options(app, o);
+  std::vector<const char*> argv = {"chXX_test", "--device", "cuda"};
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  reject_options(app, {"--model"}, "chXX_test calc");  // not given: fine
+  test::expect_error([&] { reject_options(app, {"--model", "--device"}, "chXX_test calc"); },
+                     {"chXX_test calc does not use --device"});
+}
+
+TEST(Cli, WriteTextNamesAnUnwritablePath) {
+  test::expect_error([] { write_text("/no/such/dir/x.md", "hi"); }, {"cannot write /no/such/dir/x.md"});
 }
 
 }  // namespace

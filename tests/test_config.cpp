@@ -60,10 +60,23 @@ TEST(Config, MissingAndMistypedFieldsAreNamed) {
   expect_error([&] { parse_transformer_config(load_hf_config(path)); }, {"not a multiple of num_key_value_heads 3"});
   test::write_file(path, R"({"hidden_size":64,"intermediate_size":128,"num_hidden_layers":0,
       "num_attention_heads":4,"vocab_size":10})");
-  expect_error([&] { parse_transformer_config(load_hf_config(path)); }, {"'num_hidden_layers' must be positive"});
+  expect_error([&] { parse_transformer_config(load_hf_config(path)); }, {"'num_hidden_layers' must be in [1, 4096], got 0"});
+  // Absurd sizes are refused before anything multiplies them out (a product would overflow).
+  test::write_file(path, R"({"hidden_size":1e15,"intermediate_size":128,"num_hidden_layers":2,
+      "num_attention_heads":4,"vocab_size":10})");
+  expect_error([&] { parse_transformer_config(load_hf_config(path)); }, {"hidden_size"});
+  test::write_file(path, R"({"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+      "num_attention_heads":4,"vocab_size":10,"max_position_embeddings":-5})");
+  expect_error([&] { parse_transformer_config(load_hf_config(path)); }, {"'max_position_embeddings' must be in [1, "});
+  test::write_file(path, R"({"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+      "num_attention_heads":4,"vocab_size":10,"rms_norm_eps":-1e-5})");
+  expect_error([&] { parse_transformer_config(load_hf_config(path)); }, {"rms_norm_eps must be positive"});
   test::write_file(path, R"({"hidden_size": 64,)");
   expect_error([&] { load_hf_config(path); }, {path, "not valid JSON"});
   expect_error([&] { load_hf_config(dir.file("nowhere")); }, {"nowhere", "config.json"});
+  test::write_file(dir.file("model.safetensors"), "not a config");
+  expect_error([&] { load_hf_config(dir.file("model.safetensors")); },
+               {"model.safetensors is not a Hugging Face model: expected its folder or its config.json"});
 }
 
 }  // namespace

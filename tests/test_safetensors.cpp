@@ -130,6 +130,10 @@ TEST(Safetensors, MalformedFilesNameTheFileAndTheField) {
        {"tensor 'w'", "hold 8 bytes", "needs 12"}},
       {"negative shape", make_file(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", data),
        {"tensor 'w'", "'shape'"}},
+      {"huge dimension", make_file(R"({"w":{"dtype":"F32","shape":[18446744073709551615,2],"data_offsets":[0,8]}})", data),
+       {"tensor 'w'", "64-bit integers", "18446744073709551615"}},
+      {"overflowing size", make_file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", data),
+       {"tensor 'w'", "overflows 64 bits"}},
       {"backwards", make_file(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", data), {"run backwards"}},
       {"overlap", make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                             R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data),

@@ -99,6 +99,21 @@ TEST(Sampling, BadParametersAndNaNAreClearErrors) {
   Sampler s({});
   expect_error([&] { s.sample(bad.data(), 3); }, {"logit 1 is NaN"});
   expect_error([&] { s.sample(Tensor::zeros({2, 3}, DType::F32)); }, {"one row"});
+  std::vector<float> overflow = {0.1f, INFINITY, 0.3f}, masked = {-INFINITY, -INFINITY};
+  expect_error([&] { s.sample(overflow.data(), 3); }, {"logit 1 is +inf"});
+  expect_error([&] { s.sample(masked.data(), 2); }, {"every logit is -inf"});
+  expect_error([&] { Sampler({1.0f, 0, 1.0f, 0, 8}).sample(bad.data(), 3); }, {"3 logits for a vocabulary of 8"});
+}
+
+TEST(Sampling, PaddedVocabularyRowsAreNeverChosen) {
+  // Rows 3 and 4 pad the embedding table beyond a 3-token tokenizer; they hold most of the mass.
+  const auto l = logits_of({0.1, 0.1, 0.1, 0.4, 0.3});
+  for (float t : {0.0f, 1.0f, 5.0f}) {
+    Sampler s({t, 0, 1.0f, 7, 3});
+    for (int i = 0; i < 500; ++i) ASSERT_LT(s.sample(l.data(), 5), 3) << "temperature " << t;
+  }
+  Sampler all({0.0f, 0, 1.0f, 7, 0});
+  EXPECT_EQ(all.sample(l.data(), 5), 3);  // without the limit greedy takes the padding row
 }
 
 }  // namespace

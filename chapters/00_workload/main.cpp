@@ -103,6 +103,7 @@ int memory(const Options& o) {
   const std::int64_t w = bytes_per_value(o.dtype);
   const std::int64_t per_token = kv_cache_bytes(c, 1, w), per_seq = kv_cache_bytes(c, o.seq, w);
   const std::int64_t params = param_bytes(c, w), mb = max_batch(c, o.seq, acc.memory_bytes, w);
+  const double per_batch = static_cast<double>(per_seq) * static_cast<double>(o.batch);  // may pass 2^63 bytes
   std::printf("%s in %s: %.2f billion parameters\n", o.common.model.c_str(), o.dtype.c_str(),
               static_cast<double>(c.num_parameters()) / 1e9);
   std::printf("  KV cache per token     S×K×H×L×2×w = 1×%lld×%lld×%lld×2×%lld = %lld bytes\n",
@@ -110,8 +111,8 @@ int memory(const Options& o) {
               static_cast<long long>(c.num_layers), static_cast<long long>(w), static_cast<long long>(per_token));
   std::printf("  KV cache per sequence  S = %lld: %lld bytes (%s)\n", static_cast<long long>(o.seq),
               static_cast<long long>(per_seq), metrics::human_bytes(static_cast<double>(per_seq)).c_str());
-  std::printf("  KV cache for B = %lld    %lld bytes (%s)\n", static_cast<long long>(o.batch),
-              static_cast<long long>(per_seq * o.batch), metrics::human_bytes(static_cast<double>(per_seq * o.batch)).c_str());
+  std::printf("  KV cache for B = %lld    %.0f bytes (%s)\n", static_cast<long long>(o.batch), per_batch,
+              metrics::human_bytes(per_batch).c_str());
   std::printf("  parameters             %lld bytes (%.1f GB)\n", static_cast<long long>(params), params / 1e9);
   if (mb < 0)
     std::printf("  on %s (%.0f GB): does not fit: the weights alone need %.1f GB\n", acc.name.c_str(),
@@ -121,7 +122,7 @@ int memory(const Options& o) {
                 static_cast<long long>(o.seq), static_cast<long long>(mb));
   emit_json(o, {{"model", o.common.model}, {"dtype", o.dtype}, {"seq", o.seq}, {"batch", o.batch},
                 {"parameters", c.num_parameters()}, {"kv_bytes_per_token", per_token}, {"kv_bytes_per_sequence", per_seq},
-                {"kv_bytes_batch", per_seq * o.batch}, {"param_bytes", params},
+                {"kv_bytes_batch", per_batch}, {"param_bytes", params},
                 {"accelerator", metrics::to_json(acc)}, {"max_batch", mb}});
   return 0;
 }
@@ -209,7 +210,7 @@ int lecture(const Options& o) {
   std::printf("\n%zu numbers checked; %d disagree (listed above). The full table: docs/lecture-numbers.md\n",
               claims.size(), dis);
   if (!o.markdown.empty()) {
-    std::ofstream(o.markdown) << lecture_markdown();
+    write_text(o.markdown, lecture_markdown());
     std::printf("wrote %s\n", o.markdown.c_str());
   }
   json j = json::array();
@@ -222,7 +223,7 @@ int lecture(const Options& o) {
 }
 
 // No subcommand: the tour's few lines.
-int headline(const Options& o) {
+int headline() {
   const TransformerConfig c = find_model("Llama-2-13B");
   const auto h100 = find_accelerator("h100");
   const Cost step = forward_cost(c, 1, 1024, 1);
@@ -241,7 +242,6 @@ int headline(const Options& o) {
   int dis = 0;
   for (const auto& cl : lecture_claims()) dis += cl.verdict == Claim::Disagree;
   std::printf("  %zu numbers in the lecture recomputed, %d disagree: ch00_workload lecture\n", lecture_claims().size(), dis);
-  (void)o;
   return 0;
 }
 
@@ -257,19 +257,19 @@ int main(int argc, char** argv) {
   auto add_model_opts = [&](CLI::App* s) {
     s->add_option("--dtype", o.dtype, "Bytes per value: f32, bf16, f16, fp8, int8")->capture_default_str();
     s->add_option("--accelerator", o.accelerator, "Datasheet preset: h100, h200, a100")->capture_default_str();
-    s->add_option("--memory-gb", o.memory_gb, "Override the accelerator's memory (GB)");
-    s->add_option("--seq", o.seq, "Context length S")->check(CLI::PositiveNumber)->capture_default_str();
-    s->add_option("--kv-heads", o.kv_heads, "Override the number of KV heads (a GQA variant)")->check(CLI::PositiveNumber);
+    s->add_option("--memory-gb", o.memory_gb, "Override the accelerator's memory (GB)")->check(number_in(1e-3, 1e6));
+    s->add_option("--seq", o.seq, "Context length S")->check(number_in(1, 1 << 24))->capture_default_str();
+    s->add_option("--kv-heads", o.kv_heads, "Override the number of KV heads (a GQA variant)")->check(number_in(1, 4096));
   };
   auto* si = app.add_subcommand("intensity", "Arithmetic intensity of matmul, MLP and attention, prefill and generation");
   add_model_opts(si);
-  si->add_option("--batch", o.batch, "Batch size B")->check(CLI::PositiveNumber)->capture_default_str();
+  si->add_option("--batch", o.batch, "Batch size B")->check(number_in(1, 1 << 20))->capture_default_str();
   auto* sm = app.add_subcommand("memory", "KV-cache and parameter bytes; the largest batch that fits");
   add_model_opts(sm);
-  sm->add_option("--batch", o.batch, "Batch size B")->check(CLI::PositiveNumber)->capture_default_str();
+  sm->add_option("--batch", o.batch, "Batch size B")->check(number_in(1, 1 << 20))->capture_default_str();
   auto* sl = app.add_subcommand("latency", "The memory-bound latency/throughput model over batch sizes");
   add_model_opts(sl);
-  sl->add_option("--batches", o.batches, "Batch sizes to sweep")->check(CLI::PositiveNumber)->delimiter(',');
+  sl->add_option("--batches", o.batches, "Batch sizes to sweep")->check(number_in(1, 1 << 20))->delimiter(',');
   sl->add_option("--svg", o.svg, "Write the plot here");
   auto* sr = app.add_subcommand("roofline", "Measure this machine's roofline and draw it with presets and points");
   sr->add_option("--points", o.points, "JSON files with roofline points written by the chapters");
@@ -278,11 +278,21 @@ int main(int argc, char** argv) {
   sc->add_option("--markdown", o.markdown, "Write the table as Markdown (docs/lecture-numbers.md)");
   app.require_subcommand(0, 1);
   return run_cli(app, argc, argv, [&] {
+    const std::string cmd = std::string("ch00_workload") + (*si   ? " intensity"
+                                                            : *sm ? " memory"
+                                                            : *sl ? " latency"
+                                                            : *sr ? " roofline"
+                                                            : *sc ? " lecture"
+                                                                  : "");
+    // A calculator generates nothing; only roofline measures a device; only three commands take a model.
+    reject_options(app, {"--prompt", "--max-new-tokens", "--seed", "--temperature", "--top-k", "--top-p"}, cmd);
+    if (!*sr) reject_options(app, {"--device"}, cmd);
+    if (!(*si || *sm || *sl)) reject_options(app, {"--model"}, cmd);
     if (*si) return intensity(o);
     if (*sm) return memory(o);
     if (*sl) return latency(o);
     if (*sr) return roofline(o);
     if (*sc) return lecture(o);
-    return headline(o);
+    return headline();
   });
 }

@@ -40,7 +40,7 @@ Cost forward_cost(const TransformerConfig& c, double B, double S, double T, doub
 }
 
 std::int64_t kv_cache_bytes(const TransformerConfig& c, std::int64_t S, std::int64_t w) {
-  return S * c.num_kv_heads * c.head_dim * c.num_layers * 2 * w;
+  return checked_mul(S, c.num_kv_heads * c.head_dim * c.num_layers * 2 * w, "KV-cache bytes");
 }
 
 std::int64_t param_bytes(const TransformerConfig& c, std::int64_t w) { return c.num_parameters() * w; }

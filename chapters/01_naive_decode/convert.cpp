@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chapters/01_naive_decode/llama.h"
+#include "common/cli.h"
 #include "common/llama2c.h"
 #include "common/safetensors.h"
 
@@ -15,6 +16,11 @@ namespace fs = std::filesystem;
 void convert_llama2c_to_hf(const std::string& checkpoint, const std::string& tokenizer, const std::string& out_dir) {
   const Llama2cCheckpoint ck = load_llama2c(checkpoint);
   const auto& c = ck.config;
+  // The tokenizer first, so that a wrong one fails before anything is written.
+  const auto tok = Tokenizer::for_model(checkpoint, tokenizer);
+  const auto* l2c = dynamic_cast<const Llama2cTokenizer*>(tok.get());
+  IL_CHECK(l2c != nullptr, tok->path(), " is not a llama2.c tokenizer (.bin)");
+  check_tokenizer_vocab(*tok, c.vocab_size, checkpoint);
   fs::create_directories(out_dir);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const auto& [name, t] : ck.tensors) {
@@ -40,13 +46,8 @@ void convert_llama2c_to_hf(const std::string& checkpoint, const std::string& tok
                                  {"bos_token_id", 1},
                                  {"eos_token_id", 2},
                                  {"torch_dtype", "float32"}};
-  std::ofstream((fs::path(out_dir) / "config.json").string()) << config.dump(2) << "\n";
-  const auto tok = Tokenizer::for_model(checkpoint, tokenizer);
-  const auto* l2c = dynamic_cast<const Llama2cTokenizer*>(tok.get());
-  IL_CHECK(l2c != nullptr, tok->path(), " is not a llama2.c tokenizer (.bin)");
-  std::ofstream out((fs::path(out_dir) / "tokenizer.json").string());
-  out << l2c->to_tokenizer_json() << "\n";
-  IL_CHECK(out.good(), "error writing ", out_dir, "/tokenizer.json");
+  write_json((fs::path(out_dir) / "config.json").string(), config);
+  write_text((fs::path(out_dir) / "tokenizer.json").string(), l2c->to_tokenizer_json() + "\n");
 }
 
 void convert_hf_to_llama2c(const std::string& folder, const std::string& out_file) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <numbers>
 #include <random>
+#include <set>
 
 #include "common/cuda/backend.h"
 #include "common/json_file.h"
@@ -115,14 +116,13 @@ Llama assemble(const TransformerConfig& c, Get get, Has has) {
   return m;
 }
 
-// Architectures whose forward pass is exactly the one above.
+}  // namespace
+
 bool llama_family(const std::string& arch) {
   for (const char* a : {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "InternLM2ForCausalLM"})
     if (arch == a) return true;
   return false;
 }
-
-}  // namespace
 
 Llama load_llama(const std::string& path) {
   namespace fs = std::filesystem;
@@ -145,13 +145,22 @@ Llama load_llama(const std::string& path) {
            "' is not a Llama-family decoder this chapter can run (LlamaForCausalLM, MistralForCausalLM, "
            "Qwen2ForCausalLM)");
   const TransformerConfig c = parse_transformer_config(hf);
-  if (arch == "MistralForCausalLM" && hf.json.contains("sliding_window") && !hf.json["sliding_window"].is_null())
-    IL_CHECK(hf.json["sliding_window"].get<std::int64_t>() >= c.max_position_embeddings, hf.path,
+  const JsonFields fields(hf.json, hf.path);
+  if (arch == "MistralForCausalLM" && fields.has("sliding_window"))
+    IL_CHECK(fields.get<std::int64_t>("sliding_window") >= c.max_position_embeddings, hf.path,
              ": this Mistral uses a sliding window of ", hf.json["sliding_window"].dump(),
              " tokens, which chapter 06 implements; chapter 01 would silently attend to everything");
   const Checkpoint ck(fs::is_directory(path) ? path : fs::path(path).parent_path().string());
-  Llama m = assemble(c, [&](const std::string& n, const Shape& s) { return ck.get(n, s); },
+  std::set<std::string> used;
+  Llama m = assemble(c, [&](const std::string& n, const Shape& s) { return used.insert(n), ck.get(n, s); },
                      [&](const std::string& n) { return ck.contains(n); });
+  // A tensor the config does not account for means the two disagree (e.g. num_hidden_layers
+  // smaller than the checkpoint's layers): running would silently use part of the model.
+  for (const std::string& n : ck.names())
+    IL_CHECK(used.count(n) || n.find("rotary_emb.inv_freq") != std::string::npos ||
+                 (n == "lm_head.weight" && c.tie_word_embeddings),  // tied: transformers ignores it too
+             ck.path(), ": tensor '", n,
+             "' is not part of the model that ", hf.path, " describes (does num_hidden_layers match the checkpoint?)");
   m.source = path;
   return m;
 }

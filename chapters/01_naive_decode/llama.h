@@ -43,6 +43,10 @@ struct Llama {
   Llama to(Device device, DType dtype) const;
 };
 
+/// Whether a config.json architecture runs exactly this chapter's forward pass (Llama, Mistral
+/// without a sliding window, Qwen2, ...).
+bool llama_family(const std::string& arch);
+
 /// Loads a Hugging Face model folder (config.json and safetensors: Llama, Mistral, Qwen2 and
 /// other Llama-family architectures) or a llama2.c checkpoint (.bin). Checks every tensor's
 /// shape against the config and says which one is wrong or missing.

@@ -53,8 +53,6 @@ int main(int argc, char** argv) {
     const DType wt = dtype == "bf16" ? DType::BF16 : dtype == "f16" ? DType::F16 : DType::F32;
     Llama m = load_llama(o.model).to(dev, wt);
     const auto tok = Tokenizer::for_model(o.model, tokenizer_path);
-    IL_CHECK(tok->vocab_size() <= m.config.vocab_size, "the tokenizer (", tok->vocab_size(),
-             " tokens) does not fit the model's vocabulary of ", m.config.vocab_size);
     const auto prompt = tok->encode(o.prompt);
     std::vector<std::int64_t> eos = m.config.eos_token_ids;
     if (m.rope_pairing == RopePairing::Adjacent) eos.push_back(1);  // llama2.c models end a story with BOS
@@ -62,7 +60,7 @@ int main(int argc, char** argv) {
                 static_cast<double>(m.config.num_parameters()) / 1e6, dtype_name(m.weight_dtype()).data(),
                 device_name(dev).data());
     std::printf("naive decoding: each step runs the forward pass over the whole sequence so far\n\n");
-    Sampler sampler(o.sampling());
+    Sampler sampler(o.sampling(*tok, m.config.vocab_size));
     TextStream stream(*tok, prompt);
     const Generation g = generate_naive(m, prompt, o.max_new_tokens, sampler, eos,
                                         [&](const Generation& gen) { stream.print(gen.tokens); });

@@ -34,13 +34,15 @@ int main(int argc, char** argv) {
     std::printf("%s: %s, %.2f M parameters, %s weights on %s\n", app.get_name().c_str(), m.source.c_str(),
                 static_cast<double>(c.num_parameters()) / 1e6, dtype_name(m.weight_dtype()).data(), device_name(dev).data());
     const std::int64_t S = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
+    ch01::check_context(m, prompt.size(), o.max_new_tokens);  // before allocating a cache of S positions
     const KVCache probe = KVCache::allocate(c, S, Device::CPU);
     std::printf("KV cache for S = %lld: %s\n  = S × K × H × L × 2 × 4 bytes = %lld × %lld × %lld × %lld × 2 × 4 = %lld\n\n",
                 static_cast<long long>(S), probe.layout().c_str(), static_cast<long long>(S),
                 static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.head_dim),
                 static_cast<long long>(c.num_layers), static_cast<long long>(S * c.num_kv_heads * c.head_dim * c.num_layers * 8));
 
-    Sampler s1(o.sampling()), s2(o.sampling());
+    const SamplingParams sp = o.sampling(*tok, c.vocab_size);
+    Sampler s1(sp), s2(sp);
     TextStream stream(*tok, prompt);
     const CachedGeneration cg = generate_cached(m, prompt, o.max_new_tokens, s2, eos,
                                                 [&](const ch01::Generation& g) { stream.print(g.tokens); });

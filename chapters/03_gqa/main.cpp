@@ -4,6 +4,7 @@
 //   ch03_gqa memory          KV bytes per token and the largest batch for MHA, GQA and MQA
 //   ch03_gqa throughput      measured decode throughput against batch size, with the prediction
 //   ch03_gqa convert         tiny-mha mean-pooled to GQA/MQA against tiny-gqa/tiny-mqa
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -35,7 +36,10 @@ metrics::Ceiling ceiling(Device dev) {
 std::string variant_name(std::int64_t K, std::int64_t N) { return K == N ? "MHA" : K == 1 ? "MQA" : "GQA"; }
 
 int memory(const CommonOptions& o, std::int64_t seq, double memory_gb) {
-  const auto base = parse_transformer_config(load_hf_config(o.model));
+  const HfConfig hf = load_hf_config(o.model);
+  IL_CHECK(ch01::llama_family(hf.architecture()), hf.path, ": architecture '", hf.architecture(),
+           "' does not keep a Llama-style cache of 2 × L × K × H values per token; this table would be wrong for it");
+  const auto base = parse_transformer_config(hf);
   const std::int64_t N = base.num_heads;
   std::printf("%s: N = %lld query heads, H = %lld, L = %lld; S = %lld, f32 cache, %.1f GB budget\n\n", o.model.c_str(),
               static_cast<long long>(N), static_cast<long long>(base.head_dim), static_cast<long long>(base.num_layers),
@@ -45,7 +49,7 @@ int memory(const CommonOptions& o, std::int64_t seq, double memory_gb) {
   for (std::int64_t K : {N, std::max<std::int64_t>(1, N / 4), std::int64_t{1}}) {
     auto c = base;
     c.num_kv_heads = K;
-    const std::int64_t per_token = c.kv_elements_per_token() * 4, per_seq = per_token * seq;
+    const std::int64_t per_token = c.kv_elements_per_token() * 4, per_seq = checked_mul(per_token, seq, "KV-cache bytes");
     const std::int64_t weights = c.num_parameters() * 4;
     const double free = memory_gb * 1e9 - static_cast<double>(weights);
     const std::int64_t max_b = free < 0 ? -1 : static_cast<std::int64_t>(free / static_cast<double>(per_seq));
@@ -64,6 +68,14 @@ int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_
   const Device dev = o.resolved_device();
   const auto roof = ceiling(dev);
   const auto shape = sweep_shape(16);
+  // The largest batch of MHA caches must fit, or the sweep ends in an allocation failure minutes in.
+  const std::int64_t max_b = *std::max_element(batches.begin(), batches.end());
+  const double need = static_cast<double>(shape.num_parameters()) * 4 +
+                      static_cast<double>(max_b) * static_cast<double>(seq + steps + 1) *
+                          static_cast<double>(shape.kv_elements_per_token()) * 4;
+  IL_CHECK(roof.memory_bytes <= 0 || need <= 0.8 * roof.memory_bytes, "B = ", max_b, " at context ", seq, " needs ",
+           metrics::human_bytes(need), " of weights and KV caches; ", roof.name, " has ",
+           metrics::human_bytes(roof.memory_bytes), " (use smaller --batches or --seq)");
   std::printf("Decode throughput at context %lld, random weights (speed does not depend on their values), "
               "D = %lld, L = %lld, N = 16, H = 64, f32, %s\n",
               static_cast<long long>(seq), static_cast<long long>(shape.hidden_size),
@@ -171,17 +183,24 @@ int main(int argc, char** argv) {
   int steps = 3;
   std::vector<std::int64_t> batches = {1, 2, 4, 8, 16, 32, 64};
   auto* sm = app.add_subcommand("memory", "KV bytes per token and the largest batch for MHA, GQA and MQA");
-  sm->add_option("--seq", seq, "Context length S")->check(CLI::PositiveNumber)->capture_default_str();
-  sm->add_option("--memory-gb", memory_gb, "Memory budget in GB")->check(CLI::PositiveNumber)->capture_default_str();
+  sm->add_option("--seq", seq, "Context length S")->check(number_in(1, 1 << 24))->capture_default_str();
+  sm->add_option("--memory-gb", memory_gb, "Memory budget in GB")->check(number_in(1e-3, 1e6))->capture_default_str();
   auto* st = app.add_subcommand("throughput", "Measured decode throughput against batch size, with the prediction");
-  st->add_option("--seq", seq, "Context length")->check(CLI::PositiveNumber)->capture_default_str();
-  st->add_option("--batches", batches, "Batch sizes")->delimiter(',')->check(CLI::PositiveNumber);
-  st->add_option("--steps", steps, "Timed steps per point (best is kept)")->check(CLI::PositiveNumber)->capture_default_str();
+  st->add_option("--seq", seq, "Context length")->check(number_in(1, 1 << 16))->capture_default_str();
+  st->add_option("--batches", batches, "Batch sizes")->delimiter(',')->check(number_in(1, 4096));
+  st->add_option("--steps", steps, "Timed steps per point (best is kept)")->check(number_in(1, 1000))->capture_default_str();
   auto* sc = app.add_subcommand("convert", "tiny-mha mean-pooled to GQA/MQA against models trained that way");
-  sc->add_option("--windows", windows, "Validation windows (0: all)")->capture_default_str();
-  sc->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->capture_default_str();
+  sc->add_option("--windows", windows, "Validation windows of 512 tokens (0: all)")
+      ->check(number_in(0, 1e9))
+      ->capture_default_str();
+  sc->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->check(number_in(0, 1e9))->capture_default_str();
   app.require_subcommand(0, 1);
   return run_cli(app, argc, argv, [&] {
+    const std::string cmd = std::string("ch03_gqa") + (*sm ? " memory" : *st ? " throughput" : *sc ? " convert" : "");
+    // Only throughput runs on a device, only memory reads a --model, and nothing here generates text.
+    reject_options(app, {"--prompt", "--max-new-tokens", "--seed", "--temperature", "--top-k", "--top-p"}, cmd);
+    if (!*st) reject_options(app, {"--device"}, cmd);
+    if (!*sm) reject_options(app, {"--model"}, cmd);
     if (*sm) return memory(o, seq, memory_gb);
     if (*st) return throughput(o, seq, batches, steps);
     if (*sc) return convert(o, windows, per_kind);

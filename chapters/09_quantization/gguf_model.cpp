@@ -1,5 +1,6 @@
 #include "chapters/09_quantization/gguf_model.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "common/json_file.h"
@@ -98,28 +99,67 @@ void save_gguf(const std::string& path, const QLlama& m, const HfTokenizer& tok)
 }
 
 TransformerConfig gguf_config(const gguf::File& f) {
-  IL_CHECK(f.get("general.architecture").s == "llama", f.path(), ": architecture '", f.get("general.architecture").s,
-           "' is not llama");
+  const std::string& arch = f.get_string("general.architecture");
+  IL_CHECK(arch == "llama", f.path(), ": architecture '", arch, "' is not llama");
+  // Counts are checked before anything divides by them or loops over them.
+  auto count = [&](const std::string& key) {
+    const std::int64_t v = f.get_int(key);
+    IL_CHECK(v > 0 && v < (std::int64_t{1} << 24), f.path(), ": metadata '", key, "' = ", v,
+             " is not a plausible count (must be in [1, 2^24))");
+    return v;
+  };
+  auto positive = [&](const std::string& key) {
+    const double v = f.get_float(key);
+    IL_CHECK(std::isfinite(v) && v > 0, f.path(), ": metadata '", key, "' = ", v, " must be a finite number above 0");
+    return v;
+  };
   TransformerConfig c;
   c.architecture = "LlamaForCausalLM";
-  c.hidden_size = f.get("llama.embedding_length").i;
-  c.intermediate_size = f.get("llama.feed_forward_length").i;
-  c.num_layers = f.get("llama.block_count").i;
-  c.num_heads = f.get("llama.attention.head_count").i;
-  c.num_kv_heads = f.has("llama.attention.head_count_kv") ? f.get("llama.attention.head_count_kv").i : c.num_heads;
-  c.head_dim = c.hidden_size / c.num_heads;
-  c.max_position_embeddings = f.get("llama.context_length").i;
-  c.rms_norm_eps = f.get("llama.attention.layer_norm_rms_epsilon").f;
-  c.rope_theta = f.has("llama.rope.freq_base") ? f.get("llama.rope.freq_base").f : 10000.0;
-  c.vocab_size = f.info("token_embd.weight").shape[0];
+  c.hidden_size = count("llama.embedding_length");
+  c.intermediate_size = count("llama.feed_forward_length");
+  c.num_layers = count("llama.block_count");
+  c.num_heads = count("llama.attention.head_count");
+  c.num_kv_heads = f.has("llama.attention.head_count_kv") ? count("llama.attention.head_count_kv") : c.num_heads;
+  if (f.has("llama.attention.key_length")) {  // llama.cpp's explicit head size
+    c.head_dim = count("llama.attention.key_length");
+    IL_CHECK(!f.has("llama.attention.value_length") || count("llama.attention.value_length") == c.head_dim, f.path(),
+             ": metadata 'llama.attention.value_length' differs from 'llama.attention.key_length' (not supported)");
+  } else {
+    IL_CHECK(c.hidden_size % c.num_heads == 0, f.path(), ": 'llama.embedding_length' ", c.hidden_size,
+             " is not a multiple of 'llama.attention.head_count' ", c.num_heads);
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+  // RoPE here rotates the whole head; a model rotating part of it would run silently wrong.
+  if (f.has("llama.rope.dimension_count"))
+    IL_CHECK(count("llama.rope.dimension_count") == c.head_dim, f.path(), ": metadata 'llama.rope.dimension_count' = ",
+             f.get_int("llama.rope.dimension_count"), " but the heads have ", c.head_dim,
+             " dimensions (partial RoPE is not supported)");
+  c.max_position_embeddings = count("llama.context_length");
+  c.rms_norm_eps = positive("llama.attention.layer_norm_rms_epsilon");
+  c.rope_theta = f.has("llama.rope.freq_base") ? positive("llama.rope.freq_base") : 10000.0;
+  const auto& embd = f.info("token_embd.weight");
+  IL_CHECK(embd.shape.size() == 2, f.path(), ": tensor token_embd.weight has shape ", shape_str(embd.shape),
+           ", expected [vocab, ", c.hidden_size, "]");
+  c.vocab_size = embd.shape[0];
   c.tie_word_embeddings = !f.contains("output.weight");
-  if (f.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = f.get("tokenizer.ggml.bos_token_id").i;
-  if (f.has("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {f.get("tokenizer.ggml.eos_token_id").i};
+  auto token = [&](const std::string& key) {
+    const std::int64_t id = f.get_int(key);
+    IL_CHECK(id >= 0 && id < c.vocab_size, f.path(), ": metadata '", key, "' = ", id, " is outside the vocabulary [0, ",
+             c.vocab_size, ")");
+    return id;
+  };
+  if (f.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = token("tokenizer.ggml.bos_token_id");
+  if (f.has("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {token("tokenizer.ggml.eos_token_id")};
+  // The project's shared rules (KV heads dividing heads, an even head_dim, size limits), whose
+  // messages use config.json's field names.
+  c.validate(f.path() + " (llama.* metadata, named as in a config.json)");
   return c;
 }
 
-QLlama load_gguf(const std::string& path) {
-  const gguf::File f(path);
+QLlama load_gguf(const std::string& path) { return load_gguf(gguf::File(path)); }
+
+QLlama load_gguf(const gguf::File& f) {
+  const std::string& path = f.path();
   const TransformerConfig c = gguf_config(f);
   const gguf::Type qt = f.info("blk.0.attn_q.weight").type;
   IL_CHECK(qt == gguf::Type::Q8_0 || qt == gguf::Type::Q4_0, path, ": projections are ", gguf::type_name(qt),
@@ -160,6 +200,44 @@ QLlama load_gguf(const std::string& path) {
   m.lm_head = f.contains("output.weight") ? matrix("output.weight", c.vocab_size, D) : quantize(m.embed, spec);
   m.source = path;
   return m;
+}
+
+std::unique_ptr<Tokenizer> gguf_tokenizer(const gguf::File& f, const std::string& explicit_path,
+                                          const std::string& default_model) {
+  const TransformerConfig c = gguf_config(f);
+  if (!explicit_path.empty()) {
+    auto tok = Tokenizer::load(explicit_path);
+    check_tokenizer_vocab(*tok, c.vocab_size, f.path());
+    return tok;
+  }
+  auto tok = Tokenizer::for_model(default_model);
+  const std::int64_t n = tok->vocab_size();
+  const std::string fix = "; pass the model's own tokenizer with --tokenizer";
+  if (!f.has("tokenizer.ggml.tokens")) {
+    IL_CHECK(n == c.vocab_size, f.path(), " has no vocabulary of its own and ", c.vocab_size,
+             " embedding rows, not the ", n, " tokens of ", tok->path(), fix);
+    return tok;
+  }
+  const Value& tokens = f.get("tokenizer.ggml.tokens");
+  IL_CHECK(tokens.kind == Value::Kind::Array && tokens.element == Value::Kind::String, f.path(),
+           ": metadata 'tokenizer.ggml.tokens' is not an array of strings");
+  // Exports pad the vocabulary to the embedding's rows with unused (type 5) entries; those at
+  // the end are not part of the tokenizer.
+  std::int64_t used = static_cast<std::int64_t>(tokens.items.size());
+  if (f.has("tokenizer.ggml.token_type")) {
+    const auto& types = f.get("tokenizer.ggml.token_type").items;
+    while (used > 0 && used <= static_cast<std::int64_t>(types.size()) &&
+           types[static_cast<std::size_t>(used - 1)].i == 5)
+      --used;
+  }
+  IL_CHECK(used == n, f.path(), " has a vocabulary of ", used, " tokens, not the ", n, " of ", tok->path(), fix);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::string& mine = tokens.items[static_cast<std::size_t>(i)].s;
+    const std::string& theirs = tok->id_to_token(static_cast<std::int32_t>(i));
+    IL_CHECK(mine == theirs, f.path(), ": token ", i, " is '", mine, "' where ", tok->path(), " has '", theirs, "'",
+             fix);
+  }
+  return tok;
 }
 
 }  // namespace inferlab::ch09

@@ -7,6 +7,7 @@
 /// "llama" architecture rotates adjacent pairs, so q/k rows are stored in that order (converted
 /// from Hugging Face's rotate-half order with permute_rope_rows, as llama.cpp's converter does).
 
+#include <memory>
 #include <string>
 
 #include "chapters/09_quantization/qmodel.h"
@@ -21,8 +22,18 @@ void save_gguf(const std::string& path, const QLlama& m, const HfTokenizer& tok)
 
 /// Reads a Llama GGUF whose projections are all Q8_0 or all Q4_0 (other tensors F32 or F16).
 QLlama load_gguf(const std::string& path);
+QLlama load_gguf(const gguf::File& f);
 
-/// The config of a Llama GGUF from its llama.* metadata.
+/// The config of a Llama GGUF from its llama.* metadata; throws naming the file and the key
+/// for a missing key, one of the wrong type, or a value out of range.
 TransformerConfig gguf_config(const gguf::File& f);
+
+/// The tokenizer to generate with a GGUF model: the one at `explicit_path` when given (a
+/// tokenizer.json, a folder holding one, or a llama2.c .bin), which must fit the model's
+/// vocabulary; else `default_model`'s, but only if the GGUF's own vocabulary
+/// (tokenizer.ggml.tokens) is that tokenizer's, token for token: a GGUF of another model is an
+/// error asking for --tokenizer rather than gibberish.
+std::unique_ptr<Tokenizer> gguf_tokenizer(const gguf::File& f, const std::string& explicit_path,
+                                          const std::string& default_model);
 
 }  // namespace inferlab::ch09

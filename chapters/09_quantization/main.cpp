@@ -186,14 +186,16 @@ int export_gguf(const CommonOptions& o, const std::string& format, const std::st
 
 int run_gguf(const CommonOptions& o, const std::string& file, const std::string& tokenizer) {
   const Device dev = o.resolved_device();
-  const QLlama m = load_gguf(file).to(dev);
-  const auto tok = Tokenizer::for_model(tokenizer.empty() ? o.model : tokenizer);
+  const gguf::File f(file);
+  const QLlama m = load_gguf(f).to(dev);
+  const auto tok = gguf_tokenizer(f, tokenizer, o.model);
+  const SamplingParams sp = o.sampling(*tok, m.config.vocab_size);
   auto ids = tok->encode(o.prompt);
   IL_CHECK(static_cast<std::int64_t>(ids.size()) + o.max_new_tokens <= m.config.max_position_embeddings, "the prompt (",
            ids.size(), " tokens) plus ", o.max_new_tokens, " new tokens is longer than the model's context of ",
            m.config.max_position_embeddings);
   ch02::KVCache cache = ch02::KVCache::allocate(m.config, static_cast<std::int64_t>(ids.size()) + o.max_new_tokens, dev);
-  Sampler sampler(o.sampling());
+  Sampler sampler(sp);
   TextStream stream(*tok, ids);
   Tensor logits = ch02::forward_cached_with(m, cache, ids);
   for (int i = 0; i < o.max_new_tokens; ++i) {
@@ -216,8 +218,12 @@ int main(int argc, char** argv) {
   bool no_awq = false;
   std::string formats, format = "q4_0", out, file, tokenizer;
   auto* st = app.add_subcommand("table", "Every format on a model: bytes, perplexity, probe accuracy");
-  st->add_option("--windows", windows, "Validation windows (0: all)")->capture_default_str();
-  st->add_option("--probes-per-kind", per_kind, "Probes per kind (0: none)")->capture_default_str();
+  st->add_option("--windows", windows, "Validation windows of 512 tokens to score (0: all of them)")
+      ->check(number_in(0, 1e9))
+      ->capture_default_str();
+  st->add_option("--probes-per-kind", per_kind, "Probes scored per kind (0: skip the probes)")
+      ->check(number_in(0, 1e9))
+      ->capture_default_str();
   st->add_option("--formats", formats, "Comma-separated formats (default: all)");
   st->add_flag("--no-awq", no_awq, "Skip the AWQ rows");
   auto* ss = app.add_subcommand("speed", "Decode speed per format on a larger random model");
@@ -227,9 +233,22 @@ int main(int argc, char** argv) {
   se->add_option("--format", format, "q8_0 or q4_0")->check(CLI::IsMember({"q8_0", "q4_0"}))->capture_default_str();
   auto* sr = app.add_subcommand("run", "Generate with a GGUF model");
   sr->add_option("file", file, "A Llama GGUF with q8_0 or q4_0 projections")->required();
-  sr->add_option("--tokenizer", tokenizer, "tokenizer.json (default: --model's)");
+  sr->add_option("--tokenizer", tokenizer,
+                 "Tokenizer: a tokenizer.json, a folder holding one, or a llama2.c .bin (default: --model's, "
+                 "if the GGUF's vocabulary is that tokenizer's)");
   app.require_subcommand(0, 1);
   return run_cli(app, argc, argv, [&] {
+    const std::string cmd = std::string("ch09_quantization") + (*st   ? " table"
+                                                                : *ss ? " speed"
+                                                                : *se ? " export"
+                                                                : *sr ? " run"
+                                                                      : "");
+    // Only run generates text; only speed and run use a device; speed's model is random.
+    if (!*sr)
+      reject_options(app, {"--prompt", "--max-new-tokens", "--seed", "--temperature", "--top-k", "--top-p"}, cmd);
+    if (!*ss && !*sr) reject_options(app, {"--device"}, cmd);
+    if (*ss) reject_options(app, {"--model"}, cmd);
+    if (*se || *sr) reject_options(app, {"--json"}, cmd);
     std::vector<QuantSpec> specs = all_specs();
     if (!formats.empty()) {
       specs.clear();

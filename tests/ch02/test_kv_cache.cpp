@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <numbers>
 
 #include "chapters/01_naive_decode/convert.h"
@@ -130,6 +133,63 @@ TEST(Llama2c, BrokenFilesAreClearErrors) {
   expect_error([&] { Llama2cTokenizer::load(dir.file("tok.bin")); }, {"tok.bin", "token 0 is truncated"});
 }
 
+TEST(Llama2c, CraftedHeadersAreRefusedWithoutOverflow) {
+  test::TempDir dir;
+  std::string header(28, '\0');
+  // -2^31: no positive counterpart (std::abs of it was undefined behaviour).
+  const std::int32_t intmin[7] = {64, 172, 5, 8, 4, INT32_MIN, 512};
+  std::memcpy(header.data(), intmin, 28);
+  test::write_file(dir.file("intmin.bin"), header);
+  expect_error([&] { load_llama2c(dir.file("intmin.bin")); }, {"intmin.bin", "vocab_size = -2147483648"});
+  // Every field below 2^24, but layers × dim × hidden_dim passes 2^63 (it overflowed while counting).
+  const std::int32_t big[7] = {(1 << 24) - 4, (1 << 24) - 1, (1 << 24) - 1, 2, 2, (1 << 24) - 1, (1 << 24) - 1};
+  std::memcpy(header.data(), big, 28);
+  test::write_file(dir.file("big.bin"), header);
+  expect_error([&] { load_llama2c(dir.file("big.bin")); }, {"big.bin", "more than 2^60 weights"});
+  const std::int32_t odd[7] = {72, 172, 5, 8, 8, 512, 512};  // head size 9
+  std::memcpy(header.data(), odd, 28);
+  test::write_file(dir.file("odd.bin"), header);
+  expect_error([&] { load_llama2c(dir.file("odd.bin")); }, {"odd.bin", "9 must be even"});
+}
+
+TEST(Llama2c, ATokenizerBinMustHoldExactlyTheModelsVocabulary) {
+  // tokenizer.bin stores no count: one cut at a token boundary still loads, with fewer tokens.
+  test::TempDir dir;
+  std::string bin(4, '\0');
+  bin[0] = 8;
+  for (const char* piece : {"<unk>", "<s>", "</s>", " ", "a", "b"}) {
+    const float score = 0;
+    const std::int32_t len = static_cast<std::int32_t>(std::strlen(piece));
+    bin.append(reinterpret_cast<const char*>(&score), 4).append(reinterpret_cast<const char*>(&len), 4).append(piece);
+  }
+  test::write_file(dir.file("tok.bin"), bin);
+  const auto tok = Llama2cTokenizer::load(dir.file("tok.bin"));
+  EXPECT_NO_THROW(check_tokenizer_vocab(tok, 6, "model.bin"));
+  expect_error([&] { check_tokenizer_vocab(tok, 7, "model.bin"); }, {"tok.bin", "6 tokens", "model.bin", "7"});
+  expect_error([&] { check_tokenizer_vocab(tok, 5, "model.bin"); }, {"tok.bin", "6 tokens", "5"});
+  // A tokenizer.json may be smaller than a padded embedding table, never larger.
+  const auto hf = HfTokenizer::load(std::string(INFERLAB_DATA_DIR) + "/models/tiny-mha");
+  EXPECT_NO_THROW(check_tokenizer_vocab(hf, 1024, "tiny-mha"));
+  expect_error([&] { check_tokenizer_vocab(hf, 512, "tiny-mha"); }, {"988 tokens", "512"});
+  if (!stories_dir().empty()) {  // the real one, cut after 510 of its 512 tokens
+    const auto full = Llama2cTokenizer::load(stories_dir() + "/tok512.bin");
+    const auto model = load_llama2c(stories_dir() + "/stories260K.bin");
+    EXPECT_NO_THROW(check_tokenizer_vocab(full, model.config.vocab_size, "stories260K.bin"));
+    std::ifstream in(stories_dir() + "/tok512.bin", std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), {});
+    std::size_t at = 4;
+    for (int i = 0; i < 510; ++i) {
+      std::int32_t len;
+      std::memcpy(&len, all.data() + at + 4, 4);
+      at += 8 + static_cast<std::size_t>(len);
+    }
+    test::write_file(dir.file("tok510.bin"), all.substr(0, at));
+    const auto short_tok = Llama2cTokenizer::load(dir.file("tok510.bin"));
+    EXPECT_EQ(short_tok.vocab_size(), 510);
+    expect_error([&] { check_tokenizer_vocab(short_tok, 512, "stories260K.bin"); }, {"510 tokens", "512"});
+  }
+}
+
 // --- two paths on random models -------------------------------------------------------------
 TransformerConfig small_config(std::int64_t kv_heads, std::int64_t layers = 2) {
   TransformerConfig c;
@@ -251,6 +311,11 @@ TEST(Loading, ModelFoldersAndTheirErrors) {
   EXPECT_EQ(back.weight_dtype(), DType::BF16);
   const std::vector<std::int32_t> toks = {1, 2, 3};
   EXPECT_EQ(ch01::forward(back, toks).to_float_vector(), ch01::forward(m, toks).to_float_vector());
+  // A checkpoint with more layers than the config says would otherwise run truncated.
+  ts.emplace_back("model.layers.1.input_layernorm.weight", l.attn_norm);
+  save_safetensors(dir.file("model.safetensors"), ts);
+  expect_error([&] { ch01::load_llama(dir.path().string()); },
+               {"'model.layers.1.input_layernorm.weight' is not part of the model", "num_hidden_layers"});
   test::write_file(dir.file("config.json"), R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
       "intermediate_size":128,"num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":97})");
   expect_error([&] { ch01::load_llama(dir.path().string()); }, {"mlp.gate_proj.weight", "[160, 64]", "expected [128, 64]"});

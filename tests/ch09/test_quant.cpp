@@ -3,14 +3,23 @@
 // AWQ against round-to-nearest, and CUDA against the CPU.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <sstream>
+#include <tuple>
 
 #include "chapters/09_quantization/awq.h"
 #include "chapters/09_quantization/gguf_model.h"
 #include "chapters/09_quantization/quant_impl.h"
 #include "common/eval.h"
 #include "common/json_file.h"
+#include "common/llama2c.h"
 #include "common/safetensors.h"
 #include "test_util.h"
 
@@ -281,6 +290,202 @@ TEST(Gguf, AQuantisedZooModelRoundTripsThroughGguf) {
     EXPECT_EQ(f.get("tokenizer.ggml.tokens").items.size(), 1024u);
     EXPECT_EQ(f.get("llama.attention.head_count").i, 8);
   }
+}
+
+// tiny-mha quantised to q8_0 and saved as GGUF: a valid file to break one field at a time.
+std::string tiny_gguf(const test::TempDir& dir) {
+  const std::string path = dir.file("tiny.gguf");
+  save_gguf(path, quantize_model(ch01::load_llama(kData + "/models/tiny-mha"), {Format::Q8_0}),
+            HfTokenizer::load(kData + "/models/tiny-mha"));
+  return path;
+}
+
+// A copy of the GGUF at `from` with metadata `key` set to `v` (added if absent).
+std::string with_metadata(const std::string& from, const std::string& to, const std::string& key,
+                          const gguf::Value& v) {
+  const gguf::File f(from);
+  std::vector<std::pair<std::string, gguf::Value>> meta(f.metadata().begin(), f.metadata().end());
+  bool found = false;
+  for (auto& [k, old] : meta)
+    if (k == key) old = v, found = true;
+  if (!found) meta.emplace_back(key, v);
+  std::vector<gguf::Output> ts;
+  for (const auto& i : f.tensors()) ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
+  gguf::write(to, meta, ts);
+  return to;
+}
+
+gguf::Value int_value(gguf::Value::Kind k, std::int64_t i) {
+  gguf::Value v;
+  v.kind = k, v.i = i;
+  return v;
+}
+gguf::Value float_value(double f) {
+  gguf::Value v;
+  v.kind = gguf::Value::Kind::F32, v.f = f;
+  return v;
+}
+
+TEST(Gguf, BadLlamaMetadataNamesTheKeyAndTheFile) {
+  test::TempDir dir;
+  const std::string good = tiny_gguf(dir), bad = dir.file("bad.gguf");
+  using K = gguf::Value::Kind;
+  const struct {
+    std::string key;
+    gguf::Value value;
+    std::vector<std::string> words;
+  } cases[] = {
+      // Each of these used to crash (SIGFPE), run with no layers, or read as 0.
+      {"llama.attention.head_count", gguf::Value::u32(0), {"'llama.attention.head_count' = 0", "[1, 2^24)"}},
+      {"llama.attention.head_count", gguf::Value::str("8"), {"'llama.attention.head_count' is STRING", "integer"}},
+      {"llama.attention.head_count_kv", gguf::Value::u32(3), {"llama.* metadata", "not a multiple of num_key_value_heads 3"}},
+      {"llama.attention.head_count", gguf::Value::u32(3), {"'llama.embedding_length' 128", "head_count' 3"}},
+      {"llama.block_count", int_value(K::I64, -1), {"'llama.block_count' = -1"}},
+      {"llama.block_count", int_value(K::U64, -1), {"'llama.block_count' = 18446744073709551615", "2^63"}},
+      {"llama.block_count", gguf::Value::u32(1 << 24), {"'llama.block_count' = 16777216"}},
+      {"llama.context_length", gguf::Value::str("x"), {"'llama.context_length' is STRING"}},
+      {"llama.attention.layer_norm_rms_epsilon", gguf::Value::str("x"), {"rms_epsilon' is STRING", "FLOAT32"}},
+      {"llama.attention.layer_norm_rms_epsilon", float_value(-1e-5), {"layer_norm_rms_epsilon' = -1e-05", "above 0"}},
+      {"llama.attention.layer_norm_rms_epsilon", float_value(std::nan("")), {"layer_norm_rms_epsilon' = nan"}},
+      {"llama.rope.freq_base", gguf::Value::u32(10000), {"'llama.rope.freq_base' is UINT32"}},
+      {"llama.rope.dimension_count", gguf::Value::u32(8), {"'llama.rope.dimension_count' = 8", "partial RoPE"}},
+      {"tokenizer.ggml.eos_token_id", gguf::Value::u32(999999), {"eos_token_id' = 999999", "[0, 1024)"}},
+      {"general.architecture", gguf::Value::u32(1), {"'general.architecture' is UINT32", "STRING"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.key + " " + gguf::kind_name(c.value.kind));
+    with_metadata(good, bad, c.key, c.value);
+    try {
+      load_gguf(bad);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bad.gguf"), std::string::npos) << e.what();
+      for (const auto& w : c.words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(load_gguf(good).config.num_layers, 4);
+}
+
+// A GGUF of one F32 tensor "t" with dimensions `ne` (innermost first) at `offset`, and 64 data bytes.
+std::string one_tensor_gguf(const std::vector<std::uint64_t>& ne, std::uint64_t offset) {
+  std::string b = "GGUF";
+  auto put = [&](auto v) { b.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(std::uint32_t{3}), put(std::uint64_t{1}), put(std::uint64_t{0});
+  put(std::uint64_t{1}), b += "t", put(static_cast<std::uint32_t>(ne.size()));
+  for (auto d : ne) put(d);
+  put(std::uint32_t{0}), put(offset);
+  b.append((32 - b.size() % 32) % 32, '\0');
+  return b + std::string(64, '\0');
+}
+
+TEST(Gguf, BadTensorTablesAreClearErrorsNotCrashes) {
+  test::TempDir dir;
+  const std::string path = dir.file("t.gguf");
+  test::write_file(path, one_tensor_gguf({16}, 0));
+  EXPECT_EQ(gguf::File(path).tensor("t").numel(), 16);
+  const struct {
+    std::vector<std::uint64_t> ne;
+    std::uint64_t offset;
+    std::string words;
+  } cases[] = {
+      {{0}, 0, "a dimension of 0"},  // divided by: SIGFPE
+      {{4, 0}, 0, "a dimension of 0"},
+      {{16, ~std::uint64_t{0}}, 0, "a dimension of 18446744073709551615"},
+      {{std::uint64_t{1} << 62, std::uint64_t{1} << 62}, 0, "implausibly large"},
+      {{16}, ~std::uint64_t{0} - 63, "runs past the end"},  // offset + bytes wrapped past 2^64: garbage read
+      {{16}, std::uint64_t{1} << 63, "runs past the end"},
+      {{17}, 0, "runs past the end"},
+      {{16}, 4, "not a multiple of the alignment 32"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.words);
+    test::write_file(path, one_tensor_gguf(c.ne, c.offset));
+    test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "tensor 't'", c.words});
+  }
+  // A UINT64 too large for the int64 the values are held in is refused, not wrapped negative.
+  gguf::write(path, {{"x.big", int_value(gguf::Value::Kind::U64, -1)}}, {});
+  test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "'x.big' = 18446744073709551615", "2^63"});
+  test::expect_error([] { gguf::row_bytes(gguf::Type::F32, std::int64_t{1} << 62); }, {"out of range"});
+  test::expect_error([] { gguf::row_bytes(gguf::Type::F16, -32); }, {"out of range"});
+  EXPECT_EQ(gguf::row_bytes(gguf::Type::Q4_0, 64), 36);
+}
+
+TEST(Gguf, RunUsesTheTokenizerItIsGivenAndRefusesAMismatchedDefault) {
+  test::TempDir dir;
+  const std::string path = tiny_gguf(dir), tiny = kData + "/models/tiny-mha";
+  std::filesystem::copy_file(tiny + "/tokenizer.json", dir.file("custom.json"));
+  const gguf::File f(path);
+  // --tokenizer names a file: that file, not a tokenizer.json beside it (there is none here).
+  EXPECT_EQ(gguf_tokenizer(f, dir.file("custom.json"), tiny)->path(), dir.file("custom.json"));
+  test::expect_error([&] { gguf_tokenizer(f, dir.file("none.json"), tiny); }, {"none.json"});
+  EXPECT_EQ(gguf_tokenizer(f, "", tiny)->vocab_size(), 988);  // the GGUF pads 988 tokens to 1024 rows
+  // A GGUF whose vocabulary is not the default tokenizer's asks for --tokenizer.
+  auto tokens = f.get("tokenizer.ggml.tokens");
+  tokens.items[500].s = "zzz";
+  const gguf::File other(with_metadata(path, dir.file("other.gguf"), "tokenizer.ggml.tokens", tokens));
+  test::expect_error([&] { gguf_tokenizer(other, "", tiny); }, {"other.gguf", "token 500 is 'zzz'", "--tokenizer"});
+  tokens.items.resize(900);
+  auto types = f.get("tokenizer.ggml.token_type");
+  types.items.resize(900);
+  with_metadata(path, dir.file("small.gguf"), "tokenizer.ggml.tokens", tokens);
+  const gguf::File small(
+      with_metadata(dir.file("small.gguf"), dir.file("small.gguf"), "tokenizer.ggml.token_type", types));
+  test::expect_error([&] { gguf_tokenizer(small, "", tiny); }, {"small.gguf", "900 tokens, not the 988"});
+  // A llama2.c tokenizer has no count of its own: it must match the model's vocabulary exactly.
+  std::string bin(4, '\0');
+  bin[0] = 8;
+  for (const char* piece : {"<unk>", "<s>", "</s>", " ", "a"}) {
+    const float score = 0;
+    const std::int32_t len = static_cast<std::int32_t>(std::strlen(piece));
+    bin.append(reinterpret_cast<const char*>(&score), 4).append(reinterpret_cast<const char*>(&len), 4).append(piece);
+  }
+  test::write_file(dir.file("tok.bin"), bin);
+  test::expect_error([&] { gguf_tokenizer(f, dir.file("tok.bin"), tiny); }, {"tok.bin", "5 tokens", "1024"});
+}
+
+// The chapter's executable, built beside this test: exit status and stderr of one command line.
+struct Ch09Run {
+  int status;
+  std::string err;
+};
+std::filesystem::path ch09_exe() {
+  return std::filesystem::read_symlink("/proc/self/exe").parent_path() / "ch09_quantization";
+}
+Ch09Run run_ch09(const test::TempDir& dir, const std::string& args) {
+  const std::string cmd = ch09_exe().string() + " " + args + " >" + dir.file("out.txt") + " 2>" + dir.file("err.txt");
+  const int rc = std::system(cmd.c_str());
+  std::ifstream in(dir.file("err.txt"));
+  std::stringstream err;
+  err << in.rdbuf();
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, err.str()};
+}
+
+TEST(Ch09Cli, OptionsAreCheckedAndDeviceOnlyWhereItIsUsed) {
+  if (!std::filesystem::exists(ch09_exe())) GTEST_SKIP() << ch09_exe() << " is not built";
+  test::TempDir dir;
+  for (const auto& [args, status, words] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"table --windows -1", 2, "--windows: -1 is outside [0, "},
+           {"table --probes-per-kind -5", 2, "--probes-per-kind: -5 is outside [0, "},
+           {"table --device cuda", 1, "table does not use --device"},
+           {"export " + dir.file("x.gguf") + " --device cuda", 1, "export does not use --device"},
+           {"--device cuda", 1, "does not use --device"},
+       }) {
+    SCOPED_TRACE(args);
+    const Ch09Run r = run_ch09(dir, args);
+    EXPECT_EQ(r.status, status) << r.err;
+    EXPECT_NE(r.err.find(words), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(run_ch09(dir, "table --help").status, 0);
+  std::ifstream help(dir.file("out.txt"));
+  std::stringstream h;
+  h << help.rdbuf();
+  EXPECT_NE(h.str().find("(0: all of them)"), std::string::npos) << h.str();
+  EXPECT_NE(h.str().find("(0: skip the probes)"), std::string::npos) << h.str();
+  // run --tokenizer DIR/custom.json reads that file (it used to look for DIR/tokenizer.json).
+  const std::string path = tiny_gguf(dir);
+  std::filesystem::copy_file(kData + "/models/tiny-mha/tokenizer.json", dir.file("custom.json"));
+  const Ch09Run r = run_ch09(dir, "run " + path + " --tokenizer " + dir.file("custom.json") + " --max-new-tokens 2");
+  EXPECT_EQ(r.status, 0) << r.err;
 }
 
 TEST(Awq, NeverLosesToRoundToNearestAndKeepsTheFunction) {
