@@ -112,6 +112,10 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec) {
   const Tensor w = w_in.to(Device::CPU).to(DType::F32);
   const std::int64_t N = w.size(0), K = w.size(1);
   const float* W = w.data<float>();
+  // A NaN or infinity would poison a whole scale (or, in fp8, become the NaN byte that the fast
+  // decoder does not look for): refuse it and name it.
+  for (std::int64_t i = 0; i < N * K; ++i)
+    IL_CHECK(std::isfinite(W[i]), "quantize: weight (", i / K, ", ", i % K, ") is ", W[i], "; only finite weights can be quantised");
   QMatrix q;
   q.spec = spec, q.rows = N, q.cols = K;
   switch (spec.format) {
@@ -139,7 +143,8 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec) {
     case Format::Int4Sym:
     case Format::Int4Asym: {
       const std::int64_t G = spec.group;
-      IL_CHECK(G > 0 && K % G == 0 && G % 2 == 0, "quantize: K = ", K, " is not a multiple of the group size ", G);
+      IL_CHECK(G > 0 && G % 32 == 0, "quantize: int4 group size must be a positive multiple of 32, got ", G);
+      IL_CHECK(K % G == 0, "quantize: K = ", K, " is not a multiple of the group size ", G);
       const bool sym = spec.format == Format::Int4Sym;
       q.data = Tensor::zeros({N, K / 2}, DType::U8);
       q.scales = Tensor::empty({N, K / G}, DType::F32);

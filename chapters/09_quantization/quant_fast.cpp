@@ -1,13 +1,24 @@
-// The fast CPU products: threads over output rows; each packed row is unpacked once into f32
-// (or kept in int8 for the integer formats) and used for every row of x.
+// The fast CPU products, threaded over output rows.
+//
+// Decoding (a few rows of x) is memory-bound only if turning the packed bytes into numbers costs
+// less than reading them, so with AVX2 each weight row is multiplied straight from its bytes, a
+// format's scale applied once per row, group or block rather than per weight:
+//   int8 rows       y = s · Σ x_k q_k
+//   int4 groups     y = Σ_g s_g · Σ_{k ∈ g} x_k (q_k − z_g)
+//   q4_0 blocks     y = Σ_b d_b · Σ_{k ∈ b} x_k (q_k − 8)
+//   fp8 e4m3        y = s · Σ x_k e4m3(q_k)   (a byte becomes an f16 with two shifts, see fp8_16)
+//   q8_0, llm_int8  int8 · int8 sums in int32, exactly as the reference loops
+// Prefill (many rows of x) unpacks each weight row once into f32 and reuses it for every row.
+// Without AVX2 both cases take the unpacking path.
 #include <omp.h>
 
 #include <algorithm>
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
+#define INFERLAB_CH09_SIMD 1
 #endif
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "chapters/09_quantization/quant_impl.h"
@@ -17,137 +28,308 @@ namespace inferlab::ch09 {
 
 namespace {
 
-// 16 packed bytes -> 16 low nibbles and 16 high nibbles as floats, (v − z)·s. With AVX2 the
-// bytes are widened with vpmovzxbd (GCC 12 does not vectorise this conversion on its own);
-// elsewhere plain loops.
-inline void nibbles16(const std::uint8_t* __restrict__ p, float z, float s, float* __restrict__ lo_out,
-                      float* __restrict__ hi_out) {
-#if defined(__AVX2__)
-  const __m256 zz = _mm256_set1_ps(z), ss = _mm256_set1_ps(s);
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(15)), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(15));
-  for (int half = 0; half < 2; ++half) {
-    const __m128i l = half ? _mm_srli_si128(lo, 8) : lo, h = half ? _mm_srli_si128(hi, 8) : hi;
-    _mm256_storeu_ps(lo_out + 8 * half, _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l)), zz), ss));
-    _mm256_storeu_ps(hi_out + 8 * half, _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h)), zz), ss));
-  }
-#else
-  for (int j = 0; j < 16; ++j) lo_out[j] = (static_cast<float>(p[j] & 15) - z) * s;
-  for (int j = 0; j < 16; ++j) hi_out[j] = (static_cast<float>(p[j] >> 4) - z) * s;
-#endif
-}
+constexpr std::int64_t kParallel = 1 << 18;  // multiply-adds below which one thread is faster
+constexpr std::int64_t kDirectRows = 4;      // up to this many rows of x, no unpacked copy
 
-// With int4's split-halves layout no lane has to be shuffled: groups of 16 bytes at a time.
-inline void nibbles(const std::uint8_t* __restrict__ p, std::int64_t n, float z, float s, float* __restrict__ lo_out,
-                    float* __restrict__ hi_out) {
-  for (std::int64_t j = 0; j < n; j += 16) nibbles16(p + j, z, s, lo_out + j, hi_out + j);
+// The fp8 table: decoding a byte is a lookup in the unpacking path.
+const std::vector<float>& fp8_table() {
+  static const std::vector<float> t = [] {
+    std::vector<float> v(256);
+    for (int b = 0; b < 256; ++b) v[static_cast<std::size_t>(b)] = e4m3_to_f32(static_cast<std::uint8_t>(b));
+    return v;
+  }();
+  return t;
 }
 
 // Unpacks row n of a weight-only format into f32 (the same values as weight_value()).
-void unpack_row(const QMatrix& q, std::int64_t n, float* out) {
+void unpack_row(const QMatrix& q, std::int64_t n, float* __restrict__ out) {
   const std::int64_t K = q.cols;
   switch (q.spec.format) {
     case Format::Int8Tensor:
-    case Format::Int8Row:
-    case Format::LlmInt8: {
+    case Format::Int8Row: {
       const std::int8_t* __restrict__ r = q.data.data<std::int8_t>() + n * K;
       const float s = q.scales.data<float>()[q.spec.format == Format::Int8Tensor ? 0 : n];
-      float* __restrict__ o = out;
-      for (std::int64_t k = 0; k < K; ++k) o[k] = static_cast<float>(r[k]) * s;
+      for (std::int64_t k = 0; k < K; ++k) out[k] = static_cast<float>(r[k]) * s;
       return;
     }
     case Format::Int4Sym:
     case Format::Int4Asym: {
-      const std::int64_t G = q.spec.group;
-      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * (K / 2);
+      const std::int64_t G = q.spec.group, H = G / 2;
+      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (K / 2);
       for (std::int64_t g = 0; g < K / G; ++g) {
         const float s = q.scales.data<float>()[n * (K / G) + g];
-        const float z = q.spec.format == Format::Int4Sym ? 8.0f : static_cast<float>(q.zeros.data<std::uint8_t>()[n * (K / G) + g]);
-        nibbles(r + g * (G / 2), G / 2, z, s, out + g * G, out + g * G + G / 2);
+        const int z = q.spec.format == Format::Int4Sym ? 8 : q.zeros.data<std::uint8_t>()[n * (K / G) + g];
+        for (std::int64_t j = 0; j < H; ++j) {
+          out[g * G + j] = static_cast<float>((r[g * H + j] & 15) - z) * s;
+          out[g * G + H + j] = static_cast<float>((r[g * H + j] >> 4) - z) * s;
+        }
       }
       return;
     }
     case Format::Q4_0: {
-      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * (K / 32 * 18);
-      // The block scales first (a call each), then the nibbles in a loop free of calls.
-      float d[256];
-      for (std::int64_t b0 = 0; b0 < K / 32; b0 += 256) {
-        const std::int64_t nb = std::min<std::int64_t>(256, K / 32 - b0);
-        for (std::int64_t b = 0; b < nb; ++b) d[b] = from_half(r + (b0 + b) * 18);
-        for (std::int64_t b = 0; b < nb; ++b)
-          nibbles16(r + (b0 + b) * 18 + 2, 8.0f, d[b], out + (b0 + b) * 32, out + (b0 + b) * 32 + 16);
+      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (K / 32 * 18);
+      for (std::int64_t b = 0; b < K / 32; ++b) {
+        const float d = from_half(r + b * 18);
+        for (int j = 0; j < 16; ++j) {
+          out[b * 32 + j] = static_cast<float>((r[b * 18 + 2 + j] & 15) - 8) * d;
+          out[b * 32 + 16 + j] = static_cast<float>((r[b * 18 + 2 + j] >> 4) - 8) * d;
+        }
       }
       return;
     }
     case Format::Fp8E4M3: {
-      // A 256-entry table: fp8 decoding is a lookup.
-      static const std::vector<float> table = [] {
-        std::vector<float> t(256);
-        for (int b = 0; b < 256; ++b) t[static_cast<std::size_t>(b)] = e4m3_to_f32(static_cast<std::uint8_t>(b));
-        return t;
-      }();
-      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * K;
+      const float* t = fp8_table().data();
+      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * K;
       const float s = q.scales.data<float>()[0];
-      for (std::int64_t k = 0; k < K; ++k) out[k] = table[r[k]] * s;
+      for (std::int64_t k = 0; k < K; ++k) out[k] = t[r[k]] * s;
       return;
     }
+    case Format::LlmInt8:
     case Format::Q8_0: break;
   }
   fail("unpack_row: not a weight-only format");
 }
 
-constexpr std::int64_t kParallel = 1 << 18;
+// Σ a_k · b_k over int8 vectors, in int32 (exact).
+std::int32_t dot_i8_scalar(const std::int8_t* a, const std::int8_t* b, std::int64_t n) {
+  std::int32_t acc = 0;
+  for (std::int64_t k = 0; k < n; ++k) acc += static_cast<std::int32_t>(a[k]) * b[k];
+  return acc;
+}
+
+#if INFERLAB_CH09_SIMD
+float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+std::int32_t hsum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+// 32 int8 products w·x summed pairwise into eight int32 lanes. vpmaddubsw multiplies unsigned by
+// signed bytes, so |w| is paired with x carrying w's sign. A pair sums to at most 2·128·127 < 2^15:
+// no saturation for any weight byte, given |x| ≤ 127 (our activation quantisers never make −128).
+__m256i dot32_i8(const std::int8_t* w, const std::int8_t* x) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(a), _mm256_sign_epi8(b, a));
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+std::int32_t dot_i8(const std::int8_t* w, const std::int8_t* x, std::int64_t n) {
+  __m256i acc = _mm256_setzero_si256();
+  std::int64_t k = 0;
+  for (; k + 32 <= n; k += 32) acc = _mm256_add_epi32(acc, dot32_i8(w + k, x + k));
+  return hsum(acc) + dot_i8_scalar(w + k, x + k, n - k);
+}
+
+// Four independent sums: one chain of fused multiply-adds waits about five cycles per step, so a
+// single accumulator would cap these loops at a third of what the core can issue.
+struct Acc4 {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 sum() const { return _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])); }
+};
+
+// Σ x_k q_k for int8 q.
+float dot_x_i8(const float* x, const std::int8_t* q, std::int64_t K) {
+  Acc4 acc;
+  std::int64_t k = 0;
+  for (; k + 32 <= K; k += 32)
+    for (int i = 0; i < 4; ++i) {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k + 8 * i));
+      acc.a[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_loadu_ps(x + k + 8 * i), acc.a[i]);
+    }
+  float y = hsum(acc.sum());
+  for (; k < K; ++k) y += x[k] * static_cast<float>(q[k]);
+  return y;
+}
+
+// 16 packed bytes hold 32 four-bit values: the low nibbles go with x_lo[0..15], the high ones
+// with x_hi[0..15] (the layout of both int4 and q4_0). Adds Σ (q − z)·x to the accumulators.
+// Each 32-bit lane gets one whole byte, so one widening serves both of its nibbles; q − z is a
+// small integer, exact in float.
+void nibbles16(const std::uint8_t* p, __m256i z, const float* x_lo, const float* x_hi, Acc4& acc) {
+  const __m256i m = _mm256_set1_epi32(15);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * h)));
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, m), z));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v, 4), z));
+    acc.a[2 * h] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x_lo + 8 * h), acc.a[2 * h]);
+    acc.a[2 * h + 1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x_hi + 8 * h), acc.a[2 * h + 1]);
+  }
+}
+
+// E4M3 (s eeee mmm, bias 7) laid out as s.0eeee.mmm0000000 is an f16 (bias 15) worth exactly
+// value · 2^-8, subnormals included, and vcvtph2ps widens it exactly. A byte interleaved into the
+// high half of a 16-bit lane is b << 8; one arithmetic shift right puts eeee.mmm in place and
+// copies the sign into bit 14, which the mask clears. The NaN pattern would read as 480 · 2^-8,
+// which is why quantize() refuses non-finite weights. Adds 32 products to the accumulators.
+void fp8_32(const std::uint8_t* p, const float* x, Acc4& acc) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), zero = _mm256_setzero_si256();
+  const __m256i keep = _mm256_set1_epi16(static_cast<short>(0xBFFF));
+  const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(zero, b), 1), keep);  // bytes 0-7, 16-23
+  const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(zero, b), 1), keep);  // bytes 8-15, 24-31
+  acc.a[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(lo)), _mm256_loadu_ps(x), acc.a[0]);
+  acc.a[1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(hi)), _mm256_loadu_ps(x + 8), acc.a[1]);
+  acc.a[2] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1)), _mm256_loadu_ps(x + 16), acc.a[2]);
+  acc.a[3] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1)), _mm256_loadu_ps(x + 24), acc.a[3]);
+}
+
+// One output of a weight-only format: row n of W times one row x of length K.
+float direct_dot(const QMatrix& q, std::int64_t n, const float* x) {
+  const std::int64_t K = q.cols;
+  switch (q.spec.format) {
+    case Format::Int8Tensor:
+    case Format::Int8Row:
+      return dot_x_i8(x, q.data.data<std::int8_t>() + n * K, K) *
+             q.scales.data<float>()[q.spec.format == Format::Int8Tensor ? 0 : n];
+    case Format::Int4Sym:
+    case Format::Int4Asym: {
+      const std::int64_t G = q.spec.group, H = G / 2, ng = K / G;
+      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * (K / 2);
+      const float* s = q.scales.data<float>() + n * ng;
+      const std::uint8_t* zs = q.spec.format == Format::Int4Asym ? q.zeros.data<std::uint8_t>() + n * ng : nullptr;
+      __m256 y = _mm256_setzero_ps();
+      for (std::int64_t g = 0; g < ng; ++g) {
+        const __m256i z = _mm256_set1_epi32(zs ? zs[g] : 8);
+        Acc4 acc;
+        for (std::int64_t j = 0; j < H; j += 16) nibbles16(r + g * H + j, z, x + g * G + j, x + g * G + H + j, acc);
+        y = _mm256_fmadd_ps(acc.sum(), _mm256_set1_ps(s[g]), y);
+      }
+      return hsum(y);
+    }
+    case Format::Q4_0: {
+      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * (K / 32 * 18);
+      const __m256i eight = _mm256_set1_epi32(8);
+      __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // even and odd blocks: two chains
+      for (std::int64_t b = 0; b < K / 32; ++b) {
+        Acc4 acc;
+        nibbles16(r + b * 18 + 2, eight, x + b * 32, x + b * 32 + 16, acc);
+        std::uint16_t d;
+        std::memcpy(&d, r + b * 18, 2);
+        y[b & 1] = _mm256_fmadd_ps(acc.sum(), _mm256_set1_ps(_cvtsh_ss(d)), y[b & 1]);
+      }
+      return hsum(_mm256_add_ps(y[0], y[1]));
+    }
+    case Format::Fp8E4M3: {
+      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * K;
+      Acc4 acc;
+      std::int64_t k = 0;
+      for (; k + 32 <= K; k += 32) fp8_32(r + k, x + k, acc);
+      float y = hsum(acc.sum());
+      for (; k < K; ++k) y += x[k] * (e4m3_to_f32(r[k]) * 0x1p-8f);
+      return y * (q.scales.data<float>()[0] * 256.0f);
+    }
+    case Format::LlmInt8:
+    case Format::Q8_0: break;
+  }
+  fail("direct_dot: not a weight-only format");
+}
+
+// q8_0 · q8_0 for one output: each block's integer sum exact, then scaled by d_w · d_x. Four
+// blocks at a time: their eight-lane partial sums are folded into four exact int32 sums.
+float q8_0_dot(const std::uint8_t* w, const std::int8_t* xq, const float* dx, std::int64_t nb) {
+  __m128 y = _mm_setzero_ps();
+  std::int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    __m256i s[4];
+    float dw[4];
+    for (int i = 0; i < 4; ++i) {
+      const std::uint8_t* blk = w + (b + i) * 34;
+      s[i] = dot32_i8(reinterpret_cast<const std::int8_t*>(blk + 2), xq + (b + i) * 32);
+      std::uint16_t h;
+      std::memcpy(&h, blk, 2);
+      dw[i] = _cvtsh_ss(h);
+    }
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    const __m128i sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    const __m128 scale = _mm_mul_ps(_mm_loadu_ps(dw), _mm_loadu_ps(dx + b));
+    y = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, y);
+  }
+  y = _mm_add_ps(y, _mm_movehl_ps(y, y));
+  float r = _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
+  for (; b < nb; ++b) {
+    const std::uint8_t* blk = w + b * 34;
+    r += static_cast<float>(dot_i8(reinterpret_cast<const std::int8_t*>(blk + 2), xq + b * 32, 32)) * (from_half(blk) * dx[b]);
+  }
+  return r;
+}
+#else
+std::int32_t dot_i8(const std::int8_t* w, const std::int8_t* x, std::int64_t n) { return dot_i8_scalar(w, x, n); }
+
+float q8_0_dot(const std::uint8_t* w, const std::int8_t* xq, const float* dx, std::int64_t nb) {
+  float y = 0.0f;
+  for (std::int64_t b = 0; b < nb; ++b)
+    y += static_cast<float>(dot_i8_scalar(reinterpret_cast<const std::int8_t*>(w + b * 34 + 2), xq + b * 32, 32)) *
+         (from_half(w + b * 34) * dx[b]);
+  return y;
+}
+#endif
+
+void llm_int8(const Tensor& x, const QMatrix& w, Tensor& out) {
+  const std::int64_t M = x.size(0), K = x.size(1), N = w.rows;
+  const float* X = x.data<float>();
+  float* Y = out.data<float>();
+  const auto O = outlier_columns(x, w.spec.threshold);
+  std::vector<std::int8_t> xq;
+  std::vector<float> sx;
+  quantize_rows_int8(x, O, xq, sx);  // outlier columns hold 0 here
+  std::vector<std::int64_t> cols;    // the outlier columns, few
+  for (std::int64_t k = 0; k < K; ++k)
+    if (O[static_cast<std::size_t>(k)]) cols.push_back(k);
+#pragma omp parallel for schedule(static) if (M * N * K >= kParallel)
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::int8_t* wr = w.data.data<std::int8_t>() + n * K;
+    const float sw = w.scales.data<float>()[n];
+    for (std::int64_t m = 0; m < M; ++m) {
+      float hi = 0.0f;
+      for (std::int64_t k : cols)
+        hi += f16_to_f32(f32_to_f16(X[m * K + k])) * f16_to_f32(f32_to_f16(static_cast<float>(wr[k]) * sw));
+      Y[m * N + n] = static_cast<float>(dot_i8(wr, xq.data() + m * K, K)) * sx[static_cast<std::size_t>(m)] * sw + hi;
+    }
+  }
+}
+
+void q8_0(const Tensor& x, const QMatrix& w, Tensor& out) {
+  const std::int64_t M = x.size(0), K = x.size(1), N = w.rows, nb = K / 32;
+  const float* X = x.data<float>();
+  float* Y = out.data<float>();
+  // x into q8_0 blocks, kept as int8 values and their (f16-rounded) scales side by side.
+  std::vector<std::int8_t> xq(static_cast<std::size_t>(M * K));
+  std::vector<float> dx(static_cast<std::size_t>(M * nb));
+  std::uint8_t blk[34];
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t b = 0; b < nb; ++b) {
+      quantize_q8_0_block(X + m * K + b * 32, blk);
+      dx[static_cast<std::size_t>(m * nb + b)] = from_half(blk);
+      std::memcpy(xq.data() + m * K + b * 32, blk + 2, 32);
+    }
+#pragma omp parallel for schedule(static) if (M * N * K >= kParallel)
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t m = 0; m < M; ++m)
+      Y[m * N + n] = q8_0_dot(w.data.data<std::uint8_t>() + n * nb * 34, xq.data() + m * K, dx.data() + m * nb, nb);
+}
 
 }  // namespace
 
 void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out) {
+  if (w.spec.format == Format::LlmInt8) return llm_int8(x, w, out);
+  if (w.spec.format == Format::Q8_0) return q8_0(x, w, out);
   const std::int64_t M = x.size(0), K = x.size(1), N = w.rows;
   const float* X = x.data<float>();
   float* Y = out.data<float>();
-  if (w.spec.format == Format::LlmInt8) {
-    const auto O = outlier_columns(x, w.spec.threshold);
-    std::vector<std::int8_t> xq;
-    std::vector<float> sx;
-    quantize_rows_int8(x, O, xq, sx);
-    std::vector<std::int64_t> cols;  // the outlier columns, few
-    for (std::int64_t k = 0; k < K; ++k)
-      if (O[static_cast<std::size_t>(k)]) cols.push_back(k);
-#pragma omp parallel for schedule(static) if (M * N * K >= kParallel)
-    for (std::int64_t n = 0; n < N; ++n) {
-      const std::int8_t* wr = w.data.data<std::int8_t>() + n * K;
-      const float sw = w.scales.data<float>()[n];
-      for (std::int64_t m = 0; m < M; ++m) {
-        const std::int8_t* xr = xq.data() + m * K;  // outlier columns hold 0 here
-        std::int32_t acc = 0;
-        for (std::int64_t k = 0; k < K; ++k) acc += static_cast<std::int32_t>(xr[k]) * wr[k];
-        float hi = 0.0f;
-        for (std::int64_t k : cols)
-          hi += f16_to_f32(f32_to_f16(X[m * K + k])) * f16_to_f32(f32_to_f16(static_cast<float>(wr[k]) * sw));
-        Y[m * N + n] = static_cast<float>(acc) * sx[static_cast<std::size_t>(m)] * sw + hi;
-      }
-    }
-    return;
-  }
-  if (w.spec.format == Format::Q8_0) {
-    const std::int64_t nb = K / 32;
-    std::vector<std::uint8_t> xq(static_cast<std::size_t>(M * nb * 34));
-    for (std::int64_t m = 0; m < M; ++m)
-      for (std::int64_t b = 0; b < nb; ++b) quantize_q8_0_block(X + m * K + b * 32, xq.data() + (m * nb + b) * 34);
+#if INFERLAB_CH09_SIMD
+  if (M <= kDirectRows) {
 #pragma omp parallel for schedule(static) if (M * N * K >= kParallel)
     for (std::int64_t n = 0; n < N; ++n)
-      for (std::int64_t m = 0; m < M; ++m) {
-        float y = 0.0f;
-        for (std::int64_t b = 0; b < nb; ++b) {
-          const std::uint8_t* wb = w.data.data<std::uint8_t>() + (n * nb + b) * 34;
-          const std::uint8_t* xb = xq.data() + (m * nb + b) * 34;
-          std::int32_t sumi = 0;
-          for (int i = 0; i < 32; ++i) sumi += static_cast<std::int8_t>(wb[2 + i]) * static_cast<std::int8_t>(xb[2 + i]);
-          y += static_cast<float>(sumi) * (from_half(wb) * from_half(xb));
-        }
-        Y[m * N + n] = y;
-      }
+      for (std::int64_t m = 0; m < M; ++m) Y[m * N + n] = direct_dot(w, n, X + m * K);
     return;
   }
+#endif
 #pragma omp parallel if (M * N * K >= kParallel)
   {
     std::vector<float> row(static_cast<std::size_t>(K));

@@ -18,7 +18,8 @@ std::vector<char> outlier_columns(const Tensor& x, float threshold);
 /// LLM.int8(): each row of x quantised to int8 by its absmax over the non-skipped columns.
 void quantize_rows_int8(const Tensor& x, const std::vector<char>& skip, std::vector<std::int8_t>& q, std::vector<float>& s);
 
-/// The fast CPU product (OpenMP over output rows; each row unpacked once for all rows of x).
+/// The fast CPU product (OpenMP over output rows; with AVX2 a few rows of x are multiplied straight
+/// from the packed bytes, more rows share one unpacked copy of each weight row).
 void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out);
 /// The CUDA product (quant_cuda.cu; a stub without CUDA).
 void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out);

@@ -109,23 +109,57 @@ TEST(Quant, WeightOnlyProductsAgainstFloat64) {
   for (const QuantSpec& spec : all_specs()) {
     if (spec.format == Format::LlmInt8 || spec.format == Format::Q8_0) continue;  // they quantise x too
     SCOPED_TRACE(spec.name());
-    for (std::int64_t M : {1, 3, 11}) {
-      const Tensor w = weights(rng, 70, 512), x = test::uniform(rng, {M, 512});
-      const QMatrix q = quantize(w, spec);
-      const auto D = dequantize(q).to_double_vector(), X = x.to_double_vector();
-      std::vector<double> exact(M * 70), b(M * 70);
-      for (std::int64_t m = 0; m < M; ++m)
-        for (std::int64_t n = 0; n < 70; ++n) {
-          double s = 0, a = 0;
-          for (std::int64_t k = 0; k < 512; ++k) s += X[m * 512 + k] * D[n * 512 + k], a += std::fabs(X[m * 512 + k] * D[n * 512 + k]);
-          exact[m * 70 + n] = s, b[m * 70 + n] = (gamma(512) + 2 * u) * a;  // the dot product's bound, plus unpacking
-        }
-      Tensor r = Tensor::empty({M, 70}, DType::F32);
-      qmatmul_ref(x, q, r);
-      expect_within(r.to_double_vector(), exact, b, "reference");
-      expect_within(qmatmul(x, q).to_double_vector(), exact, b, "fast");
-    }
+    // M = 1 and 3 take the fast path's direct kernels, 11 its unpacked rows; K = 200 leaves a
+    // tail after the SIMD loops (only the formats without blocks or groups allow it).
+    const bool any_k = spec.format == Format::Int8Tensor || spec.format == Format::Int8Row || spec.format == Format::Fp8E4M3;
+    for (std::int64_t K : {512, 200})
+      for (std::int64_t M : {1, 3, 11}) {
+        if (K % 32 != 0 && !any_k) continue;
+        SCOPED_TRACE("M = " + std::to_string(M) + ", K = " + std::to_string(K));
+        const Tensor w = weights(rng, 70, K), x = test::uniform(rng, {M, K});
+        const QMatrix q = quantize(w, spec);
+        const auto D = dequantize(q).to_double_vector(), X = x.to_double_vector();
+        std::vector<double> exact(M * 70), b(M * 70);
+        for (std::int64_t m = 0; m < M; ++m)
+          for (std::int64_t n = 0; n < 70; ++n) {
+            double s = 0, a = 0;
+            for (std::int64_t k = 0; k < K; ++k) s += X[m * K + k] * D[n * K + k], a += std::fabs(X[m * K + k] * D[n * K + k]);
+            exact[m * 70 + n] = s, b[m * 70 + n] = (gamma(K) + 2 * u) * a;  // the dot product's bound, plus unpacking
+          }
+        Tensor r = Tensor::empty({M, 70}, DType::F32);
+        qmatmul_ref(x, q, r);
+        expect_within(r.to_double_vector(), exact, b, "reference");
+        expect_within(qmatmul(x, q).to_double_vector(), exact, b, "fast");
+      }
   }
+}
+
+TEST(Quant, TheFastFp8DecoderGivesEveryFinitePatternExactly) {
+  // Row b holds pattern b (NaN patterns left out) once, among zeros: with x all ones each output is
+  // that one weight, no rounding anywhere. M = 1 runs the bit-manipulating decoder, M = 5 the table.
+  const std::int64_t K = 40;
+  QMatrix q;
+  q.spec = {Format::Fp8E4M3}, q.rows = 256, q.cols = K;
+  q.data = Tensor::zeros({256, K}, DType::U8);
+  q.scales = Tensor::from_vector(std::vector<float>{0.75f}, {1});
+  for (int b = 0; b < 256; ++b)
+    if ((b & 0x7F) != 0x7F) q.data.data<std::uint8_t>()[b * K + b % K] = static_cast<std::uint8_t>(b);
+  for (std::int64_t M : {1, 5}) {
+    const Tensor y = qmatmul(Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(M * K), 1.0f), {M, K}), q);
+    for (std::int64_t m = 0; m < M; ++m)
+      for (int b = 0; b < 256; ++b)
+        ASSERT_EQ(y.at<float>({m, b}), (b & 0x7F) == 0x7F ? 0.0f : e4m3_to_f32(static_cast<std::uint8_t>(b)) * 0.75f)
+            << "pattern " << b << ", M = " << M;
+  }
+}
+
+TEST(Quant, NonFiniteWeightsAndOddGroupsAreRefused) {
+  auto rng = test::rng_for_test();
+  Tensor w = test::uniform(rng, {4, 64});
+  test::expect_error([&] { quantize(w, {Format::Int4Sym, 16}); }, {"group size", "multiple of 32", "16"});
+  w.at<float>({2, 5}) = std::numeric_limits<float>::quiet_NaN();
+  for (const QuantSpec& spec : all_specs())
+    test::expect_error([&] { quantize(w, spec); }, {"weight (2, 5)", "finite"});
 }
 
 // Plain vector-wise int8 (W8A8), written out independently: x rows and W rows by their absmax.
@@ -149,6 +183,13 @@ std::vector<float> vectorwise_int8(const Tensor& x, const QMatrix& w) {
 
 TEST(LlmInt8, InfiniteThresholdIsVectorWiseInt8AndZeroIsThe16BitProduct) {
   auto rng = test::rng_for_test();
+  {  // K = 200: the SIMD integer dot product's tail
+    const Tensor w = weights(rng, 9, 200), x = test::uniform(rng, {2, 200}, -3, 3);
+    QuantSpec spec{Format::LlmInt8};
+    spec.threshold = std::numeric_limits<float>::infinity();
+    const QMatrix q = quantize(w, spec);
+    EXPECT_EQ(qmatmul(x, q).to_float_vector(), vectorwise_int8(x, q));
+  }
   const Tensor w = weights(rng, 40, 256), x = test::uniform(rng, {5, 256}, -3, 3);
   QuantSpec spec{Format::LlmInt8};
   spec.threshold = std::numeric_limits<float>::infinity();
@@ -196,28 +237,32 @@ TEST(LlmInt8, AnOutlierFeatureNoLongerRuinsTheOtherColumns) {
 
 TEST(Q8_0, ActivationsQuantisedToBlocksWithExactIntegerSums) {
   auto rng = test::rng_for_test();
-  const Tensor w = weights(rng, 30, 128), x = test::uniform(rng, {3, 128});
-  const QMatrix q = quantize(w, {Format::Q8_0});
-  Tensor r = Tensor::empty({3, 30}, DType::F32);
-  qmatmul_ref(x, q, r);
-  const Tensor f = qmatmul(x, q);
-  // Independently: x into q8_0 blocks, per block an integer sum scaled by d_w·d_x.
-  for (std::int64_t m = 0; m < 3; ++m) {
-    std::vector<std::uint8_t> xb(4 * 34);
-    for (int b = 0; b < 4; ++b) quantize_q8_0_block(x.data<float>() + m * 128 + b * 32, xb.data() + b * 34);
-    for (std::int64_t n = 0; n < 30; ++n) {
-      double y = 0, a = 0;
-      for (int b = 0; b < 4; ++b) {
-        const std::uint8_t* wb = q.data.data<std::uint8_t>() + n * 136 + b * 34;
-        std::int32_t s = 0;
-        for (int i = 0; i < 32; ++i) s += static_cast<std::int8_t>(wb[2 + i]) * static_cast<std::int8_t>(xb[b * 34 + 2 + i]);
-        const double p = static_cast<double>(s) * (static_cast<double>(from_half(wb)) * from_half(xb.data() + b * 34));
-        y += p, a += std::fabs(p);
+  for (const std::int64_t nb : {4, 7}) {  // 7 blocks: the fast path's four at a time, then three
+    const std::int64_t K = nb * 32;
+    const Tensor w = weights(rng, 30, K), x = test::uniform(rng, {3, K});
+    QMatrix q = quantize(w, {Format::Q8_0});
+    q.data.data<std::uint8_t>()[5 * nb * 34 + 2 + 7] = 0x80;  // −128: llama.cpp never writes it, a GGUF file may hold it
+    Tensor r = Tensor::empty({3, 30}, DType::F32);
+    qmatmul_ref(x, q, r);
+    const Tensor f = qmatmul(x, q);
+    // Independently: x into q8_0 blocks, per block an integer sum scaled by d_w·d_x.
+    for (std::int64_t m = 0; m < 3; ++m) {
+      std::vector<std::uint8_t> xb(nb * 34);
+      for (int b = 0; b < nb; ++b) quantize_q8_0_block(x.data<float>() + m * K + b * 32, xb.data() + b * 34);
+      for (std::int64_t n = 0; n < 30; ++n) {
+        double y = 0, a = 0;
+        for (int b = 0; b < nb; ++b) {
+          const std::uint8_t* wb = q.data.data<std::uint8_t>() + n * nb * 34 + b * 34;
+          std::int32_t s = 0;
+          for (int i = 0; i < 32; ++i) s += static_cast<std::int8_t>(wb[2 + i]) * static_cast<std::int8_t>(xb[b * 34 + 2 + i]);
+          const double p = static_cast<double>(s) * (static_cast<double>(from_half(wb)) * from_half(xb.data() + b * 34));
+          y += p, a += std::fabs(p);
+        }
+        // The integer sums are exact; the float part is a scale product per block and an
+        // nb-term sum in any order (fused or not): within (2u + γ_nb)·Σ|terms|.
+        EXPECT_NEAR(r.at<float>({m, n}), y, (2 * u + gamma(nb)) * a);
+        EXPECT_NEAR(f.at<float>({m, n}), y, (2 * u + gamma(nb)) * a);
       }
-      // The integer sums are exact; the float part is a scale product per block and a 4-term
-      // sum (whether or not the compiler fuses multiply and add): within (2u + γ_4)·Σ|terms|.
-      EXPECT_NEAR(r.at<float>({m, n}), y, (2 * u + gamma(4)) * a);
-      EXPECT_NEAR(f.at<float>({m, n}), y, (2 * u + gamma(4)) * a);
     }
   }
 }
