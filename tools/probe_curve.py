@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Probe accuracy against training tokens: one zoo model, one long run, evaluated as it trains.
+
+    tools/.venv/bin/python tools/zoo.py data        # once: tools/.work/{train,val}.npy
+    tools/.venv/bin/python tools/probe_curve.py tiny-mha --tokens 12288000 --every 250
+
+Trains with the zoo's recipe (tools/train.py, same seed, batch and peak learning rate; the
+cosine schedule stretched over --tokens) and, every --every steps, prints one line
+"PROBE <step> {json}" with the validation loss and every probe set's accuracy.  Nothing is
+saved: this measures how large a budget the probes need before retraining the zoo with it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import evaluate as ev  # noqa: E402
+import train as tr  # noqa: E402
+import zoo  # noqa: E402
+import zoo_models as zm  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("name", choices=zm.ORDER)
+    ap.add_argument("--tokens", type=int, default=12_288_000)
+    ap.add_argument("--every", type=int, default=250, help="steps between evaluations (a multiple of 25: train.py logs every 25)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    a = ap.parse_args()
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(zoo.TOKENIZER)
+    with open(os.path.join(zoo.CORPUS_DIR, "probes.jsonl"), encoding="utf-8") as f:
+        probes = [json.loads(line) for line in f]
+    val = np.load(os.path.join(zoo.WORK, "val.npy"))
+    tokens = np.load(os.path.join(zoo.WORK, "train.npy"))
+
+    built = {}
+    build = zm.build
+
+    def keep(name, seed):  # train.train builds the model itself; keep a handle to evaluate it
+        built["model"] = build(name, seed)
+        return built["model"]
+    zm.build = keep
+
+    def report(step: str) -> None:
+        m = built["model"]
+        m.eval()
+        device = next(m.parameters()).device
+        m.to("cpu")
+        res = {"val_loss": round(ev.val_loss(a.name, m, val), 4), **ev.probe_accuracy(a.name, m, probes, tok)}
+        m.to(device)
+        m.train()
+        print("PROBE", step, json.dumps(res), flush=True)
+
+    def log(msg: str) -> None:
+        print(time.strftime("%H:%M:%S"), msg, flush=True)
+        hit = re.search(r"step (\d+)/", msg)
+        if hit and int(hit.group(1)) > 0 and int(hit.group(1)) % a.every == 0:
+            report(hit.group(1))
+
+    model, _ = tr.train(a.name, tokens, seed=zoo.TRAIN_SEED, token_budget=a.tokens, batch=zoo.BATCH,
+                        lr=zoo.LR.get(a.name, zoo.LR["default"]), threads=a.threads, device=a.device, log=log)
+    built["model"] = model
+    report("final")
+
+
+if __name__ == "__main__":
+    main()
