@@ -262,8 +262,9 @@ void check_product(const Tensor& x, const QMatrix& w, const Tensor& out) {
            x.describe());
   IL_CHECK(x.size(1) == w.cols, "qmatmul: x ", x.describe(), " and a ", w.rows, " × ", w.cols,
            " weight disagree on K");
-  IL_CHECK(out.ndim() == 2 && out.size(0) == x.size(0) && out.size(1) == w.rows && out.dtype() == DType::F32,
-           "qmatmul: out ", out.describe(), " should be f32 [", x.size(0), ", ", w.rows, "]");
+  IL_CHECK(out.ndim() == 2 && out.size(0) == x.size(0) && out.size(1) == w.rows && out.dtype() == DType::F32 &&
+               out.is_contiguous(),
+           "qmatmul: out ", out.describe(), " should be contiguous f32 [", x.size(0), ", ", w.rows, "]");
   IL_CHECK(x.device() == w.device() && out.device() == x.device(), "qmatmul: x, weights and out must share a device");
 }
 

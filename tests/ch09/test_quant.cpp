@@ -110,40 +110,42 @@ TEST(Quant, WeightOnlyProductsAgainstFloat64) {
     if (spec.format == Format::LlmInt8 || spec.format == Format::Q8_0) continue;  // they quantise x too
     SCOPED_TRACE(spec.name());
     // M = 1 and 3 take the fast path's direct kernels, 11 its unpacked rows; K = 200 leaves a
-    // tail after the SIMD loops (only the formats without blocks or groups allow it).
+    // tail after the SIMD loops (only the formats without blocks or groups allow it); N = 600 is
+    // enough work for the direct kernels to run on both threads.
     const bool any_k = spec.format == Format::Int8Tensor || spec.format == Format::Int8Row || spec.format == Format::Fp8E4M3;
-    for (std::int64_t K : {512, 200})
-      for (std::int64_t M : {1, 3, 11}) {
-        if (K % 32 != 0 && !any_k) continue;
-        SCOPED_TRACE("M = " + std::to_string(M) + ", K = " + std::to_string(K));
-        const Tensor w = weights(rng, 70, K), x = test::uniform(rng, {M, K});
-        const QMatrix q = quantize(w, spec);
-        const auto D = dequantize(q).to_double_vector(), X = x.to_double_vector();
-        std::vector<double> exact(M * 70), b(M * 70);
-        for (std::int64_t m = 0; m < M; ++m)
-          for (std::int64_t n = 0; n < 70; ++n) {
-            double s = 0, a = 0;
-            for (std::int64_t k = 0; k < K; ++k) s += X[m * K + k] * D[n * K + k], a += std::fabs(X[m * K + k] * D[n * K + k]);
-            exact[m * 70 + n] = s, b[m * 70 + n] = (gamma(K) + 2 * u) * a;  // the dot product's bound, plus unpacking
-          }
-        Tensor r = Tensor::empty({M, 70}, DType::F32);
-        qmatmul_ref(x, q, r);
-        expect_within(r.to_double_vector(), exact, b, "reference");
-        expect_within(qmatmul(x, q).to_double_vector(), exact, b, "fast");
-      }
+    for (const auto& [K, M, N] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+             {512, 1, 70}, {512, 3, 70}, {512, 11, 70}, {200, 1, 70}, {200, 3, 70}, {200, 11, 70}, {512, 1, 600}}) {
+      if (K % 32 != 0 && !any_k) continue;
+      SCOPED_TRACE("M = " + std::to_string(M) + ", N = " + std::to_string(N) + ", K = " + std::to_string(K));
+      const Tensor w = weights(rng, N, K), x = test::uniform(rng, {M, K});
+      const QMatrix q = quantize(w, spec);
+      const auto D = dequantize(q).to_double_vector(), X = x.to_double_vector();
+      std::vector<double> exact(M * N), b(M * N);
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t n = 0; n < N; ++n) {
+          double s = 0, a = 0;
+          for (std::int64_t k = 0; k < K; ++k) s += X[m * K + k] * D[n * K + k], a += std::fabs(X[m * K + k] * D[n * K + k]);
+          exact[m * N + n] = s, b[m * N + n] = (gamma(K) + 2 * u) * a;  // the dot product's bound, plus unpacking
+        }
+      Tensor r = Tensor::empty({M, N}, DType::F32);
+      qmatmul_ref(x, q, r);
+      expect_within(r.to_double_vector(), exact, b, "reference");
+      expect_within(qmatmul(x, q).to_double_vector(), exact, b, "fast");
+    }
   }
 }
 
 TEST(Quant, TheFastFp8DecoderGivesEveryFinitePatternExactly) {
   // Row b holds pattern b (NaN patterns left out) once, among zeros: with x all ones each output is
-  // that one weight, no rounding anywhere. M = 1 runs the bit-manipulating decoder, M = 5 the table.
+  // that one weight, no rounding anywhere. M = 1 runs the bit-manipulating decoder (every pattern
+  // sits in its 32-wide SIMD part, not the scalar tail), M = 5 the table.
   const std::int64_t K = 40;
   QMatrix q;
   q.spec = {Format::Fp8E4M3}, q.rows = 256, q.cols = K;
   q.data = Tensor::zeros({256, K}, DType::U8);
   q.scales = Tensor::from_vector(std::vector<float>{0.75f}, {1});
   for (int b = 0; b < 256; ++b)
-    if ((b & 0x7F) != 0x7F) q.data.data<std::uint8_t>()[b * K + b % K] = static_cast<std::uint8_t>(b);
+    if ((b & 0x7F) != 0x7F) q.data.data<std::uint8_t>()[b * K + b % 32] = static_cast<std::uint8_t>(b);
   for (std::int64_t M : {1, 5}) {
     const Tensor y = qmatmul(Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(M * K), 1.0f), {M, K}), q);
     for (std::int64_t m = 0; m < M; ++m)
@@ -160,6 +162,18 @@ TEST(Quant, NonFiniteWeightsAndOddGroupsAreRefused) {
   w.at<float>({2, 5}) = std::numeric_limits<float>::quiet_NaN();
   for (const QuantSpec& spec : all_specs())
     test::expect_error([&] { quantize(w, spec); }, {"weight (2, 5)", "finite"});
+}
+
+TEST(Quant, ProductsNameWhatIsWrongWithTheirOperands) {
+  auto rng = test::rng_for_test();
+  const QMatrix q = quantize(test::uniform(rng, {6, 64}), {Format::Int8Row});
+  const Tensor x = test::uniform(rng, {2, 64});
+  test::expect_error([&] { qmatmul(test::uniform(rng, {2, 32}), q); }, {"disagree on K", "64"});
+  test::expect_error([&] { qmatmul(x.to(DType::BF16), q); }, {"x must be contiguous f32"});
+  Tensor wide = Tensor::empty({2, 12}, DType::F32), small = Tensor::empty({2, 5}, DType::F32);
+  Tensor strided = wide.slice(1, 0, 6);  // [2, 6] with a row stride of 12
+  test::expect_error([&] { qmatmul(x, q, small); }, {"should be contiguous f32 [2, 6]"});
+  test::expect_error([&] { qmatmul(x, q, strided); }, {"should be contiguous f32 [2, 6]"});
 }
 
 // Plain vector-wise int8 (W8A8), written out independently: x rows and W rows by their absmax.
@@ -183,12 +197,14 @@ std::vector<float> vectorwise_int8(const Tensor& x, const QMatrix& w) {
 
 TEST(LlmInt8, InfiniteThresholdIsVectorWiseInt8AndZeroIsThe16BitProduct) {
   auto rng = test::rng_for_test();
-  {  // K = 200: the SIMD integer dot product's tail
-    const Tensor w = weights(rng, 9, 200), x = test::uniform(rng, {2, 200}, -3, 3);
+  // K = 200: the SIMD integer dot product's tail; N = 600: enough work for both threads.
+  test::ThreadCount threads(2);
+  for (const auto& [M, N, K] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{{2, 9, 200}, {1, 600, 512}}) {
+    const Tensor w = weights(rng, N, K), x = test::uniform(rng, {M, K}, -3, 3);
     QuantSpec spec{Format::LlmInt8};
     spec.threshold = std::numeric_limits<float>::infinity();
     const QMatrix q = quantize(w, spec);
-    EXPECT_EQ(qmatmul(x, q).to_float_vector(), vectorwise_int8(x, q));
+    EXPECT_EQ(qmatmul(x, q).to_float_vector(), vectorwise_int8(x, q)) << M << " x " << N << " x " << K;
   }
   const Tensor w = weights(rng, 40, 256), x = test::uniform(rng, {5, 256}, -3, 3);
   QuantSpec spec{Format::LlmInt8};
@@ -237,19 +253,21 @@ TEST(LlmInt8, AnOutlierFeatureNoLongerRuinsTheOtherColumns) {
 
 TEST(Q8_0, ActivationsQuantisedToBlocksWithExactIntegerSums) {
   auto rng = test::rng_for_test();
-  for (const std::int64_t nb : {4, 7}) {  // 7 blocks: the fast path's four at a time, then three
+  test::ThreadCount threads(2);
+  // 7 blocks: the fast path's four at a time, then three; N = 600: enough work for both threads.
+  for (const auto& [nb, N] : std::vector<std::pair<std::int64_t, std::int64_t>>{{4, 30}, {7, 30}, {16, 600}}) {
     const std::int64_t K = nb * 32;
-    const Tensor w = weights(rng, 30, K), x = test::uniform(rng, {3, K});
+    const Tensor w = weights(rng, N, K), x = test::uniform(rng, {3, K});
     QMatrix q = quantize(w, {Format::Q8_0});
     q.data.data<std::uint8_t>()[5 * nb * 34 + 2 + 7] = 0x80;  // −128: llama.cpp never writes it, a GGUF file may hold it
-    Tensor r = Tensor::empty({3, 30}, DType::F32);
+    Tensor r = Tensor::empty({3, N}, DType::F32);
     qmatmul_ref(x, q, r);
     const Tensor f = qmatmul(x, q);
     // Independently: x into q8_0 blocks, per block an integer sum scaled by d_w·d_x.
     for (std::int64_t m = 0; m < 3; ++m) {
       std::vector<std::uint8_t> xb(nb * 34);
       for (int b = 0; b < nb; ++b) quantize_q8_0_block(x.data<float>() + m * K + b * 32, xb.data() + b * 34);
-      for (std::int64_t n = 0; n < 30; ++n) {
+      for (std::int64_t n = 0; n < N; ++n) {
         double y = 0, a = 0;
         for (int b = 0; b < nb; ++b) {
           const std::uint8_t* wb = q.data.data<std::uint8_t>() + n * nb * 34 + b * 34;
