@@ -237,11 +237,27 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
   predict the right *kind* of answer with a fixed preference among colours or
   digits, whatever the context says, and a tiny-mha trained on 1.6 M tokens
   of an earlier version of this corpus (an experiment, not committed) was
-  still at chance.  The probes are in
-  place for when the zoo is retrained with a larger budget (`zoo.py all
-  --device cuda --tokens N` on a GPU; that path has not been run yet, as no
-  GPU was available when the zoo was built); how large N must be has not been
-  measured.  Until then the lecture's contrasts that need retrieval (sliding
+  still at chance.  Two longer runs of tiny-mha with the same recipe (one
+  seed each, measured on 2026-11-29 with `tools/probe_curve.py tiny-mha
+  --tokens 12288000 --every 250`) show what is missing:
+
+  | training data | tokens | val loss | recall@32 | recall@128 | recall@400 (distractor) | AR 8 / 32 |
+  | --- | --- | --- | --- | --- | --- | --- |
+  | this corpus, 9,000 documents (2.7 M tokens, repeated) | 6.1 M (stopped) | 1.336 | 0.060 | 0.060 | 0.045 (0.080) | 0.130 / 0.095 |
+  | 40,000 documents (12.0 M tokens, one pass) | 5.1 M | 1.423 | 0.230 | 0.130 | 0.045 (0.470) | 0.105 / 0.080 |
+  | 40,000 documents (12.0 M tokens, one pass) | 12.3 M | 1.301 | 0.255 | 0.205 | 0.060 (0.525) | 0.080 / 0.105 |
+
+  With the small corpus repeated, nothing is retrieved at 6 M tokens.  With
+  more distinct documents, in-context copying appears between 4 and 5 M
+  tokens.  It is still crude: at 400 tokens the model answers with the
+  *more recent* fact of the same kind (the distractor) half of the time,
+  and associative recall stays at chance.  (The larger corpus retrains the
+  tokenizer, so its losses are not comparable with the first row's.)  The
+  zoo's next retraining should use more documents (`zoo.py all
+  --train-docs 40000 --tokens N`, in a scratch checkout first, since `data`
+  rewrites `data/corpus`) and a larger N than a CPU allows; on a GPU that
+  path has not been run yet, as no GPU has been available.
+  Until then the lecture's contrasts that need retrieval (sliding
   window versus global attention beyond 64 tokens, Mamba versus the
   time-invariant SSM on associative recall) are not visible in these numbers.
 * tiny-mamba reaches a clearly lower validation loss than the attention models

@@ -8,7 +8,8 @@
     tools/.venv/bin/python tools/zoo.py docs           # docs/model-zoo.md from the metrics
 
 Options: --threads N (torch threads, default 1), --models a,b,c (subset for
-`all`), --tokens N (training tokens per model), --device cuda (train on a GPU).  Same library versions (tools/requirements.txt) and the same thread
+`all`), --tokens N (training tokens per model), --device cuda (train on a GPU),
+--train-docs N (corpus size for `data`).  Same library versions (tools/requirements.txt) and the same thread
 count give the same bytes.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ def log(msg: str) -> None:
     print(time.strftime("%H:%M:%S"), msg, flush=True)
 
 
-def step_data() -> None:
+def step_data(n_train: int = N_TRAIN_DOCS) -> None:
     import numpy as np
     import corpus
     from tokenizer_train import train_tokenizer
@@ -52,7 +53,7 @@ def step_data() -> None:
 
     os.makedirs(WORK, exist_ok=True)
     os.makedirs(CORPUS_DIR, exist_ok=True)
-    train_docs, val_docs = corpus.make_corpus(CORPUS_SEED, N_TRAIN_DOCS, N_VAL_DOCS)
+    train_docs, val_docs = corpus.make_corpus(CORPUS_SEED, n_train, N_VAL_DOCS)
     with open(os.path.join(WORK, "train.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(train_docs) + "\n")
     with open(os.path.join(CORPUS_DIR, "val.txt"), "w", encoding="utf-8") as f:
@@ -126,10 +127,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=TOKEN_BUDGET,
                     help="training tokens per model (the committed zoo uses the default)")
     ap.add_argument("--device", default="cpu", help="training device (cpu, cuda); goldens always run on the CPU")
+    ap.add_argument("--train-docs", type=int, default=N_TRAIN_DOCS,
+                    help="training documents for `data` (the committed zoo uses the default; more documents "
+                         "rewrite data/corpus, tokenizer included)")
     a = ap.parse_args()
     names = a.names or a.models.split(",")
     if a.step in ("all", "data"):
-        step_data()
+        step_data(a.train_docs)
         import check_window
         if check_window.main() != 0:
             sys.exit("sliding-window semantics changed: see tools/check_window.py")
