@@ -40,7 +40,9 @@ SamplingParams CommonOptions::sampling(const Tokenizer& tok, std::int64_t model_
   return p;
 }
 
-void reject_options(const CLI::App& app, std::initializer_list<const char*> options, const std::string& command) {
+void reject_options(const CLI::App& app, std::initializer_list<const char*> options) {
+  std::string command = app.get_name();
+  for (const CLI::App* sub : app.get_subcommands()) command += " " + sub->get_name();
   for (const char* name : options) {
     const CLI::Option* opt = app.get_option_no_throw(name);
     IL_CHECK(opt == nullptr || opt->count() == 0, command, " does not use ", name, " (see --help for what it takes)");

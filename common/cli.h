@@ -46,7 +46,8 @@ struct CommonOptions {
 
 /// Throws if any of `options` was given on the command line: for the (sub)commands that do
 /// not use them, so that e.g. `--device cuda` there is an error rather than silently ignored.
-void reject_options(const CLI::App& app, std::initializer_list<const char*> options, const std::string& command);
+/// The error names the command as parsed: the program and its subcommand, if one was chosen.
+void reject_options(const CLI::App& app, std::initializer_list<const char*> options);
 
 /// A CLI11 check that an option is a finite number in [lo, hi], with a message in plain words
 /// ("0 is outside [1, 16777216]") instead of CLI11's default (which prints DBL_MAX in full).

@@ -278,16 +278,10 @@ int main(int argc, char** argv) {
   sc->add_option("--markdown", o.markdown, "Write the table as Markdown (docs/lecture-numbers.md)");
   app.require_subcommand(0, 1);
   return run_cli(app, argc, argv, [&] {
-    const std::string cmd = std::string("ch00_workload") + (*si   ? " intensity"
-                                                            : *sm ? " memory"
-                                                            : *sl ? " latency"
-                                                            : *sr ? " roofline"
-                                                            : *sc ? " lecture"
-                                                                  : "");
     // A calculator generates nothing; only roofline measures a device; only three commands take a model.
-    reject_options(app, {"--prompt", "--max-new-tokens", "--seed", "--temperature", "--top-k", "--top-p"}, cmd);
-    if (!*sr) reject_options(app, {"--device"}, cmd);
-    if (!(*si || *sm || *sl)) reject_options(app, {"--model"}, cmd);
+    reject_options(app, {"--prompt", "--max-new-tokens", "--seed", "--temperature", "--top-k", "--top-p"});
+    if (!*sr) reject_options(app, {"--device"});
+    if (!(*si || *sm || *sl)) reject_options(app, {"--model"});
     if (*si) return intensity(o);
     if (*sm) return memory(o);
     if (*sl) return latency(o);

@@ -196,11 +196,10 @@ int main(int argc, char** argv) {
   sc->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->check(number_in(0, 1e9))->capture_default_str();
   app.require_subcommand(0, 1);
   return run_cli(app, argc, argv, [&] {
-    const std::string cmd = std::string("ch03_gqa") + (*sm ? " memory" : *st ? " throughput" : *sc ? " convert" : "");
     // Only throughput runs on a device, only memory reads a --model, and nothing here generates text.
-    reject_options(app, {"--prompt", "--max-new-tokens", "--seed", "--temperature", "--top-k", "--top-p"}, cmd);
-    if (!*st) reject_options(app, {"--device"}, cmd);
-    if (!*sm) reject_options(app, {"--model"}, cmd);
+    reject_options(app, {"--prompt", "--max-new-tokens", "--seed", "--temperature", "--top-k", "--top-p"});
+    if (!*st) reject_options(app, {"--device"});
+    if (!*sm) reject_options(app, {"--model"});
     if (*sm) return memory(o, seq, memory_gb);
     if (*st) return throughput(o, seq, batches, steps);
     if (*sc) return convert(o, windows, per_kind);

@@ -216,7 +216,8 @@ int main(int argc, char** argv) {
   app.fallthrough();
   std::int64_t windows = 0, per_kind = 200;
   bool no_awq = false;
-  std::string formats, format = "q4_0", out, file, tokenizer;
+  std::vector<std::string> formats;
+  std::string format = "q4_0", out, file, tokenizer;
   auto* st = app.add_subcommand("table", "Every format on a model: bytes, perplexity, probe accuracy");
   st->add_option("--windows", windows, "Validation windows of 512 tokens to score (0: all of them)")
       ->check(number_in(0, 1e9))
@@ -224,10 +225,10 @@ int main(int argc, char** argv) {
   st->add_option("--probes-per-kind", per_kind, "Probes scored per kind (0: skip the probes)")
       ->check(number_in(0, 1e9))
       ->capture_default_str();
-  st->add_option("--formats", formats, "Comma-separated formats (default: all)");
+  st->add_option("--formats", formats, "Comma-separated formats (default: all)")->delimiter(',');
   st->add_flag("--no-awq", no_awq, "Skip the AWQ rows");
   auto* ss = app.add_subcommand("speed", "Decode speed per format on a larger random model");
-  ss->add_option("--formats", formats, "Comma-separated formats (default: all)");
+  ss->add_option("--formats", formats, "Comma-separated formats (default: all)")->delimiter(',');
   auto* se = app.add_subcommand("export", "Write the model quantised as GGUF");
   se->add_option("output", out, "The .gguf file")->required();
   se->add_option("--format", format, "q8_0 or q4_0")->check(CLI::IsMember({"q8_0", "q4_0"}))->capture_default_str();
@@ -238,28 +239,15 @@ int main(int argc, char** argv) {
                  "if the GGUF's vocabulary is that tokenizer's)");
   app.require_subcommand(0, 1);
   return run_cli(app, argc, argv, [&] {
-    const std::string cmd = std::string("ch09_quantization") + (*st   ? " table"
-                                                                : *ss ? " speed"
-                                                                : *se ? " export"
-                                                                : *sr ? " run"
-                                                                      : "");
     // Only run generates text; only speed and run use a device; speed's model is random.
     if (!*sr)
-      reject_options(app, {"--prompt", "--max-new-tokens", "--seed", "--temperature", "--top-k", "--top-p"}, cmd);
-    if (!*ss && !*sr) reject_options(app, {"--device"}, cmd);
-    if (*ss) reject_options(app, {"--model"}, cmd);
-    if (*se || *sr) reject_options(app, {"--json"}, cmd);
-    std::vector<QuantSpec> specs = all_specs();
-    if (!formats.empty()) {
-      specs.clear();
-      std::size_t at = 0;
-      while (at <= formats.size()) {
-        const auto comma = formats.find(',', at);
-        specs.push_back(QuantSpec::parse(formats.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
-        if (comma == std::string::npos) break;
-        at = comma + 1;
-      }
-    }
+      reject_options(app, {"--prompt", "--max-new-tokens", "--seed", "--temperature", "--top-k", "--top-p"});
+    if (!*ss && !*sr) reject_options(app, {"--device"});
+    if (*ss) reject_options(app, {"--model"});
+    if (*se || *sr) reject_options(app, {"--json"});
+    std::vector<QuantSpec> specs;
+    for (const std::string& f : formats) specs.push_back(QuantSpec::parse(f));
+    if (specs.empty()) specs = all_specs();
     if (*st)
       return quality(o, specs, windows, per_kind,
                      no_awq ? std::vector<QuantSpec>{} : std::vector<QuantSpec>{{Format::Int4Asym, 32}, {Format::Int4Asym, 64}, {Format::Int4Sym, 32}});
