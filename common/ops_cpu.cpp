@@ -134,10 +134,9 @@ void gemm_threads(const Tensor& x, const Tensor& w, Tensor& out);
 
 void gemm(const Tensor& x, const Tensor& w, Tensor& out) {
   if (x.size(0) * x.size(1) * w.size(0) >= kParallelGemm) return gemm_threads(x, w, out);
-  const int saved = Eigen::nbThreads();
   Eigen::setNbThreads(1);
   gemm_threads(x, w, out);
-  Eigen::setNbThreads(saved);
+  Eigen::setNbThreads(0);  // back to following OpenMP (restoring nbThreads() would pin today's count)
 }
 
 void gemm_threads(const Tensor& x, const Tensor& w, Tensor& out) {

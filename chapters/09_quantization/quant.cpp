@@ -154,6 +154,9 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec) {
           const float* x = W + n * K + g * G;
           float mn = x[0], mx = x[0], amax = 0;
           for (std::int64_t i = 0; i < G; ++i) mn = std::min(mn, x[i]), mx = std::max(mx, x[i]), amax = std::max(amax, std::fabs(x[i]));
+          // The range always holds 0, so that z = round(−min/s) lies in [0, 15]: a group of
+          // one sign would otherwise get a clamped zero point and collapse to one value.
+          mn = std::min(mn, 0.0f), mx = std::max(mx, 0.0f);
           float s, z = 0;
           if (sym) {
             s = amax > 0 ? amax / 7.0f : 1.0f;  // q ∈ [−7, 7] ⊂ [−8, 7]

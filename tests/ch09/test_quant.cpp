@@ -36,6 +36,10 @@ Tensor weights(std::mt19937_64& rng, std::int64_t N, std::int64_t K) {
   w.at<float>({0, 3}) = 9.0f;    // an outlier weight
   w.at<float>({1, 0}) = -0.0f;
   for (std::int64_t k = 0; k < std::min<std::int64_t>(K, 64); ++k) w.at<float>({2, k}) = 0.0f;  // an all-zero group
+  for (std::int64_t k = 0; k < std::min<std::int64_t>(K, 64); ++k) {  // groups of one sign
+    w.at<float>({3, k}) = 0.5f + 0.5f * std::fabs(w.at<float>({3, k}));
+    w.at<float>({4, k}) = -0.5f - 0.5f * std::fabs(w.at<float>({4, k}));
+  }
   return w;
 }
 
