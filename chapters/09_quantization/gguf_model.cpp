@@ -37,6 +37,8 @@ gguf::Output output(const std::string& name, const Tensor& t) {
 
 void save_gguf(const std::string& path, const QLlama& m, const HfTokenizer& tok) {
   const auto& c = m.config;
+  IL_CHECK(c.rope_scaling.is_null(), path, ": ", m.source, " scales its RoPE frequencies (rope_scaling ",
+           c.rope_scaling.dump(), "), which this GGUF writer does not record");
   const bool permute = m.rope_pairing == RopePairing::HalfSplit;
   std::vector<std::pair<std::string, Value>> meta = {
       {"general.architecture", Value::str("llama")},
@@ -150,6 +152,12 @@ TransformerConfig gguf_config(const gguf::File& f) {
   };
   if (f.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = token("tokenizer.ggml.bos_token_id");
   if (f.has("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {token("tokenizer.ggml.eos_token_id")};
+  // Scaled RoPE (Llama 3.1's frequency factors, linear or YaRN scaling) would run with the wrong
+  // frequencies here: refuse it rather than generate from a different model.
+  const bool scaled = (f.has("llama.rope.scaling.type") && f.get_string("llama.rope.scaling.type") != "none") ||
+                      f.contains("rope_freqs.weight");
+  IL_CHECK(!scaled, f.path(), ": the model scales its RoPE frequencies (llama.rope.scaling.* or rope_freqs.weight), "
+           "which this loader does not implement");
   // The project's shared rules (KV heads dividing heads, an even head_dim, size limits), whose
   // messages use config.json's field names.
   c.validate(f.path() + " (llama.* metadata, named as in a config.json)");
@@ -169,10 +177,12 @@ QLlama load_gguf(const gguf::File& f) {
     const auto& i = f.info(name);
     IL_CHECK(i.shape == s, path, ": tensor ", name, " has shape ", shape_str(i.shape), ", expected ", shape_str(s));
     if (i.type == gguf::Type::F32 || i.type == gguf::Type::F16) return f.tensor(name).to(DType::F32);
+    IL_CHECK((i.type == gguf::Type::Q8_0 || i.type == gguf::Type::Q4_0) && s.size() == 2, path, ": tensor ", name, " is ",
+             gguf::type_name(i.type), shape_str(s), "; this loader reads F32 and F16 vectors and F32, F16, Q8_0 or Q4_0 matrices");
     QMatrix q{{i.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0}, s[0], s[1], f.raw(name).clone(), {}, {}};
     return dequantize(q);
   };
-  auto matrix = [&](const std::string& name, std::int64_t rows, std::int64_t cols, std::int64_t heads = 0) {
+  auto matrix = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
     const auto& i = f.info(name);
     IL_CHECK(i.type == qt && i.shape == Shape({rows, cols}), path, ": tensor ", name, " is ", gguf::type_name(i.type),
              shape_str(i.shape), ", expected ", gguf::type_name(qt), shape_str(Shape{rows, cols}));
@@ -182,7 +192,7 @@ QLlama load_gguf(const gguf::File& f) {
   QLlama m;
   m.config = c;
   m.rope_pairing = RopePairing::Adjacent;  // llama.cpp's llama architecture
-  m.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta);
+  m.inv_freq = ch01::rope_frequencies(c);
   m.embed = dense("token_embd.weight", {c.vocab_size, c.hidden_size});
   const std::int64_t D = c.hidden_size, F = c.intermediate_size, Q = c.num_heads * c.head_dim,
                      KV = c.num_kv_heads * c.head_dim;

@@ -418,6 +418,8 @@ TEST(Gguf, BadLlamaMetadataNamesTheKeyAndTheFile) {
       {"llama.rope.dimension_count", gguf::Value::u32(8), {"'llama.rope.dimension_count' = 8", "partial RoPE"}},
       {"tokenizer.ggml.eos_token_id", gguf::Value::u32(999999), {"eos_token_id' = 999999", "[0, 1024)"}},
       {"general.architecture", gguf::Value::u32(1), {"'general.architecture' is UINT32", "STRING"}},
+      // Scaled RoPE would load and run with the wrong frequencies.
+      {"llama.rope.scaling.type", gguf::Value::str("linear"), {"scales its RoPE frequencies"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.key + " " + gguf::kind_name(c.value.kind));
@@ -431,6 +433,17 @@ TEST(Gguf, BadLlamaMetadataNamesTheKeyAndTheFile) {
     }
   }
   EXPECT_EQ(load_gguf(good).config.num_layers, 4);
+  {  // A norm (a vector) stored in Q8_0 blocks: refused, not read as a matrix past its shape.
+    const gguf::File f(good);
+    std::vector<gguf::Output> ts;
+    for (const auto& i : f.tensors())
+      if (i.name == "blk.0.attn_norm.weight")
+        ts.push_back({i.name, gguf::Type::Q8_0, i.shape, Tensor::zeros({gguf::row_bytes(gguf::Type::Q8_0, i.shape[0])}, DType::U8)});
+      else
+        ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
+    gguf::write(bad, std::vector<std::pair<std::string, gguf::Value>>(f.metadata().begin(), f.metadata().end()), ts);
+    test::expect_error([&] { load_gguf(bad); }, {"bad.gguf", "blk.0.attn_norm.weight is Q8_0", "F32 and F16 vectors"});
+  }
 }
 
 // A GGUF of one F32 tensor "t" with dimensions `ne` (innermost first) at `offset`, and 64 data bytes.
