@@ -308,6 +308,8 @@ Tensor CudaDecoder::step(std::int32_t token) {
 }
 
 std::vector<std::int32_t> CudaDecoder::greedy(std::int32_t token, int n) {
+  IL_CHECK(token >= 0 && token < impl_->V, "CudaDecoder: token id ", token, " is outside the vocabulary");
+  IL_CHECK(n >= 0, "CudaDecoder: cannot generate ", n, " tokens");
   IL_CHECK(impl_->cache.length + n <= impl_->cache.capacity, "KV cache full: ", impl_->cache.length, " + ", n,
            " positions exceed its capacity of ", impl_->cache.capacity);
   const std::int64_t first = impl_->cache.length;

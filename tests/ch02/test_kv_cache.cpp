@@ -13,6 +13,8 @@
 
 #include "chapters/01_naive_decode/convert.h"
 #include "chapters/02_kv_cache/kv_cache.h"
+#include "common/cli.h"
+#include "common/json_file.h"
 #include "common/llama2c.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
@@ -114,6 +116,14 @@ TEST(Stories260K, ConvertedToAHuggingFaceFolderAndBack) {
   ch01::convert_hf_to_llama2c(hf, back);  // and back: the original weights, bit for bit
   const auto ck = load_llama2c(stories_dir() + "/stories260K.bin"), ck2 = load_llama2c(back);
   for (const auto& [name, t] : ck.tensors) EXPECT_EQ(ck2.tensors.at(name).to_float_vector(), t.to_float_vector()) << name;
+  // What the llama2.c header cannot say is refused, not written into a file that computes
+  // something else: another rms_norm_eps, and a llama2.c file given as the "Hugging Face" side.
+  auto cfg = load_json(hf + "/config.json");
+  cfg["rms_norm_eps"] = 1e-6;
+  write_json(hf + "/config.json", cfg);
+  expect_error([&] { ch01::convert_hf_to_llama2c(hf, back); }, {"hf", "cannot express", "rms_norm_eps 1e-06"});
+  expect_error([&] { ch01::convert_hf_to_llama2c(stories_dir() + "/stories260K.bin", back); },
+               {"stories260K.bin is already a llama2.c checkpoint"});
 }
 
 TEST(Llama2c, BrokenFilesAreClearErrors) {
