@@ -98,13 +98,18 @@ PROBE_COLS = [("recall_32", "recall@32"), ("recall_128", "recall@128"), ("recall
               ("ar_8", "AR 8 pairs"), ("ar_32", "AR 32 pairs")]
 
 
-def write_card(name: str, model_dir: str) -> None:
-    import notes
+def _load(name: str, model_dir: str) -> tuple[dict, dict, dict]:
+    """A model folder's config.json, metrics.json and KV-cache bytes."""
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     with open(os.path.join(model_dir, "metrics.json")) as f:
         met = json.load(f)
-    kv = kv_bytes(name, cfg)
+    return cfg, met, kv_bytes(name, cfg)
+
+
+def write_card(name: str, model_dir: str) -> None:
+    import notes
+    cfg, met, kv = _load(name, model_dir)
     tr = met["training"]
     pr = met["probes"]
     arch = cfg.get("architectures", ["?"])[0]
@@ -187,13 +192,9 @@ def write_zoo_doc(path: str) -> None:
         if not os.path.exists(os.path.join(d, "metrics.json")):
             rows.append(f"| {name} | (not trained) |||||||||")
             continue
-        with open(os.path.join(d, "config.json")) as f:
-            cfg = json.load(f)
-        with open(os.path.join(d, "metrics.json")) as f:
-            met = json.load(f)
-        kv = kv_bytes(name, cfg)
+        cfg, met, kv = _load(name, d)
         pr = met["probes"]
-        per = _fmt_bytes(kv["per_token"]) if kv["per_token"] is not None else "n/a"
+        per = _fmt_bytes(kv["per_token"])
         if kv["per_token"] == 0:
             per = "0 (fixed state)"
         loss = f"{met['val_loss']:.3f}" + (" *" if met["val_loss_kind"] == "mdlm_elbo" else "")

@@ -30,12 +30,12 @@ def main() -> int:
     a = ap.parse_args()
     tokens = np.load(os.path.join(zoo.WORK, "train.npy"))
     model, _ = tr.train(a.name, tokens, seed=zoo.TRAIN_SEED, token_budget=zoo.TOKEN_BUDGET,
-                        batch=zoo.BATCH, lr=zoo.LR.get(a.name, zoo.LR["default"]),
+                        batch=zoo.BATCH, lr=zoo.LR,
                         threads=a.threads, log=lambda s: None)
     ok = True
     with tempfile.TemporaryDirectory() as d:
         zm.save(a.name, model, d, zoo.TOKENIZER)
-        for f in ("model.safetensors", "config.json", "tokenizer.json"):
+        for f in ("model.safetensors", "config.json"):  # tokenizer.json is copied, not trained
             same = filecmp.cmp(os.path.join(d, f), os.path.join(zoo.MODELS_DIR, a.name, f), shallow=False)
             print(f"{a.name}/{f}: {'identical' if same else 'DIFFERENT'}")
             ok &= same

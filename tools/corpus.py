@@ -180,8 +180,12 @@ def make_game(rng: random.Random, n_pairs: int | None = None, n_queries: int | N
     vals = [str(rng.randint(0, 9)) for _ in range(n)]
     q = n_queries if n_queries is not None else rng.randint(max(2, n // 2), n + 4)
     asked = [rng.randrange(n) for _ in range(q)]
-    return (f"{name} played a memory game: " + ", ".join(f"{k} {v}" for k, v in zip(keys, vals))
-            + f". Then {name} asked: " + ", ".join(f"{keys[i]} {vals[i]}" for i in asked) + ".")
+    return game_list(name, keys, vals) + ", ".join(f"{keys[i]} {vals[i]}" for i in asked) + "."
+
+
+def game_list(name: str, keys: list[str], vals: list[str]) -> str:
+    """The memory game up to its questions; training documents and probes share it."""
+    return f"{name} played a memory game: " + ", ".join(f"{k} {v}" for k, v in zip(keys, vals)) + f". Then {name} asked: "
 
 
 def make_document(rng: random.Random) -> str:
@@ -223,7 +227,6 @@ def make_recall_probe(rng: random.Random, tok, distance: int) -> dict:
     head = f"{intro} {target.statement}"
     tail = f"{target.question} {target.cue}"
     # position (index in token list) of the answer in the fact statement
-    head_ids = tok(head)
     stmt_prefix_ids = tok(f"{intro} {target.cue}")
     ans_pos = len(stmt_prefix_ids)  # first answer token index
     def build(fl: list[str]) -> str:
@@ -244,7 +247,8 @@ def make_recall_probe(rng: random.Random, tok, distance: int) -> dict:
     if best is None:
         best = (body, d)
     body, d = best
-    assert tok(head)[ans_pos - 1] == head_ids[ans_pos - 1]
+    # ans_pos points at the answer only if the cue tokenizes as a prefix of the statement
+    assert tok(head)[:ans_pos] == stmt_prefix_ids, head
     return {"kind": f"recall_{distance}", "fact_kind": kind, "prompt": body,
             "answer": " " + target.answer, "distance": d,
             "distractor": " " + distractor.answer}
@@ -255,8 +259,7 @@ def make_ar_probe(rng: random.Random, n_pairs: int) -> dict:
     keys = rng.sample(KEYS, n_pairs)
     vals = [str(rng.randint(0, 9)) for _ in range(n_pairs)]
     i = rng.randrange(n_pairs)
-    prompt = (f"{name} played a memory game: " + ", ".join(f"{k} {v}" for k, v in zip(keys, vals))
-              + f". Then {name} asked: {keys[i]}")
+    prompt = game_list(name, keys, vals) + keys[i]
     return {"kind": f"ar_{n_pairs}", "prompt": prompt, "answer": " " + vals[i], "key_index": i}
 
 

@@ -68,7 +68,7 @@ def main() -> None:
             report(hit.group(1))
 
     model, _ = tr.train(a.name, tokens, seed=zoo.TRAIN_SEED, token_budget=a.tokens, batch=zoo.BATCH,
-                        lr=zoo.LR.get(a.name, zoo.LR["default"]), threads=a.threads, device=a.device, log=log)
+                        lr=zoo.LR, threads=a.threads, device=a.device, log=log)
     built["model"] = model
     report("final")
 

@@ -84,7 +84,6 @@ def train(name: str, tokens: np.ndarray, *, seed: int, token_budget: int, batch:
     losses = []
     for step, xb in enumerate(batches(tokens, batch, steps)):
         xb = xb.to(device)
-        frac = step / steps
         cur = lr * (step + 1) / warm if step < warm else \
             lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
         for g in opt.param_groups:

@@ -38,7 +38,7 @@ TRAIN_SEED = 0
 # per model training settings (tokens are the same for every model)
 TOKEN_BUDGET = 1_024_000          # 250 steps of 8 x 512 tokens
 BATCH = 8
-LR = {"default": 4e-3}
+LR = 4e-3                          # peak learning rate, the same for every model
 
 
 def log(msg: str) -> None:
@@ -82,9 +82,8 @@ def step_train(name: str, threads: int, tokens_budget: int = TOKEN_BUDGET, devic
     import zoo_models as zm
 
     tokens = np.load(os.path.join(WORK, "train.npy"))
-    lr = LR.get(name, LR["default"])
     model, info = tr.train(name, tokens, seed=TRAIN_SEED, token_budget=tokens_budget, batch=BATCH,
-                           lr=lr, threads=threads, device=device, log=log)
+                           lr=LR, threads=threads, device=device, log=log)
     out = os.path.join(MODELS_DIR, name)
     zm.save(name, model, out, TOKENIZER)
     with open(os.path.join(WORK, f"train-{name}.json"), "w") as f:
