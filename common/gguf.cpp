@@ -128,9 +128,10 @@ File::File(const std::string& path) : path_(path), file_(std::make_shared<Mapped
     metadata_.emplace_back(key, r.value(kind, key));
   }
   std::uint64_t alignment = 32;
-  if (has("general.alignment")) alignment = static_cast<std::uint64_t>(get("general.alignment").i);
-  IL_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0, path, ": general.alignment ", alignment,
-           " is not a power of two");
+  if (has("general.alignment")) alignment = static_cast<std::uint64_t>(get_int("general.alignment"));
+  // At least 8, so that every F32/F16 tensor starts aligned for its type.
+  IL_CHECK(alignment >= 8 && (alignment & (alignment - 1)) == 0, path, ": general.alignment ", alignment,
+           " is not a power of two of at least 8");
   for (std::uint64_t i = 0; i < n_tensors; ++i) {
     TensorInfo t;
     t.name = r.str("a tensor name");

@@ -485,6 +485,11 @@ TEST(Gguf, BadTensorTablesAreClearErrorsNotCrashes) {
   // A UINT64 too large for the int64 the values are held in is refused, not wrapped negative.
   gguf::write(path, {{"x.big", int_value(gguf::Value::Kind::U64, -1)}}, {});
   test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "'x.big' = 18446744073709551615", "2^63"});
+  // general.alignment must be an integer power of two, at least 8 (so F32/F16 data is aligned).
+  gguf::write(path, {{"general.alignment", gguf::Value::str("32")}}, {});
+  test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "'general.alignment' is STRING"});
+  gguf::write(path, {{"general.alignment", gguf::Value::u32(4)}}, {});
+  test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "general.alignment 4", "at least 8"});
   test::expect_error([] { gguf::row_bytes(gguf::Type::F32, std::int64_t{1} << 62); }, {"out of range"});
   test::expect_error([] { gguf::row_bytes(gguf::Type::F16, -32); }, {"out of range"});
   EXPECT_EQ(gguf::row_bytes(gguf::Type::Q4_0, 64), 36);
