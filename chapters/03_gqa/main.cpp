@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "chapters/00_workload/workload.h"
 #include "chapters/03_gqa/gqa.h"
 #include "common/cli.h"
 #include "common/cuda/backend.h"
@@ -49,10 +50,9 @@ int memory(const CommonOptions& o, std::int64_t seq, double memory_gb) {
   for (std::int64_t K : {N, std::max<std::int64_t>(1, N / 4), std::int64_t{1}}) {
     auto c = base;
     c.num_kv_heads = K;
-    const std::int64_t per_token = c.kv_elements_per_token() * 4, per_seq = checked_mul(per_token, seq, "KV-cache bytes");
-    const std::int64_t weights = c.num_parameters() * 4;
-    const double free = memory_gb * 1e9 - static_cast<double>(weights);
-    const std::int64_t max_b = free < 0 ? -1 : static_cast<std::int64_t>(free / static_cast<double>(per_seq));
+    // Chapter 00's memory arithmetic, at 4 bytes per value (f32).
+    const std::int64_t per_token = ch00::kv_cache_bytes(c, 1, 4), per_seq = ch00::kv_cache_bytes(c, seq, 4);
+    const std::int64_t weights = ch00::param_bytes(c, 4), max_b = ch00::max_batch(c, seq, memory_gb * 1e9, 4);
     std::printf("%-5s %4lld %16lld %18lld %12lld %10lld\n", variant_name(K, N).c_str(), static_cast<long long>(K),
                 static_cast<long long>(per_token), static_cast<long long>(per_seq), static_cast<long long>(weights),
                 static_cast<long long>(max_b));
