@@ -149,8 +149,6 @@ __global__ void argmax_and_advance(const float* __restrict__ logits, int V, int*
   }
 }
 
-__global__ void advance(int* pos) { *pos += 1; }
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -250,13 +248,13 @@ struct CudaDecoder::Impl {
     rmsnorm<<<1, 1024, 0, stream()>>>(x.data<float>(), m.final_norm.data<float>(), h.data<float>(), static_cast<int>(D), eps);
     IL_CUDA_LAUNCHED();
     launch_gemv(one(m.lm_head, V), h.data<float>(), logits.data<float>(), D, false);
+    // Greedy steps choose the next token and advance the position on the device; step() sets
+    // both from the host before each launch instead.
     if (greedy) {
       argmax_and_advance<<<1, 1024, 0, stream()>>>(logits.data<float>(), static_cast<int>(V), token.data<std::int32_t>(),
                                                    pos.data<std::int32_t>(), log.data<std::int32_t>());
-    } else {
-      advance<<<1, 1, 0, stream()>>>(pos.data<std::int32_t>());
+      IL_CUDA_LAUNCHED();
     }
-    IL_CUDA_LAUNCHED();
   }
 
   void run_step(bool greedy) {

@@ -9,8 +9,8 @@ namespace inferlab::ch03 {
 
 namespace {
 
-// Rows of a [heads·H, D] projection as heads.
-Tensor pool_heads(const Tensor& w, std::int64_t heads, std::int64_t H, std::int64_t groups, bool mean) {
+// Rows of a [heads·H, D] projection as heads, averaged within each of `groups` consecutive groups.
+Tensor pool_heads(const Tensor& w, std::int64_t heads, std::int64_t H, std::int64_t groups) {
   const Tensor src = w.to(Device::CPU).to(DType::F32);
   const std::int64_t D = src.size(1), per = heads / groups;
   Tensor out = Tensor::zeros({groups * H, D}, DType::F32);
@@ -19,8 +19,7 @@ Tensor pool_heads(const Tensor& w, std::int64_t heads, std::int64_t H, std::int6
   for (std::int64_t g = 0; g < groups; ++g)
     for (std::int64_t k = 0; k < per; ++k)
       for (std::int64_t r = 0; r < H * D; ++r) o[g * H * D + r] += s[(g * per + k) * H * D + r];
-  if (mean)
-    for (std::int64_t i = 0; i < out.numel(); ++i) o[i] /= static_cast<float>(per);
+  for (std::int64_t i = 0; i < out.numel(); ++i) o[i] /= static_cast<float>(per);
   return out.to(w.dtype()).to(w.device());
 }
 
@@ -47,11 +46,11 @@ ch01::Llama mean_pool_kv_heads(const ch01::Llama& m, std::int64_t kv_heads) {
   ch01::Llama out = m;
   out.config.num_kv_heads = kv_heads;
   for (auto& l : out.layers) {
-    l.wk = pool_heads(l.wk, c.num_kv_heads, c.head_dim, kv_heads, true);
-    l.wv = pool_heads(l.wv, c.num_kv_heads, c.head_dim, kv_heads, true);
+    l.wk = pool_heads(l.wk, c.num_kv_heads, c.head_dim, kv_heads);
+    l.wv = pool_heads(l.wv, c.num_kv_heads, c.head_dim, kv_heads);
     if (l.bk.defined()) {
-      l.bk = pool_heads(l.bk.view({-1, 1}), c.num_kv_heads, c.head_dim, kv_heads, true).view({-1});
-      l.bv = pool_heads(l.bv.view({-1, 1}), c.num_kv_heads, c.head_dim, kv_heads, true).view({-1});
+      l.bk = pool_heads(l.bk.view({-1, 1}), c.num_kv_heads, c.head_dim, kv_heads).view({-1});
+      l.bv = pool_heads(l.bv.view({-1, 1}), c.num_kv_heads, c.head_dim, kv_heads).view({-1});
     }
   }
   out.source = m.source + " (KV heads mean-pooled " + std::to_string(c.num_kv_heads) + " -> " + std::to_string(kv_heads) + ")";
