@@ -181,10 +181,17 @@ struct CudaDecoder::Impl {
     if (graph) cudaGraphExecDestroy(graph);
   }
 
+  // 16-byte loads (eight bf16) need rows of a multiple of 8 values starting 16-byte aligned.
+  static bool vectorizable(std::int64_t K, const bf16* const* w, int n) {
+    bool vec = K % 8 == 0;
+    for (int i = 0; i < n; ++i) vec = vec && reinterpret_cast<std::uintptr_t>(w[i]) % 16 == 0;
+    return vec;
+  }
+
   void launch_gemv(const Segments& s, const float* in, float* out, std::int64_t K, bool accumulate) {
     int total = 0;
-    bool vec = K % 8 == 0;
-    for (int i = 0; i < s.count; ++i) total += s.rows[i], vec = vec && reinterpret_cast<std::uintptr_t>(s.w[i]) % 16 == 0;
+    for (int i = 0; i < s.count; ++i) total += s.rows[i];
+    const bool vec = vectorizable(K, s.w, s.count);
     const unsigned blocks = blocks_for(total, kWarps);
     if (vec) gemv<true><<<blocks, kWarps * 32, 0, stream()>>>(s, in, out, static_cast<int>(K), total, accumulate);
     else gemv<false><<<blocks, kWarps * 32, 0, stream()>>>(s, in, out, static_cast<int>(K), total, accumulate);
@@ -233,15 +240,13 @@ struct CudaDecoder::Impl {
       launch_gemv(one(l.wo, D), attn.data<float>(), x.data<float>(), N * H, true);  // x += Wo·attn
       rmsnorm<<<1, 1024, 0, stream()>>>(x.data<float>(), l.mlp_norm.data<float>(), h.data<float>(), static_cast<int>(D), eps);
       IL_CUDA_LAUNCHED();
-      const bool vec = D % 8 == 0;
-      if (vec)
+      const bf16* gate_up[2] = {static_cast<const bf16*>(l.w_gate.raw_data()), static_cast<const bf16*>(l.w_up.raw_data())};
+      if (vectorizable(D, gate_up, 2))
         gemv_swiglu<true><<<blocks_for(F, kWarps), kWarps * 32, 0, stream()>>>(
-            static_cast<const bf16*>(l.w_gate.raw_data()), static_cast<const bf16*>(l.w_up.raw_data()), h.data<float>(),
-            hid.data<float>(), static_cast<int>(F), static_cast<int>(D));
+            gate_up[0], gate_up[1], h.data<float>(), hid.data<float>(), static_cast<int>(F), static_cast<int>(D));
       else
         gemv_swiglu<false><<<blocks_for(F, kWarps), kWarps * 32, 0, stream()>>>(
-            static_cast<const bf16*>(l.w_gate.raw_data()), static_cast<const bf16*>(l.w_up.raw_data()), h.data<float>(),
-            hid.data<float>(), static_cast<int>(F), static_cast<int>(D));
+            gate_up[0], gate_up[1], h.data<float>(), hid.data<float>(), static_cast<int>(F), static_cast<int>(D));
       IL_CUDA_LAUNCHED();
       launch_gemv(one(l.w_down, D), hid.data<float>(), x.data<float>(), F, true);  // x += Wdown·hid
     }
