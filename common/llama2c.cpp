@@ -25,14 +25,14 @@ TransformerConfig config_of(const Header& h, bool shared, const std::string& pat
     IL_CHECK(v > 0 && v < (1 << 24), path, ": header field ", name, " = ", v,
              " is not plausible (is this a llama2.c checkpoint?)");
   IL_CHECK(h.dim % h.heads == 0, path, ": dim ", h.dim, " is not a multiple of n_heads ", h.heads);
-  IL_CHECK(h.heads % h.kv_heads == 0, path, ": n_heads ", h.heads, " is not a multiple of n_kv_heads ", h.kv_heads);
-  IL_CHECK(h.dim / h.heads % 2 == 0, path, ": head size dim / n_heads = ", h.dim / h.heads, " must be even for RoPE");
   TransformerConfig c;
   c.architecture = "LlamaForCausalLM";
   c.hidden_size = h.dim, c.intermediate_size = h.hidden, c.num_layers = h.layers, c.num_heads = h.heads;
   c.num_kv_heads = h.kv_heads, c.head_dim = h.dim / h.heads, c.vocab_size = h.vocab;
   c.max_position_embeddings = h.seq_len, c.rms_norm_eps = 1e-5, c.rope_theta = 10000.0;
   c.tie_word_embeddings = shared, c.bos_token_id = 1, c.eos_token_ids = {2}, c.torch_dtype = "float32";
+  // The project's shared rules and size limits (which also keep the byte counts below in range).
+  c.validate(path + " (llama2.c header, named as in a config.json)");
   return c;
 }
 
@@ -74,18 +74,11 @@ void walk(const std::vector<Block>& blocks, std::int64_t layers, F&& f) {
   }
 }
 
-// Floats in `blocks` over all layers. Each header field is below 2^24, so one tensor is below
-// 2^48 values but the sum can pass 2^63: refuse past 2^60 (4 EiB of floats), where the byte
-// counts the callers derive still fit.
-std::int64_t count_floats(const std::vector<Block>& blocks, std::int64_t layers, const std::string& path) {
-  constexpr std::int64_t kMax = std::int64_t{1} << 60;
+// Floats in `blocks` over all layers. TransformerConfig::validate's limits keep the sum below
+// 2^56, so it and the byte counts derived from it fit in 64 bits.
+std::int64_t count_floats(const std::vector<Block>& blocks, std::int64_t layers) {
   std::int64_t n = 0;
-  for (const auto& b : blocks) {
-    const std::int64_t each = shape_numel(b.shape), copies = b.per_layer ? layers : 1;
-    IL_CHECK(each <= (kMax - n) / copies, path, ": the header's sizes imply more than 2^60 weights",
-             " (is this a llama2.c checkpoint?)");
-    n += each * copies;
-  }
+  for (const auto& b : blocks) n += shape_numel(b.shape) * (b.per_layer ? layers : 1);
   return n;
 }
 
@@ -130,7 +123,7 @@ Llama2cCheckpoint load_llama2c(const std::string& path) {
   };
   if (ck.version == 0 || ck.version == 1) {
     const auto blocks = ck.version == 0 ? blocks_v0(c) : blocks_v1(c);
-    std::int64_t floats = count_floats(blocks, c.num_layers, path);
+    std::int64_t floats = count_floats(blocks, c.num_layers);
     if (ck.version == 0) floats += c.max_position_embeddings * c.head_dim;  // the unused RoPE tables
     if (!shared) floats += V * D;
     const std::size_t want = offset + static_cast<std::size_t>(floats) * 4;
@@ -150,8 +143,7 @@ Llama2cCheckpoint load_llama2c(const std::string& path) {
   const auto all = blocks_v1(c);
   const std::vector<Block> norms(all.begin(), all.begin() + 3), quant(all.begin() + 3, all.end());
   std::size_t at = offset;
-  std::size_t need = offset + static_cast<std::size_t>(count_floats(norms, c.num_layers, path)) * 4;
-  count_floats(quant, c.num_layers, path);  // bounds the sums below
+  std::size_t need = offset + static_cast<std::size_t>(count_floats(norms, c.num_layers)) * 4;
   walk(quant, c.num_layers, [&](const std::string&, const Shape& s) {
     need += static_cast<std::size_t>(shape_numel(s)) + static_cast<std::size_t>(shape_numel(s) / group) * 4;
   });

@@ -151,11 +151,12 @@ TEST(Llama2c, CraftedHeadersAreRefusedWithoutOverflow) {
   std::memcpy(header.data(), intmin, 28);
   test::write_file(dir.file("intmin.bin"), header);
   expect_error([&] { load_llama2c(dir.file("intmin.bin")); }, {"intmin.bin", "vocab_size = -2147483648"});
-  // Every field below 2^24, but layers × dim × hidden_dim passes 2^63 (it overflowed while counting).
+  // Every field below 2^24, but layers × dim × hidden_dim passes 2^63 (it overflowed while counting):
+  // the shared config limits refuse it before any size is computed.
   const std::int32_t big[7] = {(1 << 24) - 4, (1 << 24) - 1, (1 << 24) - 1, 2, 2, (1 << 24) - 1, (1 << 24) - 1};
   std::memcpy(header.data(), big, 28);
   test::write_file(dir.file("big.bin"), header);
-  expect_error([&] { load_llama2c(dir.file("big.bin")); }, {"big.bin", "more than 2^60 weights"});
+  expect_error([&] { load_llama2c(dir.file("big.bin")); }, {"big.bin", "'hidden_size' must be in [1, 1048576]"});
   const std::int32_t odd[7] = {72, 172, 5, 8, 8, 512, 512};  // head size 9
   std::memcpy(header.data(), odd, 28);
   test::write_file(dir.file("odd.bin"), header);
