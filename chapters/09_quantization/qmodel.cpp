@@ -21,14 +21,14 @@ QLlama quantize_model(const ch01::Llama& m, const QuantSpec& spec) {
 std::int64_t QLlama::matrix_bytes() const {
   std::int64_t b = lm_head.bytes();
   for (const auto& l : layers)
-    for (const QMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) b += w->bytes();
+    for (const QMatrix* w : l.matrices()) b += w->bytes();
   return b;
 }
 
 std::int64_t QLlama::matrix_weights() const {
   std::int64_t n = lm_head.rows * lm_head.cols;
   for (const auto& l : layers)
-    for (const QMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) n += w->rows * w->cols;
+    for (const QMatrix* w : l.matrices()) n += w->rows * w->cols;
   return n;
 }
 
@@ -38,7 +38,7 @@ QLlama QLlama::to(Device d) const {
   q.inv_freq = t(inv_freq), q.embed = t(embed), q.final_norm = t(final_norm), q.lm_head = lm_head.to(d);
   for (auto& l : q.layers) {
     l.attn_norm = t(l.attn_norm), l.mlp_norm = t(l.mlp_norm), l.bq = t(l.bq), l.bk = t(l.bk), l.bv = t(l.bv);
-    for (QMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) *w = w->to(d);
+    for (QMatrix* w : l.matrices()) *w = w->to(d);
   }
   return q;
 }

@@ -6,6 +6,7 @@
 /// step reads); embeddings and norms stay as they were. The forward pass is chapter 02's,
 /// unchanged: forward_cached_with() calls `linear(x, w)`, and for a QMatrix that is qmatmul().
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ struct QLayer {
   Tensor attn_norm, mlp_norm;
   QMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
   Tensor bq, bk, bv;
+  /// The seven projections, for loops over all of them.
+  std::array<QMatrix*, 7> matrices() { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
+  std::array<const QMatrix*, 7> matrices() const { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
 };
 
 struct QLlama {

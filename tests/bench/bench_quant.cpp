@@ -88,12 +88,13 @@ void BM_CudaMatvecBaseline(benchmark::State& state) { baseline_on(state, Device:
 BENCHMARK(BM_CpuMatvecBaseline)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaMatvecBaseline)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
+const std::vector<QuantSpec> kSpecs = {{Format::Int8Row}, {Format::LlmInt8}, {Format::Q8_0}, {Format::Fp8E4M3},
+                                      {Format::Int4Sym, 128}, {Format::Int4Asym, 128}, {Format::Q4_0}};
+const int kLastSpec = static_cast<int>(kSpecs.size()) - 1;
+
 void quantised_on(benchmark::State& state, Device dev) {
   if (skip_without(dev, state)) return;
-  static const std::vector<QuantSpec> specs = {{Format::Int8Row}, {Format::LlmInt8}, {Format::Q8_0},
-                                               {Format::Fp8E4M3}, {Format::Int4Sym, 128}, {Format::Int4Asym, 128},
-                                               {Format::Q4_0}};
-  const QuantSpec spec = specs[static_cast<std::size_t>(state.range(0))];
+  const QuantSpec spec = kSpecs.at(static_cast<std::size_t>(state.range(0)));
   const QMatrix q = quantize(weights(), spec).to(dev);
   const Tensor x = Tensor::zeros({1, K}, DType::F32, dev);
   Tensor out = Tensor::empty({1, N}, DType::F32, dev);
@@ -101,8 +102,8 @@ void quantised_on(benchmark::State& state, Device dev) {
 }
 void BM_CpuMatvec(benchmark::State& state) { quantised_on(state, Device::CPU); }
 void BM_CudaMatvec(benchmark::State& state) { quantised_on(state, Device::CUDA); }
-BENCHMARK(BM_CpuMatvec)->DenseRange(0, 6)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_CudaMatvec)->DenseRange(0, 6)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CpuMatvec)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CudaMatvec)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
