@@ -104,6 +104,8 @@ std::int64_t TransformerConfig::num_parameters() const {
   return vocab_size * D + num_layers * per_layer + D + (tie_word_embeddings ? 0 : vocab_size * D);
 }
 
-std::int64_t TransformerConfig::kv_elements_per_token() const { return 2 * num_layers * num_kv_heads * head_dim; }
+std::int64_t TransformerConfig::kv_cache_bytes(std::int64_t positions, std::int64_t bytes_per_element) const {
+  return checked_mul(positions, num_kv_heads * head_dim * num_layers * 2 * bytes_per_element, "KV-cache bytes");
+}
 
 }  // namespace inferlab

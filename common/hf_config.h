@@ -51,8 +51,10 @@ struct TransformerConfig {
   void validate(const std::string& where) const;
   /// Parameters: embeddings, attention, MLP, norms and (when untied) the output head.
   std::int64_t num_parameters() const;
-  /// KV-cache elements per token: 2 · L · K · H (multiply by bytes per element).
-  std::int64_t kv_elements_per_token() const;
+  /// Bytes of the keys and values of `positions` tokens, every layer: the lecture's
+  /// S × K × H × L × 2 × bytes per element. The project's one KV-size formula: caches,
+  /// calculators and benchmarks all call it. Throws if the product overflows.
+  std::int64_t kv_cache_bytes(std::int64_t positions, std::int64_t bytes_per_element) const;
 };
 
 /// Reads a Llama-family config (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, ...),

@@ -27,7 +27,7 @@ TEST(Config, PublishedParameterCounts) {
   // x 2 bytes = 1,342,177,280 bytes (the lecture prints 671,088,640, one factor of 2 short).
   const TransformerConfig llama2_70b = parse(R"({"hidden_size":8192,"intermediate_size":28672,"num_hidden_layers":80,
       "num_attention_heads":64,"num_key_value_heads":8,"vocab_size":32000})");
-  EXPECT_EQ(4096 * llama2_70b.kv_elements_per_token() * 2, 1342177280);
+  EXPECT_EQ(llama2_70b.kv_cache_bytes(4096, 2), 1342177280);
   EXPECT_EQ(llama2_70b.num_parameters(), 68976648192);
   const TransformerConfig llama3_8b = parse(R"({"hidden_size":4096,"intermediate_size":14336,"num_hidden_layers":32,
       "num_attention_heads":32,"num_key_value_heads":8,"vocab_size":128256,"rope_theta":500000.0,

@@ -120,7 +120,7 @@ std::vector<Claim> lecture_claims() {
   add(s2, "Llama 2 70B: K, H, L", "8, 128, 80",
       std::to_string(l70.num_kv_heads) + ", " + std::to_string(l70.head_dim) + ", " + std::to_string(l70.num_layers),
       l70.num_kv_heads == 8 && l70.head_dim == 128 && l70.num_layers == 80, 80);
-  const double kv70 = static_cast<double>(kv_cache_bytes(l70, 4096));
+  const double kv70 = static_cast<double>(l70.kv_cache_bytes(4096, 2));
   const std::string half_why =
       "4096 × 8 × 128 × 80 × 2 × 2 is 1,342,177,280; the printed result is half of that, one of the two factors of 2 "
       "(K and V, or 2 bytes per bf16 value) having been dropped";
@@ -209,7 +209,7 @@ std::vector<Claim> lecture_claims() {
   for (const Row& r : {Row{"Llama-2-7B", 1024, 1, 50}, Row{"Llama-2-70B", 640, 8, 100}, Row{"Llama-3-8B", 256, 4, 200},
                        Row{"Llama-3-70B", 640, 8, 100}, Row{"Llama-3.1-405B", 1280, 16, 0}}) {
     const TransformerConfig m = find_model(r.model);
-    const double kv = static_cast<double>(kv_cache_bytes(m, 4096));
+    const double kv = static_cast<double>(m.kv_cache_bytes(4096, 2));
     const std::string name = r.model;
     add(s5, name + ": KV cache per sequence", fmt("%.0f MB", r.mb), fmt("%.0f MiB", kv / MiB), close(kv / MiB, r.mb, 0.01),
         kv / MiB,

@@ -101,7 +101,7 @@ int memory(const Options& o) {
   const TransformerConfig c = model_of(o);
   const auto acc = accelerator_of(o);
   const std::int64_t w = bytes_per_value(o.dtype);
-  const std::int64_t per_token = kv_cache_bytes(c, 1, w), per_seq = kv_cache_bytes(c, o.seq, w);
+  const std::int64_t per_token = c.kv_cache_bytes(1, w), per_seq = c.kv_cache_bytes(o.seq, w);
   const std::int64_t params = param_bytes(c, w), mb = max_batch(c, o.seq, acc.memory_bytes, w);
   const double per_batch = static_cast<double>(per_seq) * static_cast<double>(o.batch);  // may pass 2^63 bytes
   std::printf("%s in %s: %.2f billion parameters\n", o.common.model.c_str(), o.dtype.c_str(),

@@ -39,23 +39,19 @@ Cost forward_cost(const TransformerConfig& c, double B, double S, double T, doub
   return total;
 }
 
-std::int64_t kv_cache_bytes(const TransformerConfig& c, std::int64_t S, std::int64_t w) {
-  return checked_mul(S, c.num_kv_heads * c.head_dim * c.num_layers * 2 * w, "KV-cache bytes");
-}
-
 std::int64_t param_bytes(const TransformerConfig& c, std::int64_t w) { return c.num_parameters() * w; }
 
 std::int64_t max_batch(const TransformerConfig& c, std::int64_t S, double memory, std::int64_t w) {
   const double free = memory - static_cast<double>(param_bytes(c, w));
   if (free < 0) return -1;
-  return static_cast<std::int64_t>(std::floor(free / static_cast<double>(kv_cache_bytes(c, S, w))));
+  return static_cast<std::int64_t>(std::floor(free / static_cast<double>(c.kv_cache_bytes(S, w))));
 }
 
 LatencyPoint memory_bound_latency(const TransformerConfig& c, std::int64_t S, std::int64_t B,
                                   const metrics::Ceiling& acc, std::int64_t w) {
   LatencyPoint p;
   p.batch = B;
-  p.memory_bytes = static_cast<double>(param_bytes(c, w)) + static_cast<double>(B) * kv_cache_bytes(c, S, w);
+  p.memory_bytes = static_cast<double>(param_bytes(c, w)) + static_cast<double>(B) * c.kv_cache_bytes(S, w);
   p.latency_s = p.memory_bytes / acc.bytes_per_s;
   p.throughput = static_cast<double>(B) / p.latency_s;
   p.compute_s = forward_cost(c, static_cast<double>(B), static_cast<double>(S), 1, static_cast<double>(w)).flops /

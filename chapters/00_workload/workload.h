@@ -44,8 +44,7 @@ Cost attention_cost(double B, double S, double T, double N, double K, double H, 
 /// KV cache read once, activations written and read once between layers.
 Cost forward_cost(const TransformerConfig& c, double B, double S, double T, double w = 2);
 
-/// KV-cache bytes: S × K × H × L × 2 (K and V) × w, per sequence.
-std::int64_t kv_cache_bytes(const TransformerConfig& c, std::int64_t S, std::int64_t w = 2);
+// KV-cache bytes per sequence: TransformerConfig::kv_cache_bytes(S, w), the one formula.
 /// Parameter bytes.
 std::int64_t param_bytes(const TransformerConfig& c, std::int64_t w = 2);
 /// Largest batch whose KV caches fit beside the weights in `memory` bytes; -1 when the weights

@@ -52,7 +52,7 @@ void convert_llama2c_to_hf(const std::string& checkpoint, const std::string& tok
 
 void convert_hf_to_llama2c(const std::string& folder, const std::string& out_file) {
   const Llama m = load_llama(folder);
-  IL_CHECK(!m.layers.empty() && !m.layers[0].bq.defined(), folder, ": llama2.c has no q/k/v biases");
+  IL_CHECK(!m.layers.empty() && !m.layers[0].wq.bias.defined(), folder, ": llama2.c has no q/k/v biases");
   const auto& c = m.config;
   // A llama2.c header has no field for these; a reader assumes the values below, so any other
   // value would be written into a file that runs and computes something else.
@@ -66,19 +66,19 @@ void convert_hf_to_llama2c(const std::string& folder, const std::string& out_fil
   auto f32 = [](const Tensor& x) { return x.to(DType::F32); };
   t["model.embed_tokens.weight"] = f32(m.embed);
   t["model.norm.weight"] = f32(m.final_norm);
-  if (!c.tie_word_embeddings) t["lm_head.weight"] = f32(m.lm_head);
+  if (!c.tie_word_embeddings) t["lm_head.weight"] = f32(m.lm_head.weight);
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
     const auto& l = m.layers[i];
     const std::string p = "model.layers." + std::to_string(i) + ".";
     t[p + "input_layernorm.weight"] = f32(l.attn_norm);
-    t[p + "self_attn.q_proj.weight"] = f32(permute_rope_rows(l.wq, c.num_heads, false));
-    t[p + "self_attn.k_proj.weight"] = f32(permute_rope_rows(l.wk, c.num_kv_heads, false));
-    t[p + "self_attn.v_proj.weight"] = f32(l.wv);
-    t[p + "self_attn.o_proj.weight"] = f32(l.wo);
+    t[p + "self_attn.q_proj.weight"] = f32(permute_rope_rows(l.wq.weight, c.num_heads, false));
+    t[p + "self_attn.k_proj.weight"] = f32(permute_rope_rows(l.wk.weight, c.num_kv_heads, false));
+    t[p + "self_attn.v_proj.weight"] = f32(l.wv.weight);
+    t[p + "self_attn.o_proj.weight"] = f32(l.wo.weight);
     t[p + "post_attention_layernorm.weight"] = f32(l.mlp_norm);
-    t[p + "mlp.gate_proj.weight"] = f32(l.w_gate);
-    t[p + "mlp.up_proj.weight"] = f32(l.w_up);
-    t[p + "mlp.down_proj.weight"] = f32(l.w_down);
+    t[p + "mlp.gate_proj.weight"] = f32(l.w_gate.weight);
+    t[p + "mlp.up_proj.weight"] = f32(l.w_up.weight);
+    t[p + "mlp.down_proj.weight"] = f32(l.w_down.weight);
   }
   save_llama2c(out_file, c, t);
 }

@@ -6,42 +6,58 @@
 
 namespace inferlab::ch01 {
 
-void check_context(const Llama& m, std::size_t prompt_tokens, int max_new) {
+void check_context(std::int64_t context, std::size_t prompt_tokens, int max_new) {
   IL_CHECK(prompt_tokens > 0, "the prompt is empty (no tokens to start from)");
   const std::int64_t need = static_cast<std::int64_t>(prompt_tokens) + max_new;
-  IL_CHECK(need <= m.config.max_position_embeddings, "the prompt (", prompt_tokens, " tokens) plus ", max_new,
-           " new tokens is ", need, " tokens, longer than the model's context of ", m.config.max_position_embeddings,
-           " (use a shorter prompt or fewer --max-new-tokens)");
+  IL_CHECK(need <= context, "the prompt (", prompt_tokens, " tokens) plus ", max_new, " new tokens is ", need,
+           " tokens, longer than the model's context of ", context, " (use a shorter prompt or fewer --max-new-tokens)");
 }
 
-Generation generate_naive(const Llama& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                          const std::vector<std::int64_t>& eos_ids, const OnToken& on_token) {
-  check_context(m, prompt.size(), max_new);
+double Generation::tpot_s() const {
+  if (steps.size() < 2) return 0;
+  double s = 0;
+  for (std::size_t i = 1; i < steps.size(); ++i) s += steps[i].seconds;
+  return s / static_cast<double>(steps.size() - 1);
+}
+
+Generation generate(const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                    const std::vector<std::int64_t>& eos_ids, Device device, Feed feed,
+                    const NextLogits& next_logits, const OnToken& on_token) {
   Generation g;
   g.tokens = prompt;
+  std::vector<std::int32_t> input = prompt;  // the first step feeds the prompt either way
+  metrics::Timer total;
   for (int i = 0; i < max_new; ++i) {
     Step s;
-    s.tokens_in = static_cast<std::int64_t>(g.tokens.size());
+    s.tokens_in = static_cast<std::int64_t>(input.size());
     metrics::Timer timer;
     {
       metrics::CountScope scope;
-      const Tensor logits = forward(m, g.tokens);  // the whole sequence, every step
-      s.token = sampler.sample(logits);
+      s.token = sampler.sample(next_logits(input));
       s.work = scope.work();
       if (auto it = scope.by_op().find("attention"); it != scope.by_op().end()) s.attention_flops = it->second.flops;
     }
-    if (m.device() == Device::CUDA) cuda::synchronize();
+    if (device == Device::CUDA) cuda::synchronize();
     s.seconds = timer.seconds();
     g.steps.push_back(s);
     g.tokens.push_back(s.token);
     g.generated.push_back(s.token);
+    input = feed == Feed::WholeSequence ? g.tokens : std::vector<std::int32_t>{s.token};
     if (on_token) on_token(g);
     if (std::find(eos_ids.begin(), eos_ids.end(), s.token) != eos_ids.end()) {
       g.stopped_at_eos = true;
       break;
     }
   }
+  g.total_s = total.seconds();
   return g;
+}
+
+Generation generate_naive(const Llama& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                          const std::vector<std::int64_t>& eos_ids, const OnToken& on_token) {
+  check_context(m, prompt.size(), max_new);
+  return generate(prompt, max_new, sampler, eos_ids, m.device(), Feed::WholeSequence,
+                  [&](const std::vector<std::int32_t>& tokens) { return forward(m, tokens); }, on_token);
 }
 
 }  // namespace inferlab::ch01

@@ -14,36 +14,52 @@
 namespace inferlab::ch01 {
 
 // ---------------------------------------------------------------------------------------------
+// The blocks.
+Tensor embed(const Llama& m, const std::vector<std::int32_t>& tokens) {
+  return ops::embedding(m.embed, Tensor::from_vector(tokens, {static_cast<std::int64_t>(tokens.size())}).to(m.device()));
+}
+
+Tensor norm(const Llama& m, const Tensor& x, const Tensor& w) {
+  return ops::rmsnorm(x, w, static_cast<float>(m.config.rms_norm_eps));
+}
+
+Tensor positions(const Llama& m, std::int64_t begin, std::int64_t T) {
+  IL_CHECK(T > 0, "forward: no tokens");
+  IL_CHECK(begin + T <= m.config.max_position_embeddings, "forward: positions up to ", begin + T,
+           " are beyond the model's context of ", m.config.max_position_embeddings);
+  std::vector<std::int32_t> pos(static_cast<std::size_t>(T));
+  for (std::int64_t t = 0; t < T; ++t) pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(begin + t);
+  return Tensor::from_vector(pos, {T}).to(m.device());
+}
+
+Tensor mlp_block(const LlamaLayer& l, const Tensor& h) {
+  return linear(ops::swiglu(linear(h, l.w_gate), linear(h, l.w_up)), l.w_down);
+}
+
+Tensor head(const Llama& m, const Tensor& x) { return linear(norm(m, x, m.final_norm), m.lm_head); }
+
+// ---------------------------------------------------------------------------------------------
 // The forward pass: embed, then per layer attention and MLP with residuals, then the head.
 Tensor forward(const Llama& m, const std::vector<std::int32_t>& tokens, bool all_positions) {
-  const auto& c = m.config;
-  const std::int64_t T = static_cast<std::int64_t>(tokens.size()), N = c.num_heads,
-                     K = c.num_kv_heads, H = c.head_dim;
-  IL_CHECK(T > 0, "forward: no tokens");
-  IL_CHECK(T <= c.max_position_embeddings, "forward: ", T, " tokens is longer than the model's context of ",
-           c.max_position_embeddings);
-  const Device dev = m.device();
-  std::vector<std::int32_t> pos(tokens.size());
-  for (std::size_t t = 0; t < pos.size(); ++t) pos[t] = static_cast<std::int32_t>(t);
-  const Tensor ids = Tensor::from_vector(tokens, {T}).to(dev), positions = Tensor::from_vector(pos, {T}).to(dev);
-
-  Tensor x = ops::embedding(m.embed, ids);  // [T, D], the residual stream
-  for (const LlamaLayer& l : m.layers) {
-    // Attention: q, k, v projections, RoPE on q and k, causal attention, output projection.
-    Tensor h = ops::rmsnorm(x, l.attn_norm, static_cast<float>(c.rms_norm_eps));
-    Tensor q = ops::matmul(h, l.wq), k = ops::matmul(h, l.wk), v = ops::matmul(h, l.wv);
-    if (l.bq.defined()) ops::add(q, l.bq, q), ops::add(k, l.bk, k), ops::add(v, l.bv, v);
-    q = q.view({T, N, H}), k = k.view({T, K, H}), v = v.view({T, K, H});
-    ops::rope(q, positions, m.inv_freq, m.rope_pairing);
-    ops::rope(k, positions, m.inv_freq, m.rope_pairing);
-    Tensor a = ops::attention(q, k, v);  // every position sees itself and the ones before it
-    ops::add(x, ops::matmul(a.view({T, N * H}), l.wo), x);
-    // MLP: down(silu(gate(h)) * up(h)).
-    h = ops::rmsnorm(x, l.mlp_norm, static_cast<float>(c.rms_norm_eps));
-    ops::add(x, ops::matmul(ops::swiglu(ops::matmul(h, l.w_gate), ops::matmul(h, l.w_up)), l.w_down), x);
+  const Tensor pos = positions(m, 0, static_cast<std::int64_t>(tokens.size()));  // token t sits at position t
+  Tensor x = embed(m, tokens);  // [T, D], the residual stream
+  for (std::size_t i = 0; i < m.layers.size(); ++i) {
+    const LlamaLayer& l = m.layers[i];
+    ops::add(x, attention_block(m, l, norm(m, x, l.attn_norm), pos), x);
+    ops::add(x, mlp_block(l, norm(m, x, l.mlp_norm)), x);
   }
-  if (!all_positions) x = x.slice(0, T - 1, T);
-  return ops::matmul(ops::rmsnorm(x, m.final_norm, static_cast<float>(c.rms_norm_eps)), m.lm_head);
+  return head(m, all_positions ? x : x.slice(0, x.size(0) - 1, x.size(0)));  // logits [T, V] or [1, V]
+}
+
+// Attention: q, k, v projections, RoPE on q and k, causal attention, output projection.
+Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, const Tensor& pos) {
+  const auto& c = m.config;
+  const std::int64_t T = h.size(0), N = c.num_heads, K = c.num_kv_heads, H = c.head_dim;
+  Tensor q = linear(h, l.wq).view({T, N, H}), k = linear(h, l.wk).view({T, K, H}), v = linear(h, l.wv).view({T, K, H});
+  ops::rope(q, pos, m.inv_freq, m.rope_pairing);
+  ops::rope(k, pos, m.inv_freq, m.rope_pairing);
+  Tensor a = ops::attention(q, k, v);  // every position sees itself and the ones before it
+  return linear(a.view({T, N * H}), l.wo);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -101,9 +117,9 @@ Llama assemble(const TransformerConfig& c, Get get, Has has) {
     l.wo = get(p + "self_attn.o_proj.weight", Shape{D, Q});
     if (c.attention_bias) {
       // Biases are added to f32 activations: keep them in f32 whatever the checkpoint's dtype.
-      l.bq = get(p + "self_attn.q_proj.bias", Shape{Q}).to(DType::F32);
-      l.bk = get(p + "self_attn.k_proj.bias", Shape{KV}).to(DType::F32);
-      l.bv = get(p + "self_attn.v_proj.bias", Shape{KV}).to(DType::F32);
+      l.wq.bias = get(p + "self_attn.q_proj.bias", Shape{Q}).to(DType::F32);
+      l.wk.bias = get(p + "self_attn.k_proj.bias", Shape{KV}).to(DType::F32);
+      l.wv.bias = get(p + "self_attn.v_proj.bias", Shape{KV}).to(DType::F32);
     }
     l.mlp_norm = get(p + "post_attention_layernorm.weight", Shape{D});
     l.w_gate = get(p + "mlp.gate_proj.weight", Shape{F, D});
@@ -194,7 +210,7 @@ Llama random_llama(const TransformerConfig& c, std::uint64_t seed, DType dtype, 
     LlamaLayer l;
     l.attn_norm = norm(D), l.mlp_norm = norm(D);
     l.wq = mat(Q, D), l.wk = mat(KV, D), l.wv = mat(KV, D), l.wo = mat(D, Q);
-    if (c.attention_bias) l.bq = bias(Q), l.bk = bias(KV), l.bv = bias(KV);
+    if (c.attention_bias) l.wq.bias = bias(Q), l.wk.bias = bias(KV), l.wv.bias = bias(KV);
     l.w_gate = mat(F, D), l.w_up = mat(F, D), l.w_down = mat(D, F);
     m.layers.push_back(l);
   }
@@ -204,29 +220,29 @@ Llama random_llama(const TransformerConfig& c, std::uint64_t seed, DType dtype, 
   return m;
 }
 
-std::int64_t Llama::weight_bytes() const {
-  std::int64_t n = static_cast<std::int64_t>(embed.nbytes() + final_norm.nbytes());
-  if (lm_head.raw_data() != embed.raw_data()) n += static_cast<std::int64_t>(lm_head.nbytes());
+std::int64_t Llama::matrix_bytes() const {
+  std::int64_t n = tied() ? 0 : lm_head.bytes();
   for (const auto& l : layers)
-    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.mlp_norm, &l.w_gate,
-                            &l.w_up, &l.w_down})
-      if (t->defined()) n += static_cast<std::int64_t>(t->nbytes());
+    for (const Linear* w : l.linears()) n += w->bytes();
+  return n;
+}
+
+std::int64_t Llama::weight_bytes() const {
+  std::int64_t n = matrix_bytes() + static_cast<std::int64_t>(embed.nbytes() + final_norm.nbytes());
+  for (const auto& l : layers) n += static_cast<std::int64_t>(l.attn_norm.nbytes() + l.mlp_norm.nbytes());
   return n;
 }
 
 Llama Llama::to(Device device, DType dtype) const {
-  auto mat = [&](const Tensor& t) { return t.defined() ? t.to(dtype).to(device) : t; };
   auto f32 = [&](const Tensor& t) { return t.defined() ? t.to(DType::F32).to(device) : t; };
   Llama m = *this;
   m.inv_freq = f32(inv_freq);
-  m.embed = mat(embed);
+  m.embed = embed.to(dtype).to(device);
   m.final_norm = f32(final_norm);
-  m.lm_head = lm_head.raw_data() == embed.raw_data() ? m.embed : mat(lm_head);
+  m.lm_head = tied() ? Linear(m.embed) : lm_head.to(device, dtype);
   for (auto& l : m.layers) {
     l.attn_norm = f32(l.attn_norm), l.mlp_norm = f32(l.mlp_norm);
-    l.wq = mat(l.wq), l.wk = mat(l.wk), l.wv = mat(l.wv), l.wo = mat(l.wo);
-    l.bq = f32(l.bq), l.bk = f32(l.bk), l.bv = f32(l.bv);
-    l.w_gate = mat(l.w_gate), l.w_up = mat(l.w_up), l.w_down = mat(l.w_down);
+    for (Linear* w : l.linears()) *w = w->to(device, dtype);
   }
   return m;
 }

@@ -2,16 +2,19 @@
 /// @file llama.h
 /// @brief Chapter 01: a Llama-family decoder, its weights and its forward pass.
 ///
-/// The structs mirror the math (as llama2.c's do): one LlamaLayer per transformer block, the
-/// weights stored like torch.nn.Linear ([out, in]). The forward pass below is the whole model
-/// in about forty lines; chapter 02 adds a KV cache to exactly this code.
+/// The structs mirror the math (as llama2.c's do): one LlamaLayer per transformer block, every
+/// projection a Linear ([out, in] as torch.nn.Linear stores it, or chapter 09's packed formats).
+/// The forward pass is a short skeleton (embed -> layers -> norm -> head) over named blocks;
+/// chapter 02 adds a KV cache to exactly this code, and every later chapter calls its blocks.
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/hf_config.h"
+#include "common/linear.h"
 #include "common/ops.h"
 #include "common/tensor.h"
 
@@ -19,10 +22,12 @@ namespace inferlab::ch01 {
 
 struct LlamaLayer {
   Tensor attn_norm;              ///< [D] RMSNorm before attention
-  Tensor wq, wk, wv, wo;         ///< [N·H, D], [K·H, D], [K·H, D], [D, N·H]
-  Tensor bq, bk, bv;             ///< q/k/v biases (Qwen2), or undefined
+  Linear wq, wk, wv, wo;         ///< [N·H, D], [K·H, D], [K·H, D], [D, N·H]; q/k/v have biases in Qwen2
   Tensor mlp_norm;               ///< [D] RMSNorm before the MLP
-  Tensor w_gate, w_up, w_down;   ///< [F, D], [F, D], [D, F]
+  Linear w_gate, w_up, w_down;   ///< [F, D], [F, D], [D, F]
+  /// The seven projections, for loops over all of them.
+  std::array<Linear*, 7> linears() { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
+  std::array<const Linear*, 7> linears() const { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
 };
 
 struct Llama {
@@ -32,14 +37,18 @@ struct Llama {
   Tensor embed;        ///< [V, D]
   std::vector<LlamaLayer> layers;
   Tensor final_norm;   ///< [D]
-  Tensor lm_head;      ///< [V, D]; the same tensor as embed when the embeddings are tied
+  Linear lm_head;      ///< [V, D]; its weight is the embed tensor when the embeddings are tied
   std::string source;  ///< where it was loaded from
 
   Device device() const { return embed.device(); }
   DType weight_dtype() const { return embed.dtype(); }
-  /// Bytes of all weights (a tied head counted once).
+  bool tied() const { return !lm_head.packed && lm_head.weight.raw_data() == embed.raw_data(); }
+  /// Bytes of all weights as stored (a tied head counted once).
   std::int64_t weight_bytes() const;
-  /// A copy on `device` with the matrices converted to `dtype` (norms and frequencies stay f32).
+  /// Bytes of the projections and the head as stored (what chapter 09's formats shrink).
+  std::int64_t matrix_bytes() const;
+  /// A copy on `device` with the plain matrices converted to `dtype` (norms and frequencies stay
+  /// f32, packed matrices keep their format).
   Llama to(Device device, DType dtype) const;
 };
 
@@ -61,6 +70,23 @@ Llama random_llama(const TransformerConfig& config, std::uint64_t seed, DType dt
 /// RoPE inverse frequencies for a config, including Llama 3's "llama3" and the "linear"
 /// rope_scaling; other scaling types are an error that names them.
 Tensor rope_frequencies(const TransformerConfig& config);
+
+// --- the blocks every chapter's forward pass is made of ---------------------------------------
+/// The token embeddings of `tokens` [T, D]: the residual stream's first value. Throws naming a
+/// token id outside the vocabulary.
+Tensor embed(const Llama& m, const std::vector<std::int32_t>& tokens);
+/// RMSNorm of the rows of x with weight w and the model's eps.
+Tensor norm(const Llama& m, const Tensor& x, const Tensor& w);
+/// Positions begin .. begin + T - 1 as I32 [T] on the model's device (RoPE's input).
+Tensor positions(const Llama& m, std::int64_t begin, std::int64_t T);
+/// The MLP: down(silu(gate(h)) * up(h)), h [T, D] -> [T, D].
+Tensor mlp_block(const LlamaLayer& l, const Tensor& h);
+/// The head: logits [T, V] of the final hidden rows x [T, D] (final norm, then lm_head).
+Tensor head(const Llama& m, const Tensor& x);
+
+/// Chapter 01's attention block over a whole sequence: q, k, v projections, RoPE at
+/// `positions`, causal attention, output projection. h [T, D] -> [T, D].
+Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, const Tensor& positions);
 
 /// The forward pass over a whole sequence, from the first token: returns logits for every
 /// position [T, V], or only for the last one [1, V] when `all_positions` is false.

@@ -154,7 +154,7 @@ __global__ void argmax_and_advance(const float* __restrict__ logits, int V, int*
 // ---------------------------------------------------------------------------------------------
 struct CudaDecoder::Impl {
   const ch01::Llama& m;
-  KVCache cache;
+  ContiguousKVCache cache;
   bool use_graph;
   std::int64_t N, Kh, H, D, F, V;
   int splits;
@@ -163,10 +163,13 @@ struct CudaDecoder::Impl {
   bool greedy_graph = false;
 
   Impl(const ch01::Llama& model, std::int64_t capacity, bool graph)
-      : m(model), cache(KVCache::allocate(model.config, capacity, Device::CUDA)), use_graph(graph) {
+      : m(model), cache(model.config, capacity, Device::CUDA), use_graph(graph) {
     const auto& c = m.config;
-    IL_CHECK(m.device() == Device::CUDA && m.weight_dtype() == DType::BF16,
-             "CudaDecoder: the model must be on CUDA with bf16 weights (Llama::to(Device::CUDA, DType::BF16))");
+    bool plain_bf16 = m.device() == Device::CUDA && m.weight_dtype() == DType::BF16 && !m.lm_head.packed;
+    for (const auto& l : m.layers)
+      for (const Linear* w : l.linears()) plain_bf16 = plain_bf16 && !w->packed && w->weight.dtype() == DType::BF16;
+    IL_CHECK(plain_bf16,
+             "CudaDecoder: the model must be on CUDA with plain bf16 weights (Llama::to(Device::CUDA, DType::BF16))");
     N = c.num_heads, Kh = c.num_kv_heads, H = c.head_dim, D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
     IL_CHECK(H <= kMaxHead, "CudaDecoder: head dimension ", H, " is above the kernel's limit of ", kMaxHead);
     splits = static_cast<int>((capacity + kChunk - 1) / kChunk);
@@ -216,20 +219,20 @@ struct CudaDecoder::Impl {
       const auto& l = m.layers[li];
       rmsnorm<<<1, 1024, 0, stream()>>>(x.data<float>(), l.attn_norm.data<float>(), h.data<float>(), static_cast<int>(D), eps);
       IL_CUDA_LAUNCHED();
-      const Segments qkv_s{{static_cast<const bf16*>(l.wq.raw_data()), static_cast<const bf16*>(l.wk.raw_data()),
-                            static_cast<const bf16*>(l.wv.raw_data())},
-                           {bias(l.bq), bias(l.bk), bias(l.bv)},
+      const Segments qkv_s{{static_cast<const bf16*>(l.wq.weight.raw_data()), static_cast<const bf16*>(l.wk.weight.raw_data()),
+                            static_cast<const bf16*>(l.wv.weight.raw_data())},
+                           {bias(l.wq.bias), bias(l.wk.bias), bias(l.wv.bias)},
                            {static_cast<int>(N * H), static_cast<int>(Kh * H), static_cast<int>(Kh * H)},
                            3};
       launch_gemv(qkv_s, h.data<float>(), qkv.data<float>(), D, false);
       const long long work = (N + Kh) * half + Kh * H;
       rope_and_store<<<blocks_for(work, 256), 256, 0, stream()>>>(
-          qkv.data<float>(), m.inv_freq.data<float>(), pos.data<std::int32_t>(), cache.k[li].data<float>(),
-          cache.v[li].data<float>(), static_cast<int>(N), static_cast<int>(Kh), static_cast<int>(H), half,
+          qkv.data<float>(), m.inv_freq.data<float>(), pos.data<std::int32_t>(), cache.k(li).data<float>(),
+          cache.v(li).data<float>(), static_cast<int>(N), static_cast<int>(Kh), static_cast<int>(H), half,
           m.rope_pairing == RopePairing::Adjacent);
       IL_CUDA_LAUNCHED();
       attention_partial<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(splits)), kAttnThreads, 0, stream()>>>(
-          qkv.data<float>(), cache.k[li].data<float>(), cache.v[li].data<float>(), pos.data<std::int32_t>(),
+          qkv.data<float>(), cache.k(li).data<float>(), cache.v(li).data<float>(), pos.data<std::int32_t>(),
           pm.data<float>(), pl.data<float>(), pacc.data<float>(), static_cast<int>(N), static_cast<int>(Kh),
           static_cast<int>(H), scale);
       IL_CUDA_LAUNCHED();
@@ -237,10 +240,11 @@ struct CudaDecoder::Impl {
                                                                                pacc.data<float>(), attn.data<float>(),
                                                                                splits, static_cast<int>(H));
       IL_CUDA_LAUNCHED();
-      launch_gemv(one(l.wo, D), attn.data<float>(), x.data<float>(), N * H, true);  // x += Wo·attn
+      launch_gemv(one(l.wo.weight, D), attn.data<float>(), x.data<float>(), N * H, true);  // x += Wo·attn
       rmsnorm<<<1, 1024, 0, stream()>>>(x.data<float>(), l.mlp_norm.data<float>(), h.data<float>(), static_cast<int>(D), eps);
       IL_CUDA_LAUNCHED();
-      const bf16* gate_up[2] = {static_cast<const bf16*>(l.w_gate.raw_data()), static_cast<const bf16*>(l.w_up.raw_data())};
+      const bf16* gate_up[2] = {static_cast<const bf16*>(l.w_gate.weight.raw_data()),
+                                static_cast<const bf16*>(l.w_up.weight.raw_data())};
       if (vectorizable(D, gate_up, 2))
         gemv_swiglu<true><<<blocks_for(F, kWarps), kWarps * 32, 0, stream()>>>(
             gate_up[0], gate_up[1], h.data<float>(), hid.data<float>(), static_cast<int>(F), static_cast<int>(D));
@@ -248,11 +252,11 @@ struct CudaDecoder::Impl {
         gemv_swiglu<false><<<blocks_for(F, kWarps), kWarps * 32, 0, stream()>>>(
             gate_up[0], gate_up[1], h.data<float>(), hid.data<float>(), static_cast<int>(F), static_cast<int>(D));
       IL_CUDA_LAUNCHED();
-      launch_gemv(one(l.w_down, D), hid.data<float>(), x.data<float>(), F, true);  // x += Wdown·hid
+      launch_gemv(one(l.w_down.weight, D), hid.data<float>(), x.data<float>(), F, true);  // x += Wdown·hid
     }
     rmsnorm<<<1, 1024, 0, stream()>>>(x.data<float>(), m.final_norm.data<float>(), h.data<float>(), static_cast<int>(D), eps);
     IL_CUDA_LAUNCHED();
-    launch_gemv(one(m.lm_head, V), h.data<float>(), logits.data<float>(), D, false);
+    launch_gemv(one(m.lm_head.weight, V), h.data<float>(), logits.data<float>(), D, false);
     // Greedy steps choose the next token and advance the position on the device; step() sets
     // both from the host before each launch instead.
     if (greedy) {
@@ -263,7 +267,7 @@ struct CudaDecoder::Impl {
   }
 
   void run_step(bool greedy) {
-    IL_CHECK(cache.length < cache.capacity, "KV cache full: ", cache.length, " positions of ", cache.capacity);
+    IL_CHECK(cache.length() < cache.capacity(), "KV cache full: ", cache.length(), " positions of ", cache.capacity());
     if (!use_graph) {
       enqueue_step(greedy);
     } else {
@@ -286,7 +290,7 @@ struct CudaDecoder::Impl {
       }
       IL_CUDA(cudaGraphLaunch(graph, stream()));
     }
-    cache.length += 1;
+    cache.commit(1);  // the step's kernel wrote the position's keys and values
   }
 
   void set_device_int(Tensor& t, std::int32_t v) { t.copy_from(Tensor::from_vector(std::vector<std::int32_t>{v}, {1})); }
@@ -298,13 +302,13 @@ CudaDecoder::~CudaDecoder() = default;
 
 Tensor CudaDecoder::prefill(const std::vector<std::int32_t>& tokens) {
   Tensor out = forward_cached(impl_->m, impl_->cache, tokens);
-  impl_->set_device_int(impl_->pos, static_cast<std::int32_t>(impl_->cache.length));
+  impl_->set_device_int(impl_->pos, static_cast<std::int32_t>(impl_->cache.length()));
   return out;
 }
 
 Tensor CudaDecoder::step(std::int32_t token) {
   IL_CHECK(token >= 0 && token < impl_->V, "CudaDecoder: token id ", token, " is outside the vocabulary");
-  impl_->set_device_int(impl_->pos, static_cast<std::int32_t>(impl_->cache.length));
+  impl_->set_device_int(impl_->pos, static_cast<std::int32_t>(impl_->cache.length()));
   impl_->set_device_int(impl_->token, token);
   impl_->run_step(false);
   return impl_->logits;
@@ -313,9 +317,9 @@ Tensor CudaDecoder::step(std::int32_t token) {
 std::vector<std::int32_t> CudaDecoder::greedy(std::int32_t token, int n) {
   IL_CHECK(token >= 0 && token < impl_->V, "CudaDecoder: token id ", token, " is outside the vocabulary");
   IL_CHECK(n >= 0, "CudaDecoder: cannot generate ", n, " tokens");
-  IL_CHECK(impl_->cache.length + n <= impl_->cache.capacity, "KV cache full: ", impl_->cache.length, " + ", n,
-           " positions exceed its capacity of ", impl_->cache.capacity);
-  const std::int64_t first = impl_->cache.length;
+  IL_CHECK(impl_->cache.length() + n <= impl_->cache.capacity(), "KV cache full: ", impl_->cache.length(), " + ", n,
+           " positions exceed its capacity of ", impl_->cache.capacity());
+  const std::int64_t first = impl_->cache.length();
   impl_->set_device_int(impl_->pos, static_cast<std::int32_t>(first));
   impl_->set_device_int(impl_->token, token);
   for (int i = 0; i < n; ++i) impl_->run_step(true);  // the chosen token feeds the next step on the device
@@ -338,13 +342,11 @@ void decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::in
   IL_CUDA_LAUNCHED();
 }
 
-std::int64_t CudaDecoder::length() const { return impl_->cache.length; }
-const KVCache& CudaDecoder::cache() const { return impl_->cache; }
+std::int64_t CudaDecoder::length() const { return impl_->cache.length(); }
+const ContiguousKVCache& CudaDecoder::cache() const { return impl_->cache; }
 
 double CudaDecoder::step_bytes() const {
-  const auto& c = impl_->m.config;
-  return static_cast<double>(impl_->m.weight_bytes()) +
-         2.0 * static_cast<double>(impl_->cache.length + 1) * c.num_kv_heads * c.head_dim * c.num_layers * 4;
+  return static_cast<double>(impl_->m.weight_bytes() + impl_->m.config.kv_cache_bytes(impl_->cache.length() + 1, 4));
 }
 
 }  // namespace inferlab::ch02

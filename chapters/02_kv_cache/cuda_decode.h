@@ -41,7 +41,7 @@ class CudaDecoder {
   std::vector<std::int32_t> greedy(std::int32_t token, int n);
 
   std::int64_t length() const;
-  const KVCache& cache() const;
+  const ContiguousKVCache& cache() const;
   /// Bytes a decode step must read at the current length: weights plus the cache so far.
   double step_bytes() const;
 

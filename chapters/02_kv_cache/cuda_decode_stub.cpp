@@ -10,7 +10,10 @@ Tensor CudaDecoder::prefill(const std::vector<std::int32_t>&) { cuda::require_de
 Tensor CudaDecoder::step(std::int32_t) { cuda::require_device(); return {}; }
 std::vector<std::int32_t> CudaDecoder::greedy(std::int32_t, int) { cuda::require_device(); return {}; }
 std::int64_t CudaDecoder::length() const { return 0; }
-const KVCache& CudaDecoder::cache() const { cuda::require_device(); static KVCache none; return none; }
+const ContiguousKVCache& CudaDecoder::cache() const {
+  cuda::require_device();
+  throw Error("no CUDA device available: this build has no CUDA backend");
+}
 double CudaDecoder::step_bytes() const { return 0; }
 void decode_attention(const Tensor&, const Tensor&, const Tensor&, std::int64_t, Tensor&) { cuda::require_device(); }
 }  // namespace inferlab::ch02

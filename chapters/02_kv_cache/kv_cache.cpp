@@ -1,82 +1,150 @@
 #include "chapters/02_kv_cache/kv_cache.h"
 
-#include <algorithm>
 #include <sstream>
-
-#include "common/cuda/backend.h"
 
 namespace inferlab::ch02 {
 
-KVCache KVCache::allocate(const TransformerConfig& c, std::int64_t capacity, Device device, DType dtype) {
-  IL_CHECK(capacity > 0, "KV cache: capacity must be positive, got ", capacity);
-  KVCache cache;
-  cache.capacity = capacity;
-  for (std::int64_t l = 0; l < c.num_layers; ++l) {
-    cache.k.push_back(Tensor::zeros({capacity, c.num_kv_heads, c.head_dim}, dtype, device));
-    cache.v.push_back(Tensor::zeros({capacity, c.num_kv_heads, c.head_dim}, dtype, device));
+using ch01::Llama;
+using ch01::LlamaLayer;
+
+// ---------------------------------------------------------------------------------------------
+// Chapter 01's forward pass and attention block; the lines marked "cache" are what changed
+// (chapter 02's README shows the diff).
+// The forward pass: embed, then per layer attention and MLP with residuals, then the head.
+Tensor forward(const Llama& m, std::vector<SequenceStep>& seqs) {
+  const Batch batch(m, seqs);         // cache: each sequence's new tokens, at positions after its cached ones
+  Tensor x = embed(m, batch.tokens);  // [T, D], the residual stream
+  for (std::size_t i = 0; i < m.layers.size(); ++i) {
+    const LlamaLayer& l = m.layers[i];
+    ops::add(x, attention_block(m, l, norm(m, x, l.attn_norm), batch, i), x);  // cache
+    ops::add(x, mlp_block(l, norm(m, x, l.mlp_norm)), x);
   }
-  return cache;
+  for (SequenceStep& s : seqs) s.cache->commit(static_cast<std::int64_t>(s.tokens.size()));  // cache
+  return head(m, batch.logits_input(x));  // cache: each sequence's last row (or all of them)
 }
 
-std::int64_t KVCache::bytes() const {
-  std::int64_t n = 0;
-  for (std::size_t l = 0; l < k.size(); ++l) n += static_cast<std::int64_t>(k[l].nbytes() + v[l].nbytes());
-  return n;
+// Attention: q, k, v projections, RoPE on q and k, causal attention, output projection.
+Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, const Batch& batch, std::int64_t layer) {
+  const auto& c = m.config;
+  const Tensor& pos = batch.pos;  // cache
+  const std::int64_t T = h.size(0), N = c.num_heads, K = c.num_kv_heads, H = c.head_dim;
+  Tensor q = linear(h, l.wq).view({T, N, H}), k = linear(h, l.wk).view({T, K, H}), v = linear(h, l.wv).view({T, K, H});
+  ops::rope(q, pos, m.inv_freq, m.rope_pairing);
+  ops::rope(k, pos, m.inv_freq, m.rope_pairing);
+  Tensor a = batch.attend(layer, q, k, v);  // cache: keep k and v, attend over every cached position
+  return linear(a.view({T, N * H}), l.wo);
 }
 
-std::string KVCache::layout() const {
+// ---------------------------------------------------------------------------------------------
+// The cache: K and V of position p in row p of each layer's tensors.
+ContiguousKVCache::ContiguousKVCache(const TransformerConfig& c, std::int64_t capacity, Device device, DType dtype)
+    : config_(c), dtype_(dtype), capacity_(capacity) {
+  IL_CHECK(capacity > 0, "KV cache: capacity must be positive, got ", capacity);
+  bytes();  // the size first: an overflowing capacity is an error, not a failed allocation
+  for (std::int64_t l = 0; l < c.num_layers; ++l) {
+    k_.push_back(Tensor::zeros({capacity, c.num_kv_heads, c.head_dim}, dtype, device));
+    v_.push_back(Tensor::zeros({capacity, c.num_kv_heads, c.head_dim}, dtype, device));
+  }
+}
+
+void ContiguousKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
+  IL_CHECK(layer >= 0 && layer < static_cast<std::int64_t>(k_.size()), "KV cache: no layer ", layer);
+  const std::int64_t start = length_, end = start + k.size(0);
+  IL_CHECK(end <= capacity_, "KV cache full: ", start, " positions cached + ", k.size(0),
+           " new exceeds its capacity of ", capacity_);
+  k_[layer].slice(0, start, end).copy_from(k);  // keep the new keys and values ...
+  v_[layer].slice(0, start, end).copy_from(v);
+  AttentionParams p;
+  p.q_offset = start;  // ... and attend over all of them: query t sits at position start + t
+  ops::attention(q, k_[layer].slice(0, 0, end), v_[layer].slice(0, 0, end), out, p);
+}
+
+void ContiguousKVCache::commit(std::int64_t T) {
+  IL_CHECK(T >= 0 && length_ + T <= capacity_, "KV cache full: ", length_, " positions cached + ", T,
+           " new exceeds its capacity of ", capacity_);
+  length_ += T;
+}
+
+void ContiguousKVCache::truncate(std::int64_t n) {
+  IL_CHECK(n >= 0 && n <= length_, "KV cache: cannot truncate ", length_, " cached positions to ", n);
+  length_ = n;  // the rows past n are overwritten by the next positions
+}
+
+std::int64_t ContiguousKVCache::bytes() const {
+  return k_.empty() && capacity_ == 0 ? 0 : config_.kv_cache_bytes(capacity_, static_cast<std::int64_t>(dtype_size(dtype_)));
+}
+
+void ContiguousKVCache::release() {
+  k_.clear(), v_.clear();
+  capacity_ = length_ = 0;
+}
+
+std::string ContiguousKVCache::layout() const {
   std::ostringstream os;
-  os << k.size() << " layers × {K, V} × " << (k.empty() ? "[]" : k[0].describe()) << " = " << bytes() << " bytes";
+  os << k_.size() << " layers × {K, V} × " << (k_.empty() ? "[]" : k_[0].describe()) << " = " << bytes() << " bytes";
   return os.str();
 }
 
-Tensor forward_cached(const ch01::Llama& m, KVCache& cache, const std::vector<std::int32_t>& tokens,
-                      bool all_positions) {
-  return forward_cached_with(m, cache, tokens, all_positions);
+Tensor ContiguousKVCache::k(std::int64_t layer) const { return k_.at(static_cast<std::size_t>(layer)); }
+Tensor ContiguousKVCache::v(std::int64_t layer) const { return v_.at(static_cast<std::size_t>(layer)); }
+
+// ---------------------------------------------------------------------------------------------
+// A batch: the sequences' new tokens as one list of rows.
+Batch::Batch(const Llama& m, const std::vector<SequenceStep>& seqs) {
+  IL_CHECK(!seqs.empty(), "forward: an empty batch");
+  std::vector<std::int32_t> p;
+  begin.push_back(0);
+  for (std::size_t b = 0; b < seqs.size(); ++b) {
+    const SequenceStep& s = seqs[b];
+    IL_CHECK(s.cache != nullptr, "forward: sequence ", b, " of the batch has no cache");
+    IL_CHECK(!s.tokens.empty(), "forward: sequence ", b, " of the batch has no tokens");
+    const std::int64_t start = s.cache->length(), T = static_cast<std::int64_t>(s.tokens.size());
+    IL_CHECK(start + T <= m.config.max_position_embeddings, "forward: sequence ", b, " would reach position ",
+             start + T, ", beyond the model's context of ", m.config.max_position_embeddings);
+    for (std::int64_t t = 0; t < T; ++t) {
+      tokens.push_back(s.tokens[static_cast<std::size_t>(t)]);
+      p.push_back(static_cast<std::int32_t>(start + t));
+      if (s.all_logits || t == T - 1) logit_rows.push_back(begin.back() + t);
+    }
+    begin.push_back(begin.back() + T);
+    caches.push_back(s.cache);
+  }
+  pos = Tensor::from_vector(p, {static_cast<std::int64_t>(p.size())}).to(m.device());
 }
 
-double Timing::tpot_s() const {
-  if (decode_step_s.empty()) return 0;
-  double s = 0;
-  for (double t : decode_step_s) s += t;
-  return s / static_cast<double>(decode_step_s.size());
+Tensor Batch::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v) const {
+  Tensor out = Tensor::empty(q.shape(), DType::F32, q.device());
+  for (std::size_t b = 0; b < caches.size(); ++b) {
+    const std::int64_t r0 = begin[b], r1 = begin[b + 1];
+    Tensor ob = out.slice(0, r0, r1);
+    caches[b]->attend(layer, q.slice(0, r0, r1), k.slice(0, r0, r1), v.slice(0, r0, r1), ob);
+  }
+  return out;
 }
 
-CachedGeneration generate_cached(const ch01::Llama& m, const std::vector<std::int32_t>& prompt, int max_new,
+Tensor Batch::logits_input(const Tensor& x) const {
+  const std::int64_t n = static_cast<std::int64_t>(logit_rows.size());
+  if (logit_rows.back() - logit_rows.front() == n - 1) return x.slice(0, logit_rows.front(), logit_rows.back() + 1);
+  Tensor out = Tensor::empty({n, x.size(1)}, x.dtype(), x.device());
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t r = logit_rows[static_cast<std::size_t>(i)];
+    out.slice(0, i, i + 1).copy_from(x.slice(0, r, r + 1));
+  }
+  return out;
+}
+
+Tensor forward_cached(const Llama& m, KVCache& cache, const std::vector<std::int32_t>& tokens, bool all_positions) {
+  std::vector<SequenceStep> one{{tokens, &cache, all_positions}};
+  return forward(m, one);
+}
+
+ch01::Generation generate_cached(const Llama& m, const std::vector<std::int32_t>& prompt, int max_new,
                                  Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
                                  const ch01::OnToken& on_token) {
   ch01::check_context(m, prompt.size(), max_new);
-  CachedGeneration out;
-  ch01::Generation& g = out.gen;
-  g.tokens = prompt;
-  KVCache cache = KVCache::allocate(m.config, static_cast<std::int64_t>(prompt.size()) + max_new, m.device());
-  metrics::Timer total;
-  std::vector<std::int32_t> feed = prompt;  // prefill: the whole prompt; then one token at a time
-  for (int i = 0; i < max_new; ++i) {
-    ch01::Step s;
-    s.tokens_in = static_cast<std::int64_t>(feed.size());
-    metrics::Timer timer;
-    {
-      metrics::CountScope scope;
-      s.token = sampler.sample(forward_cached(m, cache, feed));
-      s.work = scope.work();
-      if (auto it = scope.by_op().find("attention"); it != scope.by_op().end()) s.attention_flops = it->second.flops;
-    }
-    if (m.device() == Device::CUDA) cuda::synchronize();
-    s.seconds = timer.seconds();
-    (i == 0 ? out.timing.ttft_s : out.timing.decode_step_s.emplace_back()) = s.seconds;
-    g.steps.push_back(s);
-    g.tokens.push_back(s.token);
-    g.generated.push_back(s.token);
-    feed = {s.token};
-    if (on_token) on_token(g);
-    if (std::find(eos_ids.begin(), eos_ids.end(), s.token) != eos_ids.end()) {
-      g.stopped_at_eos = true;
-      break;
-    }
-  }
-  out.timing.total_s = total.seconds();
-  return out;
+  ContiguousKVCache cache(m.config, static_cast<std::int64_t>(prompt.size()) + max_new, m.device());
+  return ch01::generate(prompt, max_new, sampler, eos_ids, m.device(), ch01::Feed::NewTokens,
+                        [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); }, on_token);
 }
 
 }  // namespace inferlab::ch02

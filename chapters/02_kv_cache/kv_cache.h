@@ -6,8 +6,12 @@
 /// although under the causal mask they never change. Keep them instead: for every layer, K and
 /// V of every position so far. Then a step only has to run its new tokens through the network:
 /// the whole prompt at once (prefill), then one token at a time (decode).
+///
+/// The forward pass here is the one every later chapter runs: it takes a batch of sequences,
+/// each with its own new tokens and its own cache, so that continuous batching (chapter 11)
+/// and speculative decoding (chapter 10) are a way of calling it, and a ring buffer (06), a
+/// shared (05) or a paged (12) cache is another implementation of KVCache.
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,57 +20,107 @@
 
 namespace inferlab::ch02 {
 
-/// For every layer, keys and values of up to `capacity` positions: [capacity, K, H] each.
-struct KVCache {
-  std::int64_t capacity = 0;  ///< positions it can hold (S)
-  std::int64_t length = 0;    ///< positions filled so far
-  std::vector<Tensor> k, v;   ///< one per layer
-
-  static KVCache allocate(const TransformerConfig& c, std::int64_t capacity, Device device = Device::CPU,
-                          DType dtype = DType::F32);
-  /// S × K × H × L × 2 × bytes per element, exactly (the lecture's formula).
-  std::int64_t bytes() const;
-  /// "5 layers × {K, V} × [512, 4, 8] f32 = 655,360 bytes"
-  std::string layout() const;
+/// What every per-sequence cache does, whatever it stores (keys and values here, chapter 04's
+/// latent rows, chapter 07's fixed-size state): count its positions, take a forward pass's new
+/// positions in, roll back, tell its size, give its memory back.
+class Cache {
+ public:
+  virtual ~Cache() = default;
+  /// Positions cached so far: the position of the next new token.
+  virtual std::int64_t length() const = 0;
+  /// Ends a forward pass: its `T` new positions, stored by every layer, are now cached.
+  virtual void commit(std::int64_t T) = 0;
+  /// Forgets every position from `n` on (speculative sampling's rollback); n <= length().
+  virtual void truncate(std::int64_t n) = 0;
+  /// Bytes of memory it holds now.
+  virtual std::int64_t bytes() const = 0;
+  /// Gives its memory back; afterwards it holds nothing and can store nothing.
+  virtual void release() = 0;
 };
 
-/// Chapter 01's forward pass with a cache: `tokens` continue the sequence the cache holds.
-/// Their keys and values are appended to the cache, and attention reads every cached position.
-/// Prefill is a call with the whole prompt; each decode step is a call with one token.
+/// A cache of keys and values that also runs the attention reading them: the cache stores and
+/// attends. Where K and V live (rows, a ring, blocks of a shared pool) and which attention op
+/// reads them are the cache's business; the model code only calls attend().
+class KVCache : public Cache {
+ public:
+  /// Stores layer `layer`'s keys and values of the new tokens (k, v [T, K, H], positions
+  /// length() .. length() + T - 1) and writes their queries' causal attention over every cached
+  /// position of that layer, these included, to out [T, N, H] (q [T, N, H]).
+  virtual void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) = 0;
+};
+
+/// Chapter 02's cache: for every layer, K and V of up to `capacity` positions, each a
+/// contiguous tensor [capacity, K, H]; position p lives in row p.
+class ContiguousKVCache : public KVCache {
+ public:
+  ContiguousKVCache(const TransformerConfig& c, std::int64_t capacity, Device device = Device::CPU,
+                    DType dtype = DType::F32);
+  std::int64_t length() const override { return length_; }
+  std::int64_t capacity() const { return capacity_; }
+  std::int64_t layers() const { return static_cast<std::int64_t>(k_.size()); }
+  void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) override;
+  void commit(std::int64_t T) override;
+  void truncate(std::int64_t n) override;
+  /// capacity × K × H × L × 2 × bytes per element (TransformerConfig::kv_cache_bytes).
+  std::int64_t bytes() const override;
+  void release() override;
+  /// "5 layers × {K, V} × [512, 4, 8] f32 = 655,360 bytes"
+  std::string layout() const;
+  /// Layer `layer`'s storage [capacity, K, H]: a handle to the cache's bytes (for the CUDA
+  /// decoder, which writes it with its own kernels, and for tests).
+  Tensor k(std::int64_t layer) const;
+  Tensor v(std::int64_t layer) const;
+
+ private:
+  TransformerConfig config_;
+  DType dtype_;
+  std::int64_t capacity_ = 0, length_ = 0;
+  std::vector<Tensor> k_, v_;  // one per layer
+};
+
+/// One sequence's part of a batched forward pass: its new tokens (a whole prompt, a prefill
+/// chunk or one decode token) and the cache holding everything before them.
+struct SequenceStep {
+  std::vector<std::int32_t> tokens;
+  KVCache* cache = nullptr;
+  bool all_logits = false;  ///< logits for every new token (verification, perplexity), else the last one's
+};
+
+/// A batch as the model sees it: every sequence's new tokens one after the other, as rows.
+struct Batch {
+  std::vector<std::int32_t> tokens;    ///< all new tokens, sequence after sequence
+  Tensor pos;                          ///< I32: each row's position in its own sequence
+  std::vector<std::int64_t> begin;     ///< sequence b owns rows begin[b] .. begin[b+1] - 1
+  std::vector<KVCache*> caches;
+  std::vector<std::int64_t> logit_rows;  ///< the rows whose logits the forward pass returns
+
+  Batch(const ch01::Llama& m, const std::vector<SequenceStep>& seqs);
+  /// Attention of every sequence's rows against its own cache (which stores k and v first).
+  Tensor attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v) const;
+  /// The rows of x named by logit_rows.
+  Tensor logits_input(const Tensor& x) const;
+};
+
+/// Chapter 01's attention block with a cache: each sequence's keys and values are kept, and its
+/// queries attend over everything its cache holds.
+Tensor attention_block(const ch01::Llama& m, const ch01::LlamaLayer& l, const Tensor& h, const Batch& batch,
+                       std::int64_t layer);
+
+/// Chapter 01's forward pass with a cache, over a batch: every sequence's new tokens continue
+/// the sequence its cache holds; their keys and values are appended, and attention reads every
+/// cached position. The projections and the MLP run once over the rows of all sequences (one
+/// weight read for the whole batch); attention runs per sequence. Returns the logits of each
+/// sequence's last new token (of all of them where all_logits is set), sequence after sequence.
+Tensor forward(const ch01::Llama& m, std::vector<SequenceStep>& seqs);
+
+/// One sequence: prefill is a call with the whole prompt, each decode step a call with one token.
 Tensor forward_cached(const ch01::Llama& m, KVCache& cache, const std::vector<std::int32_t>& tokens,
                       bool all_positions = false);
 
-/// `x · wᵀ` for the plain weights of ch01::Llama. forward_cached_with() calls `linear(x, w)`
-/// for every projection, so a model whose weights are another type (chapter 09's quantised
-/// matrices) runs the same forward pass by providing its own `linear`.
-inline Tensor linear(const Tensor& x, const Tensor& w) { return ops::matmul(x, w); }
-
-/// forward_cached for any Llama-shaped model: it needs the fields of ch01::Llama (config,
-/// rope_pairing, inv_freq, embed, layers with attn_norm/wq/wk/wv/wo/bq/bk/bv/mlp_norm/w_gate/
-/// w_up/w_down, final_norm, lm_head) and a `linear(x, w)` for its weight type.
-template <class Model>
-Tensor forward_cached_with(const Model& m, KVCache& cache, const std::vector<std::int32_t>& tokens,
-                           bool all_positions = false);
-
-/// The lecture's serving metrics for one generation.
-struct Timing {
-  double ttft_s = 0;                  ///< time to first token: prefill + the first sample
-  std::vector<double> decode_step_s;  ///< each later token's step
-  double total_s = 0;
-  double tpot_s() const;              ///< time per output token after the first (mean decode step)
-  double tokens_per_s(std::size_t n) const { return total_s > 0 ? static_cast<double>(n) / total_s : 0; }
-};
-
-struct CachedGeneration {
-  ch01::Generation gen;  ///< tokens and per-step work, as in chapter 01
-  Timing timing;
-};
-
-/// Prefill the prompt, then decode one token per step until max_new or an EOS id.
-CachedGeneration generate_cached(const ch01::Llama& m, const std::vector<std::int32_t>& prompt, int max_new,
+/// Prefill the prompt, then decode one token per step until max_new or an EOS id: chapter 01's
+/// generate loop, feeding only the new tokens.
+ch01::Generation generate_cached(const ch01::Llama& m, const std::vector<std::int32_t>& prompt, int max_new,
                                  Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
                                  const ch01::OnToken& on_token = nullptr);
 
 }  // namespace inferlab::ch02
-
-#include "chapters/02_kv_cache/kv_cache_forward.h"

@@ -35,21 +35,20 @@ int main(int argc, char** argv) {
                 static_cast<double>(c.num_parameters()) / 1e6, dtype_name(m.weight_dtype()).data(), device_name(dev).data());
     const std::int64_t S = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
     ch01::check_context(m, prompt.size(), o.max_new_tokens);  // before allocating a cache of S positions
-    const KVCache probe = KVCache::allocate(c, S, Device::CPU);
-    std::printf("KV cache for S = %lld: %s\n  = S × K × H × L × 2 × 4 bytes = %lld × %lld × %lld × %lld × 2 × 4 = %lld\n\n",
+    const ContiguousKVCache probe(c, S, Device::CPU);
+    std::printf("KV cache for S = %lld: %s\n  = S × K × H × L × 2 × 4 bytes = %lld × %lld × %lld × %lld × 2 × 4\n\n",
                 static_cast<long long>(S), probe.layout().c_str(), static_cast<long long>(S),
                 static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.head_dim),
-                static_cast<long long>(c.num_layers), static_cast<long long>(S * c.num_kv_heads * c.head_dim * c.num_layers * 8));
+                static_cast<long long>(c.num_layers));
 
     const SamplingParams sp = o.sampling(*tok, c.vocab_size);
     Sampler s1(sp), s2(sp);
     TextStream stream(*tok, prompt);
-    const CachedGeneration cg = generate_cached(m, prompt, o.max_new_tokens, s2, eos,
-                                                [&](const ch01::Generation& g) { stream.print(g.tokens); });
+    const ch01::Generation g = generate_cached(m, prompt, o.max_new_tokens, s2, eos,
+                                               [&](const ch01::Generation& gen) { stream.print(gen.tokens); });
     std::printf("\n\n");
     ch01::Generation naive;
     if (!cached_only) naive = ch01::generate_naive(m, prompt, o.max_new_tokens, s1, eos);
-    const auto& g = cg.gen;
 
     std::printf("%9s %16s %16s\n", "position", "naive ms/token", "cached ms/token");
     const std::size_t n = g.steps.size();
@@ -61,19 +60,18 @@ int main(int argc, char** argv) {
     double naive_total = 0, naive_flops = 0, cached_flops = 0;
     for (const auto& st : naive.steps) naive_total += st.seconds, naive_flops += st.work.flops;
     for (const auto& st : g.steps) cached_flops += st.work.flops;
-    const auto& t = cg.timing;
     std::printf("\n%-28s %14s %14s\n", "", "naive (ch01)", "cached (ch02)");
     if (!cached_only) {
-      std::printf("%-28s %14.1f %14.1f\n", "total time (ms)", naive_total * 1e3, t.total_s * 1e3);
+      std::printf("%-28s %14.1f %14.1f\n", "total time (ms)", naive_total * 1e3, g.total_s * 1e3);
       std::printf("%-28s %14.3f %14.3f\n", "total GFLOP", naive_flops / 1e9, cached_flops / 1e9);
-      std::printf("%-28s %14.3f %14.3f\n", "time to first token (ms)", naive.steps[0].seconds * 1e3, t.ttft_s * 1e3);
+      std::printf("%-28s %14.3f %14.3f\n", "time to first token (ms)", naive.steps[0].seconds * 1e3, g.ttft_s() * 1e3);
       std::printf("%-28s %14.0f %14.0f\n", "tokens per second", static_cast<double>(naive.generated.size()) / naive_total,
-                  t.tokens_per_s(g.generated.size()));
+                  g.tokens_per_s());
     }
-    std::printf("%-28s %14s %14.3f\n", "time per output token (ms)", "", t.tpot_s() * 1e3);
+    std::printf("%-28s %14s %14.3f\n", "time per output token (ms)", "", g.tpot_s() * 1e3);
     if (!cached_only) {
       const bool same = naive.generated == g.generated;
-      std::printf("\nspeed-up %.1f×; the same %zu tokens: %s\n", naive_total / t.total_s, g.generated.size(),
+      std::printf("\nspeed-up %.1f×; the same %zu tokens: %s\n", naive_total / g.total_s, g.generated.size(),
                   same ? "yes" : "NO (fp32 rounding flipped a near-tie; see the tests for the logit agreement)");
     }
     if (!o.json.empty()) {
@@ -84,13 +82,13 @@ int main(int argc, char** argv) {
                          {"naive_seconds", cached_only ? 0.0 : naive.steps[i].seconds}});
       }
       // Two roofline points for ch00_workload roofline --points: the prefill step and a decode step.
-      points.push_back({{"label", "ch02 prefill"}, {"work", metrics::to_json(g.steps[0].work)}, {"seconds", t.ttft_s}});
+      points.push_back({{"label", "ch02 prefill"}, {"work", metrics::to_json(g.steps[0].work)}, {"seconds", g.ttft_s()}});
       if (n > 1)
         points.push_back({{"label", "ch02 decode"}, {"work", metrics::to_json(g.steps[n - 1].work)},
                           {"seconds", g.steps[n - 1].seconds}});
       write_json(o.json, {{"model", m.source}, {"device", device_name(dev)}, {"prompt_tokens", prompt},
                           {"generated_tokens", g.generated}, {"naive_generated_tokens", naive.generated},
-                          {"ttft_s", t.ttft_s}, {"tpot_s", t.tpot_s()}, {"total_s", t.total_s},
+                          {"ttft_s", g.ttft_s()}, {"tpot_s", g.tpot_s()}, {"total_s", g.total_s},
                           {"naive_total_s", naive_total}, {"kv_cache_bytes", probe.bytes()}, {"steps", steps},
                           {"roofline_points", points}});
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "common/cuda/backend.h"
 
@@ -46,11 +47,10 @@ ch01::Llama mean_pool_kv_heads(const ch01::Llama& m, std::int64_t kv_heads) {
   ch01::Llama out = m;
   out.config.num_kv_heads = kv_heads;
   for (auto& l : out.layers) {
-    l.wk = pool_heads(l.wk, c.num_kv_heads, c.head_dim, kv_heads);
-    l.wv = pool_heads(l.wv, c.num_kv_heads, c.head_dim, kv_heads);
-    if (l.bk.defined()) {
-      l.bk = pool_heads(l.bk.view({-1, 1}), c.num_kv_heads, c.head_dim, kv_heads).view({-1});
-      l.bv = pool_heads(l.bv.view({-1, 1}), c.num_kv_heads, c.head_dim, kv_heads).view({-1});
+    for (Linear* w : {&l.wk, &l.wv}) {
+      IL_CHECK(!w->packed, "mean_pool_kv_heads: the model's weights are packed; pool before quantising");
+      w->weight = pool_heads(w->weight, c.num_kv_heads, c.head_dim, kv_heads);
+      if (w->bias.defined()) w->bias = pool_heads(w->bias.view({-1, 1}), c.num_kv_heads, c.head_dim, kv_heads).view({-1});
     }
   }
   out.source = m.source + " (KV heads mean-pooled " + std::to_string(c.num_kv_heads) + " -> " + std::to_string(kv_heads) + ")";
@@ -63,60 +63,29 @@ ch01::Llama repeat_kv_heads(const ch01::Llama& m) {
   ch01::Llama out = m;
   out.config.num_kv_heads = c.num_heads;
   for (auto& l : out.layers) {
-    l.wk = repeat_heads(l.wk, c.num_kv_heads, c.head_dim, group);
-    l.wv = repeat_heads(l.wv, c.num_kv_heads, c.head_dim, group);
-    if (l.bk.defined()) {
-      l.bk = repeat_heads(l.bk.view({-1, 1}), c.num_kv_heads, c.head_dim, group).view({-1});
-      l.bv = repeat_heads(l.bv.view({-1, 1}), c.num_kv_heads, c.head_dim, group).view({-1});
+    for (Linear* w : {&l.wk, &l.wv}) {
+      IL_CHECK(!w->packed, "repeat_kv_heads: the model's weights are packed; repeat before quantising");
+      w->weight = repeat_heads(w->weight, c.num_kv_heads, c.head_dim, group);
+      if (w->bias.defined()) w->bias = repeat_heads(w->bias.view({-1, 1}), c.num_kv_heads, c.head_dim, group).view({-1});
     }
   }
   return out;
 }
 
-Tensor forward_batch(const ch01::Llama& m, std::vector<ch02::KVCache>& caches, const std::vector<std::int32_t>& tokens) {
-  const auto& c = m.config;
-  const std::int64_t B = static_cast<std::int64_t>(tokens.size()), N = c.num_heads, K = c.num_kv_heads, H = c.head_dim;
-  IL_CHECK(B > 0 && caches.size() == tokens.size(), "forward_batch: ", tokens.size(), " tokens for ", caches.size(),
-           " caches");
-  for (std::int64_t b = 0; b < B; ++b)
-    IL_CHECK(caches[b].length < caches[b].capacity, "KV cache full: sequence ", b, " has ", caches[b].length,
-             " of ", caches[b].capacity, " positions");
-  const Device dev = m.device();
-  std::vector<Tensor> pos;
-  for (std::int64_t b = 0; b < B; ++b)
-    pos.push_back(Tensor::from_vector(std::vector<std::int32_t>{static_cast<std::int32_t>(caches[b].length)}, {1}).to(dev));
-  Tensor x = ops::embedding(m.embed, Tensor::from_vector(tokens, {B}).to(dev));  // [B, D]: one row per sequence
-  Tensor a = Tensor::empty({B, N * H}, DType::F32, dev);
-  for (std::size_t li = 0; li < m.layers.size(); ++li) {
-    const ch01::LlamaLayer& l = m.layers[li];
-    Tensor h = ops::rmsnorm(x, l.attn_norm, static_cast<float>(c.rms_norm_eps));
-    Tensor q = ops::matmul(h, l.wq), k = ops::matmul(h, l.wk), v = ops::matmul(h, l.wv);  // shared weights
-    if (l.bq.defined()) ops::add(q, l.bq, q), ops::add(k, l.bk, k), ops::add(v, l.bv, v);
-    for (std::int64_t b = 0; b < B; ++b) {  // attention: each sequence against its own cache
-      ch02::KVCache& cache = caches[static_cast<std::size_t>(b)];
-      const std::int64_t p = cache.length;
-      Tensor qb = q.slice(0, b, b + 1).view({1, N, H}), kb = k.slice(0, b, b + 1).view({1, K, H});
-      ops::rope(qb, pos[static_cast<std::size_t>(b)], m.inv_freq, m.rope_pairing);
-      ops::rope(kb, pos[static_cast<std::size_t>(b)], m.inv_freq, m.rope_pairing);
-      cache.k[li].slice(0, p, p + 1).copy_from(kb);
-      cache.v[li].slice(0, p, p + 1).copy_from(v.slice(0, b, b + 1).view({1, K, H}));
-      AttentionParams ap;
-      ap.q_offset = p;
-      Tensor ab = a.slice(0, b, b + 1).view({1, N, H});
-      ops::attention(qb, cache.k[li].slice(0, 0, p + 1), cache.v[li].slice(0, 0, p + 1), ab, ap);
-    }
-    ops::add(x, ops::matmul(a, l.wo), x);
-    h = ops::rmsnorm(x, l.mlp_norm, static_cast<float>(c.rms_norm_eps));
-    ops::add(x, ops::matmul(ops::swiglu(ops::matmul(h, l.w_gate), ops::matmul(h, l.w_up)), l.w_down), x);
-  }
-  for (auto& cache : caches) cache.length += 1;
-  return ops::matmul(ops::rmsnorm(x, m.final_norm, static_cast<float>(c.rms_norm_eps)), m.lm_head);
+Tensor decode_step(const ch01::Llama& m, const std::vector<ch02::KVCache*>& caches, const std::vector<std::int32_t>& tokens) {
+  IL_CHECK(!tokens.empty() && caches.size() == tokens.size(), "decode_step: ", tokens.size(), " tokens for ",
+           caches.size(), " caches");
+  std::vector<ch02::SequenceStep> batch;
+  for (std::size_t b = 0; b < tokens.size(); ++b) batch.push_back({{tokens[b]}, caches[b]});
+  return ch02::forward(m, batch);
 }
 
-void fill_cache(ch02::KVCache& cache, std::int64_t length, std::uint64_t seed) {
-  IL_CHECK(length <= cache.capacity, "fill_cache: ", length, " positions exceed the capacity of ", cache.capacity);
-  for (std::size_t l = 0; l < cache.k.size(); ++l)
-    for (Tensor* t : {&cache.k[l], &cache.v[l]}) {
+void fill_cache(ch02::ContiguousKVCache& cache, std::int64_t length, std::uint64_t seed) {
+  IL_CHECK(cache.length() == 0 && length <= cache.capacity(), "fill_cache: ", length,
+           " positions do not fit an empty cache of capacity ", cache.capacity());
+  for (std::int64_t l = 0; l < cache.layers(); ++l) {
+    Tensor layer_k = cache.k(l), layer_v = cache.v(l);
+    for (Tensor* t : {&layer_k, &layer_v}) {
       Tensor part = t->slice(0, 0, length);
       if (t->is_cuda()) {
         cuda::fill_uniform(part, seed++, -1.0f, 1.0f);
@@ -129,38 +98,39 @@ void fill_cache(ch02::KVCache& cache, std::int64_t length, std::uint64_t seed) {
         p[i] = static_cast<float>(static_cast<std::int64_t>(s >> 40) - (1 << 23)) * 0x1p-23f;
       }
     }
-  cache.length = length;
+  }
+  cache.commit(length);
 }
 
-double decode_step_bytes(const ch01::Llama& m, const std::vector<ch02::KVCache>& caches) {
-  const auto& c = m.config;
+double decode_step_bytes(const ch01::Llama& m, const std::vector<std::int64_t>& lengths, DType cache_dtype) {
   double bytes = static_cast<double>(m.weight_bytes());
-  for (const auto& cache : caches)
-    bytes += 2.0 * static_cast<double>(cache.length + 1) * c.num_kv_heads * c.head_dim * c.num_layers *
-             static_cast<double>(dtype_size(cache.k[0].dtype()));
+  for (std::int64_t len : lengths)
+    bytes += static_cast<double>(m.config.kv_cache_bytes(len + 1, static_cast<std::int64_t>(dtype_size(cache_dtype))));
   return bytes;
 }
 
 ThroughputPoint measure_decode(const ch01::Llama& m, std::int64_t batch, std::int64_t context, int steps) {
-  std::vector<ch02::KVCache> caches;
+  std::vector<std::unique_ptr<ch02::ContiguousKVCache>> caches;
+  std::vector<ch02::KVCache*> views;
   for (std::int64_t b = 0; b < batch; ++b) {
-    caches.push_back(ch02::KVCache::allocate(m.config, context + steps + 1, m.device()));
-    fill_cache(caches.back(), context, static_cast<std::uint64_t>(b) * 1000 + 1);
+    caches.push_back(std::make_unique<ch02::ContiguousKVCache>(m.config, context + steps + 1, m.device()));
+    fill_cache(*caches.back(), context, static_cast<std::uint64_t>(b) * 1000 + 1);
+    views.push_back(caches.back().get());
   }
   const std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch), 3);
   ThroughputPoint p;
   p.batch = batch;
-  p.bytes_per_step = decode_step_bytes(m, caches);
+  p.bytes_per_step = decode_step_bytes(m, std::vector<std::int64_t>(static_cast<std::size_t>(batch), context));
   {
     metrics::CountScope scope;
-    forward_batch(m, caches, tokens);  // warm-up, and the step's FLOPs
+    decode_step(m, views, tokens);  // warm-up, and the step's FLOPs
     p.flops_per_step = scope.work().flops;
   }
   if (m.device() == Device::CUDA) cuda::synchronize();
   double best = 1e300;
   for (int s = 0; s < steps; ++s) {
     metrics::Timer t;
-    forward_batch(m, caches, tokens);
+    decode_step(m, views, tokens);
     if (m.device() == Device::CUDA) cuda::synchronize();
     best = std::min(best, t.seconds());
   }

@@ -24,17 +24,18 @@ ch01::Llama mean_pool_kv_heads(const ch01::Llama& m, std::int64_t kv_heads);
 /// group. The result is an MHA model computing exactly the same function.
 ch01::Llama repeat_kv_heads(const ch01::Llama& m);
 
-/// One decode step for a batch: sequence b feeds tokens[b] and owns caches[b] (lengths may
-/// differ). Their rows share every matmul (one weight read for the whole batch); attention
-/// reads each sequence's own cache. Returns logits [B, V].
-Tensor forward_batch(const ch01::Llama& m, std::vector<ch02::KVCache>& caches, const std::vector<std::int32_t>& tokens);
+/// One decode step for a batch: sequence b feeds tokens[b] and owns *caches[b] (lengths may
+/// differ). Chapter 02's batched forward pass: the rows share every matmul (one weight read for
+/// the whole batch); attention reads each sequence's own cache. Returns logits [B, V].
+Tensor decode_step(const ch01::Llama& m, const std::vector<ch02::KVCache*>& caches, const std::vector<std::int32_t>& tokens);
 
-/// Fills positions [0, length) of a cache with pseudo-random values and sets its length, so a
-/// benchmark can decode at a long context without paying for the prefill.
-void fill_cache(ch02::KVCache& cache, std::int64_t length, std::uint64_t seed);
+/// Fills positions [0, length) of an empty cache with pseudo-random values and commits them, so
+/// a benchmark can decode at a long context without paying for the prefill.
+void fill_cache(ch02::ContiguousKVCache& cache, std::int64_t length, std::uint64_t seed);
 
-/// Bytes one decode step of a batch must read: the weights once, every sequence's cache so far.
-double decode_step_bytes(const ch01::Llama& m, const std::vector<ch02::KVCache>& caches);
+/// Bytes one decode step of a batch must read: the weights once, every sequence's cache so far
+/// and the new position's keys and values (`lengths`: each sequence's cached positions).
+double decode_step_bytes(const ch01::Llama& m, const std::vector<std::int64_t>& lengths, DType cache_dtype = DType::F32);
 
 /// A measured batch size against the roofline's prediction.
 struct ThroughputPoint {

@@ -51,7 +51,7 @@ int memory(const CommonOptions& o, std::int64_t seq, double memory_gb) {
     auto c = base;
     c.num_kv_heads = K;
     // Chapter 00's memory arithmetic, at 4 bytes per value (f32).
-    const std::int64_t per_token = ch00::kv_cache_bytes(c, 1, 4), per_seq = ch00::kv_cache_bytes(c, seq, 4);
+    const std::int64_t per_token = c.kv_cache_bytes(1, 4), per_seq = c.kv_cache_bytes(seq, 4);
     const std::int64_t weights = ch00::param_bytes(c, 4), max_b = ch00::max_batch(c, seq, memory_gb * 1e9, 4);
     std::printf("%-5s %4lld %16lld %18lld %12lld %10lld\n", variant_name(K, N).c_str(), static_cast<long long>(K),
                 static_cast<long long>(per_token), static_cast<long long>(per_seq), static_cast<long long>(weights),
@@ -72,7 +72,7 @@ int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_
   const std::int64_t max_b = *std::max_element(batches.begin(), batches.end());
   const double need = static_cast<double>(shape.num_parameters()) * 4 +
                       static_cast<double>(max_b) * static_cast<double>(seq + steps + 1) *
-                          static_cast<double>(shape.kv_elements_per_token()) * 4;
+                          static_cast<double>(shape.kv_cache_bytes(1, 4));
   IL_CHECK(roof.memory_bytes <= 0 || need <= 0.8 * roof.memory_bytes, "B = ", max_b, " at context ", seq, " needs ",
            metrics::human_bytes(need), " of weights and KV caches; ", roof.name, " has ",
            metrics::human_bytes(roof.memory_bytes), " (use smaller --batches or --seq)");
@@ -140,11 +140,11 @@ int convert(const CommonOptions& o, std::int64_t windows, std::int64_t per_kind)
       for (const auto& [k, v] : pr.accuracy) kinds.push_back(k), std::printf(" %11s", k.c_str());
       std::printf("\n");
     }
-    std::printf("%-32s %10lld %8.3f", r.name.c_str(), static_cast<long long>(r.m.config.kv_elements_per_token() * 4), ppl.ppl);
+    std::printf("%-32s %10lld %8.3f", r.name.c_str(), static_cast<long long>(r.m.config.kv_cache_bytes(1, 4)), ppl.ppl);
     for (const auto& k : kinds) std::printf(" %11.3f", pr.accuracy.at(k));
     std::printf("\n");
     std::fflush(stdout);
-    out.push_back({{"model", r.name}, {"kv_bytes_per_token", r.m.config.kv_elements_per_token() * 4},
+    out.push_back({{"model", r.name}, {"kv_bytes_per_token", r.m.config.kv_cache_bytes(1, 4)},
                    {"val_loss", ppl.loss}, {"val_ppl", ppl.ppl}, {"val_tokens", ppl.tokens}, {"probes", pr.accuracy}});
   }
   if (!o.json.empty()) write_json(o.json, {{"rows", out}, {"probes_per_kind", per_kind}});
@@ -158,7 +158,7 @@ int headline() {
     const auto c = parse_transformer_config(load_hf_config(data + "/models/" + name));
     std::printf("  %-9s N = %lld, K = %lld: %6lld KV bytes per token (f32), %lld weight bytes\n", name,
                 static_cast<long long>(c.num_heads), static_cast<long long>(c.num_kv_heads),
-                static_cast<long long>(c.kv_elements_per_token() * 4), static_cast<long long>(c.num_parameters() * 4));
+                static_cast<long long>(c.kv_cache_bytes(1, 4)), static_cast<long long>(c.num_parameters() * 4));
   }
   const auto roof = ceiling(Device::CPU);
   for (std::int64_t K : {16, 1}) {

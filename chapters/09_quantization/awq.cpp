@@ -2,35 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-
-#include "chapters/02_kv_cache/kv_cache.h"
+#include <map>
 
 namespace inferlab::ch09 {
 
 namespace {
-
-// A weight that remembers the inputs it was multiplied with: running chapter 02's forward
-// pass over a model holding these collects every linear layer's calibration inputs.
-struct Recorded {
-  Tensor w;
-  std::vector<Tensor>* inputs;
-};
-Tensor linear(const Tensor& x, const Recorded& r) {
-  r.inputs->push_back(x.clone());
-  return ops::matmul(x, r.w);
-}
-
-struct RecLayer {
-  Tensor attn_norm, mlp_norm, bq, bk, bv, wk, wv, w_up;
-  Recorded wq, wo, w_gate, w_down;  // one per input: q (shares with k, v), o, gate (shares with up), down
-};
-struct RecLlama {
-  TransformerConfig config;
-  RopePairing rope_pairing;
-  Tensor inv_freq, embed, final_norm, lm_head;
-  std::vector<RecLayer> layers;
-  Device device() const { return Device::CPU; }
-};
 
 Tensor rows_concat(const std::vector<Tensor>& parts) {
   std::int64_t rows = 0;
@@ -126,18 +102,20 @@ ch01::Llama awq_scale(const ch01::Llama& m_in, const std::vector<std::int32_t>& 
   const std::int64_t L = c.num_layers, G = c.num_heads / c.num_kv_heads, H = c.head_dim;
   // 1. Collect each group's inputs on the calibration text.
   std::vector<std::vector<Tensor>> in_q(L), in_o(L), in_gate(L), in_down(L);
-  RecLlama rec{c, m.rope_pairing, m.inv_freq, m.embed, m.final_norm, m.lm_head, {}};
+  // One input per group: q (shared with k and v), o, gate (shared with up), down.
+  std::map<const Linear*, std::vector<Tensor>*> record;
   for (std::int64_t l = 0; l < L; ++l) {
     const auto& s = m.layers[l];
-    rec.layers.push_back({s.attn_norm, s.mlp_norm, s.bq, s.bk, s.bv, s.wk, s.wv, s.w_up, {s.wq, &in_q[l]},
-                          {s.wo, &in_o[l]}, {s.w_gate, &in_gate[l]}, {s.w_down, &in_down[l]}});
+    record[&s.wq] = &in_q[l], record[&s.wo] = &in_o[l], record[&s.w_gate] = &in_gate[l], record[&s.w_down] = &in_down[l];
   }
+  const LinearHook hook([&](const Linear& layer, const Tensor& x) {
+    if (auto it = record.find(&layer); it != record.end()) it->second->push_back(x.clone());
+  });
   const std::int64_t window = c.max_position_embeddings;
   for (std::size_t at = 0; at < calibration.size(); at += static_cast<std::size_t>(window)) {
     const std::vector<std::int32_t> part(calibration.begin() + static_cast<long>(at),
                                          calibration.begin() + static_cast<long>(std::min(calibration.size(), at + window)));
-    ch02::KVCache cache = ch02::KVCache::allocate(c, static_cast<std::int64_t>(part.size()));
-    ch02::forward_cached_with(rec, cache, part, true);
+    ch01::forward(m, part, true);
   }
   // 2. Search each group's scales and fold them in. Groups of one layer see the inputs of the
   // original model: scaling is exact in real arithmetic, so they do not change.
@@ -148,22 +126,22 @@ ch01::Llama awq_scale(const ch01::Llama& m_in, const std::vector<std::int32_t>& 
     auto& o = out.layers[l];
     AwqGroup a{"layer " + std::to_string(l) + " q/k/v"}, b{"layer " + std::to_string(l) + " gate/up"},
         d{"layer " + std::to_string(l) + " o"}, e{"layer " + std::to_string(l) + " down"};
-    auto s = search(rows_concat(in_q[l]), {o.wq, o.wk, o.wv}, spec, grid, a);
-    o.wq = scale_columns(o.wq, s), o.wk = scale_columns(o.wk, s), o.wv = scale_columns(o.wv, s);
+    auto s = search(rows_concat(in_q[l]), {o.wq.weight, o.wk.weight, o.wv.weight}, spec, grid, a);
+    for (Linear* w : {&o.wq, &o.wk, &o.wv}) w->weight = scale_columns(w->weight, s);
     o.attn_norm = scale_rows(o.attn_norm.view({-1, 1}), s, true).view({-1});
-    s = search(rows_concat(in_gate[l]), {o.w_gate, o.w_up}, spec, grid, b);
-    o.w_gate = scale_columns(o.w_gate, s), o.w_up = scale_columns(o.w_up, s);
+    s = search(rows_concat(in_gate[l]), {o.w_gate.weight, o.w_up.weight}, spec, grid, b);
+    o.w_gate.weight = scale_columns(o.w_gate.weight, s), o.w_up.weight = scale_columns(o.w_up.weight, s);
     o.mlp_norm = scale_rows(o.mlp_norm.view({-1, 1}), s, true).view({-1});
     // o's input channel (head h, dim d) comes from v's row (kv head h/G, d): one scale per v row.
-    s = search(rows_concat(in_o[l]), {o.wo}, spec, grid, d, &v_channel);
-    o.wo = scale_columns(o.wo, s);
+    s = search(rows_concat(in_o[l]), {o.wo.weight}, spec, grid, d, &v_channel);
+    o.wo.weight = scale_columns(o.wo.weight, s);
     std::vector<float> sv(static_cast<std::size_t>(c.num_kv_heads * H));
     for (std::int64_t j = 0; j < c.num_heads * H; ++j) sv[static_cast<std::size_t>(v_channel[j])] = s[j];
-    o.wv = scale_rows(o.wv, sv, true);
-    if (o.bv.defined()) o.bv = scale_rows(o.bv.view({-1, 1}), sv, true).view({-1});
-    s = search(rows_concat(in_down[l]), {o.w_down}, spec, grid, e);
-    o.w_down = scale_columns(o.w_down, s);
-    o.w_up = scale_rows(o.w_up, s, true);
+    o.wv.weight = scale_rows(o.wv.weight, sv, true);
+    if (o.wv.bias.defined()) o.wv.bias = scale_rows(o.wv.bias.view({-1, 1}), sv, true).view({-1});
+    s = search(rows_concat(in_down[l]), {o.w_down.weight}, spec, grid, e);
+    o.w_down.weight = scale_columns(o.w_down.weight, s);
+    o.w_up.weight = scale_rows(o.w_up.weight, s, true);
     if (report)
       for (auto* g : {&a, &b, &d, &e}) report->push_back(*g);
   }

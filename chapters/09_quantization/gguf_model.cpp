@@ -28,6 +28,8 @@ QMatrix for_gguf(const QMatrix& w, std::int64_t heads, bool permute) {
 gguf::Output output(const std::string& name, const QMatrix& w) {
   return {name, type_of(w.spec), {w.rows, w.cols}, w.data.to(Device::CPU)};
 }
+gguf::Output output(const std::string& name, const Linear& w) { return output(name, qmatrix(w, "GGUF: " + name)); }
+
 gguf::Output output(const std::string& name, const Tensor& t) {
   const Tensor f = t.to(Device::CPU).to(DType::F32);
   return {name, gguf::Type::F32, f.shape(), f.view({-1}).to(DType::F32)};
@@ -35,7 +37,7 @@ gguf::Output output(const std::string& name, const Tensor& t) {
 
 }  // namespace
 
-void save_gguf(const std::string& path, const QLlama& m, const HfTokenizer& tok) {
+void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer& tok) {
   const auto& c = m.config;
   IL_CHECK(c.rope_scaling.is_null(), path, ": ", m.source, " scales its RoPE frequencies (rope_scaling ",
            c.rope_scaling.dump(), "), which this GGUF writer does not record");
@@ -43,7 +45,7 @@ void save_gguf(const std::string& path, const QLlama& m, const HfTokenizer& tok)
   std::vector<std::pair<std::string, Value>> meta = {
       {"general.architecture", Value::str("llama")},
       {"general.name", Value::str(m.source)},
-      {"general.file_type", Value::u32(m.lm_head.spec.format == Format::Q8_0 ? 7 : 2)},  // MOSTLY_Q8_0 / MOSTLY_Q4_0
+      {"general.file_type", Value::u32(qmatrix(m.lm_head, "GGUF: the head").spec.format == Format::Q8_0 ? 7 : 2)},  // MOSTLY_Q8_0 / MOSTLY_Q4_0
       {"llama.context_length", Value::u32(static_cast<std::uint32_t>(c.max_position_embeddings))},
       {"llama.embedding_length", Value::u32(static_cast<std::uint32_t>(c.hidden_size))},
       {"llama.block_count", Value::u32(static_cast<std::uint32_t>(c.num_layers))},
@@ -84,10 +86,10 @@ void save_gguf(const std::string& path, const QLlama& m, const HfTokenizer& tok)
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
     const auto& l = m.layers[i];
     const std::string b = "blk." + std::to_string(i) + ".";
-    IL_CHECK(!l.bq.defined(), "GGUF: q/k/v biases are not written by this exporter");
+    IL_CHECK(!l.wq.bias.defined(), "GGUF: q/k/v biases are not written by this exporter");
     ts.push_back(output(b + "attn_norm.weight", l.attn_norm));
-    ts.push_back(output(b + "attn_q.weight", for_gguf(l.wq, c.num_heads, permute)));
-    ts.push_back(output(b + "attn_k.weight", for_gguf(l.wk, c.num_kv_heads, permute)));
+    ts.push_back(output(b + "attn_q.weight", for_gguf(qmatrix(l.wq, "GGUF: " + b + "attn_q"), c.num_heads, permute)));
+    ts.push_back(output(b + "attn_k.weight", for_gguf(qmatrix(l.wk, "GGUF: " + b + "attn_k"), c.num_kv_heads, permute)));
     ts.push_back(output(b + "attn_v.weight", l.wv));
     ts.push_back(output(b + "attn_output.weight", l.wo));
     ts.push_back(output(b + "ffn_norm.weight", l.mlp_norm));
@@ -164,9 +166,9 @@ TransformerConfig gguf_config(const gguf::File& f) {
   return c;
 }
 
-QLlama load_gguf(const std::string& path) { return load_gguf(gguf::File(path)); }
+ch01::Llama load_gguf(const std::string& path) { return load_gguf(gguf::File(path)); }
 
-QLlama load_gguf(const gguf::File& f) {
+ch01::Llama load_gguf(const gguf::File& f) {
   const std::string& path = f.path();
   const TransformerConfig c = gguf_config(f);
   const gguf::Type qt = f.info("blk.0.attn_q.weight").type;
@@ -179,17 +181,15 @@ QLlama load_gguf(const gguf::File& f) {
     if (i.type == gguf::Type::F32 || i.type == gguf::Type::F16) return f.tensor(name).to(DType::F32);
     IL_CHECK((i.type == gguf::Type::Q8_0 || i.type == gguf::Type::Q4_0) && s.size() == 2, path, ": tensor ", name, " is ",
              gguf::type_name(i.type), shape_str(s), "; this loader reads F32 and F16 vectors and F32, F16, Q8_0 or Q4_0 matrices");
-    QMatrix q{{i.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0}, s[0], s[1], f.raw(name).clone(), {}, {}};
-    return dequantize(q);
+    return dequantize(QMatrix({i.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0}, s[0], s[1], f.raw(name).clone()));
   };
   auto matrix = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
     const auto& i = f.info(name);
     IL_CHECK(i.type == qt && i.shape == Shape({rows, cols}), path, ": tensor ", name, " is ", gguf::type_name(i.type),
              shape_str(i.shape), ", expected ", gguf::type_name(qt), shape_str(Shape{rows, cols}));
-    QMatrix q{spec, rows, cols, f.raw(name).clone(), {}, {}};
-    return q;
+    return Linear(std::make_shared<QMatrix>(spec, rows, cols, f.raw(name).clone()));
   };
-  QLlama m;
+  ch01::Llama m;
   m.config = c;
   m.rope_pairing = RopePairing::Adjacent;  // llama.cpp's llama architecture
   m.inv_freq = ch01::rope_frequencies(c);
@@ -198,7 +198,7 @@ QLlama load_gguf(const gguf::File& f) {
                      KV = c.num_kv_heads * c.head_dim;
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
-    QLayer q;
+    ch01::LlamaLayer q;
     q.attn_norm = dense(b + "attn_norm.weight", {D}), q.mlp_norm = dense(b + "ffn_norm.weight", {D});
     q.wq = matrix(b + "attn_q.weight", Q, D), q.wk = matrix(b + "attn_k.weight", KV, D);
     q.wv = matrix(b + "attn_v.weight", KV, D), q.wo = matrix(b + "attn_output.weight", D, Q);
@@ -207,7 +207,7 @@ QLlama load_gguf(const gguf::File& f) {
     m.layers.push_back(std::move(q));
   }
   m.final_norm = dense("output_norm.weight", {D});
-  m.lm_head = f.contains("output.weight") ? matrix("output.weight", c.vocab_size, D) : quantize(m.embed, spec);
+  m.lm_head = f.contains("output.weight") ? matrix("output.weight", c.vocab_size, D) : quantize(Linear(m.embed), spec);
   m.source = path;
   return m;
 }

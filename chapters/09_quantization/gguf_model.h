@@ -16,13 +16,14 @@
 
 namespace inferlab::ch09 {
 
-/// Writes a quantised model (q8_0 or q4_0 projections; embeddings and norms as F32) and its
+/// Writes a quantised model (q8_0 or q4_0 projections, from quantize_model; embeddings and
+/// norms as F32) and its
 /// tokenizer (a byte-level BPE tokenizer.json: tokens, merges, BOS/EOS) as GGUF.
-void save_gguf(const std::string& path, const QLlama& m, const HfTokenizer& tok);
+void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer& tok);
 
 /// Reads a Llama GGUF whose projections are all Q8_0 or all Q4_0 (other tensors F32 or F16).
-QLlama load_gguf(const std::string& path);
-QLlama load_gguf(const gguf::File& f);
+ch01::Llama load_gguf(const std::string& path);
+ch01::Llama load_gguf(const gguf::File& f);
 
 /// The config of a Llama GGUF from its llama.* metadata; throws naming the file and the key
 /// for a missing key, one of the wrong type, or a value out of range.

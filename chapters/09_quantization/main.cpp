@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "chapters/02_kv_cache/kv_cache.h"
 #include "chapters/09_quantization/awq.h"
 #include "chapters/09_quantization/gguf_model.h"
 #include "common/cli.h"
@@ -21,9 +22,7 @@ namespace {
 
 struct Row {
   std::string name;
-  QLlama model;
-  bool is_float = false;
-  ch01::Llama float_model{};
+  ch01::Llama model;
 };
 
 // Whether every matrix of m can take the format (K a multiple of its block or group).
@@ -37,28 +36,21 @@ bool fits(const ch01::Llama& m, const QuantSpec& s) {
   return true;
 }
 
-double bits(const Row& r) {
-  if (r.is_float) return 8.0 * static_cast<double>(dtype_size(r.float_model.weight_dtype()));
-  return 8.0 * static_cast<double>(r.model.matrix_bytes()) / static_cast<double>(r.model.matrix_weights());
+// The projections and the head as stored; a tied head counts here too (quantisation gives it
+// its own copy).
+std::int64_t matrix_bytes(const ch01::Llama& m) {
+  return m.matrix_bytes() + (m.tied() ? static_cast<std::int64_t>(m.embed.nbytes()) : 0);
 }
 
-std::int64_t matrix_bytes(const Row& r) {
-  if (!r.is_float) return r.model.matrix_bytes();
-  std::int64_t b = static_cast<std::int64_t>(r.float_model.lm_head.nbytes());
-  for (const auto& l : r.float_model.layers)
-    for (const Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) b += static_cast<std::int64_t>(t->nbytes());
-  return b;
-}
-
-eval::LogitsFn logits_of(const Row& r) {
-  if (r.is_float) return [&r](const std::vector<std::int32_t>& t) { return ch01::forward(r.float_model, t, true); };
-  return [&r](const std::vector<std::int32_t>& t) { return forward_all(r.model, t); };
+// Bits per weight of the projections and the head, as stored.
+double bits(const ch01::Llama& m) {
+  return 8.0 * static_cast<double>(matrix_bytes(m)) / static_cast<double>(matrix_weights(m));
 }
 
 std::vector<Row> rows_for(const ch01::Llama& m, const std::vector<QuantSpec>& specs,
                           const std::vector<QuantSpec>& awq_specs, const std::vector<std::int32_t>& calibration) {
   std::vector<Row> rows;
-  rows.push_back({"f32 (unquantised)", {}, true, m});
+  rows.push_back({"f32 (unquantised)", m});
   for (const auto& s : specs) {
     if (fits(m, s)) rows.push_back({s.name(), quantize_model(m, s)});
     else std::printf("(%s skipped: a matrix width is not a multiple of its group)\n", s.name().c_str());
@@ -66,7 +58,7 @@ std::vector<Row> rows_for(const ch01::Llama& m, const std::vector<QuantSpec>& sp
   for (const QuantSpec& s : awq_specs)
     if (fits(m, s)) {
       std::vector<AwqGroup> report;
-      const QLlama q = quantize_model(awq_scale(m, calibration, s, &report), s);
+      const ch01::Llama q = quantize_model(awq_scale(m, calibration, s, &report), s);
       int better = 0;
       double rtn = 0, awq = 0;
       for (const auto& g : report) better += g.loss_awq < g.loss_rtn, rtn += g.loss_rtn, awq += g.loss_awq;
@@ -95,7 +87,7 @@ int quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::in
   double base = 0;
   bool first = true;
   for (const auto& r : rows) {
-    const auto f = logits_of(r);
+    const eval::LogitsFn f = [&r](const std::vector<std::int32_t>& t) { return ch01::forward(r.model, t, true); };
     const auto ppl = eval::perplexity(f, val, 512, windows);
     eval::ProbeScores pr;
     if (per_kind > 0) pr = eval::probe_accuracy(f, tok, probes, per_kind);
@@ -104,12 +96,12 @@ int quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::in
       std::printf("\n");
       base = ppl.ppl, first = false;
     }
-    std::printf("%-22s %8.2f %12lld %9.3f %+9.3f", r.name.c_str(), bits(r), static_cast<long long>(matrix_bytes(r)), ppl.ppl,
+    std::printf("%-22s %8.2f %12lld %9.3f %+9.3f", r.name.c_str(), bits(r.model), static_cast<long long>(matrix_bytes(r.model)), ppl.ppl,
                 ppl.ppl - base);
     for (const auto& k : kinds) std::printf(" %10.3f", pr.accuracy.count(k) ? pr.accuracy.at(k) : 0.0);
     std::printf("\n");
     std::fflush(stdout);
-    out.push_back({{"format", r.name}, {"bits_per_weight", bits(r)}, {"matrix_bytes", matrix_bytes(r)},
+    out.push_back({{"format", r.name}, {"bits_per_weight", bits(r.model)}, {"matrix_bytes", matrix_bytes(r.model)},
                    {"val_ppl", ppl.ppl}, {"val_loss", ppl.loss}, {"probes", pr.accuracy}});
   }
   if (!o.json.empty()) write_json(o.json, {{"model", o.model}, {"rows", out}});
@@ -139,24 +131,24 @@ int speed(const CommonOptions& o, const std::vector<QuantSpec>& specs) {
   const DType base_dtype = dev == Device::CUDA ? DType::BF16 : DType::F32;
   json out = json::array();
   double base_tps = 0;
-  auto time_steps = [&](auto& model, double matrix) {
-    ch02::KVCache cache = ch02::KVCache::allocate(c, 128, dev);
-    ch02::forward_cached_with(model, cache, std::vector<std::int32_t>(64, 3));
+  auto time_steps = [&](const ch01::Llama& model) {
+    ch02::ContiguousKVCache cache(c, 128, dev);
+    ch02::forward_cached(model, cache, std::vector<std::int32_t>(64, 3));
     double best = 1e300;
     for (int i = 0; i < 8; ++i) {
       metrics::Timer t;
-      ch02::forward_cached_with(model, cache, {3});
+      ch02::forward_cached(model, cache, {3});
       if (dev == Device::CUDA) cuda::synchronize();
       best = std::min(best, t.seconds());
     }
-    const double bytes = matrix + 4.0 * c.hidden_size * (2 * c.num_layers + 2) +
-                         2.0 * 65 * c.num_kv_heads * c.head_dim * c.num_layers * 4;
+    const double bytes = static_cast<double>(model.matrix_bytes()) + 4.0 * c.hidden_size * (2 * c.num_layers + 2) +
+                         static_cast<double>(c.kv_cache_bytes(65, 4));
     return std::pair{best, bytes};
   };
   {
     const ch01::Llama m = base.to(dev, base_dtype);
-    const double matrix = static_cast<double>(m.weight_bytes() - m.embed.nbytes() - m.final_norm.nbytes());
-    const auto [s, bytes] = time_steps(m, matrix);
+    const double matrix = static_cast<double>(m.matrix_bytes());
+    const auto [s, bytes] = time_steps(m);
     base_tps = 1 / s;
     std::printf("%-18s %8.2f %14.0f %12.1f %10.2f %9.0f%% %8.2f×\n", dtype_name(base_dtype).data(),
                 8.0 * dtype_size(base_dtype), matrix, 1 / s, bytes / s / 1e9, 100 * bytes / s / bw, 1.0);
@@ -164,10 +156,10 @@ int speed(const CommonOptions& o, const std::vector<QuantSpec>& specs) {
   }
   for (const auto& spec : specs) {
     if (!fits(base, spec)) continue;
-    const QLlama q = quantize_model(base, spec).to(dev);
-    const auto [s, bytes] = time_steps(q, static_cast<double>(q.matrix_bytes()));
-    std::printf("%-18s %8.2f %14lld %12.1f %10.2f %9.0f%% %8.2f×\n", spec.name().c_str(),
-                8.0 * q.matrix_bytes() / static_cast<double>(q.matrix_weights()), static_cast<long long>(q.matrix_bytes()),
+    const ch01::Llama q = quantize_model(base, spec).to(dev, base_dtype);
+    const auto [s, bytes] = time_steps(q);
+    std::printf("%-18s %8.2f %14lld %12.1f %10.2f %9.0f%% %8.2f×\n", spec.name().c_str(), bits(q),
+                static_cast<long long>(q.matrix_bytes()),
                 1 / s, bytes / s / 1e9, 100 * bytes / s / bw, (1 / s) / base_tps);
     std::fflush(stdout);
     out.push_back({{"format", spec.name()}, {"tokens_per_s", 1 / s}, {"bytes_per_token", bytes}});
@@ -187,22 +179,14 @@ int export_gguf(const CommonOptions& o, const std::string& format, const std::st
 int run_gguf(const CommonOptions& o, const std::string& file, const std::string& tokenizer) {
   const Device dev = o.resolved_device();
   const gguf::File f(file);
-  const QLlama m = load_gguf(f).to(dev);
+  const ch01::Llama m = load_gguf(f).to(dev, DType::F32);
   const auto tok = gguf_tokenizer(f, tokenizer, o.model);
   const SamplingParams sp = o.sampling(*tok, m.config.vocab_size);
-  auto ids = tok->encode(o.prompt);
-  IL_CHECK(static_cast<std::int64_t>(ids.size()) + o.max_new_tokens <= m.config.max_position_embeddings, "the prompt (",
-           ids.size(), " tokens) plus ", o.max_new_tokens, " new tokens is longer than the model's context of ",
-           m.config.max_position_embeddings);
-  ch02::KVCache cache = ch02::KVCache::allocate(m.config, static_cast<std::int64_t>(ids.size()) + o.max_new_tokens, dev);
+  const auto ids = tok->encode(o.prompt);
   Sampler sampler(sp);
   TextStream stream(*tok, ids);
-  Tensor logits = ch02::forward_cached_with(m, cache, ids);
-  for (int i = 0; i < o.max_new_tokens; ++i) {
-    ids.push_back(sampler.sample(logits));
-    stream.print(ids);
-    if (i + 1 < o.max_new_tokens) logits = ch02::forward_cached_with(m, cache, {ids.back()});
-  }
+  ch02::generate_cached(m, ids, o.max_new_tokens, sampler, m.config.eos_token_ids,
+                        [&](const ch01::Generation& g) { stream.print(g.tokens); });
   std::printf("\n");
   return 0;
 }

@@ -3,49 +3,23 @@
 /// @brief Chapter 09: a Llama whose projections are quantised matrices.
 ///
 /// Only the seven projections per layer and the output head are quantised (the bytes a decode
-/// step reads); embeddings and norms stay as they were. The forward pass is chapter 02's,
-/// unchanged: forward_cached_with() calls `linear(x, w)`, and for a QMatrix that is qmatmul().
+/// step reads); embeddings and norms stay as they were. The model is chapter 01's Llama and the
+/// forward pass chapter 02's, unchanged: each projection is a Linear, and linear() multiplies a
+/// packed (quantised) one with qmatmul().
 
-#include <array>
-#include <string>
-#include <vector>
-
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "chapters/01_naive_decode/llama.h"
 #include "chapters/09_quantization/quant.h"
 
 namespace inferlab::ch09 {
 
-/// `x · wᵀ` reading the quantised weights (found by forward_cached_with through ADL).
-inline Tensor linear(const Tensor& x, const QMatrix& w) { return qmatmul(x, w); }
+/// `m` with every projection (and the head) quantised with `spec`.
+ch01::Llama quantize_model(const ch01::Llama& m, const QuantSpec& spec);
 
-struct QLayer {
-  Tensor attn_norm, mlp_norm;
-  QMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
-  Tensor bq, bk, bv;
-  /// The seven projections, for loops over all of them.
-  std::array<QMatrix*, 7> matrices() { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
-  std::array<const QMatrix*, 7> matrices() const { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
-};
+/// The number of weights in the projections and the head (a tied head counted once).
+std::int64_t matrix_weights(const ch01::Llama& m);
 
-struct QLlama {
-  TransformerConfig config;
-  RopePairing rope_pairing = RopePairing::HalfSplit;
-  Tensor inv_freq, embed, final_norm;
-  std::vector<QLayer> layers;
-  QMatrix lm_head;
-  std::string source;
-  Device device() const { return embed.device(); }
-  /// Bytes of the quantised matrices (what a decode step reads, besides the cache and norms).
-  std::int64_t matrix_bytes() const;
-  /// Their weights' count.
-  std::int64_t matrix_weights() const;
-  QLlama to(Device d) const;
-};
-
-/// Quantises every projection of `m` (and the head) with `spec`.
-QLlama quantize_model(const ch01::Llama& m, const QuantSpec& spec);
-
-/// All logits [T, V] of a token sequence (for perplexity and probes).
-Tensor forward_all(const QLlama& m, const std::vector<std::int32_t>& tokens);
+/// The packed matrix of a quantised Linear; throws naming `what` if it is not one of chapter
+/// 09's formats.
+const QMatrix& qmatrix(const Linear& l, const std::string& what);
 
 }  // namespace inferlab::ch09

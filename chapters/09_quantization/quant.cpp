@@ -366,4 +366,11 @@ Tensor qmatmul(const Tensor& x, const QMatrix& w) {
   return out;
 }
 
+void QMatrix::matmul(const Tensor& x, Tensor& out) const { qmatmul(x, *this, out); }
+
+Linear quantize(const Linear& w, const QuantSpec& spec) {
+  IL_CHECK(!w.packed, "quantize: the matrix is already packed (", w.packed ? w.packed->format() : "", ")");
+  return Linear(std::make_shared<QMatrix>(quantize(w.weight, spec)), w.bias);
+}
+
 }  // namespace inferlab::ch09

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/linear.h"
 #include "common/tensor.h"
 
 namespace inferlab::ch09 {
@@ -40,8 +41,8 @@ struct QuantSpec {
 /// The formats ch09_quantization compares, in table order.
 std::vector<QuantSpec> all_specs();
 
-/// A quantised weight matrix [N, K].
-struct QMatrix {
+/// A quantised weight matrix [N, K]: a Linear's packed weight (linear() calls qmatmul for it).
+struct QMatrix : PackedMatrix {
   QuantSpec spec;
   std::int64_t rows = 0, cols = 0;  ///< N, K
   /// The packed values, row-major: int8 (int8_*, llm_int8), 4-bit pairs (int4: byte j of a group
@@ -50,12 +51,26 @@ struct QMatrix {
   Tensor data;
   Tensor scales;  ///< F32: one (int8_tensor, fp8), per row (int8_row, llm_int8), per group (int4)
   Tensor zeros;   ///< U8 per group (int4 asym)
-  Device device() const { return data.device(); }
+
+  QMatrix() = default;
+  QMatrix(QuantSpec spec_, std::int64_t rows_, std::int64_t cols_, Tensor data_, Tensor scales_ = {}, Tensor zeros_ = {})
+      : spec(spec_), rows(rows_), cols(cols_), data(std::move(data_)), scales(std::move(scales_)), zeros(std::move(zeros_)) {}
+  Device device() const override { return data.device(); }
   /// Bytes read by a product: the packed data plus scales and zero points.
-  std::int64_t bytes() const;
+  std::int64_t bytes() const override;
   double bits_per_weight() const { return 8.0 * static_cast<double>(bytes()) / static_cast<double>(rows * cols); }
   QMatrix to(Device d) const;
+
+  // As a Linear's packed weight.
+  void matmul(const Tensor& x, Tensor& out) const override;
+  std::int64_t out_features() const override { return rows; }
+  std::int64_t in_features() const override { return cols; }
+  std::shared_ptr<const PackedMatrix> to_device(Device d) const override { return std::make_shared<QMatrix>(to(d)); }
+  std::string format() const override { return spec.name(); }
 };
+
+/// `w` quantised with `spec`, as a Linear (keeping w's bias).
+Linear quantize(const Linear& w, const QuantSpec& spec);
 
 /// Quantises an F32/F16/BF16 CPU matrix [N, K] (K must be a multiple of 32 for the block formats
 /// and of the group size for int4).

@@ -56,19 +56,18 @@ void BM_CpuDecode(benchmark::State& state) {
   auto& m = models[static_cast<int>(state.range(0))];
   if (!m) m = std::make_unique<ch01::Llama>(ch01::random_llama(kCpu350M, 1, wt));
   const std::vector<std::int32_t> prompt(64, 7);
-  ch02::KVCache cache = ch02::KVCache::allocate(kCpu350M, 64 + 1000);
+  ch02::ContiguousKVCache cache(kCpu350M, 64 + 1000);
   ch02::forward_cached(*m, cache, prompt);
   double total = 0, bytes = 0;
   std::int64_t n = 0;
   for (auto _ : state) {
-    const double cache_bytes = 2.0 * static_cast<double>(cache.length + 1) * kCpu350M.num_kv_heads * kCpu350M.head_dim *
-                               kCpu350M.num_layers * 4;
+    const double cache_bytes = static_cast<double>(kCpu350M.kv_cache_bytes(cache.length() + 1, 4));
     metrics::Timer t;
     benchmark::DoNotOptimize(ch02::forward_cached(*m, cache, {7}).raw_data());
     const double dt = t.seconds();
     state.SetIterationTime(dt);
     total += dt, bytes += static_cast<double>(m->weight_bytes()) + cache_bytes, ++n;
-    if (cache.length >= cache.capacity - 1) cache.length = 64;  // stay near the same context
+    if (cache.length() >= cache.capacity() - 1) cache.truncate(64);  // stay near the same context
   }
   report(state, bytes / static_cast<double>(n), total / static_cast<double>(n), cpu_bandwidth(),
          static_cast<double>(kCpu350M.num_parameters()));

@@ -18,13 +18,13 @@ using test::expect_error;
 
 TEST(Ch00Workload, KvCacheBytesAreExact) {
   // S x K x H x L x 2 (K and V) x 2 bytes.
-  EXPECT_EQ(kv_cache_bytes(find_model("Llama-2-70B"), 4096), 4096LL * 8 * 128 * 80 * 2 * 2);
-  EXPECT_EQ(kv_cache_bytes(find_model("Llama-2-70B"), 4096), 1342177280);
-  EXPECT_EQ(kv_cache_bytes(find_model("Llama-2-13B"), 1024), 838860800);
-  EXPECT_EQ(kv_cache_bytes(find_model("Llama-2-7B"), 4096), 2147483648);
-  EXPECT_EQ(kv_cache_bytes(find_model("Llama-3-8B"), 4096), 536870912);
-  EXPECT_EQ(kv_cache_bytes(find_model("Llama-3.1-405B"), 4096), 2113929216);
-  EXPECT_EQ(kv_cache_bytes(find_model("Llama-3-8B"), 4096, 1), 268435456);  // an fp8 cache halves it
+  EXPECT_EQ(find_model("Llama-2-70B").kv_cache_bytes(4096, 2), 4096LL * 8 * 128 * 80 * 2 * 2);
+  EXPECT_EQ(find_model("Llama-2-70B").kv_cache_bytes(4096, 2), 1342177280);
+  EXPECT_EQ(find_model("Llama-2-13B").kv_cache_bytes(1024, 2), 838860800);
+  EXPECT_EQ(find_model("Llama-2-7B").kv_cache_bytes(4096, 2), 2147483648);
+  EXPECT_EQ(find_model("Llama-3-8B").kv_cache_bytes(4096, 2), 536870912);
+  EXPECT_EQ(find_model("Llama-3.1-405B").kv_cache_bytes(4096, 2), 2113929216);
+  EXPECT_EQ(find_model("Llama-3-8B").kv_cache_bytes(4096, 1), 268435456);  // an fp8 cache halves it
 }
 
 TEST(Ch00Workload, ParameterCountsAndMaxBatch) {
@@ -65,7 +65,7 @@ TEST(Ch00Workload, ForwardCostCountsKvReadsByHeads) {
   gqa.num_kv_heads = 8;
   const double S = 4096;
   const Cost a = forward_cost(mha, 1, S, 1), b = forward_cost(gqa, 1, S, 1);
-  const double cache_mha = static_cast<double>(kv_cache_bytes(mha, 4096)), cache_gqa = static_cast<double>(kv_cache_bytes(gqa, 4096));
+  const double cache_mha = static_cast<double>(mha.kv_cache_bytes(4096, 2)), cache_gqa = static_cast<double>(gqa.kv_cache_bytes(4096, 2));
   const double qkv_saving = 2.0 * (mha.num_kv_heads - gqa.num_kv_heads) * mha.head_dim * mha.hidden_size * 2 * mha.num_layers;
   // The new token's K and V: written by the projection, then written into the cache.
   const double new_kv = 2 * (2.0 * 2 * (mha.num_kv_heads - gqa.num_kv_heads) * mha.head_dim * mha.num_layers);
@@ -130,7 +130,7 @@ TEST(Ch00Workload, NamesConfigsAndErrors) {
   test::TempDir dir;
   test::write_file(dir.file("config.json"), R"({"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
       "num_attention_heads":4,"num_key_value_heads":2,"vocab_size":100})");
-  EXPECT_EQ(kv_cache_bytes(find_model(dir.path().string()), 10), 10 * 2 * 16 * 2 * 2 * 2);
+  EXPECT_EQ(find_model(dir.path().string()).kv_cache_bytes(10, 2), 10 * 2 * 16 * 2 * 2 * 2);
   expect_error([] { find_model("gpt-5"); }, {"unknown model 'gpt-5'", "Llama-2-13B"});
   expect_error([] { find_accelerator("tpu"); }, {"unknown accelerator 'tpu'", "h100"});
 }

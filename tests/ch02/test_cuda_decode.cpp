@@ -38,9 +38,10 @@ void expect_close(const Tensor& gpu, const Tensor& cpu, const TransformerConfig&
 
 // The CPU continues from the GPU's cache, so that each decode step is compared on its own rather
 // than with the prefill's bf16 differences carried along.
-void adopt_cache(ch02::KVCache& cpu, const ch02::CudaDecoder& dec) {
-  for (std::size_t l = 0; l < cpu.k.size(); ++l) cpu.k[l].copy_from(dec.cache().k[l]), cpu.v[l].copy_from(dec.cache().v[l]);
-  cpu.length = dec.length();
+void adopt_cache(ch02::ContiguousKVCache& cpu, const ch02::CudaDecoder& dec) {
+  for (std::int64_t l = 0; l < cpu.layers(); ++l) cpu.k(l).copy_from(dec.cache().k(l)), cpu.v(l).copy_from(dec.cache().v(l));
+  cpu.truncate(0);
+  cpu.commit(dec.length());
 }
 
 TEST(CudaDecoder, MatchesTheCpuPathOnTinyMha) {
@@ -49,13 +50,13 @@ TEST(CudaDecoder, MatchesTheCpuPathOnTinyMha) {
   const ch01::Llama gpu = cpu.to(Device::CUDA, DType::BF16);
   const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
   ch02::CudaDecoder dec(gpu, 64);
-  ch02::KVCache cache = ch02::KVCache::allocate(cpu.config, 64);
+  ch02::ContiguousKVCache cache(cpu.config, 64);
   expect_close(dec.prefill(prompt), ch02::forward_cached(cpu, cache, prompt), cpu.config, true, "prefill");
-  EXPECT_EQ(dec.length(), cache.length);
+  EXPECT_EQ(dec.length(), cache.length());
   adopt_cache(cache, dec);
   for (std::int32_t t : {15, 7, 300, 42, 1000}) {
     expect_close(dec.step(t), ch02::forward_cached(cpu, cache, {t}), cpu.config, false, "decode step");
-    EXPECT_EQ(dec.length(), cache.length);
+    EXPECT_EQ(dec.length(), cache.length());
   }
 }
 
@@ -94,7 +95,7 @@ TEST(CudaDecoder, SplitKAttentionOverLongContexts) {
   std::vector<std::int32_t> prompt(700);
   for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % 500);
   ch02::CudaDecoder dec(gpu, 800);
-  ch02::KVCache cache = ch02::KVCache::allocate(c, 800);
+  ch02::ContiguousKVCache cache(c, 800);
   expect_close(dec.prefill(prompt), ch02::forward_cached(cpu, cache, prompt), c, true, "long prefill");
   adopt_cache(cache, dec);
   for (std::int32_t t : {1, 2, 3})

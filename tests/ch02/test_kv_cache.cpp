@@ -51,7 +51,7 @@ TEST(Stories260K, GreedyFromBosReproducesTheReference) {
   const auto naive = ch01::generate_naive(m, {1}, 60, a, {});
   const auto cached = ch02::generate_cached(m, {1}, 60, b, {});
   EXPECT_EQ(naive.generated, kStories260KReference);
-  EXPECT_EQ(cached.gen.generated, kStories260KReference);
+  EXPECT_EQ(cached.generated, kStories260KReference);
   const auto tok = Tokenizer::for_model(stories_dir() + "/stories260K.bin");
   std::vector<std::int32_t> all = {1};
   all.insert(all.end(), kStories260KReference.begin(), kStories260KReference.end());
@@ -84,8 +84,8 @@ TEST(Stories260K, LlamaCToHuggingFaceConversionGivesTheSameLogits) {
   Llama b = a;
   b.rope_pairing = RopePairing::HalfSplit;
   for (auto& l : b.layers) {
-    l.wq = permute_rope_rows(l.wq, a.config.num_heads, true);
-    l.wk = permute_rope_rows(l.wk, a.config.num_kv_heads, true);
+    l.wq.weight = permute_rope_rows(l.wq.weight, a.config.num_heads, true);
+    l.wk.weight = permute_rope_rows(l.wk.weight, a.config.num_kv_heads, true);
   }
   const std::vector<std::int32_t> toks = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376};
   const auto la = ch01::forward(a, toks, true).to_float_vector(), lb = ch01::forward(b, toks, true).to_float_vector();
@@ -110,7 +110,7 @@ TEST(Stories260K, ConvertedToAHuggingFaceFolderAndBack) {
   const auto la = ch01::forward(a, toks, true).to_float_vector(), lb = ch01::forward(b, toks, true).to_float_vector();
   for (std::size_t i = 0; i < la.size(); ++i) ASSERT_NEAR(la[i], lb[i], 1e-4) << i;
   Sampler s({});
-  EXPECT_EQ(ch02::generate_cached(b, {1}, 60, s, {}).gen.generated, kStories260KReference);
+  EXPECT_EQ(ch02::generate_cached(b, {1}, 60, s, {}).generated, kStories260KReference);
   const auto tok = Tokenizer::for_model(hf);  // the converted tokenizer.json
   EXPECT_EQ(tok->encode("Once upon a time"), Llama2cTokenizer::load(stories_dir() + "/tok512.bin").encode("Once upon a time"));
   ch01::convert_hf_to_llama2c(hf, back);  // and back: the original weights, bit for bit
@@ -247,7 +247,7 @@ TEST_P(TwoPaths, PrefillThenDecodeEqualsOneForwardPass) {
   // One forward pass over all P + n tokens (chapter 01) ...
   const auto full = ch01::forward(m, tokens, true).to_float_vector();
   // ... against prefill(P) and n single-token decode steps through the cache (chapter 02).
-  ch02::KVCache cache = ch02::KVCache::allocate(c, static_cast<std::int64_t>(P + n));
+  ch02::ContiguousKVCache cache(c, static_cast<std::int64_t>(P + n));
   std::vector<float> cached = ch02::forward_cached(m, cache, {tokens.begin(), tokens.begin() + static_cast<long>(P)}, true)
                                   .to_float_vector();
   for (std::size_t i = P; i < P + n; ++i) {
@@ -255,7 +255,7 @@ TEST_P(TwoPaths, PrefillThenDecodeEqualsOneForwardPass) {
     cached.insert(cached.end(), row.begin(), row.end());
   }
   ASSERT_EQ(cached.size(), full.size());
-  EXPECT_EQ(cache.length, static_cast<std::int64_t>(P + n));
+  EXPECT_EQ(cache.length(), static_cast<std::int64_t>(P + n));
   const double bound = two_path_bound(c, full);
   double worst = 0;
   for (std::size_t i = 0; i < full.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(full[i] - cached[i])));
@@ -282,15 +282,15 @@ TEST(TwoPaths, NaiveAndCachedGenerationChooseTheSameTokens) {
     const auto cached = ch02::generate_cached(m, prompt, 40, b, {});
     // The logits agree to a few units in the last place (above); a sampled token can differ only
     // when its random draw lands within that distance of a boundary: vanishingly rare.
-    EXPECT_EQ(naive.generated, cached.gen.generated) << "K = " << K;
+    EXPECT_EQ(naive.generated, cached.generated) << "K = " << K;
   }
 }
 
 TEST(KVCache, BytesEqualTheFormulaAndOverflowIsAnError) {
   const auto c = small_config(2);
-  auto cache = ch02::KVCache::allocate(c, 100);
+  ch02::ContiguousKVCache cache(c, 100);
   EXPECT_EQ(cache.bytes(), 100 * c.num_kv_heads * c.head_dim * c.num_layers * 2 * 4);  // S × K × H × L × 2 × 4
-  const auto bf = ch02::KVCache::allocate(c, 100, Device::CPU, DType::BF16);
+  const ch02::ContiguousKVCache bf(c, 100, Device::CPU, DType::BF16);
   EXPECT_EQ(bf.bytes(), 100 * 2 * 8 * 2 * 2 * 2);
   const Llama m = ch01::random_llama(c, 1);
   ch02::forward_cached(m, cache, std::vector<std::int32_t>(98, 3));
@@ -307,12 +307,13 @@ TEST(Loading, ModelFoldersAndTheirErrors) {
   const Llama m = ch01::random_llama(c, 3, DType::BF16);
   std::vector<std::pair<std::string, Tensor>> ts = {{"model.embed_tokens.weight", m.embed},
                                                     {"model.norm.weight", m.final_norm},
-                                                    {"lm_head.weight", m.lm_head}};
+                                                    {"lm_head.weight", m.lm_head.weight}};
   const auto& l = m.layers[0];
-  for (auto [n, t] : {std::pair{"input_layernorm.weight", l.attn_norm}, {"self_attn.q_proj.weight", l.wq},
-                      {"self_attn.k_proj.weight", l.wk}, {"self_attn.v_proj.weight", l.wv}, {"self_attn.o_proj.weight", l.wo},
-                      {"post_attention_layernorm.weight", l.mlp_norm}, {"mlp.gate_proj.weight", l.w_gate},
-                      {"mlp.up_proj.weight", l.w_up}, {"mlp.down_proj.weight", l.w_down}})
+  for (auto [n, t] : {std::pair{"input_layernorm.weight", l.attn_norm}, {"self_attn.q_proj.weight", l.wq.weight},
+                      {"self_attn.k_proj.weight", l.wk.weight}, {"self_attn.v_proj.weight", l.wv.weight},
+                      {"self_attn.o_proj.weight", l.wo.weight}, {"post_attention_layernorm.weight", l.mlp_norm},
+                      {"mlp.gate_proj.weight", l.w_gate.weight}, {"mlp.up_proj.weight", l.w_up.weight},
+                      {"mlp.down_proj.weight", l.w_down.weight}})
     ts.emplace_back(std::string("model.layers.0.") + n, t);
   save_safetensors(dir.file("model.safetensors"), ts);
   test::write_file(dir.file("config.json"), R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,

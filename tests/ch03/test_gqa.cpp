@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "chapters/03_gqa/gqa.h"
 #include "common/eval.h"
@@ -28,7 +29,7 @@ TransformerConfig config(std::int64_t kv_heads) {
 // Prefill 20 tokens then decode 10, returning every logit. Up to 32 rows the matmuls take the
 // GEMV path, whose per-output arithmetic does not depend on how many outputs there are.
 std::vector<float> run(const Llama& m, const std::vector<std::int32_t>& toks) {
-  ch02::KVCache cache = ch02::KVCache::allocate(m.config, 64);
+  ch02::ContiguousKVCache cache(m.config, 64);
   std::vector<float> out = ch02::forward_cached(m, cache, {toks.begin(), toks.begin() + 20}, true).to_float_vector();
   for (std::size_t i = 20; i < toks.size(); ++i) {
     const auto row = ch02::forward_cached(m, cache, {toks[i]}).to_float_vector();
@@ -78,20 +79,22 @@ TEST(Gqa, BatchedDecodeEqualsOneSequenceAtATime) {
   auto rng = test::rng_for_test();
   const Llama m = ch01::random_llama(config(2), rng());
   // Three sequences at different lengths, decoded together and one by one.
-  std::vector<ch02::KVCache> together, alone;
+  std::vector<std::unique_ptr<ch02::ContiguousKVCache>> together, alone;
+  std::vector<ch02::KVCache*> batch_caches;
   for (std::int64_t len : {1, 7, 19}) {
     const auto p = tokens(rng, static_cast<std::size_t>(len));
-    together.push_back(ch02::KVCache::allocate(m.config, 40));
-    alone.push_back(ch02::KVCache::allocate(m.config, 40));
-    ch02::forward_cached(m, together.back(), p);
-    ch02::forward_cached(m, alone.back(), p);
+    together.push_back(std::make_unique<ch02::ContiguousKVCache>(m.config, 40));
+    alone.push_back(std::make_unique<ch02::ContiguousKVCache>(m.config, 40));
+    ch02::forward_cached(m, *together.back(), p);
+    ch02::forward_cached(m, *alone.back(), p);
+    batch_caches.push_back(together.back().get());
   }
   for (int step = 0; step < 5; ++step) {
     const std::vector<std::int32_t> next = {static_cast<std::int32_t>(rng() % 50), static_cast<std::int32_t>(rng() % 50),
                                             static_cast<std::int32_t>(rng() % 50)};
-    const auto batch = ch03::forward_batch(m, together, next).to_float_vector();
+    const auto batch = ch03::decode_step(m, batch_caches, next).to_float_vector();
     for (std::size_t b = 0; b < 3; ++b) {
-      const auto one = ch02::forward_cached(m, alone[b], {next[b]}).to_float_vector();
+      const auto one = ch02::forward_cached(m, *alone[b], {next[b]}).to_float_vector();
       // Same arithmetic but a different summation order in the matmuls (eight rows against
       // one): each within 2·P·γ_K of the other's scale, as in chapter 02's two-path tests.
       double scale = 0;
@@ -100,18 +103,16 @@ TEST(Gqa, BatchedDecodeEqualsOneSequenceAtATime) {
       for (std::size_t i = 0; i < one.size(); ++i) ASSERT_NEAR(batch[b * one.size() + i], one[i], bound) << b;
     }
   }
-  for (std::size_t b = 0; b < 3; ++b) EXPECT_EQ(together[b].length, alone[b].length);
+  for (std::size_t b = 0; b < 3; ++b) EXPECT_EQ(together[b]->length(), alone[b]->length());
 }
 
 TEST(Gqa, CacheBytesShrinkByKOverN) {
   for (std::int64_t K : {8, 2, 1}) {
-    const auto cache = ch02::KVCache::allocate(config(K), 100);
+    const ch02::ContiguousKVCache cache(config(K), 100);
     EXPECT_EQ(cache.bytes(), 100 * K * 8 * 2 * 2 * 4);  // S × K × H × L × 2 × 4
   }
   const Llama m = ch01::random_llama(config(2), 1);
-  std::vector<ch02::KVCache> caches(2, ch02::KVCache::allocate(config(2), 100));
-  caches[0].length = 10, caches[1].length = 30;
-  EXPECT_EQ(ch03::decode_step_bytes(m, caches), static_cast<double>(m.weight_bytes()) + (11 + 31) * 2 * 8 * 2 * 2 * 4.0);
+  EXPECT_EQ(ch03::decode_step_bytes(m, {10, 30}), static_cast<double>(m.weight_bytes()) + (11 + 31) * 2 * 8 * 2 * 2 * 4.0);
 }
 
 TEST(Eval, OurPerplexityAndProbesMatchTheModelCards) {

@@ -343,14 +343,14 @@ TEST(Gguf, AQuantisedZooModelRoundTripsThroughGguf) {
   const ch01::Llama m = ch01::load_llama(kData + "/models/tiny-mha");
   const auto tok = HfTokenizer::load(kData + "/models/tiny-mha");
   for (Format fmt : {Format::Q8_0, Format::Q4_0}) {
-    const QLlama q = quantize_model(m, {fmt});
+    const ch01::Llama q = quantize_model(m, {fmt});
     test::TempDir dir;
     save_gguf(dir.file("m.gguf"), q, tok);
-    const QLlama back = load_gguf(dir.file("m.gguf"));
+    const ch01::Llama back = load_gguf(dir.file("m.gguf"));
     EXPECT_EQ(back.rope_pairing, RopePairing::Adjacent);  // llama.cpp's order, rows permuted on the way out
     EXPECT_EQ(back.matrix_bytes(), q.matrix_bytes());
     const std::vector<std::int32_t> toks = {0, 523, 524, 278, 525, 522, 482};
-    const auto a = forward_all(q, toks).to_float_vector(), b = forward_all(back, toks).to_float_vector();
+    const auto a = ch01::forward(q, toks, true).to_float_vector(), b = ch01::forward(back, toks, true).to_float_vector();
     // The same numbers, attention summing q·k over the head's dimensions in another order.
     for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4 * (1 + std::fabs(a[i]))) << i;
     const gguf::File f(dir.file("m.gguf"));
