@@ -33,6 +33,7 @@ void linear(const Tensor& x, const Linear& l, Tensor& out) {
 }
 
 Tensor linear(const Tensor& x, const Linear& l) {
+  IL_CHECK(l.defined(), "linear: the layer has no weight");
   IL_CHECK(x.ndim() == 2, "linear: x must be [M, K], got ", x.describe());
   Tensor out = Tensor::empty({x.size(0), l.out_features()}, DType::F32, x.device());
   linear(x, l, out);

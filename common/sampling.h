@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <random>
+#include <vector>
 
 #include "common/tensor.h"
 
@@ -37,11 +38,24 @@ class Sampler {
   std::int32_t sample(const Tensor& logits);
   /// The same on a host array of V logits.
   std::int32_t sample(const float* logits, std::int64_t V);
+  /// The distribution sample() draws from, as V probabilities summing to 1: softmax(l / T)
+  /// restricted to the top-k / top-p set (and to the first `vocab` ids), zero elsewhere; for
+  /// greedy (T = 0), all mass on the argmax. Speculative sampling compares two of these.
+  std::vector<double> probabilities(const Tensor& logits);
+  /// A token drawn from the given (not necessarily normalised) non-negative weights, with this
+  /// sampler's random numbers: speculative sampling's draw from its residual distribution.
+  std::int32_t draw(const std::vector<double>& p);
   /// The next uniform number in [0, 1) (53 random bits).
   double uniform();
   const SamplingParams& params() const { return p_; }
 
  private:
+  Tensor one_row(const Tensor& logits, const char* what) const;
+  // The checks every path shares; returns how many ids may be sampled.
+  std::int64_t usable(const float* logits, std::int64_t V) const;
+  std::int32_t greedy(const float* logits, std::int64_t V) const;
+  // Fills probs_ (unnormalised) and order_; returns how many of order_'s first ids are kept.
+  std::int64_t kept(const float* logits, std::int64_t V);
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::vector<double> probs_;

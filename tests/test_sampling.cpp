@@ -72,6 +72,53 @@ TEST(Sampling, FrequenciesFollowTheTemperedDistribution) {
   }
 }
 
+TEST(Sampling, ProbabilitiesAreTheDistributionThatSampleDrawsFrom) {
+  const std::vector<double> p = {0.5, 0.3, 0.15, 0.05};
+  const auto l = logits_of(p);
+  const Tensor logits = Tensor::from_vector(l, {1, 4});
+  struct Case {
+    SamplingParams sp;
+    std::vector<double> want;  // from the definitions, by hand
+  };
+  const double z2 = std::pow(0.5, 0.5) + std::pow(0.3, 0.5) + std::pow(0.15, 0.5) + std::pow(0.05, 0.5);
+  for (const Case& c : std::vector<Case>{
+           {{1.0f, 0, 1.0f, 3}, {0.5, 0.3, 0.15, 0.05}},
+           {{2.0f, 0, 1.0f, 3}, {std::pow(0.5, 0.5) / z2, std::pow(0.3, 0.5) / z2, std::pow(0.15, 0.5) / z2, std::pow(0.05, 0.5) / z2}},
+           {{1.0f, 2, 1.0f, 3}, {0.5 / 0.8, 0.3 / 0.8, 0, 0}},          // top-k 2
+           {{1.0f, 0, 0.9f, 3}, {0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0}},  // top-p: 0.95 is the first prefix >= 0.9
+           {{0.0f, 0, 1.0f, 3}, {1, 0, 0, 0}},                          // greedy
+           {{1.0f, 0, 1.0f, 3, 3}, {0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0}},  // only the first 3 ids exist
+       }) {
+    Sampler s(c.sp);
+    const auto got = s.probabilities(logits);
+    ASSERT_EQ(got.size(), 4u);
+    for (int i = 0; i < 4; ++i) EXPECT_NEAR(got[i], c.want[i], 1e-6) << "T=" << c.sp.temperature << " id " << i;
+    // sample() draws from exactly that distribution: 40000 draws, each frequency within 5σ.
+    std::vector<int> count(4, 0);
+    const int n = 40000;
+    for (int i = 0; i < n; ++i) ++count[s.sample(l.data(), 4)];
+    for (int i = 0; i < 4; ++i)
+      EXPECT_NEAR(count[i] / double(n), got[i], 5 * std::sqrt(got[i] * (1 - got[i]) / n) + 1e-12) << i;
+  }
+}
+
+TEST(Sampling, DrawFollowsTheGivenWeights) {
+  Sampler s({1.0f, 0, 1.0f, 7});
+  const std::vector<double> w = {0.2, 0.0, 1.2, 0.6};  // not normalised: 0.1, 0, 0.6, 0.3
+  std::vector<int> count(4, 0);
+  const int n = 40000;
+  for (int i = 0; i < n; ++i) ++count[s.draw(w)];
+  EXPECT_EQ(count[1], 0);
+  for (int i : {0, 2, 3}) {
+    const double want = w[i] / 2.0;
+    EXPECT_NEAR(count[i] / double(n), want, 5 * std::sqrt(want * (1 - want) / n)) << i;
+  }
+  expect_error([&] { s.draw({}); }, {"empty distribution"});
+  expect_error([&] { s.draw({0.0, 0.0}); }, {"sum to 0"});
+  expect_error([&] { s.draw({0.5, -0.1}); }, {"probability 1", "-0.1"});
+  expect_error([&] { s.draw({0.5, std::nan("")}); }, {"probability 1"});
+}
+
 TEST(Sampling, TopKAndTopPRestrictTheSupport) {
   const std::vector<double> p = {0.05, 0.4, 0.1, 0.3, 0.15};  // ranks: 1, 3, 4, 2, 0
   const auto l = logits_of(p);

@@ -12,7 +12,7 @@ ch01::Llama quantize_model(const ch01::Llama& m, const QuantSpec& spec) {
 }
 
 std::int64_t matrix_weights(const ch01::Llama& m) {
-  std::int64_t n = m.tied() ? 0 : m.lm_head.out_features() * m.lm_head.in_features();
+  std::int64_t n = m.lm_head.out_features() * m.lm_head.in_features();
   for (const auto& l : m.layers)
     for (const Linear* w : l.linears()) n += w->out_features() * w->in_features();
   return n;

@@ -15,7 +15,8 @@ namespace inferlab::ch09 {
 /// `m` with every projection (and the head) quantised with `spec`.
 ch01::Llama quantize_model(const ch01::Llama& m, const QuantSpec& spec);
 
-/// The number of weights in the projections and the head (a tied head counted once).
+/// The number of weights in the projections and the head (a tied head counted too: quantising
+/// gives it its own copy).
 std::int64_t matrix_weights(const ch01::Llama& m);
 
 /// The packed matrix of a quantised Linear; throws naming `what` if it is not one of chapter

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <numbers>
 
 #include "chapters/01_naive_decode/convert.h"
@@ -284,6 +285,85 @@ TEST(TwoPaths, NaiveAndCachedGenerationChooseTheSameTokens) {
     // when its random draw lands within that distance of a boundary: vanishingly rare.
     EXPECT_EQ(naive.generated, cached.generated) << "K = " << K;
   }
+}
+
+// The batch step: prefill chunks and decode tokens of different sequences in one forward pass
+// give each sequence what it gets alone (the matmuls see more rows, so within the two-path bound).
+TEST(BatchStep, MixedPrefillChunksAndDecodeTokensEqualEachSequenceAlone) {
+  auto rng = test::rng_for_test();
+  const auto c = small_config(2);
+  const Llama m = ch01::random_llama(c, rng());
+  struct Seq {
+    std::size_t cached, fresh;
+    bool all;
+  };
+  const std::vector<Seq> plan = {{3, 5, false}, {11, 1, false}, {0, 7, true}, {20, 1, true}};
+  std::vector<std::unique_ptr<ch02::ContiguousKVCache>> batched, alone;
+  std::vector<ch02::SequenceStep> steps;
+  std::vector<float> want;
+  for (const Seq& p : plan) {
+    const auto toks = random_tokens(rng, p.cached + p.fresh, c.vocab_size);
+    const std::vector<std::int32_t> before(toks.begin(), toks.begin() + static_cast<long>(p.cached)),
+        fresh(toks.begin() + static_cast<long>(p.cached), toks.end());
+    batched.push_back(std::make_unique<ch02::ContiguousKVCache>(c, 40));
+    alone.push_back(std::make_unique<ch02::ContiguousKVCache>(c, 40));
+    if (p.cached) ch02::forward_cached(m, *batched.back(), before), ch02::forward_cached(m, *alone.back(), before);
+    const auto one = ch02::forward_cached(m, *alone.back(), fresh, p.all).to_float_vector();
+    want.insert(want.end(), one.begin(), one.end());
+    steps.push_back({fresh, batched.back().get(), p.all});
+  }
+  const auto got = ch02::forward(m, steps).to_float_vector();
+  ASSERT_EQ(got.size(), want.size());  // 1 + 1 + 7 + 1 rows of logits
+  EXPECT_EQ(got.size(), static_cast<std::size_t>(10 * c.vocab_size));
+  const double bound = two_path_bound(c, want);
+  for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], bound) << i;
+  for (std::size_t b = 0; b < plan.size(); ++b) EXPECT_EQ(batched[b]->length(), alone[b]->length());
+  // Entries the batch cannot run are errors that name the sequence.
+  std::vector<ch02::SequenceStep> bad = {{{1}, batched[0].get()}, {{}, batched[1].get()}};
+  expect_error([&] { ch02::forward(m, bad); }, {"sequence 1", "no tokens"});
+  bad = {{{1}, nullptr}};
+  expect_error([&] { ch02::forward(m, bad); }, {"sequence 0", "no cache"});
+}
+
+TEST(BatchStep, ChunkedPrefillEqualsOneShotPrefill) {
+  auto rng = test::rng_for_test();
+  const auto c = small_config(4);
+  const Llama m = ch01::random_llama(c, rng());
+  const auto toks = random_tokens(rng, 23, c.vocab_size);
+  ch02::ContiguousKVCache whole(c, 32), chunked(c, 32);
+  const auto a = ch02::forward_cached(m, whole, toks, true).to_float_vector();
+  std::vector<float> b;
+  for (std::size_t at = 0; at < toks.size(); at += 5) {
+    const std::vector<std::int32_t> part(toks.begin() + static_cast<long>(at),
+                                         toks.begin() + static_cast<long>(std::min(toks.size(), at + 5)));
+    const auto l = ch02::forward_cached(m, chunked, part, true).to_float_vector();
+    b.insert(b.end(), l.begin(), l.end());
+  }
+  ASSERT_EQ(a.size(), b.size());
+  const double bound = two_path_bound(c, a);
+  for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], bound) << i;
+}
+
+TEST(KVCache, TruncateRollsBackExactlyAndReleaseFreesIt) {
+  auto rng = test::rng_for_test();
+  const auto c = small_config(2);
+  const Llama m = ch01::random_llama(c, rng());
+  const auto toks = random_tokens(rng, 14, c.vocab_size);
+  ch02::ContiguousKVCache cache(c, 20);
+  ch02::forward_cached(m, cache, {toks.begin(), toks.begin() + 10});
+  const auto first = ch02::forward_cached(m, cache, {toks[10], toks[11]}, true).to_float_vector();
+  ch02::forward_cached(m, cache, {toks[12], toks[13]});  // tokens that a rollback rejects
+  EXPECT_EQ(cache.length(), 14);
+  cache.truncate(10);  // speculative sampling's rollback: back to the accepted prefix
+  EXPECT_EQ(cache.length(), 10);
+  // The same arithmetic on the same cached rows: bit for bit the logits of before.
+  EXPECT_EQ(ch02::forward_cached(m, cache, {toks[10], toks[11]}, true).to_float_vector(), first);
+  expect_error([&] { cache.truncate(13); }, {"cannot truncate 12", "to 13"});
+  EXPECT_GT(cache.bytes(), 0);
+  cache.release();
+  EXPECT_EQ(cache.bytes(), 0);
+  EXPECT_EQ(cache.length(), 0);
+  expect_error([&] { ch02::forward_cached(m, cache, {1}); }, {"KV cache"});
 }
 
 TEST(KVCache, BytesEqualTheFormulaAndOverflowIsAnError) {
