@@ -9,6 +9,7 @@
 
 #include "chapters/09_quantization/awq.h"
 #include "chapters/09_quantization/gguf_model.h"
+#include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/cuda/backend.h"
 #include "common/eval.h"
