@@ -70,8 +70,8 @@ class Llama2cTokenizer final : public Tokenizer {
   std::optional<std::int32_t> token_to_id(std::string_view token) const override;
   bool is_special(std::int32_t id) const override { return id >= 0 && id <= 2; }
   const std::string& path() const override { return path_; }
-  /// A tokenizer.bin stores no token count (run.c reads exactly the model's vocab_size tokens), so it must
-  /// hold exactly that many: a file cut at a token boundary is caught here.
+  /// A tokenizer.bin stores no token count (run.c reads exactly the model's vocab_size
+  /// tokens), so it must hold exactly that many: a file cut at a token boundary is caught here.
   void check_vocab(std::int64_t model_vocab, const std::string& model) const override;
   float score(std::int32_t id) const { return scores_.at(static_cast<std::size_t>(id)); }
   /// The same vocabulary as a Hugging Face tokenizer.json (Llama-2 style: "▁" for spaces,

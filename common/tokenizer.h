@@ -1,8 +1,9 @@
 #pragma once
 /// @file tokenizer.h
-/// @brief Hugging Face `tokenizer.json` BPE tokenizers, encode and decode.
+/// @brief The Tokenizer interface, loading one by file format, and Hugging Face `tokenizer.json`
+/// BPE tokenizers.
 ///
-/// Covers the two families that Llama-style checkpoints ship:
+/// The tokenizer.json reader covers the two families that Llama-style checkpoints ship:
 /// - byte-level BPE (GPT-2, Llama-3, SmolLM, Qwen): text is split by a Unicode-aware regex, each
 ///   byte is mapped to a printable character, and merges apply to those characters;
 /// - metaspace BPE with byte fallback (Llama-2, Mistral, TinyLlama): spaces become "▁", and
