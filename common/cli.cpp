@@ -15,7 +15,7 @@
 
 #include "common/cuda/backend.h"
 #include "common/error.h"
-#include "common/llama2c.h"
+#include "common/tokenizer.h"
 
 #ifndef INFERLAB_DATA_DIR
 #define INFERLAB_DATA_DIR "data"

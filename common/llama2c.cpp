@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -250,15 +251,36 @@ Llama2cTokenizer Llama2cTokenizer::load(const std::string& path) {
   return t;
 }
 
-void check_tokenizer_vocab(const Tokenizer& tok, std::int64_t vocab_size, const std::string& model) {
-  if (dynamic_cast<const Llama2cTokenizer*>(&tok) != nullptr)
-    IL_CHECK(tok.vocab_size() == vocab_size, tok.path(), ": ", tok.vocab_size(), " tokens, but ", model,
-             " has a vocabulary of ", vocab_size,
-             " (a llama2.c tokenizer must match it exactly: truncated, or for another model?)");
-  else
-    IL_CHECK(tok.vocab_size() <= vocab_size, tok.path(), ": ", tok.vocab_size(),
-             " tokens do not fit the vocabulary of ", vocab_size, " of ", model);
+void Llama2cTokenizer::check_vocab(std::int64_t model_vocab, const std::string& model) const {
+  IL_CHECK(vocab_size() == model_vocab, path_, ": ", vocab_size(), " tokens, but ", model, " has a vocabulary of ",
+           model_vocab, " (a llama2.c tokenizer must match it exactly: truncated, or for another model?)");
 }
+
+namespace {
+namespace fs = std::filesystem;
+
+bool is_tokenizer_bin(const std::string& path) {
+  return fs::is_regular_file(path) && fs::path(path).extension() == ".bin";
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer_bin(const std::string& path) {
+  return std::make_unique<Llama2cTokenizer>(Llama2cTokenizer::load(path));
+}
+
+std::string tokenizer_bin_beside(const std::string& model_path) {
+  if (fs::path(model_path).extension() != ".bin") return "";
+  const fs::path dir = fs::path(model_path).parent_path();
+  if (fs::exists(dir / "tokenizer.bin")) return (dir / "tokenizer.bin").string();
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(dir.empty() ? fs::path(".") : dir))
+    if (e.path().filename().string().rfind("tok", 0) == 0 && e.path().extension() == ".bin") found.push_back(e.path());
+  IL_CHECK(found.size() == 1, "cannot tell which tokenizer goes with ", model_path, ": found ", found.size(),
+           " tokenizer.bin/tok*.bin files beside it (name one with --tokenizer)");
+  return found[0].string();
+}
+}  // namespace
+
+TokenizerFormat llama2c_tokenizer_format() { return {is_tokenizer_bin, load_tokenizer_bin, tokenizer_bin_beside}; }
 
 const std::string& Llama2cTokenizer::id_to_token(std::int32_t id) const {
   IL_CHECK(id >= 0 && id < vocab_size(), "token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");

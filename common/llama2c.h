@@ -52,11 +52,9 @@ void save_llama2c(const std::string& path, const TransformerConfig& config,
 /// reverse permutation otherwise.
 Tensor permute_rope_rows(const Tensor& w, std::int64_t heads, bool to_half_split);
 
-/// Checks that `tok` can serve a model with `vocab_size` embedding rows (`model` names it in the
-/// error). A llama2.c tokenizer.bin stores no token count (run.c reads exactly vocab_size
-/// tokens), so it must hold exactly that many: a file cut at a token boundary is caught here.
-/// Any other tokenizer may have fewer tokens than rows (padded tables), never more.
-void check_tokenizer_vocab(const Tokenizer& tok, std::int64_t vocab_size, const std::string& model);
+/// llama2.c files for Tokenizer::load and for_model: a .bin tokenizer file is a tokenizer.bin;
+/// a .bin model file has a tokenizer.bin, or a single tok*.bin, beside it.
+TokenizerFormat llama2c_tokenizer_format();
 
 /// llama2.c's tokenizer: SentencePiece-style BPE over byte-fallback pieces, BOS = 1, EOS = 2.
 class Llama2cTokenizer final : public Tokenizer {
@@ -72,6 +70,9 @@ class Llama2cTokenizer final : public Tokenizer {
   std::optional<std::int32_t> token_to_id(std::string_view token) const override;
   bool is_special(std::int32_t id) const override { return id >= 0 && id <= 2; }
   const std::string& path() const override { return path_; }
+  /// A tokenizer.bin stores no token count (run.c reads exactly the model's vocab_size
+  /// tokens), so it must hold exactly that many: a file cut at a token boundary is caught here.
+  void check_vocab(std::int64_t model_vocab, const std::string& model) const override;
   float score(std::int32_t id) const { return scores_.at(static_cast<std::size_t>(id)); }
   /// The same vocabulary as a Hugging Face tokenizer.json (Llama-2 style: "▁" for spaces,
   /// byte fallback, merges ordered by the merged piece's score).

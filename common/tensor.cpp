@@ -5,7 +5,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "common/cuda/backend.h"
+#include "common/device_memory.h"
 
 namespace inferlab {
 
@@ -203,7 +203,7 @@ void Tensor::copy_from(const Tensor& src) {
   if (device_ == Device::CPU && src.device_ == Device::CPU) {
     std::memmove(data_, src.data_, nbytes());
   } else {
-    cuda::memcpy(data_, device_, src.data_, src.device_, nbytes());
+    cuda::memcpy(data_, src.data_, nbytes());
   }
 }
 

@@ -14,7 +14,6 @@
 
 #include "common/error.h"
 #include "common/json_file.h"
-#include "common/llama2c.h"
 #include "common/regex.h"
 
 namespace inferlab {
@@ -833,27 +832,27 @@ void TextStream::print(const std::vector<std::int32_t>& tokens) {
   }
 }
 
+void Tokenizer::check_vocab(std::int64_t model_vocab, const std::string& model) const {
+  IL_CHECK(vocab_size() <= model_vocab, path(), ": ", vocab_size(), " tokens do not fit the vocabulary of ",
+           model_vocab, " of ", model);
+}
+
+void check_tokenizer_vocab(const Tokenizer& tok, std::int64_t vocab_size, const std::string& model) {
+  tok.check_vocab(vocab_size, model);
+}
+
 std::unique_ptr<Tokenizer> Tokenizer::for_model(const std::string& model_path, const std::string& explicit_path) {
   namespace fs = std::filesystem;
   if (!explicit_path.empty()) return load(explicit_path);
   if (fs::is_directory(model_path)) return load(model_path);
-  const fs::path dir = fs::path(model_path).parent_path();
-  if (fs::path(model_path).extension() == ".bin") {
-    if (fs::exists(dir / "tokenizer.bin")) return load((dir / "tokenizer.bin").string());
-    std::vector<fs::path> found;
-    for (const auto& e : fs::directory_iterator(dir.empty() ? fs::path(".") : dir))
-      if (e.path().filename().string().rfind("tok", 0) == 0 && e.path().extension() == ".bin") found.push_back(e.path());
-    IL_CHECK(found.size() == 1, "cannot tell which tokenizer goes with ", model_path, ": found ", found.size(),
-             " tokenizer.bin/tok*.bin files beside it (name one with --tokenizer)");
-    return load(found[0].string());
-  }
-  return load((dir / "tokenizer.json").string());
+  for (const TokenizerFormat& format : tokenizer_formats())
+    if (const std::string beside = format.tokenizer_beside(model_path); !beside.empty()) return load(beside);
+  return load((fs::path(model_path).parent_path() / "tokenizer.json").string());
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
-  namespace fs = std::filesystem;
-  if (fs::is_regular_file(path) && fs::path(path).extension() == ".bin")
-    return std::make_unique<Llama2cTokenizer>(Llama2cTokenizer::load(path));
+  for (const TokenizerFormat& format : tokenizer_formats())
+    if (format.is_tokenizer_file(path)) return format.load(path);
   return std::make_unique<HfTokenizer>(HfTokenizer::load(path));
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 /// @file tokenizer.h
-/// @brief Hugging Face `tokenizer.json` BPE tokenizers, encode and decode.
+/// @brief The Tokenizer interface, loading one by file format, and Hugging Face `tokenizer.json`
+/// BPE tokenizers.
 ///
-/// Covers the two families that Llama-style checkpoints ship:
+/// The tokenizer.json reader covers the two families that Llama-style checkpoints ship:
 /// - byte-level BPE (GPT-2, Llama-3, SmolLM, Qwen): text is split by a Unicode-aware regex, each
 ///   byte is mapped to a printable character, and merges apply to those characters;
 /// - metaspace BPE with byte fallback (Llama-2, Mistral, TinyLlama): spaces become "▁", and
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,14 +42,35 @@ class Tokenizer {
   virtual bool is_special(std::int32_t id) const = 0;
   /// The file it was loaded from.
   virtual const std::string& path() const = 0;
+  /// Throws unless this tokenizer can serve a model with `model_vocab` embedding rows (`model`
+  /// names it in the error): it may have fewer tokens than rows (padded tables), never more.
+  /// A format whose file stores no token count asks for an exact match instead.
+  virtual void check_vocab(std::int64_t model_vocab, const std::string& model) const;
 
-  /// Loads a Hugging Face tokenizer.json (the file, or a folder holding one) or a llama2.c
-  /// tokenizer (a .bin file; see llama2c.h).
+  /// Loads a file of one of tokenizer_formats() (such as llama2.c's tokenizer.bin), else a
+  /// Hugging Face tokenizer.json (the file, or a folder holding one).
   static std::unique_ptr<Tokenizer> load(const std::string& path);
-  /// The tokenizer that goes with a model: `explicit_path` when given; else the model folder's
-  /// tokenizer.json; for a llama2.c checkpoint (a .bin file), a tokenizer.bin or tok*.bin beside it.
+  /// The tokenizer that goes with a model: `explicit_path` when given; for a model folder, its
+  /// tokenizer.json; for a model file, the tokenizer its format keeps beside it (see
+  /// TokenizerFormat), else the tokenizer.json beside it.
   static std::unique_ptr<Tokenizer> for_model(const std::string& model_path, const std::string& explicit_path = "");
 };
+
+/// tok.check_vocab(vocab_size, model): the check generation runs before sampling from `tok`.
+void check_tokenizer_vocab(const Tokenizer& tok, std::int64_t vocab_size, const std::string& model);
+
+/// A tokenizer file format besides tokenizer.json, as Tokenizer::load and for_model see it.
+struct TokenizerFormat {
+  /// True when `path` is a tokenizer file of this format.
+  bool (*is_tokenizer_file)(const std::string& path);
+  std::unique_ptr<Tokenizer> (*load)(const std::string& path);
+  /// The tokenizer file beside `model_path` when that is a model file of this format, else "".
+  std::string (*tokenizer_beside)(const std::string& model_path);
+};
+
+/// The formats Tokenizer::load and for_model try before tokenizer.json (listed in
+/// tokenizer_formats.cpp; each format's module provides its entry).
+std::span<const TokenizerFormat> tokenizer_formats();
 
 /// Prints generated text as it grows: decodes the whole sequence each time and writes what is
 /// new, so that characters split across tokens come out whole.

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "common/ceiling.h"
 #include "common/metrics.h"
 #include "test_util.h"
 

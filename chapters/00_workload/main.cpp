@@ -14,6 +14,7 @@
 #include "chapters/00_workload/lecture.h"
 #include "chapters/00_workload/roofline.h"
 #include "chapters/00_workload/workload.h"
+#include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/cuda/backend.h"
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "common/ceiling.h"
 #include "common/dtype.h"
-#include "common/metrics.h"
 #include "common/plot.h"
 
 namespace inferlab::ch00 {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "common/ceiling.h"
 #include "common/hf_config.h"
-#include "common/metrics.h"
 
 namespace inferlab::ch00 {
 

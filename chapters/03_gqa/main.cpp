@@ -10,6 +10,7 @@
 
 #include "chapters/00_workload/workload.h"
 #include "chapters/03_gqa/gqa.h"
+#include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/cuda/backend.h"
 #include "common/eval.h"

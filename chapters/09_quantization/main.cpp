@@ -10,6 +10,7 @@
 #include "chapters/02_kv_cache/kv_cache.h"
 #include "chapters/09_quantization/awq.h"
 #include "chapters/09_quantization/gguf_model.h"
+#include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/cuda/backend.h"
 #include "common/eval.h"

@@ -6,10 +6,12 @@
 /// has CUDA (INFERLAB_HAVE_CUDA), the .cu files beside it implement these functions; otherwise
 /// stub.cpp does, and each throws "no CUDA device available: this build has no CUDA backend".
 /// The op functions have the same contracts as in ops.h; ops:: calls them after its checks.
+/// Device memory (malloc, copy, synchronize) is in device_memory.h, which this includes.
 
 #include <cstddef>
 #include <string>
 
+#include "common/device_memory.h"
 #include "common/ops.h"
 #include "common/tensor.h"
 
@@ -25,14 +27,6 @@ void require_device();
 std::string device_description();
 /// Total memory of the device, in bytes.
 std::size_t device_memory_bytes();
-
-void* device_malloc(std::size_t bytes);
-void device_free(void* p);
-/// Copies between host and device memory in any direction.
-void memcpy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
-void memset_zero(void* p, std::size_t bytes);
-/// Waits for all queued device work; rethrows an asynchronous kernel error as inferlab::Error.
-void synchronize();
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out);
 void add(const Tensor& a, const Tensor& b, Tensor& out);

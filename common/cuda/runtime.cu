@@ -120,7 +120,7 @@ void device_free(void* p) {
   if (p) cudaFree(p);  // never throws from a destructor; an error here is reported by the next call
 }
 
-void memcpy(void* dst, Device, const void* src, Device, std::size_t bytes) {
+void memcpy(void* dst, const void* src, std::size_t bytes) {
   // Unified addressing tells the driver the direction.
   IL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
   IL_CUDA(cudaStreamSynchronize(stream()));

@@ -18,7 +18,7 @@ std::string device_description() { no_cuda(); }
 std::size_t device_memory_bytes() { no_cuda(); }
 void* device_malloc(std::size_t) { no_cuda(); }
 void device_free(void*) {}
-void memcpy(void*, Device, const void*, Device, std::size_t) { no_cuda(); }
+void memcpy(void*, const void*, std::size_t) { no_cuda(); }
 void memset_zero(void*, std::size_t) { no_cuda(); }
 void synchronize() {}
 void matmul(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "common/ceiling.h"
 #include "common/cuda/backend.h"
 #include "common/metrics.h"
 #include "common/ops.h"

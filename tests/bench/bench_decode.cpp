@@ -16,6 +16,7 @@
 
 #include "chapters/02_kv_cache/cuda_decode.h"
 #include "chapters/02_kv_cache/kv_cache.h"
+#include "common/ceiling.h"
 #include "common/cuda/backend.h"
 #include "common/metrics.h"
 

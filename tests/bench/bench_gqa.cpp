@@ -13,6 +13,7 @@
 
 #include "chapters/02_kv_cache/cuda_decode.h"
 #include "chapters/03_gqa/cuda_gqa.h"
+#include "common/ceiling.h"
 #include "common/cuda/backend.h"
 #include "common/metrics.h"
 #include "common/ops.h"

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "chapters/09_quantization/quant.h"
+#include "common/ceiling.h"
 #include "common/cuda/backend.h"
 #include "common/metrics.h"
 #include "common/ops.h"
