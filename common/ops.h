@@ -2,12 +2,14 @@
 /// @file ops.h
 /// @brief The transformer's building blocks, each in three versions behind the same contract.
 ///
-/// - `ref::`  the plain CPU loop: the formula as you would write it beside the lecture.
-///            Single-threaded, no tricks. This is what every other version is tested against.
+/// - `ref::`  the plain CPU loop: the formula as you would write it beside the lecture
+///            (ops_ref.cpp). Single-threaded, no tricks. This is what every other version is
+///            tested against.
 /// - `ops::`  what the chapters call: dispatches on the inputs' device to the fast CPU path
-///            (Eigen GEMM, an OpenMP GEMV for decode, threaded attention) or the CUDA kernels
-///            (cuBLAS for GEMM, our own GEMV and the rest). Elementwise ops have no separate
-///            fast CPU path: the reference loop is already memory-bound.
+///            (ops_cpu.cpp: Eigen GEMM, an OpenMP GEMV for decode, threaded attention) or the
+///            CUDA kernels (cuBLAS for GEMM, our own GEMV and the rest). Elementwise ops have no
+///            separate fast CPU path: on CPU tensors ops:: runs their ref:: loop, which is
+///            already memory-bound.
 ///
 /// Conventions shared by all three:
 /// - Activations are F32 and contiguous, row-major; weights may be F32, F16 or BF16.

@@ -239,15 +239,4 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
   }
 }
 
-// The elementwise ops are memory-bound already; their reference loops are the fast path.
-void add(const Tensor& a, const Tensor& b, Tensor& out) { loops::add(a, b, out); }
-void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) { loops::rmsnorm(x, w, eps, out); }
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing) {
-  loops::rope(x, positions, inv_freq, pairing);
-}
-void softmax(const Tensor& x, Tensor& out) { loops::softmax(x, out); }
-void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) { loops::swiglu(gate, up, out); }
-void embedding(const Tensor& table, const Tensor& ids, Tensor& out) { loops::embedding(table, ids, out); }
-void argmax(const Tensor& x, Tensor& out) { loops::argmax(x, out); }
-
 }  // namespace inferlab::cpu
