@@ -79,7 +79,7 @@ void rmsnorm(const Tensor& x, const Tensor& w, const Tensor& out) {
   metrics::count("rmsnorm", 4.0 * static_cast<double>(x.numel()), bytes(x) + bytes(w) + bytes(out));
 }
 
-void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, std::int64_t begin) {
   want(x, "rope", "x"), want(positions, "rope", "positions"), want(inv_freq, "rope", "inv_freq");
   want_ndim(x, 3, "rope", "x"), want_ndim(positions, 1, "rope", "positions"), want_ndim(inv_freq, 1, "rope", "inv_freq");
   want_dtype(x, DType::F32, "rope", "x"), want_dtype(positions, DType::I32, "rope", "positions");
@@ -87,8 +87,9 @@ void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
   same_device("rope", {&x, &positions, &inv_freq});
   IL_CHECK(positions.size(0) == x.size(0), "rope: ", positions.size(0), " positions for ", x.size(0), " rows of x ",
            x.describe());
-  IL_CHECK(2 * inv_freq.size(0) <= x.size(2), "rope: ", inv_freq.size(0), " frequencies rotate ",
-           2 * inv_freq.size(0), " dimensions, but the head dimension is ", x.size(2));
+  IL_CHECK(begin >= 0 && begin + 2 * inv_freq.size(0) <= x.size(2), "rope: ", inv_freq.size(0),
+           " frequencies rotate dimensions ", begin, "..", begin + 2 * inv_freq.size(0) - 1,
+           ", but the head dimension is ", x.size(2));
   const double pairs = static_cast<double>(x.size(0) * x.size(1) * inv_freq.size(0));
   metrics::count("rope", 6.0 * pairs, 2.0 * pairs * 2 * 4 + bytes(positions) + bytes(inv_freq));
 }
@@ -218,10 +219,10 @@ Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps) {
   return out;
 }
 
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing) {
-  if (!x.is_cuda()) return ref::rope(x, positions, inv_freq, pairing);
-  check::rope(x, positions, inv_freq);
-  cuda::rope(x, positions, inv_freq, pairing);
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing, std::int64_t begin) {
+  if (!x.is_cuda()) return ref::rope(x, positions, inv_freq, pairing, begin);
+  check::rope(x, positions, inv_freq, begin);
+  cuda::rope(x, positions, inv_freq, pairing, begin);
 }
 
 void softmax(const Tensor& x, Tensor& out) {

@@ -56,10 +56,13 @@ Tensor add(const Tensor& a, const Tensor& b);
 /// out[m,:] = x[m,:] / sqrt(mean(x[m,:]²) + eps) * w   (Zhang & Sennrich 2019).
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
 Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps);
-/// Rotary position embedding, in place on x[T, heads, head_dim]: the first 2·len(inv_freq)
-/// dimensions of row t are rotated by angles positions[t] · inv_freq[j]; the rest are kept.
-/// positions is I32 [T]; inv_freq is F32 [rot/2] (see rope_inv_freq).
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing);
+/// Rotary position embedding, in place on x[T, heads, head_dim]: dimensions begin ..
+/// begin + 2·len(inv_freq) - 1 of each head of row t are rotated by angles positions[t] ·
+/// inv_freq[j]; the rest are kept. begin = 0 rotates the leading dimensions (Llama, or partial
+/// rotary); DeepSeek's MLA rotates the trailing ones (begin = head_dim - rot) of its q and k.
+/// The pairing indexes within the rotated range. positions is I32 [T]; inv_freq is F32 [rot/2]
+/// (see rope_inv_freq).
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing, std::int64_t begin = 0);
 /// Row-wise softmax over the last dimension of x[M,N].
 void softmax(const Tensor& x, Tensor& out);
 Tensor softmax(const Tensor& x);
@@ -85,7 +88,7 @@ namespace ref {
 void matmul(const Tensor& x, const Tensor& w, Tensor& out);
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing);
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing, std::int64_t begin = 0);
 void softmax(const Tensor& x, Tensor& out);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
@@ -101,7 +104,7 @@ namespace check {
 void matmul(const Tensor& x, const Tensor& w, const Tensor& out);
 void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void rmsnorm(const Tensor& x, const Tensor& w, const Tensor& out);
-void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
+void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, std::int64_t begin);
 void softmax(const Tensor& x, const Tensor& out);
 void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out);
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);

@@ -90,9 +90,10 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
 }
 
 // Rotate pairs (a, b) by angle pos * inv_freq[j]:  a' = a cos - b sin,  b' = a sin + b cos.
-// HalfSplit pairs element j with j + rot/2; Adjacent pairs 2j with 2j + 1.
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing) {
-  check::rope(x, positions, inv_freq);
+// Within the rotated dimensions begin .. begin + rot - 1, HalfSplit pairs element j with
+// j + rot/2; Adjacent pairs 2j with 2j + 1.
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing, std::int64_t begin) {
+  check::rope(x, positions, inv_freq, begin);
   cpu_only(x, "ref::rope");
   const std::int64_t T = x.size(0), heads = x.size(1), D = x.size(2), half = inv_freq.size(0);
   const std::int32_t* pos = positions.data<std::int32_t>();
@@ -104,7 +105,7 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairin
       const double angle = static_cast<double>(pos[t]) * static_cast<double>(f[j]);
       const float c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));
       for (std::int64_t h = 0; h < heads; ++h) {
-        float* row = X + (t * heads + h) * D;
+        float* row = X + (t * heads + h) * D + begin;
         const std::int64_t ia = pairing == RopePairing::HalfSplit ? j : 2 * j;
         const std::int64_t ib = pairing == RopePairing::HalfSplit ? j + half : 2 * j + 1;
         const float a = row[ia], b = row[ib];

@@ -137,7 +137,7 @@ TEST(RmsNorm, WithinItsBound) {
 // ---------------------------------------------------------------------------------------------
 // RoPE against the rotation written out in double, for both pairings.
 std::vector<double> rope_exact(const Tensor& x, const std::vector<std::int32_t>& pos, const Tensor& inv_freq,
-                               RopePairing pairing, std::vector<double>& bound) {
+                               RopePairing pairing, std::vector<double>& bound, std::int64_t begin = 0) {
   const std::int64_t T = x.size(0), Hn = x.size(1), D = x.size(2), half = inv_freq.size(0);
   auto X = x.to_double_vector();
   const auto F = inv_freq.to_double_vector();
@@ -146,7 +146,7 @@ std::vector<double> rope_exact(const Tensor& x, const std::vector<std::int32_t>&
   for (std::int64_t t = 0; t < T; ++t)
     for (std::int64_t h = 0; h < Hn; ++h)
       for (std::int64_t j = 0; j < half; ++j) {
-        const std::int64_t base = (t * Hn + h) * D;
+        const std::int64_t base = (t * Hn + h) * D + begin;
         const std::int64_t ia = base + (pairing == RopePairing::HalfSplit ? j : 2 * j);
         const std::int64_t ib = base + (pairing == RopePairing::HalfSplit ? j + half : 2 * j + 1);
         const double ang = pos[t] * F[j], a = X[ia], b = X[ib];
@@ -184,6 +184,38 @@ TEST(Rope, BothPairingsWithinTheirBound) {
   }
 }
 
+TEST(Rope, TrailingRangeWithinTheBoundAndTheRestUntouched) {
+  // MLA's layout: each head is [no-RoPE part | RoPE part]; only the trailing rot dimensions turn.
+  auto rng = test::rng_for_test();
+  const std::int64_t T = 5, Hn = 3, D = 24, rot = 8, begin = D - rot;
+  std::vector<std::int32_t> pos = {3, 1, 77, 4095, 131071};
+  Tensor positions = Tensor::from_vector(pos, {T});
+  Tensor inv = rope_inv_freq(rot, 10000.0);
+  for (RopePairing pairing : {RopePairing::HalfSplit, RopePairing::Adjacent}) {
+    Tensor x = test::uniform(rng, {T, Hn, D});
+    std::vector<double> bound;
+    const auto exact = rope_exact(x, pos, inv, pairing, bound, begin);
+    Tensor r = x.clone(), f = x.clone();
+    ref::rope(r, positions, inv, pairing, begin);
+    ops::rope(f, positions, inv, pairing, begin);
+    expect_within(r.to_double_vector(), exact, bound, "ref::rope (trailing)");
+    expect_within(f.to_double_vector(), exact, bound, "ops::rope (trailing)");
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t h = 0; h < Hn; ++h) {
+        for (std::int64_t d = 0; d < begin; ++d) EXPECT_EQ(r.at<float>({t, h, d}), x.at<float>({t, h, d}));
+        // Every position here is non-zero, so each rotated pair moves (the range is not ignored).
+        EXPECT_NE(r.at<float>({t, h, begin}), x.at<float>({t, h, begin}));
+      }
+  }
+  // A range in the middle: the dimensions on both sides are kept.
+  Tensor x = test::uniform(rng, {T, Hn, D});
+  Tensor r = x.clone();
+  std::vector<double> bound;
+  const auto exact = rope_exact(x, pos, inv, RopePairing::Adjacent, bound, 6);
+  ops::rope(r, positions, inv, RopePairing::Adjacent, 6);
+  expect_within(r.to_double_vector(), exact, bound, "ops::rope (middle)");
+}
+
 TEST(Rope, AdjacentPairingIsHalfSplitOnPermutedDimensions) {
   // The llama2.c <-> Hugging Face conversion in one identity: moving element 2j to j and
   // 2j+1 to j + D/2 turns adjacent-pair RoPE into rotate-half RoPE.
@@ -216,6 +248,12 @@ TEST(Rope, Errors) {
   Tensor pos3 = Tensor::from_vector(std::vector<std::int32_t>{0, 1, 2}, {3});
   expect_error([&] { ops::rope(x, pos3, rope_inv_freq(8, 1e4), RopePairing::HalfSplit); }, {"rope", "3 positions"});
   expect_error([] { rope_inv_freq(7, 1e4); }, {"even"});
+  // A range that runs past the head, or starts before it.
+  expect_error([&] { ops::rope(x, pos, rope_inv_freq(4, 1e4), RopePairing::Adjacent, 5); },
+               {"rope", "dimensions 5..8", "head dimension is 8"});
+  Tensor fits = x.clone();
+  ops::rope(fits, pos, rope_inv_freq(4, 1e4), RopePairing::Adjacent, 4);  // 4..7: the last that fits
+  expect_error([&] { ops::rope(x, pos, rope_inv_freq(4, 1e4), RopePairing::HalfSplit, -1); }, {"rope", "dimensions -1..2"});
 }
 
 // ---------------------------------------------------------------------------------------------

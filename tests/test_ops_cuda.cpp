@@ -104,6 +104,13 @@ TEST(Cuda, RmsNormRopeEmbedding) {
     const auto X = x.to_double_vector();
     std::vector<double> bound(X.size(), 2 * 8 * u);
     expect_within(gx.to_double_vector(), cx.to_double_vector(), bound, "cuda rope");
+    // MLA's trailing range: dimensions 24..31 turn, 0..23 are kept.
+    Tensor inv8 = rope_inv_freq(8, 10000.0);
+    Tensor tx = on_gpu(x);
+    ops::rope(tx, on_gpu(pos), on_gpu(inv8), pairing, 24);
+    Tensor ct = x.clone();
+    ops::rope(ct, pos, inv8, pairing, 24);
+    expect_within(tx.to_double_vector(), ct.to_double_vector(), bound, "cuda rope (trailing)");
   }
 }
 

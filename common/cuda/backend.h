@@ -37,7 +37,7 @@ void synchronize();
 void matmul(const Tensor& x, const Tensor& w, Tensor& out);
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing);
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing, std::int64_t begin);
 void softmax(const Tensor& x, Tensor& out);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);

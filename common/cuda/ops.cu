@@ -139,7 +139,7 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, const W* __restrict_
 }
 
 __global__ void rope_kernel(float* x, const int* pos, const float* inv_freq, long long T, long long heads, long long D,
-                            long long half, bool adjacent) {
+                            long long begin, long long half, bool adjacent) {
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;  // one (t, j) pair
   if (i >= T * half) return;
   const long long t = i / half, j = i % half;
@@ -148,7 +148,7 @@ __global__ void rope_kernel(float* x, const int* pos, const float* inv_freq, lon
   const float cf = static_cast<float>(c), sf = static_cast<float>(s);
   const long long ia = adjacent ? 2 * j : j, ib = adjacent ? 2 * j + 1 : j + half;
   for (long long h = 0; h < heads; ++h) {
-    float* row = x + (t * heads + h) * D;
+    float* row = x + (t * heads + h) * D + begin;
     const float a = row[ia], b = row[ib];
     row[ia] = a * cf - b * sf;
     row[ib] = a * sf + b * cf;
@@ -258,12 +258,12 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
   });
 }
 
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing) {
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing, std::int64_t begin) {
   const long long T = x.size(0), half = inv_freq.size(0);
   if (T * half == 0) return;
   rope_kernel<<<blocks_for(T * half, 256), 256, 0, stream()>>>(x.data<float>(), positions.data<std::int32_t>(),
-                                                                inv_freq.data<float>(), T, x.size(1), x.size(2), half,
-                                                                pairing == RopePairing::Adjacent);
+                                                                inv_freq.data<float>(), T, x.size(1), x.size(2), begin,
+                                                                half, pairing == RopePairing::Adjacent);
   IL_CUDA_LAUNCHED();
 }
 

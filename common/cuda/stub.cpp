@@ -24,7 +24,7 @@ void synchronize() {}
 void matmul(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void add(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void rmsnorm(const Tensor&, const Tensor&, float, Tensor&) { no_cuda(); }
-void rope(Tensor&, const Tensor&, const Tensor&, RopePairing) { no_cuda(); }
+void rope(Tensor&, const Tensor&, const Tensor&, RopePairing, std::int64_t) { no_cuda(); }
 void softmax(const Tensor&, Tensor&) { no_cuda(); }
 void swiglu(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void embedding(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
