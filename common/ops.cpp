@@ -137,27 +137,32 @@ AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   want_dtype(q, DType::F32, op, "q"), want_dtype(k, DType::F32, op, "k"), want_dtype(v, DType::F32, op, "v");
   want_dtype(out, DType::F32, op, "out");
   same_device(op, {&q, &k, &v, &out});
-  same_shape(k, v, op, "k", "v"), same_shape(q, out, op, "q", "out");
-  const std::int64_t T = q.size(0), Nq = q.size(1), H = q.size(2), S = k.size(0), Nk = k.size(1);
-  IL_CHECK(k.size(2) == H, "attention: q ", q.describe(), " and k ", k.describe(), " disagree on the head dimension");
+  const std::int64_t T = q.size(0), Nq = q.size(1), Dqk = q.size(2), S = k.size(0), Nk = k.size(1), Dv = v.size(2);
+  IL_CHECK(k.size(2) == Dqk, "attention: q ", q.describe(), " and k ", k.describe(), " disagree on the head dimension");
+  IL_CHECK(v.size(0) == S && v.size(1) == Nk, "attention: v ", v.describe(), " should have k's ", S, " rows and ",
+           Nk, " heads (k is ", k.describe(), ")");
+  IL_CHECK(out.size(0) == T && out.size(1) == Nq && out.size(2) == Dv, "attention: out ", out.describe(),
+           " should be [", T, ", ", Nq, ", ", Dv, "] (q's rows and heads, v's head dimension)");
   IL_CHECK(S > 0, "attention: no keys (k is ", k.describe(), ")");
   IL_CHECK(Nk > 0 && Nq % Nk == 0, "attention: ", Nq, " query heads cannot be grouped over ", Nk, " KV heads");
   AttentionParams r = p;
   if (r.q_offset < 0) r.q_offset = S - T;
-  if (r.scale == 0.0f) r.scale = 1.0f / std::sqrt(static_cast<float>(H));
+  if (r.scale == 0.0f) r.scale = 1.0f / std::sqrt(static_cast<float>(Dqk));
   IL_CHECK(r.window >= 0, "attention: negative window ", r.window);
   IL_CHECK(r.causal || r.window == 0, "attention: a sliding window needs causal attention");
   if (r.causal)
     IL_CHECK(r.q_offset >= 0 && r.q_offset + T <= S, "attention: queries at positions ", r.q_offset, "..",
              r.q_offset + T - 1, " need keys up to there, but only ", S, " keys were given");
-  // Work: every query row reads the keys it can see.
+  // Work: every query row of every head scores the keys it can see (Dqk multiply-adds each) and
+  // sums their values (Dv each).
   double visible = 0;
   for (std::int64_t t = 0; t < T; ++t) {
     std::int64_t hi = r.causal ? r.q_offset + t : S - 1;
     std::int64_t lo = r.window > 0 ? std::max<std::int64_t>(0, hi - r.window + 1) : 0;
     visible += static_cast<double>(hi - lo + 1);
   }
-  metrics::count("attention", 4.0 * visible * static_cast<double>(Nq * H), bytes(q) + bytes(k) + bytes(v) + bytes(out));
+  metrics::count("attention", 2.0 * visible * static_cast<double>(Nq * (Dqk + Dv)),
+                 bytes(q) + bytes(k) + bytes(v) + bytes(out));
   return r;
 }
 
@@ -263,7 +268,9 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
   q.is_cuda() ? cuda::attention(q, k, v, out, r) : cpu::attention(q, k, v, out, r);
 }
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
-  Tensor out = Tensor::empty(q.shape(), DType::F32, q.device());
+  Shape shape = q.shape();  // [T, Nq, Dv]; wrong ranks are left for the checks to report
+  if (q.ndim() == 3 && v.ndim() == 3) shape[2] = v.size(2);
+  Tensor out = Tensor::empty(shape, DType::F32, q.device());
   attention(q, k, v, out, p);
   return out;
 }

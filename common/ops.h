@@ -39,7 +39,7 @@ struct AttentionParams {
   std::int64_t q_offset = -1;
   /// Sliding window: a query at position p sees keys p - window + 1 .. p. 0 means unlimited.
   std::int64_t window = 0;
-  /// Score scale; 0 means 1 / sqrt(head_dim).
+  /// Score scale; 0 means 1 / sqrt(Dqk), the query/key head dimension.
   float scale = 0.0f;
   /// False gives bidirectional attention (every query sees every key).
   bool causal = true;
@@ -72,8 +72,10 @@ Tensor swiglu(const Tensor& gate, const Tensor& up);
 /// out[t,:] = table[ids[t],:] as F32; ids is I32 [T] and must be in range.
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 Tensor embedding(const Tensor& table, const Tensor& ids);
-/// Scaled dot-product attention. q[T,Nq,H], k and v [S,Nk,H] with Nq a multiple of Nk (query
-/// head h reads KV head h / (Nq/Nk): MHA, GQA and MQA alike); out[T,Nq,H].
+/// Scaled dot-product attention. q[T,Nq,Dqk], k[S,Nk,Dqk], v[S,Nk,Dv], out[T,Nq,Dv], with Nq a
+/// multiple of Nk (query head h reads KV head h / (Nq/Nk): MHA, GQA and MQA alike). Values may
+/// be narrower or wider than queries and keys (MLA: Dqk = 192, Dv = 128); the default scale is
+/// 1/sqrt(Dqk).
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p = {});
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p = {});
 /// Index of the largest element of each row of x[M,N] (I32 [M]); ties go to the lowest index,

@@ -189,10 +189,11 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
 // query head (the saving GQA is for), rows are walked in memory order (all of the range's heads
 // at position j, then j + 1), and the q·k products use the SIMD dot above.
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
-  const std::int64_t T = q.size(0), Nq = q.size(1), H = q.size(2), S = k.size(0), Nk = k.size(1), G = Nq / Nk;
+  const std::int64_t T = q.size(0), Nq = q.size(1), Dqk = q.size(2), S = k.size(0), Nk = k.size(1), G = Nq / Nk;
+  const std::int64_t Dv = v.size(2);
   const float *Q = q.data<float>(), *K = k.data<float>(), *V = v.data<float>();
   float* O = out.data<float>();
-  const bool parallel = T * Nq * S * H >= kParallelWork;
+  const bool parallel = T * Nq * S * (Dqk + Dv) >= kParallelWork;
   // Split the KV heads so that there are a few tasks per thread, no more.
   const std::int64_t threads = parallel ? omp_get_max_threads() : 1;
   const std::int64_t ranges = std::min<std::int64_t>(Nk, std::max<std::int64_t>(1, (2 * threads + T - 1) / T));
@@ -208,13 +209,13 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
         const std::int64_t hi = p.causal ? p.q_offset + t : S - 1;
         const std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(0, hi - p.window + 1) : 0;
         const std::int64_t n = hi - lo + 1, heads = (h1 - h0) * G;
-        const float* qr = Q + (t * Nq + h0 * G) * H;  // the range's query heads, contiguous
+        const float* qr = Q + (t * Nq + h0 * G) * Dqk;  // the range's query heads, contiguous
         for (std::int64_t j = 0; j < n; ++j)
           for (std::int64_t kvh = h0; kvh < h1; ++kvh) {
-            const float* kr = K + ((lo + j) * Nk + kvh) * H;  // read once for its whole group
+            const float* kr = K + ((lo + j) * Nk + kvh) * Dqk;  // read once for its whole group
             for (std::int64_t g = 0; g < G; ++g) {
               const std::int64_t qh = (kvh - h0) * G + g;
-              scores[qh * n + j] = dot(qr + qh * H, kr, H) * p.scale;
+              scores[qh * n + j] = dot(qr + qh * Dqk, kr, Dqk) * p.scale;
             }
           }
         for (std::int64_t qh = 0; qh < heads; ++qh) {
@@ -223,16 +224,16 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
           float sum = 0.0f;
           for (std::int64_t j = 0; j < n; ++j) sum += (sq[j] = std::exp(sq[j] - mx));
           for (std::int64_t j = 0; j < n; ++j) sq[j] /= sum;
-          std::fill(O + (t * Nq + h0 * G + qh) * H, O + (t * Nq + h0 * G + qh + 1) * H, 0.0f);
+          std::fill(O + (t * Nq + h0 * G + qh) * Dv, O + (t * Nq + h0 * G + qh + 1) * Dv, 0.0f);
         }
         for (std::int64_t j = 0; j < n; ++j)
           for (std::int64_t kvh = h0; kvh < h1; ++kvh) {
-            const float* vr = V + ((lo + j) * Nk + kvh) * H;  // read once for its whole group
+            const float* vr = V + ((lo + j) * Nk + kvh) * Dv;  // read once for its whole group
             for (std::int64_t g = 0; g < G; ++g) {
               const std::int64_t qh = (kvh - h0) * G + g;
               const float pj = scores[qh * n + j];
-              float* o = O + (t * Nq + h0 * G + qh) * H;
-              for (std::int64_t d = 0; d < H; ++d) o[d] += pj * vr[d];
+              float* o = O + (t * Nq + h0 * G + qh) * Dv;
+              for (std::int64_t d = 0; d < Dv; ++d) o[d] += pj * vr[d];
             }
           }
       }

@@ -19,29 +19,29 @@ void cpu_only(const Tensor& t, const char* op) { IL_CHECK(!t.is_cuda(), op, " ru
 // `scratch` holds at least S floats.
 void attention_row(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p,
                    std::int64_t t, std::int64_t h, float* scratch) {
-  const std::int64_t Nq = q.size(1), H = q.size(2), S = k.size(0), Nk = k.size(1);
+  const std::int64_t Nq = q.size(1), Dqk = q.size(2), S = k.size(0), Nk = k.size(1), Dv = v.size(2);
   const std::int64_t kvh = h / (Nq / Nk);  // the KV head this query head reads (GQA grouping)
   const std::int64_t hi = p.causal ? p.q_offset + t : S - 1;
   const std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(0, hi - p.window + 1) : 0;
-  const float* qr = q.data<float>() + (t * Nq + h) * H;
+  const float* qr = q.data<float>() + (t * Nq + h) * Dqk;
   const float* K = k.data<float>();
   const float* V = v.data<float>();
   float mx = -std::numeric_limits<float>::infinity();
   for (std::int64_t j = lo; j <= hi; ++j) {
-    const float* kr = K + (j * Nk + kvh) * H;
+    const float* kr = K + (j * Nk + kvh) * Dqk;
     float s = 0.0f;
-    for (std::int64_t d = 0; d < H; ++d) s += qr[d] * kr[d];
+    for (std::int64_t d = 0; d < Dqk; ++d) s += qr[d] * kr[d];
     scratch[j] = s * p.scale;
     mx = std::max(mx, scratch[j]);
   }
   float sum = 0.0f;
   for (std::int64_t j = lo; j <= hi; ++j) sum += (scratch[j] = std::exp(scratch[j] - mx));
-  float* o = out.data<float>() + (t * Nq + h) * H;
-  for (std::int64_t d = 0; d < H; ++d) o[d] = 0.0f;
+  float* o = out.data<float>() + (t * Nq + h) * Dv;
+  for (std::int64_t d = 0; d < Dv; ++d) o[d] = 0.0f;
   for (std::int64_t j = lo; j <= hi; ++j) {
     const float pj = scratch[j] / sum;
-    const float* vr = V + (j * Nk + kvh) * H;
-    for (std::int64_t d = 0; d < H; ++d) o[d] += pj * vr[d];
+    const float* vr = V + (j * Nk + kvh) * Dv;
+    for (std::int64_t d = 0; d < Dv; ++d) o[d] += pj * vr[d];
   }
 }
 

@@ -6,12 +6,15 @@
 #include <limits>
 
 #include "common/metrics.h"
+#include "attention_exact.h"
 #include "common/ops.h"
 #include "test_util.h"
 
 namespace inferlab {
 namespace {
 
+using test::attention_exact;
+using test::AttnRef;
 using test::expect_error;
 using test::expect_within;
 using test::gamma;
@@ -320,54 +323,9 @@ TEST(Embedding, ExactRowsForEveryTableDtype) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention against float64, with the bound derived in attention_bound().
-struct AttnRef {
-  std::vector<double> out, bound;
-};
-
-AttnRef attention_exact(const Tensor& q, const Tensor& k, const Tensor& v, AttentionParams p, double extra_eta = 0) {
-  const std::int64_t T = q.size(0), Nq = q.size(1), H = q.size(2), S = k.size(0), Nk = k.size(1);
-  if (p.q_offset < 0) p.q_offset = S - T;
-  // The scale as the op computes it, in float.
-  const double fscale = p.scale == 0 ? 1.0f / std::sqrt(static_cast<float>(H)) : p.scale;
-  const auto Q = q.to_double_vector(), K = k.to_double_vector(), V = v.to_double_vector();
-  AttnRef r{std::vector<double>(Q.size()), std::vector<double>(Q.size())};
-  for (std::int64_t t = 0; t < T; ++t)
-    for (std::int64_t h = 0; h < Nq; ++h) {
-      const std::int64_t kvh = h / (Nq / Nk);
-      const std::int64_t hi = p.causal ? p.q_offset + t : S - 1;
-      const std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(0, hi - p.window + 1) : 0;
-      std::vector<double> s(S);
-      double mx = -INFINITY, E = 0;
-      for (std::int64_t j = lo; j <= hi; ++j) {
-        double dot = 0, a = 0;
-        for (std::int64_t d = 0; d < H; ++d)
-          dot += Q[(t * Nq + h) * H + d] * K[(j * Nk + kvh) * H + d],
-              a += std::fabs(Q[(t * Nq + h) * H + d] * K[(j * Nk + kvh) * H + d]);
-        s[j] = dot * fscale;
-        mx = std::max(mx, s[j]);
-        E = std::max(E, fscale * gamma(H) * a + u * std::fabs(s[j]));  // error of one score
-      }
-      double sum = 0, spread = 0;
-      for (std::int64_t j = lo; j <= hi; ++j) sum += std::exp(s[j] - mx), spread = std::max(spread, mx - s[j]);
-      const double n = static_cast<double>(hi - lo + 1);
-      // Each weight exp(s_j − max) is off by a relative η ≤ E + u·spread + 2u (score error,
-      // the subtraction, exp); weights normalised by their own sum move the output by at most
-      // 2η·max|v|; the two S-term sums add γ_S each, the division u.
-      const double eta = E + u * spread + 2 * u + extra_eta;
-      for (std::int64_t d = 0; d < H; ++d) {
-        double o = 0, vmax = 0;
-        for (std::int64_t j = lo; j <= hi; ++j)
-          o += std::exp(s[j] - mx) / sum * V[(j * Nk + kvh) * H + d], vmax = std::max(vmax, std::fabs(V[(j * Nk + kvh) * H + d]));
-        r.out[(t * Nq + h) * H + d] = o;
-        r.bound[(t * Nq + h) * H + d] = (2 * eta + 2 * gamma(n) + 3 * u) * vmax;
-      }
-    }
-  return r;
-}
-
+// Attention against float64 (test::attention_exact in attention_exact.h, with its bound).
 struct AttnCase {
-  std::int64_t T, S, Nq, Nk, H, window;
+  std::int64_t T, S, Nq, Nk, Dqk, Dv, window;
   bool causal;
 };
 
@@ -377,12 +335,12 @@ TEST_P(AttentionTest, ReferenceAndFastPathWithinTheirBound) {
   const auto c = GetParam();
   test::ThreadCount threads(2);
   auto rng = test::rng_for_test();
-  Tensor q = test::uniform(rng, {c.T, c.Nq, c.H}, -2, 2), k = test::uniform(rng, {c.S, c.Nk, c.H}, -2, 2),
-         v = test::uniform(rng, {c.S, c.Nk, c.H});
+  Tensor q = test::uniform(rng, {c.T, c.Nq, c.Dqk}, -2, 2), k = test::uniform(rng, {c.S, c.Nk, c.Dqk}, -2, 2),
+         v = test::uniform(rng, {c.S, c.Nk, c.Dv});
   AttentionParams p;
   p.window = c.window, p.causal = c.causal;
   const AttnRef e = attention_exact(q, k, v, p);
-  Tensor r = Tensor::empty(q.shape(), DType::F32);
+  Tensor r = Tensor::empty({c.T, c.Nq, c.Dv}, DType::F32);
   ref::attention(q, k, v, r, p);
   expect_within(r.to_double_vector(), e.out, e.bound, "ref::attention vs float64");
   Tensor f = ops::attention(q, k, v, p);
@@ -393,17 +351,26 @@ TEST_P(AttentionTest, ReferenceAndFastPathWithinTheirBound) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
-                         ::testing::Values(AttnCase{1, 1, 4, 4, 8, 0, true},     // first token
-                                           AttnCase{9, 9, 4, 4, 16, 0, true},    // prefill, MHA
-                                           AttnCase{1, 40, 8, 2, 32, 0, true},   // decode, GQA
-                                           AttnCase{5, 33, 6, 1, 8, 0, true},    // MQA, queries at the end
-                                           AttnCase{12, 12, 4, 2, 8, 4, true},   // sliding window
-                                           AttnCase{7, 7, 2, 2, 8, 0, false},    // bidirectional
-                                           AttnCase{32, 64, 8, 2, 32, 0, true}), // large enough to thread
+                         ::testing::Values(AttnCase{1, 1, 4, 4, 8, 8, 0, true},      // first token
+                                           AttnCase{9, 9, 4, 4, 16, 16, 0, true},    // prefill, MHA
+                                           AttnCase{1, 40, 8, 2, 32, 32, 0, true},   // decode, GQA
+                                           AttnCase{5, 33, 6, 1, 8, 8, 0, true},     // MQA, queries at the end
+                                           AttnCase{12, 12, 4, 2, 8, 8, 4, true},    // sliding window
+                                           AttnCase{6, 20, 4, 2, 16, 16, 5, true},   // window, queries at the end
+                                           AttnCase{1, 30, 4, 1, 8, 8, 7, true},     // window, decode
+                                           AttnCase{7, 7, 2, 2, 8, 8, 0, false},     // bidirectional
+                                           AttnCase{3, 11, 4, 2, 8, 8, 0, false},    // bidirectional, T < S
+                                           AttnCase{8, 5, 2, 1, 8, 8, 0, false},     // bidirectional, T > S
+                                           AttnCase{4, 10, 4, 2, 24, 16, 0, true},   // MLA-like: Dv < Dqk
+                                           AttnCase{3, 8, 2, 2, 8, 20, 3, true},     // Dv > Dqk, window
+                                           AttnCase{5, 9, 4, 4, 12, 6, 0, false},    // Dv < Dqk, bidirectional
+                                           AttnCase{32, 64, 8, 2, 32, 32, 0, true},  // large enough to thread
+                                           AttnCase{32, 64, 8, 2, 48, 16, 9, true}), // the same, MLA-like, window
                          [](const auto& info) {
                            const auto& c = info.param;
                            return "T" + std::to_string(c.T) + "_S" + std::to_string(c.S) + "_N" + std::to_string(c.Nq) +
-                                  "_K" + std::to_string(c.Nk) + "_W" + std::to_string(c.window) +
+                                  "_K" + std::to_string(c.Nk) + "_D" + std::to_string(c.Dqk) + "_V" +
+                                  std::to_string(c.Dv) + "_W" + std::to_string(c.window) +
                                   (c.causal ? "_causal" : "_bidir");
                          });
 
@@ -452,9 +419,34 @@ TEST(Attention, WindowEdgeCases) {
   EXPECT_EQ(ops::attention(q, k, v, self).to_float_vector(), v.to_float_vector());
 }
 
+TEST(Attention, CountsItsWork) {
+  // q[3,4,8], k[5,2,8], v[5,2,6]: causal rows see 3, 4 and 5 keys; each seen key costs one
+  // Dqk-long dot and one Dv-long multiply-add per query head.
+  Tensor q = Tensor::zeros({3, 4, 8}, DType::F32), k = Tensor::zeros({5, 2, 8}, DType::F32),
+         v = Tensor::zeros({5, 2, 6}, DType::F32);
+  metrics::CountScope scope;
+  Tensor out = ops::attention(q, k, v);
+  EXPECT_EQ(out.shape(), (Shape{3, 4, 6}));
+  EXPECT_EQ(scope.work().flops, 2.0 * (3 + 4 + 5) * 4 * (8 + 6));
+  EXPECT_EQ(scope.work().bytes, 4.0 * (3 * 4 * 8 + 5 * 2 * 8 + 5 * 2 * 6 + 3 * 4 * 6));
+  metrics::CountScope windowed;
+  AttentionParams p;
+  p.window = 2;  // every row sees 2 keys
+  ops::attention(q, k, v, out, p);
+  EXPECT_EQ(windowed.work().flops, 2.0 * (2 + 2 + 2) * 4 * (8 + 6));
+}
+
 TEST(Attention, Errors) {
   Tensor q = Tensor::zeros({3, 4, 8}, DType::F32), k = Tensor::zeros({2, 4, 8}, DType::F32);
   expect_error([&] { ops::attention(q, k, k); }, {"attention", "only 2 keys"});
+  Tensor k5 = Tensor::zeros({5, 4, 8}, DType::F32), v6 = Tensor::zeros({5, 4, 6}, DType::F32);
+  expect_error([&] { ops::attention(q, Tensor::zeros({5, 4, 7}, DType::F32), v6); },
+               {"attention", "q f32[3, 4, 8]", "k f32[5, 4, 7]", "head dimension"});
+  expect_error([&] { ops::attention(q, k5, Tensor::zeros({4, 4, 6}, DType::F32)); }, {"attention", "v f32[4, 4, 6]", "5 rows"});
+  expect_error([&] { ops::attention(q, k5, Tensor::zeros({5, 2, 6}, DType::F32)); }, {"attention", "v f32[5, 2, 6]", "4 heads"});
+  Tensor out8 = Tensor::zeros({3, 4, 8}, DType::F32);
+  expect_error([&] { ops::attention(q, k5, v6, out8); }, {"attention", "out f32[3, 4, 8]", "[3, 4, 6]"});
+  expect_error([&] { ops::attention(q, k5, Tensor::zeros({5, 4}, DType::F32)); }, {"attention", "v must be 3-d"});
   Tensor k3 = Tensor::zeros({3, 3, 8}, DType::F32);
   expect_error([&] { ops::attention(q, k3, k3); }, {"4 query heads", "3 KV heads"});
   AttentionParams p;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "attention_exact.h"
 #include "common/cuda/backend.h"
 #include "common/ops.h"
 #include "common/sampling.h"
@@ -114,33 +115,44 @@ TEST(Cuda, RmsNormRopeEmbedding) {
   }
 }
 
-TEST(Cuda, AttentionMatchesCpu) {
+TEST(Cuda, AttentionWithinTheFloat64BoundAndMatchesCpu) {
   IL_REQUIRE_CUDA();
   auto rng = test::rng_for_test();
   struct Case {
-    std::int64_t T, S, Nq, Nk, H, window;
+    std::int64_t T, S, Nq, Nk, Dqk, Dv, window;
     bool causal;
   };
-  for (const Case& c : {Case{1, 1, 4, 4, 64, 0, true}, Case{1, 1000, 32, 8, 128, 0, true},
-                        Case{17, 300, 8, 8, 64, 0, true}, Case{40, 40, 4, 1, 256, 16, true},
-                        Case{9, 9, 2, 2, 80, 0, false}}) {
-    Tensor q = test::uniform(rng, {c.T, c.Nq, c.H}, -2, 2), k = test::uniform(rng, {c.S, c.Nk, c.H}, -2, 2),
-           v = test::uniform(rng, {c.S, c.Nk, c.H});
+  for (const Case& c : {Case{1, 1, 4, 4, 64, 64, 0, true}, Case{1, 1000, 32, 8, 128, 128, 0, true},
+                        Case{17, 300, 8, 8, 64, 64, 0, true}, Case{40, 40, 4, 1, 256, 256, 16, true},
+                        Case{6, 300, 4, 2, 64, 64, 130, true}, Case{9, 9, 2, 2, 80, 80, 0, false},
+                        Case{5, 200, 4, 2, 32, 32, 0, false}, Case{7, 260, 8, 2, 192, 128, 0, true},
+                        Case{3, 20, 4, 4, 40, 72, 5, true}, Case{2, 150, 8, 1, 576, 512, 0, true}}) {
+    Tensor q = test::uniform(rng, {c.T, c.Nq, c.Dqk}, -2, 2), k = test::uniform(rng, {c.S, c.Nk, c.Dqk}, -2, 2),
+           v = test::uniform(rng, {c.S, c.Nk, c.Dv});
     AttentionParams p;
     p.window = c.window, p.causal = c.causal;
     const auto g = ops::attention(on_gpu(q), on_gpu(k), on_gpu(v), p).to_double_vector();
     const auto cpu = ops::attention(q, k, v, p).to_double_vector();
-    // The kernel's online softmax rescales once per chunk of 128 keys (exp: 2u each) and sums
-    // in a different order. A per-element bound: each side is within (2η + 2γ_S + 3u)·max|v|
-    // of the exact value with η ≤ γ_H·Σ|q||k|·scale + u·spread + 2u (+ (2·chunks + 4)u on the
-    // GPU); with |q|, |k| ≤ 2, |v| ≤ 1 and a spread of at most 8·H·scale:
-    const double scale = 1.0 / std::sqrt(static_cast<double>(c.H));
-    const double spread = 8.0 * c.H * scale, chunks = std::ceil(c.S / 128.0);
-    const double eta = gamma(c.H) * 4.0 * c.H * scale + u * spread + 2 * u;
-    const double each = 2 * eta + 2 * gamma(c.S) + 3 * u;
-    std::vector<double> bound(cpu.size(), 2 * each + 2 * (2 * chunks + 4) * u);
-    expect_within(g, cpu, bound, "cuda attention S=" + std::to_string(c.S));
+    // The kernel's online softmax rescales once per chunk of 128 keys (exp: 2u each) and takes
+    // expf's error: a further (2·chunks + 4)u on each weight (attention_exact.h).
+    const double chunks = std::ceil(static_cast<double>(c.S) / 128.0);
+    const test::AttnRef eg = test::attention_exact(q, k, v, p, (2 * chunks + 4) * u), ec = test::attention_exact(q, k, v, p);
+    const std::string what = "S=" + std::to_string(c.S) + " Dqk=" + std::to_string(c.Dqk) + " Dv=" + std::to_string(c.Dv);
+    expect_within(g, eg.out, eg.bound, "cuda attention vs float64 " + what);
+    std::vector<double> both(eg.bound.size());
+    for (std::size_t i = 0; i < both.size(); ++i) both[i] = eg.bound[i] + ec.bound[i];
+    expect_within(g, cpu, both, "cuda attention vs cpu " + what);
   }
+}
+
+TEST(Cuda, AttentionRefusesHeadsAboveItsLimits) {
+  IL_REQUIRE_CUDA();
+  Tensor q = on_gpu(Tensor::zeros({1, 1, 8}, DType::F32)), k = on_gpu(Tensor::zeros({2, 1, 8}, DType::F32));
+  test::expect_error([&] { ops::attention(q, k, on_gpu(Tensor::zeros({2, 1, 513}, DType::F32))); },
+                     {"attention (CUDA)", "value head dimension 513", "512"});
+  Tensor wide = on_gpu(Tensor::zeros({2, 1, 1025}, DType::F32));
+  test::expect_error([&] { ops::attention(on_gpu(Tensor::zeros({1, 1, 1025}, DType::F32)), wide, k); },
+                     {"attention (CUDA)", "query/key head dimension 1025", "1024"});
 }
 
 TEST(Cuda, ArgmaxAndSamplingAgreeWithCpu) {

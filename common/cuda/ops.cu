@@ -181,30 +181,33 @@ __global__ void embedding_kernel(const W* __restrict__ table, const int* __restr
 
 // Attention, one block per (query row, head), online softmax over chunks of blockDim keys:
 // each thread scores one key of the chunk, the block rescales its running sum and output by
-// exp(old max - new max), then each thread accumulates its output dimensions.
+// exp(old max - new max), then each thread accumulates its output dimensions. The query row
+// sits in shared memory; each thread keeps kDims output dimensions in registers, which bounds
+// Dv (512 covers MLA with the up-projections absorbed: Dqk = 576, Dv = 512).
 constexpr int kAttnThreads = 128;
-constexpr int kAttnMaxHead = 256;
+constexpr int kAttnMaxQk = 1024;
+constexpr int kAttnMaxV = 512;
 
 __global__ void attention_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                                 float* __restrict__ out, long long S, long long Nq, long long Nk, long long H,
-                                 long long q_offset, long long window, float scale, bool causal) {
-  __shared__ float qs[kAttnMaxHead];
+                                 float* __restrict__ out, long long S, long long Nq, long long Nk, long long Dqk,
+                                 long long Dv, long long q_offset, long long window, float scale, bool causal) {
+  __shared__ float qs[kAttnMaxQk];
   __shared__ float ps[kAttnThreads];
   const long long t = blockIdx.x, h = blockIdx.y, kvh = h / (Nq / Nk);
   const long long hi = causal ? q_offset + t : S - 1;
   const long long lo = window > 0 ? max(0LL, hi - window + 1) : 0;
-  for (long long d = threadIdx.x; d < H; d += blockDim.x) qs[d] = q[(t * Nq + h) * H + d];
+  for (long long d = threadIdx.x; d < Dqk; d += blockDim.x) qs[d] = q[(t * Nq + h) * Dqk + d];
   __syncthreads();
-  constexpr int kDims = kAttnMaxHead / kAttnThreads;  // output dimensions per thread
+  constexpr int kDims = kAttnMaxV / kAttnThreads;  // output dimensions per thread
   float acc[kDims] = {};
   float m = -INFINITY, l = 0.0f;
   for (long long j0 = lo; j0 <= hi; j0 += blockDim.x) {
     const long long j = j0 + threadIdx.x;
     float s = -INFINITY;
     if (j <= hi) {
-      const float* kr = k + (j * Nk + kvh) * H;
+      const float* kr = k + (j * Nk + kvh) * Dqk;
       float dot = 0.0f;
-      for (long long d = 0; d < H; ++d) dot += qs[d] * kr[d];
+      for (long long d = 0; d < Dqk; ++d) dot += qs[d] * kr[d];
       s = dot * scale;
     }
     const float m_new = fmaxf(m, block_max(s));
@@ -218,9 +221,9 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
 #pragma unroll
     for (int c = 0; c < kDims; ++c) {
       const long long d = threadIdx.x + c * blockDim.x;
-      if (d < H) {
+      if (d < Dv) {
         float a = acc[c] * correction;
-        for (long long i = 0; i < n; ++i) a += ps[i] * v[((j0 + i) * Nk + kvh) * H + d];
+        for (long long i = 0; i < n; ++i) a += ps[i] * v[((j0 + i) * Nk + kvh) * Dv + d];
         acc[c] = a;
       }
     }
@@ -229,7 +232,7 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
 #pragma unroll
   for (int c = 0; c < kDims; ++c) {
     const long long d = threadIdx.x + c * blockDim.x;
-    if (d < H) out[(t * Nq + h) * H + d] = acc[c] / l;
+    if (d < Dv) out[(t * Nq + h) * Dv + d] = acc[c] / l;
   }
 }
 
@@ -292,14 +295,16 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
 }
 
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
-  const long long T = q.size(0), Nq = q.size(1), H = q.size(2);
-  IL_CHECK(H <= kAttnMaxHead, "attention (CUDA): head dimension ", H, " is above this kernel's limit of ",
-           kAttnMaxHead);
+  const long long T = q.size(0), Nq = q.size(1), Dqk = q.size(2), Dv = v.size(2);
+  IL_CHECK(Dqk <= kAttnMaxQk, "attention (CUDA): query/key head dimension ", Dqk, " is above this kernel's limit of ",
+           kAttnMaxQk);
+  IL_CHECK(Dv <= kAttnMaxV, "attention (CUDA): value head dimension ", Dv, " is above this kernel's limit of ",
+           kAttnMaxV);
   if (T == 0) return;
   dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(Nq));
   attention_kernel<<<grid, kAttnThreads, 0, stream()>>>(q.data<float>(), k.data<float>(), v.data<float>(),
-                                                         out.data<float>(), k.size(0), Nq, k.size(1), H, p.q_offset,
-                                                         p.window, p.scale, p.causal);
+                                                         out.data<float>(), k.size(0), Nq, k.size(1), Dqk, Dv,
+                                                         p.q_offset, p.window, p.scale, p.causal);
   IL_CUDA_LAUNCHED();
 }
 
