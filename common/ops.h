@@ -20,6 +20,7 @@
 /// - Every call adds its FLOPs and minimal bytes moved to the active metrics::CountScope.
 
 #include <cstdint>
+#include <vector>
 
 #include "common/tensor.h"
 
@@ -43,6 +44,21 @@ struct AttentionParams {
   float scale = 0.0f;
   /// False gives bidirectional attention (every query sees every key).
   bool causal = true;
+};
+
+/// Several sequences packed along the rows of q and of k/v, for one attention call (what
+/// flash-attn's varlen interface calls cu_seqlens_q and cu_seqlens_k). Sequence b owns rows
+/// q_starts[b] .. q_starts[b+1] - 1 of q and out, and rows kv_starts[b] .. kv_starts[b+1] - 1
+/// of k and v; its queries see only its own keys. Decode rows (T_b = 1) and prefill chunks mix
+/// freely: this is how a server batches requests of different lengths into one launch.
+struct RaggedBatch {
+  /// B + 1 row starts into q: 0 first, q's row count last, never decreasing (T_b = 0 is allowed).
+  std::vector<std::int64_t> q_starts;
+  /// B + 1 row starts into k and v: 0 first, their row count last, increasing (S_b > 0).
+  std::vector<std::int64_t> kv_starts;
+  /// Each sequence's AttentionParams::q_offset (position of its first query among its keys);
+  /// empty means S_b - T_b for all, i.e. each sequence's queries are its last T_b keys.
+  std::vector<std::int64_t> q_offsets;
 };
 
 namespace ops {
@@ -78,6 +94,13 @@ Tensor embedding(const Tensor& table, const Tensor& ids);
 /// 1/sqrt(Dqk).
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p = {});
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p = {});
+/// The same over a ragged batch: equal, bit for bit, to one attention call per sequence on its
+/// rows, with its q_offset. window, scale and causal apply to every sequence; p.q_offset must
+/// stay at its default (the offsets are per sequence, in the batch).
+void attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+                      const AttentionParams& p = {});
+Tensor attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, const RaggedBatch& batch,
+                        const AttentionParams& p = {});
 /// Index of the largest element of each row of x[M,N] (I32 [M]); ties go to the lowest index,
 /// and NaN counts as the largest value (as torch.argmax does), so a NaN never hides.
 void argmax(const Tensor& x, Tensor& out);
@@ -95,6 +118,8 @@ void softmax(const Tensor& x, Tensor& out);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p = {});
+void attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+                      const AttentionParams& p = {});
 void argmax(const Tensor& x, Tensor& out);
 }  // namespace ref
 
@@ -113,6 +138,13 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
 /// Returns the resolved parameters (q_offset, scale filled in).
 AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const AttentionParams& p);
+/// A ragged batch with its defaults resolved: every q_offset, and the scale, filled in.
+struct RaggedAttention {
+  RaggedBatch batch;
+  AttentionParams params;
+};
+RaggedAttention attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                 const RaggedBatch& batch, const AttentionParams& p);
 void argmax(const Tensor& x, const Tensor& out);
 }  // namespace check
 

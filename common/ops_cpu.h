@@ -10,7 +10,9 @@
 namespace inferlab::cpu {
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out);
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p);
+/// Attention over a checked, resolved batch (a single sequence is a batch of one).
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+               const AttentionParams& p);
 
 /// y[m·y_stride] = x[m, :] · w for m < M: M dot products of length K against one f32 row,
 /// reading the row once (the fast GEMV's inner kernel, for other chapters' formats).

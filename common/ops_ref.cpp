@@ -1,6 +1,7 @@
 // ref:: — the reference loops: each op written the way the lecture writes its formula, after the
 // same checks as ops::. Single-threaded, float32 arithmetic, no tricks. Every faster version is
 // tested against these, and ops:: runs the elementwise ones as they are on CPU tensors.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -43,6 +44,13 @@ void attention_row(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& ou
     const float* vr = V + (j * Nk + kvh) * Dv;
     for (std::int64_t d = 0; d < Dv; ++d) o[d] += pj * vr[d];
   }
+}
+
+// Every query row of every head of one sequence.
+void attention_rows(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
+  std::vector<float> scratch(static_cast<std::size_t>(std::max<std::int64_t>(k.size(0), 1)));
+  for (std::int64_t t = 0; t < q.size(0); ++t)
+    for (std::int64_t h = 0; h < q.size(1); ++h) attention_row(q, k, v, out, p, t, h, scratch.data());
 }
 
 }  // namespace
@@ -156,9 +164,21 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
   const AttentionParams r = check::attention(q, k, v, out, p);
   cpu_only(q, "ref::attention");
-  std::vector<float> scratch(static_cast<std::size_t>(std::max<std::int64_t>(k.size(0), 1)));
-  for (std::int64_t t = 0; t < q.size(0); ++t)
-    for (std::int64_t h = 0; h < q.size(1); ++h) attention_row(q, k, v, out, r, t, h, scratch.data());
+  attention_rows(q, k, v, out, r);
+}
+
+// Each sequence of the batch is an attention call of its own, on its rows of q, k, v and out.
+void attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+                      const AttentionParams& p) {
+  const auto [b, r] = check::attention_ragged(q, k, v, out, batch, p);
+  cpu_only(q, "ref::attention_ragged");
+  for (std::size_t s = 0; s < b.q_offsets.size(); ++s) {
+    AttentionParams rs = r;
+    rs.q_offset = b.q_offsets[s];
+    const std::int64_t q0 = b.q_starts[s], q1 = b.q_starts[s + 1], k0 = b.kv_starts[s], k1 = b.kv_starts[s + 1];
+    Tensor o = out.slice(0, q0, q1);
+    attention_rows(q.slice(0, q0, q1), k.slice(0, k0, k1), v.slice(0, k0, k1), o, rs);
+  }
 }
 
 // First index of the maximum; NaN counts as the maximum.

@@ -1,8 +1,10 @@
 #pragma once
 // Attention in float64, written from the formula, with a per-element error bound for a float32
-// implementation: shared by the CPU and CUDA tests.
+// implementation, and ragged batches of random sequences: shared by the CPU and CUDA tests.
 #include <algorithm>
 #include <cmath>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "common/ops.h"
@@ -59,6 +61,26 @@ inline AttnRef attention_exact(const Tensor& q, const Tensor& k, const Tensor& v
       }
     }
   return r;
+}
+
+/// Random q, k, v for sequences of (T_b queries, S_b keys), packed along the rows, and their batch.
+struct Packed {
+  Tensor q, k, v;
+  RaggedBatch batch;
+};
+
+inline Packed pack(std::mt19937_64& rng, const std::vector<std::pair<std::int64_t, std::int64_t>>& lengths, std::int64_t Nq,
+            std::int64_t Nk, std::int64_t Dqk, std::int64_t Dv) {
+  Packed p;
+  p.batch.q_starts = {0}, p.batch.kv_starts = {0};
+  for (auto [T, S] : lengths) {
+    p.batch.q_starts.push_back(p.batch.q_starts.back() + T);
+    p.batch.kv_starts.push_back(p.batch.kv_starts.back() + S);
+  }
+  p.q = uniform(rng, {p.batch.q_starts.back(), Nq, Dqk}, -2, 2);
+  p.k = uniform(rng, {p.batch.kv_starts.back(), Nk, Dqk}, -2, 2);
+  p.v = uniform(rng, {p.batch.kv_starts.back(), Nk, Dv});
+  return p;
 }
 
 }  // namespace inferlab::test

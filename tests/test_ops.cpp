@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
+#include <utility>
 
 #include "common/metrics.h"
 #include "attention_exact.h"
@@ -15,6 +17,8 @@ namespace {
 
 using test::attention_exact;
 using test::AttnRef;
+using test::pack;
+using test::Packed;
 using test::expect_error;
 using test::expect_within;
 using test::gamma;
@@ -453,6 +457,110 @@ TEST(Attention, Errors) {
   p.causal = false, p.window = 2;
   Tensor k4 = Tensor::zeros({3, 4, 8}, DType::F32);
   expect_error([&] { ops::attention(q, k4, k4, p); }, {"sliding window needs causal"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ragged batches: a ragged call is one attention call per sequence, bit for bit.
+// Rows [begin, end) of a tensor, as doubles.
+std::vector<double> rows(const Tensor& t, std::int64_t begin, std::int64_t end) {
+  return t.slice(0, begin, end).to_double_vector();
+}
+
+TEST(AttentionRagged, EqualsOneCallPerSequenceExactly) {
+  test::ThreadCount threads(2);
+  auto rng = test::rng_for_test();
+  const std::int64_t Nq = 8, Nk = 2, Dqk = 16, Dv = 12;
+  // Decode rows (T_b = 1), prefill chunks (T_b < S_b), whole prompts (T_b = S_b) and a sequence
+  // with no queries this step, in random lengths; plus one long prompt so the fast path threads.
+  std::vector<std::pair<std::int64_t, std::int64_t>> lengths = {{48, 48}};
+  for (int b = 0; b < 11; ++b) {
+    const std::int64_t S = std::uniform_int_distribution<std::int64_t>(1, 40)(rng);
+    const std::int64_t chunk = std::uniform_int_distribution<std::int64_t>(1, S)(rng);
+    lengths.emplace_back(b % 4 == 0 ? 1 : b % 4 == 1 ? chunk : b % 4 == 2 ? S : 0, S);
+  }
+  std::shuffle(lengths.begin(), lengths.end(), rng);
+  const Packed in = pack(rng, lengths, Nq, Nk, Dqk, Dv);
+  const std::size_t B = lengths.size();
+  // Explicit offsets: each sequence's queries somewhere among its keys, not only at the end.
+  std::vector<std::int64_t> offsets;
+  for (auto [T, S] : lengths) offsets.push_back(std::uniform_int_distribution<std::int64_t>(0, S - T)(rng));
+
+  AttentionParams causal, window, bidir;
+  window.window = 5, bidir.causal = false;
+  for (const auto& [p, given] : {std::pair{causal, false}, std::pair{window, false}, std::pair{bidir, false},
+                                 std::pair{causal, true}, std::pair{window, true}}) {
+    RaggedBatch batch = in.batch;
+    if (given) batch.q_offsets = offsets;
+    Tensor r = Tensor::empty({in.q.size(0), Nq, Dv}, DType::F32);
+    ref::attention_ragged(in.q, in.k, in.v, r, batch, p);
+    const Tensor f = ops::attention_ragged(in.q, in.k, in.v, batch, p);
+    for (std::size_t b = 0; b < B; ++b) {
+      const std::int64_t q0 = batch.q_starts[b], q1 = batch.q_starts[b + 1];
+      const std::int64_t k0 = batch.kv_starts[b], k1 = batch.kv_starts[b + 1];
+      const Tensor qb = in.q.slice(0, q0, q1), kb = in.k.slice(0, k0, k1), vb = in.v.slice(0, k0, k1);
+      AttentionParams pb = p;
+      if (given) pb.q_offset = offsets[b];
+      Tensor rb = Tensor::empty({q1 - q0, Nq, Dv}, DType::F32);
+      ref::attention(qb, kb, vb, rb, pb);
+      const std::string what = "sequence " + std::to_string(b) + " (T " + std::to_string(q1 - q0) + ", S " +
+                               std::to_string(k1 - k0) + ", window " + std::to_string(p.window) +
+                               (p.causal ? "" : ", bidirectional") + (given ? ", given offset" : "") + ")";
+      EXPECT_EQ(rows(r, q0, q1), rb.to_double_vector()) << "ref::attention_ragged, " << what;
+      EXPECT_EQ(rows(f, q0, q1), ops::attention(qb, kb, vb, pb).to_double_vector()) << "ops::attention_ragged, " << what;
+      // And both against the formula, so that agreeing with a wrong single call cannot pass.
+      const AttnRef e = attention_exact(qb, kb, vb, pb);
+      expect_within(rows(f, q0, q1), e.out, e.bound, "ops::attention_ragged vs float64, " + what);
+    }
+  }
+}
+
+TEST(AttentionRagged, CountsTheWorkOfItsSequences) {
+  auto rng = test::rng_for_test();
+  const Packed in = pack(rng, {{1, 9}, {4, 4}, {0, 3}, {2, 7}}, 4, 2, 8, 6);
+  AttentionParams p;
+  p.window = 3;
+  metrics::Work separate;
+  for (std::size_t b = 0; b + 1 < in.batch.q_starts.size(); ++b) {
+    metrics::CountScope one;
+    const std::int64_t q0 = in.batch.q_starts[b], q1 = in.batch.q_starts[b + 1];
+    const std::int64_t k0 = in.batch.kv_starts[b], k1 = in.batch.kv_starts[b + 1];
+    ops::attention(in.q.slice(0, q0, q1), in.k.slice(0, k0, k1), in.v.slice(0, k0, k1), p);
+    separate += one.work();
+  }
+  metrics::CountScope all;
+  ops::attention_ragged(in.q, in.k, in.v, in.batch, p);
+  // With the window of 3, the rows see 3 keys (the decode row), 1, 2, 3, 3 (the prompt) and
+  // 3, 3: 18 in all, each costing a Dqk dot and a Dv multiply-add per query head.
+  EXPECT_EQ(all.work().flops, 2.0 * 18 * 4 * (8 + 6));
+  EXPECT_EQ(all.work().flops, separate.flops);
+  EXPECT_EQ(all.work().bytes, separate.bytes);
+}
+
+TEST(AttentionRagged, Errors) {
+  auto rng = test::rng_for_test();
+  const Packed in = pack(rng, {{1, 5}, {3, 3}}, 2, 1, 4, 4);  // q: 4 rows, k/v: 8 rows
+  using Starts = std::vector<std::int64_t>;
+  auto call = [&](Starts qs, Starts ks, Starts offsets = {}, AttentionParams p = {}) {
+    ops::attention_ragged(in.q, in.k, in.v, {qs, ks, offsets}, p);
+  };
+  call({0, 1, 4}, {0, 5, 8});  // the batch itself is fine
+  expect_error([&] { call({0, 1, 4}, {0, 8}); }, {"attention_ragged", "q_starts and kv_starts", "3 and 2"});
+  expect_error([&] { call({0, 4}, {0, 8}, {1, 2}); }, {"attention_ragged", "q_offsets has 2 entries for 1 sequences"});
+  expect_error([&] { call({0, 1, 3}, {0, 5, 8}); }, {"attention_ragged", "q_starts must run from 0 to q's 4 rows"});
+  expect_error([&] { call({1, 1, 4}, {0, 5, 8}); }, {"attention_ragged", "q_starts must run from 0"});
+  expect_error([&] { call({0, 1, 4}, {0, 5, 9}); }, {"attention_ragged", "kv_starts must run from 0 to k's 8 rows"});
+  expect_error([&] { call({0, 3, 2, 4}, {0, 3, 5, 8}); }, {"attention_ragged", "q_starts must not decrease", "q_starts[2] = 2"});
+  expect_error([&] { call({0, 1, 4}, {0, 8, 8}); }, {"attention_ragged", "kv_starts must increase", "kv_starts[2] = 8"});
+  expect_error([&] { call({0, 1, 4}, {0, 6, 8}); }, {"attention_ragged", "sequence 1", "only 2 keys"});
+  expect_error([&] { call({0, 1, 4}, {0, 5, 8}, {5, 0}); }, {"attention_ragged", "sequence 0", "q_offsets[0] = 5", "only 5 keys"});
+  expect_error([&] { call({0, 1, 4}, {0, 5, 8}, {0, -1}); }, {"attention_ragged", "q_offsets[1] = -1"});
+  AttentionParams single;
+  single.q_offset = 2;
+  expect_error([&] { call({0, 1, 4}, {0, 5, 8}, {}, single); },
+               {"attention_ragged", "AttentionParams::q_offset", "RaggedBatch::q_offsets"});
+  AttentionParams bidir;
+  bidir.causal = false;
+  call({0, 1, 4}, {0, 6, 8}, {}, bidir);  // without the causal mask, 3 queries may share 2 keys
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
+#include <utility>
 
 #include "attention_exact.h"
 #include "common/cuda/backend.h"
@@ -142,6 +144,43 @@ TEST(Cuda, AttentionWithinTheFloat64BoundAndMatchesCpu) {
     std::vector<double> both(eg.bound.size());
     for (std::size_t i = 0; i < both.size(); ++i) both[i] = eg.bound[i] + ec.bound[i];
     expect_within(g, cpu, both, "cuda attention vs cpu " + what);
+  }
+}
+
+TEST(Cuda, AttentionRaggedEqualsOneCallPerSequence) {
+  IL_REQUIRE_CUDA();
+  auto rng = test::rng_for_test();
+  const std::int64_t Nq = 8, Nk = 2, Dqk = 64, Dv = 48;
+  // 40 sequences, more than one launch takes: decode rows, prefill chunks, whole prompts and
+  // sequences with no queries, one of them longer than a chunk of 128 keys.
+  std::vector<std::pair<std::int64_t, std::int64_t>> lengths = {{3, 300}};
+  for (int b = 0; b < 39; ++b) {
+    const std::int64_t S = std::uniform_int_distribution<std::int64_t>(1, 60)(rng);
+    const std::int64_t chunk = std::uniform_int_distribution<std::int64_t>(1, S)(rng);
+    lengths.emplace_back(b % 4 == 0 ? 1 : b % 4 == 1 ? chunk : b % 4 == 2 ? S : 0, S);
+  }
+  std::shuffle(lengths.begin(), lengths.end(), rng);
+  const test::Packed in = test::pack(rng, lengths, Nq, Nk, Dqk, Dv);
+  const Tensor gq = on_gpu(in.q), gk = on_gpu(in.k), gv = on_gpu(in.v);
+  AttentionParams causal, window, bidir;
+  window.window = 20, bidir.causal = false;
+  for (const AttentionParams& p : {causal, window, bidir}) {
+    const Tensor g = ops::attention_ragged(gq, gk, gv, in.batch, p).to(Device::CPU);
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+      const std::int64_t q0 = in.batch.q_starts[b], q1 = in.batch.q_starts[b + 1];
+      const std::int64_t k0 = in.batch.kv_starts[b], k1 = in.batch.kv_starts[b + 1];
+      const auto got = g.slice(0, q0, q1).to_double_vector();
+      const std::string what = "sequence " + std::to_string(b) + " (T " + std::to_string(q1 - q0) + ", S " +
+                               std::to_string(k1 - k0) + ", window " + std::to_string(p.window) +
+                               (p.causal ? ")" : ", bidirectional)");
+      // The same kernel on the same rows: the same bits as a call of its own.
+      EXPECT_EQ(got, ops::attention(gq.slice(0, q0, q1), gk.slice(0, k0, k1), gv.slice(0, k0, k1), p).to_double_vector())
+          << "cuda attention_ragged, " << what;
+      const double chunks = std::ceil(static_cast<double>(k1 - k0) / 128.0);
+      const test::AttnRef e = test::attention_exact(in.q.slice(0, q0, q1), in.k.slice(0, k0, k1),
+                                                    in.v.slice(0, k0, k1), p, (2 * chunks + 4) * u);
+      expect_within(got, e.out, e.bound, "cuda attention_ragged vs float64, " + what);
+    }
   }
 }
 

@@ -41,7 +41,9 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairin
 void softmax(const Tensor& x, Tensor& out);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p);
+/// Attention over a checked, resolved batch (a single sequence is a batch of one).
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+               const AttentionParams& p);
 void argmax(const Tensor& x, Tensor& out);
 
 /// Fills a CUDA tensor (F32, F16 or BF16) with uniform random values in [lo, hi) from a

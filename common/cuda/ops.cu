@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -188,15 +189,30 @@ constexpr int kAttnThreads = 128;
 constexpr int kAttnMaxQk = 1024;
 constexpr int kAttnMaxV = 512;
 
+// The sequences of one launch (a ragged batch's row starts, as in RaggedBatch), passed by value
+// as a kernel argument: nothing is copied to the device first, so a CUDA graph can capture the
+// launch. A batch of more sequences takes several launches.
+constexpr int kAttnSeqs = 32;
+struct AttnSeqs {
+  long long q_start[kAttnSeqs + 1];
+  long long kv_start[kAttnSeqs + 1];
+  long long q_offset[kAttnSeqs];
+};
+
 __global__ void attention_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                                 float* __restrict__ out, long long S, long long Nq, long long Nk, long long Dqk,
-                                 long long Dv, long long q_offset, long long window, float scale, bool causal) {
+                                 float* __restrict__ out, AttnSeqs seqs, long long Nq, long long Nk, long long Dqk,
+                                 long long Dv, long long window, float scale, bool causal) {
   __shared__ float qs[kAttnMaxQk];
   __shared__ float ps[kAttnThreads];
-  const long long t = blockIdx.x, h = blockIdx.y, kvh = h / (Nq / Nk);
-  const long long hi = causal ? q_offset + t : S - 1;
+  const long long i = seqs.q_start[0] + blockIdx.x, h = blockIdx.y, kvh = h / (Nq / Nk);
+  int b = 0;  // row i is query t of sequence b
+  while (seqs.q_start[b + 1] <= i) ++b;
+  const long long t = i - seqs.q_start[b], S = seqs.kv_start[b + 1] - seqs.kv_start[b];
+  k += seqs.kv_start[b] * Nk * Dqk;  // the sequence's own keys and values
+  v += seqs.kv_start[b] * Nk * Dv;
+  const long long hi = causal ? seqs.q_offset[b] + t : S - 1;
   const long long lo = window > 0 ? max(0LL, hi - window + 1) : 0;
-  for (long long d = threadIdx.x; d < Dqk; d += blockDim.x) qs[d] = q[(t * Nq + h) * Dqk + d];
+  for (long long d = threadIdx.x; d < Dqk; d += blockDim.x) qs[d] = q[(i * Nq + h) * Dqk + d];
   __syncthreads();
   constexpr int kDims = kAttnMaxV / kAttnThreads;  // output dimensions per thread
   float acc[kDims] = {};
@@ -232,7 +248,7 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
 #pragma unroll
   for (int c = 0; c < kDims; ++c) {
     const long long d = threadIdx.x + c * blockDim.x;
-    if (d < Dv) out[(t * Nq + h) * Dv + d] = acc[c] / l;
+    if (d < Dv) out[(i * Nq + h) * Dv + d] = acc[c] / l;
   }
 }
 
@@ -294,18 +310,27 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
   });
 }
 
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
-  const long long T = q.size(0), Nq = q.size(1), Dqk = q.size(2), Dv = v.size(2);
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+               const AttentionParams& p) {
+  const long long Nq = q.size(1), Dqk = q.size(2), Dv = v.size(2);
   IL_CHECK(Dqk <= kAttnMaxQk, "attention (CUDA): query/key head dimension ", Dqk, " is above this kernel's limit of ",
            kAttnMaxQk);
   IL_CHECK(Dv <= kAttnMaxV, "attention (CUDA): value head dimension ", Dv, " is above this kernel's limit of ",
            kAttnMaxV);
-  if (T == 0) return;
-  dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(Nq));
-  attention_kernel<<<grid, kAttnThreads, 0, stream()>>>(q.data<float>(), k.data<float>(), v.data<float>(),
-                                                         out.data<float>(), k.size(0), Nq, k.size(1), Dqk, Dv,
-                                                         p.q_offset, p.window, p.scale, p.causal);
-  IL_CUDA_LAUNCHED();
+  const std::size_t B = batch.q_offsets.size();
+  for (std::size_t b0 = 0; b0 < B; b0 += kAttnSeqs) {
+    const std::size_t n = std::min<std::size_t>(kAttnSeqs, B - b0);
+    AttnSeqs seqs{};
+    for (std::size_t b = 0; b <= n; ++b) seqs.q_start[b] = batch.q_starts[b0 + b], seqs.kv_start[b] = batch.kv_starts[b0 + b];
+    for (std::size_t b = 0; b < n; ++b) seqs.q_offset[b] = batch.q_offsets[b0 + b];
+    const long long rows = seqs.q_start[n] - seqs.q_start[0];
+    if (rows == 0) continue;
+    dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(Nq));
+    attention_kernel<<<grid, kAttnThreads, 0, stream()>>>(q.data<float>(), k.data<float>(), v.data<float>(),
+                                                           out.data<float>(), seqs, Nq, k.size(1), Dqk, Dv, p.window,
+                                                           p.scale, p.causal);
+    IL_CUDA_LAUNCHED();
+  }
 }
 
 void argmax(const Tensor& x, Tensor& out) {
