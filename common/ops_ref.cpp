@@ -170,14 +170,15 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
 // Each sequence of the batch is an attention call of its own, on its rows of q, k, v and out.
 void attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
                       const AttentionParams& p) {
-  const auto [b, r] = check::attention_ragged(q, k, v, out, batch, p);
+  const auto [seqs, r] = check::attention_ragged(q, k, v, out, batch, p);
   cpu_only(q, "ref::attention_ragged");
-  for (std::size_t s = 0; s < b.q_offsets.size(); ++s) {
-    AttentionParams rs = r;
-    rs.q_offset = b.q_offsets[s];
-    const std::int64_t q0 = b.q_starts[s], q1 = b.q_starts[s + 1], k0 = b.kv_starts[s], k1 = b.kv_starts[s + 1];
+  for (std::size_t b = 0; b < seqs.q_offsets.size(); ++b) {
+    AttentionParams rb = r;
+    rb.q_offset = seqs.q_offsets[b];
+    const std::int64_t q0 = seqs.q_starts[b], q1 = seqs.q_starts[b + 1];
+    const std::int64_t k0 = seqs.kv_starts[b], k1 = seqs.kv_starts[b + 1];
     Tensor o = out.slice(0, q0, q1);
-    attention_rows(q.slice(0, q0, q1), k.slice(0, k0, k1), v.slice(0, k0, k1), o, rs);
+    attention_rows(q.slice(0, q0, q1), k.slice(0, k0, k1), v.slice(0, k0, k1), o, rb);
   }
 }
 

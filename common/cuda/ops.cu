@@ -204,15 +204,15 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
                                  long long Dv, long long window, float scale, bool causal) {
   __shared__ float qs[kAttnMaxQk];
   __shared__ float ps[kAttnThreads];
-  const long long i = seqs.q_start[0] + blockIdx.x, h = blockIdx.y, kvh = h / (Nq / Nk);
-  int b = 0;  // row i is query t of sequence b
-  while (seqs.q_start[b + 1] <= i) ++b;
-  const long long t = i - seqs.q_start[b], S = seqs.kv_start[b + 1] - seqs.kv_start[b];
+  const long long row = seqs.q_start[0] + blockIdx.x, h = blockIdx.y, kvh = h / (Nq / Nk);
+  int b = 0;  // the row is query t of sequence b
+  while (seqs.q_start[b + 1] <= row) ++b;
+  const long long t = row - seqs.q_start[b], S = seqs.kv_start[b + 1] - seqs.kv_start[b];
   k += seqs.kv_start[b] * Nk * Dqk;  // the sequence's own keys and values
   v += seqs.kv_start[b] * Nk * Dv;
   const long long hi = causal ? seqs.q_offset[b] + t : S - 1;
   const long long lo = window > 0 ? max(0LL, hi - window + 1) : 0;
-  for (long long d = threadIdx.x; d < Dqk; d += blockDim.x) qs[d] = q[(i * Nq + h) * Dqk + d];
+  for (long long d = threadIdx.x; d < Dqk; d += blockDim.x) qs[d] = q[(row * Nq + h) * Dqk + d];
   __syncthreads();
   constexpr int kDims = kAttnMaxV / kAttnThreads;  // output dimensions per thread
   float acc[kDims] = {};
@@ -248,7 +248,7 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
 #pragma unroll
   for (int c = 0; c < kDims; ++c) {
     const long long d = threadIdx.x + c * blockDim.x;
-    if (d < Dv) out[(i * Nq + h) * Dv + d] = acc[c] / l;
+    if (d < Dv) out[(row * Nq + h) * Dv + d] = acc[c] / l;
   }
 }
 
