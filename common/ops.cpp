@@ -79,7 +79,7 @@ void rmsnorm(const Tensor& x, const Tensor& w, const Tensor& out) {
   metrics::count("rmsnorm", 4.0 * static_cast<double>(x.numel()), bytes(x) + bytes(w) + bytes(out));
 }
 
-void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, std::int64_t begin) {
   want(x, "rope", "x"), want(positions, "rope", "positions"), want(inv_freq, "rope", "inv_freq");
   want_ndim(x, 3, "rope", "x"), want_ndim(positions, 1, "rope", "positions"), want_ndim(inv_freq, 1, "rope", "inv_freq");
   want_dtype(x, DType::F32, "rope", "x"), want_dtype(positions, DType::I32, "rope", "positions");
@@ -87,8 +87,9 @@ void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
   same_device("rope", {&x, &positions, &inv_freq});
   IL_CHECK(positions.size(0) == x.size(0), "rope: ", positions.size(0), " positions for ", x.size(0), " rows of x ",
            x.describe());
-  IL_CHECK(2 * inv_freq.size(0) <= x.size(2), "rope: ", inv_freq.size(0), " frequencies rotate ",
-           2 * inv_freq.size(0), " dimensions, but the head dimension is ", x.size(2));
+  IL_CHECK(begin >= 0 && begin + 2 * inv_freq.size(0) <= x.size(2), "rope: ", inv_freq.size(0),
+           " frequencies rotate dimensions ", begin, "..", begin + 2 * inv_freq.size(0) - 1,
+           ", but the head dimension is ", x.size(2));
   const double pairs = static_cast<double>(x.size(0) * x.size(1) * inv_freq.size(0));
   metrics::count("rope", 6.0 * pairs, 2.0 * pairs * 2 * 4 + bytes(positions) + bytes(inv_freq));
 }
@@ -128,35 +129,97 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
   metrics::count("embedding", 0, bytes(ids) + bytes(out) + static_cast<double>(ids.size(0) * table.size(1)) * dtype_size(table.dtype()));
 }
 
-AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                          const AttentionParams& p) {
-  const char* op = "attention";
+namespace {
+
+// What attention and attention_ragged check alike: q[T,Nq,Dqk], k[S,Nk,Dqk], v[S,Nk,Dv],
+// out[T,Nq,Dv], query heads grouped over KV heads, and the options. Returns the options with
+// the scale filled in.
+AttentionParams attention_common(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                 const AttentionParams& p) {
   want(q, op, "q"), want(k, op, "k"), want(v, op, "v"), want(out, op, "out");
   want_ndim(q, 3, op, "q"), want_ndim(k, 3, op, "k"), want_ndim(v, 3, op, "v"), want_ndim(out, 3, op, "out");
   want_dtype(q, DType::F32, op, "q"), want_dtype(k, DType::F32, op, "k"), want_dtype(v, DType::F32, op, "v");
   want_dtype(out, DType::F32, op, "out");
   same_device(op, {&q, &k, &v, &out});
-  same_shape(k, v, op, "k", "v"), same_shape(q, out, op, "q", "out");
-  const std::int64_t T = q.size(0), Nq = q.size(1), H = q.size(2), S = k.size(0), Nk = k.size(1);
-  IL_CHECK(k.size(2) == H, "attention: q ", q.describe(), " and k ", k.describe(), " disagree on the head dimension");
-  IL_CHECK(S > 0, "attention: no keys (k is ", k.describe(), ")");
-  IL_CHECK(Nk > 0 && Nq % Nk == 0, "attention: ", Nq, " query heads cannot be grouped over ", Nk, " KV heads");
+  const std::int64_t T = q.size(0), Nq = q.size(1), Dqk = q.size(2), S = k.size(0), Nk = k.size(1), Dv = v.size(2);
+  IL_CHECK(k.size(2) == Dqk, op, ": q ", q.describe(), " and k ", k.describe(), " disagree on the head dimension");
+  IL_CHECK(v.size(0) == S && v.size(1) == Nk, op, ": v ", v.describe(), " should have k's ", S, " rows and ", Nk,
+           " heads (k is ", k.describe(), ")");
+  IL_CHECK(out.size(0) == T && out.size(1) == Nq && out.size(2) == Dv, op, ": out ", out.describe(), " should be [",
+           T, ", ", Nq, ", ", Dv, "] (q's rows and heads, v's head dimension)");
+  IL_CHECK(Nk > 0 && Nq % Nk == 0, op, ": ", Nq, " query heads cannot be grouped over ", Nk, " KV heads");
+  IL_CHECK(p.window >= 0, op, ": negative window ", p.window);
+  IL_CHECK(p.causal || p.window == 0, op, ": a sliding window needs causal attention");
   AttentionParams r = p;
+  if (r.scale == 0.0f) r.scale = 1.0f / std::sqrt(static_cast<float>(Dqk));
+  return r;
+}
+
+// How many keys the T queries of one sequence with S keys see in all.
+double visible_keys(std::int64_t T, std::int64_t S, std::int64_t q_offset, const AttentionParams& p) {
+  double visible = 0;
+  for (std::int64_t t = 0; t < T; ++t) {
+    std::int64_t hi = p.causal ? q_offset + t : S - 1;
+    std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(0, hi - p.window + 1) : 0;
+    visible += static_cast<double>(hi - lo + 1);
+  }
+  return visible;
+}
+
+// Work: every query head scores each key it sees (Dqk multiply-adds) and sums its value (Dv).
+void count_attention(double visible, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
+  metrics::count("attention", 2.0 * visible * static_cast<double>(q.size(1) * (q.size(2) + v.size(2))),
+                 bytes(q) + bytes(k) + bytes(v) + bytes(out));
+}
+
+}  // namespace
+
+AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const AttentionParams& p) {
+  AttentionParams r = attention_common("attention", q, k, v, out, p);
+  const std::int64_t T = q.size(0), S = k.size(0);
+  IL_CHECK(S > 0, "attention: no keys (k is ", k.describe(), ")");
   if (r.q_offset < 0) r.q_offset = S - T;
-  if (r.scale == 0.0f) r.scale = 1.0f / std::sqrt(static_cast<float>(H));
-  IL_CHECK(r.window >= 0, "attention: negative window ", r.window);
-  IL_CHECK(r.causal || r.window == 0, "attention: a sliding window needs causal attention");
   if (r.causal)
     IL_CHECK(r.q_offset >= 0 && r.q_offset + T <= S, "attention: queries at positions ", r.q_offset, "..",
              r.q_offset + T - 1, " need keys up to there, but only ", S, " keys were given");
-  // Work: every query row reads the keys it can see.
+  count_attention(visible_keys(T, S, r.q_offset, r), q, k, v, out);
+  return r;
+}
+
+RaggedAttention attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                 const RaggedBatch& batch, const AttentionParams& p) {
+  const char* op = "attention_ragged";
+  RaggedAttention r{batch, attention_common(op, q, k, v, out, p)};
+  IL_CHECK(p.q_offset < 0, op, ": AttentionParams::q_offset (", p.q_offset,
+           ") does not apply to a batch; give RaggedBatch::q_offsets, one per sequence");
+  const std::vector<std::int64_t>& qs = batch.q_starts;
+  const std::vector<std::int64_t>& ks = batch.kv_starts;
+  IL_CHECK(qs.size() >= 2 && ks.size() == qs.size(), op, ": q_starts and kv_starts need B + 1 entries each for B ",
+           "sequences, got ", qs.size(), " and ", ks.size());
+  const std::size_t B = qs.size() - 1;
+  IL_CHECK(batch.q_offsets.empty() || batch.q_offsets.size() == B, op, ": q_offsets has ", batch.q_offsets.size(),
+           " entries for ", B, " sequences (give one per sequence, or none for the default)");
+  IL_CHECK(qs.front() == 0 && qs.back() == q.size(0), op, ": q_starts must run from 0 to q's ", q.size(0),
+           " rows, got ", qs.front(), " .. ", qs.back());
+  IL_CHECK(ks.front() == 0 && ks.back() == k.size(0), op, ": kv_starts must run from 0 to k's ", k.size(0),
+           " rows, got ", ks.front(), " .. ", ks.back());
+  r.batch.q_offsets.resize(B);
   double visible = 0;
-  for (std::int64_t t = 0; t < T; ++t) {
-    std::int64_t hi = r.causal ? r.q_offset + t : S - 1;
-    std::int64_t lo = r.window > 0 ? std::max<std::int64_t>(0, hi - r.window + 1) : 0;
-    visible += static_cast<double>(hi - lo + 1);
+  for (std::size_t b = 0; b < B; ++b) {
+    const std::int64_t T = qs[b + 1] - qs[b], S = ks[b + 1] - ks[b];
+    IL_CHECK(T >= 0, op, ": q_starts must not decrease, but q_starts[", b + 1, "] = ", qs[b + 1], " < q_starts[", b,
+             "] = ", qs[b]);
+    IL_CHECK(S > 0, op, ": kv_starts must increase (every sequence needs keys), but kv_starts[", b + 1, "] = ",
+             ks[b + 1], " <= kv_starts[", b, "] = ", ks[b]);
+    const std::int64_t off = batch.q_offsets.empty() ? S - T : batch.q_offsets[b];
+    if (r.params.causal)
+      IL_CHECK(off >= 0 && off + T <= S, op, ": sequence ", b, "'s queries at positions ", off, "..", off + T - 1,
+               " (q_offsets[", b, "] = ", off, ") need keys up to there, but it has only ", S, " keys");
+    r.batch.q_offsets[b] = off;
+    visible += visible_keys(T, S, off, r.params);
   }
-  metrics::count("attention", 4.0 * visible * static_cast<double>(Nq * H), bytes(q) + bytes(k) + bytes(v) + bytes(out));
+  count_attention(visible, q, k, v, out);
   return r;
 }
 
@@ -182,7 +245,8 @@ Tensor rope_inv_freq(std::int64_t rot_dim, double theta) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dispatch.
+// Dispatch. The elementwise ops have no faster CPU version than their reference loop (they are
+// limited by memory, not arithmetic): on CPU tensors ops:: runs ref::, which does the checks.
 namespace ops {
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
@@ -196,8 +260,9 @@ Tensor matmul(const Tensor& x, const Tensor& w) {
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  if (!a.is_cuda()) return ref::add(a, b, out);
   check::add(a, b, out);
-  a.is_cuda() ? cuda::add(a, b, out) : cpu::add(a, b, out);
+  cuda::add(a, b, out);
 }
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty(a.shape(), DType::F32, a.device());
@@ -206,8 +271,9 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  if (!x.is_cuda()) return ref::rmsnorm(x, w, eps, out);
   check::rmsnorm(x, w, out);
-  x.is_cuda() ? cuda::rmsnorm(x, w, eps, out) : cpu::rmsnorm(x, w, eps, out);
+  cuda::rmsnorm(x, w, eps, out);
 }
 Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps) {
   Tensor out = Tensor::empty(x.shape(), DType::F32, x.device());
@@ -215,14 +281,16 @@ Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps) {
   return out;
 }
 
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing) {
-  check::rope(x, positions, inv_freq);
-  x.is_cuda() ? cuda::rope(x, positions, inv_freq, pairing) : cpu::rope(x, positions, inv_freq, pairing);
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing, std::int64_t begin) {
+  if (!x.is_cuda()) return ref::rope(x, positions, inv_freq, pairing, begin);
+  check::rope(x, positions, inv_freq, begin);
+  cuda::rope(x, positions, inv_freq, pairing, begin);
 }
 
 void softmax(const Tensor& x, Tensor& out) {
+  if (!x.is_cuda()) return ref::softmax(x, out);
   check::softmax(x, out);
-  x.is_cuda() ? cuda::softmax(x, out) : cpu::softmax(x, out);
+  cuda::softmax(x, out);
 }
 Tensor softmax(const Tensor& x) {
   Tensor out = Tensor::empty(x.shape(), DType::F32, x.device());
@@ -231,8 +299,9 @@ Tensor softmax(const Tensor& x) {
 }
 
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+  if (!gate.is_cuda()) return ref::swiglu(gate, up, out);
   check::swiglu(gate, up, out);
-  gate.is_cuda() ? cuda::swiglu(gate, up, out) : cpu::swiglu(gate, up, out);
+  cuda::swiglu(gate, up, out);
 }
 Tensor swiglu(const Tensor& gate, const Tensor& up) {
   Tensor out = Tensor::empty(gate.shape(), DType::F32, gate.device());
@@ -241,8 +310,9 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
 }
 
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  if (!table.is_cuda()) return ref::embedding(table, ids, out);
   check::embedding(table, ids, out);
-  table.is_cuda() ? cuda::embedding(table, ids, out) : cpu::embedding(table, ids, out);
+  cuda::embedding(table, ids, out);
 }
 Tensor embedding(const Tensor& table, const Tensor& ids) {
   Tensor out = Tensor::empty({ids.size(0), table.size(1)}, DType::F32, table.device());
@@ -250,19 +320,43 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
   return out;
 }
 
+namespace {
+// [T, Nq, Dv]; wrong ranks are left for the checks to report.
+Tensor attention_out(const Tensor& q, const Tensor& v) {
+  Shape shape = q.shape();
+  if (q.ndim() == 3 && v.ndim() == 3) shape[2] = v.size(2);
+  return Tensor::empty(shape, DType::F32, q.device());
+}
+}  // namespace
+
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
-  AttentionParams r = check::attention(q, k, v, out, p);
-  q.is_cuda() ? cuda::attention(q, k, v, out, r) : cpu::attention(q, k, v, out, r);
+  const AttentionParams r = check::attention(q, k, v, out, p);
+  // One sequence is a batch of one: the backends implement only the batch.
+  const RaggedBatch one{{0, q.size(0)}, {0, k.size(0)}, {r.q_offset}};
+  q.is_cuda() ? cuda::attention(q, k, v, out, one, r) : cpu::attention(q, k, v, out, one, r);
 }
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
-  Tensor out = Tensor::empty(q.shape(), DType::F32, q.device());
+  Tensor out = attention_out(q, v);
   attention(q, k, v, out, p);
   return out;
 }
 
+void attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+                      const AttentionParams& p) {
+  const check::RaggedAttention r = check::attention_ragged(q, k, v, out, batch, p);
+  q.is_cuda() ? cuda::attention(q, k, v, out, r.batch, r.params) : cpu::attention(q, k, v, out, r.batch, r.params);
+}
+Tensor attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, const RaggedBatch& batch,
+                        const AttentionParams& p) {
+  Tensor out = attention_out(q, v);
+  attention_ragged(q, k, v, out, batch, p);
+  return out;
+}
+
 void argmax(const Tensor& x, Tensor& out) {
+  if (!x.is_cuda()) return ref::argmax(x, out);
   check::argmax(x, out);
-  x.is_cuda() ? cuda::argmax(x, out) : cpu::argmax(x, out);
+  cuda::argmax(x, out);
 }
 Tensor argmax(const Tensor& x) {
   Tensor out = Tensor::empty({x.size(0)}, DType::I32, x.device());

@@ -2,12 +2,14 @@
 /// @file ops.h
 /// @brief The transformer's building blocks, each in three versions behind the same contract.
 ///
-/// - `ref::`  the plain CPU loop: the formula as you would write it beside the lecture.
-///            Single-threaded, no tricks. This is what every other version is tested against.
+/// - `ref::`  the plain CPU loop: the formula as you would write it beside the lecture
+///            (ops_ref.cpp). Single-threaded, no tricks. This is what every other version is
+///            tested against.
 /// - `ops::`  what the chapters call: dispatches on the inputs' device to the fast CPU path
-///            (Eigen GEMM, an OpenMP GEMV for decode, threaded attention) or the CUDA kernels
-///            (cuBLAS for GEMM, our own GEMV and the rest). Elementwise ops have no separate
-///            fast CPU path: the reference loop is already memory-bound.
+///            (ops_cpu.cpp: Eigen GEMM, an OpenMP GEMV for decode, threaded attention) or the
+///            CUDA kernels (cuBLAS for GEMM, our own GEMV and the rest). Elementwise ops have no
+///            separate fast CPU path: on CPU tensors ops:: runs their ref:: loop, which is
+///            already memory-bound.
 ///
 /// Conventions shared by all three:
 /// - Activations are F32 and contiguous, row-major; weights may be F32, F16 or BF16.
@@ -18,6 +20,7 @@
 /// - Every call adds its FLOPs and minimal bytes moved to the active metrics::CountScope.
 
 #include <cstdint>
+#include <vector>
 
 #include "common/tensor.h"
 
@@ -37,10 +40,25 @@ struct AttentionParams {
   std::int64_t q_offset = -1;
   /// Sliding window: a query at position p sees keys p - window + 1 .. p. 0 means unlimited.
   std::int64_t window = 0;
-  /// Score scale; 0 means 1 / sqrt(head_dim).
+  /// Score scale; 0 means 1 / sqrt(Dqk), the query/key head dimension.
   float scale = 0.0f;
   /// False gives bidirectional attention (every query sees every key).
   bool causal = true;
+};
+
+/// Several sequences packed along the rows of q and of k/v, for one attention call (what
+/// flash-attn's varlen interface calls cu_seqlens_q and cu_seqlens_k). Sequence b owns rows
+/// q_starts[b] .. q_starts[b+1] - 1 of q and out, and rows kv_starts[b] .. kv_starts[b+1] - 1
+/// of k and v; its queries see only its own keys. Decode rows (T_b = 1) and prefill chunks mix
+/// freely: this is how a server batches requests of different lengths into one launch.
+struct RaggedBatch {
+  /// B + 1 row starts into q: 0 first, q's row count last, never decreasing (T_b = 0 is allowed).
+  std::vector<std::int64_t> q_starts;
+  /// B + 1 row starts into k and v: 0 first, their row count last, increasing (S_b > 0).
+  std::vector<std::int64_t> kv_starts;
+  /// Each sequence's AttentionParams::q_offset (position of its first query among its keys);
+  /// empty means S_b - T_b for all, i.e. each sequence's queries are its last T_b keys.
+  std::vector<std::int64_t> q_offsets;
 };
 
 namespace ops {
@@ -54,10 +72,13 @@ Tensor add(const Tensor& a, const Tensor& b);
 /// out[m,:] = x[m,:] / sqrt(mean(x[m,:]²) + eps) * w   (Zhang & Sennrich 2019).
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
 Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps);
-/// Rotary position embedding, in place on x[T, heads, head_dim]: the first 2·len(inv_freq)
-/// dimensions of row t are rotated by angles positions[t] · inv_freq[j]; the rest are kept.
-/// positions is I32 [T]; inv_freq is F32 [rot/2] (see rope_inv_freq).
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing);
+/// Rotary position embedding, in place on x[T, heads, head_dim]: dimensions begin ..
+/// begin + 2·len(inv_freq) - 1 of each head of row t are rotated by angles positions[t] ·
+/// inv_freq[j]; the rest are kept. begin = 0 rotates the leading dimensions (Llama, or partial
+/// rotary); DeepSeek's MLA rotates the trailing ones (begin = head_dim - rot) of its q and k.
+/// The pairing indexes within the rotated range. positions is I32 [T]; inv_freq is F32 [rot/2]
+/// (see rope_inv_freq).
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing, std::int64_t begin = 0);
 /// Row-wise softmax over the last dimension of x[M,N].
 void softmax(const Tensor& x, Tensor& out);
 Tensor softmax(const Tensor& x);
@@ -67,10 +88,19 @@ Tensor swiglu(const Tensor& gate, const Tensor& up);
 /// out[t,:] = table[ids[t],:] as F32; ids is I32 [T] and must be in range.
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 Tensor embedding(const Tensor& table, const Tensor& ids);
-/// Scaled dot-product attention. q[T,Nq,H], k and v [S,Nk,H] with Nq a multiple of Nk (query
-/// head h reads KV head h / (Nq/Nk): MHA, GQA and MQA alike); out[T,Nq,H].
+/// Scaled dot-product attention. q[T,Nq,Dqk], k[S,Nk,Dqk], v[S,Nk,Dv], out[T,Nq,Dv], with Nq a
+/// multiple of Nk (query head h reads KV head h / (Nq/Nk): MHA, GQA and MQA alike). Values may
+/// be narrower or wider than queries and keys (MLA: Dqk = 192, Dv = 128); the default scale is
+/// 1/sqrt(Dqk).
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p = {});
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p = {});
+/// The same over a ragged batch: equal, bit for bit, to one attention call per sequence on its
+/// rows, with its q_offset. window, scale and causal apply to every sequence; p.q_offset must
+/// stay at its default (the offsets are per sequence, in the batch).
+void attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+                      const AttentionParams& p = {});
+Tensor attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, const RaggedBatch& batch,
+                        const AttentionParams& p = {});
 /// Index of the largest element of each row of x[M,N] (I32 [M]); ties go to the lowest index,
 /// and NaN counts as the largest value (as torch.argmax does), so a NaN never hides.
 void argmax(const Tensor& x, Tensor& out);
@@ -83,11 +113,13 @@ namespace ref {
 void matmul(const Tensor& x, const Tensor& w, Tensor& out);
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing);
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing, std::int64_t begin = 0);
 void softmax(const Tensor& x, Tensor& out);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p = {});
+void attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+                      const AttentionParams& p = {});
 void argmax(const Tensor& x, Tensor& out);
 }  // namespace ref
 
@@ -99,13 +131,20 @@ namespace check {
 void matmul(const Tensor& x, const Tensor& w, const Tensor& out);
 void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void rmsnorm(const Tensor& x, const Tensor& w, const Tensor& out);
-void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
+void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, std::int64_t begin);
 void softmax(const Tensor& x, const Tensor& out);
 void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out);
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
 /// Returns the resolved parameters (q_offset, scale filled in).
 AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const AttentionParams& p);
+/// A ragged batch with its defaults resolved: every q_offset, and the scale, filled in.
+struct RaggedAttention {
+  RaggedBatch batch;
+  AttentionParams params;
+};
+RaggedAttention attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                 const RaggedBatch& batch, const AttentionParams& p);
 void argmax(const Tensor& x, const Tensor& out);
 }  // namespace check
 

@@ -187,34 +187,48 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
 // Attention, fast path. Each task takes one query row and a range of KV heads with their whole
 // query groups: every cached key and value row is read once per group rather than once per
 // query head (the saving GQA is for), rows are walked in memory order (all of the range's heads
-// at position j, then j + 1), and the q·k products use the SIMD dot above.
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
-  const std::int64_t T = q.size(0), Nq = q.size(1), H = q.size(2), S = k.size(0), Nk = k.size(1), G = Nq / Nk;
+// at position j, then j + 1), and the q·k products use the SIMD dot above. The tasks of a
+// ragged batch are those of all its sequences together, so decode rows of many sequences
+// share the threads; each row only needs to know its sequence.
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+               const AttentionParams& p) {
+  const std::int64_t T = q.size(0), Nq = q.size(1), Dqk = q.size(2), Nk = k.size(1), G = Nq / Nk, Dv = v.size(2);
   const float *Q = q.data<float>(), *K = k.data<float>(), *V = v.data<float>();
   float* O = out.data<float>();
-  const bool parallel = T * Nq * S * H >= kParallelWork;
+  if (T == 0) return;
+  const std::vector<std::int64_t>& qs = batch.q_starts;
+  const std::vector<std::int64_t>& ks = batch.kv_starts;
+  std::int64_t longest = 1, work = 0;  // the most keys of one sequence; T_b·S_b summed
+  for (std::size_t b = 0; b + 1 < qs.size(); ++b) {
+    longest = std::max(longest, ks[b + 1] - ks[b]);
+    work += (qs[b + 1] - qs[b]) * (ks[b + 1] - ks[b]);
+  }
+  const bool parallel = work * Nq * (Dqk + Dv) >= kParallelWork;
   // Split the KV heads so that there are a few tasks per thread, no more.
   const std::int64_t threads = parallel ? omp_get_max_threads() : 1;
   const std::int64_t ranges = std::min<std::int64_t>(Nk, std::max<std::int64_t>(1, (2 * threads + T - 1) / T));
   const std::int64_t per = (Nk + ranges - 1) / ranges;
 #pragma omp parallel if (parallel)
   {
-    std::vector<float> scores(static_cast<std::size_t>(per * G * std::max<std::int64_t>(S, 1)));
+    std::vector<float> scores(static_cast<std::size_t>(per * G * longest));
 #pragma omp for collapse(2) schedule(dynamic, 1)
-    for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t i = 0; i < T; ++i)
       for (std::int64_t r = 0; r < ranges; ++r) {
         const std::int64_t h0 = r * per, h1 = std::min(Nk, h0 + per);
         if (h0 >= h1) continue;
-        const std::int64_t hi = p.causal ? p.q_offset + t : S - 1;
+        // Row i is query t of sequence b, whose keys are rows k0 .. k0 + S - 1.
+        const std::size_t b = static_cast<std::size_t>(std::upper_bound(qs.begin(), qs.end(), i) - qs.begin() - 1);
+        const std::int64_t t = i - qs[b], k0 = ks[b], S = ks[b + 1] - k0;
+        const std::int64_t hi = p.causal ? batch.q_offsets[b] + t : S - 1;
         const std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(0, hi - p.window + 1) : 0;
-        const std::int64_t n = hi - lo + 1, heads = (h1 - h0) * G;
-        const float* qr = Q + (t * Nq + h0 * G) * H;  // the range's query heads, contiguous
+        const std::int64_t first = k0 + lo, n = hi - lo + 1, heads = (h1 - h0) * G;
+        const float* qr = Q + (i * Nq + h0 * G) * Dqk;  // the range's query heads, contiguous
         for (std::int64_t j = 0; j < n; ++j)
           for (std::int64_t kvh = h0; kvh < h1; ++kvh) {
-            const float* kr = K + ((lo + j) * Nk + kvh) * H;  // read once for its whole group
+            const float* kr = K + ((first + j) * Nk + kvh) * Dqk;  // read once for its whole group
             for (std::int64_t g = 0; g < G; ++g) {
               const std::int64_t qh = (kvh - h0) * G + g;
-              scores[qh * n + j] = dot(qr + qh * H, kr, H) * p.scale;
+              scores[qh * n + j] = dot(qr + qh * Dqk, kr, Dqk) * p.scale;
             }
           }
         for (std::int64_t qh = 0; qh < heads; ++qh) {
@@ -223,31 +237,20 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
           float sum = 0.0f;
           for (std::int64_t j = 0; j < n; ++j) sum += (sq[j] = std::exp(sq[j] - mx));
           for (std::int64_t j = 0; j < n; ++j) sq[j] /= sum;
-          std::fill(O + (t * Nq + h0 * G + qh) * H, O + (t * Nq + h0 * G + qh + 1) * H, 0.0f);
+          std::fill(O + (i * Nq + h0 * G + qh) * Dv, O + (i * Nq + h0 * G + qh + 1) * Dv, 0.0f);
         }
         for (std::int64_t j = 0; j < n; ++j)
           for (std::int64_t kvh = h0; kvh < h1; ++kvh) {
-            const float* vr = V + ((lo + j) * Nk + kvh) * H;  // read once for its whole group
+            const float* vr = V + ((first + j) * Nk + kvh) * Dv;  // read once for its whole group
             for (std::int64_t g = 0; g < G; ++g) {
               const std::int64_t qh = (kvh - h0) * G + g;
               const float pj = scores[qh * n + j];
-              float* o = O + (t * Nq + h0 * G + qh) * H;
-              for (std::int64_t d = 0; d < H; ++d) o[d] += pj * vr[d];
+              float* o = O + (i * Nq + h0 * G + qh) * Dv;
+              for (std::int64_t d = 0; d < Dv; ++d) o[d] += pj * vr[d];
             }
           }
       }
   }
 }
-
-// The elementwise ops are memory-bound already; their reference loops are the fast path.
-void add(const Tensor& a, const Tensor& b, Tensor& out) { loops::add(a, b, out); }
-void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) { loops::rmsnorm(x, w, eps, out); }
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing) {
-  loops::rope(x, positions, inv_freq, pairing);
-}
-void softmax(const Tensor& x, Tensor& out) { loops::softmax(x, out); }
-void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) { loops::swiglu(gate, up, out); }
-void embedding(const Tensor& table, const Tensor& ids, Tensor& out) { loops::embedding(table, ids, out); }
-void argmax(const Tensor& x, Tensor& out) { loops::argmax(x, out); }
 
 }  // namespace inferlab::cpu

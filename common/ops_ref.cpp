@@ -1,17 +1,66 @@
-// The reference loops: each op written the way the lecture writes its formula. Single-threaded,
-// float32 arithmetic, no tricks. Every faster version is tested against these.
+// ref:: — the reference loops: each op written the way the lecture writes its formula, after the
+// same checks as ops::. Single-threaded, float32 arithmetic, no tricks. Every faster version is
+// tested against these, and ops:: runs the elementwise ones as they are on CPU tensors.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "common/ops.h"
-#include "common/ops_cpu.h"
+#include "common/ops_cpu.h"  // weight_at
 
 namespace inferlab {
-namespace cpu::loops {
+namespace {
+
+using cpu::weight_at;
+
+void cpu_only(const Tensor& t, const char* op) { IL_CHECK(!t.is_cuda(), op, " runs on the CPU only"); }
+
+// One query row t of one head h:  out = sum_j softmax_j(scale * q·k_j) v_j over the visible keys.
+// `scratch` holds at least S floats.
+void attention_row(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p,
+                   std::int64_t t, std::int64_t h, float* scratch) {
+  const std::int64_t Nq = q.size(1), Dqk = q.size(2), S = k.size(0), Nk = k.size(1), Dv = v.size(2);
+  const std::int64_t kvh = h / (Nq / Nk);  // the KV head this query head reads (GQA grouping)
+  const std::int64_t hi = p.causal ? p.q_offset + t : S - 1;
+  const std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(0, hi - p.window + 1) : 0;
+  const float* qr = q.data<float>() + (t * Nq + h) * Dqk;
+  const float* K = k.data<float>();
+  const float* V = v.data<float>();
+  float mx = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = lo; j <= hi; ++j) {
+    const float* kr = K + (j * Nk + kvh) * Dqk;
+    float s = 0.0f;
+    for (std::int64_t d = 0; d < Dqk; ++d) s += qr[d] * kr[d];
+    scratch[j] = s * p.scale;
+    mx = std::max(mx, scratch[j]);
+  }
+  float sum = 0.0f;
+  for (std::int64_t j = lo; j <= hi; ++j) sum += (scratch[j] = std::exp(scratch[j] - mx));
+  float* o = out.data<float>() + (t * Nq + h) * Dv;
+  for (std::int64_t d = 0; d < Dv; ++d) o[d] = 0.0f;
+  for (std::int64_t j = lo; j <= hi; ++j) {
+    const float pj = scratch[j] / sum;
+    const float* vr = V + (j * Nk + kvh) * Dv;
+    for (std::int64_t d = 0; d < Dv; ++d) o[d] += pj * vr[d];
+  }
+}
+
+// Every query row of every head of one sequence.
+void attention_rows(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
+  std::vector<float> scratch(static_cast<std::size_t>(std::max<std::int64_t>(k.size(0), 1)));
+  for (std::int64_t t = 0; t < q.size(0); ++t)
+    for (std::int64_t h = 0; h < q.size(1); ++h) attention_row(q, k, v, out, p, t, h, scratch.data());
+}
+
+}  // namespace
+
+namespace ref {
 
 // y[m][n] = sum_k x[m][k] * w[n][k]
 void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
+  check::matmul(x, w, out);
+  cpu_only(x, "ref::matmul");
   const std::int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const float* X = x.data<float>();
   float* Y = out.data<float>();
@@ -24,6 +73,8 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  check::add(a, b, out);
+  cpu_only(a, "ref::add");
   const std::int64_t n = a.numel(), bn = b.numel();
   const float *A = a.data<float>(), *B = b.data<float>();
   float* O = out.data<float>();
@@ -32,6 +83,8 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 // out = x / sqrt(mean(x^2) + eps) * w, row by row
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  check::rmsnorm(x, w, out);
+  cpu_only(x, "ref::rmsnorm");
   const std::int64_t D = x.size(-1), rows = x.numel() / D;
   const float* X = x.data<float>();
   float* O = out.data<float>();
@@ -45,8 +98,11 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
 }
 
 // Rotate pairs (a, b) by angle pos * inv_freq[j]:  a' = a cos - b sin,  b' = a sin + b cos.
-// HalfSplit pairs element j with j + rot/2; Adjacent pairs 2j with 2j + 1.
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing) {
+// Within the rotated dimensions begin .. begin + rot - 1, HalfSplit pairs element j with
+// j + rot/2; Adjacent pairs 2j with 2j + 1.
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing, std::int64_t begin) {
+  check::rope(x, positions, inv_freq, begin);
+  cpu_only(x, "ref::rope");
   const std::int64_t T = x.size(0), heads = x.size(1), D = x.size(2), half = inv_freq.size(0);
   const std::int32_t* pos = positions.data<std::int32_t>();
   const float* f = inv_freq.data<float>();
@@ -57,7 +113,7 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairin
       const double angle = static_cast<double>(pos[t]) * static_cast<double>(f[j]);
       const float c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));
       for (std::int64_t h = 0; h < heads; ++h) {
-        float* row = X + (t * heads + h) * D;
+        float* row = X + (t * heads + h) * D + begin;
         const std::int64_t ia = pairing == RopePairing::HalfSplit ? j : 2 * j;
         const std::int64_t ib = pairing == RopePairing::HalfSplit ? j + half : 2 * j + 1;
         const float a = row[ia], b = row[ib];
@@ -69,6 +125,8 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairin
 
 // softmax(x)_i = exp(x_i - max x) / sum_j exp(x_j - max x)
 void softmax(const Tensor& x, Tensor& out) {
+  check::softmax(x, out);
+  cpu_only(x, "ref::softmax");
   const std::int64_t N = x.size(-1), rows = x.numel() / N;
   const float* X = x.data<float>();
   float* O = out.data<float>();
@@ -85,6 +143,8 @@ void softmax(const Tensor& x, Tensor& out) {
 
 // silu(g) * u
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+  check::swiglu(gate, up, out);
+  cpu_only(gate, "ref::swiglu");
   const std::int64_t n = gate.numel();
   const float *G = gate.data<float>(), *U = up.data<float>();
   float* O = out.data<float>();
@@ -92,6 +152,8 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
 }
 
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  check::embedding(table, ids, out);
+  cpu_only(table, "ref::embedding");
   const std::int64_t T = ids.size(0), D = table.size(1);
   const std::int32_t* id = ids.data<std::int32_t>();
   float* O = out.data<float>();
@@ -99,38 +161,31 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
     for (std::int64_t i = 0; i < D; ++i) O[t * D + i] = weight_at(table.raw_data(), table.dtype(), id[t] * D + i);
 }
 
-// One query row t of one head h:  out = sum_j softmax_j(scale * q·k_j) v_j over the visible keys.
-// `scratch` holds at least S floats.
-void attention_rows(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p,
-                    std::int64_t t, std::int64_t h, float* scratch) {
-  const std::int64_t Nq = q.size(1), H = q.size(2), S = k.size(0), Nk = k.size(1);
-  const std::int64_t kvh = h / (Nq / Nk);  // the KV head this query head reads (GQA grouping)
-  const std::int64_t hi = p.causal ? p.q_offset + t : S - 1;
-  const std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(0, hi - p.window + 1) : 0;
-  const float* qr = q.data<float>() + (t * Nq + h) * H;
-  const float* K = k.data<float>();
-  const float* V = v.data<float>();
-  float mx = -std::numeric_limits<float>::infinity();
-  for (std::int64_t j = lo; j <= hi; ++j) {
-    const float* kr = K + (j * Nk + kvh) * H;
-    float s = 0.0f;
-    for (std::int64_t d = 0; d < H; ++d) s += qr[d] * kr[d];
-    scratch[j] = s * p.scale;
-    mx = std::max(mx, scratch[j]);
-  }
-  float sum = 0.0f;
-  for (std::int64_t j = lo; j <= hi; ++j) sum += (scratch[j] = std::exp(scratch[j] - mx));
-  float* o = out.data<float>() + (t * Nq + h) * H;
-  for (std::int64_t d = 0; d < H; ++d) o[d] = 0.0f;
-  for (std::int64_t j = lo; j <= hi; ++j) {
-    const float pj = scratch[j] / sum;
-    const float* vr = V + (j * Nk + kvh) * H;
-    for (std::int64_t d = 0; d < H; ++d) o[d] += pj * vr[d];
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
+  const AttentionParams r = check::attention(q, k, v, out, p);
+  cpu_only(q, "ref::attention");
+  attention_rows(q, k, v, out, r);
+}
+
+// Each sequence of the batch is an attention call of its own, on its rows of q, k, v and out.
+void attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+                      const AttentionParams& p) {
+  const auto [seqs, r] = check::attention_ragged(q, k, v, out, batch, p);
+  cpu_only(q, "ref::attention_ragged");
+  for (std::size_t b = 0; b < seqs.q_offsets.size(); ++b) {
+    AttentionParams rb = r;
+    rb.q_offset = seqs.q_offsets[b];
+    const std::int64_t q0 = seqs.q_starts[b], q1 = seqs.q_starts[b + 1];
+    const std::int64_t k0 = seqs.kv_starts[b], k1 = seqs.kv_starts[b + 1];
+    Tensor o = out.slice(0, q0, q1);
+    attention_rows(q.slice(0, q0, q1), k.slice(0, k0, k1), v.slice(0, k0, k1), o, rb);
   }
 }
 
 // First index of the maximum; NaN counts as the maximum.
 void argmax(const Tensor& x, Tensor& out) {
+  check::argmax(x, out);
+  cpu_only(x, "ref::argmax");
   const std::int64_t M = x.size(0), N = x.size(1);
   const float* X = x.data<float>();
   std::int32_t* O = out.data<std::int32_t>();
@@ -141,58 +196,6 @@ void argmax(const Tensor& x, Tensor& out) {
       if (std::isnan(r[i]) || r[i] > r[best]) best = i;
     O[m] = static_cast<std::int32_t>(best);
   }
-}
-
-}  // namespace cpu::loops
-
-namespace ref {
-
-void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
-  check::matmul(x, w, out);
-  IL_CHECK(!x.is_cuda(), "ref::matmul runs on the CPU only");
-  cpu::loops::matmul(x, w, out);
-}
-void add(const Tensor& a, const Tensor& b, Tensor& out) {
-  check::add(a, b, out);
-  IL_CHECK(!a.is_cuda(), "ref::add runs on the CPU only");
-  cpu::loops::add(a, b, out);
-}
-void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
-  check::rmsnorm(x, w, out);
-  IL_CHECK(!x.is_cuda(), "ref::rmsnorm runs on the CPU only");
-  cpu::loops::rmsnorm(x, w, eps, out);
-}
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing) {
-  check::rope(x, positions, inv_freq);
-  IL_CHECK(!x.is_cuda(), "ref::rope runs on the CPU only");
-  cpu::loops::rope(x, positions, inv_freq, pairing);
-}
-void softmax(const Tensor& x, Tensor& out) {
-  check::softmax(x, out);
-  IL_CHECK(!x.is_cuda(), "ref::softmax runs on the CPU only");
-  cpu::loops::softmax(x, out);
-}
-void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
-  check::swiglu(gate, up, out);
-  IL_CHECK(!gate.is_cuda(), "ref::swiglu runs on the CPU only");
-  cpu::loops::swiglu(gate, up, out);
-}
-void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
-  check::embedding(table, ids, out);
-  IL_CHECK(!table.is_cuda(), "ref::embedding runs on the CPU only");
-  cpu::loops::embedding(table, ids, out);
-}
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
-  AttentionParams r = check::attention(q, k, v, out, p);
-  IL_CHECK(!q.is_cuda(), "ref::attention runs on the CPU only");
-  std::vector<float> scratch(static_cast<std::size_t>(std::max<std::int64_t>(k.size(0), 1)));
-  for (std::int64_t t = 0; t < q.size(0); ++t)
-    for (std::int64_t h = 0; h < q.size(1); ++h) cpu::loops::attention_rows(q, k, v, out, r, t, h, scratch.data());
-}
-void argmax(const Tensor& x, Tensor& out) {
-  check::argmax(x, out);
-  IL_CHECK(!x.is_cuda(), "ref::argmax runs on the CPU only");
-  cpu::loops::argmax(x, out);
 }
 
 }  // namespace ref

@@ -4,14 +4,21 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
+#include <utility>
 
 #include "common/metrics.h"
+#include "attention_exact.h"
 #include "common/ops.h"
 #include "test_util.h"
 
 namespace inferlab {
 namespace {
 
+using test::attention_exact;
+using test::AttnRef;
+using test::pack;
+using test::Packed;
 using test::expect_error;
 using test::expect_within;
 using test::gamma;
@@ -137,7 +144,7 @@ TEST(RmsNorm, WithinItsBound) {
 // ---------------------------------------------------------------------------------------------
 // RoPE against the rotation written out in double, for both pairings.
 std::vector<double> rope_exact(const Tensor& x, const std::vector<std::int32_t>& pos, const Tensor& inv_freq,
-                               RopePairing pairing, std::vector<double>& bound) {
+                               RopePairing pairing, std::vector<double>& bound, std::int64_t begin = 0) {
   const std::int64_t T = x.size(0), Hn = x.size(1), D = x.size(2), half = inv_freq.size(0);
   auto X = x.to_double_vector();
   const auto F = inv_freq.to_double_vector();
@@ -146,7 +153,7 @@ std::vector<double> rope_exact(const Tensor& x, const std::vector<std::int32_t>&
   for (std::int64_t t = 0; t < T; ++t)
     for (std::int64_t h = 0; h < Hn; ++h)
       for (std::int64_t j = 0; j < half; ++j) {
-        const std::int64_t base = (t * Hn + h) * D;
+        const std::int64_t base = (t * Hn + h) * D + begin;
         const std::int64_t ia = base + (pairing == RopePairing::HalfSplit ? j : 2 * j);
         const std::int64_t ib = base + (pairing == RopePairing::HalfSplit ? j + half : 2 * j + 1);
         const double ang = pos[t] * F[j], a = X[ia], b = X[ib];
@@ -184,6 +191,38 @@ TEST(Rope, BothPairingsWithinTheirBound) {
   }
 }
 
+TEST(Rope, TrailingRangeWithinTheBoundAndTheRestUntouched) {
+  // MLA's layout: each head is [no-RoPE part | RoPE part]; only the trailing rot dimensions turn.
+  auto rng = test::rng_for_test();
+  const std::int64_t T = 5, Hn = 3, D = 24, rot = 8, begin = D - rot;
+  std::vector<std::int32_t> pos = {3, 1, 77, 4095, 131071};
+  Tensor positions = Tensor::from_vector(pos, {T});
+  Tensor inv = rope_inv_freq(rot, 10000.0);
+  for (RopePairing pairing : {RopePairing::HalfSplit, RopePairing::Adjacent}) {
+    Tensor x = test::uniform(rng, {T, Hn, D});
+    std::vector<double> bound;
+    const auto exact = rope_exact(x, pos, inv, pairing, bound, begin);
+    Tensor r = x.clone(), f = x.clone();
+    ref::rope(r, positions, inv, pairing, begin);
+    ops::rope(f, positions, inv, pairing, begin);
+    expect_within(r.to_double_vector(), exact, bound, "ref::rope (trailing)");
+    expect_within(f.to_double_vector(), exact, bound, "ops::rope (trailing)");
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t h = 0; h < Hn; ++h) {
+        for (std::int64_t d = 0; d < begin; ++d) EXPECT_EQ(r.at<float>({t, h, d}), x.at<float>({t, h, d}));
+        // Every position here is non-zero, so each rotated pair moves (the range is not ignored).
+        EXPECT_NE(r.at<float>({t, h, begin}), x.at<float>({t, h, begin}));
+      }
+  }
+  // A range in the middle: the dimensions on both sides are kept.
+  Tensor x = test::uniform(rng, {T, Hn, D});
+  Tensor r = x.clone();
+  std::vector<double> bound;
+  const auto exact = rope_exact(x, pos, inv, RopePairing::Adjacent, bound, 6);
+  ops::rope(r, positions, inv, RopePairing::Adjacent, 6);
+  expect_within(r.to_double_vector(), exact, bound, "ops::rope (middle)");
+}
+
 TEST(Rope, AdjacentPairingIsHalfSplitOnPermutedDimensions) {
   // The llama2.c <-> Hugging Face conversion in one identity: moving element 2j to j and
   // 2j+1 to j + D/2 turns adjacent-pair RoPE into rotate-half RoPE.
@@ -216,6 +255,12 @@ TEST(Rope, Errors) {
   Tensor pos3 = Tensor::from_vector(std::vector<std::int32_t>{0, 1, 2}, {3});
   expect_error([&] { ops::rope(x, pos3, rope_inv_freq(8, 1e4), RopePairing::HalfSplit); }, {"rope", "3 positions"});
   expect_error([] { rope_inv_freq(7, 1e4); }, {"even"});
+  // A range that runs past the head, or starts before it.
+  expect_error([&] { ops::rope(x, pos, rope_inv_freq(4, 1e4), RopePairing::Adjacent, 5); },
+               {"rope", "dimensions 5..8", "head dimension is 8"});
+  Tensor fits = x.clone();
+  ops::rope(fits, pos, rope_inv_freq(4, 1e4), RopePairing::Adjacent, 4);  // 4..7: the last that fits
+  expect_error([&] { ops::rope(x, pos, rope_inv_freq(4, 1e4), RopePairing::HalfSplit, -1); }, {"rope", "dimensions -1..2"});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -282,54 +327,9 @@ TEST(Embedding, ExactRowsForEveryTableDtype) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention against float64, with the bound derived in attention_bound().
-struct AttnRef {
-  std::vector<double> out, bound;
-};
-
-AttnRef attention_exact(const Tensor& q, const Tensor& k, const Tensor& v, AttentionParams p, double extra_eta = 0) {
-  const std::int64_t T = q.size(0), Nq = q.size(1), H = q.size(2), S = k.size(0), Nk = k.size(1);
-  if (p.q_offset < 0) p.q_offset = S - T;
-  // The scale as the op computes it, in float.
-  const double fscale = p.scale == 0 ? 1.0f / std::sqrt(static_cast<float>(H)) : p.scale;
-  const auto Q = q.to_double_vector(), K = k.to_double_vector(), V = v.to_double_vector();
-  AttnRef r{std::vector<double>(Q.size()), std::vector<double>(Q.size())};
-  for (std::int64_t t = 0; t < T; ++t)
-    for (std::int64_t h = 0; h < Nq; ++h) {
-      const std::int64_t kvh = h / (Nq / Nk);
-      const std::int64_t hi = p.causal ? p.q_offset + t : S - 1;
-      const std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(0, hi - p.window + 1) : 0;
-      std::vector<double> s(S);
-      double mx = -INFINITY, E = 0;
-      for (std::int64_t j = lo; j <= hi; ++j) {
-        double dot = 0, a = 0;
-        for (std::int64_t d = 0; d < H; ++d)
-          dot += Q[(t * Nq + h) * H + d] * K[(j * Nk + kvh) * H + d],
-              a += std::fabs(Q[(t * Nq + h) * H + d] * K[(j * Nk + kvh) * H + d]);
-        s[j] = dot * fscale;
-        mx = std::max(mx, s[j]);
-        E = std::max(E, fscale * gamma(H) * a + u * std::fabs(s[j]));  // error of one score
-      }
-      double sum = 0, spread = 0;
-      for (std::int64_t j = lo; j <= hi; ++j) sum += std::exp(s[j] - mx), spread = std::max(spread, mx - s[j]);
-      const double n = static_cast<double>(hi - lo + 1);
-      // Each weight exp(s_j − max) is off by a relative η ≤ E + u·spread + 2u (score error,
-      // the subtraction, exp); weights normalised by their own sum move the output by at most
-      // 2η·max|v|; the two S-term sums add γ_S each, the division u.
-      const double eta = E + u * spread + 2 * u + extra_eta;
-      for (std::int64_t d = 0; d < H; ++d) {
-        double o = 0, vmax = 0;
-        for (std::int64_t j = lo; j <= hi; ++j)
-          o += std::exp(s[j] - mx) / sum * V[(j * Nk + kvh) * H + d], vmax = std::max(vmax, std::fabs(V[(j * Nk + kvh) * H + d]));
-        r.out[(t * Nq + h) * H + d] = o;
-        r.bound[(t * Nq + h) * H + d] = (2 * eta + 2 * gamma(n) + 3 * u) * vmax;
-      }
-    }
-  return r;
-}
-
+// Attention against float64 (test::attention_exact in attention_exact.h, with its bound).
 struct AttnCase {
-  std::int64_t T, S, Nq, Nk, H, window;
+  std::int64_t T, S, Nq, Nk, Dqk, Dv, window;
   bool causal;
 };
 
@@ -339,12 +339,12 @@ TEST_P(AttentionTest, ReferenceAndFastPathWithinTheirBound) {
   const auto c = GetParam();
   test::ThreadCount threads(2);
   auto rng = test::rng_for_test();
-  Tensor q = test::uniform(rng, {c.T, c.Nq, c.H}, -2, 2), k = test::uniform(rng, {c.S, c.Nk, c.H}, -2, 2),
-         v = test::uniform(rng, {c.S, c.Nk, c.H});
+  Tensor q = test::uniform(rng, {c.T, c.Nq, c.Dqk}, -2, 2), k = test::uniform(rng, {c.S, c.Nk, c.Dqk}, -2, 2),
+         v = test::uniform(rng, {c.S, c.Nk, c.Dv});
   AttentionParams p;
   p.window = c.window, p.causal = c.causal;
   const AttnRef e = attention_exact(q, k, v, p);
-  Tensor r = Tensor::empty(q.shape(), DType::F32);
+  Tensor r = Tensor::empty({c.T, c.Nq, c.Dv}, DType::F32);
   ref::attention(q, k, v, r, p);
   expect_within(r.to_double_vector(), e.out, e.bound, "ref::attention vs float64");
   Tensor f = ops::attention(q, k, v, p);
@@ -355,17 +355,26 @@ TEST_P(AttentionTest, ReferenceAndFastPathWithinTheirBound) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
-                         ::testing::Values(AttnCase{1, 1, 4, 4, 8, 0, true},     // first token
-                                           AttnCase{9, 9, 4, 4, 16, 0, true},    // prefill, MHA
-                                           AttnCase{1, 40, 8, 2, 32, 0, true},   // decode, GQA
-                                           AttnCase{5, 33, 6, 1, 8, 0, true},    // MQA, queries at the end
-                                           AttnCase{12, 12, 4, 2, 8, 4, true},   // sliding window
-                                           AttnCase{7, 7, 2, 2, 8, 0, false},    // bidirectional
-                                           AttnCase{32, 64, 8, 2, 32, 0, true}), // large enough to thread
+                         ::testing::Values(AttnCase{1, 1, 4, 4, 8, 8, 0, true},      // first token
+                                           AttnCase{9, 9, 4, 4, 16, 16, 0, true},    // prefill, MHA
+                                           AttnCase{1, 40, 8, 2, 32, 32, 0, true},   // decode, GQA
+                                           AttnCase{5, 33, 6, 1, 8, 8, 0, true},     // MQA, queries at the end
+                                           AttnCase{12, 12, 4, 2, 8, 8, 4, true},    // sliding window
+                                           AttnCase{6, 20, 4, 2, 16, 16, 5, true},   // window, queries at the end
+                                           AttnCase{1, 30, 4, 1, 8, 8, 7, true},     // window, decode
+                                           AttnCase{7, 7, 2, 2, 8, 8, 0, false},     // bidirectional
+                                           AttnCase{3, 11, 4, 2, 8, 8, 0, false},    // bidirectional, T < S
+                                           AttnCase{8, 5, 2, 1, 8, 8, 0, false},     // bidirectional, T > S
+                                           AttnCase{4, 10, 4, 2, 24, 16, 0, true},   // MLA-like: Dv < Dqk
+                                           AttnCase{3, 8, 2, 2, 8, 20, 3, true},     // Dv > Dqk, window
+                                           AttnCase{5, 9, 4, 4, 12, 6, 0, false},    // Dv < Dqk, bidirectional
+                                           AttnCase{32, 64, 8, 2, 32, 32, 0, true},  // large enough to thread
+                                           AttnCase{32, 64, 8, 2, 48, 16, 9, true}), // the same, MLA-like, window
                          [](const auto& info) {
                            const auto& c = info.param;
                            return "T" + std::to_string(c.T) + "_S" + std::to_string(c.S) + "_N" + std::to_string(c.Nq) +
-                                  "_K" + std::to_string(c.Nk) + "_W" + std::to_string(c.window) +
+                                  "_K" + std::to_string(c.Nk) + "_D" + std::to_string(c.Dqk) + "_V" +
+                                  std::to_string(c.Dv) + "_W" + std::to_string(c.window) +
                                   (c.causal ? "_causal" : "_bidir");
                          });
 
@@ -414,15 +423,144 @@ TEST(Attention, WindowEdgeCases) {
   EXPECT_EQ(ops::attention(q, k, v, self).to_float_vector(), v.to_float_vector());
 }
 
+TEST(Attention, CountsItsWork) {
+  // q[3,4,8], k[5,2,8], v[5,2,6]: causal rows see 3, 4 and 5 keys; each seen key costs one
+  // Dqk-long dot and one Dv-long multiply-add per query head.
+  Tensor q = Tensor::zeros({3, 4, 8}, DType::F32), k = Tensor::zeros({5, 2, 8}, DType::F32),
+         v = Tensor::zeros({5, 2, 6}, DType::F32);
+  metrics::CountScope scope;
+  Tensor out = ops::attention(q, k, v);
+  EXPECT_EQ(out.shape(), (Shape{3, 4, 6}));
+  EXPECT_EQ(scope.work().flops, 2.0 * (3 + 4 + 5) * 4 * (8 + 6));
+  EXPECT_EQ(scope.work().bytes, 4.0 * (3 * 4 * 8 + 5 * 2 * 8 + 5 * 2 * 6 + 3 * 4 * 6));
+  metrics::CountScope windowed;
+  AttentionParams p;
+  p.window = 2;  // every row sees 2 keys
+  ops::attention(q, k, v, out, p);
+  EXPECT_EQ(windowed.work().flops, 2.0 * (2 + 2 + 2) * 4 * (8 + 6));
+}
+
 TEST(Attention, Errors) {
   Tensor q = Tensor::zeros({3, 4, 8}, DType::F32), k = Tensor::zeros({2, 4, 8}, DType::F32);
   expect_error([&] { ops::attention(q, k, k); }, {"attention", "only 2 keys"});
+  Tensor k5 = Tensor::zeros({5, 4, 8}, DType::F32), v6 = Tensor::zeros({5, 4, 6}, DType::F32);
+  expect_error([&] { ops::attention(q, Tensor::zeros({5, 4, 7}, DType::F32), v6); },
+               {"attention", "q f32[3, 4, 8]", "k f32[5, 4, 7]", "head dimension"});
+  expect_error([&] { ops::attention(q, k5, Tensor::zeros({4, 4, 6}, DType::F32)); }, {"attention", "v f32[4, 4, 6]", "5 rows"});
+  expect_error([&] { ops::attention(q, k5, Tensor::zeros({5, 2, 6}, DType::F32)); }, {"attention", "v f32[5, 2, 6]", "4 heads"});
+  Tensor out8 = Tensor::zeros({3, 4, 8}, DType::F32);
+  expect_error([&] { ops::attention(q, k5, v6, out8); }, {"attention", "out f32[3, 4, 8]", "[3, 4, 6]"});
+  expect_error([&] { ops::attention(q, k5, Tensor::zeros({5, 4}, DType::F32)); }, {"attention", "v must be 3-d"});
   Tensor k3 = Tensor::zeros({3, 3, 8}, DType::F32);
   expect_error([&] { ops::attention(q, k3, k3); }, {"4 query heads", "3 KV heads"});
   AttentionParams p;
   p.causal = false, p.window = 2;
   Tensor k4 = Tensor::zeros({3, 4, 8}, DType::F32);
   expect_error([&] { ops::attention(q, k4, k4, p); }, {"sliding window needs causal"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ragged batches: a ragged call is one attention call per sequence, bit for bit.
+// Rows [begin, end) of a tensor, as doubles.
+std::vector<double> rows(const Tensor& t, std::int64_t begin, std::int64_t end) {
+  return t.slice(0, begin, end).to_double_vector();
+}
+
+TEST(AttentionRagged, EqualsOneCallPerSequenceExactly) {
+  test::ThreadCount threads(2);
+  auto rng = test::rng_for_test();
+  const std::int64_t Nq = 8, Nk = 2, Dqk = 16, Dv = 12;
+  // Decode rows (T_b = 1), prefill chunks (T_b < S_b), whole prompts (T_b = S_b) and a sequence
+  // with no queries this step, in random lengths; plus one long prompt so the fast path threads.
+  std::vector<std::pair<std::int64_t, std::int64_t>> lengths = {{48, 48}};
+  for (int b = 0; b < 11; ++b) {
+    const std::int64_t S = std::uniform_int_distribution<std::int64_t>(1, 40)(rng);
+    const std::int64_t chunk = std::uniform_int_distribution<std::int64_t>(1, S)(rng);
+    lengths.emplace_back(b % 4 == 0 ? 1 : b % 4 == 1 ? chunk : b % 4 == 2 ? S : 0, S);
+  }
+  std::shuffle(lengths.begin(), lengths.end(), rng);
+  const Packed in = pack(rng, lengths, Nq, Nk, Dqk, Dv);
+  const std::size_t B = lengths.size();
+  // Explicit offsets: each sequence's queries somewhere among its keys, not only at the end.
+  std::vector<std::int64_t> offsets;
+  for (auto [T, S] : lengths) offsets.push_back(std::uniform_int_distribution<std::int64_t>(0, S - T)(rng));
+
+  AttentionParams causal, window, bidir;
+  window.window = 5, bidir.causal = false;
+  for (const auto& [p, given] : {std::pair{causal, false}, std::pair{window, false}, std::pair{bidir, false},
+                                 std::pair{causal, true}, std::pair{window, true}}) {
+    RaggedBatch batch = in.batch;
+    if (given) batch.q_offsets = offsets;
+    Tensor r = Tensor::empty({in.q.size(0), Nq, Dv}, DType::F32);
+    ref::attention_ragged(in.q, in.k, in.v, r, batch, p);
+    const Tensor f = ops::attention_ragged(in.q, in.k, in.v, batch, p);
+    for (std::size_t b = 0; b < B; ++b) {
+      const std::int64_t q0 = batch.q_starts[b], q1 = batch.q_starts[b + 1];
+      const std::int64_t k0 = batch.kv_starts[b], k1 = batch.kv_starts[b + 1];
+      const Tensor qb = in.q.slice(0, q0, q1), kb = in.k.slice(0, k0, k1), vb = in.v.slice(0, k0, k1);
+      AttentionParams pb = p;
+      if (given) pb.q_offset = offsets[b];
+      Tensor rb = Tensor::empty({q1 - q0, Nq, Dv}, DType::F32);
+      ref::attention(qb, kb, vb, rb, pb);
+      const std::string what = "sequence " + std::to_string(b) + " (T " + std::to_string(q1 - q0) + ", S " +
+                               std::to_string(k1 - k0) + ", window " + std::to_string(p.window) +
+                               (p.causal ? "" : ", bidirectional") + (given ? ", given offset" : "") + ")";
+      EXPECT_EQ(rows(r, q0, q1), rb.to_double_vector()) << "ref::attention_ragged, " << what;
+      EXPECT_EQ(rows(f, q0, q1), ops::attention(qb, kb, vb, pb).to_double_vector()) << "ops::attention_ragged, " << what;
+      // And both against the formula, so that agreeing with a wrong single call cannot pass.
+      const AttnRef e = attention_exact(qb, kb, vb, pb);
+      expect_within(rows(f, q0, q1), e.out, e.bound, "ops::attention_ragged vs float64, " + what);
+    }
+  }
+}
+
+TEST(AttentionRagged, CountsTheWorkOfItsSequences) {
+  auto rng = test::rng_for_test();
+  const Packed in = pack(rng, {{1, 9}, {4, 4}, {0, 3}, {2, 7}}, 4, 2, 8, 6);
+  AttentionParams p;
+  p.window = 3;
+  metrics::Work separate;
+  for (std::size_t b = 0; b + 1 < in.batch.q_starts.size(); ++b) {
+    metrics::CountScope one;
+    const std::int64_t q0 = in.batch.q_starts[b], q1 = in.batch.q_starts[b + 1];
+    const std::int64_t k0 = in.batch.kv_starts[b], k1 = in.batch.kv_starts[b + 1];
+    ops::attention(in.q.slice(0, q0, q1), in.k.slice(0, k0, k1), in.v.slice(0, k0, k1), p);
+    separate += one.work();
+  }
+  metrics::CountScope all;
+  ops::attention_ragged(in.q, in.k, in.v, in.batch, p);
+  // With the window of 3, the rows see 3 keys (the decode row), 1, 2, 3, 3 (the prompt) and
+  // 3, 3: 18 in all, each costing a Dqk dot and a Dv multiply-add per query head.
+  EXPECT_EQ(all.work().flops, 2.0 * 18 * 4 * (8 + 6));
+  EXPECT_EQ(all.work().flops, separate.flops);
+  EXPECT_EQ(all.work().bytes, separate.bytes);
+}
+
+TEST(AttentionRagged, Errors) {
+  auto rng = test::rng_for_test();
+  const Packed in = pack(rng, {{1, 5}, {3, 3}}, 2, 1, 4, 4);  // q: 4 rows, k/v: 8 rows
+  using Starts = std::vector<std::int64_t>;
+  auto call = [&](Starts qs, Starts ks, Starts offsets = {}, AttentionParams p = {}) {
+    ops::attention_ragged(in.q, in.k, in.v, {qs, ks, offsets}, p);
+  };
+  call({0, 1, 4}, {0, 5, 8});  // the batch itself is fine
+  expect_error([&] { call({0, 1, 4}, {0, 8}); }, {"attention_ragged", "q_starts and kv_starts", "3 and 2"});
+  expect_error([&] { call({0, 4}, {0, 8}, {1, 2}); }, {"attention_ragged", "q_offsets has 2 entries for 1 sequences"});
+  expect_error([&] { call({0, 1, 3}, {0, 5, 8}); }, {"attention_ragged", "q_starts must run from 0 to q's 4 rows"});
+  expect_error([&] { call({1, 1, 4}, {0, 5, 8}); }, {"attention_ragged", "q_starts must run from 0"});
+  expect_error([&] { call({0, 1, 4}, {0, 5, 9}); }, {"attention_ragged", "kv_starts must run from 0 to k's 8 rows"});
+  expect_error([&] { call({0, 3, 2, 4}, {0, 3, 5, 8}); }, {"attention_ragged", "q_starts must not decrease", "q_starts[2] = 2"});
+  expect_error([&] { call({0, 1, 4}, {0, 8, 8}); }, {"attention_ragged", "kv_starts must increase", "kv_starts[2] = 8"});
+  expect_error([&] { call({0, 1, 4}, {0, 6, 8}); }, {"attention_ragged", "sequence 1", "only 2 keys"});
+  expect_error([&] { call({0, 1, 4}, {0, 5, 8}, {5, 0}); }, {"attention_ragged", "sequence 0", "q_offsets[0] = 5", "only 5 keys"});
+  expect_error([&] { call({0, 1, 4}, {0, 5, 8}, {0, -1}); }, {"attention_ragged", "q_offsets[1] = -1"});
+  AttentionParams single;
+  single.q_offset = 2;
+  expect_error([&] { call({0, 1, 4}, {0, 5, 8}, {}, single); },
+               {"attention_ragged", "AttentionParams::q_offset", "RaggedBatch::q_offsets"});
+  AttentionParams bidir;
+  bidir.causal = false;
+  call({0, 1, 4}, {0, 6, 8}, {}, bidir);  // without the causal mask, 3 queries may share 2 keys
 }
 
 // ---------------------------------------------------------------------------------------------

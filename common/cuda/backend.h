@@ -31,11 +31,13 @@ std::size_t device_memory_bytes();
 void matmul(const Tensor& x, const Tensor& w, Tensor& out);
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing);
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing, std::int64_t begin);
 void softmax(const Tensor& x, Tensor& out);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p);
+/// Attention over a checked, resolved batch (a single sequence is a batch of one).
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+               const AttentionParams& p);
 void argmax(const Tensor& x, Tensor& out);
 
 /// Fills a CUDA tensor (F32, F16 or BF16) with uniform random values in [lo, hi) from a

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -139,7 +140,7 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, const W* __restrict_
 }
 
 __global__ void rope_kernel(float* x, const int* pos, const float* inv_freq, long long T, long long heads, long long D,
-                            long long half, bool adjacent) {
+                            long long begin, long long half, bool adjacent) {
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;  // one (t, j) pair
   if (i >= T * half) return;
   const long long t = i / half, j = i % half;
@@ -148,7 +149,7 @@ __global__ void rope_kernel(float* x, const int* pos, const float* inv_freq, lon
   const float cf = static_cast<float>(c), sf = static_cast<float>(s);
   const long long ia = adjacent ? 2 * j : j, ib = adjacent ? 2 * j + 1 : j + half;
   for (long long h = 0; h < heads; ++h) {
-    float* row = x + (t * heads + h) * D;
+    float* row = x + (t * heads + h) * D + begin;
     const float a = row[ia], b = row[ib];
     row[ia] = a * cf - b * sf;
     row[ib] = a * sf + b * cf;
@@ -181,30 +182,48 @@ __global__ void embedding_kernel(const W* __restrict__ table, const int* __restr
 
 // Attention, one block per (query row, head), online softmax over chunks of blockDim keys:
 // each thread scores one key of the chunk, the block rescales its running sum and output by
-// exp(old max - new max), then each thread accumulates its output dimensions.
+// exp(old max - new max), then each thread accumulates its output dimensions. The query row
+// sits in shared memory; each thread keeps kDims output dimensions in registers, which bounds
+// Dv (512 covers MLA with the up-projections absorbed: Dqk = 576, Dv = 512).
 constexpr int kAttnThreads = 128;
-constexpr int kAttnMaxHead = 256;
+constexpr int kAttnMaxQk = 1024;
+constexpr int kAttnMaxV = 512;
+
+// The sequences of one launch (a ragged batch's row starts, as in RaggedBatch), passed by value
+// as a kernel argument: nothing is copied to the device first, so a CUDA graph can capture the
+// launch. A batch of more sequences takes several launches.
+constexpr int kAttnSeqs = 32;
+struct AttnSeqs {
+  long long q_start[kAttnSeqs + 1];
+  long long kv_start[kAttnSeqs + 1];
+  long long q_offset[kAttnSeqs];
+};
 
 __global__ void attention_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                                 float* __restrict__ out, long long S, long long Nq, long long Nk, long long H,
-                                 long long q_offset, long long window, float scale, bool causal) {
-  __shared__ float qs[kAttnMaxHead];
+                                 float* __restrict__ out, AttnSeqs seqs, long long Nq, long long Nk, long long Dqk,
+                                 long long Dv, long long window, float scale, bool causal) {
+  __shared__ float qs[kAttnMaxQk];
   __shared__ float ps[kAttnThreads];
-  const long long t = blockIdx.x, h = blockIdx.y, kvh = h / (Nq / Nk);
-  const long long hi = causal ? q_offset + t : S - 1;
+  const long long row = seqs.q_start[0] + blockIdx.x, h = blockIdx.y, kvh = h / (Nq / Nk);
+  int b = 0;  // the row is query t of sequence b
+  while (seqs.q_start[b + 1] <= row) ++b;
+  const long long t = row - seqs.q_start[b], S = seqs.kv_start[b + 1] - seqs.kv_start[b];
+  k += seqs.kv_start[b] * Nk * Dqk;  // the sequence's own keys and values
+  v += seqs.kv_start[b] * Nk * Dv;
+  const long long hi = causal ? seqs.q_offset[b] + t : S - 1;
   const long long lo = window > 0 ? max(0LL, hi - window + 1) : 0;
-  for (long long d = threadIdx.x; d < H; d += blockDim.x) qs[d] = q[(t * Nq + h) * H + d];
+  for (long long d = threadIdx.x; d < Dqk; d += blockDim.x) qs[d] = q[(row * Nq + h) * Dqk + d];
   __syncthreads();
-  constexpr int kDims = kAttnMaxHead / kAttnThreads;  // output dimensions per thread
+  constexpr int kDims = kAttnMaxV / kAttnThreads;  // output dimensions per thread
   float acc[kDims] = {};
   float m = -INFINITY, l = 0.0f;
   for (long long j0 = lo; j0 <= hi; j0 += blockDim.x) {
     const long long j = j0 + threadIdx.x;
     float s = -INFINITY;
     if (j <= hi) {
-      const float* kr = k + (j * Nk + kvh) * H;
+      const float* kr = k + (j * Nk + kvh) * Dqk;
       float dot = 0.0f;
-      for (long long d = 0; d < H; ++d) dot += qs[d] * kr[d];
+      for (long long d = 0; d < Dqk; ++d) dot += qs[d] * kr[d];
       s = dot * scale;
     }
     const float m_new = fmaxf(m, block_max(s));
@@ -218,9 +237,9 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
 #pragma unroll
     for (int c = 0; c < kDims; ++c) {
       const long long d = threadIdx.x + c * blockDim.x;
-      if (d < H) {
+      if (d < Dv) {
         float a = acc[c] * correction;
-        for (long long i = 0; i < n; ++i) a += ps[i] * v[((j0 + i) * Nk + kvh) * H + d];
+        for (long long i = 0; i < n; ++i) a += ps[i] * v[((j0 + i) * Nk + kvh) * Dv + d];
         acc[c] = a;
       }
     }
@@ -229,7 +248,7 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
 #pragma unroll
   for (int c = 0; c < kDims; ++c) {
     const long long d = threadIdx.x + c * blockDim.x;
-    if (d < H) out[(t * Nq + h) * H + d] = acc[c] / l;
+    if (d < Dv) out[(row * Nq + h) * Dv + d] = acc[c] / l;
   }
 }
 
@@ -258,12 +277,12 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
   });
 }
 
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing) {
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing, std::int64_t begin) {
   const long long T = x.size(0), half = inv_freq.size(0);
   if (T * half == 0) return;
   rope_kernel<<<blocks_for(T * half, 256), 256, 0, stream()>>>(x.data<float>(), positions.data<std::int32_t>(),
-                                                                inv_freq.data<float>(), T, x.size(1), x.size(2), half,
-                                                                pairing == RopePairing::Adjacent);
+                                                                inv_freq.data<float>(), T, x.size(1), x.size(2), begin,
+                                                                half, pairing == RopePairing::Adjacent);
   IL_CUDA_LAUNCHED();
 }
 
@@ -291,16 +310,27 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
   });
 }
 
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p) {
-  const long long T = q.size(0), Nq = q.size(1), H = q.size(2);
-  IL_CHECK(H <= kAttnMaxHead, "attention (CUDA): head dimension ", H, " is above this kernel's limit of ",
-           kAttnMaxHead);
-  if (T == 0) return;
-  dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(Nq));
-  attention_kernel<<<grid, kAttnThreads, 0, stream()>>>(q.data<float>(), k.data<float>(), v.data<float>(),
-                                                         out.data<float>(), k.size(0), Nq, k.size(1), H, p.q_offset,
-                                                         p.window, p.scale, p.causal);
-  IL_CUDA_LAUNCHED();
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+               const AttentionParams& p) {
+  const long long Nq = q.size(1), Dqk = q.size(2), Dv = v.size(2);
+  IL_CHECK(Dqk <= kAttnMaxQk, "attention (CUDA): query/key head dimension ", Dqk, " is above this kernel's limit of ",
+           kAttnMaxQk);
+  IL_CHECK(Dv <= kAttnMaxV, "attention (CUDA): value head dimension ", Dv, " is above this kernel's limit of ",
+           kAttnMaxV);
+  const std::size_t B = batch.q_offsets.size();
+  for (std::size_t b0 = 0; b0 < B; b0 += kAttnSeqs) {
+    const std::size_t n = std::min<std::size_t>(kAttnSeqs, B - b0);
+    AttnSeqs seqs{};
+    for (std::size_t b = 0; b <= n; ++b) seqs.q_start[b] = batch.q_starts[b0 + b], seqs.kv_start[b] = batch.kv_starts[b0 + b];
+    for (std::size_t b = 0; b < n; ++b) seqs.q_offset[b] = batch.q_offsets[b0 + b];
+    const long long rows = seqs.q_start[n] - seqs.q_start[0];
+    if (rows == 0) continue;
+    dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(Nq));
+    attention_kernel<<<grid, kAttnThreads, 0, stream()>>>(q.data<float>(), k.data<float>(), v.data<float>(),
+                                                           out.data<float>(), seqs, Nq, k.size(1), Dqk, Dv, p.window,
+                                                           p.scale, p.causal);
+    IL_CUDA_LAUNCHED();
+  }
 }
 
 void argmax(const Tensor& x, Tensor& out) {

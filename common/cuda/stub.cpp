@@ -24,11 +24,13 @@ void synchronize() {}
 void matmul(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void add(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void rmsnorm(const Tensor&, const Tensor&, float, Tensor&) { no_cuda(); }
-void rope(Tensor&, const Tensor&, const Tensor&, RopePairing) { no_cuda(); }
+void rope(Tensor&, const Tensor&, const Tensor&, RopePairing, std::int64_t) { no_cuda(); }
 void softmax(const Tensor&, Tensor&) { no_cuda(); }
 void swiglu(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void embedding(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
-void attention(const Tensor&, const Tensor&, const Tensor&, Tensor&, const AttentionParams&) { no_cuda(); }
+void attention(const Tensor&, const Tensor&, const Tensor&, Tensor&, const RaggedBatch&, const AttentionParams&) {
+  no_cuda();
+}
 void argmax(const Tensor&, Tensor&) { no_cuda(); }
 void fill_uniform(Tensor&, std::uint64_t, float, float) { no_cuda(); }
 void set_gemv_kernel(GemvKernel) {}
