@@ -26,27 +26,19 @@ namespace inferlab {
 std::string data_dir() { return INFERLAB_DATA_DIR; }
 std::string default_model_path() { return data_dir() + "/models/tiny-mha"; }
 
-Device CommonOptions::resolved_device() const {
+Device ModelOptions::resolved_device() const {
   if (device == "cpu") return Device::CPU;
   IL_CHECK(device == "cuda", "unknown device '", device, "' (use cpu or cuda)");
   cuda::require_device();
   return Device::CUDA;
 }
 
-SamplingParams CommonOptions::sampling(const Tokenizer& tok, std::int64_t model_vocab) const {
-  check_tokenizer_vocab(tok, model_vocab, model);
+SamplingParams GenerationOptions::sampling(const Tokenizer& tok, std::int64_t model_vocab,
+                                           const std::string& model_path) const {
+  check_tokenizer_vocab(tok, model_vocab, model_path);
   SamplingParams p{temperature, top_k, top_p, seed, tok.vocab_size()};
   validate(p);
   return p;
-}
-
-void reject_options(const CLI::App& app, std::initializer_list<const char*> options) {
-  std::string command = app.get_name();
-  for (const CLI::App* sub : app.get_subcommands()) command += " " + sub->get_name();
-  for (const char* name : options) {
-    const CLI::Option* opt = app.get_option_no_throw(name);
-    IL_CHECK(opt == nullptr || opt->count() == 0, command, " does not use ", name, " (see --help for what it takes)");
-  }
 }
 
 CLI::Validator number_in(double lo, double hi) {
@@ -66,15 +58,42 @@ CLI::Validator number_in(double lo, double hi) {
       "in " + range);
 }
 
-void add_common_options(CLI::App& app, CommonOptions& o) {
+void add_model_option(CLI::App& app, ModelOptions& o) {
   if (o.model.empty()) o.model = default_model_path();
   app.add_option("--model", o.model, "Model folder (config.json, *.safetensors, tokenizer.json) or file")
       ->capture_default_str();
+}
+
+void add_device_option(CLI::App& app, ModelOptions& o) {
+  app.add_option("--device", o.device, "Where to run")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+}
+
+void add_json_option(CLI::App& app, std::string& path) {
+  app.add_option("--json", path, "Write the results as JSON to this file");
+}
+
+void add_common_options(CLI::App& app, CommonOptions& o) {
+  add_model_option(app, o);
+  add_device_option(app, o);
+  add_generation_options(app, o);
+  add_json_option(app, o.json);
+}
+
+void bare_run_options_only(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands({}))
+    for (CLI::Option* opt : app.get_options())
+      if (opt != app.get_help_ptr() && opt != app.get_help_all_ptr()) sub->excludes(opt);
+}
+
+void help_footer(CLI::App& app, const std::string& bare_run, const std::string& readme, const std::string& lecture) {
+  app.footer("Run bare: " + bare_run + "\nReads along with " + readme + " and the lecture's section " + lecture + ".");
+}
+
+void add_generation_options(CLI::App& app, GenerationOptions& o) {
   app.add_option("--prompt", o.prompt, "Prompt text")->capture_default_str();
   app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate")
       ->check(number_in(1, 1 << 20))
       ->capture_default_str();
-  app.add_option("--device", o.device, "Where to run")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   app.add_option("--seed", o.seed, "Random seed for sampling")
       ->check(number_in(0, 18446744073709551615.0))
       ->capture_default_str();
@@ -87,7 +106,6 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--top-p", o.top_p, "Nucleus sampling mass, in (0, 1]")
       ->check(number_in(1e-6, 1))
       ->capture_default_str();
-  app.add_option("--json", o.json, "Write the results as JSON to this file");
 }
 
 int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {

@@ -2,12 +2,14 @@
 /// @file cli.h
 /// @brief The command-line options every chapter executable shares, and its error handling.
 ///
-/// Every `chNN_*` program takes the same core flags (CLI11):
-///   --model PATH          model folder (config.json + safetensors + tokenizer.json) or file
-///   --prompt TEXT         --max-new-tokens N   --device cpu|cuda   --seed N
-///   --temperature T       --top-k K            --top-p P           --json FILE
-/// and runs its body through run_cli(), which turns any inferlab::Error into one clear line on
-/// stderr and exit status 1 (2 for a bad command line), so that nothing ends in a crash.
+/// The `chNN_*` programs share their flags (CLI11), registered on exactly the (sub)commands that
+/// use them, so that `--help` never lists an option a command would ignore:
+///   model:       --model PATH (model folder or file)       --device cpu|cuda
+///   generation:  --prompt TEXT  --max-new-tokens N  --seed N  --temperature T  --top-k K  --top-p P
+///   output:      --json FILE
+/// Every `--help` ends with what a bare run does and what it reads along with (help_footer).
+/// Each program runs its body through run_cli(), which turns any inferlab::Error into one clear
+/// line on stderr and exit status 1 (2 for a bad command line), so that nothing ends in a crash.
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -24,30 +26,36 @@ namespace inferlab {
 
 class Tokenizer;
 
-struct CommonOptions {
+/// Which model to run, and where.
+struct ModelOptions {
   std::string model;  ///< defaults to default_model_path()
+  std::string device = "cpu";
+  /// The device asked for; throws "no CUDA device available: <reason>" for cuda without one.
+  Device resolved_device() const;
+};
+
+/// What to generate and how to sample it.
+struct GenerationOptions {
   std::string prompt = "Once upon a time";
   int max_new_tokens = 32;
-  std::string device = "cpu";
   std::uint64_t seed = 0;
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f;
-  std::string json;  ///< where to write machine-readable results ("" = nowhere)
-
-  /// The device asked for; throws "no CUDA device available: <reason>" for cuda without one.
-  Device resolved_device() const;
-  /// The sampling options for a model (this->model) whose embedding table has `model_vocab`
+  /// The sampling options for a model (at `model_path`) whose embedding table has `model_vocab`
   /// rows, generating with `tok`: only the tokenizer's ids are ever sampled (a padded table's
   /// extra rows decode to nothing; see SamplingParams::vocab). Throws when the two do not fit
   /// (check_tokenizer_vocab: a llama2.c tokenizer.bin must match exactly).
-  SamplingParams sampling(const Tokenizer& tok, std::int64_t model_vocab) const;
+  SamplingParams sampling(const Tokenizer& tok, std::int64_t model_vocab, const std::string& model_path) const;
 };
 
-/// Throws if any of `options` was given on the command line: for the (sub)commands that do
-/// not use them, so that e.g. `--device cuda` there is an error rather than silently ignored.
-/// The error names the command as parsed: the program and its subcommand, if one was chosen.
-void reject_options(const CLI::App& app, std::initializer_list<const char*> options);
+/// The options of a chapter that generates text: a model, generation, and --json.
+struct CommonOptions : ModelOptions, GenerationOptions {
+  std::string json;  ///< where to write machine-readable results ("" = nowhere)
+  SamplingParams sampling(const Tokenizer& tok, std::int64_t model_vocab) const {
+    return GenerationOptions::sampling(tok, model_vocab, model);
+  }
+};
 
 /// A CLI11 check that an option is a finite number in [lo, hi], with a message in plain words
 /// ("0 is outside [1, 16777216]") instead of CLI11's default (which prints DBL_MAX in full).
@@ -58,8 +66,25 @@ std::string default_model_path();
 /// The folder holding the bundled models and goldens (set at configure time).
 std::string data_dir();
 
-/// Registers the shared options on `app`.
+/// --model (default: the bundled model, unless `o.model` already names another).
+void add_model_option(CLI::App& app, ModelOptions& o);
+/// --device cpu|cuda.
+void add_device_option(CLI::App& app, ModelOptions& o);
+/// --prompt, --max-new-tokens, --seed, --temperature, --top-k, --top-p.
+void add_generation_options(CLI::App& app, GenerationOptions& o);
+/// --json FILE.
+void add_json_option(CLI::App& app, std::string& path);
+/// All of the above: for the commands that load a model and generate with it.
 void add_common_options(CLI::App& app, CommonOptions& o);
+
+/// The program's own options belong to its bare run: given together with a subcommand (which
+/// registers the options it uses itself) they are a command-line error, not silently ignored.
+/// Call after adding the subcommands.
+void bare_run_options_only(CLI::App& app);
+
+/// The last lines of `--help`: what a bare run does, and the README and lecture section the
+/// program reads along with.
+void help_footer(CLI::App& app, const std::string& bare_run, const std::string& readme, const std::string& lecture);
 
 /// Parses argv and runs `body`; returns the process exit status (0 ok, 1 error, 2 usage).
 int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& body);

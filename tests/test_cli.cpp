@@ -80,18 +80,40 @@ TEST(Cli, ErrorsInTheBodyExitWithStatus1AndAMessage) {
   EXPECT_NE(r.err.find("no CUDA device available: " + reason), std::string::npos) << r.err;
 }
 
-TEST(Cli, OptionsACommandDoesNotUseAreRejected) {
-  CliRun r = run({"--device", "cpu"}, [](const CommonOptions&) { return 0; });
-  EXPECT_EQ(r.status, 0);
-  CLI::App app{"test", "chXX_test"};
-  CommonOptions o;
-  add_common_options(app, o);
-  app.fallthrough();  // before add_subcommand: subcommands copy it
-  app.add_subcommand("calc", "a subcommand");
-  std::vector<const char*> argv = {"chXX_test", "calc", "--device", "cuda"};
-  app.parse(static_cast<int>(argv.size()), argv.data());
-  reject_options(app, {"--model"});  // not given: fine
-  test::expect_error([&] { reject_options(app, {"--model", "--device"}); }, {"chXX_test calc does not use --device"});
+// An option is registered on exactly the (sub)commands that use it, so one that a command would
+// ignore is a command-line error (status 2), and --help lists only what the command takes.
+TEST(Cli, OptionsACommandDoesNotUseAreNotAccepted) {
+  auto status = [](std::vector<std::string> args, std::string* help = nullptr) {
+    CLI::App app{"test", "chXX_test"};
+    CommonOptions o;
+    add_model_option(app, o);  // the bare run's option
+    help_footer(app, "does a thing", "chapters/XX/README.md", "一节");
+    CLI::App* calc = app.add_subcommand("calc", "a subcommand");
+    add_json_option(*calc, o.json);
+    bare_run_options_only(app);
+    args.insert(args.begin(), "chXX_test");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    std::stringstream out, err;
+    auto* old_out = std::cout.rdbuf(out.rdbuf());
+    auto* old_err = std::cerr.rdbuf(err.rdbuf());
+    const int s = run_cli(app, static_cast<int>(argv.size()), argv.data(), [] { return 0; });
+    std::cout.rdbuf(old_out), std::cerr.rdbuf(old_err);
+    if (help) *help = out.str();
+    return s;
+  };
+  EXPECT_EQ(status({"--model", "m"}), 0);
+  EXPECT_EQ(status({"calc", "--json", "x.json"}), 0);
+  EXPECT_EQ(status({"calc", "--model", "m"}), 2);  // calc takes no model
+  EXPECT_EQ(status({"--model", "m", "calc"}), 2);  // the bare run's option with a subcommand
+  EXPECT_EQ(status({"--device", "cuda"}), 2);      // never registered
+  std::string help;
+  EXPECT_EQ(status({"--help"}, &help), 0);
+  EXPECT_NE(help.find("--model"), std::string::npos) << help;
+  EXPECT_EQ(help.find("--json"), std::string::npos) << help;
+  EXPECT_NE(help.find("Run bare: does a thing\nReads along with chapters/XX/README.md and the lecture's section 一节."),
+            std::string::npos)
+      << help;
 }
 
 TEST(Cli, WriteTextNamesAnUnwritablePath) {

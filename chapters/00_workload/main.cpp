@@ -252,10 +252,12 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 00: the inference workload (arithmetic intensity, memory, latency, roofline)", "ch00_workload"};
   Options o;
   o.common.model = "Llama-2-13B";
-  add_common_options(app, o.common);
-  app.get_option("--model")->description("A named model (Llama-2-7B/13B/70B, Llama-3-8B/70B, Llama-3.1-405B) or a config.json");
-  app.fallthrough();
+  help_footer(app, "the lecture's headline numbers for Llama-2-13B on an H100, and how to see more",
+              "chapters/00_workload/README.md", "理解推理工作负载");
   auto add_model_opts = [&](CLI::App* s) {
+    add_model_option(*s, o.common);
+    s->get_option("--model")->description("A named model (Llama-2-7B/13B/70B, Llama-3-8B/70B, Llama-3.1-405B) or a config.json");
+    add_json_option(*s, o.common.json);
     s->add_option("--dtype", o.dtype, "Bytes per value: f32, bf16, f16, fp8, int8")->capture_default_str();
     s->add_option("--accelerator", o.accelerator, "Datasheet preset: h100, h200, a100")->capture_default_str();
     s->add_option("--memory-gb", o.memory_gb, "Override the accelerator's memory (GB)")->check(number_in(1e-3, 1e6));
@@ -273,16 +275,15 @@ int main(int argc, char** argv) {
   sl->add_option("--batches", o.batches, "Batch sizes to sweep")->check(number_in(1, 1 << 20))->delimiter(',');
   sl->add_option("--svg", o.svg, "Write the plot here");
   auto* sr = app.add_subcommand("roofline", "Measure this machine's roofline and draw it with presets and points");
+  add_device_option(*sr, o.common);
+  add_json_option(*sr, o.common.json);
   sr->add_option("--points", o.points, "JSON files with roofline points written by the chapters");
   sr->add_option("--svg", o.svg, "Write the plot here");
   auto* sc = app.add_subcommand("lecture", "Every number in the lecture, recomputed");
+  add_json_option(*sc, o.common.json);
   sc->add_option("--markdown", o.markdown, "Write the table as Markdown (docs/lecture-numbers.md)");
   app.require_subcommand(0, 1);
   return run_cli(app, argc, argv, [&] {
-    // A calculator generates nothing; only roofline measures a device; only three commands take a model.
-    reject_options(app, {"--prompt", "--max-new-tokens", "--seed", "--temperature", "--top-k", "--top-p"});
-    if (!*sr) reject_options(app, {"--device"});
-    if (!(*si || *sm || *sl)) reject_options(app, {"--model"});
     if (*si) return intensity(o);
     if (*sm) return memory(o);
     if (*sl) return latency(o);

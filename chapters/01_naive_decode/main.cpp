@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
   std::string tokenizer_path, dtype = "f32";
   bool all_steps = false;
   add_common_options(app, o);
+  help_footer(app, "tiny-mha continues \"Once upon a time\" for 32 tokens, re-running the whole sequence each step, "
+              "with each step's time and FLOPs", "chapters/01_naive_decode/README.md", "朴素推理与 KV Cache");
   app.add_option("--tokenizer", tokenizer_path, "Tokenizer file (default: the one beside the model)");
   app.add_option("--dtype", dtype, "Weight dtype: f32 or bf16")->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
   app.add_flag("--steps", all_steps, "Print every step (default: eight spread over the run)");
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
   conv->add_option("output", conv_out, "output folder (to hf) or .bin file (to llama2c)")->required();
   conv->add_option("--to", conv_to, "hf or llama2c")->required()->check(CLI::IsMember({"hf", "llama2c"}));
   conv->add_option("--tokenizer", tokenizer_path, "llama2.c tokenizer.bin (default: the one beside the checkpoint)");
+  bare_run_options_only(app);
   return run_cli(app, argc, argv, [&] {
     if (*conv) {
       if (conv_to == "hf") convert_llama2c_to_hf(conv_in, tokenizer_path, conv_out);

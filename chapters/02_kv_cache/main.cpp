@@ -19,6 +19,9 @@ int main(int argc, char** argv) {
   std::string tokenizer_path, dtype = "f32";
   bool cached_only = false;
   add_common_options(app, o);
+  help_footer(app, "tiny-mha with chapter 01's naive decoding and the KV cache side by side: the same tokens, "
+              "time per token against position, TTFT and TPOT", "chapters/02_kv_cache/README.md",
+              "朴素推理与 KV Cache and 推理的两个阶段");
   app.add_option("--tokenizer", tokenizer_path, "Tokenizer file (default: the one beside the model)");
   app.add_option("--dtype", dtype, "Weight dtype: f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
   app.add_flag("--cached-only", cached_only, "Skip the naive run (for long generations)");

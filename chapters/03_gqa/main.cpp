@@ -177,30 +177,31 @@ int headline() {
 int main(int argc, char** argv) {
   CLI::App app{"Chapter 03: grouped-query and multi-query attention", "ch03_gqa"};
   CommonOptions o;
-  add_common_options(app, o);
-  app.fallthrough();
+  help_footer(app, "tiny-mha, tiny-gqa and tiny-mqa side by side: KV bytes per token and perplexity",
+              "chapters/03_gqa/README.md", "分组查询注意力（GQA）");
   std::int64_t seq = 1024, windows = 0, per_kind = 200;
   double memory_gb = 80;
   int steps = 3;
   std::vector<std::int64_t> batches = {1, 2, 4, 8, 16, 32, 64};
   auto* sm = app.add_subcommand("memory", "KV bytes per token and the largest batch for MHA, GQA and MQA");
+  add_model_option(*sm, o);
+  add_json_option(*sm, o.json);
   sm->add_option("--seq", seq, "Context length S")->check(number_in(1, 1 << 24))->capture_default_str();
   sm->add_option("--memory-gb", memory_gb, "Memory budget in GB")->check(number_in(1e-3, 1e6))->capture_default_str();
   auto* st = app.add_subcommand("throughput", "Measured decode throughput against batch size, with the prediction");
+  add_device_option(*st, o);
+  add_json_option(*st, o.json);
   st->add_option("--seq", seq, "Context length")->check(number_in(1, 1 << 16))->capture_default_str();
   st->add_option("--batches", batches, "Batch sizes")->delimiter(',')->check(number_in(1, 4096));
   st->add_option("--steps", steps, "Timed steps per point (best is kept)")->check(number_in(1, 1000))->capture_default_str();
   auto* sc = app.add_subcommand("convert", "tiny-mha mean-pooled to GQA/MQA against models trained that way");
+  add_json_option(*sc, o.json);
   sc->add_option("--windows", windows, "Validation windows of 512 tokens (0: all)")
       ->check(number_in(0, 1e9))
       ->capture_default_str();
   sc->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->check(number_in(0, 1e9))->capture_default_str();
   app.require_subcommand(0, 1);
   return run_cli(app, argc, argv, [&] {
-    // Only throughput runs on a device, only memory reads a --model, and nothing here generates text.
-    reject_options(app, {"--prompt", "--max-new-tokens", "--seed", "--temperature", "--top-k", "--top-p"});
-    if (!*st) reject_options(app, {"--device"});
-    if (!*sm) reject_options(app, {"--model"});
     if (*sm) return memory(o, seq, memory_gb);
     if (*st) return throughput(o, seq, batches, steps);
     if (*sc) return convert(o, windows, per_kind);

@@ -197,13 +197,17 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
 int main(int argc, char** argv) {
   CLI::App app{"Chapter 09: quantisation", "ch09_quantization"};
   CommonOptions o;
-  add_common_options(app, o);
-  app.fallthrough();
+  add_model_option(app, o);  // the bare run: a short table on --model
+  add_json_option(app, o.json);
+  help_footer(app, "five formats (and AWQ) on tiny-mha: bits per weight against perplexity, in seconds",
+              "chapters/09_quantization/README.md", "量化与模型剪枝");
   std::int64_t windows = 0, per_kind = 200;
   bool no_awq = false;
   std::vector<std::string> formats;
   std::string format = "q4_0", out, file, tokenizer;
   auto* st = app.add_subcommand("table", "Every format on a model: bytes, perplexity, probe accuracy");
+  add_model_option(*st, o);
+  add_json_option(*st, o.json);
   st->add_option("--windows", windows, "Validation windows of 512 tokens to score (0: all of them)")
       ->check(number_in(0, 1e9))
       ->capture_default_str();
@@ -213,23 +217,25 @@ int main(int argc, char** argv) {
   st->add_option("--formats", formats, "Comma-separated formats (default: all)")->delimiter(',');
   st->add_flag("--no-awq", no_awq, "Skip the AWQ rows");
   auto* ss = app.add_subcommand("speed", "Decode speed per format on a larger random model");
+  add_device_option(*ss, o);
+  add_json_option(*ss, o.json);
   ss->add_option("--formats", formats, "Comma-separated formats (default: all)")->delimiter(',');
   auto* se = app.add_subcommand("export", "Write the model quantised as GGUF");
+  add_model_option(*se, o);
   se->add_option("output", out, "The .gguf file")->required();
   se->add_option("--format", format, "q8_0 or q4_0")->check(CLI::IsMember({"q8_0", "q4_0"}))->capture_default_str();
   auto* sr = app.add_subcommand("run", "Generate with a GGUF model");
+  add_model_option(*sr, o);
+  sr->get_option("--model")->description("The bundled model whose tokenizer to use when the GGUF's vocabulary is its own");
+  add_device_option(*sr, o);
+  add_generation_options(*sr, o);
   sr->add_option("file", file, "A Llama GGUF with q8_0 or q4_0 projections")->required();
   sr->add_option("--tokenizer", tokenizer,
                  "Tokenizer: a tokenizer.json, a folder holding one, or a llama2.c .bin (default: --model's, "
                  "if the GGUF's vocabulary is that tokenizer's)");
   app.require_subcommand(0, 1);
+  bare_run_options_only(app);
   return run_cli(app, argc, argv, [&] {
-    // Only run generates text; only speed and run use a device; speed's model is random.
-    if (!*sr)
-      reject_options(app, {"--prompt", "--max-new-tokens", "--seed", "--temperature", "--top-k", "--top-p"});
-    if (!*ss && !*sr) reject_options(app, {"--device"});
-    if (*ss) reject_options(app, {"--model"});
-    if (*se || *sr) reject_options(app, {"--json"});
     std::vector<QuantSpec> specs;
     for (const std::string& f : formats) specs.push_back(QuantSpec::parse(f));
     if (specs.empty()) specs = all_specs();

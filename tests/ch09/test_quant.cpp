@@ -551,9 +551,11 @@ TEST(Ch09Cli, OptionsAreCheckedAndDeviceOnlyWhereItIsUsed) {
   for (const auto& [args, status, words] : std::vector<std::tuple<std::string, int, std::string>>{
            {"table --windows -1", 2, "--windows: -1 is outside [0, "},
            {"table --probes-per-kind -5", 2, "--probes-per-kind: -5 is outside [0, "},
-           {"table --device cuda", 1, "table does not use --device"},
-           {"export " + dir.file("x.gguf") + " --device cuda", 1, "export does not use --device"},
-           {"--device cuda", 1, "does not use --device"},
+           // Options live on the commands that use them: anywhere else they are not accepted.
+           {"table --device cuda", 2, "not expected: cuda --device"},
+           {"export " + dir.file("x.gguf") + " --device cuda", 2, "not expected: cuda --device"},
+           {"--device cuda", 2, "not expected: cuda --device"},
+           {"--model x speed", 2, "speed excludes --model"},
        }) {
     SCOPED_TRACE(args);
     const Ch09Run r = run_ch09(dir, args);
@@ -566,6 +568,7 @@ TEST(Ch09Cli, OptionsAreCheckedAndDeviceOnlyWhereItIsUsed) {
   h << help.rdbuf();
   EXPECT_NE(h.str().find("(0: all of them)"), std::string::npos) << h.str();
   EXPECT_NE(h.str().find("(0: skip the probes)"), std::string::npos) << h.str();
+  EXPECT_EQ(h.str().find("--device"), std::string::npos) << h.str();
   // run --tokenizer DIR/custom.json reads that file (it used to look for DIR/tokenizer.json).
   const std::string path = tiny_gguf(dir);
   std::filesystem::copy_file(kData + "/models/tiny-mha/tokenizer.json", dir.file("custom.json"));
