@@ -7,6 +7,7 @@
 
 #include "chapters/02_kv_cache/cuda_decode.h"
 #include "common/cuda/backend.h"
+#include "common/cuda/gemv.cuh"
 #include "common/cuda/util.cuh"
 #include "chapters/02_kv_cache/decode_attention.cuh"
 
@@ -18,94 +19,10 @@ using bf16 = __nv_bfloat16;
 using cuda::blocks_for;
 using cuda::stream;
 
-constexpr int kWarps = 8;        // warps per block in the GEMV kernels: one output row per warp
-constexpr int kInFlight = 4;     // 16-byte weight loads each lane issues before using them
-
-// --- GEMV ------------------------------------------------------------------------------------
-// dot(w[0:K], x[0:K]) for one warp; w bf16, x f32. The vector path reads 8 weights per 16-byte
-// load and keeps kInFlight loads outstanding per lane, so the memory system always has work.
-template <bool kVec>
-__device__ inline float warp_dot(const bf16* __restrict__ w, const float* __restrict__ x, int K, int lane) {
-  float acc = 0.0f;
-  if constexpr (kVec) {
-    const uint4* w4 = reinterpret_cast<const uint4*>(w);
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-    const int n = K / 8;
-    int i = lane;
-    for (; i + 32 * (kInFlight - 1) < n; i += 32 * kInFlight) {
-      uint4 r[kInFlight];
-#pragma unroll
-      for (int u = 0; u < kInFlight; ++u) r[u] = w4[i + 32 * u];
-#pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const bf16* e = reinterpret_cast<const bf16*>(&r[u]);
-        const float4 a = x4[2 * (i + 32 * u)], b = x4[2 * (i + 32 * u) + 1];
-        acc += __bfloat162float(e[0]) * a.x + __bfloat162float(e[1]) * a.y + __bfloat162float(e[2]) * a.z +
-               __bfloat162float(e[3]) * a.w + __bfloat162float(e[4]) * b.x + __bfloat162float(e[5]) * b.y +
-               __bfloat162float(e[6]) * b.z + __bfloat162float(e[7]) * b.w;
-      }
-    }
-    for (; i < n; i += 32) {
-      const uint4 r = w4[i];
-      const bf16* e = reinterpret_cast<const bf16*>(&r);
-      const float4 a = x4[2 * i], b = x4[2 * i + 1];
-      acc += __bfloat162float(e[0]) * a.x + __bfloat162float(e[1]) * a.y + __bfloat162float(e[2]) * a.z +
-             __bfloat162float(e[3]) * a.w + __bfloat162float(e[4]) * b.x + __bfloat162float(e[5]) * b.y +
-             __bfloat162float(e[6]) * b.z + __bfloat162float(e[7]) * b.w;
-    }
-  } else {
-    for (int k = lane; k < K; k += 32) acc += __bfloat162float(w[k]) * x[k];
-  }
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  return acc;
-}
-
-// Up to three weight matrices stacked into one output vector (q, k and v in one launch).
-struct Segments {
-  const bf16* w[3];
-  const float* bias[3];
-  int rows[3];
-  int count;
-};
-
-// y[row] = W[row]·x + bias[row], or y[row] += W[row]·x when `accumulate` (the residual add).
-template <bool kVec>
-__global__ void gemv(Segments s, const float* __restrict__ x, float* y, int K, int total, bool accumulate) {
-  const int row = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (row >= total) return;
-  int seg = 0, r = row;
-  while (seg + 1 < s.count && r >= s.rows[seg]) r -= s.rows[seg++];
-  float v = warp_dot<kVec>(s.w[seg] + static_cast<long long>(r) * K, x, K, lane);
-  if (lane == 0) {
-    if (s.bias[seg]) v += s.bias[seg][r];
-    y[row] = accumulate ? y[row] + v : v;
-  }
-}
-
-// hid[row] = silu(Wg[row]·x) · (Wu[row]·x): gate, up and SwiGLU in one pass over both weights.
-template <bool kVec>
-__global__ void gemv_swiglu(const bf16* __restrict__ wg, const bf16* __restrict__ wu, const float* __restrict__ x,
-                            float* __restrict__ hid, int F, int K) {
-  const int row = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (row >= F) return;
-  const float g = warp_dot<kVec>(wg + static_cast<long long>(row) * K, x, K, lane);
-  const float u = warp_dot<kVec>(wu + static_cast<long long>(row) * K, x, K, lane);
-  if (lane == 0) hid[row] = g / (1.0f + expf(-g)) * u;
-}
-
 // --- small kernels -----------------------------------------------------------------------------
 __global__ void embed(const bf16* __restrict__ table, const int* __restrict__ token, float* __restrict__ x, int D) {
   const bf16* row = table + static_cast<long long>(*token) * D;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < D; i += gridDim.x * blockDim.x) x[i] = __bfloat162float(row[i]);
-}
-
-__global__ void rmsnorm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int D,
-                        float eps) {
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) ss += x[i] * x[i];
-  ss = cuda::block_sum(ss);
-  const float inv = rsqrtf(ss / static_cast<float>(D) + eps);
-  for (int i = threadIdx.x; i < D; i += blockDim.x) out[i] = x[i] * inv * w[i];
 }
 
 // RoPE on q (N heads) and k (K heads) at the current position, then k and v into the cache.
@@ -184,23 +101,7 @@ struct CudaDecoder::Impl {
     if (graph) cudaGraphExecDestroy(graph);
   }
 
-  // 16-byte loads (eight bf16) need rows of a multiple of 8 values starting 16-byte aligned.
-  static bool vectorizable(std::int64_t K, const bf16* const* w, int n) {
-    bool vec = K % 8 == 0;
-    for (int i = 0; i < n; ++i) vec = vec && reinterpret_cast<std::uintptr_t>(w[i]) % 16 == 0;
-    return vec;
-  }
-
-  void launch_gemv(const Segments& s, const float* in, float* out, std::int64_t K, bool accumulate) {
-    int total = 0;
-    for (int i = 0; i < s.count; ++i) total += s.rows[i];
-    const bool vec = vectorizable(K, s.w, s.count);
-    const unsigned blocks = blocks_for(total, kWarps);
-    if (vec) gemv<true><<<blocks, kWarps * 32, 0, stream()>>>(s, in, out, static_cast<int>(K), total, accumulate);
-    else gemv<false><<<blocks, kWarps * 32, 0, stream()>>>(s, in, out, static_cast<int>(K), total, accumulate);
-    IL_CUDA_LAUNCHED();
-  }
-
+  using Segments = cuda::GemvSegments<bf16>;
   static Segments one(const Tensor& w, std::int64_t rows) {
     return Segments{{static_cast<const bf16*>(w.raw_data()), nullptr, nullptr}, {nullptr, nullptr, nullptr},
                     {static_cast<int>(rows), 0, 0}, 1};
@@ -217,14 +118,14 @@ struct CudaDecoder::Impl {
     IL_CUDA_LAUNCHED();
     for (std::size_t li = 0; li < m.layers.size(); ++li) {
       const auto& l = m.layers[li];
-      rmsnorm<<<1, 1024, 0, stream()>>>(x.data<float>(), l.attn_norm.data<float>(), h.data<float>(), static_cast<int>(D), eps);
+      cuda::rmsnorm_rows<float><<<1, 1024, 0, stream()>>>(x.data<float>(), l.attn_norm.data<float>(), h.data<float>(), D, eps);
       IL_CUDA_LAUNCHED();
       const Segments qkv_s{{static_cast<const bf16*>(l.wq.weight.raw_data()), static_cast<const bf16*>(l.wk.weight.raw_data()),
                             static_cast<const bf16*>(l.wv.weight.raw_data())},
                            {bias(l.wq.bias), bias(l.wk.bias), bias(l.wv.bias)},
                            {static_cast<int>(N * H), static_cast<int>(Kh * H), static_cast<int>(Kh * H)},
                            3};
-      launch_gemv(qkv_s, h.data<float>(), qkv.data<float>(), D, false);
+      cuda::launch_gemv(qkv_s, h.data<float>(), qkv.data<float>(), D, false);
       const long long work = (N + Kh) * half + Kh * H;
       rope_and_store<<<blocks_for(work, 256), 256, 0, stream()>>>(
           qkv.data<float>(), m.inv_freq.data<float>(), pos.data<std::int32_t>(), cache.k(li).data<float>(),
@@ -240,23 +141,24 @@ struct CudaDecoder::Impl {
                                                                                pacc.data<float>(), attn.data<float>(),
                                                                                splits, static_cast<int>(H));
       IL_CUDA_LAUNCHED();
-      launch_gemv(one(l.wo.weight, D), attn.data<float>(), x.data<float>(), N * H, true);  // x += Wo·attn
-      rmsnorm<<<1, 1024, 0, stream()>>>(x.data<float>(), l.mlp_norm.data<float>(), h.data<float>(), static_cast<int>(D), eps);
+      cuda::launch_gemv(one(l.wo.weight, D), attn.data<float>(), x.data<float>(), N * H, true);  // x += Wo·attn
+      cuda::rmsnorm_rows<float><<<1, 1024, 0, stream()>>>(x.data<float>(), l.mlp_norm.data<float>(), h.data<float>(), D, eps);
       IL_CUDA_LAUNCHED();
       const bf16* gate_up[2] = {static_cast<const bf16*>(l.w_gate.weight.raw_data()),
                                 static_cast<const bf16*>(l.w_up.weight.raw_data())};
-      if (vectorizable(D, gate_up, 2))
-        gemv_swiglu<true><<<blocks_for(F, kWarps), kWarps * 32, 0, stream()>>>(
-            gate_up[0], gate_up[1], h.data<float>(), hid.data<float>(), static_cast<int>(F), static_cast<int>(D));
+      const unsigned gate_blocks = blocks_for(F, cuda::kGemvWarps);
+      if (cuda::gemv_vectorizable<bf16>(D, h.data<float>(), {gate_up[0], gate_up[1]}))
+        cuda::gemv_swiglu<bf16, true><<<gate_blocks, cuda::kGemvWarps * 32, 0, stream()>>>(
+            gate_up[0], gate_up[1], h.data<float>(), hid.data<float>(), F, D);
       else
-        gemv_swiglu<false><<<blocks_for(F, kWarps), kWarps * 32, 0, stream()>>>(
-            gate_up[0], gate_up[1], h.data<float>(), hid.data<float>(), static_cast<int>(F), static_cast<int>(D));
+        cuda::gemv_swiglu<bf16, false><<<gate_blocks, cuda::kGemvWarps * 32, 0, stream()>>>(
+            gate_up[0], gate_up[1], h.data<float>(), hid.data<float>(), F, D);
       IL_CUDA_LAUNCHED();
-      launch_gemv(one(l.w_down.weight, D), hid.data<float>(), x.data<float>(), F, true);  // x += Wdown·hid
+      cuda::launch_gemv(one(l.w_down.weight, D), hid.data<float>(), x.data<float>(), F, true);  // x += Wdown·hid
     }
-    rmsnorm<<<1, 1024, 0, stream()>>>(x.data<float>(), m.final_norm.data<float>(), h.data<float>(), static_cast<int>(D), eps);
+    cuda::rmsnorm_rows<float><<<1, 1024, 0, stream()>>>(x.data<float>(), m.final_norm.data<float>(), h.data<float>(), D, eps);
     IL_CUDA_LAUNCHED();
-    launch_gemv(one(m.lm_head.weight, V), h.data<float>(), logits.data<float>(), D, false);
+    cuda::launch_gemv(one(m.lm_head.weight, V), h.data<float>(), logits.data<float>(), D, false);
     // Greedy steps choose the next token and advance the position on the device; step() sets
     // both from the host before each launch instead.
     if (greedy) {

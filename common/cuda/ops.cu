@@ -8,15 +8,13 @@
 #include <type_traits>
 
 #include "common/cuda/backend.h"
+#include "common/cuda/gemv.cuh"
 #include "common/cuda/util.cuh"
 
 namespace inferlab::cuda {
 
 namespace {
 
-__device__ inline float to_f(float v) { return v; }
-__device__ inline float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ inline float to_f(__half v) { return __half2float(v); }
 
 // Calls f with a null pointer of the C++ type that stores weight dtype d.
 template <class F>
@@ -27,41 +25,6 @@ void with_weight_type(DType d, F&& f) {
     case DType::F16: f(static_cast<const __half*>(nullptr)); break;
     default: fail("CUDA op: weight dtype ", dtype_name(d), " is not supported");
   }
-}
-
-// ---------------------------------------------------------------------------------------------
-// GEMV (M = 1): one warp per output row. The weights are the whole cost, so each lane loads 16
-// bytes at a time and the warp reads a row in fully coalesced 512-byte sweeps.
-template <class W>
-__global__ void gemv_vec(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ y, long long N,
-                         long long K) {
-  constexpr int E = 16 / sizeof(W);  // weights per 16-byte load
-  const long long row = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= N) return;
-  const W* wr = w + row * K;
-  float acc = 0.0f;
-  for (long long k = lane * E; k < K; k += 32 * E) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(wr + k);
-    const W* wv = reinterpret_cast<const W*>(&raw);
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc += x[k + e] * to_f(wv[e]);
-  }
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (lane == 0) y[row] = acc;
-}
-
-// Any K and alignment: the same with scalar loads.
-template <class W>
-__global__ void gemv_scalar(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ y, long long N,
-                            long long K) {
-  const long long row = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= N) return;
-  float acc = 0.0f;
-  for (long long k = lane; k < K; k += 32) acc += x[k] * to_f(w[row * K + k]);
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (lane == 0) y[row] = acc;
 }
 
 template <class W>
@@ -81,19 +44,12 @@ void set_gemv_kernel(GemvKernel k) { g_gemv = k; }
 void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   const long long M = x.size(0), K = x.size(1), N = w.size(0);
   if (M == 0 || N == 0) return;  // an empty product (and a grid of zero blocks is a launch error)
-  if (M == 1 && g_gemv == GemvKernel::Own) {
+  if (M == 1 && g_gemv == GemvKernel::Own) {  // decode: the GEMV family of gemv.cuh
     with_weight_type(w.dtype(), [&](auto* tag) {
       using W = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
-      constexpr int E = 16 / sizeof(W);
-      const unsigned threads = 256, blocks = blocks_for(N * 32, threads);
-      const bool aligned = K % E == 0 && reinterpret_cast<std::uintptr_t>(w.raw_data()) % 16 == 0;
-      if (aligned)
-        gemv_vec<W><<<blocks, threads, 0, stream()>>>(x.data<float>(), static_cast<const W*>(w.raw_data()),
-                                                       out.data<float>(), N, K);
-      else
-        gemv_scalar<W><<<blocks, threads, 0, stream()>>>(x.data<float>(), static_cast<const W*>(w.raw_data()),
-                                                          out.data<float>(), N, K);
-      IL_CUDA_LAUNCHED();
+      const GemvSegments<W> s{{static_cast<const W*>(w.raw_data()), nullptr, nullptr}, {nullptr, nullptr, nullptr},
+                              {static_cast<int>(N), 0, 0}, 1};
+      launch_gemv(s, x.data<float>(), out.data<float>(), K, false);
     });
     return;
   }
@@ -126,17 +82,6 @@ namespace {
 __global__ void add_kernel(const float* a, const float* b, float* out, long long n, long long bn) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     out[i] = a[i] + b[i % bn];
-}
-
-template <class W>
-__global__ void rmsnorm_kernel(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ out,
-                               long long D, float eps) {
-  const float* xr = x + blockIdx.x * D;
-  float ss = 0.0f;
-  for (long long i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
-  ss = block_sum(ss);
-  const float inv_rms = rsqrtf(ss / static_cast<float>(D) + eps);
-  for (long long i = threadIdx.x; i < D; i += blockDim.x) out[blockIdx.x * D + i] = xr[i] * inv_rms * to_f(w[i]);
 }
 
 __global__ void rope_kernel(float* x, const int* pos, const float* inv_freq, long long T, long long heads, long long D,
@@ -271,7 +216,7 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
   if (rows == 0) return;
   with_weight_type(w.dtype(), [&](auto* tag) {
     using W = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
-    rmsnorm_kernel<W><<<static_cast<unsigned>(rows), 256, 0, stream()>>>(
+    rmsnorm_rows<W><<<static_cast<unsigned>(rows), 256, 0, stream()>>>(
         x.data<float>(), static_cast<const W*>(w.raw_data()), out.data<float>(), D, eps);
     IL_CUDA_LAUNCHED();
   });

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/cuda/backend.h"
+#include "common/caching_allocator.h"
 #include "common/cuda/util.cuh"
 
 namespace inferlab::cuda {
@@ -102,8 +103,9 @@ void* scratch(std::size_t bytes) {
   return buf;
 }
 
-void* device_malloc(std::size_t bytes) {
-  require_device();
+namespace {
+
+void* raw_malloc(std::size_t bytes) {
   void* p = nullptr;
   cudaError_t e = cudaMalloc(&p, bytes);
   if (e == cudaErrorMemoryAllocation) {
@@ -116,8 +118,23 @@ void* device_malloc(std::size_t bytes) {
   return p;
 }
 
+// Every tensor's device memory goes through one caching allocator (common/caching_allocator.h):
+// after a forward pass's first step, its allocations are cache hits. Never destroyed, so no
+// cudaFree runs after the CUDA runtime has shut down at exit.
+CachingAllocator& allocator() {
+  static CachingAllocator* a = new CachingAllocator(raw_malloc, [](void* p) { cudaFree(p); });
+  return *a;
+}
+
+}  // namespace
+
+void* device_malloc(std::size_t bytes) {
+  require_device();
+  return allocator().allocate(bytes);
+}
+
 void device_free(void* p) {
-  if (p) cudaFree(p);  // never throws from a destructor; an error here is reported by the next call
+  allocator().release(p);  // keeps the block for reuse: no cudaFree, no device synchronisation
 }
 
 void memcpy(void* dst, const void* src, std::size_t bytes) {
