@@ -33,7 +33,7 @@ Cost forward_cost(const TransformerConfig& c, double B, double S, double T, doub
   total.flops = layer.flops * c.num_layers;
   total.bytes = layer.bytes * c.num_layers;
   // Each step also writes the new tokens' K and V into the cache.
-  total.bytes += w * 2 * tokens * K * H * c.num_layers;
+  total.bytes += static_cast<double>(c.kv_cache_bytes(1, 1)) * w * tokens;
   total += matmul_cost(tokens, D, c.vocab_size, w);  // the output head
   total.bytes += w * tokens * D;  // the embedding rows of the new tokens
   return total;

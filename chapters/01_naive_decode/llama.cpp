@@ -233,6 +233,11 @@ std::int64_t Llama::weight_bytes() const {
   return n;
 }
 
+std::int64_t Llama::step_weight_bytes() const {
+  const std::int64_t table = static_cast<std::int64_t>(embed.nbytes());
+  return weight_bytes() - (tied() ? 0 : table - table / config.vocab_size);
+}
+
 Llama Llama::to(Device device, DType dtype) const {
   auto f32 = [&](const Tensor& t) { return t.defined() ? t.to(DType::F32).to(device) : t; };
   Llama m = *this;

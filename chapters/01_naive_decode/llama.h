@@ -45,6 +45,9 @@ struct Llama {
   bool tied() const { return !lm_head.packed && lm_head.weight.raw_data() == embed.raw_data(); }
   /// Bytes of all weights as stored (a tied head counted once).
   std::int64_t weight_bytes() const;
+  /// Bytes of weights one decode step reads: every projection and norm, the head (the whole
+  /// embedding table when tied), and of an untied embedding table only the token's row.
+  std::int64_t step_weight_bytes() const;
   /// Bytes of the projections and the head as stored (what chapter 09's formats shrink).
   std::int64_t matrix_bytes() const;
   /// A copy on `device` with the plain matrices converted to `dtype` (norms and frequencies stay

@@ -248,7 +248,7 @@ std::int64_t CudaDecoder::length() const { return impl_->cache.length(); }
 const ContiguousKVCache& CudaDecoder::cache() const { return impl_->cache; }
 
 double CudaDecoder::step_bytes() const {
-  return static_cast<double>(impl_->m.weight_bytes() + impl_->m.config.kv_cache_bytes(impl_->cache.length() + 1, 4));
+  return static_cast<double>(impl_->m.step_weight_bytes() + impl_->m.config.kv_cache_bytes(impl_->cache.length() + 1, 4));
 }
 
 }  // namespace inferlab::ch02

@@ -103,7 +103,7 @@ void fill_cache(ch02::ContiguousKVCache& cache, std::int64_t length, std::uint64
 }
 
 double decode_step_bytes(const ch01::Llama& m, const std::vector<std::int64_t>& lengths, DType cache_dtype) {
-  double bytes = static_cast<double>(m.weight_bytes());
+  double bytes = static_cast<double>(m.step_weight_bytes());
   for (std::int64_t len : lengths)
     bytes += static_cast<double>(m.config.kv_cache_bytes(len + 1, static_cast<std::int64_t>(dtype_size(cache_dtype))));
   return bytes;

@@ -67,7 +67,7 @@ void BM_CpuDecode(benchmark::State& state) {
     benchmark::DoNotOptimize(ch02::forward_cached(*m, cache, {7}).raw_data());
     const double dt = t.seconds();
     state.SetIterationTime(dt);
-    total += dt, bytes += static_cast<double>(m->weight_bytes()) + cache_bytes, ++n;
+    total += dt, bytes += static_cast<double>(m->step_weight_bytes()) + cache_bytes, ++n;
     if (cache.length() >= cache.capacity() - 1) cache.truncate(64);  // stay near the same context
   }
   report(state, bytes / static_cast<double>(n), total / static_cast<double>(n), cpu_bandwidth(),
@@ -102,7 +102,7 @@ void BM_CudaDecode(benchmark::State& state) {
     state.SetIterationTime(dt);
     total += dt, n += steps;
     const double kv = 2.0 * c.num_kv_heads * c.head_dim * c.num_layers * 4;
-    bytes += steps * static_cast<double>(m->weight_bytes()) + kv * (steps * start_len + steps * (steps + 1) / 2.0);
+    bytes += steps * static_cast<double>(m->step_weight_bytes()) + kv * (steps * start_len + steps * (steps + 1) / 2.0);
   }
   report(state, bytes / static_cast<double>(n), total / static_cast<double>(n), ceiling,
          static_cast<double>(c.num_parameters()));

@@ -366,6 +366,17 @@ TEST(KVCache, TruncateRollsBackExactlyAndReleaseFreesIt) {
   expect_error([&] { ch02::forward_cached(m, cache, {1}); }, {"KV cache"});
 }
 
+TEST(Llama, ADecodeStepReadsOneEmbeddingRowUnlessTheHeadIsTheTable) {
+  auto c = small_config(2);
+  const Llama untied = ch01::random_llama(c, 1);
+  const std::int64_t table = c.vocab_size * c.hidden_size * 4, row = c.hidden_size * 4;
+  EXPECT_EQ(untied.step_weight_bytes(), untied.weight_bytes() - table + row);
+  c.tie_word_embeddings = true;
+  const Llama tied = ch01::random_llama(c, 1);
+  EXPECT_EQ(tied.step_weight_bytes(), tied.weight_bytes());  // the head reads the whole table
+  EXPECT_EQ(untied.weight_bytes() - tied.weight_bytes(), table);
+}
+
 TEST(KVCache, BytesEqualTheFormulaAndOverflowIsAnError) {
   const auto c = small_config(2);
   ch02::ContiguousKVCache cache(c, 100);

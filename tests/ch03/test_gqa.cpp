@@ -112,7 +112,7 @@ TEST(Gqa, CacheBytesShrinkByKOverN) {
     EXPECT_EQ(cache.bytes(), 100 * K * 8 * 2 * 2 * 4);  // S × K × H × L × 2 × 4
   }
   const Llama m = ch01::random_llama(config(2), 1);
-  EXPECT_EQ(ch03::decode_step_bytes(m, {10, 30}), static_cast<double>(m.weight_bytes()) + (11 + 31) * 2 * 8 * 2 * 2 * 4.0);
+  EXPECT_EQ(ch03::decode_step_bytes(m, {10, 30}), static_cast<double>(m.step_weight_bytes()) + (11 + 31) * 2 * 8 * 2 * 2 * 4.0);
 }
 
 TEST(Eval, OurPerplexityAndProbesMatchTheModelCards) {
