@@ -1,8 +1,8 @@
 # A thin wrapper over CMake presets (CMakePresets.json). The two commands of the quick start:
 #   make tour   set up, build (Release), run every chapter on the bundled model
 #   make test   set up, build, run the whole test suite with ctest
-# Others: make build | asan | docs | bench | clean.
-.PHONY: setup configure build tour test asan docs bench clean
+# Others: make build | asan | fuzz | docs | bench | clean.
+.PHONY: setup configure build tour test asan fuzz docs bench clean
 
 setup:
 	@tools/setup.sh
@@ -26,6 +26,11 @@ asan: setup
 	cmake --preset asan
 	cmake --build --preset asan
 	ctest --preset asan
+
+# Every reader under libFuzzer with ASan + UBSan, FUZZ_SECONDS per target (docs/reliability.md).
+FUZZ_SECONDS ?= 60
+fuzz:
+	@tools/fuzz.sh $(FUZZ_SECONDS)
 
 # The Doxygen site in build/release/docs/html (warnings are errors).
 docs: configure

@@ -4,6 +4,8 @@
 set -euo pipefail
 PACKAGES=(cmake ninja-build g++ pkg-config libeigen3-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev
           libbenchmark-dev libpcre2-dev libutf8proc-dev doxygen)
+# tools/fuzz.sh also needs clang with libFuzzer, and the OpenMP runtime clang links.
+[ "${1:-}" = "--fuzz" ] && PACKAGES+=(clang libomp-dev)
 if ! command -v dpkg-query > /dev/null; then
   echo "setup: not a Debian/Ubuntu system; install the equivalents of: ${PACKAGES[*]}" >&2
   exit 0

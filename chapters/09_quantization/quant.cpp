@@ -269,6 +269,15 @@ void check_product(const Tensor& x, const QMatrix& w, const Tensor& out) {
                out.is_contiguous(),
            "qmatmul: out ", out.describe(), " should be contiguous f32 [", x.size(0), ", ", w.rows, "]");
   IL_CHECK(x.device() == w.device() && out.device() == x.device(), "qmatmul: x, weights and out must share a device");
+  // The formats that quantise x too (q8_0, llm_int8) would cast a NaN or Inf to an integer, which
+  // is undefined on the CPU: refuse it here, where the f32-activation formats let it reach the
+  // sampler's check.
+  if (x.device() == Device::CPU && (w.spec.format == Format::Q8_0 || w.spec.format == Format::LlmInt8)) {
+    const float* p = x.data<float>();
+    for (std::int64_t i = 0; i < x.numel(); ++i)
+      IL_CHECK(std::isfinite(p[i]), "qmatmul (", w.spec.name(), "): the activations hold ", p[i], " at row ",
+               i / x.size(1), ", column ", i % x.size(1), "; the model's output overflowed before this layer");
+  }
 }
 
 }  // namespace

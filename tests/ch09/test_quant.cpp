@@ -180,6 +180,26 @@ TEST(Quant, ProductsNameWhatIsWrongWithTheirOperands) {
   test::expect_error([&] { qmatmul(x, q, strided); }, {"should be contiguous f32 [2, 6]"});
 }
 
+TEST(Quant, ActivationsThatOverflowedAreAnErrorWhereTheyWouldBeCastToIntegers) {
+  auto rng = test::rng_for_test();
+  const Tensor w = test::uniform(rng, {6, 64});
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
+    for (Format f : {Format::Q8_0, Format::LlmInt8}) {
+      Tensor x = test::uniform(rng, {3, 64});
+      x.at<float>({1, 40}) = bad;
+      const QMatrix q = quantize(w, {f});
+      test::expect_error([&] { qmatmul(x, q); }, {q.spec.name(), "row 1, column 40", "overflowed"});
+      test::expect_error([&] {
+        Tensor out = Tensor::empty({3, 6}, DType::F32);
+        qmatmul_ref(x, q, out);
+      }, {"row 1, column 40"});
+    }
+  // The formats that keep x in f32 pass a NaN on to the output, where the sampler refuses it.
+  Tensor x = test::uniform(rng, {1, 64});
+  x.at<float>({0, 3}) = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(qmatmul(x, quantize(w, {Format::Int8Row})).to_float_vector()[0]));
+}
+
 // Plain vector-wise int8 (W8A8), written out independently: x rows and W rows by their absmax.
 std::vector<float> vectorwise_int8(const Tensor& x, const QMatrix& w) {
   const std::int64_t M = x.size(0), K = x.size(1), N = w.rows;
