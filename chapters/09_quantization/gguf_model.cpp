@@ -3,6 +3,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "common/atomic_file.h"
 #include "common/json_file.h"
 #include "common/llama2c.h"
 
@@ -100,6 +101,12 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
   ts.push_back(output("output_norm.weight", m.final_norm));
   ts.push_back(output("output.weight", m.lm_head));  // written even when tied: llama.cpp then uses it
   gguf::write(path, meta, ts);
+}
+
+void export_gguf(const std::string& model, const QuantSpec& spec, const std::string& out) {
+  check_not_input(out, {model});  // before the work, and before the rename would replace the model
+  const ch01::Llama m = ch01::load_llama(model).to(Device::CPU, DType::F32);
+  save_gguf(out, quantize_model(m, spec), HfTokenizer::load(model));
 }
 
 TransformerConfig gguf_config(const gguf::File& f) {

@@ -458,6 +458,37 @@ std::string one_tensor_gguf(const std::vector<std::uint64_t>& ne, std::uint64_t 
   return b + std::string(64, '\0');
 }
 
+// A copy of the GGUF at `from` whose tensor `name` has its bytes changed by `edit`.
+template <class F>
+void with_tensor_bytes(const std::string& from, const std::string& to, const std::string& name, F edit) {
+  const gguf::File f(from);
+  std::vector<gguf::Output> ts;
+  for (const auto& i : f.tensors()) {
+    Tensor b = f.raw(i.name).view({-1}).clone();
+    if (i.name == name) edit(b.data<std::uint8_t>());
+    ts.push_back({i.name, i.type, i.shape, b});
+  }
+  gguf::write(to, std::vector<std::pair<std::string, gguf::Value>>(f.metadata().begin(), f.metadata().end()), ts);
+}
+
+// export used to write over the model it read (and exit 0); gguf::write used to truncate the
+// old file before a write that could fail.
+TEST(Gguf, ExportNeverDestroysAFile) {
+  test::TempDir dir;
+  const std::string model = dir.file("m"), weights = model + "/model.safetensors";
+  std::filesystem::copy(kData + "/models/tiny-mha", model);
+  const std::string bytes = test::read_file(weights);
+  test::expect_error([&] { export_gguf(model, {Format::Q8_0}, weights); }, {weights, "the folder this command reads"});
+  EXPECT_TRUE(test::read_file(weights) == bytes) << weights << " changed";  // not printed: megabytes
+  const std::string good = tiny_gguf(dir), before = test::read_file(good);
+  {
+    test::FileSizeLimit limit(100000);  // tiny.gguf is larger
+    test::expect_error([&] { with_tensor_bytes(good, good, "", [](std::uint8_t*) {}); }, {"error writing", good});
+  }
+  EXPECT_TRUE(test::read_file(good) == before) << good << " changed";
+  EXPECT_EQ(test::list_folder(dir.path().string()), (std::vector<std::string>{"m", "tiny.gguf"}));
+}
+
 TEST(Gguf, BadTensorTablesAreClearErrorsNotCrashes) {
   test::TempDir dir;
   const std::string path = dir.file("t.gguf");
@@ -569,6 +600,13 @@ TEST(Ch09Cli, OptionsAreCheckedAndDeviceOnlyWhereItIsUsed) {
   EXPECT_NE(h.str().find("(0: all of them)"), std::string::npos) << h.str();
   EXPECT_NE(h.str().find("(0: skip the probes)"), std::string::npos) << h.str();
   EXPECT_EQ(h.str().find("--device"), std::string::npos) << h.str();
+  // export onto a file of the model it reads is refused (it used to replace the model).
+  std::filesystem::copy(kData + "/models/tiny-mha", dir.file("m"));
+  const std::string config = dir.file("m") + "/config.json", text = test::read_file(config);
+  const Ch09Run e = run_ch09(dir, "export --model " + dir.file("m") + " " + config);
+  EXPECT_EQ(e.status, 1) << e.err;
+  EXPECT_NE(e.err.find(config + " is a file of " + dir.file("m")), std::string::npos) << e.err;
+  EXPECT_EQ(test::read_file(config), text);
   // run --tokenizer DIR/custom.json reads that file (it used to look for DIR/tokenizer.json).
   const std::string path = tiny_gguf(dir);
   std::filesystem::copy_file(kData + "/models/tiny-mha/tokenizer.json", dir.file("custom.json"));
