@@ -89,7 +89,7 @@ int quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::in
   bool first = true;
   for (const auto& r : rows) {
     const eval::LogitsFn f = [&r](const std::vector<std::int32_t>& t) { return ch01::forward(r.model, t, true); };
-    const auto ppl = eval::perplexity(f, val, 512, windows);
+    const auto ppl = eval::perplexity(f, val, 512, windows, o.model + " as " + r.name + ": validation perplexity");
     eval::ProbeScores pr;
     if (per_kind > 0) pr = eval::probe_accuracy(f, tok, probes, per_kind);
     if (first) {

@@ -475,6 +475,29 @@ TEST(Convert, AWriterFailingHalfwayLeavesNoFile) {
   EXPECT_EQ(test::list_folder(dir.path().string()), (std::vector<std::string>{"hf", "model.bin", "tokenizer.bin"}));
 }
 
+// A NaN or infinite weight used to load and generate (NaN logits, or 0 once quantised).
+TEST(Loading, NonFiniteWeightsAreRefusedNamingTheTensor) {
+  for (DType d : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(std::string(dtype_name(d)));
+    test::TempDir dir;
+    SmallModel s = small_model(dir, d);
+    EXPECT_EQ(ch01::load_llama(s.hf).layers.size(), 2u);
+    Tensor norm = s.tensors.at("model.layers.1.post_attention_layernorm.weight").to(DType::F32);
+    norm.at<float>({17}) = std::numeric_limits<float>::quiet_NaN();
+    s.tensors["model.layers.1.post_attention_layernorm.weight"] = norm.to(d);
+    save_safetensors(s.hf + "/model.safetensors", {s.tensors.begin(), s.tensors.end()});
+    expect_error([&] { ch01::load_llama(s.hf); },
+                 {s.hf, "model.layers.1.post_attention_layernorm.weight", "element [17] is nan"});
+  }
+  test::TempDir dir;
+  SmallModel s = small_model(dir);
+  Tensor embed = s.tensors.at("model.embed_tokens.weight").clone();
+  embed.at<float>({3, 5}) = -std::numeric_limits<float>::infinity();
+  s.tensors["model.embed_tokens.weight"] = embed;
+  save_llama2c(s.bin, s.config, s.tensors);
+  expect_error([&] { ch01::load_llama(s.bin); }, {"model.bin", "model.embed_tokens.weight", "element [3, 5] is -inf"});
+}
+
 TEST(Loading, ModelFoldersAndTheirErrors) {
   test::TempDir dir;
   auto c = small_config(2, 1);
