@@ -13,6 +13,7 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "common/atomic_file.h"
 #include "common/cuda/backend.h"
 #include "common/error.h"
 #include "common/tokenizer.h"
@@ -136,15 +137,12 @@ int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& bo
   }
 }
 
-void write_json(const std::string& path, const nlohmann::json& j) { write_text(path, j.dump(2) + "\n"); }
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  IL_CHECK(out.good(), "cannot write ", path, ": ", std::strerror(errno));
-  out << text;
-  out.flush();
-  IL_CHECK(out.good(), "error writing ", path);
+void write_json(const std::string& path, const nlohmann::json& j, const std::vector<std::string>& inputs) {
+  check_not_input(path, inputs);
+  write_text(path, j.dump(2) + "\n");
 }
+
+void write_text(const std::string& path, const std::string& text) { write_file_atomically(path, text); }
 
 Progress::Progress(std::string label, std::int64_t total)
     : label_(std::move(label)), total_(total), tty_(isatty(STDERR_FILENO) != 0) {}

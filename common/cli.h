@@ -17,6 +17,7 @@
 #include <initializer_list>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 #include "common/dtype.h"
 #include "common/metrics.h"
@@ -89,9 +90,11 @@ void help_footer(CLI::App& app, const std::string& bare_run, const std::string& 
 /// Parses argv and runs `body`; returns the process exit status (0 ok, 1 error, 2 usage).
 int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
 
-/// Writes `j` (pretty-printed) to `path`; throws naming the path on failure.
-void write_json(const std::string& path, const nlohmann::json& j);
-/// Writes `text` to `path`; throws naming the path on failure.
+/// Writes `j` (pretty-printed) to `path`; throws naming the path on failure, or when `path` is
+/// one of `inputs` (the model the command read: see check_not_input).
+void write_json(const std::string& path, const nlohmann::json& j, const std::vector<std::string>& inputs = {});
+/// Writes `text` to `path`, complete or not at all (write_file_atomically); throws naming the
+/// path on failure.
 void write_text(const std::string& path, const std::string& text);
 
 /// A progress line on stderr for work that takes more than about two seconds: silent before

@@ -34,7 +34,7 @@ double cross_entropy(const float* l, std::int64_t V, std::int32_t target) {
 }  // namespace
 
 Perplexity perplexity(const LogitsFn& logits, const std::vector<std::int32_t>& tokens, std::int64_t window,
-                      std::int64_t max_windows) {
+                      std::int64_t max_windows, const std::string& what) {
   IL_CHECK(window > 0, "perplexity: window must be positive");
   std::int64_t n = (static_cast<std::int64_t>(tokens.size()) - 1) / window;
   if (max_windows > 0) n = std::min(n, max_windows);
@@ -48,10 +48,16 @@ Perplexity perplexity(const LogitsFn& logits, const std::vector<std::int32_t>& t
     const std::vector<std::int32_t> x(b, b + window);
     const Tensor l = logits(x).to(Device::CPU).contiguous();
     const std::int64_t V = l.size(1);
-    for (std::int64_t t = 0; t < window; ++t) total += cross_entropy(l.data<float>() + t * V, V, *(b + t + 1));
+    for (std::int64_t t = 0; t < window; ++t) {
+      const double ce = cross_entropy(l.data<float>() + t * V, V, *(b + t + 1));
+      IL_CHECK(std::isfinite(ce), what, ": window ", w, ", position ", t, ": the logits hold NaN or infinity");
+      total += ce;
+    }
     count += window;
   }
-  return {total / static_cast<double>(count), std::exp(total / static_cast<double>(count)), count};
+  const double loss = total / static_cast<double>(count);
+  IL_CHECK(std::isfinite(std::exp(loss)), what, ": a loss of ", loss, " nats per token has no finite perplexity");
+  return {loss, std::exp(loss), count};
 }
 
 std::vector<Probe> load_probes(const std::string& path) {

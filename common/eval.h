@@ -32,8 +32,11 @@ struct Perplexity {
 std::vector<std::int32_t> tokenize_documents(const Tokenizer& tok, const std::string& path);
 
 /// Mean next-token cross-entropy over windows of window + 1 tokens (max_windows = 0: all).
+/// Throws "<what>: window w, position t: the logits hold NaN or infinity", or for a perplexity
+/// that overflows, rather than return one that is not a number (weights too large for their
+/// format overflow to infinity).
 Perplexity perplexity(const LogitsFn& logits, const std::vector<std::int32_t>& tokens, std::int64_t window,
-                      std::int64_t max_windows = 0);
+                      std::int64_t max_windows = 0, const std::string& what = "perplexity");
 
 struct Probe {
   std::string kind, prompt, answer, distractor;

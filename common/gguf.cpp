@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "common/atomic_file.h"
 #include "common/safetensors.h"
 
 namespace inferlab::gguf {
@@ -303,10 +304,7 @@ void write(const std::string& path, const std::vector<std::pair<std::string, Val
     w.out.append(static_cast<const char*>(b.raw_data()), b.nbytes());
     w.pad(kAlign);
   }
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  IL_CHECK(f.good(), "cannot write ", path, ": ", std::strerror(errno));
-  f.write(w.out.data(), static_cast<std::streamsize>(w.out.size()));
-  IL_CHECK(f.good(), "error writing ", path);
+  write_file_atomically(path, w.out);
 }
 
 }  // namespace inferlab::gguf

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/atomic_file.h"
 #include "common/regex.h"
 #include "common/safetensors.h"
 
@@ -171,8 +172,6 @@ Llama2cCheckpoint load_llama2c(const std::string& path) {
 }
 
 void save_llama2c(const std::string& path, const TransformerConfig& c, const std::map<std::string, Tensor>& tensors) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  IL_CHECK(out.good(), "cannot write ", path, ": ", std::strerror(errno));
   auto narrow = [&](std::int64_t v, const char* what) {
     IL_CHECK(v > 0 && v < (std::int64_t{1} << 31), "save_llama2c: ", what, " = ", v, " does not fit the header");
     return static_cast<std::int32_t>(v);
@@ -182,14 +181,15 @@ void save_llama2c(const std::string& path, const TransformerConfig& c, const std
                  narrow(c.num_heads, "n_heads"), narrow(c.num_kv_heads, "n_kv_heads"),
                  narrow(c.vocab_size, "vocab_size") * (c.tie_word_embeddings ? 1 : -1),
                  narrow(c.max_position_embeddings, "seq_len")};
-  out.write(reinterpret_cast<const char*>(&h), sizeof h);
+  AtomicFile out(path);  // nothing at `path` unless every tensor below is written
+  out.write(&h, sizeof h);
   auto put = [&](const std::string& name, const Shape& s) {
     auto it = tensors.find(name);
     IL_CHECK(it != tensors.end(), "save_llama2c: no tensor '", name, "'");
     IL_CHECK(it->second.shape() == s, "save_llama2c: tensor '", name, "' has shape ", shape_str(it->second.shape()),
              ", expected ", shape_str(s));
     const Tensor f = it->second.to(Device::CPU).to(DType::F32);
-    out.write(static_cast<const char*>(f.raw_data()), static_cast<std::streamsize>(f.nbytes()));
+    out.write(f.raw_data(), f.nbytes());
   };
   walk(blocks_v0(c), c.num_layers, put);
   // The RoPE tables run.c used to read (cos, then sin, of pos · θ^(-2j/H)).
@@ -199,10 +199,10 @@ void save_llama2c(const std::string& path, const TransformerConfig& c, const std
       for (std::int64_t j = 0; j < half; ++j) {
         const double a = static_cast<double>(p) * std::pow(c.rope_theta, -2.0 * static_cast<double>(j) / static_cast<double>(c.head_dim));
         const float v = static_cast<float>(part == 0 ? std::cos(a) : std::sin(a));
-        out.write(reinterpret_cast<const char*>(&v), 4);
+        out.write(&v, 4);
       }
   if (!c.tie_word_embeddings) put("lm_head.weight", {c.vocab_size, c.hidden_size});
-  IL_CHECK(out.good(), "error writing ", path);
+  out.commit();
 }
 
 Tensor permute_rope_rows(const Tensor& w_in, std::int64_t heads, bool to_half_split) {

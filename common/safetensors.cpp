@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/atomic_file.h"
 #include "common/json_file.h"
 
 namespace inferlab {
@@ -174,15 +175,14 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  IL_CHECK(out.good(), "cannot write ", path, ": ", std::strerror(errno));
+  AtomicFile out(path);
   unsigned char len[8];
   std::uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const Tensor& h : host) out.write(static_cast<const char*>(h.raw_data()), static_cast<std::streamsize>(h.nbytes()));
-  IL_CHECK(out.good(), "error writing ", path);
+  out.write(len, 8);
+  out.write(text);
+  for (const Tensor& h : host) out.write(h.raw_data(), h.nbytes());
+  out.commit();
 }
 
 Checkpoint::Checkpoint(const std::string& path) : path_(path) {

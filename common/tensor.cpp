@@ -23,6 +23,38 @@ std::string shape_str(const Shape& s) {
   return os.str();
 }
 
+namespace {
+// The index of the first value whose exponent bits are all set (NaN or ±infinity), or -1.
+template <class U>
+std::int64_t first_nonfinite(const U* p, std::int64_t n, U exponent) {
+  bool any = false;
+  for (std::int64_t i = 0; i < n; ++i) any |= (p[i] & exponent) == exponent;  // no early exit: vectorises
+  if (any)
+    for (std::int64_t i = 0; i < n; ++i)
+      if ((p[i] & exponent) == exponent) return i;
+  return -1;
+}
+}  // namespace
+
+const Tensor& check_finite(const Tensor& t, const std::string& what) {
+  if (!is_float(t.dtype()) || t.numel() == 0) return t;
+  const Tensor h = t.to(Device::CPU).contiguous();
+  std::int64_t bad = -1;
+  switch (h.dtype()) {
+    case DType::F32: bad = first_nonfinite(static_cast<const std::uint32_t*>(h.raw_data()), h.numel(), std::uint32_t{0x7F800000}); break;
+    case DType::F64: bad = first_nonfinite(static_cast<const std::uint64_t*>(h.raw_data()), h.numel(), std::uint64_t{0x7FF0000000000000}); break;
+    case DType::F16: bad = first_nonfinite(static_cast<const std::uint16_t*>(h.raw_data()), h.numel(), std::uint16_t{0x7C00}); break;
+    case DType::BF16: bad = first_nonfinite(static_cast<const std::uint16_t*>(h.raw_data()), h.numel(), std::uint16_t{0x7F80}); break;
+    default: break;
+  }
+  if (bad < 0) return t;
+  Shape index(t.shape().size());
+  for (std::int64_t i = static_cast<std::int64_t>(index.size()) - 1, rest = bad; i >= 0; --i)
+    index[static_cast<std::size_t>(i)] = rest % t.size(i), rest /= t.size(i);
+  const double v = h.view({-1}).slice(0, bad, bad + 1).to(DType::F32).data<float>()[0];
+  fail(what, ": element ", shape_str(index), " is ", v, " (weights must be finite numbers)");
+}
+
 std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
   std::vector<std::int64_t> st(shape.size());
   std::int64_t acc = 1;

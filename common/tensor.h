@@ -150,6 +150,12 @@ class Tensor {
 /// Contiguous row-major strides for a shape.
 std::vector<std::int64_t> contiguous_strides(const Shape& shape);
 
+/// Returns `t` when every value is finite; else throws "<what>: element [i, j] is nan (weights
+/// must be finite numbers)". Loaders call it on every weight: a NaN or infinity would turn
+/// every later activation into NaN, or, cast to an integer by a quantised product, silently
+/// into 0. Integer tensors always pass.
+const Tensor& check_finite(const Tensor& t, const std::string& what);
+
 template <class T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
   IL_CHECK(static_cast<std::int64_t>(values.size()) == shape_numel(shape), "from_vector: ",

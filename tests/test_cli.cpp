@@ -2,7 +2,10 @@
 // a non-zero exit status rather than a crash.
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "common/cli.h"
+#include "common/json_file.h"
 #include "common/tokenizer.h"
 #include "test_util.h"
 
@@ -118,6 +121,36 @@ TEST(Cli, OptionsACommandDoesNotUseAreNotAccepted) {
 
 TEST(Cli, WriteTextNamesAnUnwritablePath) {
   test::expect_error([] { write_text("/no/such/dir/x.md", "hi"); }, {"cannot write /no/such/dir/x.md"});
+}
+
+// --json pointed at a file of the model the command read used to replace it with the results.
+TEST(Cli, JsonNeverReplacesTheModelItRead) {
+  test::TempDir dir;  // a model folder
+  const std::string folder = dir.path().string(), config = dir.file("config.json"), weights = dir.file("model.bin");
+  test::write_file(config, "{}");
+  test::write_file(weights, "weights");
+  test::expect_error([&] { write_json(config, {{"ppl", 3}}, {folder}); }, {config, "the folder this command reads"});
+  test::expect_error([&] { write_json(weights, {{"ppl", 3}}, {weights}); }, {weights, "which this command reads"});
+  test::expect_error([&] { write_json(folder + "/./model.bin", {{"ppl", 3}}, {weights}); }, {"which this command reads"});
+  EXPECT_EQ(test::read_file(config), "{}");
+  EXPECT_EQ(test::read_file(weights), "weights");
+  write_json(dir.file("results.json"), {{"ppl", 3}}, {folder});  // a new file beside the model is fine
+  EXPECT_EQ(load_json(dir.file("results.json"))["ppl"], 3);
+}
+
+// A write that fails halfway (here at a file size limit, as on a full disk) used to leave a
+// truncated file in place of the old one.
+TEST(Cli, AFailedWriteKeepsTheOldFileAndLeavesNoOther) {
+  test::TempDir dir;
+  const std::string path = dir.file("results.json");
+  write_json(path, {{"old", true}});
+  const std::string before = test::read_file(path);
+  {
+    test::FileSizeLimit limit(1000);
+    test::expect_error([&] { write_text(path, std::string(5000, 'x')); }, {"error writing", path});
+  }
+  EXPECT_EQ(test::read_file(path), before);
+  EXPECT_EQ(test::list_folder(dir.path().string()), std::vector<std::string>{"results.json"});
 }
 
 }  // namespace

@@ -1,11 +1,15 @@
 // Test entry point: prints the random seed so any failure can be replayed with
 // INFERLAB_TEST_SEED=<seed>.
 #include <omp.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 
 #include "test_util.h"
 
@@ -71,6 +75,35 @@ TempDir::~TempDir() {
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<std::string> list_folder(const std::string& path) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(path)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+FileSizeLimit::FileSizeLimit(std::uint64_t bytes) {
+  rlimit r{};
+  getrlimit(RLIMIT_FSIZE, &r);
+  previous_ = r.rlim_cur;
+  previous_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+  r.rlim_cur = bytes;
+  EXPECT_EQ(setrlimit(RLIMIT_FSIZE, &r), 0) << "cannot limit the file size";
+}
+
+FileSizeLimit::~FileSizeLimit() {
+  rlimit r{};
+  getrlimit(RLIMIT_FSIZE, &r);
+  r.rlim_cur = previous_;
+  setrlimit(RLIMIT_FSIZE, &r);
+  std::signal(SIGXFSZ, previous_handler_);
 }
 
 ThreadCount::ThreadCount(int n) : previous_(omp_get_max_threads()) { omp_set_num_threads(n); }

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/atomic_file.h"
 #include "common/json_file.h"
 #include "common/safetensors.h"
 #include "test_util.h"
@@ -57,6 +58,40 @@ TEST(Safetensors, ReadsAHandBuiltFile) {
   EXPECT_EQ(f.get("b").to_float_vector(), (std::vector<float>{1.5f, -2.0f}));
   EXPECT_EQ(f.get("a").to_float_vector(), (std::vector<float>{1.0f, -3.0f}));
   EXPECT_EQ(f.metadata().at("k"), "v");
+}
+
+// Every writer goes through AtomicFile: a writer that fails halfway leaves neither its target nor
+// a temporary file.
+TEST(AtomicFile, AWriterThatThrowsHalfwayLeavesNothing) {
+  test::TempDir dir;
+  const std::string path = dir.file("out.bin");
+  expect_error(
+      [&] {
+        AtomicFile f(path);
+        f.write("the first half");
+        fail("the writer failed halfway");
+      },
+      {"halfway"});
+  EXPECT_TRUE(test::list_folder(dir.path().string()).empty());
+  write_file_atomically(path, "complete");
+  EXPECT_EQ(test::read_file(path), "complete");
+  EXPECT_EQ(test::list_folder(dir.path().string()), std::vector<std::string>{"out.bin"});
+  expect_error([&] { write_file_atomically(dir.file("no/such/folder"), "x"); }, {"cannot write", "no/such/folder"});
+}
+
+// save_safetensors used to truncate the old file first, then fail partway through the new one.
+TEST(Safetensors, AFailedWriteKeepsTheOldFileAndLeavesNoOther) {
+  test::TempDir dir;
+  const std::string path = dir.file("m.safetensors");
+  save_safetensors(path, {{"small", Tensor::zeros({4}, DType::F32)}});
+  const std::string before = test::read_file(path);
+  {
+    test::FileSizeLimit limit(4096);  // the new file needs 16 KiB
+    expect_error([&] { save_safetensors(path, {{"big", Tensor::zeros({64, 64}, DType::F32)}}); }, {"error writing", path});
+  }
+  EXPECT_EQ(test::read_file(path), before);
+  EXPECT_EQ(test::list_folder(dir.path().string()), std::vector<std::string>{"m.safetensors"});
+  EXPECT_EQ(SafetensorsFile(path).names(), std::vector<std::string>{"small"});
 }
 
 TEST(Safetensors, WriterRoundTripsEveryDtype) {

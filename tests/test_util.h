@@ -50,6 +50,22 @@ class TempDir {
 
 /// Writes `text` to a file.
 void write_file(const std::string& path, const std::string& text);
+/// The whole content of a file ("" when it cannot be read).
+std::string read_file(const std::string& path);
+/// The names in a folder, sorted: what a writer left behind.
+std::vector<std::string> list_folder(const std::string& path);
+
+/// For its scope, files may not grow beyond `bytes` (RLIMIT_FSIZE): a write past it fails with
+/// EFBIG, as a full disk would fail it (SIGXFSZ, which would end the process, is ignored).
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(std::uint64_t bytes);
+  ~FileSizeLimit();
+
+ private:
+  std::uint64_t previous_;
+  void (*previous_handler_)(int);
+};
 
 /// Expects `f` to throw inferlab::Error whose message contains every one of `parts`.
 template <class F>

@@ -56,7 +56,7 @@ metrics::Ceiling accelerator_of(const Options& o) {
 }
 
 void emit_json(const Options& o, const json& j) {
-  if (!o.common.json.empty()) write_json(o.common.json, j);
+  if (!o.common.json.empty()) write_json(o.common.json, j, {o.common.model});
 }
 
 // ---------------------------------------------------------------------------------------------

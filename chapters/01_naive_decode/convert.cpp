@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chapters/01_naive_decode/llama.h"
+#include "common/atomic_file.h"
 #include "common/cli.h"
 #include "common/llama2c.h"
 #include "common/safetensors.h"
@@ -21,6 +22,7 @@ void convert_llama2c_to_hf(const std::string& checkpoint, const std::string& tok
   const auto* l2c = dynamic_cast<const Llama2cTokenizer*>(tok.get());
   IL_CHECK(l2c != nullptr, tok->path(), " is not a llama2.c tokenizer (.bin)");
   check_tokenizer_vocab(*tok, c.vocab_size, checkpoint);
+  check_not_input(out_dir, {checkpoint, tok->path()});
   fs::create_directories(out_dir);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const auto& [name, t] : ck.tensors) {
@@ -51,6 +53,7 @@ void convert_llama2c_to_hf(const std::string& checkpoint, const std::string& tok
 }
 
 void convert_hf_to_llama2c(const std::string& folder, const std::string& out_file) {
+  check_not_input(out_file, {folder});
   const Llama m = load_llama(folder);
   IL_CHECK(!m.layers.empty() && !m.layers[0].wq.bias.defined(), folder, ": llama2.c has no q/k/v biases");
   const auto& c = m.config;

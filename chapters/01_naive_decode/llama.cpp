@@ -148,7 +148,7 @@ Llama load_llama(const std::string& path) {
     auto get = [&](const std::string& name, const Shape& s) {
       auto it = ck.tensors.find(name);
       IL_CHECK(it != ck.tensors.end() && it->second.shape() == s, path, ": tensor ", name, " missing or misshapen");
-      return it->second;
+      return check_finite(it->second, path + ": tensor " + name);
     };
     Llama m = assemble(ck.config, get, [&](const std::string& n) { return ck.tensors.count(n) > 0; });
     m.rope_pairing = RopePairing::Adjacent;  // llama2.c rotates (2j, 2j+1)
@@ -168,7 +168,11 @@ Llama load_llama(const std::string& path) {
              " tokens, which chapter 06 implements; chapter 01 would silently attend to everything");
   const Checkpoint ck(fs::is_directory(path) ? path : fs::path(path).parent_path().string());
   std::set<std::string> used;
-  Llama m = assemble(c, [&](const std::string& n, const Shape& s) { return used.insert(n), ck.get(n, s); },
+  // Every weight is checked for NaN and infinity here, where its name is known.
+  Llama m = assemble(c, [&](const std::string& n, const Shape& s) {
+                       used.insert(n);
+                       return check_finite(ck.get(n, s), ck.path() + ": tensor '" + n + "'");
+                     },
                      [&](const std::string& n) { return ck.contains(n); });
   // A tensor the config does not account for means the two disagree (e.g. num_hidden_layers
   // smaller than the checkpoint's layers): running would silently use part of the model.

@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
       write_json(o.json, {{"model", m.source}, {"device", device_name(dev)}, {"weight_dtype", dtype_name(m.weight_dtype())},
                           {"prompt", o.prompt}, {"prompt_tokens", prompt}, {"generated_tokens", g.generated},
                           {"text", tok->decode(g.generated, true)}, {"steps", steps},
-                          {"attention_flops_exponent", ea}, {"other_flops_exponent", eo}});
+                          {"attention_flops_exponent", ea}, {"other_flops_exponent", eo}},
+                 {o.model, tokenizer_path});
     }
     return 0;
   });

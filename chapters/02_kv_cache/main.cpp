@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
                           {"generated_tokens", g.generated}, {"naive_generated_tokens", naive.generated},
                           {"ttft_s", g.ttft_s()}, {"tpot_s", g.tpot_s()}, {"total_s", g.total_s},
                           {"naive_total_s", naive_total}, {"kv_cache_bytes", probe.bytes()}, {"steps", steps},
-                          {"roofline_points", points}});
+                          {"roofline_points", points}},
+                 {o.model, tokenizer_path});
     }
     return 0;
   });

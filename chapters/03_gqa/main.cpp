@@ -61,7 +61,7 @@ int memory(const CommonOptions& o, std::int64_t seq, double memory_gb) {
                     {"weight_bytes", weights}, {"max_batch", max_b}});
   }
   std::printf("\nThe cache shrinks by K/N; the weights barely move (only the k and v projections shrink).\n");
-  if (!o.json.empty()) write_json(o.json, {{"model", o.model}, {"seq", seq}, {"memory_gb", memory_gb}, {"rows", rows}});
+  if (!o.json.empty()) write_json(o.json, {{"model", o.model}, {"seq", seq}, {"memory_gb", memory_gb}, {"rows", rows}}, {o.model});
   return 0;
 }
 
@@ -148,7 +148,8 @@ int convert(const CommonOptions& o, std::int64_t windows, std::int64_t per_kind)
     out.push_back({{"model", r.name}, {"kv_bytes_per_token", r.m.config.kv_cache_bytes(1, 4)},
                    {"val_loss", ppl.loss}, {"val_ppl", ppl.ppl}, {"val_tokens", ppl.tokens}, {"probes", pr.accuracy}});
   }
-  if (!o.json.empty()) write_json(o.json, {{"rows", out}, {"probes_per_kind", per_kind}});
+  if (!o.json.empty()) write_json(o.json, {{"rows", out}, {"probes_per_kind", per_kind}},
+                                 {data + "/models/tiny-mha", data + "/models/tiny-gqa", data + "/models/tiny-mqa"});
   return 0;
 }
 

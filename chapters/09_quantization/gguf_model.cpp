@@ -3,6 +3,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "common/atomic_file.h"
 #include "common/json_file.h"
 #include "common/llama2c.h"
 
@@ -102,6 +103,12 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
   gguf::write(path, meta, ts);
 }
 
+void export_gguf(const std::string& model, const QuantSpec& spec, const std::string& out) {
+  check_not_input(out, {model});  // before the work, and before the rename would replace the model
+  const ch01::Llama m = ch01::load_llama(model).to(Device::CPU, DType::F32);
+  save_gguf(out, quantize_model(m, spec), HfTokenizer::load(model));
+}
+
 TransformerConfig gguf_config(const gguf::File& f) {
   const std::string& arch = f.get_string("general.architecture");
   IL_CHECK(arch == "llama", f.path(), ": architecture '", arch, "' is not llama");
@@ -178,15 +185,19 @@ ch01::Llama load_gguf(const gguf::File& f) {
   auto dense = [&](const std::string& name, const Shape& s) {
     const auto& i = f.info(name);
     IL_CHECK(i.shape == s, path, ": tensor ", name, " has shape ", shape_str(i.shape), ", expected ", shape_str(s));
-    if (i.type == gguf::Type::F32 || i.type == gguf::Type::F16) return f.tensor(name).to(DType::F32);
+    if (i.type == gguf::Type::F32 || i.type == gguf::Type::F16)
+      return check_finite(f.tensor(name).to(DType::F32), path + ": tensor " + name);
     IL_CHECK((i.type == gguf::Type::Q8_0 || i.type == gguf::Type::Q4_0) && s.size() == 2, path, ": tensor ", name, " is ",
              gguf::type_name(i.type), shape_str(s), "; this loader reads F32 and F16 vectors and F32, F16, Q8_0 or Q4_0 matrices");
-    return dequantize(QMatrix({i.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0}, s[0], s[1], f.raw(name).clone()));
+    const Format q = i.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0;
+    check_block_scales(f.raw(name), q, path + ": tensor " + name);
+    return dequantize(QMatrix({q}, s[0], s[1], f.raw(name).clone()));
   };
   auto matrix = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
     const auto& i = f.info(name);
     IL_CHECK(i.type == qt && i.shape == Shape({rows, cols}), path, ": tensor ", name, " is ", gguf::type_name(i.type),
              shape_str(i.shape), ", expected ", gguf::type_name(qt), shape_str(Shape{rows, cols}));
+    check_block_scales(f.raw(name), spec.format, path + ": tensor " + name);  // a NaN scale would decode as NaN
     return Linear(std::make_shared<QMatrix>(spec, rows, cols, f.raw(name).clone()));
   };
   ch01::Llama m;

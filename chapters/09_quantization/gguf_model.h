@@ -21,6 +21,10 @@ namespace inferlab::ch09 {
 /// tokenizer (a byte-level BPE tokenizer.json: tokens, merges, BOS/EOS) as GGUF.
 void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer& tok);
 
+/// ch09_quantization export: the model at `model` (a Hugging Face folder) quantised with `spec`
+/// and saved as GGUF at `out`, which must not be one of the model's files (check_not_input).
+void export_gguf(const std::string& model, const QuantSpec& spec, const std::string& out);
+
 /// Reads a Llama GGUF whose projections are all Q8_0 or all Q4_0 (other tensors F32 or F16).
 ch01::Llama load_gguf(const std::string& path);
 ch01::Llama load_gguf(const gguf::File& f);

@@ -89,7 +89,7 @@ int quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::in
   bool first = true;
   for (const auto& r : rows) {
     const eval::LogitsFn f = [&r](const std::vector<std::int32_t>& t) { return ch01::forward(r.model, t, true); };
-    const auto ppl = eval::perplexity(f, val, 512, windows);
+    const auto ppl = eval::perplexity(f, val, 512, windows, o.model + " as " + r.name + ": validation perplexity");
     eval::ProbeScores pr;
     if (per_kind > 0) pr = eval::probe_accuracy(f, tok, probes, per_kind);
     if (first) {
@@ -105,7 +105,7 @@ int quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::in
     out.push_back({{"format", r.name}, {"bits_per_weight", bits(r.model)}, {"matrix_bytes", matrix_bytes(r.model)},
                    {"val_ppl", ppl.ppl}, {"val_loss", ppl.loss}, {"probes", pr.accuracy}});
   }
-  if (!o.json.empty()) write_json(o.json, {{"model", o.model}, {"rows", out}});
+  if (!o.json.empty()) write_json(o.json, {{"model", o.model}, {"rows", out}}, {o.model});
   return 0;
 }
 
@@ -169,10 +169,9 @@ int speed(const CommonOptions& o, const std::vector<QuantSpec>& specs) {
   return 0;
 }
 
-int export_gguf(const CommonOptions& o, const std::string& format, const std::string& out) {
-  const ch01::Llama m = ch01::load_llama(o.model).to(Device::CPU, DType::F32);
+int export_to(const CommonOptions& o, const std::string& format, const std::string& out) {
   const QuantSpec spec = QuantSpec::parse(format);
-  save_gguf(out, quantize_model(m, spec), HfTokenizer::load(o.model));
+  export_gguf(o.model, spec, out);
   std::printf("wrote %s (%s)\n", out.c_str(), spec.name().c_str());
   return 0;
 }
@@ -243,7 +242,7 @@ int main(int argc, char** argv) {
       return quality(o, specs, windows, per_kind,
                      no_awq ? std::vector<QuantSpec>{} : std::vector<QuantSpec>{{Format::Int4Asym, 32}, {Format::Int4Asym, 64}, {Format::Int4Sym, 32}});
     if (*ss) return speed(o, specs);
-    if (*se) return export_gguf(o, format, out);
+    if (*se) return export_to(o, format, out);
     if (*sr) return run_gguf(o, file, tokenizer);
     // The tour: a few formats on tiny-mha, 8 validation windows, no probes.
     std::printf("Quantisation (lecture: 量化): bits per weight against quality, on the bundled model\n\n");

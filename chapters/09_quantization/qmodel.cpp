@@ -5,9 +5,15 @@ namespace inferlab::ch09 {
 ch01::Llama quantize_model(const ch01::Llama& m, const QuantSpec& spec) {
   ch01::Llama q = m;
   q.source = m.source + " (" + spec.name() + ")";
-  for (auto& l : q.layers)
-    for (Linear* w : l.linears()) *w = quantize(*w, spec);
-  q.lm_head = quantize(m.lm_head, spec);  // a tied head becomes its own quantised copy
+  // Errors name the matrix as the checkpoint does, in the order of LlamaLayer::linears().
+  const char* names[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                         "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+  for (std::size_t i = 0; i < q.layers.size(); ++i)
+    for (std::size_t j = 0; j < 7; ++j) {
+      Linear& w = *q.layers[i].linears()[j];
+      w = quantize(w, spec, m.source + ": " + spec.name() + " of model.layers." + std::to_string(i) + "." + names[j] + ".weight");
+    }
+  q.lm_head = quantize(m.lm_head, spec, m.source + ": " + spec.name() + " of lm_head.weight");  // a tied head becomes its own quantised copy
   return q;
 }
 

@@ -107,15 +107,15 @@ void quantize_q4_0_block(const float* x, std::uint8_t* out) {
   }
 }
 
-QMatrix quantize(const Tensor& w_in, const QuantSpec& spec) {
-  IL_CHECK(w_in.ndim() == 2, "quantize: weights must be a matrix, got ", w_in.describe());
+QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& what) {
+  IL_CHECK(w_in.ndim() == 2, what, ": weights must be a matrix, got ", w_in.describe());
   const Tensor w = w_in.to(Device::CPU).to(DType::F32);
   const std::int64_t N = w.size(0), K = w.size(1);
   const float* W = w.data<float>();
   // A NaN or infinity would poison a whole scale (or, in fp8, become the NaN byte that the fast
   // decoder does not look for): refuse it and name it.
   for (std::int64_t i = 0; i < N * K; ++i)
-    IL_CHECK(std::isfinite(W[i]), "quantize: weight (", i / K, ", ", i % K, ") is ", W[i], "; only finite weights can be quantised");
+    IL_CHECK(std::isfinite(W[i]), what, ": weight (", i / K, ", ", i % K, ") is ", W[i], "; only finite weights can be quantised");
   QMatrix q;
   q.spec = spec, q.rows = N, q.cols = K;
   switch (spec.format) {
@@ -143,8 +143,8 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec) {
     case Format::Int4Sym:
     case Format::Int4Asym: {
       const std::int64_t G = spec.group;
-      IL_CHECK(G > 0 && G % 32 == 0, "quantize: int4 group size must be a positive multiple of 32, got ", G);
-      IL_CHECK(K % G == 0, "quantize: K = ", K, " is not a multiple of the group size ", G);
+      IL_CHECK(G > 0 && G % 32 == 0, what, ": int4 group size must be a positive multiple of 32, got ", G);
+      IL_CHECK(K % G == 0, what, ": K = ", K, " is not a multiple of the group size ", G);
       const bool sym = spec.format == Format::Int4Sym;
       q.data = Tensor::zeros({N, K / 2}, DType::U8);
       q.scales = Tensor::empty({N, K / G}, DType::F32);
@@ -162,6 +162,8 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec) {
             s = amax > 0 ? amax / 7.0f : 1.0f;  // q ∈ [−7, 7] ⊂ [−8, 7]
           } else {
             s = mx > mn ? (mx - mn) / 15.0f : 1.0f;
+            IL_CHECK(std::isfinite(s), what, ": row ", n, ", group ", g, " spans [", mn, ", ", mx,
+                     "], wider than a float scale can hold");
             z = std::clamp(std::round(-mn / s), 0.0f, 15.0f);
             q.zeros.data<std::uint8_t>()[n * (K / G) + g] = static_cast<std::uint8_t>(z);
           }
@@ -179,7 +181,7 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec) {
     }
     case Format::Q8_0:
     case Format::Q4_0: {
-      IL_CHECK(K % 32 == 0, "quantize: ", spec.name(), " needs K to be a multiple of 32, got ", K);
+      IL_CHECK(K % 32 == 0, what, ": ", spec.name(), " needs K to be a multiple of 32, got ", K);
       const std::int64_t bb = block_bytes(spec.format), row = K / 32 * bb;
       q.data = Tensor::empty({N, row}, DType::U8);
       for (std::int64_t n = 0; n < N; ++n)
@@ -188,6 +190,7 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec) {
           if (spec.format == Format::Q8_0) quantize_q8_0_block(W + n * K + b * 32, out);
           else quantize_q4_0_block(W + n * K + b * 32, out);
         }
+      check_block_scales(q.data, spec.format, what);  // an f16 scale overflows above 65504
       return q;
     }
     case Format::Fp8E4M3: {
@@ -201,6 +204,18 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec) {
     }
   }
   fail("quantize: unknown format");
+}
+
+void check_block_scales(const Tensor& blocks, Format format, const std::string& what) {
+  const std::int64_t bb = block_bytes(format), rows = blocks.size(0), per_row = blocks.size(1) / bb;
+  const Tensor h = blocks.to(Device::CPU).contiguous();
+  for (std::int64_t n = 0; n < rows; ++n)
+    for (std::int64_t b = 0; b < per_row; ++b) {
+      const float d = from_half(h.data<std::uint8_t>() + n * blocks.size(1) + b * bb);
+      IL_CHECK(std::isfinite(d), what, ": row ", n, ", block ", b, " (weights ", b * 32, "..", b * 32 + 31,
+               ") has scale ", d, (format == Format::Q8_0 ? " (max |w| / 127" : " (max |w| / 8"),
+               " as f16, whose largest value is 65504)");
+    }
 }
 
 // The value of weight (n, k), as the format defines it. The reference product and
@@ -377,9 +392,9 @@ Tensor qmatmul(const Tensor& x, const QMatrix& w) {
 
 void QMatrix::matmul(const Tensor& x, Tensor& out) const { qmatmul(x, *this, out); }
 
-Linear quantize(const Linear& w, const QuantSpec& spec) {
-  IL_CHECK(!w.packed, "quantize: the matrix is already packed (", w.packed ? w.packed->format() : "", ")");
-  return Linear(std::make_shared<QMatrix>(quantize(w.weight, spec)), w.bias);
+Linear quantize(const Linear& w, const QuantSpec& spec, const std::string& what) {
+  IL_CHECK(!w.packed, what, ": the matrix is already packed (", w.packed ? w.packed->format() : "", ")");
+  return Linear(std::make_shared<QMatrix>(quantize(w.weight, spec, what)), w.bias);
 }
 
 }  // namespace inferlab::ch09

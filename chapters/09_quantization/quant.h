@@ -69,12 +69,18 @@ struct QMatrix : PackedMatrix {
   std::string format() const override { return spec.name(); }
 };
 
-/// `w` quantised with `spec`, as a Linear (keeping w's bias).
-Linear quantize(const Linear& w, const QuantSpec& spec);
+/// `w` quantised with `spec`, as a Linear (keeping w's bias). `what` names the matrix in errors.
+Linear quantize(const Linear& w, const QuantSpec& spec, const std::string& what = "quantize");
 
 /// Quantises an F32/F16/BF16 CPU matrix [N, K] (K must be a multiple of 32 for the block formats
-/// and of the group size for int4).
-QMatrix quantize(const Tensor& w, const QuantSpec& spec);
+/// and of the group size for int4). Throws, naming `what` and the weight or block, for a weight
+/// that is not finite and for a scale beyond its type's range (q8_0/q4_0 store theirs as f16,
+/// largest 65504: a q8_0 block with |w| above about 8.3e6 cannot be stored).
+QMatrix quantize(const Tensor& w, const QuantSpec& spec, const std::string& what = "quantize");
+
+/// Throws "<what>: row n, block b has scale nan" unless every q8_0/q4_0 block of `blocks`
+/// ([rows, row bytes] U8, as a GGUF stores them) has a finite f16 scale.
+void check_block_scales(const Tensor& blocks, Format format, const std::string& what);
 /// Back to F32 (CPU): what the stored bits mean.
 Tensor dequantize(const QMatrix& q);
 

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
+#include <map>
 #include <memory>
 #include <numbers>
 
@@ -390,6 +392,110 @@ TEST(KVCache, BytesEqualTheFormulaAndOverflowIsAnError) {
   expect_error([&] { ch02::generate_cached(m, std::vector<std::int32_t>(100, 1), 40, s, {}); },
                {"longer than the model's context of 128"});
   expect_error([&] { ch01::forward(m, {5, 97}); }, {"token id 97"});
+}
+
+// --- writers that must not destroy their input, and loaders that refuse NaN -------------------
+// A model's weights under Hugging Face names (the embedding tied to the head).
+std::map<std::string, Tensor> hf_tensors(const Llama& m) {
+  std::map<std::string, Tensor> t = {{"model.embed_tokens.weight", m.embed}, {"model.norm.weight", m.final_norm}};
+  for (std::size_t i = 0; i < m.layers.size(); ++i) {
+    const auto& l = m.layers[i];
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    t[p + "input_layernorm.weight"] = l.attn_norm, t[p + "post_attention_layernorm.weight"] = l.mlp_norm;
+    t[p + "self_attn.q_proj.weight"] = l.wq.weight, t[p + "self_attn.k_proj.weight"] = l.wk.weight;
+    t[p + "self_attn.v_proj.weight"] = l.wv.weight, t[p + "self_attn.o_proj.weight"] = l.wo.weight;
+    t[p + "mlp.gate_proj.weight"] = l.w_gate.weight, t[p + "mlp.up_proj.weight"] = l.w_up.weight;
+    t[p + "mlp.down_proj.weight"] = l.w_down.weight;
+  }
+  return t;
+}
+
+// A small random model in `dir`: model.bin and tokenizer.bin (llama2.c), and hf/ (config.json,
+// model.safetensors) holding `dtype` weights.
+struct SmallModel {
+  std::string bin, tok, hf;
+  TransformerConfig config;
+  std::map<std::string, Tensor> tensors;
+};
+SmallModel small_model(const test::TempDir& dir, DType dtype = DType::F32) {
+  SmallModel s{dir.file("model.bin"), dir.file("tokenizer.bin"), dir.file("hf"), small_config(2), {}};
+  s.config.tie_word_embeddings = true;
+  s.tensors = hf_tensors(ch01::random_llama(s.config, 5, dtype));
+  save_llama2c(s.bin, s.config, s.tensors);
+  std::string tok;  // max_token_length, then per token: score, length, bytes
+  auto put = [&](auto v) { tok.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(std::int32_t{8});
+  for (std::int32_t i = 0; i < s.config.vocab_size; ++i) {
+    const std::string piece = "t" + std::to_string(i);
+    put(-static_cast<float>(i)), put(static_cast<std::int32_t>(piece.size()));
+    tok += piece;
+  }
+  test::write_file(s.tok, tok);
+  std::filesystem::create_directory(s.hf);
+  save_safetensors(s.hf + "/model.safetensors", {s.tensors.begin(), s.tensors.end()});
+  test::write_file(s.hf + "/config.json", R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
+      "intermediate_size":160,"num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":97,
+      "max_position_embeddings":128,"rms_norm_eps":1e-5,"tie_word_embeddings":true})");
+  return s;
+}
+
+// convert used to write into the folder it read, replacing the model it was converting.
+TEST(Convert, RefusesToWriteOverItsInput) {
+  test::TempDir dir;
+  const SmallModel s = small_model(dir);
+  const auto before = test::list_folder(dir.path().string());
+  expect_error([&] { ch01::convert_llama2c_to_hf(s.bin, s.tok, dir.path().string()); },
+               {"output folder", "holds", "model.bin", "another folder"});
+  EXPECT_EQ(test::list_folder(dir.path().string()), before);
+  const std::string weights = s.hf + "/model.safetensors", bytes = test::read_file(weights);
+  expect_error([&] { ch01::convert_hf_to_llama2c(s.hf, weights); }, {weights, "the folder this command reads"});
+  expect_error([&] { ch01::convert_hf_to_llama2c(s.hf, s.hf + "/config.json"); }, {"config.json", "reads"});
+  expect_error([&] { ch01::convert_hf_to_llama2c(s.hf, s.hf); }, {"which this command reads"});
+  EXPECT_TRUE(test::read_file(weights) == bytes) << weights << " changed";  // not printed: megabytes
+  // Elsewhere both directions work, and give back the same file.
+  ch01::convert_llama2c_to_hf(s.bin, s.tok, dir.file("out"));
+  ch01::convert_hf_to_llama2c(dir.file("out"), dir.file("back.bin"));
+  EXPECT_TRUE(test::read_file(dir.file("back.bin")) == test::read_file(s.bin)) << "back.bin differs";
+}
+
+// save_llama2c finds a missing tensor only after writing the ones before it: that used to leave
+// a partial file at the target.
+TEST(Convert, AWriterFailingHalfwayLeavesNoFile) {
+  test::TempDir dir;
+  const SmallModel s = small_model(dir);
+  auto missing = s.tensors;
+  missing.erase("model.norm.weight");  // written after every layer
+  test::TempDir out;
+  expect_error([&] { save_llama2c(out.file("m.bin"), s.config, missing); }, {"no tensor 'model.norm.weight'"});
+  EXPECT_TRUE(test::list_folder(out.path().string()).empty());
+  // Over an existing file, the old file stays as it was.
+  const std::string old = test::read_file(s.bin);
+  expect_error([&] { save_llama2c(s.bin, s.config, missing); }, {"model.norm.weight"});
+  EXPECT_TRUE(test::read_file(s.bin) == old) << s.bin << " changed";
+  EXPECT_EQ(test::list_folder(dir.path().string()), (std::vector<std::string>{"hf", "model.bin", "tokenizer.bin"}));
+}
+
+// A NaN or infinite weight used to load and generate (NaN logits, or 0 once quantised).
+TEST(Loading, NonFiniteWeightsAreRefusedNamingTheTensor) {
+  for (DType d : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(std::string(dtype_name(d)));
+    test::TempDir dir;
+    SmallModel s = small_model(dir, d);
+    EXPECT_EQ(ch01::load_llama(s.hf).layers.size(), 2u);
+    Tensor norm = s.tensors.at("model.layers.1.post_attention_layernorm.weight").to(DType::F32);
+    norm.at<float>({17}) = std::numeric_limits<float>::quiet_NaN();
+    s.tensors["model.layers.1.post_attention_layernorm.weight"] = norm.to(d);
+    save_safetensors(s.hf + "/model.safetensors", {s.tensors.begin(), s.tensors.end()});
+    expect_error([&] { ch01::load_llama(s.hf); },
+                 {s.hf, "model.layers.1.post_attention_layernorm.weight", "element [17] is nan"});
+  }
+  test::TempDir dir;
+  SmallModel s = small_model(dir);
+  Tensor embed = s.tensors.at("model.embed_tokens.weight").clone();
+  embed.at<float>({3, 5}) = -std::numeric_limits<float>::infinity();
+  s.tensors["model.embed_tokens.weight"] = embed;
+  save_llama2c(s.bin, s.config, s.tensors);
+  expect_error([&] { ch01::load_llama(s.bin); }, {"model.bin", "model.embed_tokens.weight", "element [3, 5] is -inf"});
 }
 
 TEST(Loading, ModelFoldersAndTheirErrors) {

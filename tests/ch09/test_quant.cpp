@@ -168,6 +168,56 @@ TEST(Quant, NonFiniteWeightsAndOddGroupsAreRefused) {
     test::expect_error([&] { quantize(w, spec); }, {"weight (2, 5)", "finite"});
 }
 
+// quantize() used to say which weight was NaN but not in which of the model's matrices.
+TEST(Quant, NonFiniteWeightsNameTheMatrix) {
+  TransformerConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.hidden_size = 128, c.intermediate_size = 256, c.num_layers = 2, c.num_heads = 8, c.num_kv_heads = 2;
+  c.head_dim = 16, c.vocab_size = 40, c.max_position_embeddings = 32, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
+  ch01::Llama m = ch01::random_llama(c, 7);  // every width a multiple of every group size
+  m.source = "random";
+  m.layers[1].w_up.weight = m.layers[1].w_up.weight.clone();
+  m.layers[1].w_up.weight.at<float>({4, 9}) = std::numeric_limits<float>::infinity();
+  for (const QuantSpec& spec : all_specs())
+    test::expect_error([&] { quantize_model(m, spec); },
+                       {"random: " + spec.name() + " of model.layers.1.mlp.up_proj.weight", "weight (4, 9) is inf"});
+}
+
+// A q8_0/q4_0 block scale is an f16: beyond 65504 it used to be stored as infinity, and the
+// exported file decoded to inf and NaN. An int4_asym scale (max − min)/15 can overflow a float.
+TEST(Quant, ScalesBeyondTheirTypeAreRefused) {
+  auto rng = test::rng_for_test();
+  Tensor w = test::uniform(rng, {4, 64});
+  w.at<float>({2, 40}) = 8.4e6f;  // q8_0: d = 8.4e6 / 127 = 66142 > 65504
+  test::expect_error([&] { quantize(w, {Format::Q8_0}, "w"); }, {"w: row 2, block 1 (weights 32..63) has scale inf", "65504"});
+  w.at<float>({2, 40}) = 8.3e6f;  // d = 65354 still fits
+  EXPECT_EQ(dequantize(quantize(w, {Format::Q8_0})).at<float>({2, 40}), f16_to_f32(f32_to_f16(8.3e6f / 127)) * 127);
+  w.at<float>({2, 40}) = -5.3e5f;  // q4_0: d = max / −8 = 66250
+  test::expect_error([&] { quantize(w, {Format::Q4_0}, "w"); }, {"w: row 2, block 1", "scale inf"});
+  w.at<float>({2, 40}) = 3e38f, w.at<float>({2, 41}) = -3e38f;
+  test::expect_error([&] { quantize(w, {Format::Int4Asym, 32}, "w"); }, {"w: row 2, group 1 spans", "float scale"});
+  // Formats whose scales are floats scaled by the largest weight store it (q·s, a rounding or two).
+  for (const QuantSpec& spec : {QuantSpec{Format::Int8Row}, QuantSpec{Format::Int4Sym, 32}, QuantSpec{Format::Fp8E4M3}})
+    EXPECT_NEAR(dequantize(quantize(w, spec)).at<float>({2, 40}), 3e38, 3e38 * 4 * u) << spec.name();
+}
+
+// A logit row holding NaN or infinity (here from norms too large for f32) used to give a
+// perplexity of nan, printed by ch09_quantization table with exit status 0.
+TEST(Quant, APerplexityThatIsNotANumberIsAnError) {
+  TransformerConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.hidden_size = 64, c.intermediate_size = 96, c.num_layers = 1, c.num_heads = 4, c.num_kv_heads = 2;
+  c.head_dim = 16, c.vocab_size = 40, c.max_position_embeddings = 32, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
+  ch01::Llama m = ch01::random_llama(c, 7);
+  const eval::LogitsFn f = [&m](const std::vector<std::int32_t>& t) { return ch01::forward(m, t, true); };
+  const std::vector<std::int32_t> tokens = {1, 5, 9, 3, 7, 2, 8, 4, 6};
+  EXPECT_TRUE(std::isfinite(eval::perplexity(f, tokens, 8).ppl));
+  m.layers[0].attn_norm = m.layers[0].attn_norm.clone();
+  for (std::int64_t i = 0; i < 64; ++i) m.layers[0].attn_norm.at<float>({i}) = 1e30f;  // q·k overflows
+  test::expect_error([&] { eval::perplexity(f, tokens, 8, 0, "m as q8_0"); },
+                     {"m as q8_0: window 0, position 0", "NaN or infinity"});
+}
+
 TEST(Quant, ProductsNameWhatIsWrongWithTheirOperands) {
   auto rng = test::rng_for_test();
   const QMatrix q = quantize(test::uniform(rng, {6, 64}), {Format::Int8Row});
@@ -478,6 +528,58 @@ std::string one_tensor_gguf(const std::vector<std::uint64_t>& ne, std::uint64_t 
   return b + std::string(64, '\0');
 }
 
+// A copy of the GGUF at `from` whose tensor `name` has its bytes changed by `edit`.
+template <class F>
+void with_tensor_bytes(const std::string& from, const std::string& to, const std::string& name, F edit) {
+  const gguf::File f(from);
+  std::vector<gguf::Output> ts;
+  for (const auto& i : f.tensors()) {
+    Tensor b = f.raw(i.name).view({-1}).clone();
+    if (i.name == name) edit(b.data<std::uint8_t>());
+    ts.push_back({i.name, i.type, i.shape, b});
+  }
+  gguf::write(to, std::vector<std::pair<std::string, gguf::Value>>(f.metadata().begin(), f.metadata().end()), ts);
+}
+
+// NaN or infinity in a GGUF's weights, block scales or norms used to load and generate text.
+TEST(Gguf, NonFiniteScalesAndNormsAreRefusedAtLoad) {
+  test::TempDir dir;
+  const std::string good = tiny_gguf(dir), bad = dir.file("bad.gguf");
+  auto set_f16 = [](std::uint8_t* p, std::uint16_t h) { std::memcpy(p, &h, 2); };
+  with_tensor_bytes(good, bad, "blk.2.attn_v.weight", [&](std::uint8_t* b) { set_f16(b + 34 * 5, 0x7E00); });  // NaN
+  test::expect_error([&] { load_gguf(bad); }, {"bad.gguf: tensor blk.2.attn_v.weight: row 1, block 1", "scale nan"});
+  with_tensor_bytes(good, bad, "output.weight", [&](std::uint8_t* b) { set_f16(b, 0xFC00); });  // −inf
+  test::expect_error([&] { load_gguf(bad); }, {"tensor output.weight: row 0, block 0", "scale -inf"});
+  with_tensor_bytes(good, bad, "output_norm.weight", [](std::uint8_t* b) {
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(b + 4 * 7, &inf, 4);
+  });
+  test::expect_error([&] { load_gguf(bad); }, {"bad.gguf: tensor output_norm.weight: element [7] is inf"});
+  with_tensor_bytes(good, bad, "token_embd.weight", [](std::uint8_t* b) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(b + 4 * 130, &nan, 4);
+  });
+  test::expect_error([&] { load_gguf(bad); }, {"tensor token_embd.weight: element [1, 2] is nan"});
+}
+
+// export used to write over the model it read (and exit 0); gguf::write used to truncate the
+// old file before a write that could fail.
+TEST(Gguf, ExportNeverDestroysAFile) {
+  test::TempDir dir;
+  const std::string model = dir.file("m"), weights = model + "/model.safetensors";
+  std::filesystem::copy(kData + "/models/tiny-mha", model);
+  const std::string bytes = test::read_file(weights);
+  test::expect_error([&] { export_gguf(model, {Format::Q8_0}, weights); }, {weights, "the folder this command reads"});
+  EXPECT_TRUE(test::read_file(weights) == bytes) << weights << " changed";  // not printed: megabytes
+  const std::string good = tiny_gguf(dir), before = test::read_file(good);
+  {
+    test::FileSizeLimit limit(100000);  // tiny.gguf is larger
+    test::expect_error([&] { with_tensor_bytes(good, good, "", [](std::uint8_t*) {}); }, {"error writing", good});
+  }
+  EXPECT_TRUE(test::read_file(good) == before) << good << " changed";
+  EXPECT_EQ(test::list_folder(dir.path().string()), (std::vector<std::string>{"m", "tiny.gguf"}));
+}
+
 TEST(Gguf, BadTensorTablesAreClearErrorsNotCrashes) {
   test::TempDir dir;
   const std::string path = dir.file("t.gguf");
@@ -589,6 +691,13 @@ TEST(Ch09Cli, OptionsAreCheckedAndDeviceOnlyWhereItIsUsed) {
   EXPECT_NE(h.str().find("(0: all of them)"), std::string::npos) << h.str();
   EXPECT_NE(h.str().find("(0: skip the probes)"), std::string::npos) << h.str();
   EXPECT_EQ(h.str().find("--device"), std::string::npos) << h.str();
+  // export onto a file of the model it reads is refused (it used to replace the model).
+  std::filesystem::copy(kData + "/models/tiny-mha", dir.file("m"));
+  const std::string config = dir.file("m") + "/config.json", text = test::read_file(config);
+  const Ch09Run e = run_ch09(dir, "export --model " + dir.file("m") + " " + config);
+  EXPECT_EQ(e.status, 1) << e.err;
+  EXPECT_NE(e.err.find(config + " is a file of " + dir.file("m")), std::string::npos) << e.err;
+  EXPECT_EQ(test::read_file(config), text);
   // run --tokenizer DIR/custom.json reads that file (it used to look for DIR/tokenizer.json).
   const std::string path = tiny_gguf(dir);
   std::filesystem::copy_file(kData + "/models/tiny-mha/tokenizer.json", dir.file("custom.json"));

@@ -1,0 +1,52 @@
+#pragma once
+/// @file atomic_file.h
+/// @brief Writing a file so that it is either complete or not there at all.
+///
+/// Every writer (safetensors, GGUF, llama2.c checkpoints, --json, config.json) writes to a
+/// temporary file beside its target and renames it into place once every byte is on disk. A
+/// reader (another process, or a later run) never sees half a file, a failed or interrupted
+/// write leaves the old file as it was, and a memory-mapped input stays valid even when the
+/// target replaces it (the mapping keeps the old file). Writers also refuse an output that
+/// is one of their inputs: writing it would destroy what they read.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace inferlab {
+
+/// A file written under a temporary name ("<path>.tmp.<pid>.<n>") in the target's folder, so
+/// that the rename stays on one file system, which makes it atomic.
+class AtomicFile {
+ public:
+  /// Creates the temporary file; throws "cannot write <path>: <reason>".
+  explicit AtomicFile(std::string path);
+  /// Removes the temporary file unless commit() succeeded.
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  /// Appends bytes; throws "error writing <path>: <reason>" (a full disk, a file size limit).
+  void write(const void* data, std::size_t n);
+  void write(std::string_view s) { write(s.data(), s.size()); }
+  /// Flushes the bytes to disk and renames the temporary file to the target.
+  void commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+/// Writes `bytes` to `path` through an AtomicFile.
+void write_file_atomically(const std::string& path, std::string_view bytes);
+
+/// Throws unless writing `output` leaves every one of `inputs` (files or folders; "" skipped)
+/// intact: `output` must not be an input, a file inside an input folder, or the folder holding
+/// an input file. Existing paths are compared with std::filesystem::equivalent (so links and
+/// "./x" are seen through); an output that does not exist yet cannot be any of them.
+void check_not_input(const std::string& output, const std::vector<std::string>& inputs);
+
+}  // namespace inferlab
