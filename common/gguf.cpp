@@ -113,7 +113,7 @@ struct Reader {
 
 }  // namespace
 
-File::File(const std::string& path) : path_(path), file_(std::make_shared<MappedFile>(path)) {
+File::File(const std::string& path) : path_(path), file_(std::make_shared<MappedFile>(path, "GGUF file")) {
   Reader r{file_->data(), file_->size(), 0, path_};
   IL_CHECK(file_->size() >= 24 && std::memcmp(file_->data(), "GGUF", 4) == 0, path, ": not a GGUF file (no 'GGUF' magic)");
   r.at = 4;

@@ -330,7 +330,7 @@ TEST(Gguf, ReadsAndWritesWhatTheGgufPackageWrites) {
     ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
   test::TempDir dir;
   gguf::write(dir.file("copy.gguf"), meta, ts);
-  const MappedFile a(ref), b(dir.file("copy.gguf"));
+  const MappedFile a(ref, "GGUF file"), b(dir.file("copy.gguf"), "GGUF file");
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0);
   test::write_file(dir.file("bad.gguf"), std::string("GGUF\x07\0\0\0", 8) + std::string(16, '\0'));
