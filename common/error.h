@@ -7,9 +7,11 @@
 /// catch it at the top (see cli.h) and print it; nothing is allowed to crash instead.
 
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace inferlab {
 
@@ -40,6 +42,19 @@ inline std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what
   std::int64_t r = 0;
   if (__builtin_mul_overflow(a, b, &r)) fail(what, ": ", a, " × ", b, " overflows 64 bits");
   return r;
+}
+
+/// `v` as type T, or an error naming `what` when it does not fit. Every id, count, size and
+/// offset read from a file goes through it: a plain cast would wrap (2^32 + 7 becomes 7, 2^31 a
+/// negative index) and the file would silently mean something else.
+template <class T, class U>
+T checked_cast(U v, const std::string& what) {
+  static_assert(std::is_integral_v<T> && std::is_integral_v<U>, "checked_cast converts integers");
+  const T t = static_cast<T>(v);
+  // It fits when the round trip gives v back and the sign survived (C++17: CUDA compiles this too).
+  if (static_cast<U>(t) != v || (v < U{}) != (t < T{}))
+    fail(what, " = ", v, " is out of range [", std::numeric_limits<T>::min(), ", ", std::numeric_limits<T>::max(), "]");
+  return t;
 }
 
 }  // namespace inferlab

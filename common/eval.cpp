@@ -1,18 +1,22 @@
 #include "common/eval.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "common/cli.h"
+#include "common/input_file.h"
 #include "common/json_file.h"
 
 namespace inferlab::eval {
 
 std::vector<std::int32_t> tokenize_documents(const Tokenizer& tok, const std::string& path) {
+  require_regular_file(path, "corpus");
   std::ifstream in(path);
-  IL_CHECK(in.good(), "cannot open ", path);
+  IL_CHECK(in.good(), "cannot open corpus ", path, ": ", std::strerror(errno));
   std::vector<std::int32_t> out;
   std::string line;
   while (std::getline(in, line)) {
@@ -61,8 +65,9 @@ Perplexity perplexity(const LogitsFn& logits, const std::vector<std::int32_t>& t
 }
 
 std::vector<Probe> load_probes(const std::string& path) {
+  require_regular_file(path, "probe file");
   std::ifstream in(path);
-  IL_CHECK(in.good(), "cannot open ", path);
+  IL_CHECK(in.good(), "cannot open probe file ", path, ": ", std::strerror(errno));
   std::vector<Probe> out;
   std::string line;
   int n = 0;

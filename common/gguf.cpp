@@ -1,5 +1,6 @@
 #include "common/gguf.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -114,7 +115,7 @@ struct Reader {
 
 }  // namespace
 
-File::File(const std::string& path) : path_(path), file_(std::make_shared<MappedFile>(path)) {
+File::File(const std::string& path) : path_(path), file_(std::make_shared<MappedFile>(path, "GGUF file")) {
   Reader r{file_->data(), file_->size(), 0, path_};
   IL_CHECK(file_->size() >= 24 && std::memcmp(file_->data(), "GGUF", 4) == 0, path, ": not a GGUF file (no 'GGUF' magic)");
   r.at = 4;
@@ -129,13 +130,17 @@ File::File(const std::string& path) : path_(path), file_(std::make_shared<Mapped
     metadata_.emplace_back(key, r.value(kind, key));
   }
   std::uint64_t alignment = 32;
-  if (has("general.alignment")) alignment = static_cast<std::uint64_t>(get_int("general.alignment"));
+  if (has("general.alignment"))  // a negative one must not wrap to a huge power of two
+    alignment = checked_cast<std::uint64_t>(get_int("general.alignment"), path + ": general.alignment");
   // At least 8, so that every F32/F16 tensor starts aligned for its type.
   IL_CHECK(alignment >= 8 && (alignment & (alignment - 1)) == 0, path, ": general.alignment ", alignment,
            " is not a power of two of at least 8");
   for (std::uint64_t i = 0; i < n_tensors; ++i) {
     TensorInfo t;
     t.name = r.str("a tensor name");
+    IL_CHECK(!t.name.empty(), path, ": tensor ", i, " of ", n_tensors, " has an empty name (is the tensor count right?)");
+    for (const auto& other : tensors_)
+      IL_CHECK(other.name != t.name, path, ": tensor '", t.name, "' appears twice");
     const auto dims = r.get<std::uint32_t>(t.name.c_str());
     IL_CHECK(dims >= 1 && dims <= 4, path, ": tensor '", t.name, "' has ", dims, " dimensions");
     std::vector<std::int64_t> ne(dims);
@@ -172,6 +177,24 @@ File::File(const std::string& path) : path_(path), file_(std::make_shared<Mapped
              "' (", bytes, " bytes at offset ", t.offset, ") runs past the end of the file (", size,
              " bytes, data from byte ", data_start_, ")");
   }
+  if (tensors_.empty()) return;
+  // What follows the entries is zero padding, then the tensors, apart, up to the end of the file.
+  // A tensor count below the entries leaves the last entries in the padding and the data
+  // section starting early, so every tensor would read the wrong bytes.
+  for (std::size_t i = r.at; i < data_start_; ++i)
+    IL_CHECK(file_->data()[i] == 0, path, ": non-zero byte ", i, " between the tensor entries and the data section",
+             " (does the tensor count, ", n_tensors, ", match the entries?)");
+  std::vector<const TensorInfo*> by_offset;
+  for (const auto& t : tensors_) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+  std::uint64_t end = 0;  // of the previous tensor's bytes
+  for (std::size_t i = 0; i < by_offset.size(); ++i) {
+    IL_CHECK(i == 0 || by_offset[i]->offset >= end, path, ": tensors '", by_offset[i - 1]->name, "' and '",
+             by_offset[i]->name, "' overlap");
+    end = by_offset[i]->offset + static_cast<std::uint64_t>(tensor_bytes(*by_offset[i]));
+  }
+  IL_CHECK(room - end < alignment, path, ": ", room - end, " bytes after the last tensor '", by_offset.back()->name,
+           "' belong to no tensor (does the tensor count, ", n_tensors, ", match the entries?)");
 }
 
 std::int64_t File::get_int(const std::string& key) const {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "common/json_file.h"
 
@@ -62,6 +63,13 @@ TransformerConfig parse_transformer_config(const HfConfig& cfg) {
       c.eos_token_ids.push_back(f.get<std::int64_t>("eos_token_id"));
     }
   }
+  // Fields that change what a Llama-family layer computes: implemented, or refused by name
+  // rather than run as a different model (rope_scaling is checked in validate()).
+  const std::string act = f.get_or<std::string>("hidden_act", "silu");
+  IL_CHECK(act == "silu" || act == "swish", cfg.path, ": field 'hidden_act' is '", act,
+           "'; the gated MLP here computes SiLU ('silu' or 'swish')");
+  IL_CHECK(f.get_or<double>("partial_rotary_factor", 1.0) == 1.0, cfg.path,
+           ": field 'partial_rotary_factor' is not 1: RoPE here rotates the whole head");
   if (f.has("head_dim")) {
     c.head_dim = f.get<std::int64_t>("head_dim");
   } else if (c.num_heads > 0) {
@@ -84,15 +92,41 @@ void TransformerConfig::validate(const std::string& where) const {
   for (const Field& f : {Field{"hidden_size", hidden_size, 1 << 20}, Field{"intermediate_size", intermediate_size, 1 << 20},
                          Field{"num_hidden_layers", num_layers, 1 << 12}, Field{"num_attention_heads", num_heads, 1 << 12},
                          Field{"num_key_value_heads", num_kv_heads, 1 << 12}, Field{"head_dim", head_dim, 1 << 12},
-                         Field{"vocab_size", vocab_size, 1 << 24},
+                         Field{"vocab_size", vocab_size, kMaxVocabSize},
                          Field{"max_position_embeddings", max_position_embeddings, 1 << 30}})
     IL_CHECK(f.value > 0 && f.value <= f.limit, where, ": field '", f.name, "' must be in [1, ", f.limit, "], got ",
              f.value);
   IL_CHECK(num_heads % num_kv_heads == 0, where, ": num_attention_heads ", num_heads,
            " is not a multiple of num_key_value_heads ", num_kv_heads);
   IL_CHECK(head_dim % 2 == 0, where, ": head_dim ", head_dim, " must be even for RoPE");
-  IL_CHECK(std::isfinite(rms_norm_eps) && rms_norm_eps > 0, where, ": rms_norm_eps must be positive, got ", rms_norm_eps);
+  // RMSNorm adds eps in float32: beyond float's range it would be infinite, below it zero.
+  IL_CHECK(rms_norm_eps > 0 && rms_norm_eps <= std::numeric_limits<float>::max() && static_cast<float>(rms_norm_eps) > 0,
+           where, ": rms_norm_eps must be positive and within float32's range, got ", rms_norm_eps);
   IL_CHECK(std::isfinite(rope_theta) && rope_theta > 0, where, ": rope_theta must be positive, got ", rope_theta);
+  // A token id outside the vocabulary is never sampled: generation would not stop at that EOS.
+  std::vector<std::pair<const char*, std::int64_t>> ids;
+  if (bos_token_id) ids.emplace_back("bos_token_id", *bos_token_id);
+  for (auto id : eos_token_ids) ids.emplace_back("eos_token_id", id);
+  for (auto [name, id] : ids)
+    IL_CHECK(id >= 0 && id < vocab_size, where, ": field '", name, "' = ", id, " is outside the vocabulary [0, ",
+             vocab_size, ")");
+  if (!rope_scaling.is_null()) {
+    const JsonFields s(rope_scaling, where + ": field 'rope_scaling'");
+    const std::string type = s.get_or<std::string>("rope_type", s.get_or<std::string>("type", ""));
+    IL_CHECK(type == "default" || type == "linear" || type == "llama3", s.context(), ": type '", type,
+             "' is not supported (default, linear, llama3)");
+    auto positive = [&](const char* key) {
+      const double v = s.get<double>(key);
+      IL_CHECK(std::isfinite(v) && v > 0, s.context(), ": '", key, "' must be positive, got ", v);
+      return v;
+    };
+    if (type != "default") positive("factor");
+    if (type == "llama3") {  // the band between the two wavelengths divides by high - low
+      IL_CHECK(positive("high_freq_factor") > positive("low_freq_factor"), s.context(),
+               ": 'high_freq_factor' must be above 'low_freq_factor'");
+      positive("original_max_position_embeddings");
+    }
+  }
 }
 
 std::int64_t TransformerConfig::num_parameters() const {

@@ -10,6 +10,10 @@
 
 namespace inferlab {
 
+/// The largest vocabulary (and so token id table) any reader accepts: config.json's
+/// vocab_size, a tokenizer's ids. About 60 times the largest real vocabularies.
+inline constexpr std::int64_t kMaxVocabSize = 1 << 24;
+
 /// The config.json of a model folder (or a path to the file itself), kept whole: chapters read
 /// their own fields (MLA's kv_lora_rank, Mamba's state size) through JsonFields.
 struct HfConfig {

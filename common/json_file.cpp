@@ -4,9 +4,12 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/input_file.h"
+
 namespace inferlab {
 
 nlohmann::json load_json(const std::string& path) {
+  require_regular_file(path, "JSON file");
   std::ifstream in(path);
   IL_CHECK(in.good(), "cannot open ", path, ": ", std::strerror(errno));
   try {

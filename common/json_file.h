@@ -11,8 +11,18 @@
 
 namespace inferlab {
 
-/// Parses a JSON file; throws "cannot open <path>" or "<path>: not valid JSON: <parser's words>".
+/// Parses a JSON file; throws "cannot open <path>" (also for a FIFO, a directory, ...) or
+/// "<path>: not valid JSON: <parser's words>".
 nlohmann::json load_json(const std::string& path);
+
+/// An integer JSON value as T; throws naming `what` unless it is an integer that fits T
+/// (nlohmann's own get<T>() would wrap 2^32 + 7 to 7 without a word).
+template <class T>
+T json_integer(const nlohmann::json& v, const std::string& what) {
+  IL_CHECK(v.is_number_integer(), what, " must be an integer, got ", v.dump());
+  return v.is_number_unsigned() ? checked_cast<T>(v.get<std::uint64_t>(), what)
+                                : checked_cast<T>(v.get<std::int64_t>(), what);
+}
 
 /// Typed access to the fields of one JSON object; every error names `context` (usually the
 /// file) and the field.
@@ -43,6 +53,7 @@ class JsonFields {
       IL_CHECK(v.is_boolean(), ctx_, ": field '", key, "' must be true or false, got ", v.dump());
     } else if constexpr (std::is_integral_v<T>) {
       IL_CHECK(v.is_number_integer(), ctx_, ": field '", key, "' must be an integer, got ", v.dump());
+      return json_integer<T>(v, ctx_ + ": field '" + key + "'");
     } else if constexpr (std::is_floating_point_v<T>) {
       IL_CHECK(v.is_number(), ctx_, ": field '", key, "' must be a number, got ", v.dump());
     } else if constexpr (std::is_same_v<T, std::string>) {

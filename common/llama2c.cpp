@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
+#include "common/input_file.h"
 #include "common/regex.h"
 #include "common/safetensors.h"
 
@@ -87,7 +88,7 @@ std::int64_t count_floats(const std::vector<Block>& blocks, std::int64_t layers)
 }  // namespace
 
 Llama2cCheckpoint load_llama2c(const std::string& path) {
-  auto file = std::make_shared<MappedFile>(path);
+  auto file = std::make_shared<MappedFile>(path, "llama2.c checkpoint");
   const unsigned char* base = file->data();
   const std::size_t size = file->size();
   IL_CHECK(size >= 28, path, ": ", size, " bytes is too short for a llama2.c header");
@@ -227,6 +228,7 @@ Tensor permute_rope_rows(const Tensor& w_in, std::int64_t heads, bool to_half_sp
 // --- tokenizer -------------------------------------------------------------------------------
 
 Llama2cTokenizer Llama2cTokenizer::load(const std::string& path) {
+  require_regular_file(path, "llama2.c tokenizer");
   std::ifstream in(path, std::ios::binary);
   IL_CHECK(in.good(), "cannot open ", path, ": ", std::strerror(errno));
   Llama2cTokenizer t;
@@ -237,13 +239,13 @@ Llama2cTokenizer Llama2cTokenizer::load(const std::string& path) {
   while (in.peek() != EOF) {
     float score;
     std::int32_t len;
-    const auto id = t.pieces_.size();
+    const auto id = checked_cast<std::int32_t>(t.pieces_.size(), path + ": token count");
     IL_CHECK(in.read(reinterpret_cast<char*>(&score), 4) && in.read(reinterpret_cast<char*>(&len), 4), path, ": token ",
              id, " is truncated");
     IL_CHECK(len >= 0 && len <= max_len, path, ": token ", id, " has length ", len, " (max_token_length ", max_len, ")");
     std::string piece(static_cast<std::size_t>(len), '\0');
     IL_CHECK(in.read(piece.data(), len), path, ": token ", id, " is truncated");
-    t.lookup_.emplace(piece, static_cast<std::int32_t>(id));  // the first of duplicates wins, as in run.c
+    t.lookup_.emplace(piece, id);  // the first of duplicates wins, as in run.c
     t.pieces_.push_back(std::move(piece));
     t.scores_.push_back(score);
   }
@@ -260,7 +262,8 @@ namespace {
 namespace fs = std::filesystem;
 
 bool is_tokenizer_bin(const std::string& path) {
-  return fs::is_regular_file(path) && fs::path(path).extension() == ".bin";
+  // Not is_regular_file: a FIFO named .bin must reach the reader, which refuses it by name.
+  return !fs::is_directory(path) && fs::path(path).extension() == ".bin";
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer_bin(const std::string& path) {

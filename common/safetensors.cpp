@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
+#include "common/input_file.h"
 #include "common/json_file.h"
 
 namespace inferlab {
@@ -20,13 +21,14 @@ namespace inferlab {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-MappedFile::MappedFile(const std::string& path) : path_(path) {
+MappedFile::MappedFile(const std::string& path, const std::string& what) : path_(path) {
+  require_regular_file(path, what);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  IL_CHECK(fd >= 0, "cannot open ", path, ": ", std::strerror(errno));
+  IL_CHECK(fd >= 0, "cannot open ", what, " ", path, ": ", std::strerror(errno));
   struct stat st{};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail("cannot open ", path, ": not a regular file");
+    fail("cannot open ", what, " ", path, ": not a regular file");  // replaced since the check above
   }
   size_ = static_cast<std::size_t>(st.st_size);
   if (size_ > 0) {
@@ -70,7 +72,7 @@ std::string safetensors_dtype_name(DType d) {
   fail("unknown dtype");
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_shared<MappedFile>(path)) {
+SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_shared<MappedFile>(path, "safetensors file")) {
   const std::size_t size = file_->size();
   IL_CHECK(size >= 8, path, ": ", size, " bytes is too short for a safetensors file (the header length alone is 8)");
   std::uint64_t n = 0;
@@ -187,7 +189,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 
 Checkpoint::Checkpoint(const std::string& path) : path_(path) {
   IL_CHECK(fs::exists(path), "cannot open checkpoint ", path, ": no such file or folder");
-  if (fs::is_regular_file(path)) {
+  if (!fs::is_directory(path)) {  // a FIFO or device too: SafetensorsFile refuses it by name
     files_.push_back(std::make_unique<SafetensorsFile>(path));
   } else {
     const fs::path dir(path);
@@ -230,6 +232,12 @@ const TensorInfo& Checkpoint::info(const std::string& name) const {
   return it->second->info(name);
 }
 
+const std::string& Checkpoint::file(const std::string& name) const {
+  auto it = where_.find(name);
+  IL_CHECK(it != where_.end(), path_, ": checkpoint has no tensor '", name, "'");
+  return it->second->path();
+}
+
 Tensor Checkpoint::get(const std::string& name) const {
   auto it = where_.find(name);
   IL_CHECK(it != where_.end(), path_, ": checkpoint has no tensor '", name, "'");
@@ -238,7 +246,7 @@ Tensor Checkpoint::get(const std::string& name) const {
 
 Tensor Checkpoint::get(const std::string& name, const Shape& shape) const {
   Tensor t = get(name);
-  IL_CHECK(t.shape() == shape, path_, ": tensor '", name, "' has shape ", shape_str(t.shape()), ", expected ",
+  IL_CHECK(t.shape() == shape, file(name), ": tensor '", name, "' has shape ", shape_str(t.shape()), ", expected ",
            shape_str(shape));
   return t;
 }

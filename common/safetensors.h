@@ -22,8 +22,9 @@ namespace inferlab {
 /// A read-only memory mapping of a whole file.
 class MappedFile {
  public:
-  /// Maps `path`; throws "cannot open <path>: <reason>".
-  explicit MappedFile(const std::string& path);
+  /// Maps `path` (`what` names its kind in errors: "GGUF file", ...); throws
+  /// "cannot open <what> <path>: <reason>", also when it is not a regular file.
+  MappedFile(const std::string& path, const std::string& what);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
@@ -86,6 +87,8 @@ class Checkpoint {
   /// As get(), and throws unless the tensor has `shape`.
   Tensor get(const std::string& name, const Shape& shape) const;
   const TensorInfo& info(const std::string& name) const;
+  /// The file (shard) that holds tensor `name`, for errors that name it.
+  const std::string& file(const std::string& name) const;
 
  private:
   std::string path_;

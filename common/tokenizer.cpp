@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/hf_config.h"
 #include "common/json_file.h"
 #include "common/regex.h"
 
@@ -127,6 +128,15 @@ Pattern parse_pattern(const json& j, const std::string& ctx) {
   else if (j.contains("Regex")) p.regex = std::make_unique<Regex>(j["Regex"].get<std::string>());
   else fail(ctx, ": 'pattern' must have 'String' or 'Regex'");
   return p;
+}
+
+// A token id in tokenizer.json: an integer below the largest vocabulary the project accepts
+// (as config.json's vocab_size is), so that an id can neither wrap into another token's nor
+// size the id table beyond any real vocabulary. `what` names the entry.
+std::int32_t token_id(const json& v, const std::string& what) {
+  const auto id = json_integer<std::int32_t>(v, what);
+  IL_CHECK(id >= 0 && id < kMaxVocabSize, what, ": id ", id, " is outside [0, ", kMaxVocabSize, ")");
+  return id;
 }
 
 // --- pieces and splitting ------------------------------------------------------------------
@@ -534,7 +544,7 @@ void HfTokenizer::Impl::parse_post_processor(const json& j) {
       IL_CHECK(j.contains("special_tokens") && j["special_tokens"].contains(name), ctx, ": template token '", name,
                "' is missing from special_tokens");
       for (const auto& id : j["special_tokens"][name].at("ids"))
-        (seen_sequence ? template_after : template_before).push_back(id.get<std::int32_t>());
+        (seen_sequence ? template_after : template_before).push_back(token_id(id, ctx + ": token '" + name + "' id"));
     }
     return;
   }
@@ -657,9 +667,7 @@ HfTokenizer HfTokenizer::load_impl(const std::string& path_in) {
 
   std::int32_t max_id = -1;
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-    IL_CHECK(it.value().is_number_integer() && it.value().get<std::int64_t>() >= 0, path, ": vocab entry '", it.key(),
-             "' must have a non-negative integer id");
-    const auto id = it.value().get<std::int32_t>();
+    const auto id = token_id(it.value(), path + ": vocab entry '" + it.key() + "'");
     impl->vocab[it.key()] = id;
     max_id = std::max(max_id, id);
   }
@@ -677,6 +685,10 @@ HfTokenizer HfTokenizer::load_impl(const std::string& path_in) {
                " is not a pair of strings");
       a = mg[0].get<std::string>(), b = mg[1].get<std::string>();
     }
+    // As the tokenizers library refuses it: a merge of or into an unknown token would make
+    // pieces that no id stands for.
+    for (const std::string& t : {a, b, a + b})
+      IL_CHECK(impl->vocab.count(t), path, ": merge '", a, " ", b, "': '", t, "' is not in the vocabulary");
     impl->merge_rank.emplace(Impl::merge_key(a, b), rank++);
   }
   impl->byte_fallback = m.value("byte_fallback", false);
@@ -686,9 +698,10 @@ HfTokenizer HfTokenizer::load_impl(const std::string& path_in) {
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (const auto& t : j["added_tokens"]) {
       JsonFields f(t, path + ": added_tokens entry");
-      Impl::Added a{f.get<std::string>("content"), static_cast<std::int32_t>(f.get<std::int64_t>("id")),
+      IL_CHECK(f.has("id"), f.context(), ": missing field 'id'");
+      Impl::Added a{f.get<std::string>("content"), token_id(t["id"], f.context() + ": field 'id'"),
                     f.get_or<bool>("special", false), f.get_or<bool>("lstrip", false), f.get_or<bool>("rstrip", false)};
-      IL_CHECK(!a.content.empty() && a.id >= 0, path, ": added token with empty content or negative id");
+      IL_CHECK(!a.content.empty(), f.context(), " ", a.id, " has empty content");
       max_id = std::max(max_id, a.id);
       impl->added.push_back(a);
     }
@@ -697,7 +710,11 @@ HfTokenizer HfTokenizer::load_impl(const std::string& path_in) {
                    [](const auto& x, const auto& y) { return x.content.size() > y.content.size(); });
   impl->id_to_token.assign(static_cast<std::size_t>(max_id + 1), "");
   impl->special.assign(static_cast<std::size_t>(max_id + 1), false);
-  for (const auto& [tok, id] : impl->vocab) impl->id_to_token[static_cast<std::size_t>(id)] = tok;
+  for (const auto& [tok, id] : impl->vocab) {
+    std::string& slot = impl->id_to_token[static_cast<std::size_t>(id)];
+    IL_CHECK(slot.empty(), path, ": vocab entries '", slot, "' and '", tok, "' share id ", id);
+    slot = tok;
+  }
   for (const auto& a : impl->added) {
     impl->id_to_token[static_cast<std::size_t>(a.id)] = a.content;
     impl->special[static_cast<std::size_t>(a.id)] = a.special;

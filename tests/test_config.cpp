@@ -79,5 +79,46 @@ TEST(Config, MissingAndMistypedFieldsAreNamed) {
                {"model.safetensors is not a Hugging Face model: expected its folder or its config.json"});
 }
 
+TEST(Config, FieldsThatChangeTheMathAreImplementedOrRefusedByName) {
+  // Each of these used to load and compute something other than the model the file describes.
+  test::TempDir dir;
+  const std::string path = dir.file("config.json");
+  const std::string base = R"({"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+      "num_attention_heads":4,"vocab_size":10,)";
+  const struct {
+    std::string fields;
+    std::vector<std::string> words;
+  } cases[] = {
+      {R"("hidden_act":"gelu")", {"field 'hidden_act' is 'gelu'", "SiLU"}},
+      {R"("partial_rotary_factor":0.5)", {"field 'partial_rotary_factor' is not 1"}},
+      {R"("rms_norm_eps":1e39)", {"rms_norm_eps must be positive and within float32's range, got 1e+39"}},
+      {R"("rms_norm_eps":1e-50)", {"rms_norm_eps must be positive and within float32's range"}},
+      {R"("rope_scaling":{"rope_type":"linear","factor":-2.0})", {"field 'rope_scaling'", "'factor' must be positive, got -2"}},
+      {R"("rope_scaling":{"type":"linear","factor":0})", {"field 'rope_scaling'", "'factor' must be positive, got 0"}},
+      {R"("rope_scaling":{"type":"linear"})", {"field 'rope_scaling'", "missing field 'factor'"}},
+      {R"("rope_scaling":{"rope_type":"yarn","factor":4.0})", {"field 'rope_scaling'", "type 'yarn' is not supported"}},
+      {R"("rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":4.0,"high_freq_factor":4.0,
+          "original_max_position_embeddings":8192})", {"'high_freq_factor' must be above 'low_freq_factor'"}},
+      {R"("rope_scaling":"linear")", {"field 'rope_scaling'", "expected a JSON object"}},
+      {R"("bos_token_id":4294967297)", {"field 'bos_token_id' = 4294967297", "outside the vocabulary [0, 10)"}},
+      {R"("eos_token_id":[2, -1])", {"field 'eos_token_id' = -1", "outside the vocabulary [0, 10)"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.fields);
+    test::write_file(path, base + c.fields + "}");
+    try {
+      parse_transformer_config(load_hf_config(path));
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      for (const auto& w : c.words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+    }
+  }
+  // What is implemented still loads.
+  test::write_file(path, base + R"("hidden_act":"swish","rope_scaling":{"rope_type":"llama3","factor":8.0,
+      "low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192}})");
+  EXPECT_EQ(parse_transformer_config(load_hf_config(path)).rope_scaling["factor"], 8.0);
+}
+
 }  // namespace
 }  // namespace inferlab

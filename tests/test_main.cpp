@@ -1,13 +1,17 @@
 // Test entry point: prints the random seed so any failure can be replayed with
 // INFERLAB_TEST_SEED=<seed>.
+#include <fcntl.h>
 #include <omp.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <iterator>
 
@@ -70,6 +74,28 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
+}
+
+void expect_fifo_refused(const std::string& path, const std::function<void(const std::string&)>& load) {
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+  auto result = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      load(path);
+      return "no error";
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  });
+  if (result.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "the reader blocked opening the FIFO " << path;
+    // Non-blocking, this open succeeds only once the reader has its end open; closing it
+    // again gives the reader end-of-file.
+    while (result.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready)
+      if (const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK); fd >= 0) ::close(fd);
+  }
+  const std::string message = result.get();
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  EXPECT_NE(message.find("FIFO"), std::string::npos) << message;
 }
 
 void write_file(const std::string& path, const std::string& text) {

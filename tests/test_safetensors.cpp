@@ -4,7 +4,11 @@
 #include <fstream>
 
 #include "common/atomic_file.h"
+#include "common/eval.h"
+#include "common/gguf.h"
+#include "common/hf_config.h"
 #include "common/json_file.h"
+#include "common/llama2c.h"
 #include "common/safetensors.h"
 #include "test_util.h"
 
@@ -190,6 +194,26 @@ TEST(Safetensors, MalformedFilesNameTheFileAndTheField) {
     }
   }
   expect_error([&] { SafetensorsFile f(dir.file("missing.safetensors")); }, {"cannot open", "missing.safetensors"});
+}
+
+TEST(InputFiles, EveryReaderRefusesAFifoBeforeOpeningIt) {
+  // Opening a FIFO blocks until something writes to it: each of these used to hang.
+  test::TempDir dir;
+  test::expect_fifo_refused(dir.file("model.safetensors"), [](const std::string& p) { SafetensorsFile f(p); });
+  test::expect_fifo_refused(dir.file("model.gguf"), [](const std::string& p) { gguf::File f(p); });
+  test::expect_fifo_refused(dir.file("model.bin"), [](const std::string& p) { load_llama2c(p); });
+  test::expect_fifo_refused(dir.file("tokenizer.bin"), [](const std::string& p) { Llama2cTokenizer::load(p); });
+  test::expect_fifo_refused(dir.file("index.json"), [](const std::string& p) { load_json(p); });
+  test::expect_fifo_refused(dir.file("probes.jsonl"), [](const std::string& p) { eval::load_probes(p); });
+  const auto tok = HfTokenizer::load(std::string(INFERLAB_DATA_DIR) + "/models/tiny-mha");
+  test::expect_fifo_refused(dir.file("val.txt"), [&](const std::string& p) { eval::tokenize_documents(tok, p); });
+  // A folder whose model.safetensors or config.json is a FIFO or a directory.
+  test::TempDir model;
+  test::expect_fifo_refused(model.file("model.safetensors"), [&](const std::string&) { Checkpoint c(model.path()); });
+  test::expect_fifo_refused(model.file("config.json"), [&](const std::string&) { load_hf_config(model.path()); });
+  test::TempDir folders;
+  std::filesystem::create_directories(folders.file("config.json"));
+  expect_error([&] { load_hf_config(folders.path()); }, {"config.json", "a directory, not a regular file"});
 }
 
 }  // namespace

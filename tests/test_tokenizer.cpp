@@ -89,5 +89,41 @@ TEST(Tokenizer, ErrorsNameTheProblem) {
   expect_error([&] { tok.decode({0, 5}); }, {"token id 5", "[0, 1)"});
 }
 
+TEST(Tokenizer, IdsAreCheckedNotNarrowed) {
+  // Each id used to go through a plain int32 cast: 2^32 aliased token 0, 2^31 indexed the id
+  // table at a negative offset (SIGSEGV), 2^31 - 1 sized it at 64 GB before any check.
+  test::TempDir dir;
+  const std::string path = dir.file("tokenizer.json");
+  const std::string added = R"("added_tokens": [{"id": 1, "content": "<s>", "special": true}])";
+  auto with = [&](const std::string& vocab, const std::string& more) {
+    test::write_file(path, R"({"model": {"type": "BPE", "vocab": )" + vocab + R"(, "merges": []}, )" + more + "}");
+  };
+  with(R"({"a": 0, "b": 4294967296})", added);
+  expect_error([&] { HfTokenizer::load(path); }, {path, "vocab entry 'b'", "4294967296", "out of range"});
+  with(R"({"a": 0, "b": 2147483648})", added);
+  expect_error([&] { HfTokenizer::load(path); }, {path, "vocab entry 'b'", "2147483648"});
+  with(R"({"a": 0, "b": 2147483647})", added);
+  expect_error([&] { HfTokenizer::load(path); }, {path, "vocab entry 'b'", "id 2147483647 is outside [0, 16777216)"});
+  with(R"({"a": 0, "b": 1})", R"("added_tokens": [{"id": 4294967297, "content": "<s>"}])");
+  expect_error([&] { HfTokenizer::load(path); }, {path, "added_tokens entry: field 'id'", "4294967297"});
+  with(R"({"a": 0, "b": 1})", R"("post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}},
+      {"Sequence": {"id": "A"}}], "special_tokens": {"<s>": {"id": "<s>", "ids": [4294967297]}}})");
+  expect_error([&] { HfTokenizer::load(path); }, {path, "post_processor: token '<s>' id", "4294967297"});
+  // Two tokens sharing an id, and a merge into a token that is not there, are refused as the
+  // tokenizers library refuses them: neither has one meaning.
+  with(R"({"a": 0, "b": 0})", added);
+  expect_error([&] { HfTokenizer::load(path); }, {path, "share id 0"});
+  test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}})");
+  expect_error([&] { HfTokenizer::load(path); }, {path, "merge 'a b': 'ab' is not in the vocabulary"});
+}
+
+TEST(Tokenizer, AFifoOrADirectoryIsRefusedByName) {
+  test::TempDir dir;
+  test::expect_fifo_refused(dir.file("tokenizer.json"), [](const std::string& p) { HfTokenizer::load(p); });
+  std::filesystem::create_directories(dir.file("model/tokenizer.json"));
+  expect_error([&] { HfTokenizer::load(dir.file("model")); }, {"model/tokenizer.json", "a directory, not a regular file"});
+  test::expect_fifo_refused(dir.file("tokenizer.bin"), [](const std::string& p) { Tokenizer::load(p); });
+}
+
 }  // namespace
 }  // namespace inferlab

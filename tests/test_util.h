@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -66,6 +67,12 @@ class FileSizeLimit {
   std::uint64_t previous_;
   void (*previous_handler_)(int);
 };
+
+/// Makes a FIFO (named pipe) at `path` and expects `load(path)` to refuse it at once with an
+/// inferlab::Error naming the path and "FIFO". A reader that opens the FIFO instead blocks
+/// until a writer comes: after a few seconds the test fails and opens the write end itself, so
+/// that the reader sees an empty file and the test ends rather than hangs.
+void expect_fifo_refused(const std::string& path, const std::function<void(const std::string&)>& load);
 
 /// Expects `f` to throw inferlab::Error whose message contains every one of `parts`.
 template <class F>

@@ -99,8 +99,8 @@ Tensor rope_frequencies(const TransformerConfig& c) {
 namespace {
 
 // Builds a Llama from a tensor getter that speaks Hugging Face names.
-template <class Get, class Has>
-Llama assemble(const TransformerConfig& c, Get get, Has has) {
+template <class Get>
+Llama assemble(const TransformerConfig& c, Get get) {
   const std::int64_t D = c.hidden_size, F = c.intermediate_size, Q = c.num_heads * c.head_dim,
                      KV = c.num_kv_heads * c.head_dim;
   Llama m;
@@ -128,7 +128,7 @@ Llama assemble(const TransformerConfig& c, Get get, Has has) {
     m.layers.push_back(l);
   }
   m.final_norm = get("model.norm.weight", Shape{D});
-  m.lm_head = c.tie_word_embeddings || !has("lm_head.weight") ? m.embed : get("lm_head.weight", Shape{c.vocab_size, D});
+  m.lm_head = c.tie_word_embeddings ? m.embed : get("lm_head.weight", Shape{c.vocab_size, D});
   return m;
 }
 
@@ -143,14 +143,14 @@ bool llama_family(const std::string& arch) {
 Llama load_llama(const std::string& path) {
   namespace fs = std::filesystem;
   IL_CHECK(fs::exists(path), "cannot open model ", path, ": no such file or folder");
-  if (fs::is_regular_file(path) && fs::path(path).extension() == ".bin") {
+  if (!fs::is_directory(path) && fs::path(path).extension() == ".bin") {
     const Llama2cCheckpoint ck = load_llama2c(path);
     auto get = [&](const std::string& name, const Shape& s) {
       auto it = ck.tensors.find(name);
       IL_CHECK(it != ck.tensors.end() && it->second.shape() == s, path, ": tensor ", name, " missing or misshapen");
       return check_finite(it->second, path + ": tensor " + name);
     };
-    Llama m = assemble(ck.config, get, [&](const std::string& n) { return ck.tensors.count(n) > 0; });
+    Llama m = assemble(ck.config, get);
     m.rope_pairing = RopePairing::Adjacent;  // llama2.c rotates (2j, 2j+1)
     m.source = path;
     return m;
@@ -166,20 +166,36 @@ Llama load_llama(const std::string& path) {
     IL_CHECK(fields.get<std::int64_t>("sliding_window") >= c.max_position_embeddings, hf.path,
              ": this Mistral uses a sliding window of ", hf.json["sliding_window"].dump(),
              " tokens, which chapter 06 implements; chapter 01 would silently attend to everything");
+  if (arch == "Qwen2ForCausalLM")
+    IL_CHECK(!fields.get_or<bool>("use_sliding_window", false), hf.path,
+             ": field 'use_sliding_window' is true; sliding windows are chapter 06's, chapter 01 would attend to everything");
+  IL_CHECK(!c.mlp_bias, hf.path, ": field 'mlp_bias' is true, and this chapter's MLP has no biases");
   const Checkpoint ck(fs::is_directory(path) ? path : fs::path(path).parent_path().string());
+  // Said by the config, missing from the checkpoint: refused by field rather than run without.
+  IL_CHECK(c.tie_word_embeddings || ck.contains("lm_head.weight"), hf.path, ": field 'tie_word_embeddings' is false",
+           fields.has("tie_word_embeddings") ? "" : " (its default)", " but ", ck.path(), " has no tensor 'lm_head.weight'");
+  for (std::int64_t i = 0; c.attention_bias && i < c.num_layers; ++i)
+    for (const char* p : {"q", "k", "v"}) {
+      const std::string n = "model.layers." + std::to_string(i) + ".self_attn." + p + "_proj.bias";
+      IL_CHECK(ck.contains(n), hf.path, ": field 'attention_bias' is true", fields.has("attention_bias") ? "" : " (for model_type qwen2)",
+               " but ", ck.path(), " has no tensor '", n, "'");
+    }
   std::set<std::string> used;
-  // Every weight is checked for NaN and infinity here, where its name is known.
+  // Every weight is checked here, where its name and file are known: a dtype the model can run,
+  // and no NaN or infinity.
   Llama m = assemble(c, [&](const std::string& n, const Shape& s) {
-                       used.insert(n);
-                       return check_finite(ck.get(n, s), ck.path() + ": tensor '" + n + "'");
-                     },
-                     [&](const std::string& n) { return ck.contains(n); });
+    used.insert(n);
+    Tensor t = ck.get(n, s);
+    IL_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F16 || t.dtype() == DType::BF16, ck.file(n), ": tensor '", n,
+             "' is ", safetensors_dtype_name(t.dtype()), "; model weights must be F32, F16 or BF16");
+    return check_finite(t, ck.file(n) + ": tensor '" + n + "'");
+  });
   // A tensor the config does not account for means the two disagree (e.g. num_hidden_layers
   // smaller than the checkpoint's layers): running would silently use part of the model.
   for (const std::string& n : ck.names())
     IL_CHECK(used.count(n) || n.find("rotary_emb.inv_freq") != std::string::npos ||
                  (n == "lm_head.weight" && c.tie_word_embeddings),  // tied: transformers ignores it too
-             ck.path(), ": tensor '", n,
+             ck.file(n), ": tensor '", n,
              "' is not part of the model that ", hf.path, " describes (does num_hidden_layers match the checkpoint?)");
   m.source = path;
   return m;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/atomic_file.h"
 #include "common/json_file.h"
@@ -182,8 +183,10 @@ ch01::Llama load_gguf(const gguf::File& f) {
   IL_CHECK(qt == gguf::Type::Q8_0 || qt == gguf::Type::Q4_0, path, ": projections are ", gguf::type_name(qt),
            "; this loader reads Q8_0 and Q4_0 models");
   const QuantSpec spec{qt == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0};
+  std::set<std::string> used;
   auto dense = [&](const std::string& name, const Shape& s) {
     const auto& i = f.info(name);
+    used.insert(name);
     IL_CHECK(i.shape == s, path, ": tensor ", name, " has shape ", shape_str(i.shape), ", expected ", shape_str(s));
     if (i.type == gguf::Type::F32 || i.type == gguf::Type::F16)
       return check_finite(f.tensor(name).to(DType::F32), path + ": tensor " + name);
@@ -195,6 +198,7 @@ ch01::Llama load_gguf(const gguf::File& f) {
   };
   auto matrix = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
     const auto& i = f.info(name);
+    used.insert(name);
     IL_CHECK(i.type == qt && i.shape == Shape({rows, cols}), path, ": tensor ", name, " is ", gguf::type_name(i.type),
              shape_str(i.shape), ", expected ", gguf::type_name(qt), shape_str(Shape{rows, cols}));
     check_block_scales(f.raw(name), spec.format, path + ": tensor " + name);  // a NaN scale would decode as NaN
@@ -219,6 +223,11 @@ ch01::Llama load_gguf(const gguf::File& f) {
   }
   m.final_norm = dense("output_norm.weight", {D});
   m.lm_head = f.contains("output.weight") ? matrix("output.weight", c.vocab_size, D) : quantize(Linear(m.embed), spec);
+  // A tensor left over means the metadata and the tensors disagree (a block_count below the
+  // layers present would run part of the model).
+  for (const auto& t : f.tensors())
+    IL_CHECK(used.count(t.name), path, ": tensor '", t.name, "' is not part of the model the llama.* metadata describes",
+             " (llama.block_count = ", c.num_layers, ")");
   m.source = path;
   return m;
 }

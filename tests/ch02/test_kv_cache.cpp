@@ -396,7 +396,7 @@ TEST(KVCache, BytesEqualTheFormulaAndOverflowIsAnError) {
 
 // --- writers that must not destroy their input, and loaders that refuse NaN -------------------
 // A model's weights under Hugging Face names (the embedding tied to the head).
-std::map<std::string, Tensor> hf_tensors(const Llama& m) {
+std::map<std::string, Tensor> tied_hf_tensors(const Llama& m) {
   std::map<std::string, Tensor> t = {{"model.embed_tokens.weight", m.embed}, {"model.norm.weight", m.final_norm}};
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
     const auto& l = m.layers[i];
@@ -420,7 +420,7 @@ struct SmallModel {
 SmallModel small_model(const test::TempDir& dir, DType dtype = DType::F32) {
   SmallModel s{dir.file("model.bin"), dir.file("tokenizer.bin"), dir.file("hf"), small_config(2), {}};
   s.config.tie_word_embeddings = true;
-  s.tensors = hf_tensors(ch01::random_llama(s.config, 5, dtype));
+  s.tensors = tied_hf_tensors(ch01::random_llama(s.config, 5, dtype));
   save_llama2c(s.bin, s.config, s.tensors);
   std::string tok;  // max_token_length, then per token: score, length, bytes
   auto put = [&](auto v) { tok.append(reinterpret_cast<const char*>(&v), sizeof v); };
@@ -498,10 +498,8 @@ TEST(Loading, NonFiniteWeightsAreRefusedNamingTheTensor) {
   expect_error([&] { ch01::load_llama(s.bin); }, {"model.bin", "model.embed_tokens.weight", "element [3, 5] is -inf"});
 }
 
-TEST(Loading, ModelFoldersAndTheirErrors) {
-  test::TempDir dir;
-  auto c = small_config(2, 1);
-  const Llama m = ch01::random_llama(c, 3, DType::BF16);
+// The tensors of a one-layer model under Hugging Face names, lm_head included.
+std::vector<std::pair<std::string, Tensor>> hf_tensors(const Llama& m) {
   std::vector<std::pair<std::string, Tensor>> ts = {{"model.embed_tokens.weight", m.embed},
                                                     {"model.norm.weight", m.final_norm},
                                                     {"lm_head.weight", m.lm_head.weight}};
@@ -512,6 +510,15 @@ TEST(Loading, ModelFoldersAndTheirErrors) {
                       {"mlp.gate_proj.weight", l.w_gate.weight}, {"mlp.up_proj.weight", l.w_up.weight},
                       {"mlp.down_proj.weight", l.w_down.weight}})
     ts.emplace_back(std::string("model.layers.0.") + n, t);
+  return ts;
+}
+
+TEST(Loading, ModelFoldersAndTheirErrors) {
+  test::TempDir dir;
+  auto c = small_config(2, 1);
+  const Llama m = ch01::random_llama(c, 3, DType::BF16);
+  auto ts = hf_tensors(m);
+  const auto& l = m.layers[0];
   save_safetensors(dir.file("model.safetensors"), ts);
   test::write_file(dir.file("config.json"), R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
       "intermediate_size":160,"num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":97,
@@ -531,6 +538,46 @@ TEST(Loading, ModelFoldersAndTheirErrors) {
   test::write_file(dir.file("config.json"), R"({"architectures":["MambaForCausalLM"],"hidden_size":64})");
   expect_error([&] { ch01::load_llama(dir.path().string()); }, {"MambaForCausalLM", "not a Llama-family"});
   expect_error([&] { ch01::load_llama(dir.file("nothing")); }, {"nothing", "no such file"});
+}
+
+TEST(Loading, ConfigFieldsTheCheckpointDoesNotBackAreRefusedByName) {
+  test::TempDir dir;
+  const Llama m = ch01::random_llama(small_config(2, 1), 3, DType::BF16);
+  auto ts = hf_tensors(m);
+  const std::string config = dir.file("config.json"), base = R"({"architectures":["LlamaForCausalLM"],
+      "hidden_size":64,"intermediate_size":160,"num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":2,
+      "vocab_size":97,"max_position_embeddings":128,"rms_norm_eps":1e-5)";
+  test::write_file(config, base + "}");
+  // Without lm_head.weight an untied model used to run with the embedding as its head.
+  ts.erase(ts.begin() + 2);
+  save_safetensors(dir.file("model.safetensors"), ts);
+  expect_error([&] { ch01::load_llama(dir.path().string()); },
+               {config, "field 'tie_word_embeddings' is false (its default)", "no tensor 'lm_head.weight'"});
+  test::write_file(config, base + R"(,"tie_word_embeddings":true,"attention_bias":true})");
+  expect_error([&] { ch01::load_llama(dir.path().string()); },
+               {config, "field 'attention_bias' is true", "no tensor 'model.layers.0.self_attn.q_proj.bias'"});
+  // MLP biases would be missing from the computation (this one used to load and run).
+  test::write_file(config, base + R"(,"tie_word_embeddings":true,"mlp_bias":true})");
+  expect_error([&] { ch01::load_llama(dir.path().string()); }, {config, "field 'mlp_bias' is true"});
+  std::string qwen = base;
+  qwen.replace(qwen.find("LlamaForCausalLM"), 16, "Qwen2ForCausalLM");
+  test::write_file(config, qwen + R"(,"model_type":"qwen2","attention_bias":false,"tie_word_embeddings":true,
+      "use_sliding_window":true,"sliding_window":4})");
+  expect_error([&] { ch01::load_llama(dir.path().string()); }, {config, "field 'use_sliding_window' is true"});
+  // A tensor of integers is named with its file, not left to fail inside a conversion.
+  test::write_file(config, base + R"(,"tie_word_embeddings":true})");
+  ts[1].second = Tensor::zeros({64}, DType::I32);  // model.norm.weight
+  save_safetensors(dir.file("model.safetensors"), ts);
+  expect_error([&] { ch01::load_llama(dir.path().string()); },
+               {"model.safetensors", "tensor 'model.norm.weight' is I32", "F32, F16 or BF16"});
+}
+
+TEST(Loading, AFifoModelIsRefusedNotOpened) {
+  test::TempDir dir;
+  test::expect_fifo_refused(dir.file("stories.bin"), [](const std::string& p) { ch01::load_llama(p); });
+  test::write_file(dir.file("config.json"), R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
+      "intermediate_size":160,"num_hidden_layers":1,"num_attention_heads":8,"vocab_size":97})");
+  test::expect_fifo_refused(dir.file("model.safetensors"), [&](const std::string&) { ch01::load_llama(dir.path().string()); });
 }
 
 TEST(Rope, Llama3ScalingMatchesTheReferenceFormula) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <tuple>
@@ -400,7 +401,7 @@ TEST(Gguf, ReadsAndWritesWhatTheGgufPackageWrites) {
     ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
   test::TempDir dir;
   gguf::write(dir.file("copy.gguf"), meta, ts);
-  const MappedFile a(ref), b(dir.file("copy.gguf"));
+  const MappedFile a(ref, "GGUF file"), b(dir.file("copy.gguf"), "GGUF file");
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0);
   test::write_file(dir.file("bad.gguf"), std::string("GGUF\x07\0\0\0", 8) + std::string(16, '\0'));
@@ -615,6 +616,53 @@ TEST(Gguf, BadTensorTablesAreClearErrorsNotCrashes) {
   test::expect_error([] { gguf::row_bytes(gguf::Type::F32, std::int64_t{1} << 62); }, {"out of range"});
   test::expect_error([] { gguf::row_bytes(gguf::Type::F16, -32); }, {"out of range"});
   EXPECT_EQ(gguf::row_bytes(gguf::Type::Q4_0, 64), 36);
+}
+
+// A GGUF of two F32 tensors of 16 values, `a` at offset 0 and `b` at `offset_b`, with 128 data
+// bytes and `extra` more.
+std::string two_tensor_gguf(const std::string& b_name, std::uint64_t offset_b, std::size_t extra = 0) {
+  std::string b = "GGUF";
+  auto put = [&](auto v) { b.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(std::uint32_t{3}), put(std::uint64_t{2}), put(std::uint64_t{0});
+  for (auto [name, offset] : {std::pair<std::string, std::uint64_t>{"a", 0}, {b_name, offset_b}}) {
+    put(std::uint64_t{name.size()}), b += name, put(std::uint32_t{1}), put(std::uint64_t{16});
+    put(std::uint32_t{0}), put(offset);
+  }
+  b.append((32 - b.size() % 32) % 32, '\0');
+  return b + std::string(128 + extra, '\0');
+}
+
+TEST(Gguf, TheTensorTableMustDescribeTheDataExactly) {
+  test::TempDir dir;
+  const std::string path = dir.file("t.gguf");
+  test::write_file(path, two_tensor_gguf("b", 64));
+  EXPECT_EQ(gguf::File(path).tensors().size(), 2u);
+  // Each of these used to load, reading bytes that belong to another tensor or to none.
+  test::write_file(path, two_tensor_gguf("b", 32));
+  test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "tensors 'a' and 'b' overlap"});
+  test::write_file(path, two_tensor_gguf("a", 64));
+  test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "tensor 'a' appears twice"});
+  test::write_file(path, two_tensor_gguf("b", 64, 64));
+  test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "64 bytes after the last tensor 'b' belong to no tensor"});
+  // A tensor count one short: the last entry is read as padding and every tensor shifts.
+  const std::string good = tiny_gguf(dir), bad = dir.file("bad.gguf");
+  std::string bytes;
+  {
+    std::ifstream in(good, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::uint64_t n;
+  std::memcpy(&n, bytes.data() + 8, 8);
+  --n;
+  std::memcpy(bytes.data() + 8, &n, 8);
+  test::write_file(bad, bytes);
+  test::expect_error([&] { load_gguf(bad); }, {"bad.gguf", "does the tensor count, " + std::to_string(n) + ", match"});
+  // block_count below the layers present: the last layer's tensors are left over, not ignored.
+  with_metadata(good, bad, "llama.block_count", gguf::Value::u32(3));
+  test::expect_error([&] { load_gguf(bad); },
+                     {"bad.gguf", "tensor 'blk.3.", "is not part of the model", "llama.block_count = 3"});
+  with_metadata(good, bad, "llama.block_count", gguf::Value::u32(5));
+  test::expect_error([&] { load_gguf(bad); }, {"bad.gguf", "no tensor 'blk.4."});
 }
 
 TEST(Gguf, RunUsesTheTokenizerItIsGivenAndRefusesAMismatchedDefault) {
