@@ -5,6 +5,8 @@
 #   tools/fuzz.sh [SECONDS] [TARGET...]
 #   tools/fuzz.sh --smoke        a fixed 2000 mutations per target from the seeds alone, with a
 #                                fixed random seed: the same inputs on every run (CI runs this)
+# FUZZ_RUNS=N stops a target after N executions if that comes before SECONDS; FUZZ_NO_BUILD=1
+# skips the build (for several runs of the script side by side).
 # Findings (crash, leak, sanitizer report, timeout, an exception other than inferlab::Error)
 # are saved by libFuzzer as build/fuzz/findings/<target>/crash-* and make the script fail.
 set -euo pipefail
@@ -15,10 +17,12 @@ seconds=${1:-60}
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(safetensors config tokenizer_json llama2c llama2c_tokenizer gguf cli)
-tools/setup.sh --fuzz
-cmake --preset fuzz > build-fuzz-configure.log 2>&1 || { cat build-fuzz-configure.log; exit 1; }
-rm -f build-fuzz-configure.log
-cmake --build --preset fuzz --target fuzz_seeds $(printf 'fuzz_%s ' "${targets[@]}")
+if [ "${FUZZ_NO_BUILD:-0}" != 1 ]; then
+  tools/setup.sh --fuzz
+  cmake --preset fuzz > build-fuzz-configure.log 2>&1 || { cat build-fuzz-configure.log; exit 1; }
+  rm -f build-fuzz-configure.log
+  cmake --build --preset fuzz --target fuzz_seeds $(printf 'fuzz_%s ' "${targets[@]}")
+fi
 out=build/fuzz
 build/fuzz/bin/fuzz_seeds "$out/seeds" data ../shared > /dev/null
 declare -A max_len=([safetensors]=16384 [config]=4096 [tokenizer_json]=65536 [llama2c]=65536
@@ -33,6 +37,7 @@ for t in "${targets[@]}"; do
     budget=(-runs=2000 -seed=1 "$out/seeds/$t")
   else
     budget=(-max_total_time="$seconds" "$out/corpus/$t" "$out/seeds/$t")
+    [ -z "${FUZZ_RUNS:-}" ] || budget+=(-runs="$FUZZ_RUNS")
   fi
   start=$(date +%s)
   if ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
