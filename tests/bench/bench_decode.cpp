@@ -87,13 +87,13 @@ void BM_CudaDecode(benchmark::State& state) {
   auto& m = models[static_cast<int>(state.range(0))];
   if (!m) m = std::make_unique<ch01::Llama>(ch01::random_llama(c, 1, DType::BF16, Device::CUDA));
   static const double ceiling = cuda::measure_read_bandwidth(std::size_t(4) << 30);
-  const int context = 256, steps = 64;
+  const int context = 256, warmup = 4, steps = 64;
   double total = 0, bytes = 0;
   std::int64_t n = 0;
   for (auto _ : state) {
-    ch02::CudaDecoder dec(*m, context + steps + 1);
+    ch02::CudaDecoder dec(*m, context + warmup + steps);  // every position the loop below fills
     dec.prefill(std::vector<std::int32_t>(context, 7));
-    dec.greedy(7, 4);  // warm-up: captures the graph
+    dec.greedy(7, warmup);  // captures the graph
     cuda::synchronize();
     const double start_len = static_cast<double>(dec.length());
     metrics::Timer t;
@@ -101,7 +101,7 @@ void BM_CudaDecode(benchmark::State& state) {
     const double dt = t.seconds();
     state.SetIterationTime(dt);
     total += dt, n += steps;
-    const double kv = 2.0 * c.num_kv_heads * c.head_dim * c.num_layers * 4;
+    const double kv = static_cast<double>(c.kv_cache_bytes(1, 4));  // one position, f32
     bytes += steps * static_cast<double>(m->step_weight_bytes()) + kv * (steps * start_len + steps * (steps + 1) / 2.0);
   }
   report(state, bytes / static_cast<double>(n), total / static_cast<double>(n), ceiling,
