@@ -83,11 +83,32 @@ float from_half(const std::uint8_t* p) {
   return f16_to_f32(h);
 }
 
-// Q8_0 and Q4_0 exactly as llama.cpp's reference quantisers (and the gguf package) do them.
+namespace {
+
+// The scale for values of magnitude up to `range` on a grid of `steps`: range / steps, or 1 where
+// that is 0 (all values 0, or so small that the division underflows). Values that small quantise
+// to 0 either way, and dividing by a zero scale would give NaN, whose cast to an integer is
+// undefined.
+float scale_for(float range, float steps) {
+  const float s = range / steps;
+  return s > 0 ? s : 1.0f;
+}
+
+// 1 / d for a llama.cpp block scale, or 0 where d is 0 or so small that 1 / d overflows: such a
+// block is stored as zeros (its f16 scale is 0 anyway), where inf would be cast to an integer.
+float inverse_scale(float d) {
+  const float id = d != 0 ? 1.0f / d : 0.0f;
+  return std::isfinite(id) ? id : 0.0f;
+}
+
+}  // namespace
+
+// Q8_0 and Q4_0 as llama.cpp's reference quantisers (and the gguf package) do them, for every
+// block whose scale f16 can hold.
 void quantize_q8_0_block(const float* x, std::uint8_t* out) {
   float amax = 0;
   for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+  const float d = amax / 127.0f, id = inverse_scale(d);
   const std::uint16_t h = to_half(d);
   std::memcpy(out, &h, 2);
   for (int i = 0; i < 32; ++i) out[2 + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(std::round(x[i] * id)));
@@ -97,7 +118,7 @@ void quantize_q4_0_block(const float* x, std::uint8_t* out) {
   float amax = 0, max = 0;
   for (int i = 0; i < 32; ++i)
     if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), max = x[i];  // the first largest, with its sign
-  const float d = max / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
+  const float d = max / -8.0f, id = inverse_scale(d);
   const std::uint16_t h = to_half(d);
   std::memcpy(out, &h, 2);
   for (int i = 0; i < 16; ++i) {
@@ -133,7 +154,7 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
           a = 0;
           for (std::int64_t k = 0; k < K; ++k) a = std::max(a, std::fabs(W[n * K + k]));
         }
-        const float s = a > 0 ? a / 127.0f : 1.0f;  // absmax: the largest magnitude maps to ±127
+        const float s = scale_for(a, 127.0f);  // absmax: the largest magnitude maps to ±127
         if (per_row || n == 0) q.scales.data<float>()[per_row ? n : 0] = s;
         for (std::int64_t k = 0; k < K; ++k)
           q.data.data<std::int8_t>()[n * K + k] = static_cast<std::int8_t>(std::clamp(std::round(W[n * K + k] / s), -127.0f, 127.0f));
@@ -159,9 +180,9 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
           mn = std::min(mn, 0.0f), mx = std::max(mx, 0.0f);
           float s, z = 0;
           if (sym) {
-            s = amax > 0 ? amax / 7.0f : 1.0f;  // q ∈ [−7, 7] ⊂ [−8, 7]
+            s = scale_for(amax, 7.0f);  // q ∈ [−7, 7] ⊂ [−8, 7]
           } else {
-            s = mx > mn ? (mx - mn) / 15.0f : 1.0f;
+            s = scale_for(mx - mn, 15.0f);
             IL_CHECK(std::isfinite(s), what, ": row ", n, ", group ", g, " spans [", mn, ", ", mx,
                      "], wider than a float scale can hold");
             z = std::clamp(std::round(-mn / s), 0.0f, 15.0f);
@@ -196,7 +217,7 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
     case Format::Fp8E4M3: {
       float amax = 0;
       for (std::int64_t i = 0; i < N * K; ++i) amax = std::max(amax, std::fabs(W[i]));
-      const float s = amax > 0 ? amax / 448.0f : 1.0f;
+      const float s = scale_for(amax, 448.0f);
       q.data = Tensor::empty({N, K}, DType::U8);
       q.scales = Tensor::from_vector(std::vector<float>{s}, {1});
       for (std::int64_t i = 0; i < N * K; ++i) q.data.data<std::uint8_t>()[i] = f32_to_e4m3(W[i] / s);
@@ -316,7 +337,7 @@ void quantize_rows_int8(const Tensor& x, const std::vector<char>& skip, std::vec
     float a = 0;
     for (std::int64_t k = 0; k < K; ++k)
       if (!skip[static_cast<std::size_t>(k)]) a = std::max(a, std::fabs(r[k]));
-    const float sc = a > 0 ? a / 127.0f : 1.0f;
+    const float sc = scale_for(a, 127.0f);
     s[static_cast<std::size_t>(m)] = sc;
     for (std::int64_t k = 0; k < K; ++k)
       if (!skip[static_cast<std::size_t>(k)])

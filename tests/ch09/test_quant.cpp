@@ -231,6 +231,23 @@ TEST(Quant, ProductsNameWhatIsWrongWithTheirOperands) {
   test::expect_error([&] { qmatmul(x, q, strided); }, {"should be contiguous f32 [2, 6]"});
 }
 
+// Values so small that a scale underflows to 0 (or its inverse overflows) used to be divided by
+// that 0 and cast to integers as NaN or infinity (undefined; the sanitizer build stops on it, and
+// the fuzzer found it through a GGUF). They quantise to zeros.
+TEST(Quant, ValuesTooSmallForAScaleQuantiseToZero) {
+  const float tiny = std::numeric_limits<float>::denorm_min() * 3;
+  Tensor w = Tensor::zeros({2, 128}, DType::F32);
+  for (std::int64_t k = 0; k < 128; ++k) w.at<float>({0, k}) = k % 2 ? tiny : -tiny;
+  Tensor x = Tensor::zeros({1, 128}, DType::F32);
+  for (std::int64_t k = 0; k < 128; ++k) x.at<float>({0, k}) = 1e-39f * static_cast<float>(k % 5);
+  for (const QuantSpec& spec : all_specs()) {
+    SCOPED_TRACE(spec.name());
+    const QMatrix q = quantize(w, spec);
+    for (float v : dequantize(q).to_float_vector()) EXPECT_LE(std::fabs(v), tiny);
+    for (float v : qmatmul(x, q).to_float_vector()) EXPECT_EQ(v, 0.0f);
+  }
+}
+
 TEST(Quant, ActivationsThatOverflowedAreAnErrorWhereTheyWouldBeCastToIntegers) {
   auto rng = test::rng_for_test();
   const Tensor w = test::uniform(rng, {6, 64});
