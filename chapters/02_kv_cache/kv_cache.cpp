@@ -71,7 +71,7 @@ void ContiguousKVCache::truncate(std::int64_t n) {
 }
 
 std::int64_t ContiguousKVCache::bytes() const {
-  return k_.empty() && capacity_ == 0 ? 0 : config_.kv_cache_bytes(capacity_, static_cast<std::int64_t>(dtype_size(dtype_)));
+  return config_.kv_cache_bytes(capacity_, static_cast<std::int64_t>(dtype_size(dtype_)));  // 0 once released
 }
 
 void ContiguousKVCache::release() {

@@ -116,8 +116,7 @@ void launch_gemv(const GemvSegments<W>& s, const float* x, float* y, long long K
   long long total = 0;
   for (int i = 0; i < s.count; ++i) total += s.rows[i];
   if (total == 0) return;
-  bool vec = gemv_vectorizable<W>(K, x, {});
-  for (int i = 0; i < s.count; ++i) vec = vec && gemv_vectorizable<W>(K, x, {s.w[i]});
+  const bool vec = gemv_vectorizable<W>(K, x, {s.w[0], s.w[1], s.w[2]});  // unused segments are null
   const unsigned blocks = blocks_for(total, kGemvWarps);
   if (vec) gemv<W, true><<<blocks, kGemvWarps * 32, 0, stream()>>>(s, x, y, K, total, accumulate);
   else gemv<W, false><<<blocks, kGemvWarps * 32, 0, stream()>>>(s, x, y, K, total, accumulate);
