@@ -8,10 +8,12 @@
 
 #include <cstdint>
 #include <limits>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace inferlab {
 
@@ -55,6 +57,36 @@ T checked_cast(U v, const std::string& what) {
   if (static_cast<U>(t) != v || (v < U{}) != (t < T{}))
     fail(what, " = ", v, " is out of range [", std::numeric_limits<T>::min(), ", ", std::numeric_limits<T>::max(), "]");
   return t;
+}
+
+/// Runs `f()` and returns its result; if it fails, says where. The few places that know what is
+/// being worked on (a loader at one tensor of one file, the generate loop at one token, a cache
+/// being allocated) wrap their work in it, so the checks deep inside (a dtype conversion, the
+/// sampler, an allocation) need not know:
+///
+///     with_context([&] { return path + ": tensor '" + name + "'"; }, [&] { return load(name); });
+///
+/// An inferlab::Error from `f` is thrown again as "<where>: <its message>", unless the message
+/// already contains `where`. Running out of memory (std::bad_alloc, or std::length_error from a
+/// container asked for more than it can hold) becomes an Error "<where>: out of host memory".
+/// `where` is a string, or a callable returning one, which is only called when `f` throws.
+template <class Where, class F>
+decltype(auto) with_context(const Where& where, F&& f) {
+  auto where_text = [&]() -> std::string {
+    if constexpr (std::is_invocable_v<const Where&>) return where();
+    else return std::string(where);
+  };
+  try {
+    return std::forward<F>(f)();
+  } catch (const Error& e) {
+    const std::string w = where_text(), what = e.what();
+    if (what.find(w) != std::string::npos) throw;
+    throw Error(w + ": " + what);
+  } catch (const std::bad_alloc&) {
+    throw Error(where_text() + ": out of host memory");
+  } catch (const std::length_error& e) {
+    throw Error(where_text() + ": out of host memory (" + e.what() + ")");
+  }
 }
 
 }  // namespace inferlab

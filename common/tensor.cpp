@@ -68,14 +68,17 @@ std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
 namespace {
 constexpr std::size_t kAlign = 64;  // a cache line; also enough for any SIMD load
 
-std::shared_ptr<void> allocate(std::size_t bytes, Device device) {
+// A failed host allocation says what it was for (`tensor`: "[1024, 128] f32"); whoever knows
+// the tensor's name adds it (with_context in the loaders, caches and conversions).
+template <class Describe>
+std::shared_ptr<void> allocate(std::size_t bytes, Device device, const Describe& tensor) {
   if (device == Device::CUDA) {
     void* p = cuda::device_malloc(std::max<std::size_t>(bytes, 1));
     return std::shared_ptr<void>(p, [](void* q) { cuda::device_free(q); });
   }
   std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
   void* p = std::aligned_alloc(kAlign, rounded);
-  IL_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
+  IL_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes for a ", tensor(), " tensor");
   return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
 
@@ -97,7 +100,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;
   t.device_ = device;
-  auto mem = allocate(t.nbytes(), device);
+  auto mem = allocate(t.nbytes(), device, [&] { return shape_str(shape) + " " + std::string(dtype_name(dtype)); });
   t.data_ = mem.get();
   t.keep_ = std::move(mem);
   return t;

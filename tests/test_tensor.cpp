@@ -1,6 +1,9 @@
 // Tensor basics and the 16-bit float conversions.
 #include <cmath>
 #include <limits>
+#include <new>
+#include <string>
+#include <vector>
 
 #include "common/tensor.h"
 #include "test_util.h"
@@ -119,6 +122,53 @@ TEST(Tensor, DtypeConversions) {
   Tensor i = Tensor::from_vector(std::vector<std::int64_t>{1, -7, 300}, {3});
   EXPECT_EQ(i.to(DType::I32).data<std::int32_t>()[2], 300);
   expect_error([&] { t.to(DType::I32); }, {"cannot convert"});
+}
+
+// with_context is how the few places that know what is being worked on (a file and tensor, a
+// generated token, a cache) put that into errors raised deep inside: a conversion, the sampler,
+// an allocation. It used to be each check's job, and most could not know.
+TEST(Errors, WithContextSaysWhereAndTurnsRunningOutOfMemoryIntoAnError) {
+  const Tensor i = Tensor::from_vector(std::vector<std::int32_t>{1, 2}, {2});
+  expect_error([&] { with_context("model.safetensors: tensor 'w'", [&] { return i.to(DType::F32); }); },
+               {"model.safetensors: tensor 'w': to(): cannot convert i32 to f32"});
+  // A message that already names the place is not prefixed twice.
+  try {
+    with_context("f.bin: tensor x", [] { fail("f.bin: tensor x: element [0] is nan"); });
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "f.bin: tensor x: element [0] is nan");
+  }
+  // `where` may be a callable, called only when something fails; the result passes through.
+  int calls = 0;
+  EXPECT_EQ(with_context([&] { ++calls; return std::string("never"); }, [] { return 7; }), 7);
+  EXPECT_EQ(calls, 0);
+  expect_error([] { with_context("KV cache of 9 positions", []() -> int { throw std::bad_alloc(); }); },
+               {"KV cache of 9 positions: out of host memory"});
+  expect_error(
+      [] {
+        with_context("tokenizer.bin", [] {
+          std::vector<char> v;
+          v.reserve(v.max_size() + 1);  // std::length_error, without allocating anything
+        });
+      },
+      {"tokenizer.bin: out of host memory"});
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define IL_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define IL_UNDER_ASAN 1
+#endif
+#endif
+
+TEST(Errors, AFailedAllocationSaysWhatTensorItWasFor) {
+#ifdef IL_UNDER_ASAN
+  GTEST_SKIP() << "AddressSanitizer aborts on an allocation of 2^62 bytes instead of returning null";
+#else
+  // 2^62 bytes: beyond any address space, so it fails whatever the overcommit policy.
+  expect_error([] { Tensor::empty({std::int64_t{1} << 60}, DType::F32); },
+               {"out of host memory allocating 4611686018427387904 bytes", "[1152921504606846976] f32 tensor"});
+#endif
 }
 
 }  // namespace
