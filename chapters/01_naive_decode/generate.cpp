@@ -1,6 +1,7 @@
 #include "chapters/01_naive_decode/generate.h"
 
 #include <algorithm>
+#include <string>
 
 #include "common/cuda/backend.h"
 
@@ -31,13 +32,16 @@ Generation generate(const std::vector<std::int32_t>& prompt, int max_new, Sample
     Step s;
     s.tokens_in = static_cast<std::int64_t>(input.size());
     metrics::Timer timer;
-    {
-      metrics::CountScope scope;
-      s.token = sampler.sample(next_logits(input));
-      s.work = scope.work();
-      if (auto it = scope.by_op().find("attention"); it != scope.by_op().end()) s.attention_flops = it->second.flops;
-    }
-    if (device == Device::CUDA) cuda::synchronize();
+    // Anything that fails in this step (the forward pass, the sampler, the device) says which
+    // token it was making and at which position it sits.
+    with_context([&] { return "generating token " + std::to_string(i + 1) + " (position " + std::to_string(g.tokens.size()) + ")"; },
+                 [&] {
+                   metrics::CountScope scope;
+                   s.token = sampler.sample(next_logits(input));
+                   s.work = scope.work();
+                   if (auto it = scope.by_op().find("attention"); it != scope.by_op().end()) s.attention_flops = it->second.flops;
+                   if (device == Device::CUDA) cuda::synchronize();
+                 });
     s.seconds = timer.seconds();
     g.steps.push_back(s);
     g.tokens.push_back(s.token);

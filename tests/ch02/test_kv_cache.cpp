@@ -475,6 +475,20 @@ TEST(Convert, AWriterFailingHalfwayLeavesNoFile) {
   EXPECT_EQ(test::list_folder(dir.path().string()), (std::vector<std::string>{"hf", "model.bin", "tokenizer.bin"}));
 }
 
+// An error during generation says which token was being generated and at which position (it
+// used to be the sampler's "sample: logit 0 is NaN" alone, for any of the steps).
+TEST(Generate, AnErrorInAStepNamesTheTokenAndItsPosition) {
+  Sampler s({});
+  int step = 0;
+  auto logits = [&](const std::vector<std::int32_t>&) {
+    std::vector<float> l{0.5f, 1.0f, 0.25f};
+    if (++step == 3) l[0] = std::numeric_limits<float>::quiet_NaN();  // the model's output breaks at the third step
+    return Tensor::from_vector(l, {1, 3});
+  };
+  expect_error([&] { ch01::generate({2, 0, 2, 0}, 8, s, {}, Device::CPU, ch01::Feed::NewTokens, logits); },
+               {"generating token 3 (position 6): sample: logit 0 is NaN"});
+}
+
 // A NaN or infinite weight used to load and generate (NaN logits, or 0 once quantised).
 TEST(Loading, NonFiniteWeightsAreRefusedNamingTheTensor) {
   for (DType d : {DType::F32, DType::BF16, DType::F16}) {
