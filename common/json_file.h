@@ -24,6 +24,12 @@ T json_integer(const nlohmann::json& v, const std::string& what) {
                                 : checked_cast<T>(v.get<std::int64_t>(), what);
 }
 
+/// A JSON value as an error message quotes it: at most 60 characters of its text.
+inline std::string json_brief(const nlohmann::json& v) {
+  std::string s = v.dump();
+  return s.size() <= 60 ? s : s.substr(0, 57) + "...";
+}
+
 /// Typed access to the fields of one JSON object; every error names `context` (usually the
 /// file) and the field.
 class JsonFields {
@@ -42,6 +48,24 @@ class JsonFields {
   template <class T>
   T get_or(const std::string& key, T fallback) const {
     return has(key) ? convert<T>(key, j_[key]) : fallback;
+  }
+  /// The field as it is, of any JSON type; an error naming it when it is absent or null.
+  const nlohmann::json& at(const std::string& key) const {
+    IL_CHECK(has(key), ctx_, ": missing field '", key, "'");
+    return j_[key];
+  }
+  /// The field, which must be a JSON array (a list): "missing field" when absent, otherwise the
+  /// value it holds instead.
+  const nlohmann::json& array(const std::string& key) const {
+    const nlohmann::json& v = at(key);
+    IL_CHECK(v.is_array(), ctx_, ": field '", key, "' must be a list, got ", json_brief(v));
+    return v;
+  }
+  /// The field, which must be a JSON object.
+  const nlohmann::json& object(const std::string& key) const {
+    const nlohmann::json& v = at(key);
+    IL_CHECK(v.is_object(), ctx_, ": field '", key, "' must be an object, got ", json_brief(v));
+    return v;
   }
   const nlohmann::json& json() const { return j_; }
   const std::string& context() const { return ctx_; }

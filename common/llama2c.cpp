@@ -157,15 +157,17 @@ Llama2cCheckpoint load_llama2c(const std::string& path) {
     at += static_cast<std::size_t>(shape_numel(s)) * 4;
   });
   auto dequant = [&](const std::string& name, const Shape& s) {
-    const std::int64_t n = shape_numel(s);
-    IL_CHECK(n % group == 0, path, ": tensor ", name, " has ", n, " values, not a multiple of the group size ", group);
-    Tensor t = Tensor::empty(s, DType::F32);
-    const auto* q = reinterpret_cast<const std::int8_t*>(base + at);
-    std::vector<float> scales(static_cast<std::size_t>(n / group));
-    std::memcpy(scales.data(), base + at + n, scales.size() * 4);
-    for (std::int64_t i = 0; i < n; ++i) t.data<float>()[i] = q[i] * scales[static_cast<std::size_t>(i / group)];
-    at += static_cast<std::size_t>(n) + scales.size() * 4;
-    ck.tensors[name] = t;
+    with_context(path + ": tensor " + name, [&] {  // names the tensor if its allocation fails
+      const std::int64_t n = shape_numel(s);
+      IL_CHECK(n % group == 0, "it has ", n, " values, not a multiple of the group size ", group);
+      Tensor t = Tensor::empty(s, DType::F32);
+      const auto* q = reinterpret_cast<const std::int8_t*>(base + at);
+      std::vector<float> scales(static_cast<std::size_t>(n / group));
+      std::memcpy(scales.data(), base + at + n, scales.size() * 4);
+      for (std::int64_t i = 0; i < n; ++i) t.data<float>()[i] = q[i] * scales[static_cast<std::size_t>(i / group)];
+      at += static_cast<std::size_t>(n) + scales.size() * 4;
+      ck.tensors[name] = t;
+    });
   };
   walk(quant, c.num_layers, dequant);
   if (!shared) dequant("lm_head.weight", {V, D});

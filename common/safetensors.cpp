@@ -104,12 +104,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_shar
     }
     const std::string ctx = path + ": tensor '" + name + "'";
     IL_CHECK(e.is_object(), ctx, ": entry must be an object");
-    IL_CHECK(e.contains("dtype") && e["dtype"].is_string(), ctx, ": missing field 'dtype'");
-    IL_CHECK(e.contains("shape") && e["shape"].is_array(), ctx, ": missing field 'shape'");
-    IL_CHECK(e.contains("data_offsets") && e["data_offsets"].is_array() && e["data_offsets"].size() == 2, ctx,
-             ": missing field 'data_offsets' ([begin, end])");
+    // "missing field" only when it is missing; a field of the wrong type is named with its value.
+    const JsonFields f(e, ctx);
+    const std::string dtype = f.get<std::string>("dtype");
+    f.array("shape");
+    IL_CHECK(f.array("data_offsets").size() == 2, ctx, ": field 'data_offsets' must be [begin, end], got ",
+             json_brief(e["data_offsets"]));
     TensorInfo info;
-    info.dtype = parse_safetensors_dtype(e["dtype"].get<std::string>(), ctx);
+    info.dtype = parse_safetensors_dtype(dtype, ctx);
     const std::string shape_ctx = ctx + ": shape " + e["shape"].dump();
     std::int64_t numel = 1;
     for (const json& d : e["shape"]) {
@@ -128,7 +130,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_shar
     const auto want = static_cast<std::size_t>(
         checked_mul(numel, static_cast<std::int64_t>(dtype_size(info.dtype)), shape_ctx.c_str()));
     IL_CHECK(info.end - info.begin == want, ctx, ": data_offsets hold ", info.end - info.begin, " bytes but ",
-             e["dtype"].get<std::string>(), shape_str(info.shape), " needs ", want);
+             dtype, shape_str(info.shape), " needs ", want);
     infos_[name] = info;
     names_.push_back(name);
   }
@@ -152,9 +154,11 @@ Tensor SafetensorsFile::get(const std::string& name) const {
   if (reinterpret_cast<std::uintptr_t>(p) % dtype_size(i.dtype) != 0) {
     // A header length that is not a multiple of 8 misaligns the data; copy rather than read
     // misaligned floats.
-    Tensor t = Tensor::empty(i.shape, i.dtype);
-    std::memcpy(t.raw_data(), p, i.end - i.begin);
-    return t;
+    return with_context(path() + ": tensor '" + name + "'", [&] {
+      Tensor t = Tensor::empty(i.shape, i.dtype);
+      std::memcpy(t.raw_data(), p, i.end - i.begin);
+      return t;
+    });
   }
   return Tensor::wrap(const_cast<unsigned char*>(p), i.shape, i.dtype, Device::CPU, file_);
 }
@@ -196,10 +200,9 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
     const fs::path index = dir / "model.safetensors.index.json";
     if (fs::exists(index)) {
       const json j = load_json(index.string());
-      IL_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
-               ": missing field 'weight_map'");
+      const json& weight_map = JsonFields(j, index.string()).object("weight_map");
       std::map<std::string, const SafetensorsFile*> opened;
-      for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
         IL_CHECK(it.value().is_string(), index.string(), ": weight_map entry '", it.key(), "' must be a file name");
         const std::string shard = it.value().get<std::string>();
         if (!opened.count(shard)) {

@@ -163,6 +163,13 @@ TEST(Safetensors, MalformedFilesNameTheFileAndTheField) {
       {"missing dtype", make_file(R"({"w":{"shape":[2],"data_offsets":[0,8]}})", data), {"tensor 'w'", "'dtype'"}},
       {"missing shape", make_file(R"({"w":{"dtype":"F32","data_offsets":[0,8]}})", data), {"tensor 'w'", "'shape'"}},
       {"missing offsets", make_file(R"({"w":{"dtype":"F32","shape":[2]}})", data), {"tensor 'w'", "'data_offsets'"}},
+      // Present but of the wrong type: named with the value, not called missing.
+      {"dtype a number", make_file(R"({"w":{"dtype":5,"shape":[2],"data_offsets":[0,8]}})", data),
+       {"tensor 'w'", "field 'dtype' must be a string, got 5"}},
+      {"shape a string", make_file(R"({"w":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", data),
+       {"tensor 'w'", "field 'shape' must be a list, got \"2\""}},
+      {"three offsets", make_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4,8]}})", data),
+       {"tensor 'w'", "field 'data_offsets' must be [begin, end], got [0,4,8]"}},
       {"unknown dtype", make_file(R"({"w":{"dtype":"I16","shape":[4],"data_offsets":[0,8]}})", data),
        {"tensor 'w'", "dtype 'I16' is not supported"}},
       {"wrong byte count", make_file(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", data),

@@ -40,11 +40,13 @@ Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, con
 ContiguousKVCache::ContiguousKVCache(const TransformerConfig& c, std::int64_t capacity, Device device, DType dtype)
     : config_(c), dtype_(dtype), capacity_(capacity) {
   IL_CHECK(capacity > 0, "KV cache: capacity must be positive, got ", capacity);
-  bytes();  // the size first: an overflowing capacity is an error, not a failed allocation
-  for (std::int64_t l = 0; l < c.num_layers; ++l) {
-    k_.push_back(Tensor::zeros({capacity, c.num_kv_heads, c.head_dim}, dtype, device));
-    v_.push_back(Tensor::zeros({capacity, c.num_kv_heads, c.head_dim}, dtype, device));
-  }
+  const std::int64_t total = bytes();  // the size first: an overflowing capacity is an error, not a failed allocation
+  with_context([&] { return "KV cache of " + std::to_string(capacity) + " positions (" + std::to_string(total) + " bytes)"; }, [&] {
+    for (std::int64_t l = 0; l < c.num_layers; ++l) {
+      k_.push_back(Tensor::zeros({capacity, c.num_kv_heads, c.head_dim}, dtype, device));
+      v_.push_back(Tensor::zeros({capacity, c.num_kv_heads, c.head_dim}, dtype, device));
+    }
+  });
 }
 
 void ContiguousKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
