@@ -123,11 +123,17 @@ struct Pattern {
 
 Pattern parse_pattern(const json& j, const std::string& ctx) {
   IL_CHECK(j.is_object(), ctx, ": 'pattern' must be an object with 'String' or 'Regex'");
+  const JsonFields f(j, ctx + ": 'pattern'");
   Pattern p;
-  if (j.contains("String")) p.literal = j["String"].get<std::string>();
-  else if (j.contains("Regex")) p.regex = std::make_unique<Regex>(j["Regex"].get<std::string>());
+  if (f.has("String")) p.literal = f.get<std::string>("String");
+  else if (f.has("Regex")) p.regex = std::make_unique<Regex>(f.get<std::string>("Regex"));
   else fail(ctx, ": 'pattern' must have 'String' or 'Regex'");
   return p;
+}
+
+// The context of the i-th entry of a component's list ("tokenizer.json: normalizer.normalizers[2]").
+std::string item_context(const std::string& ctx, const char* list, std::size_t i) {
+  return ctx + "." + list + "[" + std::to_string(i) + "]";
 }
 
 // A token id in tokenizer.json: an integer below the largest vocabulary the project accepts
@@ -227,12 +233,16 @@ std::string utf8proc_map(const std::string& s, int options, const char* what) {
   return r;
 }
 
+// Each component is read through JsonFields with `ctx` naming it ("tokenizer.json: normalizer",
+// "tokenizer.json: pre_tokenizer.pretokenizers[1]"), so a field of the wrong type is named.
 Normalizer parse_normalizer(const json& j, const std::string& ctx) {
   if (j.is_null()) return nullptr;
-  const std::string type = j.value("type", "");
+  const JsonFields f(j, ctx);
+  const std::string type = f.get_or<std::string>("type", "");
   if (type == "Sequence") {
     std::vector<Normalizer> steps;
-    for (const auto& n : j.at("normalizers")) steps.push_back(parse_normalizer(n, ctx));
+    const json& list = f.array("normalizers");
+    for (std::size_t i = 0; i < list.size(); ++i) steps.push_back(parse_normalizer(list[i], item_context(ctx, "normalizers", i)));
     return [steps](std::string s) {
       for (const auto& f : steps)
         if (f) s = f(std::move(s));
@@ -240,12 +250,12 @@ Normalizer parse_normalizer(const json& j, const std::string& ctx) {
     };
   }
   if (type == "Prepend") {
-    const std::string pre = j.at("prepend").get<std::string>();
+    const std::string pre = f.get<std::string>("prepend");
     return [pre](std::string s) { return s.empty() ? s : pre + s; };
   }
   if (type == "Replace") {
-    auto pat = std::make_shared<Pattern>(parse_pattern(j.at("pattern"), ctx + ": Replace"));
-    const std::string content = j.at("content").get<std::string>();
+    auto pat = std::make_shared<Pattern>(parse_pattern(f.at("pattern"), ctx + " (Replace)"));
+    const std::string content = f.get<std::string>("content");
     return [pat, content](std::string s) {
       if (!pat->regex) return replace_all(std::move(s), pat->literal, content);
       std::string out;
@@ -278,7 +288,7 @@ Normalizer parse_normalizer(const json& j, const std::string& ctx) {
     };
   }
   if (type == "Strip") {
-    const bool left = j.value("strip_left", true), right = j.value("strip_right", true);
+    const bool left = f.get_or<bool>("strip_left", true), right = f.get_or<bool>("strip_right", true);
     return [left, right](std::string s) {
       const char* ws = " \t\n\r\f\v";
       if (right) s.erase(s.find_last_not_of(ws) + 1);
@@ -286,7 +296,7 @@ Normalizer parse_normalizer(const json& j, const std::string& ctx) {
       return s;
     };
   }
-  fail(ctx, ": normalizer type '", type, "' is not supported");
+  fail(ctx, " type '", type, "' is not supported");
 }
 
 // --- pre-tokenizers ------------------------------------------------------------------------
@@ -300,17 +310,19 @@ void for_each_piece(Pieces& pieces, const std::function<void(const Piece&, Piece
 
 PreTokenizer parse_pre_tokenizer(const json& j, const std::string& ctx) {
   if (j.is_null()) return nullptr;
-  const std::string type = j.value("type", "");
+  const JsonFields f(j, ctx);
+  const std::string type = f.get_or<std::string>("type", "");
   if (type == "Sequence") {
     std::vector<PreTokenizer> steps;
-    for (const auto& p : j.at("pretokenizers")) steps.push_back(parse_pre_tokenizer(p, ctx));
+    const json& list = f.array("pretokenizers");
+    for (std::size_t i = 0; i < list.size(); ++i) steps.push_back(parse_pre_tokenizer(list[i], item_context(ctx, "pretokenizers", i)));
     return [steps](Pieces& ps) {
       for (const auto& f : steps)
         if (f) f(ps);
     };
   }
   if (type == "ByteLevel") {
-    const bool prefix = j.value("add_prefix_space", false), use_regex = j.value("use_regex", true);
+    const bool prefix = f.get_or<bool>("add_prefix_space", false), use_regex = f.get_or<bool>("use_regex", true);
     auto re = std::make_shared<Regex>(kGpt2Pattern);
     return [prefix, use_regex, re](Pieces& ps) {
       for_each_piece(ps, [&](const Piece& p, Pieces& out) {
@@ -328,27 +340,27 @@ PreTokenizer parse_pre_tokenizer(const json& j, const std::string& ctx) {
     };
   }
   if (type == "Split") {
-    auto pat = std::make_shared<Pattern>(parse_pattern(j.at("pattern"), ctx + ": Split"));
-    const Behavior b = parse_behavior(j.at("behavior").get<std::string>(), ctx);
-    const bool invert = j.value("invert", false);
+    auto pat = std::make_shared<Pattern>(parse_pattern(f.at("pattern"), ctx + " (Split)"));
+    const Behavior b = parse_behavior(f.get<std::string>("behavior"), ctx);
+    const bool invert = f.get_or<bool>("invert", false);
     return [pat, b, invert](Pieces& ps) {
       for_each_piece(ps, [&](const Piece& p, Pieces& out) { split_piece(p, pat->find_all(p.text), b, invert, out); });
     };
   }
   if (type == "Digits") {
     auto re = std::make_shared<Regex>(R"(\p{N})");
-    const Behavior b = j.value("individual_digits", false) ? Behavior::Isolated : Behavior::Contiguous;
+    const Behavior b = f.get_or<bool>("individual_digits", false) ? Behavior::Isolated : Behavior::Contiguous;
     return [re, b](Pieces& ps) {
       for_each_piece(ps, [&](const Piece& p, Pieces& out) { split_piece(p, re->find_all(p.text), b, false, out); });
     };
   }
   if (type == "Metaspace") {
-    const std::string rep = j.value("replacement", kMetaspace);
-    std::string scheme = j.value("prepend_scheme", "");
-    if (scheme.empty()) scheme = j.value("add_prefix_space", true) ? "always" : "never";
+    const std::string rep = f.get_or<std::string>("replacement", kMetaspace);
+    std::string scheme = f.get_or<std::string>("prepend_scheme", "");
+    if (scheme.empty()) scheme = f.get_or<bool>("add_prefix_space", true) ? "always" : "never";
     IL_CHECK(scheme == "always" || scheme == "first" || scheme == "never", ctx, ": Metaspace prepend_scheme '", scheme,
              "' is not supported");
-    const bool split = j.value("split", true);
+    const bool split = f.get_or<bool>("split", true);
     return [rep, scheme, split](Pieces& ps) {
       for_each_piece(ps, [&](const Piece& p, Pieces& out) {
         Piece q{replace_all(p.text, " ", rep), p.at_start};
@@ -377,7 +389,7 @@ PreTokenizer parse_pre_tokenizer(const json& j, const std::string& ctx) {
       for_each_piece(ps, [&](const Piece& p, Pieces& out) { split_piece(p, re->find_all(p.text), Behavior::Removed, false, out); });
     };
   }
-  fail(ctx, ": pre_tokenizer type '", type, "' is not supported");
+  fail(ctx, " type '", type, "' is not supported");
 }
 
 // --- decoders ------------------------------------------------------------------------------
@@ -385,10 +397,12 @@ using Decoder = std::function<std::vector<std::string>(std::vector<std::string>)
 
 Decoder parse_decoder(const json& j, const std::string& ctx) {
   if (j.is_null()) return nullptr;
-  const std::string type = j.value("type", "");
+  const JsonFields f(j, ctx);
+  const std::string type = f.get_or<std::string>("type", "");
   if (type == "Sequence") {
     std::vector<Decoder> steps;
-    for (const auto& d : j.at("decoders")) steps.push_back(parse_decoder(d, ctx));
+    const json& list = f.array("decoders");
+    for (std::size_t i = 0; i < list.size(); ++i) steps.push_back(parse_decoder(list[i], item_context(ctx, "decoders", i)));
     return [steps](std::vector<std::string> t) {
       for (const auto& f : steps)
         if (f) t = f(std::move(t));
@@ -450,17 +464,17 @@ Decoder parse_decoder(const json& j, const std::string& ctx) {
     };
   }
   if (type == "Replace") {
-    auto pat = std::make_shared<Pattern>(parse_pattern(j.at("pattern"), ctx + ": Replace decoder"));
+    auto pat = std::make_shared<Pattern>(parse_pattern(f.at("pattern"), ctx + " (Replace)"));
     IL_CHECK(!pat->regex, ctx, ": Replace decoder with a regex pattern is not supported");
-    const std::string content = j.at("content").get<std::string>();
+    const std::string content = f.get<std::string>("content");
     return [pat, content](std::vector<std::string> toks) {
       for (auto& t : toks) t = replace_all(t, pat->literal, content);
       return toks;
     };
   }
   if (type == "Strip") {
-    const std::string content = j.at("content").get<std::string>();
-    const std::size_t start = j.value("start", 0), stop = j.value("stop", 0);
+    const std::string content = f.get<std::string>("content");
+    const std::size_t start = f.get_or<std::size_t>("start", 0), stop = f.get_or<std::size_t>("stop", 0);
     return [content, start, stop](std::vector<std::string> toks) {
       for (auto& t : toks) {
         auto chars = utf8_chars(t);
@@ -475,9 +489,9 @@ Decoder parse_decoder(const json& j, const std::string& ctx) {
     };
   }
   if (type == "Metaspace") {
-    const std::string rep = j.value("replacement", kMetaspace);
-    std::string scheme = j.value("prepend_scheme", "");
-    if (scheme.empty()) scheme = j.value("add_prefix_space", true) ? "always" : "never";
+    const std::string rep = f.get_or<std::string>("replacement", kMetaspace);
+    std::string scheme = f.get_or<std::string>("prepend_scheme", "");
+    if (scheme.empty()) scheme = f.get_or<bool>("add_prefix_space", true) ? "always" : "never";
     return [rep, scheme](std::vector<std::string> toks) {
       // As the tokenizers library does: in the first token every replacement character is
       // dropped (not only a leading one); elsewhere each becomes a space.
@@ -485,7 +499,7 @@ Decoder parse_decoder(const json& j, const std::string& ctx) {
       return toks;
     };
   }
-  fail(ctx, ": decoder type '", type, "' is not supported");
+  fail(ctx, " type '", type, "' is not supported");
 }
 
 }  // namespace
@@ -525,30 +539,32 @@ struct HfTokenizer::Impl {
 
 void HfTokenizer::Impl::parse_post_processor(const json& j) {
   if (j.is_null()) return;
-  const std::string type = j.value("type", "");
   const std::string ctx = path + ": post_processor";
+  const JsonFields f(j, ctx);
+  const std::string type = f.get_or<std::string>("type", "");
   if (type == "Sequence") {
-    for (const auto& p : j.at("processors")) parse_post_processor(p);
+    for (const auto& p : f.array("processors")) parse_post_processor(p);
     return;
   }
   if (type == "ByteLevel") return;  // only adjusts offsets, which we do not report
   if (type == "TemplateProcessing") {
     bool seen_sequence = false;
-    for (const auto& item : j.at("single")) {
+    for (const auto& item : f.array("single")) {
+      IL_CHECK(item.is_object(), ctx, ": template item ", json_brief(item), " is not supported");
       if (item.contains("Sequence")) {
         seen_sequence = true;
         continue;
       }
       IL_CHECK(item.contains("SpecialToken"), ctx, ": template item ", item.dump(), " is not supported");
-      const std::string name = item["SpecialToken"].at("id").get<std::string>();
-      IL_CHECK(j.contains("special_tokens") && j["special_tokens"].contains(name), ctx, ": template token '", name,
-               "' is missing from special_tokens");
-      for (const auto& id : j["special_tokens"][name].at("ids"))
+      const std::string name = JsonFields(item["SpecialToken"], ctx + ": template item SpecialToken").get<std::string>("id");
+      IL_CHECK(f.has("special_tokens") && j["special_tokens"].is_object() && j["special_tokens"].contains(name), ctx,
+               ": template token '", name, "' is missing from special_tokens");
+      for (const auto& id : JsonFields(j["special_tokens"][name], ctx + ": special_tokens '" + name + "'").array("ids"))
         (seen_sequence ? template_after : template_before).push_back(token_id(id, ctx + ": token '" + name + "' id"));
     }
     return;
   }
-  fail(ctx, ": type '", type, "' is not supported");
+  fail(ctx, " type '", type, "' is not supported");
 }
 
 void HfTokenizer::Impl::bpe(const std::string& word, std::vector<std::int32_t>& ids) const {
@@ -655,13 +671,12 @@ HfTokenizer HfTokenizer::load_impl(const std::string& path_in) {
   const std::string& path = impl->path;
   IL_CHECK(fs::exists(path), "cannot open ", path, ": no such file");
   const json j = load_json(path);
-  IL_CHECK(j.is_object(), path, ": expected a JSON object");
-  IL_CHECK(j.contains("model") && j["model"].is_object(), path, ": missing field 'model'");
-  const json& m = j["model"];
-  const std::string mtype = m.value("type", "BPE");
+  const JsonFields top(j, path);
+  const json& m = top.object("model");
+  const JsonFields mf(m, path + ": model");
+  const std::string mtype = mf.get_or<std::string>("type", "BPE");
   IL_CHECK(mtype == "BPE", path, ": model type '", mtype, "' is not supported (only BPE)");
-  IL_CHECK(m.contains("vocab") && m["vocab"].is_object(), path, ": missing field 'model.vocab'");
-  IL_CHECK(m.contains("merges") && m["merges"].is_array(), path, ": missing field 'model.merges'");
+  mf.object("vocab"), mf.array("merges");  // present, and of their types
   for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix"})
     IL_CHECK(!m.contains(f) || m[f].is_null() || m[f] == "", path, ": model.", f, " is not supported");
 
@@ -691,12 +706,12 @@ HfTokenizer HfTokenizer::load_impl(const std::string& path_in) {
       IL_CHECK(impl->vocab.count(t), path, ": merge '", a, " ", b, "': '", t, "' is not in the vocabulary");
     impl->merge_rank.emplace(Impl::merge_key(a, b), rank++);
   }
-  impl->byte_fallback = m.value("byte_fallback", false);
-  impl->fuse_unk = m.value("fuse_unk", false);
-  impl->ignore_merges = m.value("ignore_merges", false);
+  impl->byte_fallback = mf.get_or<bool>("byte_fallback", false);
+  impl->fuse_unk = mf.get_or<bool>("fuse_unk", false);
+  impl->ignore_merges = mf.get_or<bool>("ignore_merges", false);
 
-  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-    for (const auto& t : j["added_tokens"]) {
+  if (top.has("added_tokens")) {
+    for (const auto& t : top.array("added_tokens")) {
       JsonFields f(t, path + ": added_tokens entry");
       IL_CHECK(f.has("id"), f.context(), ": missing field 'id'");
       Impl::Added a{f.get<std::string>("content"), token_id(t["id"], f.context() + ": field 'id'"),
@@ -719,16 +734,18 @@ HfTokenizer HfTokenizer::load_impl(const std::string& path_in) {
     impl->id_to_token[static_cast<std::size_t>(a.id)] = a.content;
     impl->special[static_cast<std::size_t>(a.id)] = a.special;
   }
-  if (m.contains("unk_token") && m["unk_token"].is_string()) {
-    auto it = impl->vocab.find(m["unk_token"].get<std::string>());
-    IL_CHECK(it != impl->vocab.end(), path, ": unk_token '", m["unk_token"].get<std::string>(), "' is not in the vocabulary");
+  if (mf.has("unk_token")) {
+    const std::string unk = mf.get<std::string>("unk_token");
+    auto it = impl->vocab.find(unk);
+    IL_CHECK(it != impl->vocab.end(), path, ": unk_token '", unk, "' is not in the vocabulary");
     impl->unk_id = it->second;
   }
 
-  impl->normalizer = parse_normalizer(j.value("normalizer", json()), path);
-  impl->pre_tokenizer = parse_pre_tokenizer(j.value("pre_tokenizer", json()), path);
-  impl->decoder = parse_decoder(j.value("decoder", json()), path);
-  impl->parse_post_processor(j.value("post_processor", json()));
+  auto component = [&](const char* key) { return top.has(key) ? j[key] : json(); };
+  impl->normalizer = parse_normalizer(component("normalizer"), path + ": normalizer");
+  impl->pre_tokenizer = parse_pre_tokenizer(component("pre_tokenizer"), path + ": pre_tokenizer");
+  impl->decoder = parse_decoder(component("decoder"), path + ": decoder");
+  impl->parse_post_processor(component("post_processor"));
   for (auto id : impl->template_before)
     IL_CHECK(id >= 0 && id <= max_id, path, ": post_processor token id ", id, " is outside the vocabulary");
   for (auto id : impl->template_after)

@@ -68,6 +68,41 @@ TEST(Tokenizer, MergesApplyByRankNotByPosition) {
   EXPECT_EQ(tok.decode({0, 4, 3}), "abcab");
 }
 
+// A field of the wrong type anywhere in a tokenizer.json names the component and the field (it
+// used to be "malformed tokenizer.json: [json.exception.type_error.302] type must be string").
+TEST(Tokenizer, FieldsOfTheWrongTypeAreNamedWithTheirComponent) {
+  test::TempDir dir;
+  const std::string path = dir.file("tokenizer.json");
+  const std::string model = R"("model": {"type": "BPE", "vocab": {"a": 0}, "merges": []})";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {R"("decoder": 5)", {"decoder: expected a JSON object"}},
+      {R"("normalizer": {"type": 5})", {"normalizer: field 'type' must be a string, got 5"}},
+      {R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": "yes"})",
+       {"pre_tokenizer: field 'add_prefix_space' must be true or false"}},
+      {R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"String": " "}, "behavior": 5}]})",
+       {"pre_tokenizer.pretokenizers[0]: field 'behavior' must be a string"}},
+      {R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": {"type": "Digits"}})",
+       {"pre_tokenizer: field 'pretokenizers' must be a list"}},
+      {R"("decoder": {"type": "Strip", "content": " ", "start": -1})", {"decoder: field 'start'", "out of range"}},
+      {R"("post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": 3}}]})",
+       {"post_processor: template item SpecialToken: field 'id' must be a string"}},
+      {R"("added_tokens": "x")", {"field 'added_tokens' must be a list"}},
+  };
+  for (const auto& [field, parts] : cases) {
+    test::write_file(path, "{" + model + ", " + field + "}");
+    std::vector<std::string> want = parts;
+    want.push_back(path);
+    try {
+      HfTokenizer::load(path);
+      ADD_FAILURE() << field << ": expected an error";
+    } catch (const Error& e) {
+      for (const auto& p : want) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << field << "\nmessage: " << e.what();
+    }
+  }
+  test::write_file(path, R"({"model": {"type": "BPE", "vocab": [1, 2], "merges": []}})");
+  expect_error([&] { HfTokenizer::load(path); }, {path, "model: field 'vocab' must be an object, got [1,2]"});
+}
+
 TEST(Tokenizer, ErrorsNameTheProblem) {
   test::TempDir dir;
   const std::string path = dir.file("tokenizer.json");
@@ -81,7 +116,7 @@ TEST(Tokenizer, ErrorsNameTheProblem) {
   expect_error([&] { HfTokenizer::load(path); }, {path, "pre_tokenizer type 'BertPreTokenizer' is not supported"});
   test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
                              "normalizer": {"type": "Replace", "content": "x"}})");
-  expect_error([&] { HfTokenizer::load(path); }, {path, "malformed tokenizer.json"});
+  expect_error([&] { HfTokenizer::load(path); }, {path, "normalizer: missing field 'pattern'"});
   test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
   const HfTokenizer tok = HfTokenizer::load(path);
   expect_error([&] { tok.encode("ab"); }, {"'b' is not in the vocabulary", "no unk_token"});
