@@ -109,6 +109,15 @@ void add_generation_options(CLI::App& app, GenerationOptions& o) {
       ->capture_default_str();
 }
 
+namespace {
+std::string filesystem_error_message(const std::filesystem::filesystem_error& e) {
+  // "cannot access <path>: <reason>", not the library's "filesystem error: status: <reason> [<path>]".
+  std::string m = "cannot access " + e.path1().string();
+  if (!e.path2().empty()) m += " (or " + e.path2().string() + ")";
+  return m + ": " + e.code().message();
+}
+}  // namespace
+
 int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
   try {
     app.parse(argc, argv);
@@ -126,10 +135,13 @@ int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& bo
     std::cerr << app.get_name() << ": error: " << e.what() << "\n";
     return 1;
   } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave: their error, not ours
-    std::cerr << app.get_name() << ": error: " << e.what() << "\n";
+    std::cerr << app.get_name() << ": error: " << filesystem_error_message(e) << "\n";
     return 1;
   } catch (const std::bad_alloc&) {
-    std::cerr << app.get_name() << ": error: out of host memory\n";
+    // The loaders, caches and the generate loop name what they were allocating (with_context);
+    // this is an allocation outside them.
+    std::cerr << app.get_name() << ": error: out of host memory (a smaller model, a shorter prompt or fewer "
+              << "--max-new-tokens may fit)\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << app.get_name() << ": internal error: " << e.what() << "\n";

@@ -1,6 +1,9 @@
 // The shared command line: defaults, validation, and errors that end in a clear message and
 // a non-zero exit status rather than a crash.
+#include <filesystem>
+#include <new>
 #include <sstream>
+#include <system_error>
 
 #include <nlohmann/json.hpp>
 
@@ -81,6 +84,24 @@ TEST(Cli, ErrorsInTheBodyExitWithStatus1AndAMessage) {
   });
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("no CUDA device available: " + reason), std::string::npos) << r.err;
+}
+
+// What escapes a body without a better name still says what and where: a path the filesystem
+// refused ("cannot access <path>: <reason>", not "filesystem error: status: ... [<path>]"), and
+// running out of memory with what may fit.
+TEST(Cli, FilesystemErrorsAndRunningOutOfMemoryEndInAMessageThatHelps) {
+  CliRun r = run({}, [](const CommonOptions&) -> int {
+    throw std::filesystem::filesystem_error("status", std::filesystem::path("/models/loop"),
+                                            std::make_error_code(std::errc::too_many_symbolic_link_levels));
+  });
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("chXX_test: error: cannot access /models/loop: Too many levels of symbolic links"), std::string::npos)
+      << r.err;
+  r = run({}, [](const CommonOptions&) -> int { throw std::bad_alloc(); });
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("error: out of host memory (a smaller model, a shorter prompt or fewer --max-new-tokens may fit)"),
+            std::string::npos)
+      << r.err;
 }
 
 // An option is registered on exactly the (sub)commands that use it, so one that a command would
