@@ -131,33 +131,33 @@ void quantize_q4_0_block(const float* x, std::uint8_t* out) {
 QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& what) {
   IL_CHECK(w_in.ndim() == 2, what, ": weights must be a matrix, got ", w_in.describe());
   const Tensor w = w_in.to(Device::CPU).to(DType::F32);
-  const std::int64_t N = w.size(0), K = w.size(1);
+  const std::int64_t n_out = w.size(0), n_in = w.size(1);
   const float* W = w.data<float>();
   // A NaN or infinity would poison a whole scale (or, in fp8, become the NaN byte that the fast
   // decoder does not look for): refuse it and name it.
-  for (std::int64_t i = 0; i < N * K; ++i)
-    IL_CHECK(std::isfinite(W[i]), what, ": weight (", i / K, ", ", i % K, ") is ", W[i], "; only finite weights can be quantised");
+  for (std::int64_t i = 0; i < n_out * n_in; ++i)
+    IL_CHECK(std::isfinite(W[i]), what, ": weight (", i / n_in, ", ", i % n_in, ") is ", W[i], "; only finite weights can be quantised");
   QMatrix q;
-  q.spec = spec, q.rows = N, q.cols = K;
+  q.spec = spec, q.rows = n_out, q.cols = n_in;
   switch (spec.format) {
     case Format::Int8Tensor:
     case Format::Int8Row:
     case Format::LlmInt8: {
       const bool per_row = spec.format != Format::Int8Tensor;
-      q.data = Tensor::empty({N, K}, DType::I8);
-      q.scales = Tensor::empty({per_row ? N : 1}, DType::F32);
+      q.data = Tensor::empty({n_out, n_in}, DType::I8);
+      q.scales = Tensor::empty({per_row ? n_out : 1}, DType::F32);
       float amax = 0;
-      for (std::int64_t i = 0; i < N * K && !per_row; ++i) amax = std::max(amax, std::fabs(W[i]));
-      for (std::int64_t n = 0; n < N; ++n) {
+      for (std::int64_t i = 0; i < n_out * n_in && !per_row; ++i) amax = std::max(amax, std::fabs(W[i]));
+      for (std::int64_t n = 0; n < n_out; ++n) {
         float a = amax;
         if (per_row) {
           a = 0;
-          for (std::int64_t k = 0; k < K; ++k) a = std::max(a, std::fabs(W[n * K + k]));
+          for (std::int64_t k = 0; k < n_in; ++k) a = std::max(a, std::fabs(W[n * n_in + k]));
         }
         const float s = scale_for(a, 127.0f);  // absmax: the largest magnitude maps to ±127
         if (per_row || n == 0) q.scales.data<float>()[per_row ? n : 0] = s;
-        for (std::int64_t k = 0; k < K; ++k)
-          q.data.data<std::int8_t>()[n * K + k] = static_cast<std::int8_t>(std::clamp(std::round(W[n * K + k] / s), -127.0f, 127.0f));
+        for (std::int64_t k = 0; k < n_in; ++k)
+          q.data.data<std::int8_t>()[n * n_in + k] = static_cast<std::int8_t>(std::clamp(std::round(W[n * n_in + k] / s), -127.0f, 127.0f));
       }
       return q;
     }
@@ -165,14 +165,14 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
     case Format::Int4Asym: {
       const std::int64_t G = spec.group;
       IL_CHECK(G > 0 && G % 32 == 0, what, ": int4 group size must be a positive multiple of 32, got ", G);
-      IL_CHECK(K % G == 0, what, ": K = ", K, " is not a multiple of the group size ", G);
+      IL_CHECK(n_in % G == 0, what, ": the input width n_in = ", n_in, " is not a multiple of the group size ", G);
       const bool sym = spec.format == Format::Int4Sym;
-      q.data = Tensor::zeros({N, K / 2}, DType::U8);
-      q.scales = Tensor::empty({N, K / G}, DType::F32);
-      if (!sym) q.zeros = Tensor::empty({N, K / G}, DType::U8);
-      for (std::int64_t n = 0; n < N; ++n)
-        for (std::int64_t g = 0; g < K / G; ++g) {
-          const float* x = W + n * K + g * G;
+      q.data = Tensor::zeros({n_out, n_in / 2}, DType::U8);
+      q.scales = Tensor::empty({n_out, n_in / G}, DType::F32);
+      if (!sym) q.zeros = Tensor::empty({n_out, n_in / G}, DType::U8);
+      for (std::int64_t n = 0; n < n_out; ++n)
+        for (std::int64_t g = 0; g < n_in / G; ++g) {
+          const float* x = W + n * n_in + g * G;
           float mn = x[0], mx = x[0], amax = 0;
           for (std::int64_t i = 0; i < G; ++i) mn = std::min(mn, x[i]), mx = std::max(mx, x[i]), amax = std::max(amax, std::fabs(x[i]));
           // The range always holds 0, so that z = round(−min/s) lies in [0, 15]: a group of
@@ -186,15 +186,15 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
             IL_CHECK(std::isfinite(s), what, ": row ", n, ", group ", g, " spans [", mn, ", ", mx,
                      "], wider than a float scale can hold");
             z = std::clamp(std::round(-mn / s), 0.0f, 15.0f);
-            q.zeros.data<std::uint8_t>()[n * (K / G) + g] = static_cast<std::uint8_t>(z);
+            q.zeros.data<std::uint8_t>()[n * (n_in / G) + g] = static_cast<std::uint8_t>(z);
           }
-          q.scales.data<float>()[n * (K / G) + g] = s;
+          q.scales.data<float>()[n * (n_in / G) + g] = s;
           // Element i of the group goes to byte i mod G/2: the low nibble for the first half of the
           // group, the high nibble for the second (Q4_0's order: unpacking needs no shuffles).
           for (std::int64_t i = 0; i < G; ++i) {
             const float v = sym ? std::clamp(std::round(x[i] / s), -8.0f, 7.0f) + 8.0f
                                 : std::clamp(std::round(x[i] / s) + z, 0.0f, 15.0f);
-            const std::int64_t byte = n * (K / 2) + g * (G / 2) + i % (G / 2);
+            const std::int64_t byte = n * (n_in / 2) + g * (G / 2) + i % (G / 2);
             q.data.data<std::uint8_t>()[byte] |= static_cast<std::uint8_t>(static_cast<int>(v) << (i < G / 2 ? 0 : 4));
           }
         }
@@ -202,25 +202,25 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
     }
     case Format::Q8_0:
     case Format::Q4_0: {
-      IL_CHECK(K % 32 == 0, what, ": ", spec.name(), " needs K to be a multiple of 32, got ", K);
-      const std::int64_t bb = block_bytes(spec.format), row = K / 32 * bb;
-      q.data = Tensor::empty({N, row}, DType::U8);
-      for (std::int64_t n = 0; n < N; ++n)
-        for (std::int64_t b = 0; b < K / 32; ++b) {
+      IL_CHECK(n_in % 32 == 0, what, ": ", spec.name(), " needs the input width n_in to be a multiple of 32, got ", n_in);
+      const std::int64_t bb = block_bytes(spec.format), row = n_in / 32 * bb;
+      q.data = Tensor::empty({n_out, row}, DType::U8);
+      for (std::int64_t n = 0; n < n_out; ++n)
+        for (std::int64_t b = 0; b < n_in / 32; ++b) {
           std::uint8_t* out = q.data.data<std::uint8_t>() + n * row + b * bb;
-          if (spec.format == Format::Q8_0) quantize_q8_0_block(W + n * K + b * 32, out);
-          else quantize_q4_0_block(W + n * K + b * 32, out);
+          if (spec.format == Format::Q8_0) quantize_q8_0_block(W + n * n_in + b * 32, out);
+          else quantize_q4_0_block(W + n * n_in + b * 32, out);
         }
       check_block_scales(q.data, spec.format, what);  // an f16 scale overflows above 65504
       return q;
     }
     case Format::Fp8E4M3: {
       float amax = 0;
-      for (std::int64_t i = 0; i < N * K; ++i) amax = std::max(amax, std::fabs(W[i]));
+      for (std::int64_t i = 0; i < n_out * n_in; ++i) amax = std::max(amax, std::fabs(W[i]));
       const float s = scale_for(amax, 448.0f);
-      q.data = Tensor::empty({N, K}, DType::U8);
+      q.data = Tensor::empty({n_out, n_in}, DType::U8);
       q.scales = Tensor::from_vector(std::vector<float>{s}, {1});
-      for (std::int64_t i = 0; i < N * K; ++i) q.data.data<std::uint8_t>()[i] = f32_to_e4m3(W[i] / s);
+      for (std::int64_t i = 0; i < n_out * n_in; ++i) q.data.data<std::uint8_t>()[i] = f32_to_e4m3(W[i] / s);
       return q;
     }
   }
@@ -242,29 +242,29 @@ void check_block_scales(const Tensor& blocks, Format format, const std::string& 
 // The value of weight (n, k), as the format defines it. The reference product and
 // dequantize() both use it.
 float weight_value(const QMatrix& q, std::int64_t n, std::int64_t k) {
-  const std::int64_t K = q.cols;
+  const std::int64_t n_in = q.cols;
   switch (q.spec.format) {
-    case Format::Int8Tensor: return q.data.data<std::int8_t>()[n * K + k] * q.scales.data<float>()[0];
+    case Format::Int8Tensor: return q.data.data<std::int8_t>()[n * n_in + k] * q.scales.data<float>()[0];
     case Format::Int8Row:
-    case Format::LlmInt8: return q.data.data<std::int8_t>()[n * K + k] * q.scales.data<float>()[n];
+    case Format::LlmInt8: return q.data.data<std::int8_t>()[n * n_in + k] * q.scales.data<float>()[n];
     case Format::Int4Sym:
     case Format::Int4Asym: {
-      const std::int64_t G = q.spec.group, g = n * (K / G) + k / G, i = k % G;
-      const int v = (q.data.data<std::uint8_t>()[n * (K / 2) + (k / G) * (G / 2) + i % (G / 2)] >> (i < G / 2 ? 0 : 4)) & 15;
+      const std::int64_t G = q.spec.group, g = n * (n_in / G) + k / G, i = k % G;
+      const int v = (q.data.data<std::uint8_t>()[n * (n_in / 2) + (k / G) * (G / 2) + i % (G / 2)] >> (i < G / 2 ? 0 : 4)) & 15;
       const int z = q.spec.format == Format::Int4Sym ? 8 : q.zeros.data<std::uint8_t>()[g];
       return static_cast<float>(v - z) * q.scales.data<float>()[g];
     }
     case Format::Q8_0: {
-      const std::uint8_t* b = q.data.data<std::uint8_t>() + n * (K / 32 * 34) + (k / 32) * 34;
+      const std::uint8_t* b = q.data.data<std::uint8_t>() + n * (n_in / 32 * 34) + (k / 32) * 34;
       return from_half(b) * static_cast<float>(static_cast<std::int8_t>(b[2 + k % 32]));
     }
     case Format::Q4_0: {
-      const std::uint8_t* b = q.data.data<std::uint8_t>() + n * (K / 32 * 18) + (k / 32) * 18;
+      const std::uint8_t* b = q.data.data<std::uint8_t>() + n * (n_in / 32 * 18) + (k / 32) * 18;
       const int j = static_cast<int>(k % 32);
       const int v = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
       return from_half(b) * static_cast<float>(v - 8);
     }
-    case Format::Fp8E4M3: return e4m3_to_f32(q.data.data<std::uint8_t>()[n * K + k]) * q.scales.data<float>()[0];
+    case Format::Fp8E4M3: return e4m3_to_f32(q.data.data<std::uint8_t>()[n * n_in + k]) * q.scales.data<float>()[0];
   }
   return 0;
 }
@@ -297,10 +297,10 @@ QMatrix QMatrix::to(Device d) const {
 namespace {
 
 void check_product(const Tensor& x, const QMatrix& w, const Tensor& out) {
-  IL_CHECK(x.ndim() == 2 && x.dtype() == DType::F32 && x.is_contiguous(), "qmatmul: x must be contiguous f32 [M, K], got ",
+  IL_CHECK(x.ndim() == 2 && x.dtype() == DType::F32 && x.is_contiguous(), "qmatmul: x must be contiguous f32 [M, n_in], got ",
            x.describe());
   IL_CHECK(x.size(1) == w.cols, "qmatmul: x ", x.describe(), " and a ", w.rows, " × ", w.cols,
-           " weight disagree on K");
+           " weight disagree on the input width n_in");
   IL_CHECK(out.ndim() == 2 && out.size(0) == x.size(0) && out.size(1) == w.rows && out.dtype() == DType::F32 &&
                out.is_contiguous(),
            "qmatmul: out ", out.describe(), " should be contiguous f32 [", x.size(0), ", ", w.rows, "]");
@@ -321,34 +321,34 @@ void check_product(const Tensor& x, const QMatrix& w, const Tensor& out) {
 // LLM.int8()'s decomposition, shared by every implementation: the outlier columns of x (any
 // |x| ≥ threshold in that column), and each row's absmax scale over the other columns.
 std::vector<char> outlier_columns(const Tensor& x, float threshold) {
-  const std::int64_t M = x.size(0), K = x.size(1);
-  std::vector<char> out(static_cast<std::size_t>(K), 0);
+  const std::int64_t M = x.size(0), n_in = x.size(1);
+  std::vector<char> out(static_cast<std::size_t>(n_in), 0);
   for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t k = 0; k < K; ++k) out[static_cast<std::size_t>(k)] |= std::fabs(x.data<float>()[m * K + k]) >= threshold;
+    for (std::int64_t k = 0; k < n_in; ++k) out[static_cast<std::size_t>(k)] |= std::fabs(x.data<float>()[m * n_in + k]) >= threshold;
   return out;
 }
 
 void quantize_rows_int8(const Tensor& x, const std::vector<char>& skip, std::vector<std::int8_t>& q, std::vector<float>& s) {
-  const std::int64_t M = x.size(0), K = x.size(1);
-  q.assign(static_cast<std::size_t>(M * K), 0);
+  const std::int64_t M = x.size(0), n_in = x.size(1);
+  q.assign(static_cast<std::size_t>(M * n_in), 0);
   s.assign(static_cast<std::size_t>(M), 1.0f);
   for (std::int64_t m = 0; m < M; ++m) {
-    const float* r = x.data<float>() + m * K;
+    const float* r = x.data<float>() + m * n_in;
     float a = 0;
-    for (std::int64_t k = 0; k < K; ++k)
+    for (std::int64_t k = 0; k < n_in; ++k)
       if (!skip[static_cast<std::size_t>(k)]) a = std::max(a, std::fabs(r[k]));
     const float sc = scale_for(a, 127.0f);
     s[static_cast<std::size_t>(m)] = sc;
-    for (std::int64_t k = 0; k < K; ++k)
+    for (std::int64_t k = 0; k < n_in; ++k)
       if (!skip[static_cast<std::size_t>(k)])
-        q[static_cast<std::size_t>(m * K + k)] = static_cast<std::int8_t>(std::clamp(std::round(r[k] / sc), -127.0f, 127.0f));
+        q[static_cast<std::size_t>(m * n_in + k)] = static_cast<std::int8_t>(std::clamp(std::round(r[k] / sc), -127.0f, 127.0f));
   }
 }
 
 void qmatmul_ref(const Tensor& x, const QMatrix& w, Tensor& out) {
   check_product(x, w, out);
   IL_CHECK(!x.is_cuda(), "qmatmul_ref runs on the CPU only");
-  const std::int64_t M = x.size(0), K = x.size(1), N = w.rows;
+  const std::int64_t M = x.size(0), n_in = x.size(1), n_out = w.rows;
   const float* X = x.data<float>();
   float* Y = out.data<float>();
   if (w.spec.format == Format::LlmInt8) {
@@ -358,44 +358,44 @@ void qmatmul_ref(const Tensor& x, const QMatrix& w, Tensor& out) {
     std::vector<float> sx;
     quantize_rows_int8(x, O, xq, sx);
     for (std::int64_t m = 0; m < M; ++m)
-      for (std::int64_t n = 0; n < N; ++n) {
+      for (std::int64_t n = 0; n < n_out; ++n) {
         std::int32_t acc = 0;
         float hi = 0.0f;
-        for (std::int64_t k = 0; k < K; ++k) {
+        for (std::int64_t k = 0; k < n_in; ++k) {
           if (O[static_cast<std::size_t>(k)])
-            hi += f16_to_f32(f32_to_f16(X[m * K + k])) * f16_to_f32(f32_to_f16(weight_value(w, n, k)));
+            hi += f16_to_f32(f32_to_f16(X[m * n_in + k])) * f16_to_f32(f32_to_f16(weight_value(w, n, k)));
           else
-            acc += static_cast<std::int32_t>(xq[static_cast<std::size_t>(m * K + k)]) * w.data.data<std::int8_t>()[n * K + k];
+            acc += static_cast<std::int32_t>(xq[static_cast<std::size_t>(m * n_in + k)]) * w.data.data<std::int8_t>()[n * n_in + k];
         }
-        Y[m * N + n] = static_cast<float>(acc) * sx[static_cast<std::size_t>(m)] * w.scales.data<float>()[n] + hi;
+        Y[m * n_out + n] = static_cast<float>(acc) * sx[static_cast<std::size_t>(m)] * w.scales.data<float>()[n] + hi;
       }
     return;
   }
   if (w.spec.format == Format::Q8_0) {
     // llama.cpp: x quantised to q8_0 blocks too; per block an int32 sum, scaled by d_w·d_x.
-    std::vector<std::uint8_t> xq(static_cast<std::size_t>(K / 32 * 34));
+    std::vector<std::uint8_t> xq(static_cast<std::size_t>(n_in / 32 * 34));
     for (std::int64_t m = 0; m < M; ++m) {
-      for (std::int64_t b = 0; b < K / 32; ++b) quantize_q8_0_block(X + m * K + b * 32, xq.data() + b * 34);
-      for (std::int64_t n = 0; n < N; ++n) {
+      for (std::int64_t b = 0; b < n_in / 32; ++b) quantize_q8_0_block(X + m * n_in + b * 32, xq.data() + b * 34);
+      for (std::int64_t n = 0; n < n_out; ++n) {
         float y = 0.0f;
-        for (std::int64_t b = 0; b < K / 32; ++b) {
-          const std::uint8_t* wb = w.data.data<std::uint8_t>() + n * (K / 32 * 34) + b * 34;
+        for (std::int64_t b = 0; b < n_in / 32; ++b) {
+          const std::uint8_t* wb = w.data.data<std::uint8_t>() + n * (n_in / 32 * 34) + b * 34;
           const std::uint8_t* xb = xq.data() + b * 34;
           std::int32_t sumi = 0;
           for (int i = 0; i < 32; ++i) sumi += static_cast<std::int8_t>(wb[2 + i]) * static_cast<std::int8_t>(xb[2 + i]);
           y += static_cast<float>(sumi) * (from_half(wb) * from_half(xb));
         }
-        Y[m * N + n] = y;
+        Y[m * n_out + n] = y;
       }
     }
     return;
   }
   // Weight-only formats: y = Σ_k x_k · w(n, k), x in f32.
   for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t n = 0; n < N; ++n) {
+    for (std::int64_t n = 0; n < n_out; ++n) {
       float y = 0.0f;
-      for (std::int64_t k = 0; k < K; ++k) y += X[m * K + k] * weight_value(w, n, k);
-      Y[m * N + n] = y;
+      for (std::int64_t k = 0; k < n_in; ++k) y += X[m * n_in + k] * weight_value(w, n, k);
+      Y[m * n_out + n] = y;
     }
 }
 

@@ -3,20 +3,22 @@
 /// @brief Chapter 09: weight formats with fewer bits, and matrix products that read them directly.
 ///
 /// Decoding is memory-bound, so the bytes per weight are the speed. Every format here stores a
-/// weight matrix W [N, K] (one row per output, as torch.nn.Linear) in fewer bits, and every
-/// product y = x·Wᵀ reads those bits, never a dequantised copy.
+/// weight matrix W [n_out, n_in] (one row per output, as torch.nn.Linear) in fewer bits, and
+/// every product y = x·Wᵀ reads those bits, never a dequantised copy. n_in is the width of the
+/// input, the length each dot product runs over (D for q/k/v and gate/up, F for down); it is not
+/// the lecture's K, the number of KV heads.
 ///
 /// | format         | stores                                               | bits/weight      |
 /// |----------------|------------------------------------------------------|------------------|
-/// | int8_tensor    | q = round(w/s), s = max|W|/127 for the whole matrix   | 8 + 32/(N·K)     |
-/// | int8_row       | the same per output row ("vector-wise")              | 8 + 32/K         |
-/// | llm_int8       | int8_row weights; activations int8 per row except the | 8 + 32/K         |
+/// | int8_tensor    | q = round(w/s), s = max|W|/127 for the whole matrix   | 8 + 32/(n_out·n_in) |
+/// | int8_row       | the same per output row ("vector-wise")              | 8 + 32/n_in      |
+/// | llm_int8       | int8_row weights; activations int8 per row except the | 8 + 32/n_in      |
 /// |                | outlier feature columns (|x| ≥ threshold), kept 16-bit |                  |
-/// | int4_gG_sym    | groups of G along K: q ∈ [−8, 7], s = max|w|/7        | 4 + 32/G         |
+/// | int4_gG_sym    | groups of G along n_in: q ∈ [−8, 7], s = max|w|/7     | 4 + 32/G         |
 /// | int4_gG_asym   | groups of G: q ∈ [0, 15], s = (max−min)/15, zero z    | 4 + 40/G         |
 /// | q8_0           | llama.cpp blocks of 32: f16 d = max|w|/127, 32 × int8  | 8.5              |
 /// | q4_0           | llama.cpp blocks of 32: f16 d = m/−8, 32 × 4-bit       | 4.5              |
-/// | fp8_e4m3       | OCP E4M3FN bytes of w/s, s = max|W|/448               | 8 + 32/(N·K)     |
+/// | fp8_e4m3       | OCP E4M3FN bytes of w/s, s = max|W|/448               | 8 + 32/(n_out·n_in) |
 
 #include <cstdint>
 #include <string>
@@ -31,7 +33,7 @@ enum class Format { Int8Tensor, Int8Row, LlmInt8, Int4Sym, Int4Asym, Q8_0, Q4_0,
 
 struct QuantSpec {
   Format format = Format::Int8Row;
-  int group = 32;              ///< int4 group size along K (32, 64, 128)
+  int group = 32;              ///< int4 group size along the input width n_in (32, 64, 128)
   float threshold = 6.0f;      ///< LLM.int8(): activation magnitude that makes a column an outlier
   /// "int8_row", "int4_g64_asym", "q4_0", ... (and parse() reads the same names).
   std::string name() const;
@@ -41,10 +43,10 @@ struct QuantSpec {
 /// The formats ch09_quantization compares, in table order.
 std::vector<QuantSpec> all_specs();
 
-/// A quantised weight matrix [N, K]: a Linear's packed weight (linear() calls qmatmul for it).
+/// A quantised weight matrix [n_out, n_in]: a Linear's packed weight (linear() calls qmatmul for it).
 struct QMatrix : PackedMatrix {
   QuantSpec spec;
-  std::int64_t rows = 0, cols = 0;  ///< N, K
+  std::int64_t rows = 0, cols = 0;  ///< n_out, n_in
   /// The packed values, row-major: int8 (int8_*, llm_int8), 4-bit pairs (int4: byte j of a group
   /// holds element j in its low nibble and element j + G/2 in its high one, as Q4_0 does), GGUF
   /// blocks (q8_0: 34 bytes, q4_0: 18 bytes per 32 weights), fp8 bytes.
@@ -72,7 +74,7 @@ struct QMatrix : PackedMatrix {
 /// `w` quantised with `spec`, as a Linear (keeping w's bias). `what` names the matrix in errors.
 Linear quantize(const Linear& w, const QuantSpec& spec, const std::string& what = "quantize");
 
-/// Quantises an F32/F16/BF16 CPU matrix [N, K] (K must be a multiple of 32 for the block formats
+/// Quantises an F32/F16/BF16 CPU matrix [n_out, n_in] (n_in must be a multiple of 32 for the block formats
 /// and of the group size for int4). Throws, naming `what` and the weight or block, for a weight
 /// that is not finite and for a scale beyond its type's range (q8_0/q4_0 store theirs as f16,
 /// largest 65504: a q8_0 block with |w| above about 8.3e6 cannot be stored).
@@ -84,7 +86,7 @@ void check_block_scales(const Tensor& blocks, Format format, const std::string& 
 /// Back to F32 (CPU): what the stored bits mean.
 Tensor dequantize(const QMatrix& q);
 
-/// out [M, N] = x [M, K] · Wᵀ, reading the quantised weights. Weight-only formats keep x in f32.
+/// out [M, n_out] = x [M, n_in] · Wᵀ, reading the quantised weights. Weight-only formats keep x in f32.
 /// llm_int8 quantises x per row (outside the outlier columns) and accumulates int8·int8 products
 /// in int32; q8_0 quantises x into q8_0 blocks and accumulates each block's products in int32
 /// (as llama.cpp does). On CUDA tensors this runs the CUDA kernels.

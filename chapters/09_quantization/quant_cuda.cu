@@ -198,7 +198,7 @@ void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
     table_ready = true;
   }
   const int M = static_cast<int>(x.size(0)), N = static_cast<int>(w.rows), K = static_cast<int>(w.cols);
-  IL_CHECK(K % 32 == 0, "qmatmul (CUDA): K = ", K, " must be a multiple of 32");
+  IL_CHECK(K % 32 == 0, "qmatmul (CUDA): the input width n_in = ", K, " must be a multiple of 32");
   if (M == 0 || N == 0) return;  // nothing to compute (and a grid of zero blocks is a launch error)
   const View v{static_cast<const std::uint8_t*>(w.data.raw_data()), w.scales.defined() ? w.scales.data<float>() : nullptr,
                w.zeros.defined() ? w.zeros.data<std::uint8_t>() : nullptr, K, w.spec.group};

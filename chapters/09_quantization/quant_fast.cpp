@@ -43,22 +43,22 @@ const std::vector<float>& fp8_table() {
 
 // Unpacks row n of a weight-only format into f32 (the same values as weight_value()).
 void unpack_row(const QMatrix& q, std::int64_t n, float* __restrict__ out) {
-  const std::int64_t K = q.cols;
+  const std::int64_t n_in = q.cols;
   switch (q.spec.format) {
     case Format::Int8Tensor:
     case Format::Int8Row: {
-      const std::int8_t* __restrict__ r = q.data.data<std::int8_t>() + n * K;
+      const std::int8_t* __restrict__ r = q.data.data<std::int8_t>() + n * n_in;
       const float s = q.scales.data<float>()[q.spec.format == Format::Int8Tensor ? 0 : n];
-      for (std::int64_t k = 0; k < K; ++k) out[k] = static_cast<float>(r[k]) * s;
+      for (std::int64_t k = 0; k < n_in; ++k) out[k] = static_cast<float>(r[k]) * s;
       return;
     }
     case Format::Int4Sym:
     case Format::Int4Asym: {
       const std::int64_t G = q.spec.group, H = G / 2;
-      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (K / 2);
-      for (std::int64_t g = 0; g < K / G; ++g) {
-        const float s = q.scales.data<float>()[n * (K / G) + g];
-        const int z = q.spec.format == Format::Int4Sym ? 8 : q.zeros.data<std::uint8_t>()[n * (K / G) + g];
+      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (n_in / 2);
+      for (std::int64_t g = 0; g < n_in / G; ++g) {
+        const float s = q.scales.data<float>()[n * (n_in / G) + g];
+        const int z = q.spec.format == Format::Int4Sym ? 8 : q.zeros.data<std::uint8_t>()[n * (n_in / G) + g];
         for (std::int64_t j = 0; j < H; ++j) {
           out[g * G + j] = static_cast<float>((r[g * H + j] & 15) - z) * s;
           out[g * G + H + j] = static_cast<float>((r[g * H + j] >> 4) - z) * s;
@@ -67,8 +67,8 @@ void unpack_row(const QMatrix& q, std::int64_t n, float* __restrict__ out) {
       return;
     }
     case Format::Q4_0: {
-      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (K / 32 * 18);
-      for (std::int64_t b = 0; b < K / 32; ++b) {
+      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (n_in / 32 * 18);
+      for (std::int64_t b = 0; b < n_in / 32; ++b) {
         const float d = from_half(r + b * 18);
         for (int j = 0; j < 16; ++j) {
           out[b * 32 + j] = static_cast<float>((r[b * 18 + 2 + j] & 15) - 8) * d;
@@ -79,9 +79,9 @@ void unpack_row(const QMatrix& q, std::int64_t n, float* __restrict__ out) {
     }
     case Format::Fp8E4M3: {
       const float* t = fp8_table().data();
-      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * K;
+      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * n_in;
       const float s = q.scales.data<float>()[0];
-      for (std::int64_t k = 0; k < K; ++k) out[k] = t[r[k]] * s;
+      for (std::int64_t k = 0; k < n_in; ++k) out[k] = t[r[k]] * s;
       return;
     }
     case Format::LlmInt8:
@@ -135,16 +135,16 @@ struct Acc4 {
 };
 
 // Σ x_k q_k for int8 q.
-float dot_x_i8(const float* x, const std::int8_t* q, std::int64_t K) {
+float dot_x_i8(const float* x, const std::int8_t* q, std::int64_t n_in) {
   Acc4 acc;
   std::int64_t k = 0;
-  for (; k + 32 <= K; k += 32)
+  for (; k + 32 <= n_in; k += 32)
     for (int i = 0; i < 4; ++i) {
       const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k + 8 * i));
       acc.a[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_loadu_ps(x + k + 8 * i), acc.a[i]);
     }
   float y = hsum(acc.sum());
-  for (; k < K; ++k) y += x[k] * static_cast<float>(q[k]);
+  for (; k < n_in; ++k) y += x[k] * static_cast<float>(q[k]);
   return y;
 }
 
@@ -179,18 +179,18 @@ void fp8_32(const std::uint8_t* p, const float* x, Acc4& acc) {
   acc.a[3] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1)), _mm256_loadu_ps(x + 24), acc.a[3]);
 }
 
-// One output of a weight-only format: row n of W times one row x of length K.
+// One output of a weight-only format: row n of W times one row x of length n_in.
 float direct_dot(const QMatrix& q, std::int64_t n, const float* x) {
-  const std::int64_t K = q.cols;
+  const std::int64_t n_in = q.cols;
   switch (q.spec.format) {
     case Format::Int8Tensor:
     case Format::Int8Row:
-      return dot_x_i8(x, q.data.data<std::int8_t>() + n * K, K) *
+      return dot_x_i8(x, q.data.data<std::int8_t>() + n * n_in, n_in) *
              q.scales.data<float>()[q.spec.format == Format::Int8Tensor ? 0 : n];
     case Format::Int4Sym:
     case Format::Int4Asym: {
-      const std::int64_t G = q.spec.group, H = G / 2, ng = K / G;
-      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * (K / 2);
+      const std::int64_t G = q.spec.group, H = G / 2, ng = n_in / G;
+      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * (n_in / 2);
       const float* s = q.scales.data<float>() + n * ng;
       const std::uint8_t* zs = q.spec.format == Format::Int4Asym ? q.zeros.data<std::uint8_t>() + n * ng : nullptr;
       __m256 y = _mm256_setzero_ps();
@@ -203,10 +203,10 @@ float direct_dot(const QMatrix& q, std::int64_t n, const float* x) {
       return hsum(y);
     }
     case Format::Q4_0: {
-      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * (K / 32 * 18);
+      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * (n_in / 32 * 18);
       const __m256i eight = _mm256_set1_epi32(8);
       __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // even and odd blocks: two chains
-      for (std::int64_t b = 0; b < K / 32; ++b) {
+      for (std::int64_t b = 0; b < n_in / 32; ++b) {
         Acc4 acc;
         nibbles16(r + b * 18 + 2, eight, x + b * 32, x + b * 32 + 16, acc);
         std::uint16_t d;
@@ -216,12 +216,12 @@ float direct_dot(const QMatrix& q, std::int64_t n, const float* x) {
       return hsum(_mm256_add_ps(y[0], y[1]));
     }
     case Format::Fp8E4M3: {
-      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * K;
+      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * n_in;
       Acc4 acc;
       std::int64_t k = 0;
-      for (; k + 32 <= K; k += 32) fp8_32(r + k, x + k, acc);
+      for (; k + 32 <= n_in; k += 32) fp8_32(r + k, x + k, acc);
       float y = hsum(acc.sum());
-      for (; k < K; ++k) y += x[k] * (e4m3_to_f32(r[k]) * 0x1p-8f);
+      for (; k < n_in; ++k) y += x[k] * (e4m3_to_f32(r[k]) * 0x1p-8f);
       return y * (q.scales.data<float>()[0] * 256.0f);
     }
     case Format::LlmInt8:
@@ -271,7 +271,7 @@ float q8_0_dot(const std::uint8_t* w, const std::int8_t* xq, const float* dx, st
 #endif
 
 void llm_int8(const Tensor& x, const QMatrix& w, Tensor& out) {
-  const std::int64_t M = x.size(0), K = x.size(1), N = w.rows;
+  const std::int64_t M = x.size(0), n_in = x.size(1), n_out = w.rows;
   const float* X = x.data<float>();
   float* Y = out.data<float>();
   const auto O = outlier_columns(x, w.spec.threshold);
@@ -279,39 +279,39 @@ void llm_int8(const Tensor& x, const QMatrix& w, Tensor& out) {
   std::vector<float> sx;
   quantize_rows_int8(x, O, xq, sx);  // outlier columns hold 0 here
   std::vector<std::int64_t> cols;    // the outlier columns, few
-  for (std::int64_t k = 0; k < K; ++k)
+  for (std::int64_t k = 0; k < n_in; ++k)
     if (O[static_cast<std::size_t>(k)]) cols.push_back(k);
-#pragma omp parallel for schedule(static) if (M * N * K >= kParallel)
-  for (std::int64_t n = 0; n < N; ++n) {
-    const std::int8_t* wr = w.data.data<std::int8_t>() + n * K;
+#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
+  for (std::int64_t n = 0; n < n_out; ++n) {
+    const std::int8_t* wr = w.data.data<std::int8_t>() + n * n_in;
     const float sw = w.scales.data<float>()[n];
     for (std::int64_t m = 0; m < M; ++m) {
       float hi = 0.0f;
       for (std::int64_t k : cols)
-        hi += f16_to_f32(f32_to_f16(X[m * K + k])) * f16_to_f32(f32_to_f16(static_cast<float>(wr[k]) * sw));
-      Y[m * N + n] = static_cast<float>(dot_i8(wr, xq.data() + m * K, K)) * sx[static_cast<std::size_t>(m)] * sw + hi;
+        hi += f16_to_f32(f32_to_f16(X[m * n_in + k])) * f16_to_f32(f32_to_f16(static_cast<float>(wr[k]) * sw));
+      Y[m * n_out + n] = static_cast<float>(dot_i8(wr, xq.data() + m * n_in, n_in)) * sx[static_cast<std::size_t>(m)] * sw + hi;
     }
   }
 }
 
 void q8_0(const Tensor& x, const QMatrix& w, Tensor& out) {
-  const std::int64_t M = x.size(0), K = x.size(1), N = w.rows, nb = K / 32;
+  const std::int64_t M = x.size(0), n_in = x.size(1), n_out = w.rows, nb = n_in / 32;
   const float* X = x.data<float>();
   float* Y = out.data<float>();
   // x into q8_0 blocks, kept as int8 values and their (f16-rounded) scales side by side.
-  std::vector<std::int8_t> xq(static_cast<std::size_t>(M * K));
+  std::vector<std::int8_t> xq(static_cast<std::size_t>(M * n_in));
   std::vector<float> dx(static_cast<std::size_t>(M * nb));
   std::uint8_t blk[34];
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t b = 0; b < nb; ++b) {
-      quantize_q8_0_block(X + m * K + b * 32, blk);
+      quantize_q8_0_block(X + m * n_in + b * 32, blk);
       dx[static_cast<std::size_t>(m * nb + b)] = from_half(blk);
-      std::memcpy(xq.data() + m * K + b * 32, blk + 2, 32);
+      std::memcpy(xq.data() + m * n_in + b * 32, blk + 2, 32);
     }
-#pragma omp parallel for schedule(static) if (M * N * K >= kParallel)
-  for (std::int64_t n = 0; n < N; ++n)
+#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
+  for (std::int64_t n = 0; n < n_out; ++n)
     for (std::int64_t m = 0; m < M; ++m)
-      Y[m * N + n] = q8_0_dot(w.data.data<std::uint8_t>() + n * nb * 34, xq.data() + m * K, dx.data() + m * nb, nb);
+      Y[m * n_out + n] = q8_0_dot(w.data.data<std::uint8_t>() + n * nb * 34, xq.data() + m * n_in, dx.data() + m * nb, nb);
 }
 
 }  // namespace
@@ -319,24 +319,24 @@ void q8_0(const Tensor& x, const QMatrix& w, Tensor& out) {
 void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out) {
   if (w.spec.format == Format::LlmInt8) return llm_int8(x, w, out);
   if (w.spec.format == Format::Q8_0) return q8_0(x, w, out);
-  const std::int64_t M = x.size(0), K = x.size(1), N = w.rows;
+  const std::int64_t M = x.size(0), n_in = x.size(1), n_out = w.rows;
   const float* X = x.data<float>();
   float* Y = out.data<float>();
 #if INFERLAB_CH09_SIMD
   if (M <= kDirectRows) {
-#pragma omp parallel for schedule(static) if (M * N * K >= kParallel)
-    for (std::int64_t n = 0; n < N; ++n)
-      for (std::int64_t m = 0; m < M; ++m) Y[m * N + n] = direct_dot(w, n, X + m * K);
+#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
+    for (std::int64_t n = 0; n < n_out; ++n)
+      for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] = direct_dot(w, n, X + m * n_in);
     return;
   }
 #endif
-#pragma omp parallel if (M * N * K >= kParallel)
+#pragma omp parallel if (M * n_out * n_in >= kParallel)
   {
-    std::vector<float> row(static_cast<std::size_t>(K));
+    std::vector<float> row(static_cast<std::size_t>(n_in));
 #pragma omp for schedule(static)
-    for (std::int64_t n = 0; n < N; ++n) {
+    for (std::int64_t n = 0; n < n_out; ++n) {
       unpack_row(w, n, row.data());
-      cpu::dot_rows(X, M, K, row.data(), Y + n, N);
+      cpu::dot_rows(X, M, n_in, row.data(), Y + n, n_out);
     }
   }
 }

@@ -223,7 +223,7 @@ TEST(Quant, ProductsNameWhatIsWrongWithTheirOperands) {
   auto rng = test::rng_for_test();
   const QMatrix q = quantize(test::uniform(rng, {6, 64}), {Format::Int8Row});
   const Tensor x = test::uniform(rng, {2, 64});
-  test::expect_error([&] { qmatmul(test::uniform(rng, {2, 32}), q); }, {"disagree on K", "64"});
+  test::expect_error([&] { qmatmul(test::uniform(rng, {2, 32}), q); }, {"disagree on the input width n_in", "64"});
   test::expect_error([&] { qmatmul(x.to(DType::BF16), q); }, {"x must be contiguous f32"});
   Tensor wide = Tensor::empty({2, 12}, DType::F32), small = Tensor::empty({2, 5}, DType::F32);
   Tensor strided = wide.slice(1, 0, 6);  // [2, 6] with a row stride of 12
