@@ -1,8 +1,8 @@
 # A thin wrapper over CMake presets (CMakePresets.json). The two commands of the quick start:
 #   make tour   set up, build (Release), run every chapter on the bundled model
 #   make test   set up, build, run the whole test suite with ctest
-# Others: make build | asan | fuzz | docs | bench | clean.
-.PHONY: setup configure build tour test asan fuzz docs bench clean
+# Others: make build | asan | fuzz | docs | bench | lab | lab-check | grade | clean.
+.PHONY: setup configure build tour test asan fuzz docs bench lab lab-check grade clean
 
 setup:
 	@tools/setup.sh
@@ -39,6 +39,20 @@ docs: configure
 # The benchmarks on this machine, with the ceilings they are measured against.
 bench: build
 	@tools/bench.sh build/release/bin
+
+# The course labs (docs/labs.md). `make lab DEST=dir` writes the student tree: the project with
+# every exercise region replaced by its stub.
+DEST ?= build/lab/student
+lab:
+	@tools/lab.sh student $(DEST)
+
+# Builds the student tree and checks it: exactly the exercise tests fail, each with its message.
+lab-check: build
+	@tools/lab.sh check
+
+# A score per exercise for this tree (a student's), and lab.xml, a JUnit report for autograders.
+grade: build
+	@tools/lab.sh grade build/release lab.xml
 
 clean:
 	rm -rf build

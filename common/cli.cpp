@@ -16,6 +16,7 @@
 #include "common/atomic_file.h"
 #include "common/cuda/backend.h"
 #include "common/error.h"
+#include "common/lab.h"
 #include "common/tokenizer.h"
 
 #ifndef INFERLAB_DATA_DIR
@@ -136,6 +137,9 @@ int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& bo
     return 1;
   } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave: their error, not ours
     std::cerr << app.get_name() << ": error: " << filesystem_error_message(e) << "\n";
+    return 1;
+  } catch (const lab::ExerciseNotDone& e) {  // a student tree's stub (common/lab.h)
+    std::cerr << app.get_name() << ": " << e.what() << "\n";
     return 1;
   } catch (const std::bad_alloc&) {
     // The loaders, caches and the generate loop name what they were allocating (with_context);

@@ -142,8 +142,32 @@ std::string shared_dir() {
 
 }  // namespace inferlab::test
 
+namespace {
+
+// In a trace tree (tools/lab.sh relabel) every exercise region records that it ran, under the
+// name of the test that is running: this listener names it in the environment, where the
+// chapter programs a test starts find it too.
+class LabTrace : public ::testing::EmptyTestEventListener {
+ public:
+  explicit LabTrace(std::string program) : program_(std::move(program)) {}
+  void OnTestStart(const ::testing::TestInfo& info) override {
+    const std::string name = program_ + " " + info.test_suite_name() + "." + info.name();
+    setenv("INFERLAB_LAB_TEST", name.c_str(), 1);
+  }
+  void OnTestEnd(const ::testing::TestInfo&) override { unsetenv("INFERLAB_LAB_TEST"); }
+
+ private:
+  std::string program_;
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  if (const char* trace = std::getenv("INFERLAB_LAB_TRACE"); trace && *trace) {
+    const std::string program = argv[0];
+    ::testing::UnitTest::GetInstance()->listeners().Append(new LabTrace(program.substr(program.find_last_of('/') + 1)));
+  }
   std::cout << "InferLab tests: random seed " << inferlab::test::run_seed()
             << " (replay with INFERLAB_TEST_SEED=" << inferlab::test::run_seed() << ")\n";
   return RUN_ALL_TESTS();
