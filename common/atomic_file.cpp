@@ -15,11 +15,18 @@ namespace inferlab {
 
 namespace fs = std::filesystem;
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), target_(path_) {
+  // Through a symbolic link, write the file it names: renaming onto the link would replace the
+  // link itself with a file.
+  std::error_code ec;
+  if (fs::is_symlink(fs::symlink_status(path_, ec))) {
+    target_ = fs::weakly_canonical(path_, ec).string();
+    IL_CHECK(!ec, "cannot write ", path_, ": ", ec.message());
+  }
   static std::atomic<unsigned> counter{0};
   // A unique name per process and file; O_EXCL skips one left by a process killed mid-write.
   do {
-    tmp_ = path_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+    tmp_ = target_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   } while (fd_ < 0 && errno == EEXIST);
   IL_CHECK(fd_ >= 0, "cannot write ", path_, ": ", std::strerror(errno));
@@ -49,7 +56,7 @@ void AtomicFile::commit() {
   const int closed = ::close(fd_);
   fd_ = -1;
   IL_CHECK(closed == 0, "error writing ", path_, ": ", std::strerror(errno));
-  IL_CHECK(std::rename(tmp_.c_str(), path_.c_str()) == 0, "cannot write ", path_, ": ", std::strerror(errno));
+  IL_CHECK(std::rename(tmp_.c_str(), target_.c_str()) == 0, "cannot write ", path_, ": ", std::strerror(errno));
   committed_ = true;
 }
 

@@ -35,7 +35,7 @@ class AtomicFile {
   const std::string& path() const { return path_; }
 
  private:
-  std::string path_, tmp_;
+  std::string path_, target_, tmp_;  // target_: path_, or the file it links to
   int fd_ = -1;
   bool committed_ = false;
 };

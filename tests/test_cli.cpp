@@ -174,5 +174,23 @@ TEST(Cli, AFailedWriteKeepsTheOldFileAndLeavesNoOther) {
   EXPECT_EQ(test::list_folder(dir.path().string()), std::vector<std::string>{"results.json"});
 }
 
+// An output path that is a symbolic link: the file it names gets the bytes, and the link stays a
+// link (a rename onto the link used to replace it with a file). A link loop is a named error.
+TEST(Cli, AWriteThroughASymbolicLinkWritesTheFileItNames) {
+  test::TempDir dir;
+  const std::string target = dir.file("runs/results.json"), link = dir.file("latest.json");
+  std::filesystem::create_directories(dir.file("runs"));
+  write_text(target, "old");
+  std::filesystem::create_symlink(target, link);
+  write_text(link, "new");
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(test::read_file(target), "new");
+  EXPECT_EQ(test::list_folder(dir.file("runs")), std::vector<std::string>{"results.json"});
+  const std::string loop = dir.file("loop.json");
+  std::filesystem::create_symlink(loop, loop);
+  test::expect_error([&] { write_text(loop, "x"); }, {"cannot write", loop});
+  EXPECT_TRUE(std::filesystem::is_symlink(loop));
+}
+
 }  // namespace
 }  // namespace inferlab
