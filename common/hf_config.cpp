@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "common/json_file.h"
+#include "common/lab.h"
 
 namespace inferlab {
 
@@ -139,7 +140,13 @@ std::int64_t TransformerConfig::num_parameters() const {
 }
 
 std::int64_t TransformerConfig::kv_cache_bytes(std::int64_t positions, std::int64_t bytes_per_element) const {
+  // EXERCISE 00.3 BEGIN: the bytes of the KV cache
   return checked_mul(positions, num_kv_heads * head_dim * num_layers * 2 * bytes_per_element, "KV-cache bytes");
+  // EXERCISE 00.3 STUB
+  // lab::not_done("00.3", "return the bytes of a KV cache of `positions` positions: per position, K and V "
+  //                       "of every KV head (head_dim elements) in every layer; checked_mul(a, b, what) "
+  //                       "multiplies without overflowing");
+  // EXERCISE 00.3 END
 }
 
 }  // namespace inferlab

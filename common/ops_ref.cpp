@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/ops.h"
+#include "common/lab.h"
 #include "common/ops_cpu.h"  // weight_at
 
 namespace inferlab {
@@ -27,6 +28,8 @@ void attention_row(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& ou
   const float* qr = q.data<float>() + (t * Nq + h) * Dqk;
   const float* K = k.data<float>();
   const float* V = v.data<float>();
+  float* o = out.data<float>() + (t * Nq + h) * Dv;
+  // EXERCISE 01.3 BEGIN: one row of attention: scores, softmax, weighted sum of values
   float mx = -std::numeric_limits<float>::infinity();
   for (std::int64_t j = lo; j <= hi; ++j) {
     const float* kr = K + (j * Nk + kvh) * Dqk;
@@ -37,13 +40,17 @@ void attention_row(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& ou
   }
   float sum = 0.0f;
   for (std::int64_t j = lo; j <= hi; ++j) sum += (scratch[j] = std::exp(scratch[j] - mx));
-  float* o = out.data<float>() + (t * Nq + h) * Dv;
   for (std::int64_t d = 0; d < Dv; ++d) o[d] = 0.0f;
   for (std::int64_t j = lo; j <= hi; ++j) {
     const float pj = scratch[j] / sum;
     const float* vr = V + (j * Nk + kvh) * Dv;
     for (std::int64_t d = 0; d < Dv; ++d) o[d] += pj * vr[d];
   }
+  // EXERCISE 01.3 STUB
+  // (void)qr, (void)K, (void)V, (void)o, (void)scratch, (void)lo, (void)kvh;
+  // lab::not_done("01.3", "write o = sum over the visible keys j = lo .. hi of softmax_j(scale · q·k_j) v_j, "
+  //                       "with the row's maximum subtracted before exp; scratch holds the scores");
+  // EXERCISE 01.3 END
 }
 
 // Every query row of every head of one sequence.
@@ -88,6 +95,7 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
   const std::int64_t D = x.size(-1), rows = x.numel() / D;
   const float* X = x.data<float>();
   float* O = out.data<float>();
+  // EXERCISE 01.1 BEGIN: RMSNorm
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* xr = X + r * D;
     float ss = 0.0f;
@@ -95,6 +103,11 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
     const float inv_rms = 1.0f / std::sqrt(ss / static_cast<float>(D) + eps);
     for (std::int64_t i = 0; i < D; ++i) O[r * D + i] = xr[i] * inv_rms * weight_at(w.raw_data(), w.dtype(), i);
   }
+  // EXERCISE 01.1 STUB
+  // (void)X, (void)O, (void)rows, (void)D;
+  // lab::not_done("01.1", "for each of the rows of X (D floats each), write O = x / sqrt(mean(x^2) + eps) * w; "
+  //                       "weight_at(w.raw_data(), w.dtype(), i) reads w[i] whatever its dtype");
+  // EXERCISE 01.1 END
 }
 
 // Rotate pairs (a, b) by angle pos * inv_freq[j]:  a' = a cos - b sin,  b' = a sin + b cos.
@@ -112,6 +125,7 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairin
       // The angle in double: at position 100k a float angle would already be off by ~0.01 rad.
       const double angle = static_cast<double>(pos[t]) * static_cast<double>(f[j]);
       const float c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));
+      // EXERCISE 01.2 BEGIN: the RoPE rotation of one pair in every head
       for (std::int64_t h = 0; h < heads; ++h) {
         float* row = X + (t * heads + h) * D + begin;
         const std::int64_t ia = pairing == RopePairing::HalfSplit ? j : 2 * j;
@@ -120,6 +134,12 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairin
         row[ia] = a * c - b * s;
         row[ib] = a * s + b * c;
       }
+      // EXERCISE 01.2 STUB
+      // (void)c, (void)s, (void)X, (void)heads, (void)D, (void)pairing;
+      // lab::not_done("01.2", "in every head h of row t, rotate the pair (a, b) = (x[ia], x[ib]) by the angle: "
+      //                       "a' = a cos - b sin, b' = a sin + b cos; HalfSplit pairs j with j + half, "
+      //                       "Adjacent pairs 2j with 2j + 1 (offsets from `begin`)");
+      // EXERCISE 01.2 END
     }
 }
 

@@ -6,11 +6,17 @@
 #include <filesystem>
 
 #include "common/error.h"
+#include "common/lab.h"
 
 namespace inferlab::ch00 {
 
 Cost matmul_cost(double B, double D, double F, double w) {
+  // EXERCISE 00.1 BEGIN: the FLOPs and bytes of a matmul
   return {2 * B * D * F, w * (B * D + D * F + B * F)};
+  // EXERCISE 00.1 STUB
+  // lab::not_done("00.1", "return {FLOPs, bytes} of y[B, F] = x[B, D] W[D, F]: 2 FLOPs per multiply-add; "
+  //                       "read x and W and write y once, w bytes per element");
+  // EXERCISE 00.1 END
 }
 
 Cost mlp_cost(double B, double T, double D, double F, double w) {
@@ -18,7 +24,13 @@ Cost mlp_cost(double B, double T, double D, double F, double w) {
 }
 
 Cost attention_cost(double B, double S, double T, double N, double K, double H, double w) {
+  // EXERCISE 00.2 BEGIN: the FLOPs and bytes of attention
   return {4 * B * S * T * N * H, w * (2 * B * T * N * H + 2 * B * S * K * H)};
+  // EXERCISE 00.2 STUB
+  // lab::not_done("00.2", "return {FLOPs, bytes} of attention for T new tokens over S positions: Q·K^T and "
+  //                       "P·V for each of the N query heads; bytes: read Q and write the output (N heads), "
+  //                       "read K and V (K heads, S positions)");
+  // EXERCISE 00.2 END
 }
 
 Cost forward_cost(const TransformerConfig& c, double B, double S, double T, double w) {
@@ -51,9 +63,14 @@ LatencyPoint memory_bound_latency(const TransformerConfig& c, std::int64_t S, st
                                   const metrics::Ceiling& acc, std::int64_t w) {
   LatencyPoint p;
   p.batch = B;
+  // EXERCISE 00.4 BEGIN: a memory-bound step's latency and throughput
   p.memory_bytes = static_cast<double>(param_bytes(c, w)) + static_cast<double>(B) * c.kv_cache_bytes(S, w);
   p.latency_s = p.memory_bytes / acc.bytes_per_s;
   p.throughput = static_cast<double>(B) / p.latency_s;
+  // EXERCISE 00.4 STUB
+  // lab::not_done("00.4", "set p.memory_bytes (the weights once, plus B caches of S positions), p.latency_s "
+  //                       "(those bytes at the accelerator's bandwidth) and p.throughput (tokens per second)");
+  // EXERCISE 00.4 END
   p.compute_s = forward_cost(c, static_cast<double>(B), static_cast<double>(S), 1, static_cast<double>(w)).flops /
                 acc.flops_per_s;
   p.fits = acc.memory_bytes <= 0 || p.memory_bytes <= acc.memory_bytes;

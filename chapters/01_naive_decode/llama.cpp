@@ -157,6 +157,8 @@ Llama load_llama(const std::string& path) {
   }
   const HfConfig hf = load_hf_config(path);
   const std::string arch = hf.architecture();
+  IL_CHECK(!arch.empty(), hf.path, ": field 'architectures' must be a list whose first entry names the model class "
+           "(e.g. [\"LlamaForCausalLM\"]), got ", hf.json.contains("architectures") ? hf.json["architectures"].dump() : "nothing");
   IL_CHECK(llama_family(arch), hf.path, ": architecture '", arch,
            "' is not a Llama-family decoder this chapter can run (LlamaForCausalLM, MistralForCausalLM, "
            "Qwen2ForCausalLM)");

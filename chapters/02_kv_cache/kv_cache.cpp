@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "common/lab.h"
+
 namespace inferlab::ch02 {
 
 using ch01::Llama;
@@ -54,11 +56,17 @@ void ContiguousKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor
   const std::int64_t start = length_, end = start + k.size(0);
   IL_CHECK(end <= capacity_, "KV cache full: ", start, " positions cached + ", k.size(0),
            " new exceeds its capacity of ", capacity_);
+  // EXERCISE 02.1 BEGIN: keep the new keys and values, attend over the whole cache
   k_[layer].slice(0, start, end).copy_from(k);  // keep the new keys and values ...
   v_[layer].slice(0, start, end).copy_from(v);
   AttentionParams p;
   p.q_offset = start;  // ... and attend over all of them: query t sits at position start + t
   ops::attention(q, k_[layer].slice(0, 0, end), v_[layer].slice(0, 0, end), out, p);
+  // EXERCISE 02.1 STUB
+  // lab::not_done("02.1", "copy k and v into rows start .. end of the layer's cache (k_[layer], v_[layer]), "
+  //                       "then ops::attention of q over rows 0 .. end into out, with AttentionParams::q_offset "
+  //                       "telling it that query t sits at position start + t");
+  // EXERCISE 02.1 END
 }
 
 void ContiguousKVCache::commit(std::int64_t T) {
@@ -105,7 +113,12 @@ Batch::Batch(const Llama& m, const std::vector<SequenceStep>& seqs) {
              start + T, ", beyond the model's context of ", m.config.max_position_embeddings);
     for (std::int64_t t = 0; t < T; ++t) {
       tokens.push_back(s.tokens[static_cast<std::size_t>(t)]);
+      // EXERCISE 02.2 BEGIN: the position of a new token
       p.push_back(static_cast<std::int32_t>(start + t));
+      // EXERCISE 02.2 STUB
+      // lab::not_done("02.2", "append the position of new token t of a sequence that has `start` positions "
+      //                       "cached to p (RoPE rotates it by this position)");
+      // EXERCISE 02.2 END
       if (s.all_logits || t == T - 1) logit_rows.push_back(begin.back() + t);
     }
     begin.push_back(begin.back() + T);
@@ -125,6 +138,7 @@ Tensor Batch::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const
 }
 
 Tensor Batch::logits_input(const Tensor& x) const {
+  // EXERCISE 02.3 BEGIN: only the rows whose next token is wanted go through the head
   const std::int64_t n = static_cast<std::int64_t>(logit_rows.size());
   if (logit_rows.back() - logit_rows.front() == n - 1) return x.slice(0, logit_rows.front(), logit_rows.back() + 1);
   Tensor out = Tensor::empty({n, x.size(1)}, x.dtype(), x.device());
@@ -133,6 +147,11 @@ Tensor Batch::logits_input(const Tensor& x) const {
     out.slice(0, i, i + 1).copy_from(x.slice(0, r, r + 1));
   }
   return out;
+  // EXERCISE 02.3 STUB
+  // lab::not_done("02.3", "return the rows of x listed in logit_rows, in order, as one [n, D] tensor: each "
+  //                       "sequence's last row (all of its rows when it asked for all_logits); a run of "
+  //                       "consecutive rows can be one slice, without a copy");
+  // EXERCISE 02.3 END
 }
 
 Tensor forward_cached(const Llama& m, KVCache& cache, const std::vector<std::int32_t>& tokens, bool all_positions) {

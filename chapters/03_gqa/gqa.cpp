@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "common/cuda/backend.h"
+#include "common/lab.h"
 
 namespace inferlab::ch03 {
 
@@ -17,10 +18,16 @@ Tensor pool_heads(const Tensor& w, std::int64_t heads, std::int64_t H, std::int6
   Tensor out = Tensor::zeros({groups * H, D}, DType::F32);
   const float* s = src.data<float>();
   float* o = out.data<float>();
+  // EXERCISE 03.2 BEGIN: mean pooling, head by head
   for (std::int64_t g = 0; g < groups; ++g)
     for (std::int64_t k = 0; k < per; ++k)
       for (std::int64_t r = 0; r < H * D; ++r) o[g * H * D + r] += s[(g * per + k) * H * D + r];
   for (std::int64_t i = 0; i < out.numel(); ++i) o[i] /= static_cast<float>(per);
+  // EXERCISE 03.2 STUB
+  // (void)s, (void)o, (void)D, (void)per;
+  // lab::not_done("03.2", "set head g of `out` (H rows of D floats) to the mean of heads g·per .. g·per + per - 1 "
+  //                       "of the source: consecutive heads form a group");
+  // EXERCISE 03.2 END
   return out.to(w.dtype()).to(w.device());
 }
 
@@ -31,10 +38,16 @@ Tensor repeat_heads(const Tensor& w, std::int64_t kv_heads, std::int64_t H, std:
   Shape shape = src.shape();
   shape[0] *= group;
   Tensor out = Tensor::empty(shape, src.dtype());
+  // EXERCISE 03.1 BEGIN: which KV head each query head reads
   for (std::int64_t g = 0; g < kv_heads; ++g)
     for (std::int64_t r = 0; r < group; ++r)
       std::memcpy(static_cast<char*>(out.raw_data()) + (g * group + r) * block,
                   static_cast<const char*>(src.raw_data()) + g * block, block);
+  // EXERCISE 03.1 STUB
+  // (void)block;
+  // lab::not_done("03.1", "give every query head its own copy of the KV head it reads: head h of `out` is "
+  //                       "head h / group of the source, each head `block` bytes");
+  // EXERCISE 03.1 END
   return out.to(w.device());
 }
 
@@ -103,10 +116,16 @@ void fill_cache(ch02::ContiguousKVCache& cache, std::int64_t length, std::uint64
 }
 
 double decode_step_bytes(const ch01::Llama& m, const std::vector<std::int64_t>& lengths, DType cache_dtype) {
+  // EXERCISE 03.3 BEGIN: the bytes one decode step reads
   double bytes = static_cast<double>(m.step_weight_bytes());
   for (std::int64_t len : lengths)
     bytes += static_cast<double>(m.config.kv_cache_bytes(len + 1, static_cast<std::int64_t>(dtype_size(cache_dtype))));
   return bytes;
+  // EXERCISE 03.3 STUB
+  // lab::not_done("03.3", "return the bytes one batched decode step reads: the weights once "
+  //                       "(m.step_weight_bytes()), plus each sequence's whole cache after it has kept "
+  //                       "its new token (config.kv_cache_bytes)");
+  // EXERCISE 03.3 END
 }
 
 ThroughputPoint measure_decode(const ch01::Llama& m, std::int64_t batch, std::int64_t context, int steps) {

@@ -9,6 +9,7 @@
 
 #include "chapters/09_quantization/quant_impl.h"
 #include "common/error.h"
+#include "common/lab.h"
 
 namespace inferlab::ch09 {
 
@@ -48,11 +49,16 @@ std::vector<QuantSpec> all_specs() {
 
 // --- fp8 E4M3FN ------------------------------------------------------------------------------
 float e4m3_to_f32(std::uint8_t b) {
+  // EXERCISE 09.2 BEGIN: decoding an fp8 E4M3FN byte
   const int e = (b >> 3) & 15, m = b & 7;
   const float sign = (b & 0x80) ? -1.0f : 1.0f;
   if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
   if (e == 0) return sign * std::ldexp(static_cast<float>(m), -9);  // subnormals: m · 2^-9
   return sign * std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
+  // EXERCISE 09.2 STUB
+  // lab::not_done("09.2", "return the value of byte b: 1 sign bit, 4 exponent bits (bias 7), 3 mantissa bits; "
+  //                       "exponent 0 holds the subnormals, and only S.1111.111 is NaN (no infinities)");
+  // EXERCISE 09.2 END
 }
 
 std::uint8_t f32_to_e4m3(float f) {
@@ -106,12 +112,17 @@ float inverse_scale(float d) {
 // Q8_0 and Q4_0 as llama.cpp's reference quantisers (and the gguf package) do them, for every
 // block whose scale f16 can hold.
 void quantize_q8_0_block(const float* x, std::uint8_t* out) {
+  // EXERCISE 09.3 BEGIN: a llama.cpp Q8_0 block
   float amax = 0;
   for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
   const float d = amax / 127.0f, id = inverse_scale(d);
   const std::uint16_t h = to_half(d);
   std::memcpy(out, &h, 2);
   for (int i = 0; i < 32; ++i) out[2 + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(std::round(x[i] * id)));
+  // EXERCISE 09.3 STUB
+  // lab::not_done("09.3", "write the block as llama.cpp does: bytes 0-1 the f16 scale d = max |x| / 127 "
+  //                       "(to_half), then the 32 values round(x / d) as int8 (multiply by inverse_scale(d))");
+  // EXERCISE 09.3 END
 }
 
 void quantize_q4_0_block(const float* x, std::uint8_t* out) {
@@ -154,10 +165,17 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
           a = 0;
           for (std::int64_t k = 0; k < n_in; ++k) a = std::max(a, std::fabs(W[n * n_in + k]));
         }
+        // EXERCISE 09.1 BEGIN: absmax int8: the scale, and every weight on its grid
         const float s = scale_for(a, 127.0f);  // absmax: the largest magnitude maps to ±127
         if (per_row || n == 0) q.scales.data<float>()[per_row ? n : 0] = s;
         for (std::int64_t k = 0; k < n_in; ++k)
           q.data.data<std::int8_t>()[n * n_in + k] = static_cast<std::int8_t>(std::clamp(std::round(W[n * n_in + k] / s), -127.0f, 127.0f));
+        // EXERCISE 09.1 STUB
+        // (void)a;
+        // lab::not_done("09.1", "row n's scale s (its largest magnitude a maps to 127; scale_for avoids a zero "
+        //                       "scale) into q.scales, then each weight of the row as round(w / s), clamped to "
+        //                       "[-127, 127], into q.data");
+        // EXERCISE 09.1 END
       }
       return q;
     }

@@ -38,18 +38,25 @@ TEST(Ch00Workload, ParameterCountsAndMaxBatch) {
   EXPECT_EQ(max_batch(find_model("Llama-2-70B"), 4096, find_accelerator("h200").memory_bytes), 2);
 }
 
-TEST(Ch00Workload, IntensityFormulasMatchTheLecturesAlgebra) {
+TEST(Ch00Workload, MatmulIntensityMatchesTheLecturesAlgebra) {
   // (B x D)(D x F): 2BDF / (2BD + 2DF + 2BF) in bf16.
   const Cost m = matmul_cost(1, 16384, 53248);
   EXPECT_EQ(m.flops, 1744830464.0);
   EXPECT_EQ(m.bytes, 1744969728.0);
   EXPECT_NEAR(matmul_cost(256, 16384, 53248).intensity(), 250.87397, 1e-5);
+  EXPECT_EQ(matmul_cost(2, 3, 5, 4).bytes, 4 * (2 * 3 + 3 * 5 + 2 * 5));  // w bytes per element
+}
+
+TEST(Ch00Workload, MlpIntensityMatchesTheLecturesAlgebra) {
   // Gated MLP: 6BTDF FLOPs, 4BTD + 4BTF + 6DF bytes.
   const double B = 3, T = 5, D = 64, F = 176;
   EXPECT_EQ(mlp_cost(B, T, D, F).flops, 6 * B * T * D * F);
   EXPECT_EQ(mlp_cost(B, T, D, F).bytes, 4 * B * T * D + 4 * B * T * F + 6 * D * F);
+}
+
+TEST(Ch00Workload, AttentionIntensityMatchesTheLecturesAlgebra) {
   // Attention with K = N: 4BSTD FLOPs, 4BSD + 4BTD bytes, intensity ST/(S+T).
-  const double S = 300, N = 8, H = 16, Dm = N * H;
+  const double B = 3, T = 5, S = 300, N = 8, H = 16, Dm = N * H;
   const Cost a = attention_cost(B, S, T, N, N, H);
   EXPECT_EQ(a.flops, 4 * B * S * T * Dm);
   EXPECT_EQ(a.bytes, 4 * B * S * Dm + 4 * B * T * Dm);

@@ -368,6 +368,51 @@ TEST(KVCache, TruncateRollsBackExactlyAndReleaseFreesIt) {
   expect_error([&] { ch02::forward_cached(m, cache, {1}); }, {"KV cache"});
 }
 
+// The cache alone, without a model: attending chunk by chunk (a prefill, then decode steps) gives
+// each query what one causal attention over the whole sequence gives it, and keeps every row.
+TEST(KVCache, AttendingChunkByChunkEqualsOneAttentionOverTheWholeSequence) {
+  auto rng = test::rng_for_test();
+  const auto c = small_config(2);
+  const std::int64_t T = 9, N = c.num_heads, K = c.num_kv_heads, H = c.head_dim;
+  std::vector<Tensor> q, k, v;
+  for (std::int64_t layer = 0; layer < c.num_layers; ++layer) {
+    q.push_back(test::uniform(rng, {T, N, H}));
+    k.push_back(test::uniform(rng, {T, K, H}));
+    v.push_back(test::uniform(rng, {T, K, H}));
+  }
+  ch02::ContiguousKVCache cache(c, T);
+  const std::vector<std::int64_t> chunks = {0, 5, 6, 7, T};  // a prompt of 5, then one token a step
+  for (std::size_t i = 0; i + 1 < chunks.size(); ++i) {
+    const std::int64_t a = chunks[i], b = chunks[i + 1];
+    for (std::size_t l = 0; l < q.size(); ++l) {
+      Tensor out = Tensor::empty({b - a, N, H}, DType::F32);
+      cache.attend(static_cast<std::int64_t>(l), q[l].slice(0, a, b), k[l].slice(0, a, b), v[l].slice(0, a, b), out);
+      // The same kernel over the same rows: equal bit for bit.
+      EXPECT_EQ(out.to_float_vector(), ops::attention(q[l], k[l], v[l]).slice(0, a, b).to_float_vector())
+          << "layer " << l << ", rows " << a << ".." << b;
+    }
+    cache.commit(b - a);  // every layer has kept the chunk
+  }
+  for (std::size_t l = 0; l < q.size(); ++l) {
+    EXPECT_EQ(cache.k(static_cast<std::int64_t>(l)).to_float_vector(), k[l].to_float_vector());
+    EXPECT_EQ(cache.v(static_cast<std::int64_t>(l)).to_float_vector(), v[l].to_float_vector());
+  }
+}
+
+TEST(BatchStep, EachSequencesNewTokensSitAfterItsCachedPositions) {
+  const auto c = small_config(2);
+  const Llama m = ch01::random_llama(c, 1);
+  ch02::ContiguousKVCache a(c, 16), b(c, 16), d(c, 16);
+  a.commit(3), d.commit(11);  // three and eleven positions already cached, b is empty
+  std::vector<ch02::SequenceStep> seqs = {{{7, 8}, &a}, {{1, 2, 3, 4}, &b, true}, {{9}, &d}};
+  const ch02::Batch batch(m, seqs);
+  EXPECT_EQ(batch.tokens, (std::vector<std::int32_t>{7, 8, 1, 2, 3, 4, 9}));
+  const std::int32_t* pos = batch.pos.data<std::int32_t>();
+  EXPECT_EQ(std::vector<std::int32_t>(pos, pos + batch.pos.numel()), (std::vector<std::int32_t>{3, 4, 0, 1, 2, 3, 11}));
+  EXPECT_EQ(batch.begin, (std::vector<std::int64_t>{0, 2, 6, 7}));
+  EXPECT_EQ(batch.logit_rows, (std::vector<std::int64_t>{1, 2, 3, 4, 5, 6}));  // b asked for all its rows
+}
+
 TEST(Llama, ADecodeStepReadsOneEmbeddingRowUnlessTheHeadIsTheTable) {
   auto c = small_config(2);
   const Llama untied = ch01::random_llama(c, 1);
@@ -551,6 +596,10 @@ TEST(Loading, ModelFoldersAndTheirErrors) {
   expect_error([&] { ch01::load_llama(dir.path().string()); }, {"mlp.gate_proj.weight", "[160, 64]", "expected [128, 64]"});
   test::write_file(dir.file("config.json"), R"({"architectures":["MambaForCausalLM"],"hidden_size":64})");
   expect_error([&] { ch01::load_llama(dir.path().string()); }, {"MambaForCausalLM", "not a Llama-family"});
+  for (const char* bad : {R"({"hidden_size":64})", R"({"architectures":[]})", R"({"architectures":"LlamaForCausalLM"})"}) {
+    test::write_file(dir.file("config.json"), bad);
+    expect_error([&] { ch01::load_llama(dir.path().string()); }, {"config.json", "field 'architectures'"});
+  }
   expect_error([&] { ch01::load_llama(dir.file("nothing")); }, {"nothing", "no such file"});
 }
 
