@@ -184,32 +184,31 @@ ch01::Llama load_gguf(const gguf::File& f) {
            "; this loader reads Q8_0 and Q4_0 models");
   const QuantSpec spec{qt == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0};
   std::set<std::string> used;
-  auto dense_tensor = [&](const std::string& name, const Shape& s) {
-    const auto& i = f.info(name);
-    used.insert(name);
-    IL_CHECK(i.shape == s, path, ": tensor ", name, " has shape ", shape_str(i.shape), ", expected ", shape_str(s));
-    if (i.type == gguf::Type::F32 || i.type == gguf::Type::F16)
-      return check_finite(f.tensor(name).to(DType::F32), path + ": tensor " + name);
-    IL_CHECK((i.type == gguf::Type::Q8_0 || i.type == gguf::Type::Q4_0) && s.size() == 2, path, ": tensor ", name, " is ",
-             gguf::type_name(i.type), shape_str(s), "; this loader reads F32 and F16 vectors and F32, F16, Q8_0 or Q4_0 matrices");
-    const Format q = i.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0;
-    check_block_scales(f.raw(name), q, path + ": tensor " + name);
-    return dequantize(QMatrix({q}, s[0], s[1], f.raw(name).clone()));
-  };
-  auto quantized_matrix = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
-    const auto& i = f.info(name);
-    used.insert(name);
-    IL_CHECK(i.type == qt && i.shape == Shape({rows, cols}), path, ": tensor ", name, " is ", gguf::type_name(i.type),
-             shape_str(i.shape), ", expected ", gguf::type_name(qt), shape_str(Shape{rows, cols}));
-    check_block_scales(f.raw(name), spec.format, path + ": tensor " + name);  // a NaN scale would decode as NaN
-    return Linear(std::make_shared<QMatrix>(spec, rows, cols, f.raw(name).clone()));
-  };
   // Anything failing while a tensor is read (a conversion, an allocation) names the file and it.
   auto dense = [&](const std::string& name, const Shape& s) {
-    return with_context(path + ": tensor " + name, [&] { return dense_tensor(name, s); });
+    return with_context(path + ": tensor " + name, [&] {
+      const auto& i = f.info(name);
+      used.insert(name);
+      IL_CHECK(i.shape == s, path, ": tensor ", name, " has shape ", shape_str(i.shape), ", expected ", shape_str(s));
+      if (i.type == gguf::Type::F32 || i.type == gguf::Type::F16)
+        return check_finite(f.tensor(name).to(DType::F32), path + ": tensor " + name);
+      IL_CHECK((i.type == gguf::Type::Q8_0 || i.type == gguf::Type::Q4_0) && s.size() == 2, path, ": tensor ", name,
+               " is ", gguf::type_name(i.type), shape_str(s),
+               "; this loader reads F32 and F16 vectors and F32, F16, Q8_0 or Q4_0 matrices");
+      const Format q = i.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0;
+      check_block_scales(f.raw(name), q, path + ": tensor " + name);
+      return dequantize(QMatrix({q}, s[0], s[1], f.raw(name).clone()));
+    });
   };
   auto matrix = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
-    return with_context(path + ": tensor " + name, [&] { return quantized_matrix(name, rows, cols); });
+    return with_context(path + ": tensor " + name, [&] {
+      const auto& i = f.info(name);
+      used.insert(name);
+      IL_CHECK(i.type == qt && i.shape == Shape({rows, cols}), path, ": tensor ", name, " is ", gguf::type_name(i.type),
+               shape_str(i.shape), ", expected ", gguf::type_name(qt), shape_str(Shape{rows, cols}));
+      check_block_scales(f.raw(name), spec.format, path + ": tensor " + name);  // a NaN scale would decode as NaN
+      return Linear(std::make_shared<QMatrix>(spec, rows, cols, f.raw(name).clone()));
+    });
   };
   ch01::Llama m;
   m.config = c;
