@@ -55,7 +55,8 @@ T checked_cast(U v, const std::string& what) {
   const T t = static_cast<T>(v);
   // It fits when the round trip gives v back and the sign survived (C++17: CUDA compiles this too).
   if (static_cast<U>(t) != v || (v < U{}) != (t < T{}))
-    fail(what, " = ", v, " is out of range [", std::numeric_limits<T>::min(), ", ", std::numeric_limits<T>::max(), "]");
+    // Unary + prints 8-bit types as numbers, not as characters.
+    fail(what, " = ", +v, " is out of range [", +std::numeric_limits<T>::min(), ", ", +std::numeric_limits<T>::max(), "]");
   return t;
 }
 

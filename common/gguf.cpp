@@ -266,16 +266,18 @@ struct Writer {
     put<std::uint64_t>(s.size());
     out += s;
   }
-  void value(const Value& v, bool with_kind) {
+  // A value is written in its kind's width; one that does not fit it is an error naming the key.
+  void value(const Value& v, bool with_kind, const std::string& key) {
+    const std::string what = "gguf::write: metadata '" + key + "'";
     if (with_kind) put<std::uint32_t>(static_cast<std::uint32_t>(v.kind));
     switch (v.kind) {
-      case Value::Kind::U8: put<std::uint8_t>(static_cast<std::uint8_t>(v.i)); break;
-      case Value::Kind::I8: put<std::int8_t>(static_cast<std::int8_t>(v.i)); break;
-      case Value::Kind::U16: put<std::uint16_t>(static_cast<std::uint16_t>(v.i)); break;
-      case Value::Kind::I16: put<std::int16_t>(static_cast<std::int16_t>(v.i)); break;
-      case Value::Kind::U32: put<std::uint32_t>(static_cast<std::uint32_t>(v.i)); break;
-      case Value::Kind::I32: put<std::int32_t>(static_cast<std::int32_t>(v.i)); break;
-      case Value::Kind::U64: put<std::uint64_t>(static_cast<std::uint64_t>(v.i)); break;
+      case Value::Kind::U8: put(checked_cast<std::uint8_t>(v.i, what)); break;
+      case Value::Kind::I8: put(checked_cast<std::int8_t>(v.i, what)); break;
+      case Value::Kind::U16: put(checked_cast<std::uint16_t>(v.i, what)); break;
+      case Value::Kind::I16: put(checked_cast<std::int16_t>(v.i, what)); break;
+      case Value::Kind::U32: put(checked_cast<std::uint32_t>(v.i, what)); break;
+      case Value::Kind::I32: put(checked_cast<std::int32_t>(v.i, what)); break;
+      case Value::Kind::U64: put<std::uint64_t>(static_cast<std::uint64_t>(v.i)); break;  // i holds its 64 bits
       case Value::Kind::I64: put<std::int64_t>(v.i); break;
       case Value::Kind::F32: put<float>(static_cast<float>(v.f)); break;
       case Value::Kind::F64: put<double>(v.f); break;
@@ -284,7 +286,7 @@ struct Writer {
       case Value::Kind::Array:
         put<std::uint32_t>(static_cast<std::uint32_t>(v.element));
         put<std::uint64_t>(v.items.size());
-        for (const auto& e : v.items) value(e, false);
+        for (std::size_t i = 0; i < v.items.size(); ++i) value(v.items[i], false, key + "[" + std::to_string(i) + "]");
         break;
     }
   }
@@ -303,7 +305,7 @@ void write(const std::string& path, const std::vector<std::pair<std::string, Val
   w.put<std::uint64_t>(metadata.size());
   for (const auto& [k, v] : metadata) {
     w.str(k);
-    w.value(v, true);
+    w.value(v, true, k);
   }
   std::uint64_t offset = 0;
   for (const auto& t : tensors) {
@@ -315,7 +317,7 @@ void write(const std::string& path, const std::vector<std::pair<std::string, Val
     IL_CHECK(static_cast<std::int64_t>(t.bytes.nbytes()) == bytes, "gguf::write: tensor '", t.name, "' holds ",
              t.bytes.nbytes(), " bytes, ", type_name(t.type), shape_str(t.shape), " needs ", bytes);
     w.str(t.name);
-    w.put<std::uint32_t>(static_cast<std::uint32_t>(t.shape.size()));
+    w.put(checked_cast<std::uint32_t>(t.shape.size(), "gguf::write: tensor '" + t.name + "' dimensions"));
     for (auto it = t.shape.rbegin(); it != t.shape.rend(); ++it) w.put<std::uint64_t>(static_cast<std::uint64_t>(*it));
     w.put<std::uint32_t>(static_cast<std::uint32_t>(t.type));
     w.put<std::uint64_t>(offset);

@@ -245,6 +245,7 @@ Llama2cTokenizer Llama2cTokenizer::load(const std::string& path) {
     IL_CHECK(in.read(reinterpret_cast<char*>(&score), 4) && in.read(reinterpret_cast<char*>(&len), 4), path, ": token ",
              id, " is truncated");
     IL_CHECK(len >= 0 && len <= max_len, path, ": token ", id, " has length ", len, " (max_token_length ", max_len, ")");
+    IL_CHECK(std::isfinite(score), path, ": token ", id, " has score ", score, " (merges are ranked by score: it must be finite)");
     std::string piece(static_cast<std::size_t>(len), '\0');
     IL_CHECK(in.read(piece.data(), len), path, ": token ", id, " is truncated");
     t.lookup_.emplace(piece, id);  // the first of duplicates wins, as in run.c

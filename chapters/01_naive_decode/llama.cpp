@@ -262,15 +262,23 @@ std::int64_t Llama::step_weight_bytes() const {
 
 Llama Llama::to(Device device, DType dtype) const {
   auto f32 = [&](const Tensor& t) { return t.defined() ? t.to(DType::F32).to(device) : t; };
+  // A failure (out of device memory, a value a 16-bit type cannot hold) names the part it hit.
+  auto at = [&](const std::string& part) {
+    return [&, part] { return "converting " + part + " to " + std::string(dtype_name(dtype)) + " on " + std::string(device_name(device)); };
+  };
   Llama m = *this;
-  m.inv_freq = f32(inv_freq);
-  m.embed = embed.to(dtype).to(device);
-  m.final_norm = f32(final_norm);
-  m.lm_head = tied() ? Linear(m.embed) : lm_head.to(device, dtype);
-  for (auto& l : m.layers) {
-    l.attn_norm = f32(l.attn_norm), l.mlp_norm = f32(l.mlp_norm);
-    for (Linear* w : l.linears()) *w = w->to(device, dtype);
-  }
+  with_context(at("the embedding, final norm and head"), [&] {
+    m.inv_freq = f32(inv_freq);
+    m.embed = embed.to(dtype).to(device);
+    m.final_norm = f32(final_norm);
+    m.lm_head = tied() ? Linear(m.embed) : lm_head.to(device, dtype);
+  });
+  for (std::size_t i = 0; i < m.layers.size(); ++i)
+    with_context(at("layer " + std::to_string(i)), [&] {
+      LlamaLayer& l = m.layers[i];
+      l.attn_norm = f32(l.attn_norm), l.mlp_norm = f32(l.mlp_norm);
+      for (Linear* w : l.linears()) *w = w->to(device, dtype);
+    });
   return m;
 }
 

@@ -322,12 +322,23 @@ int main(int argc, char** argv) {
   st->add_option("--probes-per-kind", per_kind, "Probes scored per kind (0: skip the probes)")
       ->check(number_in(0, 1e9))
       ->capture_default_str();
-  st->add_option("--formats", formats, "Comma-separated formats (default: all)")->delimiter(',');
+  // A format name is checked where it is given, so that a typo is a usage error naming --formats.
+  const CLI::Validator known_format(
+      [](std::string& name) {
+        try {
+          QuantSpec::parse(name);
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      },
+      "FORMAT");
+  st->add_option("--formats", formats, "Comma-separated formats (default: all)")->delimiter(',')->check(known_format);
   st->add_flag("--no-awq", no_awq, "Skip the AWQ rows");
   auto* ss = app.add_subcommand("speed", "Decode speed per format on a larger random model");
   add_device_option(*ss, o);
   add_json_option(*ss, o.json);
-  ss->add_option("--formats", formats, "Comma-separated formats (default: all)")->delimiter(',');
+  ss->add_option("--formats", formats, "Comma-separated formats (default: all)")->delimiter(',')->check(known_format);
   auto* se = app.add_subcommand("export", "Write the model quantised as GGUF");
   add_model_option(*se, o);
   se->add_option("output", out, "The .gguf file")->required();

@@ -144,6 +144,18 @@ TEST(Llama2c, BrokenFilesAreClearErrors) {
   expect_error([&] { load_llama2c(dir.file("bad.bin")); }, {"bad.bin", "not a multiple of n_heads"});
   test::write_file(dir.file("tok.bin"), std::string("\x10\0\0\0\0\0\0\0\x05\0\0\0ab", 14));
   expect_error([&] { Llama2cTokenizer::load(dir.file("tok.bin")); }, {"tok.bin", "token 0 is truncated"});
+  // A NaN score ranks no merge: refused, not used.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::string tok(4, '\0');
+  tok[0] = 4;
+  for (int i = 0; i < 5; ++i) {
+    const float score = i == 3 ? nan : -1.0f * static_cast<float>(i);
+    const std::int32_t len = 1;
+    tok.append(reinterpret_cast<const char*>(&score), 4).append(reinterpret_cast<const char*>(&len), 4);
+    tok += static_cast<char>('a' + i);
+  }
+  test::write_file(dir.file("nan.bin"), tok);
+  expect_error([&] { Llama2cTokenizer::load(dir.file("nan.bin")); }, {"nan.bin", "token 3 has score nan", "finite"});
 }
 
 TEST(Llama2c, CraftedHeadersAreRefusedWithoutOverflow) {

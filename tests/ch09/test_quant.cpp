@@ -598,6 +598,19 @@ TEST(Gguf, ExportNeverDestroysAFile) {
   EXPECT_EQ(test::list_folder(dir.path().string()), (std::vector<std::string>{"m", "tiny.gguf"}));
 }
 
+// A metadata value that does not fit its kind's width was cast silently (300 written as a U8 44).
+TEST(Gguf, WriterRefusesAValueOutsideItsKind) {
+  test::TempDir dir;
+  gguf::Value v = gguf::Value::u32(0);
+  v.kind = gguf::Value::Kind::U8, v.i = 300;
+  test::expect_error([&] { gguf::write(dir.file("w.gguf"), {{"general.alignment_hint", v}}, {}); },
+                     {"metadata 'general.alignment_hint' = 300 is out of range [0, 255]"});
+  v.kind = gguf::Value::Kind::U32, v.i = -1;
+  const gguf::Value list = gguf::Value::array(gguf::Value::Kind::U32, {gguf::Value::u32(7), v});
+  test::expect_error([&] { gguf::write(dir.file("w.gguf"), {{"ids", list}}, {}); }, {"metadata 'ids[1]' = -1 is out of range"});
+  EXPECT_FALSE(std::filesystem::exists(dir.file("w.gguf")));
+}
+
 TEST(Gguf, BadTensorTablesAreClearErrorsNotCrashes) {
   test::TempDir dir;
   const std::string path = dir.file("t.gguf");
