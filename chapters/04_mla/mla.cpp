@@ -1,0 +1,337 @@
+#include "chapters/04_mla/mla.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "chapters/01_naive_decode/hf_weights.h"
+#include "common/json_file.h"
+
+namespace inferlab::ch04 {
+
+float MlaConfig::softmax_scale() const { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(qk_head_dim()))); }
+
+// ---------------------------------------------------------------------------------------------
+// The attention block. Chapter 02's attention_block with MLA's projections; the lines marked
+// "MLA" are where it differs.
+namespace {
+
+// q [T, N, dn + dr] from the normed rows h.
+Tensor project_q(const MlaModel& m, const MlaAttention& a, const Tensor& h) {
+  const std::int64_t T = h.size(0), N = m.config().num_heads;
+  const Tensor q = a.wq.defined() ? linear(h, a.wq) : linear(ch01::norm(m.base, linear(h, a.wq_a), a.q_a_norm), a.wq_b);
+  return q.view({T, N, m.mla.qk_head_dim()});
+}
+
+// [..., da] and [..., db] side by side: [..., da + db] (CPU; the chapter's forward pass runs there).
+Tensor cat_last(const Tensor& a, const Tensor& b) {
+  const Tensor ac = a.contiguous(), bc = b.contiguous();
+  const std::int64_t da = a.size(-1), db = b.size(-1), M = a.numel() / da;
+  Shape s = a.shape();
+  s.back() = da + db;
+  Tensor y = Tensor::empty(s, DType::F32);
+  for (std::int64_t m = 0; m < M; ++m) {
+    std::copy_n(ac.data<float>() + m * da, da, y.data<float>() + m * (da + db));
+    std::copy_n(bc.data<float>() + m * db, db, y.data<float>() + m * (da + db) + da);
+  }
+  return y;
+}
+
+// Per-head matmul: x [T, N, in] (head h's slice) times w[h]ᵀ, w[h] [out, in] -> [T, N, out].
+Tensor per_head(const Tensor& x, const std::vector<Tensor>& w, std::int64_t out_dim) {
+  const std::int64_t T = x.size(0), N = x.size(1);
+  Tensor y = Tensor::empty({T, N, out_dim}, DType::F32);
+  for (std::int64_t h = 0; h < N; ++h) {
+    const Tensor yh = ops::matmul(x.slice(1, h, h + 1).contiguous().view({T, x.size(2)}), w[static_cast<std::size_t>(h)]);
+    for (std::int64_t t = 0; t < T; ++t)
+      std::copy_n(yh.data<float>() + t * out_dim, out_dim, y.data<float>() + (t * N + h) * out_dim);
+  }
+  return y;
+}
+
+// x [S, d] repeated for N heads: [S, N, d] (the one k_pe every head shares, made explicit).
+Tensor repeat_heads(const Tensor& x, std::int64_t N) {
+  const Tensor xc = x.contiguous();
+  const std::int64_t S = x.size(0), d = x.size(1);
+  Tensor y = Tensor::empty({S, N, d}, DType::F32);
+  for (std::int64_t s = 0; s < S; ++s)
+    for (std::int64_t n = 0; n < N; ++n) std::copy_n(xc.data<float>() + s * d, d, y.data<float>() + (s * N + n) * d);
+  return y;
+}
+
+LatentCache& latent(ch02::KVCache* c, std::size_t b) {
+  auto* l = dynamic_cast<LatentCache*>(c);
+  IL_CHECK(l != nullptr, "MLA forward: the cache of sequence ", b, " is not a LatentCache");
+  return *l;
+}
+
+}  // namespace
+
+Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h, const ch02::Batch& batch,
+                       std::int64_t layer, MlaPath path) {
+  const MlaConfig& c = m.mla;
+  const std::int64_t T = h.size(0), N = m.config().num_heads, dn = c.qk_nope_head_dim, dv = c.v_head_dim,
+                     r = c.kv_lora_rank, R = c.latent_dim();
+  IL_CHECK(h.device() == Device::CPU, "MLA attention block: runs on the CPU only (chapter 04 has no CUDA path yet)");
+  Tensor q = project_q(m, a, h);                                   // MLA: [T, N, dn + dr]
+  const Tensor kv = linear(h, a.wkv_a);                            // MLA: [T, r + dr], one row per token, all heads
+  const Tensor c_kv = ch01::norm(m.base, kv.slice(1, 0, r).contiguous(), a.kv_a_norm);  // MLA: RMSNorm(c) [T, r]
+  Tensor k_pe = kv.slice(1, r, R).contiguous().view({T, 1, R - r});                      // MLA: [T, 1, dr]
+  ops::rope(q, batch.pos, m.base.inv_freq, m.base.rope_pairing, dn);  // MLA: only the trailing dr dims rotate
+  ops::rope(k_pe, batch.pos, m.base.inv_freq, m.base.rope_pairing);
+  const Tensor latent_rows = cat_last(c_kv, k_pe.view({T, R - r}));  // [T, r + dr]: what the cache keeps
+  Tensor o = Tensor::empty({T, N, dv}, DType::F32);
+  for (std::size_t b = 0; b < batch.caches.size(); ++b) {
+    const std::int64_t r0 = batch.begin[b], r1 = batch.begin[b + 1], Tb = r1 - r0;
+    LatentCache& cache = latent(batch.caches[b], b);
+    const Tensor qb = q.slice(0, r0, r1);
+    Tensor ob = o.slice(0, r0, r1);
+    if (path == MlaPath::Plain) {
+      // Rebuild every cached position's K and V from its latent row, then attend as MHA does.
+      const Tensor rows = cache.append(layer, latent_rows.slice(0, r0, r1));  // [S, r + dr]
+      const std::int64_t S = rows.size(0);
+      const Tensor up = linear(rows.slice(1, 0, r).contiguous(), a.wkv_b).view({S, N, dn + dv});  // [k_nope ‖ v] per head
+      const Tensor k = cat_last(up.slice(2, 0, dn), repeat_heads(rows.slice(1, r, R), N));        // [S, N, dn + dr]
+      const Tensor v = up.slice(2, dn, dn + dv).contiguous();                                      // [S, N, dv]
+      AttentionParams p;
+      p.q_offset = S - Tb;
+      p.scale = c.softmax_scale();
+      ops::attention(qb, k, v, ob, p);
+    } else {
+      // Absorbed: q_lat = W_UKᵀ q_nope per head, attention over the latent rows themselves,
+      // then out = W_UV o_lat per head.
+      const Tensor ql = cat_last(per_head(qb.slice(2, 0, dn), a.uk_t, r), qb.slice(2, dn, c.qk_head_dim()));  // [Tb, N, r + dr]
+      const Tensor kb = latent_rows.slice(0, r0, r1).view({Tb, 1, R});
+      Tensor ol = Tensor::empty({Tb, N, r}, DType::F32);
+      cache.attend(layer, ql, kb, kb.slice(2, 0, r), ol);
+      ob.copy_from(per_head(ol, a.uv, dv));
+    }
+  }
+  return linear(o.view({T, N * dv}), a.wo);
+}
+
+Tensor forward(const MlaModel& m, std::vector<ch02::SequenceStep>& seqs, MlaPath path) {
+  const ch02::Batch batch(m.base, seqs);
+  Tensor x = ch01::embed(m.base, batch.tokens);
+  for (std::size_t i = 0; i < m.base.layers.size(); ++i) {
+    const ch01::LlamaLayer& l = m.base.layers[i];
+    ops::add(x, attention_block(m, m.attn[i], ch01::norm(m.base, x, l.attn_norm), batch, static_cast<std::int64_t>(i), path), x);
+    ops::add(x, ch01::mlp_block(l, ch01::norm(m.base, x, l.mlp_norm)), x);
+  }
+  for (ch02::SequenceStep& s : seqs) s.cache->commit(static_cast<std::int64_t>(s.tokens.size()));
+  return ch01::head(m.base, batch.logits_input(x));
+}
+
+Tensor forward_cached(const MlaModel& m, LatentCache& cache, const std::vector<std::int32_t>& tokens, bool all_positions,
+                      MlaPath path) {
+  std::vector<ch02::SequenceStep> one{{tokens, &cache, all_positions}};
+  return forward(m, one, path);
+}
+
+ch01::Generation generate_cached(const MlaModel& m, const std::vector<std::int32_t>& prompt, int max_new,
+                                 Sampler& sampler, const std::vector<std::int64_t>& eos_ids, MlaPath path) {
+  ch01::check_context(m.base, prompt.size(), max_new);
+  LatentCache cache(m.config(), m.mla, static_cast<std::int64_t>(prompt.size()) + max_new, m.base.device());
+  return ch01::generate(prompt, max_new, sampler, eos_ids, m.base.device(), ch01::Feed::NewTokens,
+                        [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed, false, path); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The latent cache.
+LatentCache::LatentCache(const TransformerConfig& c, const MlaConfig& mla, std::int64_t capacity, Device device,
+                         DType dtype)
+    : mla_(mla), layers_(c.num_layers), dtype_(dtype), capacity_(capacity) {
+  IL_CHECK(capacity > 0, "latent cache: capacity must be positive, got ", capacity);
+  const std::int64_t total = bytes();
+  with_context([&] { return "latent cache of " + std::to_string(capacity) + " positions (" + std::to_string(total) + " bytes)"; },
+               [&] {
+                 for (std::int64_t l = 0; l < c.num_layers; ++l)
+                   rows_.push_back(Tensor::zeros({capacity, 1, mla.latent_dim()}, dtype, device));
+               });
+}
+
+Tensor LatentCache::store(std::int64_t layer, const Tensor& rows) {
+  IL_CHECK(layer >= 0 && layer < static_cast<std::int64_t>(rows_.size()), "latent cache: no layer ", layer);
+  IL_CHECK(rows.ndim() >= 2 && rows.size(-1) == mla_.latent_dim(), "latent cache: rows must be [T, ", mla_.latent_dim(),
+           "] (r + dr), got ", rows.describe());
+  const std::int64_t start = length_, end = start + rows.size(0);
+  IL_CHECK(end <= capacity_, "latent cache full: ", start, " positions cached + ", rows.size(0),
+           " new exceeds its capacity of ", capacity_);
+  rows_[static_cast<std::size_t>(layer)].slice(0, start, end).copy_from(rows.view({rows.size(0), 1, mla_.latent_dim()}));
+  return rows_[static_cast<std::size_t>(layer)].slice(0, 0, end);
+}
+
+Tensor LatentCache::append(std::int64_t layer, const Tensor& rows) {
+  const Tensor all = store(layer, rows.contiguous());
+  return all.view({all.size(0), mla_.latent_dim()});
+}
+
+void LatentCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
+  const std::int64_t r = mla_.kv_lora_rank;
+  IL_CHECK(k.ndim() == 3 && k.size(1) == 1, "latent cache: k must be the new latent rows [T, 1, r + dr], got ", k.describe());
+  IL_CHECK(v.ndim() == 3 && v.size(0) == k.size(0) && v.size(1) == 1 && v.size(2) == r,
+           "latent cache: v must be the first r = ", r, " columns of k's rows [T, 1, r], got ", v.describe());
+  const std::int64_t start = length_;
+  const Tensor all = store(layer, k.contiguous());  // v is part of k's row: stored with it
+  AttentionParams p;
+  p.q_offset = start;
+  p.scale = mla_.softmax_scale();  // the score is a (dn + dr)-dim dot product, computed in latent space
+  // The value is the first r columns of each row (ops::attention wants contiguous tensors, so a
+  // CPU copy; a kernel reads them in place).
+  ops::attention(q, all, all.slice(2, 0, r).contiguous(), out, p);
+}
+
+void LatentCache::commit(std::int64_t T) {
+  IL_CHECK(T >= 0 && length_ + T <= capacity_, "latent cache full: ", length_, " positions cached + ", T,
+           " new exceeds its capacity of ", capacity_);
+  length_ += T;
+}
+
+void LatentCache::truncate(std::int64_t n) {
+  IL_CHECK(n >= 0 && n <= length_, "latent cache: cannot truncate ", length_, " cached positions to ", n);
+  length_ = n;
+}
+
+std::int64_t LatentCache::bytes() const {
+  return checked_mul(capacity_, checked_mul(mla_.latent_dim() * layers_, static_cast<std::int64_t>(dtype_size(dtype_)),
+                                            "latent-cache bytes"),
+                     "latent-cache bytes");
+}
+
+void LatentCache::release() {
+  rows_.clear();
+  capacity_ = length_ = layers_ = 0;
+}
+
+Tensor LatentCache::rows(std::int64_t layer) const { return rows_.at(static_cast<std::size_t>(layer)); }
+
+// ---------------------------------------------------------------------------------------------
+// Loading.
+void absorb(const MlaConfig& mla, std::int64_t N, MlaAttention& a) {
+  IL_CHECK(!a.wkv_b.packed, "MLA: the absorbed path needs kv_b_proj as a plain matrix");
+  const std::int64_t dn = mla.qk_nope_head_dim, dv = mla.v_head_dim, r = mla.kv_lora_rank;
+  const Tensor w = a.wkv_b.weight.to(Device::CPU).to(DType::F32);  // [N·(dn+dv), r]
+  a.uk_t.clear(), a.uv.clear();
+  for (std::int64_t h = 0; h < N; ++h) {
+    const std::int64_t row = h * (dn + dv);
+    Tensor t = Tensor::empty({r, dn}, DType::F32);
+    for (std::int64_t i = 0; i < dn; ++i)
+      for (std::int64_t j = 0; j < r; ++j) t.at<float>({j, i}) = w.at<float>({row + i, j});
+    a.uk_t.push_back(t.to(a.wkv_b.device()));
+    a.uv.push_back(w.slice(0, row + dn, row + dn + dv).contiguous().to(a.wkv_b.device()));
+  }
+}
+
+MlaConfig parse_mla_config(const HfConfig& hf, const TransformerConfig& c) {
+  const JsonFields f(hf.json, hf.path);
+  MlaConfig m;
+  m.kv_lora_rank = f.get<std::int64_t>("kv_lora_rank");
+  m.qk_nope_head_dim = f.get<std::int64_t>("qk_nope_head_dim");
+  m.qk_rope_head_dim = f.get<std::int64_t>("qk_rope_head_dim");
+  m.v_head_dim = f.get<std::int64_t>("v_head_dim");
+  if (f.has("q_lora_rank")) m.q_lora_rank = f.get<std::int64_t>("q_lora_rank");
+  m.rope_interleave = f.get_or<bool>("rope_interleave", true);  // transformers' DeepseekV3Config default
+  for (auto [name, v] : {std::pair<const char*, std::int64_t>{"kv_lora_rank", m.kv_lora_rank},
+                         {"qk_nope_head_dim", m.qk_nope_head_dim}, {"qk_rope_head_dim", m.qk_rope_head_dim},
+                         {"v_head_dim", m.v_head_dim}})
+    IL_CHECK(v > 0 && v <= (1 << 16), hf.path, ": field '", name, "' must be in [1, 65536], got ", v);
+  IL_CHECK(f.get_or<std::int64_t>("q_lora_rank", 1) > 0 && m.q_lora_rank <= (1 << 16), hf.path,
+           ": field 'q_lora_rank' must be null or in [1, 65536], got ", hf.json["q_lora_rank"].dump());
+  IL_CHECK(m.qk_rope_head_dim % 2 == 0, hf.path, ": field 'qk_rope_head_dim' (", m.qk_rope_head_dim, ") must be even for RoPE");
+  if (f.has("qk_head_dim"))
+    IL_CHECK(f.get<std::int64_t>("qk_head_dim") == m.qk_head_dim(), hf.path, ": field 'qk_head_dim' (",
+             f.get<std::int64_t>("qk_head_dim"), ") is not qk_nope_head_dim + qk_rope_head_dim (", m.qk_head_dim(), ")");
+  // transformers rotates config.head_dim dims, which DeepseekV3Config sets to qk_rope_head_dim.
+  if (f.has("head_dim"))
+    IL_CHECK(c.head_dim == m.qk_rope_head_dim, hf.path, ": field 'head_dim' (", c.head_dim,
+             ") differs from qk_rope_head_dim (", m.qk_rope_head_dim, "); the rotary width would be ambiguous");
+  // Fields that change the math and are not implemented in this chapter: refused by name.
+  IL_CHECK(c.rope_scaling.is_null(), hf.path, ": field 'rope_scaling' is set (", c.rope_scaling.dump(),
+           "); YaRN frequencies and its softmax mscale are not implemented in chapter 04");
+  IL_CHECK(!c.attention_bias, hf.path, ": field 'attention_bias' is true; chapter 04's MLA projections have no biases");
+  const std::int64_t dense = f.get_or<std::int64_t>("first_k_dense_replace", 0);
+  IL_CHECK(!f.has("n_routed_experts") || dense >= c.num_layers, hf.path, ": field 'first_k_dense_replace' is ", dense,
+           " < num_hidden_layers ", c.num_layers, ": layers ", dense,
+           " on are mixture-of-experts layers, which chapter 04 does not implement");
+  IL_CHECK(f.get_or<std::int64_t>("pretraining_tp", 1) == 1, hf.path, ": field 'pretraining_tp' is not 1");
+  return m;
+}
+
+namespace {
+
+template <class Get>
+MlaModel assemble(const TransformerConfig& c, const MlaConfig& mla, Get get) {
+  const std::int64_t D = c.hidden_size, F = c.intermediate_size, N = c.num_heads;
+  const std::int64_t r = mla.kv_lora_rank, Q = N * mla.qk_head_dim();
+  MlaModel m;
+  m.mla = mla;
+  ch01::Llama& b = m.base;
+  b.config = c;
+  b.inv_freq = rope_inv_freq(mla.qk_rope_head_dim, c.rope_theta);
+  b.rope_pairing = mla.rope_interleave ? RopePairing::Adjacent : RopePairing::HalfSplit;
+  b.embed = get("model.embed_tokens.weight", Shape{c.vocab_size, D});
+  for (std::int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    ch01::LlamaLayer l;  // norms and MLP: the core's; wq/wk/wv/wo stay undefined
+    l.attn_norm = get(p + "input_layernorm.weight", Shape{D});
+    l.mlp_norm = get(p + "post_attention_layernorm.weight", Shape{D});
+    l.w_gate = get(p + "mlp.gate_proj.weight", Shape{F, D});
+    l.w_up = get(p + "mlp.up_proj.weight", Shape{F, D});
+    l.w_down = get(p + "mlp.down_proj.weight", Shape{D, F});
+    b.layers.push_back(l);
+    MlaAttention a;
+    const std::string s = p + "self_attn.";
+    if (mla.q_lora_rank == 0) {
+      a.wq = get(s + "q_proj.weight", Shape{Q, D});
+    } else {
+      a.wq_a = get(s + "q_a_proj.weight", Shape{mla.q_lora_rank, D});
+      a.q_a_norm = get(s + "q_a_layernorm.weight", Shape{mla.q_lora_rank}).to(DType::F32);
+      a.wq_b = get(s + "q_b_proj.weight", Shape{Q, mla.q_lora_rank});
+    }
+    a.wkv_a = get(s + "kv_a_proj_with_mqa.weight", Shape{mla.latent_dim(), D});
+    a.kv_a_norm = get(s + "kv_a_layernorm.weight", Shape{r}).to(DType::F32);
+    a.wkv_b = get(s + "kv_b_proj.weight", Shape{N * (mla.qk_nope_head_dim + mla.v_head_dim), r});
+    a.wo = get(s + "o_proj.weight", Shape{D, N * mla.v_head_dim});
+    absorb(mla, N, a);
+    m.attn.push_back(a);
+  }
+  b.final_norm = get("model.norm.weight", Shape{D});
+  b.lm_head = c.tie_word_embeddings ? b.embed : get("lm_head.weight", Shape{c.vocab_size, D});
+  return m;
+}
+
+}  // namespace
+
+MlaModel load_mla(const std::string& path) {
+  const HfConfig hf = load_hf_config(path);
+  IL_CHECK(hf.architecture() == "DeepseekV3ForCausalLM", hf.path, ": architecture '", hf.architecture(),
+           "' is not DeepseekV3ForCausalLM, the MLA model chapter 04 runs");
+  const TransformerConfig c = parse_transformer_config(hf);
+  const MlaConfig mla = parse_mla_config(hf, c);
+  ch01::HfWeights weights(hf, c, path);
+  MlaModel m = assemble(c, mla, std::ref(weights));
+  weights.check_all_used("an MoE expert, a multi-token-prediction layer, or num_hidden_layers too small?");
+  m.base.source = path;
+  return m;
+}
+
+MlaModel random_mla(const TransformerConfig& c, const MlaConfig& mla, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto fill = [&](const Shape& s, float lo, float hi) {
+    std::uniform_real_distribution<float> dist(lo, hi);
+    Tensor t = Tensor::empty(s, DType::F32);
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
+    return t;
+  };
+  MlaModel m = assemble(c, mla, [&](const std::string& n, const Shape& s) {
+    if (s.size() == 1) return fill(s, 0.8f, 1.2f);  // a norm
+    const float a = 1.0f / std::sqrt(static_cast<float>(s[1]));
+    (void)n;
+    return fill(s, -a, a);
+  });
+  m.base.source = "random weights, seed " + std::to_string(seed);
+  return m;
+}
+
+}  // namespace inferlab::ch04
