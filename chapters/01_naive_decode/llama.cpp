@@ -104,16 +104,8 @@ namespace {
 // Builds a Llama from a tensor getter that speaks Hugging Face names.
 template <class Get>
 Llama assemble(const TransformerConfig& c, Get get) {
-  const std::int64_t D = c.hidden_size, F = c.intermediate_size, Q = c.num_heads * c.head_dim,
-                     KV = c.num_kv_heads * c.head_dim;
-  Llama m;
-  m.config = c;
-  m.inv_freq = rope_frequencies(c);
-  m.embed = get("model.embed_tokens.weight", Shape{c.vocab_size, D});
-  for (std::int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    LlamaLayer l;
-    l.attn_norm = get(p + "input_layernorm.weight", Shape{D});
+  const std::int64_t D = c.hidden_size, Q = c.num_heads * c.head_dim, KV = c.num_kv_heads * c.head_dim;
+  Llama m = read_decoder(c, get, [&](const std::string& p, std::int64_t, LlamaLayer& l) {
     l.wq = get(p + "self_attn.q_proj.weight", Shape{Q, D});
     l.wk = get(p + "self_attn.k_proj.weight", Shape{KV, D});
     l.wv = get(p + "self_attn.v_proj.weight", Shape{KV, D});
@@ -124,14 +116,8 @@ Llama assemble(const TransformerConfig& c, Get get) {
       l.wk.bias = get(p + "self_attn.k_proj.bias", Shape{KV}).to(DType::F32);
       l.wv.bias = get(p + "self_attn.v_proj.bias", Shape{KV}).to(DType::F32);
     }
-    l.mlp_norm = get(p + "post_attention_layernorm.weight", Shape{D});
-    l.w_gate = get(p + "mlp.gate_proj.weight", Shape{F, D});
-    l.w_up = get(p + "mlp.up_proj.weight", Shape{F, D});
-    l.w_down = get(p + "mlp.down_proj.weight", Shape{D, F});
-    m.layers.push_back(l);
-  }
-  m.final_norm = get("model.norm.weight", Shape{D});
-  m.lm_head = c.tie_word_embeddings ? m.embed : get("lm_head.weight", Shape{c.vocab_size, D});
+  });
+  m.inv_freq = rope_frequencies(c);
   return m;
 }
 

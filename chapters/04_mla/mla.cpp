@@ -141,8 +141,7 @@ ch01::Generation generate_cached(const MlaModel& m, const std::vector<std::int32
 // The latent cache.
 LatentCache::LatentCache(const TransformerConfig& c, const MlaConfig& mla, std::int64_t capacity, Device device,
                          DType dtype)
-    : mla_(mla), layers_(c.num_layers), dtype_(dtype), capacity_(capacity) {
-  IL_CHECK(capacity > 0, "latent cache: capacity must be positive, got ", capacity);
+    : RowCache("latent cache", capacity), mla_(mla), layers_(c.num_layers), dtype_(dtype) {
   const std::int64_t total = bytes();
   with_context([&] { return "latent cache of " + std::to_string(capacity) + " positions (" + std::to_string(total) + " bytes)"; },
                [&] {
@@ -155,9 +154,7 @@ Tensor LatentCache::store(std::int64_t layer, const Tensor& rows) {
   IL_CHECK(layer >= 0 && layer < static_cast<std::int64_t>(rows_.size()), "latent cache: no layer ", layer);
   IL_CHECK(rows.ndim() >= 2 && rows.size(-1) == mla_.latent_dim(), "latent cache: rows must be [T, ", mla_.latent_dim(),
            "] (r + dr), got ", rows.describe());
-  const std::int64_t start = length_, end = start + rows.size(0);
-  IL_CHECK(end <= capacity_, "latent cache full: ", start, " positions cached + ", rows.size(0),
-           " new exceeds its capacity of ", capacity_);
+  const std::int64_t start = length_, end = end_of_step(rows.size(0));
   rows_[static_cast<std::size_t>(layer)].slice(0, start, end).copy_from(rows.view({rows.size(0), 1, mla_.latent_dim()}));
   return rows_[static_cast<std::size_t>(layer)].slice(0, 0, end);
 }
@@ -180,17 +177,6 @@ void LatentCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, c
   // The value is the first r columns of each row (ops::attention wants contiguous tensors, so a
   // CPU copy; a kernel reads them in place).
   ops::attention(q, all, all.slice(2, 0, r).contiguous(), out, p);
-}
-
-void LatentCache::commit(std::int64_t T) {
-  IL_CHECK(T >= 0 && length_ + T <= capacity_, "latent cache full: ", length_, " positions cached + ", T,
-           " new exceeds its capacity of ", capacity_);
-  length_ += T;
-}
-
-void LatentCache::truncate(std::int64_t n) {
-  IL_CHECK(n >= 0 && n <= length_, "latent cache: cannot truncate ", length_, " cached positions to ", n);
-  length_ = n;
 }
 
 std::int64_t LatentCache::bytes() const {
@@ -260,27 +246,14 @@ MlaConfig parse_mla_config(const HfConfig& hf, const TransformerConfig& c) {
 
 namespace {
 
+// Chapter 01's decoder (embedding, norms, MLPs, head) with MLA attention read into m.attn.
 template <class Get>
 MlaModel assemble(const TransformerConfig& c, const MlaConfig& mla, Get get) {
-  const std::int64_t D = c.hidden_size, F = c.intermediate_size, N = c.num_heads;
-  const std::int64_t r = mla.kv_lora_rank, Q = N * mla.qk_head_dim();
+  const std::int64_t D = c.hidden_size, N = c.num_heads, r = mla.kv_lora_rank, Q = N * mla.qk_head_dim();
   MlaModel m;
   m.mla = mla;
-  ch01::Llama& b = m.base;
-  b.config = c;
-  b.inv_freq = rope_inv_freq(mla.qk_rope_head_dim, c.rope_theta);
-  b.rope_pairing = mla.rope_interleave ? RopePairing::Adjacent : RopePairing::HalfSplit;
-  b.embed = get("model.embed_tokens.weight", Shape{c.vocab_size, D});
-  for (std::int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    ch01::LlamaLayer l;  // norms and MLP: the core's; wq/wk/wv/wo stay undefined
-    l.attn_norm = get(p + "input_layernorm.weight", Shape{D});
-    l.mlp_norm = get(p + "post_attention_layernorm.weight", Shape{D});
-    l.w_gate = get(p + "mlp.gate_proj.weight", Shape{F, D});
-    l.w_up = get(p + "mlp.up_proj.weight", Shape{F, D});
-    l.w_down = get(p + "mlp.down_proj.weight", Shape{D, F});
-    b.layers.push_back(l);
-    MlaAttention a;
+  m.base = ch01::read_decoder(c, get, [&](const std::string& p, std::int64_t, ch01::LlamaLayer&) {
+    MlaAttention a;  // the layer's own wq/wk/wv/wo stay undefined
     const std::string s = p + "self_attn.";
     if (mla.q_lora_rank == 0) {
       a.wq = get(s + "q_proj.weight", Shape{Q, D});
@@ -295,9 +268,9 @@ MlaModel assemble(const TransformerConfig& c, const MlaConfig& mla, Get get) {
     a.wo = get(s + "o_proj.weight", Shape{D, N * mla.v_head_dim});
     absorb(mla, N, a);
     m.attn.push_back(a);
-  }
-  b.final_norm = get("model.norm.weight", Shape{D});
-  b.lm_head = c.tie_word_embeddings ? b.embed : get("lm_head.weight", Shape{c.vocab_size, D});
+  });
+  m.base.inv_freq = rope_inv_freq(mla.qk_rope_head_dim, c.rope_theta);  // of the dr rotary dims
+  m.base.rope_pairing = mla.rope_interleave ? RopePairing::Adjacent : RopePairing::HalfSplit;
   return m;
 }
 

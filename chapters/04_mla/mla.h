@@ -138,12 +138,10 @@ MlaModel random_mla(const TransformerConfig& c, const MlaConfig& mla, std::uint6
 void absorb(const MlaConfig& mla, std::int64_t num_heads, MlaAttention& a);
 
 /// The latent cache: per layer [capacity, 1, r + dr], row p = [c ‖ k_pe] of position p.
-class LatentCache : public ch02::KVCache {
+class LatentCache : public ch02::RowCache {
  public:
   LatentCache(const TransformerConfig& c, const MlaConfig& mla, std::int64_t capacity, Device device = Device::CPU,
               DType dtype = DType::F32);
-  std::int64_t length() const override { return length_; }
-  std::int64_t capacity() const { return capacity_; }
   /// The absorbed path: k [T, 1, r + dr] are the new latent rows (stored), v [T, 1, r] their
   /// first r columns (not stored again: the value is read from the key's row); q [T, N, r + dr]
   /// is the query in latent space; out [T, N, r] the attention output in latent space. Scale
@@ -152,8 +150,6 @@ class LatentCache : public ch02::KVCache {
   /// The plain path: stores the new rows [T, r + dr] and returns rows 0 .. length() + T - 1 of
   /// the layer (a view), from which the caller rebuilds K and V.
   Tensor append(std::int64_t layer, const Tensor& rows);
-  void commit(std::int64_t T) override;
-  void truncate(std::int64_t n) override;
   /// capacity × (r + dr) × L × bytes per element.
   std::int64_t bytes() const override;
   void release() override;
@@ -165,7 +161,6 @@ class LatentCache : public ch02::KVCache {
   MlaConfig mla_;
   std::int64_t layers_ = 0;
   DType dtype_;
-  std::int64_t capacity_ = 0, length_ = 0;
   std::vector<Tensor> rows_;
 };
 
