@@ -3,14 +3,52 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 
 #include "chapters/01_naive_decode/hf_weights.h"
 #include "common/json_file.h"
+#include "common/lab.h"
 
 namespace inferlab::ch04 {
 
 float MlaConfig::softmax_scale() const { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(qk_head_dim()))); }
+
+MlaCost mla_cost(const MlaConfig& c, std::int64_t D, std::int64_t N, std::int64_t T, std::int64_t S, MlaPath path,
+                 std::int64_t cache_value_bytes) {
+  const double dn = static_cast<double>(c.qk_nope_head_dim), dr = static_cast<double>(c.qk_rope_head_dim),
+               dv = static_cast<double>(c.v_head_dim), r = static_cast<double>(c.kv_lora_rank), rq = static_cast<double>(c.q_lora_rank),
+               d = static_cast<double>(D), n = static_cast<double>(N), t = static_cast<double>(T);
+  const double rows = static_cast<double>(S + T);  // every cached row, the new ones included
+  // Causal: new row i (position S + i) sees S + i + 1 keys.
+  const double visible = t * static_cast<double>(S) + t * (t + 1) / 2;
+  MlaCost cost;
+  const double q_flops = c.q_lora_rank ? 2 * t * d * rq + 2 * t * rq * n * (dn + dr) : 2 * t * d * n * (dn + dr);
+  cost.projection_flops = q_flops + 2 * t * d * (r + dr) + 2 * t * n * dv * d;
+  cost.cache_bytes = rows * (r + dr) * static_cast<double>(cache_value_bytes);
+  // EXERCISE 04.3 BEGIN: the FLOPs that read the cache, plain and absorbed
+  if (path == MlaPath::Plain) {
+    cost.cache_flops = 2 * rows * r * n * (dn + dv)       // rebuild k_nope and v of every row
+                       + 2 * visible * n * (dn + dr + dv);  // attention with Dqk = dn + dr, Dv = dv
+    cost.rebuilt_bytes = 2 * rows * n * (dn + dr + dv) * 4;
+  } else {
+    cost.cache_flops = 2 * t * n * dn * r + 2 * t * n * r * dv  // fold W_UK into q, W_UV into the output
+                       + 2 * visible * n * (r + dr + r);        // attention with Dqk = r + dr, Dv = r
+  }
+  // EXERCISE 04.3 STUB
+  // (void)visible, (void)dn, (void)dr, (void)dv, (void)r, (void)n, (void)t;
+  // lab::not_done("04.3", "set cost.cache_flops: for the plain path the rebuild (every one of the S + T rows "
+  //                       "times W_KVB) plus attention with Dqk = dn + dr and Dv = dv over `visible` keys per "
+  //                       "head, and rebuilt_bytes (K and V written and read, f32); for the absorbed path the "
+  //                       "two folds of the T new rows plus attention with Dqk = r + dr and Dv = r");
+  // EXERCISE 04.3 END
+  return cost;
+}
+
+double crossover_rows(const MlaConfig& c) {
+  const double r = static_cast<double>(c.kv_lora_rank), w = static_cast<double>(c.qk_nope_head_dim + c.v_head_dim);
+  return 2 * r > w ? r * w / (2 * r - w) : std::numeric_limits<double>::infinity();
+}
 
 // ---------------------------------------------------------------------------------------------
 // The attention block. Chapter 02's attention_block with MLA's projections; the lines marked
@@ -99,13 +137,19 @@ Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h
       p.scale = c.softmax_scale();
       ops::attention(qb, k, v, ob, p);
     } else {
-      // Absorbed: q_lat = W_UKᵀ q_nope per head, attention over the latent rows themselves,
-      // then out = W_UV o_lat per head.
+      // EXERCISE 04.2 BEGIN: absorbed attention: fold W_UK into the query, W_UV into the output
+      // q_lat = q_nope · W_UK per head, next to q_pe: a query in the latent rows' own space.
       const Tensor ql = cat_last(per_head(qb.slice(2, 0, dn), a.uk_t, r), qb.slice(2, dn, c.qk_head_dim()));  // [Tb, N, r + dr]
       const Tensor kb = latent_rows.slice(0, r0, r1).view({Tb, 1, R});
       Tensor ol = Tensor::empty({Tb, N, r}, DType::F32);
-      cache.attend(layer, ql, kb, kb.slice(2, 0, r), ol);
-      ob.copy_from(per_head(ol, a.uv, dv));
+      cache.attend(layer, ql, kb, kb.slice(2, 0, r), ol);  // one KV head: the rows are keys, their c part values
+      ob.copy_from(per_head(ol, a.uv, dv));                // out_h = W_UV o_lat, per head
+      // EXERCISE 04.2 STUB
+      // lab::not_done("04.2", "turn each head's q_nope into latent space with per_head(·, a.uk_t, r) and put q_pe "
+      //                       "after it (cat_last); let cache.attend store this sequence's latent rows (k = the rows "
+      //                       "[Tb, 1, r + dr], v = their first r columns) and attend into a [Tb, N, r] output; bring "
+      //                       "that back to [Tb, N, dv] with per_head(·, a.uv, dv) into ob");
+      // EXERCISE 04.2 END
     }
   }
   return linear(o.view({T, N * dv}), a.wo);
@@ -200,12 +244,20 @@ void absorb(const MlaConfig& mla, std::int64_t N, MlaAttention& a) {
   const Tensor w = a.wkv_b.weight.to(Device::CPU).to(DType::F32);  // [N·(dn+dv), r]
   a.uk_t.clear(), a.uv.clear();
   for (std::int64_t h = 0; h < N; ++h) {
-    const std::int64_t row = h * (dn + dv);
-    Tensor t = Tensor::empty({r, dn}, DType::F32);
+    Tensor uk_t = Tensor::empty({r, dn}, DType::F32), uv = Tensor::empty({dv, r}, DType::F32);
+    // EXERCISE 04.1 BEGIN: W_UK and W_UV of one head, out of kv_b_proj
+    const std::int64_t row = h * (dn + dv);  // head h's rows: dn of W_UK, then dv of W_UV
     for (std::int64_t i = 0; i < dn; ++i)
-      for (std::int64_t j = 0; j < r; ++j) t.at<float>({j, i}) = w.at<float>({row + i, j});
-    a.uk_t.push_back(t.to(a.wkv_b.device()));
-    a.uv.push_back(w.slice(0, row + dn, row + dn + dv).contiguous().to(a.wkv_b.device()));
+      for (std::int64_t j = 0; j < r; ++j) uk_t.at<float>({j, i}) = w.at<float>({row + i, j});
+    uv.copy_from(w.slice(0, row + dn, row + dn + dv));
+    // EXERCISE 04.1 STUB
+    // (void)w;
+    // lab::not_done("04.1", "fill uk_t [r, dn] with head h's W_UK transposed and uv [dv, r] with its W_UV; in w "
+    //                       "[N·(dn + dv), r], head h owns rows h·(dn + dv) .. (h + 1)·(dn + dv) − 1, first the dn "
+    //                       "rows of W_UK, then the dv rows of W_UV");
+    // EXERCISE 04.1 END
+    a.uk_t.push_back(uk_t.to(a.wkv_b.device()));
+    a.uv.push_back(uv.to(a.wkv_b.device()));
   }
 }
 

@@ -170,6 +170,22 @@ enum class MlaPath {
   Absorbed,  ///< fold W_UK into the query and W_UV into the output, attend over the latent rows
 };
 
+/// What one layer's MLA attention block costs for T new rows after S cached positions, in the
+/// units the ops count (metrics::CountScope: a multiply-add is 2 FLOPs). D is the model width.
+struct MlaCost {
+  double projection_flops = 0;  ///< W_Q (or W_QA then W_QB), W_KVA and W_O: the same in both paths
+  double cache_flops = 0;       ///< everything that reads the cache: rebuild or folds, and attention
+  double cache_bytes = 0;       ///< the latent rows attention reads: (S + T) rows of r + dr values
+  double rebuilt_bytes = 0;     ///< plain only: the rebuilt K and V (f32), written once and read once
+};
+MlaCost mla_cost(const MlaConfig& c, std::int64_t D, std::int64_t N, std::int64_t T, std::int64_t S, MlaPath path,
+                 std::int64_t cache_value_bytes = 4);
+
+/// Rows per step above which the plain path needs fewer cache FLOPs than the absorbed one, for a
+/// long context (S ≫ T): r·(dn + dv) / (2r − dn − dv), infinite when 2r ≤ dn + dv. One decode
+/// row is far below it; a prefill chunk of a few hundred rows is above it (DeepSeek-V2: 170.7).
+double crossover_rows(const MlaConfig& c);
+
 /// The MLA attention block over a batch: h [T, D] (normed) -> [T, D]. Every sequence's cache
 /// must be a LatentCache.
 Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h, const ch02::Batch& batch,

@@ -8,6 +8,7 @@
 
 #include "chapters/04_mla/mla.h"
 #include "common/json_file.h"
+#include "common/metrics.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 #include "golden_util.h"
@@ -173,6 +174,80 @@ TEST(MlaCache, HoldsOneLatentRowPerTokenAndLayer) {
   EXPECT_THROW(cache.commit(9), Error);
   cache.release();
   EXPECT_EQ(cache.bytes(), 0);
+}
+
+// W_UK and W_UV are kv_b_proj's rows, head by head: the absorbed path's weights hold exactly
+// W_KVB's values, nothing more.
+TEST(MlaAbsorb, SplitsKvBProjIntoEachHeadsUkTransposedAndUv) {
+  const Shape4 s = small(false, false);
+  auto rng = test::rng_for_test();
+  const ch04::MlaModel m = ch04::random_mla(s.c, s.mla, rng());
+  const std::int64_t N = s.c.num_heads, dn = s.mla.qk_nope_head_dim, dv = s.mla.v_head_dim, r = s.mla.kv_lora_rank;
+  const ch04::MlaAttention& a = m.attn[1];
+  const Tensor w = a.wkv_b.weight;
+  ASSERT_EQ(a.uk_t.size(), static_cast<std::size_t>(N));
+  ASSERT_EQ(a.uv.size(), static_cast<std::size_t>(N));
+  for (std::int64_t h = 0; h < N; ++h) {
+    const Tensor& uk = a.uk_t[static_cast<std::size_t>(h)];
+    const Tensor& uv = a.uv[static_cast<std::size_t>(h)];
+    ASSERT_EQ(uk.shape(), (Shape{r, dn}));
+    ASSERT_EQ(uv.shape(), (Shape{dv, r}));
+    for (std::int64_t j = 0; j < r; ++j) {
+      for (std::int64_t i = 0; i < dn; ++i)
+        ASSERT_EQ(uk.at<float>({j, i}), w.at<float>({h * (dn + dv) + i, j})) << "head " << h << " W_UK[" << i << ", " << j << "]";
+      for (std::int64_t i = 0; i < dv; ++i)
+        ASSERT_EQ(uv.at<float>({i, j}), w.at<float>({h * (dn + dv) + dn + i, j})) << "head " << h << " W_UV[" << i << ", " << j << "]";
+    }
+  }
+}
+
+// mla_cost is what the ops count when the block runs: its matmul and attention FLOPs, exactly,
+// for a prefill chunk after nothing, a chunk after a cached prefix, and a decode row.
+TEST(MlaCost, EqualsTheFlopsTheOpsCount) {
+  auto rng = test::rng_for_test();
+  for (bool q_lora : {false, true}) {
+    const Shape4 s = small(q_lora, false);
+    const ch04::MlaModel m = ch04::random_mla(s.c, s.mla, rng());
+    for (auto [S, T] : {std::pair<std::int64_t, std::int64_t>{0, 7}, {5, 3}, {9, 1}}) {
+      for (MlaPath path : {MlaPath::Plain, MlaPath::Absorbed}) {
+        SCOPED_TRACE(std::string(path == MlaPath::Plain ? "plain" : "absorbed") + ", S = " + std::to_string(S) +
+                     ", T = " + std::to_string(T) + (q_lora ? ", q_lora" : ""));
+        ch04::LatentCache cache(s.c, s.mla, S + T);
+        if (S > 0) {
+          cache.append(0, test::uniform(rng, {S, s.mla.latent_dim()}, -1, 1));
+          cache.commit(S);
+        }
+        std::vector<ch02::SequenceStep> seqs{{std::vector<std::int32_t>(static_cast<std::size_t>(T), 1), &cache}};
+        const ch02::Batch batch(m.base, seqs);
+        const Tensor h = test::uniform(rng, {T, s.c.hidden_size}, -1, 1);
+        metrics::CountScope scope;
+        ch04::attention_block(m, m.attn[0], h, batch, 0, path);
+        const auto& ops = scope.by_op();
+        const ch04::MlaCost cost = ch04::mla_cost(s.mla, s.c.hidden_size, s.c.num_heads, T, S, path);
+        EXPECT_EQ(ops.at("matmul").flops + ops.at("attention").flops, cost.projection_flops + cost.cache_flops);
+        EXPECT_EQ(cost.cache_bytes, static_cast<double>((S + T) * s.mla.latent_dim() * 4));
+        EXPECT_EQ(cost.rebuilt_bytes > 0, path == MlaPath::Plain);
+      }
+    }
+  }
+}
+
+// Above crossover_rows rows per step (at a long context) the plain path needs fewer FLOPs, below
+// it the absorbed one: DeepSeek-V2's dimensions.
+TEST(MlaCost, CrossoverRowsSplitsThePaths) {
+  ch04::MlaConfig v2;
+  v2.kv_lora_rank = 512, v2.qk_nope_head_dim = 128, v2.qk_rope_head_dim = 64, v2.v_head_dim = 128;
+  const double cross = ch04::crossover_rows(v2);
+  EXPECT_NEAR(cross, 512.0 * 256 / 768, 1e-9);
+  const std::int64_t S = 1 << 22;
+  auto cache_flops = [&](std::int64_t T, MlaPath p) { return ch04::mla_cost(v2, 5120, 128, T, S, p).cache_flops; };
+  for (std::int64_t T : {std::int64_t{1}, static_cast<std::int64_t>(std::floor(cross))})
+    EXPECT_LT(cache_flops(T, MlaPath::Absorbed), cache_flops(T, MlaPath::Plain)) << "T = " << T;
+  for (std::int64_t T : {static_cast<std::int64_t>(std::ceil(cross)) + 1, std::int64_t{1024}})
+    EXPECT_GT(cache_flops(T, MlaPath::Absorbed), cache_flops(T, MlaPath::Plain)) << "T = " << T;
+  // dn + dv ≥ 2r: the absorbed path never needs fewer FLOPs per row.
+  v2.kv_lora_rank = 128;
+  EXPECT_TRUE(std::isinf(ch04::crossover_rows(v2)));
 }
 
 // Config fields that would change the math and are not implemented are refused by name.
