@@ -245,7 +245,7 @@ TEST(MlaCost, CrossoverRowsSplitsThePaths) {
     EXPECT_LT(cache_flops(T, MlaPath::Absorbed), cache_flops(T, MlaPath::Plain)) << "T = " << T;
   for (std::int64_t T : {static_cast<std::int64_t>(std::ceil(cross)) + 1, std::int64_t{1024}})
     EXPECT_GT(cache_flops(T, MlaPath::Absorbed), cache_flops(T, MlaPath::Plain)) << "T = " << T;
-  // dn + dv ≥ 2r: the absorbed path never needs fewer FLOPs per row.
+  // 2r ≤ dn + dv: the absorbed path is never the costlier one, at any T.
   v2.kv_lora_rank = 128;
   EXPECT_TRUE(std::isinf(ch04::crossover_rows(v2)));
 }
