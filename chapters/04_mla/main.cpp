@@ -3,10 +3,12 @@
 //                       tiny-mla and DeepSeek-V2), then one MLA layer's decode step by the plain and
 //                       the absorbed path, measured against context length and rows per step
 //   ch04_mla quality    tiny-mla's perplexity and probes beside tiny-mha, tiny-gqa and tiny-mqa
+//   ch04_mla generate   text from an MLA model (tiny-mla, or a DeepseekV3 folder) by both paths
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <nlohmann/json.hpp>
 
@@ -244,6 +246,43 @@ int quality(const std::string& json_path, std::int64_t windows, std::int64_t per
   return 0;
 }
 
+// Text from an MLA model through the latent cache, by the absorbed path (streamed) and then the
+// plain one: the same tokens (greedy), and what each step cost.
+int generate(const CommonOptions& o) {
+  const ch04::MlaModel m = ch04::load_mla(o.model);
+  const auto tok = Tokenizer::for_model(o.model);
+  const auto prompt = tok->encode(o.prompt);
+  const auto& c = m.config();
+  ch01::check_context(m.base, prompt.size(), o.max_new_tokens);
+  const std::int64_t S = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
+  const ch04::LatentCache cache(c, m.mla, S);
+  std::printf("%s, %.2f M parameters; latent cache for S = %lld: %lld bytes (r + dr = %lld values per token and "
+              "layer), an MHA cache of the same heads: %lld\n\n",
+              m.base.source.c_str(), static_cast<double>(c.num_parameters()) / 1e6, static_cast<long long>(S),
+              static_cast<long long>(cache.bytes()), static_cast<long long>(m.mla.latent_dim()),
+              static_cast<long long>(S * c.num_layers * c.num_heads * (m.mla.qk_head_dim() + m.mla.v_head_dim) * 4));
+  const SamplingParams sp = o.sampling(*tok, c.vocab_size);
+  json runs = json::array();
+  std::vector<std::int32_t> first;
+  for (ch04::MlaPath path : {ch04::MlaPath::Absorbed, ch04::MlaPath::Plain}) {
+    Sampler sampler(sp);
+    const bool show = path == ch04::MlaPath::Absorbed;  // the text once; the plain path's tokens are compared
+    std::optional<TextStream> stream;
+    if (show) stream.emplace(*tok, prompt);
+    const ch01::Generation g = ch04::generate_cached(m, prompt, o.max_new_tokens, sampler, c.eos_token_ids, path,
+                                                     [&](const ch01::Generation& gen) { if (stream) stream->print(gen.tokens); });
+    if (show) std::printf("\n\n"), first = g.generated;
+    std::printf("%-9s %3zu tokens: time to first token %7.2f ms, %7.2f ms per later token, %7.1f tokens/s%s\n",
+                path_name(path), g.generated.size(), g.ttft_s() * 1e3, g.tpot_s() * 1e3, g.tokens_per_s(),
+                show ? "" : (g.generated == first ? "  (the same tokens)" : "  (different tokens)"));
+    runs.push_back({{"path", path_name(path)}, {"generated", g.generated}, {"ttft_s", g.ttft_s()}, {"tpot_s", g.tpot_s()},
+                    {"tokens_per_s", g.tokens_per_s()}});
+  }
+  if (!o.json.empty())
+    write_json(o.json, {{"model", o.model}, {"prompt", o.prompt}, {"cache_bytes", cache.bytes()}, {"runs", runs}}, {o.model});
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -259,10 +298,17 @@ int main(int argc, char** argv) {
   add_json_option(*sq, json_path);
   sq->add_option("--windows", windows, "Validation windows of 512 tokens (0: all)")->check(number_in(0, 1e9))->capture_default_str();
   sq->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->check(number_in(0, 1e9))->capture_default_str();
+  CommonOptions go;
+  go.model = data_dir() + "/models/tiny-mla";
+  auto* sg = app.add_subcommand("generate", "Text from an MLA model (a DeepseekV3ForCausalLM folder) by both decode paths");
+  add_model_option(*sg, go);
+  add_generation_options(*sg, go);
+  add_json_option(*sg, go.json);
   app.require_subcommand(0, 1);
   bare_run_options_only(app);
   return run_cli(app, argc, argv, [&] {
     if (*sq) return quality(json_path, windows, per_kind);
+    if (*sg) return generate(go);
     return headline(json_path);
   });
 }

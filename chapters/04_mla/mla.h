@@ -201,6 +201,6 @@ Tensor forward_cached(const MlaModel& m, LatentCache& cache, const std::vector<s
 /// Greedy (or sampled) generation through the latent cache.
 ch01::Generation generate_cached(const MlaModel& m, const std::vector<std::int32_t>& prompt, int max_new,
                                  Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
-                                 MlaPath path = MlaPath::Absorbed);
+                                 MlaPath path = MlaPath::Absorbed, const ch01::OnToken& on_token = nullptr);
 
 }  // namespace inferlab::ch04
