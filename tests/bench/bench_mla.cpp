@@ -115,6 +115,7 @@ void BM_CudaMlaDecode(benchmark::State& state) {
   }
   const Cost w = cost(variant, static_cast<double>(S));
   const double per = total / static_cast<double>(state.iterations());
+  state.counters["MB"] = w.bytes / 1e6;
   state.counters["GB/s"] = w.bytes / per / 1e9;
   state.counters["of_ceiling"] = w.bytes / per / ceiling;
   state.counters["TFLOP/s"] = w.flops / per / 1e12;
