@@ -7,6 +7,7 @@
 #include <random>
 
 #include "chapters/01_naive_decode/hf_weights.h"
+#include "chapters/04_mla/cuda_mla.h"
 #include "common/json_file.h"
 #include "common/lab.h"
 
@@ -217,6 +218,10 @@ void LatentCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, c
            "latent cache: v must be the first r = ", r, " columns of k's rows [T, 1, r], got ", v.describe());
   const std::int64_t start = length_;
   const Tensor all = store(layer, k.contiguous());  // v is part of k's row: stored with it
+  if (all.is_cuda() && q.size(0) == 1) {  // one decode row on the GPU: the kernel reads each row once for all heads
+    mla_decode_attention(q.contiguous(), all, all.size(0), mla_.softmax_scale(), r, out);
+    return;
+  }
   AttentionParams p;
   p.q_offset = start;
   p.scale = mla_.softmax_scale();  // the score is a (dn + dr)-dim dot product, computed in latent space
