@@ -13,7 +13,9 @@
 
 namespace inferlab::ch04 {
 
-float MlaConfig::softmax_scale() const { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(qk_head_dim()))); }
+float MlaConfig::softmax_scale() const {
+  return static_cast<float>(softmax_mscale / std::sqrt(static_cast<double>(qk_head_dim())));
+}
 
 MlaCost mla_cost(const MlaConfig& c, std::int64_t D, std::int64_t N, std::int64_t T, std::int64_t S, MlaPath path,
                  std::int64_t cache_value_bytes) {
@@ -59,7 +61,7 @@ namespace {
 // q [T, N, dn + dr] from the normed rows h.
 Tensor project_q(const MlaModel& m, const MlaAttention& a, const Tensor& h) {
   const std::int64_t T = h.size(0), N = m.config().num_heads;
-  const Tensor q = a.wq.defined() ? linear(h, a.wq) : linear(ch01::norm(m.base, linear(h, a.wq_a), a.q_a_norm), a.wq_b);
+  const Tensor q = a.wq.defined() ? linear(h, a.wq) : linear(ops::rmsnorm(linear(h, a.wq_a), a.q_a_norm, MlaConfig::kLatentNormEps), a.wq_b);
   return q.view({T, N, m.mla.qk_head_dim()});
 }
 
@@ -115,7 +117,7 @@ Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h
   IL_CHECK(h.device() == Device::CPU, "MLA attention block: runs on the CPU only (chapter 04 has no CUDA path yet)");
   Tensor q = project_q(m, a, h);                                   // MLA: [T, N, dn + dr]
   const Tensor kv = linear(h, a.wkv_a);                            // MLA: [T, r + dr], one row per token, all heads
-  const Tensor c_kv = ch01::norm(m.base, kv.slice(1, 0, r).contiguous(), a.kv_a_norm);  // MLA: RMSNorm(c) [T, r]
+  const Tensor c_kv = ops::rmsnorm(kv.slice(1, 0, r).contiguous(), a.kv_a_norm, MlaConfig::kLatentNormEps);  // MLA: [T, r]
   Tensor k_pe = kv.slice(1, r, R).contiguous().view({T, 1, R - r});                      // MLA: [T, 1, dr]
   ops::rope(q, batch.pos, m.base.inv_freq, m.base.rope_pairing, dn);  // MLA: only the trailing dr dims rotate
   ops::rope(k_pe, batch.pos, m.base.inv_freq, m.base.rope_pairing);
@@ -270,13 +272,16 @@ void absorb(const MlaConfig& mla, std::int64_t N, MlaAttention& a) {
 
 MlaConfig parse_mla_config(const HfConfig& hf, const TransformerConfig& c) {
   const JsonFields f(hf.json, hf.path);
+  const bool v2 = c.architecture == "DeepseekV2ForCausalLM";
   MlaConfig m;
   m.kv_lora_rank = f.get<std::int64_t>("kv_lora_rank");
   m.qk_nope_head_dim = f.get<std::int64_t>("qk_nope_head_dim");
   m.qk_rope_head_dim = f.get<std::int64_t>("qk_rope_head_dim");
   m.v_head_dim = f.get<std::int64_t>("v_head_dim");
   if (f.has("q_lora_rank")) m.q_lora_rank = f.get<std::int64_t>("q_lora_rank");
-  m.rope_interleave = f.get_or<bool>("rope_interleave", true);  // transformers' DeepseekV3Config default
+  // DeepseekV3Config's default is true; DeepseekV2 always rotates adjacent pairs (as complex
+  // numbers) and has no such field.
+  m.rope_interleave = v2 || f.get_or<bool>("rope_interleave", true);
   for (auto [name, v] : {std::pair<const char*, std::int64_t>{"kv_lora_rank", m.kv_lora_rank},
                          {"qk_nope_head_dim", m.qk_nope_head_dim}, {"qk_rope_head_dim", m.qk_rope_head_dim},
                          {"v_head_dim", m.v_head_dim}})
@@ -291,12 +296,31 @@ MlaConfig parse_mla_config(const HfConfig& hf, const TransformerConfig& c) {
   if (f.has("head_dim"))
     IL_CHECK(c.head_dim == m.qk_rope_head_dim, hf.path, ": field 'head_dim' (", c.head_dim,
              ") differs from qk_rope_head_dim (", m.qk_rope_head_dim, "); the rotary width would be ambiguous");
-  // Fields that change the math and are not implemented in this chapter: refused by name.
-  IL_CHECK(c.rope_scaling.is_null(), hf.path, ": field 'rope_scaling' is set (", c.rope_scaling.dump(),
-           "); YaRN frequencies and its softmax mscale are not implemented in chapter 04");
+  // rope_scaling: YaRN (DeepSeek's long-context configs) is implemented; other types are refused.
+  if (!c.rope_scaling.is_null()) {
+    const JsonFields s(c.rope_scaling, hf.path + ": field 'rope_scaling'");
+    const std::string type = s.get_or<std::string>("rope_type", s.get_or<std::string>("type", ""));
+    IL_CHECK(type == "yarn", s.context(), ": type '", type, "' is not implemented in chapter 04 (only 'yarn', as DeepSeek uses)");
+    m.yarn = parse_yarn_scaling(c, hf.path);
+    m.rope_attention_factor = yarn_attention_factor(*m.yarn);
+    // DeepseekV3Attention: scale · yarn_mscale(factor, mscale_all_dim)² when mscale_all_dim is set.
+    // transformers' DeepseekV2Attention keeps 1/sqrt(dn + dr), where DeepSeek's own V2 code
+    // applies the same mscale² as V3: a V2 config with mscale_all_dim is refused.
+    IL_CHECK(!v2 || m.yarn->mscale_all_dim == 0, s.context(), ": 'mscale_all_dim' is ", m.yarn->mscale_all_dim,
+             "; transformers' DeepseekV2ForCausalLM ignores it (its softmax scale stays 1/sqrt(dn + dr)) while "
+             "DeepseekV3 and DeepSeek's own code scale the softmax by yarn_mscale(factor, mscale_all_dim)^2, so "
+             "chapter 04 does not pick one");
+    if (m.yarn->mscale_all_dim != 0) {
+      const double ms = yarn_mscale(m.yarn->factor, m.yarn->mscale_all_dim);
+      m.softmax_mscale = ms * ms;
+    }
+  }
   IL_CHECK(!c.attention_bias, hf.path, ": field 'attention_bias' is true; chapter 04's MLA projections have no biases");
-  const std::int64_t dense = f.get_or<std::int64_t>("first_k_dense_replace", 0);
-  IL_CHECK(!f.has("n_routed_experts") || dense >= c.num_layers, hf.path, ": field 'first_k_dense_replace' is ", dense,
+  IL_CHECK(!v2 || !c.mlp_bias, hf.path, ": field 'mlp_bias' is true; chapter 04's MLPs have no biases");
+  // transformers builds an MoE block in every layer from first_k_dense_replace on (class
+  // defaults: 3 for DeepseekV3, 0 for DeepseekV2), whatever n_routed_experts says.
+  const std::int64_t dense = f.get_or<std::int64_t>("first_k_dense_replace", v2 ? 0 : 3);
+  IL_CHECK(dense >= c.num_layers, hf.path, ": field 'first_k_dense_replace' is ", dense,
            " < num_hidden_layers ", c.num_layers, ": layers ", dense,
            " on are mixture-of-experts layers, which chapter 04 does not implement");
   IL_CHECK(f.get_or<std::int64_t>("pretraining_tp", 1) == 1, hf.path, ": field 'pretraining_tp' is not 1");
@@ -305,30 +329,46 @@ MlaConfig parse_mla_config(const HfConfig& hf, const TransformerConfig& c) {
 
 namespace {
 
+// w [rows, in] as F32 with rows [begin, begin + n) of every block of `period` rows multiplied by
+// `factor`: YaRN's cos/sin factor moved into the rows that produce q_pe and k_pe (see the note).
+Tensor scale_rope_rows(const Tensor& w, std::int64_t period, std::int64_t begin, std::int64_t n, double factor) {
+  if (factor == 1) return w;
+  Tensor y = w.to(DType::F32);  // a copy: the checkpoint's tensor stays as read
+  const std::int64_t in = y.size(1);
+  for (std::int64_t row = 0; row < y.size(0); ++row)
+    if (row % period >= begin && row % period < begin + n)
+      for (std::int64_t j = 0; j < in; ++j) y.data<float>()[row * in + j] *= static_cast<float>(factor);
+  return y;
+}
+
 // Chapter 01's decoder (embedding, norms, MLPs, head) with MLA attention read into m.attn.
 template <class Get>
 MlaModel assemble(const TransformerConfig& c, const MlaConfig& mla, Get get) {
   const std::int64_t D = c.hidden_size, N = c.num_heads, r = mla.kv_lora_rank, Q = N * mla.qk_head_dim();
+  const std::int64_t dn = mla.qk_nope_head_dim, dr = mla.qk_rope_head_dim, dq = mla.qk_head_dim();
+  const double af = mla.rope_attention_factor;
   MlaModel m;
   m.mla = mla;
   m.base = ch01::read_decoder(c, get, [&](const std::string& p, std::int64_t, ch01::LlamaLayer&) {
     MlaAttention a;  // the layer's own wq/wk/wv/wo stay undefined
     const std::string s = p + "self_attn.";
+    // Each head's q rows are [q_nope (dn) ‖ q_pe (dr)]; kv_a's rows are [c (r) ‖ kp (dr)].
     if (mla.q_lora_rank == 0) {
-      a.wq = get(s + "q_proj.weight", Shape{Q, D});
+      a.wq = scale_rope_rows(get(s + "q_proj.weight", Shape{Q, D}), dq, dn, dr, af);
     } else {
       a.wq_a = get(s + "q_a_proj.weight", Shape{mla.q_lora_rank, D});
       a.q_a_norm = get(s + "q_a_layernorm.weight", Shape{mla.q_lora_rank}).to(DType::F32);
-      a.wq_b = get(s + "q_b_proj.weight", Shape{Q, mla.q_lora_rank});
+      a.wq_b = scale_rope_rows(get(s + "q_b_proj.weight", Shape{Q, mla.q_lora_rank}), dq, dn, dr, af);
     }
-    a.wkv_a = get(s + "kv_a_proj_with_mqa.weight", Shape{mla.latent_dim(), D});
+    a.wkv_a = scale_rope_rows(get(s + "kv_a_proj_with_mqa.weight", Shape{mla.latent_dim(), D}), mla.latent_dim(), r, dr, af);
     a.kv_a_norm = get(s + "kv_a_layernorm.weight", Shape{r}).to(DType::F32);
     a.wkv_b = get(s + "kv_b_proj.weight", Shape{N * (mla.qk_nope_head_dim + mla.v_head_dim), r});
     a.wo = get(s + "o_proj.weight", Shape{D, N * mla.v_head_dim});
     absorb(mla, N, a);
     m.attn.push_back(a);
   });
-  m.base.inv_freq = rope_inv_freq(mla.qk_rope_head_dim, c.rope_theta);  // of the dr rotary dims
+  // The frequencies of the dr rotary dims (YaRN's when the config asks for it).
+  m.base.inv_freq = mla.yarn ? yarn_inv_freq(dr, c.rope_theta, *mla.yarn) : rope_inv_freq(dr, c.rope_theta);
   m.base.rope_pairing = mla.rope_interleave ? RopePairing::Adjacent : RopePairing::HalfSplit;
   return m;
 }
@@ -337,8 +377,11 @@ MlaModel assemble(const TransformerConfig& c, const MlaConfig& mla, Get get) {
 
 MlaModel load_mla(const std::string& path) {
   const HfConfig hf = load_hf_config(path);
-  IL_CHECK(hf.architecture() == "DeepseekV3ForCausalLM", hf.path, ": architecture '", hf.architecture(),
-           "' is not DeepseekV3ForCausalLM, the MLA model chapter 04 runs");
+  // DeepseekV2's dense layer is V3's with adjacent-pair RoPE and no YaRN softmax mscale
+  // (parse_mla_config refuses the configs where that would differ).
+  IL_CHECK(hf.architecture() == "DeepseekV3ForCausalLM" || hf.architecture() == "DeepseekV2ForCausalLM", hf.path,
+           ": architecture '", hf.architecture(),
+           "' is not DeepseekV3ForCausalLM or DeepseekV2ForCausalLM, the MLA models chapter 04 runs");
   const TransformerConfig c = parse_transformer_config(hf);
   const MlaConfig mla = parse_mla_config(hf, c);
   ch01::HfWeights weights(hf, c, path);

@@ -22,16 +22,32 @@
 ///     q      = W_Q h                      (or W_QB · RMSNorm(W_QA h) when q_lora_rank is set)
 ///              split per head into q_nope [dn] and q_pe [dr]
 ///     [c ‖ kp] = W_KVA h                  joint down-projection: c [r], kp [dr] (one, shared by all heads)
-///     c      = RMSNorm(c)                 (kv_a_layernorm)
+///     c      = RMSNorm(c)                 (kv_a_layernorm, eps 1e-6 whatever rms_norm_eps says)
 ///     q_pe, kp = RoPE(q_pe), RoPE(kp)     decoupled RoPE: only these dr dims carry position
 ///     cache row = [c ‖ kp]                what is stored: r + dr values per token and layer
 ///     [k_nope ‖ v] per head = W_KVB c     up-projection, [N·(dn + dv), r]
-///     score  = (q_nope·k_nope + q_pe·kp) · scale,   scale = 1/sqrt(dn + dr)
+///     score  = (q_nope·k_nope + q_pe·kp) · scale,   scale = 1/sqrt(dn + dr) (· mscale², YaRN below)
 ///     out    = W_O (softmax(score) · v)
 ///
 /// Why the decoupled part: RoPE rotates a key by its position, a rotation that does not commute
 /// with W_KVB, so a rotated key cannot be rebuilt from a position-free latent. The dr extra
 /// dims carry the position alone (the lecture's 512 + 64 = 576 for DeepSeek-V2).
+///
+/// YaRN (`rope_scaling` of type "yarn", DeepSeek-V2/V3's long-context configs) changes three
+/// numbers, all as transformers 4.57.6's DeepseekV3 computes them:
+/// - the dr frequencies are `yarn_inv_freq` (common/ops.h) instead of `rope_inv_freq`;
+/// - cos and sin are multiplied by `yarn_attention_factor` a, so q_pe and kp both carry a (the
+///   rope part of the score a²). RoPE is linear, so RoPE(a·x) = a·RoPE(x): `load_mla` multiplies
+///   the rows of q_proj (or q_b_proj) that produce each head's q_pe, and the last dr rows of
+///   kv_a_proj_with_mqa (kp), by a, and the forward pass is unchanged. The cached kp is
+///   transformers' key, a included;
+/// - DeepseekV3 multiplies the softmax scale by yarn_mscale(factor, mscale_all_dim)² when
+///   mscale_all_dim is set (`MlaConfig::softmax_scale`). DeepseekV2ForCausalLM in transformers
+///   does not, so `load_mla` refuses a V2 config with mscale_all_dim rather than pick one.
+///
+/// DeepseekV2ForCausalLM: the same dense layer, except that its RoPE multiplies adjacent pairs
+/// (2j, 2j+1) as complex numbers: `RopePairing::Adjacent` with the key stored in transformers'
+/// own order, whatever `rope_interleave` says (V2 has no such field).
 ///
 /// RoPE pairing: with `rope_interleave` true (DeepSeek's own checkpoints), transformers
 /// de-interleaves the dr dims (even ones first, then odd ones) and applies `rotate_half`; since
@@ -74,6 +90,7 @@
 /// turns from memory-bound towards compute-bound, which is the point.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,11 +106,23 @@ struct MlaConfig {
   std::int64_t qk_rope_head_dim = 0;  ///< dr
   std::int64_t v_head_dim = 0;        ///< dv
   bool rope_interleave = false;       ///< true: adjacent pairs (DeepSeek's checkpoints); false: half split
+  /// rope_scaling of type "yarn": the dr frequencies are yarn_inv_freq's; absent without rope_scaling.
+  std::optional<YarnScaling> yarn;
+  /// YaRN's factor on cos and sin (yarn_attention_factor), 1 without YaRN. The model's weights
+  /// carry it (see the note), so the forward pass never reads it.
+  double rope_attention_factor = 1;
+  /// DeepseekV3's softmax correction under YaRN: yarn_mscale(factor, mscale_all_dim)² when
+  /// mscale_all_dim is set, 1 otherwise.
+  double softmax_mscale = 1;
+  /// The eps of the two latent RMSNorms (q_a_layernorm, kv_a_layernorm): DeepSeek's code and
+  /// transformers build them with their default 1e-6 whatever rms_norm_eps says; the model's
+  /// other norms use rms_norm_eps.
+  static constexpr float kLatentNormEps = 1e-6f;
   std::int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   /// Values one token stores per layer: r + dr.
   std::int64_t latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }
-  /// The softmax scale 1/sqrt(dn + dr): the score is that of a dn + dr dimensional query and key,
-  /// whichever path computes it.
+  /// The softmax scale softmax_mscale/sqrt(dn + dr): the score is that of a dn + dr dimensional
+  /// query and key, whichever path computes it.
   float softmax_scale() const;
 };
 
@@ -114,8 +143,8 @@ struct MlaAttention {
 
 /// A DeepseekV3 model with MLA attention and dense SwiGLU MLPs. `base` is chapter 01's model
 /// holding everything but attention (its layers' wq/wk/wv/wo stay undefined); `attn[i]` is
-/// layer i's attention. base.inv_freq are the frequencies of the dr rotary dims and
-/// base.rope_pairing follows rope_interleave.
+/// layer i's attention. base.inv_freq are the frequencies of the dr rotary dims (YaRN's when
+/// mla.yarn is set) and base.rope_pairing follows rope_interleave.
 struct MlaModel {
   ch01::Llama base;
   MlaConfig mla;
@@ -123,12 +152,14 @@ struct MlaModel {
   const TransformerConfig& config() const { return base.config; }
 };
 
-/// Reads the MLA fields of a config.json, refusing by name every field that would change the
-/// math and is not implemented here (MoE layers, rope_scaling, attention biases, ...).
+/// Reads the MLA fields of a config.json (DeepseekV3 or DeepseekV2, from c.architecture),
+/// refusing by name every field that would change the math and is not implemented here (MoE
+/// layers, rope_scaling other than YaRN, attention biases, ...).
 MlaConfig parse_mla_config(const HfConfig& hf, const TransformerConfig& c);
 
-/// Loads a DeepseekV3ForCausalLM Hugging Face folder (tiny-mla). Checks every tensor's shape
-/// against the config, and that the checkpoint holds no tensor the config does not explain.
+/// Loads a DeepseekV3ForCausalLM or DeepseekV2ForCausalLM Hugging Face folder (tiny-mla, the
+/// random models of data/golden/mla-random). Checks every tensor's shape against the config,
+/// and that the checkpoint holds no tensor the config does not explain.
 MlaModel load_mla(const std::string& path);
 
 /// Random weights for a config (the two-path tests), as ch01::random_llama draws them.
