@@ -114,8 +114,8 @@ void TransformerConfig::validate(const std::string& where) const {
   if (!rope_scaling.is_null()) {
     const JsonFields s(rope_scaling, where + ": field 'rope_scaling'");
     const std::string type = s.get_or<std::string>("rope_type", s.get_or<std::string>("type", ""));
-    IL_CHECK(type == "default" || type == "linear" || type == "llama3", s.context(), ": type '", type,
-             "' is not supported (default, linear, llama3)");
+    IL_CHECK(type == "default" || type == "linear" || type == "llama3" || type == "yarn", s.context(), ": type '", type,
+             "' is not supported (default, linear, llama3, yarn)");
     auto positive = [&](const char* key) {
       const double v = s.get<double>(key);
       IL_CHECK(std::isfinite(v) && v > 0, s.context(), ": '", key, "' must be positive, got ", v);
@@ -127,7 +127,42 @@ void TransformerConfig::validate(const std::string& where) const {
                ": 'high_freq_factor' must be above 'low_freq_factor'");
       positive("original_max_position_embeddings");
     }
+    if (type == "yarn") {
+      parse_yarn_scaling(*this, where);  // its fields first, each named when malformed
+      // YaRN also multiplies cos and sin by a factor; the Llama-family loaders (chapter 01's
+      // rope_frequencies) do not apply it yet, so only chapter 04's DeepSeek models take it.
+      IL_CHECK(architecture == "DeepseekV3ForCausalLM" || architecture == "DeepseekV2ForCausalLM", s.context(),
+               ": type 'yarn' is implemented for DeepseekV3ForCausalLM and DeepseekV2ForCausalLM (chapter 04) only, "
+               "not for architecture '", architecture, "'");
+    }
   }
+}
+
+YarnScaling parse_yarn_scaling(const TransformerConfig& c, const std::string& where) {
+  const JsonFields s(c.rope_scaling, where + ": field 'rope_scaling'");
+  const std::string type = s.get_or<std::string>("rope_type", s.get_or<std::string>("type", ""));
+  IL_CHECK(type == "yarn", s.context(), ": type '", type, "' is not 'yarn'");
+  // Every field a number that is finite and, where the formula needs it, positive; a field
+  // transformers reads with `or default` (0 and null both mean the default) reads the same here.
+  auto number = [&](const char* key, double fallback, bool zero_means_fallback) {
+    const double v = s.get_or<double>(key, fallback);
+    IL_CHECK(std::isfinite(v) && v >= 0, s.context(), ": '", key, "' must be a finite non-negative number, got ", v);
+    return zero_means_fallback && v == 0 ? fallback : v;
+  };
+  YarnScaling y;
+  y.factor = s.get<double>("factor");
+  IL_CHECK(std::isfinite(y.factor) && y.factor > 0, s.context(), ": 'factor' must be positive, got ", y.factor);
+  y.original_context = number("original_max_position_embeddings", static_cast<double>(c.max_position_embeddings), true);
+  y.beta_fast = number("beta_fast", 32, true);
+  y.beta_slow = number("beta_slow", 1, true);
+  IL_CHECK(y.beta_fast >= y.beta_slow, s.context(), ": 'beta_fast' (", y.beta_fast, ") must not be below 'beta_slow' (",
+           y.beta_slow, "): the ramp runs from the fast pairs to the slow ones");
+  y.truncate = s.get_or<bool>("truncate", true);
+  y.mscale = number("mscale", 0, false);
+  y.mscale_all_dim = number("mscale_all_dim", 0, false);
+  y.attention_factor = number("attention_factor", 0, false);
+  IL_CHECK(!s.has("attention_factor") || y.attention_factor > 0, s.context(), ": 'attention_factor' must be positive, got 0");
+  return y;
 }
 
 std::int64_t TransformerConfig::num_parameters() const {

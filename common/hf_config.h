@@ -61,6 +61,23 @@ struct TransformerConfig {
   std::int64_t kv_cache_bytes(std::int64_t positions, std::int64_t bytes_per_element) const;
 };
 
+/// The fields of a rope_scaling of type "yarn", with transformers' defaults filled in
+/// (see yarn_inv_freq in common/ops.h for what they do).
+struct YarnScaling {
+  double factor = 1;           ///< s: the context extension ('factor')
+  double original_context = 0; ///< L: 'original_max_position_embeddings', else max_position_embeddings
+  double beta_fast = 32;       ///< turns over L above which a pair keeps its frequency ('beta_fast', 32 when absent or 0)
+  double beta_slow = 1;        ///< turns over L below which a pair is interpolated ('beta_slow', 1 when absent or 0)
+  bool truncate = true;        ///< round the ramp's ends to whole pair indices ('truncate')
+  double mscale = 0;           ///< 'mscale', 0 when absent
+  double mscale_all_dim = 0;   ///< 'mscale_all_dim', 0 when absent (DeepSeek's softmax correction)
+  double attention_factor = 0; ///< 'attention_factor' when given, 0 when it is derived
+};
+
+/// The YaRN fields of c.rope_scaling, which must have type "yarn" ('rope_type' or 'type');
+/// throws naming `where`, 'rope_scaling' and the malformed field.
+YarnScaling parse_yarn_scaling(const TransformerConfig& c, const std::string& where);
+
 /// Reads a Llama-family config (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, ...),
 /// checking that the fields agree (heads divide hidden size, KV heads divide heads, ...).
 TransformerConfig parse_transformer_config(const HfConfig& cfg);

@@ -1,9 +1,12 @@
 // ops:: — checks, work counting, and dispatch to the fast CPU path or the CUDA backend.
 #include "common/ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "common/cuda/backend.h"
+#include "common/hf_config.h"
 #include "common/metrics.h"
 #include "common/ops_cpu.h"
 
@@ -242,6 +245,38 @@ Tensor rope_inv_freq(std::int64_t rot_dim, double theta) {
   for (std::size_t j = 0; j < f.size(); ++j)
     f[j] = static_cast<float>(std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(rot_dim)));
   return Tensor::from_vector(f, {rot_dim / 2});
+}
+
+double yarn_mscale(double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * std::log(s) + 1.0; }
+
+double yarn_attention_factor(const YarnScaling& y) {
+  if (y.attention_factor != 0) return y.attention_factor;
+  if (y.mscale != 0 && y.mscale_all_dim != 0) return yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim);
+  return yarn_mscale(y.factor, 1.0);
+}
+
+Tensor yarn_inv_freq(std::int64_t rot_dim, double theta, const YarnScaling& y) {
+  IL_CHECK(theta > 1, "yarn_inv_freq: theta ", theta, " must be above 1 (the ramp divides by ln theta)");
+  IL_CHECK(y.factor > 0 && y.original_context > 0 && y.beta_fast > 0 && y.beta_slow > 0, "yarn_inv_freq: factor (",
+           y.factor, "), original context (", y.original_context, "), beta_fast (", y.beta_fast, ") and beta_slow (",
+           y.beta_slow, ") must be positive");
+  Tensor f = rope_inv_freq(rot_dim, theta);
+  const double d = static_cast<double>(rot_dim);
+  // The pair index whose wavelength fits `turns` times into the original context.
+  auto pair_turning = [&](double turns) {
+    return d * std::log(y.original_context / (turns * 2 * std::numbers::pi)) / (2 * std::log(theta));
+  };
+  double lo = pair_turning(y.beta_fast), hi = pair_turning(y.beta_slow);
+  if (y.truncate) lo = std::floor(lo), hi = std::ceil(hi);
+  lo = std::max(lo, 0.0), hi = std::min(hi, d - 1);
+  if (lo == hi) hi += 0.001;  // as transformers does, so the ramp never divides by zero
+  float* p = f.data<float>();
+  for (std::int64_t j = 0; j < f.numel(); ++j) {
+    const double plain = std::pow(theta, -2.0 * static_cast<double>(j) / d);
+    const double ramp = std::clamp((static_cast<double>(j) - lo) / (hi - lo), 0.0, 1.0);  // 0: keep, 1: interpolate
+    p[j] = static_cast<float>(plain / y.factor * ramp + plain * (1 - ramp));
+  }
+  return f;
 }
 
 // ---------------------------------------------------------------------------------------------

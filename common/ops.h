@@ -126,6 +126,32 @@ void argmax(const Tensor& x, Tensor& out);
 /// RoPE inverse frequencies theta^(-2j/rot_dim), j = 0 .. rot_dim/2 - 1, as F32 on the host.
 Tensor rope_inv_freq(std::int64_t rot_dim, double theta);
 
+struct YarnScaling;  // common/hf_config.h: the fields of a rope_scaling of type "yarn"
+
+/// YaRN's inverse frequencies (Peng et al. 2023, "YaRN: Efficient Context Window Extension"),
+/// as transformers 4.57.6 computes them (`_compute_yarn_parameters`), F32 on the host. With
+/// d = rot_dim, s = factor, L = original_max_position_embeddings and f_j = theta^(-2j/d) (the
+/// plain frequencies of rope_inv_freq):
+///
+///     dim(b)  = d · ln(L / (2π·b)) / (2 ln theta)    the pair index that turns b times over L
+///     lo, hi  = dim(beta_fast), dim(beta_slow)         (floor and ceil when truncate),
+///               then lo = max(lo, 0), hi = min(hi, d - 1), and hi += 0.001 if they are equal
+///     ramp_j  = clamp((j - lo) / (hi - lo), 0, 1)
+///     inv_j   = f_j / s · ramp_j + f_j · (1 - ramp_j)
+///
+/// Fast pairs (many turns over L, j below lo) keep their frequency, slow ones (j above hi) are
+/// interpolated by s, those between are blended. The cos/sin factor is yarn_attention_factor.
+Tensor yarn_inv_freq(std::int64_t rot_dim, double theta, const YarnScaling& y);
+
+/// YaRN's magnitude correction 0.1 · m · ln(s) + 1 for s > 1, and 1 for s <= 1
+/// (transformers' `get_mscale` and DeepSeek's `yarn_get_mscale`).
+double yarn_mscale(double s, double m);
+
+/// The factor YaRN multiplies cos and sin by (so every rotated query and key dimension):
+/// attention_factor when the config gives it; else yarn_mscale(s, mscale) /
+/// yarn_mscale(s, mscale_all_dim) when both are nonzero; else yarn_mscale(s, 1).
+double yarn_attention_factor(const YarnScaling& y);
+
 /// The shape, dtype and device checks shared by every version (they also count the op's work).
 namespace check {
 void matmul(const Tensor& x, const Tensor& w, const Tensor& out);

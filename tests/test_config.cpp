@@ -1,6 +1,7 @@
 // config.json: Llama-family hyper-parameters, parameter counts checked against published
 // figures, and clear errors for missing or mistyped fields.
 #include "common/hf_config.h"
+#include "common/ops.h"
 #include "test_util.h"
 
 namespace inferlab {
@@ -96,7 +97,20 @@ TEST(Config, FieldsThatChangeTheMathAreImplementedOrRefusedByName) {
       {R"("rope_scaling":{"rope_type":"linear","factor":-2.0})", {"field 'rope_scaling'", "'factor' must be positive, got -2"}},
       {R"("rope_scaling":{"type":"linear","factor":0})", {"field 'rope_scaling'", "'factor' must be positive, got 0"}},
       {R"("rope_scaling":{"type":"linear"})", {"field 'rope_scaling'", "missing field 'factor'"}},
-      {R"("rope_scaling":{"rope_type":"yarn","factor":4.0})", {"field 'rope_scaling'", "type 'yarn' is not supported"}},
+      {R"("rope_scaling":{"rope_type":"dynamic","factor":4.0})", {"field 'rope_scaling'", "type 'dynamic' is not supported"}},
+      {R"("rope_scaling":{"type":"yarn","factor":4.0,"beta_fast":1,"beta_slow":32})",
+       {"field 'rope_scaling'", "'beta_fast' (1) must not be below 'beta_slow' (32)"}},
+      {R"("rope_scaling":{"type":"yarn","factor":4.0,"mscale_all_dim":-1})",
+       {"field 'rope_scaling'", "'mscale_all_dim' must be a finite non-negative number, got -1"}},
+      {R"("rope_scaling":{"type":"yarn","factor":4.0,"original_max_position_embeddings":"4k"})",
+       {"field 'rope_scaling'", "field 'original_max_position_embeddings' must be a number"}},
+      {R"("rope_scaling":{"type":"yarn","factor":4.0,"truncate":1})", {"field 'rope_scaling'", "field 'truncate' must be true or false"}},
+      {R"("rope_scaling":{"type":"yarn","factor":4.0,"attention_factor":0})",
+       {"field 'rope_scaling'", "'attention_factor' must be positive"}},
+      {R"("rope_scaling":{"type":"yarn"})", {"field 'rope_scaling'", "missing field 'factor'"}},
+      {R"("architectures":["LlamaForCausalLM"],"rope_scaling":{"type":"yarn","factor":4.0})",
+       {"field 'rope_scaling'", "type 'yarn' is implemented for DeepseekV3ForCausalLM and DeepseekV2ForCausalLM",
+        "not for architecture 'LlamaForCausalLM'"}},
       {R"("rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":4.0,"high_freq_factor":4.0,
           "original_max_position_embeddings":8192})", {"'high_freq_factor' must be above 'low_freq_factor'"}},
       {R"("rope_scaling":"linear")", {"field 'rope_scaling'", "expected a JSON object"}},
@@ -118,6 +132,36 @@ TEST(Config, FieldsThatChangeTheMathAreImplementedOrRefusedByName) {
   test::write_file(path, base + R"("hidden_act":"swish","rope_scaling":{"rope_type":"llama3","factor":8.0,
       "low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192}})");
   EXPECT_EQ(parse_transformer_config(load_hf_config(path)).rope_scaling["factor"], 8.0);
+}
+
+// YaRN's fields with transformers' defaults: beta_fast 32 and beta_slow 1 when absent or 0 (it
+// reads them with `or`), the original context max_position_embeddings when absent, truncate on.
+TEST(HfConfig, YarnFieldsAndTheirDefaults) {
+  test::TempDir dir;
+  const std::string path = dir.file("config.json");
+  const std::string base = R"({"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+      "num_attention_heads":4,"vocab_size":10,"max_position_embeddings":640,"architectures":["DeepseekV3ForCausalLM"],)";
+  test::write_file(path, base + R"("rope_scaling":{"type":"yarn","factor":40,"beta_fast":0}})");
+  const TransformerConfig c = parse_transformer_config(load_hf_config(path));
+  const YarnScaling d = parse_yarn_scaling(c, path);
+  EXPECT_EQ(d.factor, 40.0);
+  EXPECT_EQ(d.original_context, 640.0);
+  EXPECT_EQ(d.beta_fast, 32.0);
+  EXPECT_EQ(d.beta_slow, 1.0);
+  EXPECT_TRUE(d.truncate);
+  EXPECT_EQ(d.mscale, 0.0);
+  EXPECT_EQ(d.attention_factor, 0.0);
+  // DeepSeek-V3's own rope_scaling.
+  test::write_file(path, base + R"("rope_scaling":{"beta_fast":32,"beta_slow":1,"factor":40,"mscale":1.0,
+      "mscale_all_dim":1.0,"original_max_position_embeddings":4096,"type":"yarn"}})");
+  const YarnScaling v3 = parse_yarn_scaling(parse_transformer_config(load_hf_config(path)), path);
+  EXPECT_EQ(v3.original_context, 4096.0);
+  EXPECT_EQ(v3.mscale_all_dim, 1.0);
+  EXPECT_EQ(yarn_attention_factor(v3), 1.0);  // mscale / mscale_all_dim cancel
+  // Only a yarn rope_scaling is read as one.
+  test::write_file(path, base + R"("rope_scaling":{"type":"linear","factor":2}})");
+  test::expect_error([&] { parse_yarn_scaling(parse_transformer_config(load_hf_config(path)), path); },
+                     {"field 'rope_scaling'", "type 'linear' is not 'yarn'"});
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "common/metrics.h"
 #include "attention_exact.h"
+#include "common/hf_config.h"
 #include "common/ops.h"
 #include "test_util.h"
 
@@ -246,6 +247,52 @@ TEST(Rope, AdjacentPairingIsHalfSplitOnPermutedDimensions) {
         EXPECT_EQ(perm.at<float>({t, h, j}), x.at<float>({t, h, 2 * j}));
         EXPECT_EQ(perm.at<float>({t, h, j + half}), x.at<float>({t, h, 2 * j + 1}));
       }
+}
+
+// YaRN against transformers 4.57.6's _compute_yarn_parameters, run in float64 (the numbers
+// below are its output): a ramp with whole ends (A), fractional ends and mscale != mscale_all_dim
+// (B), the defaults with an explicit attention_factor (C), and equal ends (D: hi += 0.001).
+TEST(Rope, YarnFrequenciesAndAttentionFactorMatchTransformers) {
+  struct Case {
+    const char* name;
+    std::int64_t dim;
+    double theta;
+    YarnScaling y;
+    std::vector<double> inv_freq;
+    double attention_factor;
+  };
+  auto yarn = [](double s, double L, double fast, double slow, bool truncate, double ms, double ms_all, double af) {
+    YarnScaling y;
+    y.factor = s, y.original_context = L, y.beta_fast = fast, y.beta_slow = slow, y.truncate = truncate;
+    y.mscale = ms, y.mscale_all_dim = ms_all, y.attention_factor = af;
+    return y;
+  };
+  const Case cases[] = {
+      {"A", 16, 10000, yarn(4, 128, 32, 1, true, 1, 1, 0),
+       {1.0, 0.237170822156548, 0.04999999850988388, 0.007905694150420948, 0.0025, 0.0007905694150420947, 0.00025,
+        7.905694150420948e-05},
+       1.0},
+      {"B", 8, 100, yarn(4, 64, 4, 1, false, 1, 0.5, 0), {1.0, 0.2791745498060977, 0.02599659711122513, 0.007905694150420948},
+       1.0648216253695715},
+      {"C", 8, 500, yarn(8, 64, 32, 1, true, 0, 0, 0.9), {1.0, 0.11895426713706346, 0.005590169943749474, 0.0011821770112539697},
+       0.9},
+      {"D", 8, 10000, yarn(2, 4096, 2, 2, false, 0, 0, 0), {1.0, 0.1, 0.01, 0.0005}, 1.0693147180559945},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    // One float32 rounding of the result (u · inv), plus transformers' own ramp, computed in
+    // float32 (a few roundings, at most 4u of the ramp's [0, 1]), which moves inv by up to
+    // 4u · f · (1 - 1/s) with f the plain frequency (case A's 0.0499999985 for 0.05).
+    const auto plain = rope_inv_freq(c.dim, c.theta).to_double_vector();
+    std::vector<double> bound;
+    for (std::size_t i = 0; i < plain.size(); ++i)
+      bound.push_back(u * c.inv_freq[i] + 4 * u * plain[i] * (1 - 1 / c.y.factor));
+    expect_within(yarn_inv_freq(c.dim, c.theta, c.y).to_double_vector(), c.inv_freq, bound, "yarn_inv_freq");
+    EXPECT_NEAR(yarn_attention_factor(c.y), c.attention_factor, 1e-15);
+  }
+  EXPECT_EQ(yarn_mscale(1.0, 3.0), 1.0);  // no extension, no correction
+  EXPECT_NEAR(yarn_mscale(40.0, 0.707), 0.1 * 0.707 * std::log(40.0) + 1, 1e-15);
+  expect_error([] { yarn_inv_freq(8, 1.0, YarnScaling{}); }, {"yarn_inv_freq", "theta 1 must be above 1"});
 }
 
 TEST(Rope, Errors) {

@@ -1,7 +1,10 @@
 #include "chapters/01_naive_decode/llama.h"
 
+#include "chapters/01_naive_decode/hf_weights.h"
+
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <numbers>
 #include <random>
 #include <set>
@@ -101,16 +104,8 @@ namespace {
 // Builds a Llama from a tensor getter that speaks Hugging Face names.
 template <class Get>
 Llama assemble(const TransformerConfig& c, Get get) {
-  const std::int64_t D = c.hidden_size, F = c.intermediate_size, Q = c.num_heads * c.head_dim,
-                     KV = c.num_kv_heads * c.head_dim;
-  Llama m;
-  m.config = c;
-  m.inv_freq = rope_frequencies(c);
-  m.embed = get("model.embed_tokens.weight", Shape{c.vocab_size, D});
-  for (std::int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    LlamaLayer l;
-    l.attn_norm = get(p + "input_layernorm.weight", Shape{D});
+  const std::int64_t D = c.hidden_size, Q = c.num_heads * c.head_dim, KV = c.num_kv_heads * c.head_dim;
+  Llama m = read_decoder(c, get, [&](const std::string& p, std::int64_t, LlamaLayer& l) {
     l.wq = get(p + "self_attn.q_proj.weight", Shape{Q, D});
     l.wk = get(p + "self_attn.k_proj.weight", Shape{KV, D});
     l.wv = get(p + "self_attn.v_proj.weight", Shape{KV, D});
@@ -121,14 +116,8 @@ Llama assemble(const TransformerConfig& c, Get get) {
       l.wk.bias = get(p + "self_attn.k_proj.bias", Shape{KV}).to(DType::F32);
       l.wv.bias = get(p + "self_attn.v_proj.bias", Shape{KV}).to(DType::F32);
     }
-    l.mlp_norm = get(p + "post_attention_layernorm.weight", Shape{D});
-    l.w_gate = get(p + "mlp.gate_proj.weight", Shape{F, D});
-    l.w_up = get(p + "mlp.up_proj.weight", Shape{F, D});
-    l.w_down = get(p + "mlp.down_proj.weight", Shape{D, F});
-    m.layers.push_back(l);
-  }
-  m.final_norm = get("model.norm.weight", Shape{D});
-  m.lm_head = c.tie_word_embeddings ? m.embed : get("lm_head.weight", Shape{c.vocab_size, D});
+  });
+  m.inv_freq = rope_frequencies(c);
   return m;
 }
 
@@ -172,33 +161,16 @@ Llama load_llama(const std::string& path) {
     IL_CHECK(!fields.get_or<bool>("use_sliding_window", false), hf.path,
              ": field 'use_sliding_window' is true; sliding windows are chapter 06's, chapter 01 would attend to everything");
   IL_CHECK(!c.mlp_bias, hf.path, ": field 'mlp_bias' is true, and this chapter's MLP has no biases");
-  const Checkpoint ck(fs::is_directory(path) ? path : fs::path(path).parent_path().string());
-  // Said by the config, missing from the checkpoint: refused by field rather than run without.
-  IL_CHECK(c.tie_word_embeddings || ck.contains("lm_head.weight"), hf.path, ": field 'tie_word_embeddings' is false",
-           fields.has("tie_word_embeddings") ? "" : " (its default)", " but ", ck.path(), " has no tensor 'lm_head.weight'");
+  HfWeights weights(hf, c, path);
+  const Checkpoint& ck = weights.checkpoint();
   for (std::int64_t i = 0; c.attention_bias && i < c.num_layers; ++i)
     for (const char* p : {"q", "k", "v"}) {
       const std::string n = "model.layers." + std::to_string(i) + ".self_attn." + p + "_proj.bias";
       IL_CHECK(ck.contains(n), hf.path, ": field 'attention_bias' is true", fields.has("attention_bias") ? "" : " (for model_type qwen2)",
                " but ", ck.path(), " has no tensor '", n, "'");
     }
-  std::set<std::string> used;
-  // Every weight is checked here, where its name and file are known: a dtype the model can run,
-  // and no NaN or infinity.
-  Llama m = assemble(c, [&](const std::string& n, const Shape& s) {
-    used.insert(n);
-    Tensor t = ck.get(n, s);
-    IL_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F16 || t.dtype() == DType::BF16, ck.file(n), ": tensor '", n,
-             "' is ", safetensors_dtype_name(t.dtype()), "; model weights must be F32, F16 or BF16");
-    return check_finite(t, ck.file(n) + ": tensor '" + n + "'");
-  });
-  // A tensor the config does not account for means the two disagree (e.g. num_hidden_layers
-  // smaller than the checkpoint's layers): running would silently use part of the model.
-  for (const std::string& n : ck.names())
-    IL_CHECK(used.count(n) || n.find("rotary_emb.inv_freq") != std::string::npos ||
-                 (n == "lm_head.weight" && c.tie_word_embeddings),  // tied: transformers ignores it too
-             ck.file(n), ": tensor '", n,
-             "' is not part of the model that ", hf.path, " describes (does num_hidden_layers match the checkpoint?)");
+  Llama m = assemble(c, std::ref(weights));
+  weights.check_all_used("does num_hidden_layers match the checkpoint?");
   m.source = path;
   return m;
 }

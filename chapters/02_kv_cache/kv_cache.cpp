@@ -38,10 +38,28 @@ Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, con
 }
 
 // ---------------------------------------------------------------------------------------------
+// A cache of rows: position p in row p.
+RowCache::RowCache(const char* name, std::int64_t capacity) : name_(name), capacity_(capacity) {
+  IL_CHECK(capacity > 0, name_, ": capacity must be positive, got ", capacity);
+}
+
+std::int64_t RowCache::end_of_step(std::int64_t T) const {
+  IL_CHECK(T >= 0 && length_ + T <= capacity_, name_, " full: ", length_, " positions cached + ", T,
+           " new exceeds its capacity of ", capacity_);
+  return length_ + T;
+}
+
+void RowCache::commit(std::int64_t T) { length_ = end_of_step(T); }
+
+void RowCache::truncate(std::int64_t n) {
+  IL_CHECK(n >= 0 && n <= length_, name_, ": cannot truncate ", length_, " cached positions to ", n);
+  length_ = n;  // the rows past n are overwritten by the next positions
+}
+
+// ---------------------------------------------------------------------------------------------
 // The cache: K and V of position p in row p of each layer's tensors.
 ContiguousKVCache::ContiguousKVCache(const TransformerConfig& c, std::int64_t capacity, Device device, DType dtype)
-    : config_(c), dtype_(dtype), capacity_(capacity) {
-  IL_CHECK(capacity > 0, "KV cache: capacity must be positive, got ", capacity);
+    : RowCache("KV cache", capacity), config_(c), dtype_(dtype) {
   const std::int64_t total = bytes();  // the size first: an overflowing capacity is an error, not a failed allocation
   with_context([&] { return "KV cache of " + std::to_string(capacity) + " positions (" + std::to_string(total) + " bytes)"; }, [&] {
     for (std::int64_t l = 0; l < c.num_layers; ++l) {
@@ -53,9 +71,7 @@ ContiguousKVCache::ContiguousKVCache(const TransformerConfig& c, std::int64_t ca
 
 void ContiguousKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
   IL_CHECK(layer >= 0 && layer < static_cast<std::int64_t>(k_.size()), "KV cache: no layer ", layer);
-  const std::int64_t start = length_, end = start + k.size(0);
-  IL_CHECK(end <= capacity_, "KV cache full: ", start, " positions cached + ", k.size(0),
-           " new exceeds its capacity of ", capacity_);
+  const std::int64_t start = length_, end = end_of_step(k.size(0));
   // EXERCISE 02.1 BEGIN: keep the new keys and values, attend over the whole cache
   k_[layer].slice(0, start, end).copy_from(k);  // keep the new keys and values ...
   v_[layer].slice(0, start, end).copy_from(v);
@@ -67,17 +83,6 @@ void ContiguousKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor
   //                       "then ops::attention of q over rows 0 .. end into out, with AttentionParams::q_offset "
   //                       "telling it that query t sits at position start + t");
   // EXERCISE 02.1 END
-}
-
-void ContiguousKVCache::commit(std::int64_t T) {
-  IL_CHECK(T >= 0 && length_ + T <= capacity_, "KV cache full: ", length_, " positions cached + ", T,
-           " new exceeds its capacity of ", capacity_);
-  length_ += T;
-}
-
-void ContiguousKVCache::truncate(std::int64_t n) {
-  IL_CHECK(n >= 0 && n <= length_, "KV cache: cannot truncate ", length_, " cached positions to ", n);
-  length_ = n;  // the rows past n are overwritten by the next positions
 }
 
 std::int64_t ContiguousKVCache::bytes() const {

@@ -49,18 +49,33 @@ class KVCache : public Cache {
   virtual void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) = 0;
 };
 
+/// The bookkeeping of a cache whose positions are rows: position p in row p of per-layer
+/// storage of `capacity` rows (chapter 02's K and V, chapter 04's latent rows). It counts the
+/// positions and refuses, naming the cache, a step that would not fit.
+class RowCache : public KVCache {
+ public:
+  std::int64_t length() const override { return length_; }
+  std::int64_t capacity() const { return capacity_; }
+  void commit(std::int64_t T) override;
+  void truncate(std::int64_t n) override;
+
+ protected:
+  /// `name` starts every error ("KV cache", "latent cache").
+  RowCache(const char* name, std::int64_t capacity);
+  /// The first row after a step's T new positions, length() + T; an error if past capacity.
+  std::int64_t end_of_step(std::int64_t T) const;
+  const char* name_;
+  std::int64_t capacity_ = 0, length_ = 0;
+};
+
 /// Chapter 02's cache: for every layer, K and V of up to `capacity` positions, each a
 /// contiguous tensor [capacity, K, H]; position p lives in row p.
-class ContiguousKVCache : public KVCache {
+class ContiguousKVCache : public RowCache {
  public:
   ContiguousKVCache(const TransformerConfig& c, std::int64_t capacity, Device device = Device::CPU,
                     DType dtype = DType::F32);
-  std::int64_t length() const override { return length_; }
-  std::int64_t capacity() const { return capacity_; }
   std::int64_t layers() const { return static_cast<std::int64_t>(k_.size()); }
   void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) override;
-  void commit(std::int64_t T) override;
-  void truncate(std::int64_t n) override;
   /// capacity × K × H × L × 2 × bytes per element (TransformerConfig::kv_cache_bytes).
   std::int64_t bytes() const override;
   void release() override;
@@ -74,7 +89,6 @@ class ContiguousKVCache : public KVCache {
  private:
   TransformerConfig config_;
   DType dtype_;
-  std::int64_t capacity_ = 0, length_ = 0;
   std::vector<Tensor> k_, v_;  // one per layer
 };
 

@@ -11,27 +11,15 @@
 #include "common/json_file.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
-#include "test_util.h"
+#include "golden_util.h"
 
 namespace inferlab {
 namespace {
 
 const std::string kData = INFERLAB_DATA_DIR;
 
-std::vector<std::int32_t> ids_of(const Tensor& t) {
-  std::vector<std::int32_t> out;
-  for (double v : t.to_double_vector()) out.push_back(static_cast<std::int32_t>(v));
-  return out;
-}
-
-// Our float32 forward pass against the float64 reference: the same error budget as the
-// two-path tests (P = 6L + 2 dependent stages, each within γ_K of its inputs' scale, a
-// condition factor of 4), plus the golden file's own rounding to float32.
-double golden_bound(const TransformerConfig& c, double scale) {
-  const double P = 6.0 * static_cast<double>(c.num_layers) + 2;
-  const double K = static_cast<double>(std::max({c.hidden_size, c.intermediate_size, c.max_position_embeddings}));
-  return P * test::gamma(K) * 4 * scale + 0x1p-24 * scale;
-}
+using test::golden_bound;
+using test::ids_of;
 
 class Golden : public ::testing::TestWithParam<std::string> {};
 
