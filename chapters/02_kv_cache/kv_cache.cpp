@@ -13,12 +13,12 @@ using ch01::LlamaLayer;
 // Chapter 01's forward pass and attention block; the lines marked "cache" are what changed
 // (chapter 02's README shows the diff).
 // The forward pass: embed, then per layer attention and MLP with residuals, then the head.
-Tensor forward(const Llama& m, std::vector<SequenceStep>& seqs) {
+Tensor forward(const Llama& m, std::vector<SequenceStep>& seqs, const AttentionBlock& attention) {
   const Batch batch(m, seqs);         // cache: each sequence's new tokens, at positions after its cached ones
   Tensor x = embed(m, batch.tokens);  // [T, D], the residual stream
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
     const LlamaLayer& l = m.layers[i];
-    ops::add(x, attention_block(m, l, norm(m, x, l.attn_norm), batch, i), x);  // cache
+    ops::add(x, attention(m, l, norm(m, x, l.attn_norm), batch, i), x);  // cache
     ops::add(x, mlp_block(l, norm(m, x, l.mlp_norm)), x);
   }
   for (SequenceStep& s : seqs) s.cache->commit(static_cast<std::int64_t>(s.tokens.size()));  // cache
@@ -71,6 +71,8 @@ ContiguousKVCache::ContiguousKVCache(const TransformerConfig& c, std::int64_t ca
 
 void ContiguousKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
   IL_CHECK(layer >= 0 && layer < static_cast<std::int64_t>(k_.size()), "KV cache: no layer ", layer);
+  IL_CHECK(k.defined() && v.defined(), "KV cache: layer ", layer, " brings no keys and values to keep (a layer that "
+           "reads another layer's needs a cache that shares them, chapter 05's SharedKVCache)");
   const std::int64_t start = length_, end = end_of_step(k.size(0));
   // EXERCISE 02.1 BEGIN: keep the new keys and values, attend over the whole cache
   k_[layer].slice(0, start, end).copy_from(k);  // keep the new keys and values ...
@@ -137,7 +139,8 @@ Tensor Batch::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const
   for (std::size_t b = 0; b < caches.size(); ++b) {
     const std::int64_t r0 = begin[b], r1 = begin[b + 1];
     Tensor ob = out.slice(0, r0, r1);
-    caches[b]->attend(layer, q.slice(0, r0, r1), k.slice(0, r0, r1), v.slice(0, r0, r1), ob);
+    auto rows = [&](const Tensor& t) { return t.defined() ? t.slice(0, r0, r1) : t; };  // k, v undefined: chapter 05
+    caches[b]->attend(layer, q.slice(0, r0, r1), rows(k), rows(v), ob);
   }
   return out;
 }

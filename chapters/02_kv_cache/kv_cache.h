@@ -12,6 +12,7 @@
 /// and speculative decoding (chapter 10) are a way of calling it, and a ring buffer (06), a
 /// shared (05) or a paged (12) cache is another implementation of KVCache.
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -109,7 +110,8 @@ struct Batch {
   std::vector<std::int64_t> logit_rows;  ///< the rows whose logits the forward pass returns
 
   Batch(const ch01::Llama& m, const std::vector<SequenceStep>& seqs);
-  /// Attention of every sequence's rows against its own cache (which stores k and v first).
+  /// Attention of every sequence's rows against its own cache (which stores k and v first; both
+  /// undefined for a layer that projects none and reads what another layer stored, chapter 05).
   Tensor attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v) const;
   /// The rows of x named by logit_rows.
   Tensor logits_input(const Tensor& x) const;
@@ -120,12 +122,18 @@ struct Batch {
 Tensor attention_block(const ch01::Llama& m, const ch01::LlamaLayer& l, const Tensor& h, const Batch& batch,
                        std::int64_t layer);
 
+/// The attention block a forward pass runs in every layer, with attention_block's arguments:
+/// chapter 02's own, or a later chapter's (05's cross-layer block, 04's latent one), which thus
+/// replaces this one piece and reuses the rest of the pass.
+using AttentionBlock = std::function<Tensor(const ch01::Llama& m, const ch01::LlamaLayer& l, const Tensor& h,
+                                            const Batch& batch, std::int64_t layer)>;
+
 /// Chapter 01's forward pass with a cache, over a batch: every sequence's new tokens continue
 /// the sequence its cache holds; their keys and values are appended, and attention reads every
 /// cached position. The projections and the MLP run once over the rows of all sequences (one
 /// weight read for the whole batch); attention runs per sequence. Returns the logits of each
 /// sequence's last new token (of all of them where all_logits is set), sequence after sequence.
-Tensor forward(const ch01::Llama& m, std::vector<SequenceStep>& seqs);
+Tensor forward(const ch01::Llama& m, std::vector<SequenceStep>& seqs, const AttentionBlock& attention = attention_block);
 
 /// One sequence: prefill is a call with the whole prompt, each decode step a call with one token.
 Tensor forward_cached(const ch01::Llama& m, KVCache& cache, const std::vector<std::int32_t>& tokens,

@@ -158,16 +158,12 @@ Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h
   return linear(o.view({T, N * dv}), a.wo);
 }
 
+// Chapter 02's batch step, with the MLA block in each layer's attention.
 Tensor forward(const MlaModel& m, std::vector<ch02::SequenceStep>& seqs, MlaPath path) {
-  const ch02::Batch batch(m.base, seqs);
-  Tensor x = ch01::embed(m.base, batch.tokens);
-  for (std::size_t i = 0; i < m.base.layers.size(); ++i) {
-    const ch01::LlamaLayer& l = m.base.layers[i];
-    ops::add(x, attention_block(m, m.attn[i], ch01::norm(m.base, x, l.attn_norm), batch, static_cast<std::int64_t>(i), path), x);
-    ops::add(x, ch01::mlp_block(l, ch01::norm(m.base, x, l.mlp_norm)), x);
-  }
-  for (ch02::SequenceStep& s : seqs) s.cache->commit(static_cast<std::int64_t>(s.tokens.size()));
-  return ch01::head(m.base, batch.logits_input(x));
+  return ch02::forward(m.base, seqs, [&](const ch01::Llama&, const ch01::LlamaLayer&, const Tensor& h,
+                                         const ch02::Batch& batch, std::int64_t layer) {
+    return attention_block(m, m.attn[static_cast<std::size_t>(layer)], h, batch, layer, path);
+  });
 }
 
 Tensor forward_cached(const MlaModel& m, LatentCache& cache, const std::vector<std::int32_t>& tokens, bool all_positions,
