@@ -70,6 +70,11 @@ void add_device_option(CLI::App& app, ModelOptions& o) {
   app.add_option("--device", o.device, "Where to run")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
 }
 
+void add_quality_options(CLI::App& app, std::int64_t& windows, std::int64_t& per_kind) {
+  app.add_option("--windows", windows, "Validation windows of 512 tokens (0: all)")->check(number_in(0, 1e9))->capture_default_str();
+  app.add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->check(number_in(0, 1e9))->capture_default_str();
+}
+
 void add_json_option(CLI::App& app, std::string& path) {
   app.add_option("--json", path, "Write the results as JSON to this file");
 }

@@ -75,6 +75,9 @@ void add_device_option(CLI::App& app, ModelOptions& o);
 void add_generation_options(CLI::App& app, GenerationOptions& o);
 /// --json FILE.
 void add_json_option(CLI::App& app, std::string& path);
+/// --windows N (validation windows of 512 tokens, 0: all) and --probes-per-kind N (0: all): what a
+/// quality table (eval::quality_table) measures.
+void add_quality_options(CLI::App& app, std::int64_t& windows, std::int64_t& per_kind);
 /// All of the above: for the commands that load a model and generate with it.
 void add_common_options(CLI::App& app, CommonOptions& o);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -119,6 +120,34 @@ ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const s
     s.per_kind = std::max(s.per_kind, n);
   }
   return s;
+}
+
+nlohmann::json quality_table(const std::vector<Scored>& models, const std::string& data_dir, std::int64_t windows,
+                             std::int64_t per_kind) {
+  const auto tok = Tokenizer::for_model(data_dir + "/models/tiny-mha");  // the zoo's one tokenizer
+  const auto val = tokenize_documents(*tok, data_dir + "/corpus/val.txt");
+  const auto probes = load_probes(data_dir + "/corpus/probes.jsonl");
+  std::size_t width = 10;
+  for (const Scored& m : models) width = std::max(width, m.name.size());
+  const int w = static_cast<int>(width);
+  std::vector<std::string> kinds;
+  nlohmann::json out = nlohmann::json::array();
+  for (const Scored& m : models) {
+    const auto ppl = perplexity(m.logits, val, 512, windows, m.name);
+    const auto pr = probe_accuracy(m.logits, *tok, probes, per_kind);
+    if (kinds.empty()) {
+      std::printf("%-*s %12s %8s", w, "model", "cache B/tok", "val ppl");
+      for (const auto& [k, v] : pr.accuracy) kinds.push_back(k), std::printf(" %11s", k.c_str());
+      std::printf("\n");
+    }
+    std::printf("%-*s %12lld %8.3f", w, m.name.c_str(), static_cast<long long>(m.cache_bytes_per_token), ppl.ppl);
+    for (const auto& k : kinds) std::printf(" %11.3f", pr.accuracy.at(k));
+    std::printf("\n");
+    std::fflush(stdout);
+    out.push_back({{"model", m.name}, {"cache_bytes_per_token", m.cache_bytes_per_token}, {"val_loss", ppl.loss},
+                   {"val_ppl", ppl.ppl}, {"val_tokens", ppl.tokens}, {"probes", pr.accuracy}});
+  }
+  return out;
 }
 
 }  // namespace inferlab::eval

@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -54,5 +55,19 @@ struct ProbeScores {
 /// Probe accuracy, using at most `per_kind` probes of each kind (0: all).
 ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const std::vector<Probe>& probes,
                            std::int64_t per_kind = 0);
+
+/// A model as a quality table sees it: a name, the bytes its cache keeps per token, its logits.
+struct Scored {
+  std::string name;
+  std::int64_t cache_bytes_per_token = 0;
+  LogitsFn logits;
+};
+
+/// The chapters' quality table, on the zoo's data (`data_dir`/corpus, the zoo's tokenizer):
+/// validation perplexity over `windows` windows of 512 (0: all) and probe accuracy (`per_kind`
+/// probes of each kind, 0: all) of every model, one printed row each as it is measured. Returns
+/// the rows as JSON (model, cache bytes per token, loss, perplexity, tokens, probes).
+nlohmann::json quality_table(const std::vector<Scored>& models, const std::string& data_dir, std::int64_t windows,
+                             std::int64_t per_kind);
 
 }  // namespace inferlab::eval

@@ -76,6 +76,23 @@ def float64_everywhere():
         torch.set_default_dtype(orig_default)
 
 
+def randomize_weights(model: torch.nn.Module, seed: int) -> None:
+    """Weights for a tiny random golden model, drawn from `seed`: linear weights N(0, 1/fan_in),
+    embeddings N(0, 1), vectors (norm weights) uniform in [0.75, 1.25].  An untrained model's
+    usual init (std 0.02) would make every attention score and logit nearly equal, and a golden
+    test on it would check little."""
+    import math
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if p.ndim == 1:
+                p.copy_(0.75 + 0.5 * torch.rand(p.shape, generator=gen))
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+
+
 def _versions() -> dict:
     import safetensors
     import tokenizers

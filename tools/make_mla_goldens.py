@@ -22,7 +22,6 @@ Deterministic for the versions pinned in tools/requirements.txt (one thread).
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
 import shutil
@@ -95,9 +94,7 @@ MODELS: dict[str, tuple[str, str, dict, int]] = {
 
 
 def build(cls: str, fields: dict, seed: int):
-    """A float32 model whose weights are drawn from `seed`: linear weights N(0, 1/fan_in),
-    embeddings N(0, 1), norm weights uniform in [0.75, 1.25] (transformers' own init, std 0.02,
-    would make every attention score and logit nearly equal)."""
+    """A float32 model whose weights are drawn from `seed` (golden.randomize_weights)."""
     import transformers
     cfg_cls = {"DeepseekV3ForCausalLM": transformers.DeepseekV3Config,
                "DeepseekV2ForCausalLM": transformers.DeepseekV2Config}[cls]
@@ -106,15 +103,7 @@ def build(cls: str, fields: dict, seed: int):
     cfg = cfg_cls(**{**COMMON, **fields, "num_key_value_heads": fields["num_attention_heads"]})
     torch.manual_seed(seed)
     model = getattr(transformers, cls)(cfg).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if p.ndim == 1:
-                p.copy_(0.75 + 0.5 * torch.rand(p.shape, generator=gen))
-            elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+    golden.randomize_weights(model, seed)
     return model
 
 

@@ -137,20 +137,26 @@ ThroughputPoint measure_decode(const ch01::Llama& m, std::int64_t batch, std::in
     views.push_back(caches.back().get());
   }
   const std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch), 3);
+  return time_decode(batch, decode_step_bytes(m, std::vector<std::int64_t>(static_cast<std::size_t>(batch), context)),
+                     steps, m.device(), [&] { decode_step(m, views, tokens); });
+}
+
+ThroughputPoint time_decode(std::int64_t batch, double bytes_per_step, int steps, Device device,
+                            const std::function<void()>& step) {
   ThroughputPoint p;
   p.batch = batch;
-  p.bytes_per_step = decode_step_bytes(m, std::vector<std::int64_t>(static_cast<std::size_t>(batch), context));
+  p.bytes_per_step = bytes_per_step;
   {
     metrics::CountScope scope;
-    decode_step(m, views, tokens);  // warm-up, and the step's FLOPs
+    step();  // warm-up, and the step's FLOPs
     p.flops_per_step = scope.work().flops;
   }
-  if (m.device() == Device::CUDA) cuda::synchronize();
+  if (device == Device::CUDA) cuda::synchronize();
   double best = 1e300;
   for (int s = 0; s < steps; ++s) {
     metrics::Timer t;
-    decode_step(m, views, tokens);
-    if (m.device() == Device::CUDA) cuda::synchronize();
+    step();
+    if (device == Device::CUDA) cuda::synchronize();
     best = std::min(best, t.seconds());
   }
   p.seconds_per_step = best;

@@ -8,6 +8,7 @@
 /// where the cache dominates the bytes read: long contexts and large batches.
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "chapters/02_kv_cache/kv_cache.h"
@@ -60,5 +61,10 @@ struct ThroughputPoint {
 /// Times `steps` decode steps of a batch of `batch` sequences at `context` cached positions
 /// (best of the steps, after one warm-up step).
 ThroughputPoint measure_decode(const ch01::Llama& m, std::int64_t batch, std::int64_t context, int steps);
+
+/// The timing itself, for any model and cache (chapter 05's shared caches too): one warm-up
+/// `step()` whose FLOPs the ops count, then the best of `steps` timed ones.
+ThroughputPoint time_decode(std::int64_t batch, double bytes_per_step, int steps, Device device,
+                            const std::function<void()>& step);
 
 }  // namespace inferlab::ch03

@@ -204,17 +204,9 @@ int headline(const std::string& json_path) {
 
 int quality(const std::string& json_path, std::int64_t windows, std::int64_t per_kind) {
   const std::string data = data_dir();
-  const auto tok = Tokenizer::for_model(data + "/models/tiny-mha");
-  const auto val = eval::tokenize_documents(*tok, data + "/corpus/val.txt");
-  const auto probes = eval::load_probes(data + "/corpus/probes.jsonl");
   std::printf("Validation perplexity (%s windows of 512) and probe accuracy (%lld per kind)\n\n",
               windows ? std::to_string(windows).c_str() : "all", static_cast<long long>(per_kind));
-  struct Row {
-    std::string name;
-    std::int64_t cache_bytes;  // per token, all layers, f32
-    eval::LogitsFn logits;
-  };
-  std::vector<Row> rows;
+  std::vector<eval::Scored> rows;
   const ch04::MlaModel mla = ch04::load_mla(data + "/models/tiny-mla");
   rows.push_back({"tiny-mla", mla.mla.latent_dim() * mla.config().num_layers * 4, [&](const std::vector<std::int32_t>& t) {
                     ch04::LatentCache cache(mla.config(), mla.mla, static_cast<std::int64_t>(t.size()));
@@ -225,23 +217,7 @@ int quality(const std::string& json_path, std::int64_t windows, std::int64_t per
   for (const ch01::Llama& m : llamas)
     rows.push_back({m.source.substr(m.source.find_last_of('/') + 1), m.config.kv_cache_bytes(1, 4),
                     [&m](const std::vector<std::int32_t>& t) { return ch01::forward(m, t, true); }});
-  std::vector<std::string> kinds;
-  json out = json::array();
-  for (const Row& r : rows) {
-    const auto ppl = eval::perplexity(r.logits, val, 512, windows, r.name);
-    const auto pr = eval::probe_accuracy(r.logits, *tok, probes, per_kind);
-    if (kinds.empty()) {
-      std::printf("%-10s %12s %8s", "model", "cache B/tok", "val ppl");
-      for (const auto& [k, v] : pr.accuracy) kinds.push_back(k), std::printf(" %11s", k.c_str());
-      std::printf("\n");
-    }
-    std::printf("%-10s %12lld %8.3f", r.name.c_str(), static_cast<long long>(r.cache_bytes), ppl.ppl);
-    for (const auto& k : kinds) std::printf(" %11.3f", pr.accuracy.at(k));
-    std::printf("\n");
-    std::fflush(stdout);
-    out.push_back({{"model", r.name}, {"cache_bytes_per_token", r.cache_bytes}, {"val_loss", ppl.loss},
-                   {"val_ppl", ppl.ppl}, {"val_tokens", ppl.tokens}, {"probes", pr.accuracy}});
-  }
+  const json out = eval::quality_table(rows, data, windows, per_kind);
   if (!json_path.empty()) write_json(json_path, {{"rows", out}, {"probes_per_kind", per_kind}});
   return 0;
 }
@@ -296,8 +272,7 @@ int main(int argc, char** argv) {
   std::int64_t windows = 0, per_kind = 200;
   auto* sq = app.add_subcommand("quality", "tiny-mla's perplexity and probes beside tiny-mha, tiny-gqa and tiny-mqa");
   add_json_option(*sq, json_path);
-  sq->add_option("--windows", windows, "Validation windows of 512 tokens (0: all)")->check(number_in(0, 1e9))->capture_default_str();
-  sq->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->check(number_in(0, 1e9))->capture_default_str();
+  add_quality_options(*sq, windows, per_kind);
   CommonOptions go;
   go.model = data_dir() + "/models/tiny-mla";
   auto* sg = app.add_subcommand("generate", "Text from an MLA model (a DeepseekV3ForCausalLM folder) by both decode paths");

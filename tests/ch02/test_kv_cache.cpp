@@ -21,6 +21,7 @@
 #include "common/llama2c.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
+#include "golden_util.h"
 #include "test_util.h"
 
 namespace inferlab {
@@ -225,12 +226,7 @@ TransformerConfig small_config(std::int64_t kv_heads, std::int64_t layers = 2) {
   return c;
 }
 
-std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n, std::int64_t vocab) {
-  std::uniform_int_distribution<std::int32_t> d(0, static_cast<std::int32_t>(vocab - 1));
-  std::vector<std::int32_t> t(n);
-  for (auto& x : t) x = d(rng);
-  return t;
-}
+using test::random_tokens;
 
 // The two paths run the same float32 arithmetic except the matmuls' summation order (GEMV for
 // one row, GEMM for many). Each dependent stage on the way to a logit (q/k/v, QKᵀ, PV, o, gate

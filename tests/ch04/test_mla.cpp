@@ -22,18 +22,9 @@ using ch04::MlaPath;
 using test::golden_bound;
 using test::ids_of;
 
-double max_abs(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s = std::max(s, std::fabs(x));
-  return s;
-}
-
-double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double w = 0;
-  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) w = std::max(w, std::fabs(a[i] - b[i]));
-  return w;
-}
+using test::max_abs;
+using test::max_diff;
+using test::two_path_bound;
 
 class MlaGolden : public ::testing::TestWithParam<MlaPath> {};
 
@@ -109,9 +100,6 @@ Shape4 small(bool q_lora, bool interleave) {
   return s;
 }
 
-// Two float32 computations of one value, each within golden_bound of the exact result, differ by
-// at most twice that bound.
-double two_path_bound(const TransformerConfig& c, const std::vector<double>& ref) { return 2 * golden_bound(c, max_abs(ref)); }
 
 class MlaTwoPath : public ::testing::TestWithParam<std::pair<bool, bool>> {};
 

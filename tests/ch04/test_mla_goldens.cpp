@@ -29,23 +29,11 @@ constexpr double u = 0x1p-24;  // float32 unit roundoff
 const std::vector<std::string> kModels = {"v3-qdirect-halfsplit", "v3-qlora-interleave", "v3-yarn-deepseek",
                                           "v3-yarn-mscale",       "v2-qlora",            "v2-yarn"};
 
-double max_abs(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s = std::max(s, std::fabs(x));
-  return s;
-}
+using test::max_abs;
 
-// Expects got within golden_bound (scaled by want's largest magnitude) of want.
-void expect_golden(const TransformerConfig& c, const std::vector<double>& got, const std::vector<double>& want,
-                   const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  test::expect_within(got, want, std::vector<double>(want.size(), golden_bound(c, max_abs(want))), what);
-}
+using test::expect_golden;
 
 // Rows [r0, r1) of a [T, V] logits vector.
-std::vector<double> rows(const std::vector<double>& all, std::int64_t V, std::int64_t r0, std::int64_t r1) {
-  return {all.begin() + r0 * V, all.begin() + r1 * V};
-}
 
 // The cache's rows 0 .. T-1 of every layer, [c ‖ k_pe], against transformers' c_kv and k_rope.
 // DeepseekV3 with rope_interleave de-interleaves k_pe before rotating it (even dims first, then
@@ -121,11 +109,11 @@ TEST_P(MlaRandomGolden, LogitsLatentCacheAndGreedyTokensMatchTransformers) {
   const std::int64_t P = 5;
   ch04::LatentCache steps(c, m.mla, T);
   const std::vector<std::int32_t> prefix(ids.begin(), ids.begin() + P);
-  expect_golden(c, ch04::forward_cached(m, steps, prefix, true, path).to_double_vector(), rows(want, V, 0, P),
+  expect_golden(c, ch04::forward_cached(m, steps, prefix, true, path).to_double_vector(), test::rows_of(want, V, 0, P),
                 "prefill of the first " + std::to_string(P));
   for (std::int64_t t = P; t < T; ++t)
     expect_golden(c, ch04::forward_cached(m, steps, {ids[static_cast<std::size_t>(t)]}, false, path).to_double_vector(),
-                  rows(want, V, t, t + 1), "decode step at position " + std::to_string(t));
+                  test::rows_of(want, V, t, t + 1), "decode step at position " + std::to_string(t));
   expect_latent_rows(m, steps, g, T, "prefill then decode");
 
   // Greedy continuation through the cache, token for token.
