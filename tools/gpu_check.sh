@@ -48,6 +48,9 @@ for b in "$BUILD"/bin/bench_*; do
   step "$name" "$b" --benchmark_filter=Cuda --benchmark_out="$OUT/$name.json" --benchmark_out_format=json \
     --benchmark_counters_tabular=true
 done
+# Chapter 05: decode at a fixed memory budget for caches, each sharing factor at the batch it fits.
+step ch05_throughput "$BUILD"/bin/ch05_cla throughput --device cuda --seq 4096 --memory-mb 2048 --layers 8 \
+  --shares 1,2,4 --json "$OUT/ch05_throughput.json"
 
 echo
 echo "==== summary (full log: $LOG)"
