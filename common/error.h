@@ -46,6 +46,13 @@ inline std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what
   return r;
 }
 
+/// a + b, or an error naming `what` when the sum does not fit in 64 bits.
+inline std::int64_t checked_add(std::int64_t a, std::int64_t b, const char* what) {
+  std::int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) fail(what, ": ", a, " + ", b, " overflows 64 bits");
+  return r;
+}
+
 /// `v` as type T, or an error naming `what` when it does not fit. Every id, count, size and
 /// offset read from a file goes through it: a plain cast would wrap (2^32 + 7 becomes 7, 2^31 a
 /// negative index) and the file would silently mean something else.

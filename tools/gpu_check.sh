@@ -51,6 +51,9 @@ done
 # Chapter 05: decode at a fixed memory budget for caches, each sharing factor at the batch it fits.
 step ch05_throughput "$BUILD"/bin/ch05_cla throughput --device cuda --seq 4096 --memory-mb 2048 --layers 8 \
   --shares 1,2,4 --json "$OUT/ch05_throughput.json"
+# Chapter 06: a decode step against position, every layer global against every layer local.
+step ch06_speed "$BUILD"/bin/ch06_local_attention speed --device cuda --layers 8 --window 4096 \
+  --positions 4096,16384,65536 --json "$OUT/ch06_speed.json"
 
 echo
 echo "==== summary (full log: $LOG)"

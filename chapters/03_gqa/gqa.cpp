@@ -97,22 +97,21 @@ void fill_cache(ch02::ContiguousKVCache& cache, std::int64_t length, std::uint64
   IL_CHECK(cache.length() == 0 && length <= cache.capacity(), "fill_cache: ", length,
            " positions do not fit an empty cache of capacity ", cache.capacity());
   for (std::int64_t l = 0; l < cache.layers(); ++l) {
-    Tensor layer_k = cache.k(l), layer_v = cache.v(l);
-    for (Tensor* t : {&layer_k, &layer_v}) {
-      Tensor part = t->slice(0, 0, length);
-      if (t->is_cuda()) {
-        cuda::fill_uniform(part, seed++, -1.0f, 1.0f);
-        continue;
-      }
-      std::uint64_t s = seed++ * 0x9E3779B97F4A7C15ull + 1;
-      float* p = part.data<float>();
-      for (std::int64_t i = 0; i < part.numel(); ++i) {  // xorshift: fast, not zeros, not cache-friendly
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        p[i] = static_cast<float>(static_cast<std::int64_t>(s >> 40) - (1 << 23)) * 0x1p-23f;
-      }
-    }
+    Tensor k = cache.k(l).slice(0, 0, length), v = cache.v(l).slice(0, 0, length);
+    fill_random(k, seed++);
+    fill_random(v, seed++);
   }
   cache.commit(length);
+}
+
+void fill_random(Tensor& rows, std::uint64_t seed) {
+  if (rows.is_cuda()) return cuda::fill_uniform(rows, seed, -1.0f, 1.0f);
+  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  float* p = rows.data<float>();
+  for (std::int64_t i = 0; i < rows.numel(); ++i) {  // xorshift: fast, not zeros, not cache-friendly
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    p[i] = static_cast<float>(static_cast<std::int64_t>(s >> 40) - (1 << 23)) * 0x1p-23f;
+  }
 }
 
 double decode_step_bytes(const ch01::Llama& m, const std::vector<std::int64_t>& lengths, DType cache_dtype) {

@@ -34,6 +34,9 @@ Tensor decode_step(const ch01::Llama& m, const std::vector<ch02::KVCache*>& cach
 /// a benchmark can decode at a long context without paying for the prefill.
 void fill_cache(ch02::ContiguousKVCache& cache, std::int64_t length, std::uint64_t seed);
 
+/// Fills f32 rows (a cache's storage, on any device) with pseudo-random values in [-1, 1).
+void fill_random(Tensor& rows, std::uint64_t seed);
+
 /// Bytes one decode step of a batch must read: the weights once, every sequence's cache so far
 /// and the new position's keys and values (`lengths`: each sequence's cached positions).
 double decode_step_bytes(const ch01::Llama& m, const std::vector<std::int64_t>& lengths, DType cache_dtype = DType::F32);

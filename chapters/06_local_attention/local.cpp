@@ -1,0 +1,304 @@
+#include "chapters/06_local_attention/local.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <sstream>
+
+#include "common/json_file.h"
+#include "common/lab.h"
+
+namespace inferlab::ch06 {
+
+// ---------------------------------------------------------------------------------------------
+// The layout.
+LocalLayout LocalLayout::global(std::int64_t layers) {
+  IL_CHECK(layers > 0, "local attention: a model needs at least one layer, got ", layers);
+  LocalLayout l;
+  l.window.assign(static_cast<std::size_t>(layers), 0);
+  return l;
+}
+
+LocalLayout LocalLayout::local(std::int64_t layers, std::int64_t window) {
+  IL_CHECK(window > 0, "local attention: the window must be positive, got ", window);
+  LocalLayout l = global(layers);
+  l.window.assign(l.window.size(), window);
+  return l;
+}
+
+LocalLayout LocalLayout::hybrid(std::int64_t layers, std::int64_t window, std::int64_t global_every) {
+  IL_CHECK(global_every > 0, "local attention: one global layer in ", global_every, " is not a pattern");
+  LocalLayout l = local(layers, window);
+  for (std::int64_t i = global_every - 1; i < layers; i += global_every) l.window[static_cast<std::size_t>(i)] = 0;
+  return l;
+}
+
+bool LocalLayout::is_local(std::int64_t layer) const {
+  IL_CHECK(layer >= 0 && layer < layers(), "local attention: no layer ", layer, " in a model of ", layers());
+  return window[static_cast<std::size_t>(layer)] > 0;
+}
+
+std::int64_t LocalLayout::locals() const {
+  return static_cast<std::int64_t>(std::count_if(window.begin(), window.end(), [](std::int64_t w) { return w > 0; }));
+}
+
+std::int64_t LocalLayout::rows(std::int64_t layer, std::int64_t capacity) const {
+  // EXERCISE 06.1 BEGIN: the rows a layer keeps
+  return is_local(layer) ? std::min(capacity, sinks + window[static_cast<std::size_t>(layer)]) : capacity;
+  // EXERCISE 06.1 STUB
+  // (void)capacity;
+  // lab::not_done("06.1", "return the rows layer `layer` keeps for a sequence of up to `capacity` positions: a "
+  //                       "global layer keeps them all; a local layer its window W (window[layer]) and the "
+  //                       "`sinks` first positions, never more than capacity");
+  // EXERCISE 06.1 END
+}
+
+std::int64_t LocalLayout::receptive_field() const {
+  if (locals() < layers()) return -1;
+  std::int64_t reach = 1;
+  for (std::int64_t w : window) reach += w - 1;
+  return reach;
+}
+
+std::string LocalLayout::describe() const {
+  std::ostringstream os;
+  for (std::int64_t i = 0; i < layers();) {
+    std::int64_t j = i;
+    while (j + 1 < layers() && window[static_cast<std::size_t>(j + 1)] == window[static_cast<std::size_t>(i)]) ++j;
+    const std::int64_t w = window[static_cast<std::size_t>(i)];
+    os << (i ? ", " : "") << (i == j ? "layer " + std::to_string(i) : "layers " + std::to_string(i) + "-" + std::to_string(j))
+       << (w > 0 ? " local (W = " + std::to_string(w) + ")" : " global");
+    i = j + 1;
+  }
+  if (sinks > 0) os << ", " << sinks << " sink positions";
+  return os.str();
+}
+
+std::int64_t kv_cache_bytes(const TransformerConfig& c, const LocalLayout& layout, std::int64_t positions,
+                            std::int64_t bytes_per_element) {
+  IL_CHECK(layout.layers() == c.num_layers, "local attention: a layout of ", layout.layers(), " layers for a model of ",
+           c.num_layers);
+  TransformerConfig one = c;  // one layer's K and V: the one formula, layer by layer
+  one.num_layers = 1;
+  std::int64_t total = 0;
+  for (std::int64_t i = 0; i < c.num_layers; ++i)
+    total = checked_add(total, one.kv_cache_bytes(layout.rows(i, positions), bytes_per_element), "KV-cache bytes");
+  return total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading: the windows as transformers reads them.
+LocalLayout parse_local_layout(const HfConfig& hf, std::int64_t layers) {
+  const JsonFields f(hf.json, hf.path);
+  const std::string arch = hf.architecture();
+  // sliding_window: a positive integer, or absent / null for none.
+  auto window = [&]() -> std::int64_t {
+    if (!f.has("sliding_window") || hf.json["sliding_window"].is_null()) return 0;
+    const std::int64_t w = f.get<std::int64_t>("sliding_window");
+    IL_CHECK(w > 0, hf.path, ": field 'sliding_window' must be a positive number of positions, got ", w);
+    return w;
+  };
+  // layer_types: one entry per layer, each "sliding_attention" (window W) or "full_attention".
+  auto from_layer_types = [&](std::int64_t W) {
+    const auto types = f.get<std::vector<std::string>>("layer_types");
+    IL_CHECK(static_cast<std::int64_t>(types.size()) == layers, hf.path, ": field 'layer_types' has ", types.size(),
+             " entries for ", layers, " layers (num_hidden_layers)");
+    LocalLayout l = LocalLayout::global(layers);
+    for (std::size_t i = 0; i < types.size(); ++i) {
+      IL_CHECK(types[i] == "sliding_attention" || types[i] == "full_attention", hf.path, ": field 'layer_types' entry ",
+               i, " is '", types[i], "' (sliding_attention or full_attention)");
+      if (types[i] == "full_attention") continue;
+      IL_CHECK(W > 0, hf.path, ": layer ", i, " is 'sliding_attention' but the config sets no sliding_window",
+               arch == "Qwen2ForCausalLM" ? " (Qwen2 uses sliding_window only when use_sliding_window is true)" : "");
+      l.window[i] = W;
+    }
+    return l;
+  };
+  if (arch == "MinistralForCausalLM") {
+    const std::int64_t W = window();
+    if (f.has("layer_types") && !hf.json["layer_types"].is_null()) return from_layer_types(W);
+    return W > 0 ? LocalLayout::local(layers, W) : LocalLayout::global(layers);
+  }
+  if (arch == "MistralForCausalLM") {  // one window for every layer; layer_types is not Mistral's
+    const std::int64_t W = window();
+    return W > 0 ? LocalLayout::local(layers, W) : LocalLayout::global(layers);
+  }
+  if (arch == "Qwen2ForCausalLM") {
+    const std::int64_t W = f.get_or<bool>("use_sliding_window", false) ? window() : 0;
+    if (f.has("layer_types") && !hf.json["layer_types"].is_null()) return from_layer_types(W);
+    LocalLayout l = LocalLayout::global(layers);
+    if (W == 0) return l;
+    const std::int64_t first = f.get_or<std::int64_t>("max_window_layers", 28);
+    for (std::int64_t i = std::max<std::int64_t>(first, 0); i < layers; ++i) l.window[static_cast<std::size_t>(i)] = W;
+    return l;
+  }
+  IL_CHECK(ch01::llama_family(arch), hf.path, ": architecture '", arch,
+           "' is not one chapter 06 runs (MistralForCausalLM, MinistralForCausalLM, Qwen2ForCausalLM, or another "
+           "Llama-family decoder without windows)");
+  return LocalLayout::global(layers);
+}
+
+LocalModel load_local(const std::string& path) {
+  namespace fs = std::filesystem;
+  IL_CHECK(fs::exists(path), "cannot open model ", path, ": no such file or folder");
+  if (!fs::is_directory(path) && fs::path(path).extension() == ".bin") {  // llama2.c: no windows
+    ch01::Llama m = ch01::load_llama(path);
+    const std::int64_t L = m.config.num_layers;
+    return {std::move(m), LocalLayout::global(L)};
+  }
+  const HfConfig hf = load_hf_config(path);
+  const std::int64_t layers = JsonFields(hf.json, hf.path).get<std::int64_t>("num_hidden_layers");
+  LocalLayout layout = parse_local_layout(hf, layers);
+  return {ch01::load_hf_decoder(hf, path), std::move(layout)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ring cache.
+RingKVCache::RingKVCache(const TransformerConfig& c, LocalLayout layout, std::int64_t capacity, Device device,
+                         DType dtype)
+    : RowCache("ring KV cache", capacity), config_(c), layout_(std::move(layout)), dtype_(dtype) {
+  IL_CHECK(layout_.layers() == c.num_layers, "ring KV cache: a layout of ", layout_.layers(), " layers for a model of ",
+           c.num_layers);
+  IL_CHECK(layout_.sinks >= 0, "ring KV cache: a negative number of sink positions, ", layout_.sinks);
+  const std::int64_t total = bytes();
+  with_context([&] { return "ring KV cache of " + std::to_string(capacity) + " positions (" + std::to_string(total) + " bytes)"; },
+               [&] {
+                 for (std::int64_t l = 0; l < c.num_layers; ++l) {
+                   const std::int64_t rows = layout_.rows(l, capacity);
+                   k_.push_back(Tensor::zeros({rows, c.num_kv_heads, c.head_dim}, dtype, device));
+                   v_.push_back(Tensor::zeros({rows, c.num_kv_heads, c.head_dim}, dtype, device));
+                 }
+               });
+}
+
+std::int64_t RingKVCache::slot(std::int64_t layer, std::int64_t p) const {
+  const std::int64_t ns = layout_.sinks, W = layout_.window.at(static_cast<std::size_t>(layer));
+  // EXERCISE 06.2 BEGIN: the slot of a position
+  if (W == 0 || p < ns) return p;  // a global layer's row, or a sink's own slot
+  return ns + (p - ns) % W;
+  // EXERCISE 06.2 STUB
+  // (void)ns, (void)W;
+  // lab::not_done("06.2", "return the slot of position p: a global layer (W == 0) keeps p in row p, and so does a "
+  //                       "local layer for its ns sink positions; the positions after them share the W slots "
+  //                       "that follow the sinks, in turn, so that each overwrites the one W positions before it");
+  // EXERCISE 06.2 END
+}
+
+void RingKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
+  IL_CHECK(layer >= 0 && layer < static_cast<std::int64_t>(k_.size()), "ring KV cache: no layer ", layer);
+  IL_CHECK(k.defined() && v.defined(), "ring KV cache: layer ", layer, " brings no keys and values to keep");
+  const std::int64_t start = length_, T = k.size(0), end = end_of_step(T);
+  Tensor &K = k_[static_cast<std::size_t>(layer)], &V = v_[static_cast<std::size_t>(layer)];
+  const std::int64_t rows = K.size(0);
+  if (end <= rows) {
+    // Nothing wraps (always so for a global layer): position p in row p, chapter 02's attend. A
+    // local layer's window is no mask here: every query p < sinks + W sees 0 .. p anyway.
+    K.slice(0, start, end).copy_from(k);
+    V.slice(0, start, end).copy_from(v);
+    AttentionParams p;
+    p.q_offset = start;
+    ops::attention(q, K.slice(0, 0, end), V.slice(0, 0, end), out, p);
+    return;
+  }
+  // The ring wraps: one position at a time, each stored in its slot and attending over the rows
+  // it may see, always a prefix of the storage (the sinks, then the ring's filled slots).
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int64_t pos = start + t, s = slot(layer, pos);
+    K.slice(0, s, s + 1).copy_from(k.slice(0, t, t + 1));
+    V.slice(0, s, s + 1).copy_from(v.slice(0, t, t + 1));
+    AttentionParams p;
+    p.causal = false;  // every filled slot is in the window, in whatever order
+    Tensor o = out.slice(0, t, t + 1);
+    const std::int64_t visible = std::min(pos + 1, rows);
+    ops::attention(q.slice(0, t, t + 1), K.slice(0, 0, visible), V.slice(0, 0, visible), o, p);
+  }
+}
+
+void RingKVCache::truncate(std::int64_t n) {
+  IL_CHECK(n >= 0 && n <= length_, name_, ": cannot truncate ", length_, " cached positions to ", n);
+  // Position q overwrote position q − W of a full ring. After the rollback, position n's query
+  // needs n − W + 1 .. n − 1: lost if some q in n + 1 .. length − 1 overwrote one of them.
+  for (std::int64_t l = 0; l < layout_.layers(); ++l) {
+    const std::int64_t W = layout_.window[static_cast<std::size_t>(l)], ns = layout_.sinks;
+    if (W == 0 || length_ <= ns + W) continue;  // a global layer, or a ring that never wrapped
+    const std::int64_t lost_from = std::max(n - W + 1, ns), lost_to = std::min(length_ - 1 - W, n - 1);  // overwritten, needed
+    IL_CHECK(lost_to < lost_from, name_, ": layer ", l, " keeps only its last ", W, " positions; rolling back from ",
+             length_, " to ", n, " needs positions ", lost_from, " .. ", lost_to,
+             ", already overwritten (a full ring rolls back one position at most)");
+  }
+  length_ = n;
+}
+
+std::int64_t RingKVCache::bytes() const {
+  return kv_cache_bytes(config_, layout_, capacity_, static_cast<std::int64_t>(dtype_size(dtype_)));  // 0 once released
+}
+
+void RingKVCache::release() {
+  k_.clear(), v_.clear();
+  capacity_ = length_ = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The simple way: every position kept, the window a mask.
+MaskedKVCache::MaskedKVCache(const TransformerConfig& c, LocalLayout layout, std::int64_t capacity, Device device)
+    : ch02::ContiguousKVCache(c, capacity, device), layout_(std::move(layout)) {
+  IL_CHECK(layout_.sinks == 0, "masked KV cache: sink positions are the ring cache's (the attention op's window has none)");
+}
+
+void MaskedKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
+  const std::int64_t start = length_, end = end_of_step(k.size(0));
+  Tensor K = ContiguousKVCache::k(layer), V = ContiguousKVCache::v(layer);
+  K.slice(0, start, end).copy_from(k);
+  V.slice(0, start, end).copy_from(v);
+  AttentionParams p;
+  p.q_offset = start;
+  // EXERCISE 06.3 BEGIN: the sliding-window mask
+  p.window = layout_.window.at(static_cast<std::size_t>(layer));  // 0: a global layer sees everything
+  // EXERCISE 06.3 STUB
+  // lab::not_done("06.3", "set the attention op's window (AttentionParams::window) to this layer's W, so that the "
+  //                       "query at position p sees keys p - W + 1 .. p; 0, a global layer's, means no window");
+  // EXERCISE 06.3 END
+  ops::attention(q, K.slice(0, 0, end), V.slice(0, 0, end), out, p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whether the token `d` positions before the last can reach the last position's logits at all:
+// its embedding is made NaN (a token id the sequence does not use, the head kept as it was), and
+// NaN spreads through every product and sum it enters, however small the attention weight that
+// carries it. Only attention moves anything between positions, so the last logits turn NaN
+// exactly when some chain of attention hops, each inside its layer's window, links the two.
+bool reaches(const LocalModel& m, const std::vector<std::int32_t>& tokens, std::int64_t d) {
+  IL_CHECK(d >= 0 && d < static_cast<std::int64_t>(tokens.size()), "reaches: distance ", d, " is outside a sequence of ",
+           tokens.size());
+  std::int32_t unused = 0;
+  while (std::find(tokens.begin(), tokens.end(), unused) != tokens.end()) ++unused;
+  IL_CHECK(unused < m.config().vocab_size, "reaches: the sequence uses every token id");
+  LocalModel poisoned = m;
+  poisoned.base.embed = m.base.embed.clone();
+  poisoned.base.lm_head = Linear(m.base.lm_head.weight);  // the original head, tied or not
+  float* row = poisoned.base.embed.data<float>() + static_cast<std::int64_t>(unused) * m.config().hidden_size;
+  std::fill(row, row + m.config().hidden_size, std::numeric_limits<float>::quiet_NaN());
+  auto t = tokens;
+  t[t.size() - 1 - static_cast<std::size_t>(d)] = unused;
+  RingKVCache cache(m.config(), m.layout, static_cast<std::int64_t>(t.size()));
+  const auto logits = forward_cached(poisoned, cache, t).to_double_vector();
+  return std::any_of(logits.begin(), logits.end(), [](double x) { return std::isnan(x); });
+}
+
+// ---------------------------------------------------------------------------------------------
+Tensor forward_cached(const LocalModel& m, ch02::KVCache& cache, const std::vector<std::int32_t>& tokens,
+                      bool all_positions) {
+  return ch02::forward_cached(m.base, cache, tokens, all_positions);
+}
+
+ch01::Generation generate_cached(const LocalModel& m, const std::vector<std::int32_t>& prompt, int max_new,
+                                 Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
+                                 const ch01::OnToken& on_token) {
+  ch01::check_context(m.base, prompt.size(), max_new);
+  RingKVCache cache(m.config(), m.layout, static_cast<std::int64_t>(prompt.size()) + max_new, m.base.device());
+  return ch01::generate(prompt, max_new, sampler, eos_ids, m.base.device(), ch01::Feed::NewTokens,
+                        [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); }, on_token);
+}
+
+}  // namespace inferlab::ch06
