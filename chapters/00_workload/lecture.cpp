@@ -242,7 +242,9 @@ std::vector<Claim> lecture_claims() {
   add(s6, "Latent plus the decoupled RoPE key: 512 + 64", "576", fmt("%.0f", 512.0 + 64), true, 576);
   add(s6, "Summary: GQA compresses 4–16× (Llama 3 8B: 32/8; 405B: 128/8)", "4–16×", "4× – 16×", true, 16);
   external(s6, "Summary: CLA 2–4×, MQA N×, local attention w/S", "2–4×, N×, w/S",
-           "definitions: the sharing factor, the head count, the window over the sequence length");
+           "definitions: the sharing factor, the head count, the window over the sequence length. Chapter 05 counts "
+           "CLA's exactly, L / ceil(L/s): 2.86× for s = 3 on 40 layers, not 3×; chapter 06 shows that w/S holds only "
+           "when every layer is local (one global layer in six leaves Llama 3 8B at 6.1× by 128K tokens)");
   external(s6, "character.ai: one global-attention layer in every 6", "1 in 6", "character.ai's blog post (2024)");
 
   // --- Alternative architectures --------------------------------------------------------------

@@ -211,18 +211,45 @@ int speed(const ModelOptions& o, std::int64_t layers, std::int64_t window, const
   return 0;
 }
 
-int recall(std::int64_t per_kind, const std::string& svg, const std::string& json_path) {
+// A vertical dashed line at tiny-swa's receptive field, from y0 to y1.
+plot::Series field_line(std::int64_t rf, double y0, double y1) {
+  plot::Series line;
+  line.label = "tiny-swa's receptive field, 4 × 63 + 1 = " + std::to_string(rf);
+  line.x = {static_cast<double>(rf), static_cast<double>(rf)};
+  line.y = {y0, y1};
+  line.dashed = true;
+  return line;
+}
+
+int recall(std::int64_t per_kind, const std::string& svg, const std::string& reach_svg, const std::string& json_path) {
   const auto models = zoo();
-  const std::vector<std::int64_t> distances = {16, 32, 64, 128, 192, 240, 252, 253, 260, 320, 400, 500};
+  const std::int64_t rf = models[1].second.layout.receptive_field();
+  const std::vector<std::int64_t> distances = {1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 240, 248, 252, 253, 256, 300,
+                                               400, 500};
   std::printf("A token's influence: max |Δ logit| at the last of 512 validation tokens when the token d positions before "
               "it is replaced\n\n");
   const json infl = influence_table(models, distances, false);
+  plot::Figure reach;
+  reach.title = "A token's influence on the last logits against its distance (0 is not drawn: below float32, or no path)";
+  reach.x = {"distance d (tokens)", false, 0, 512};
+  reach.y = {"max |change of a logit| when the token d back is replaced", true, 0, 0};
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    plot::Series s;
+    s.label = models[i].first;
+    s.markers = true;
+    const auto w = infl[i]["max_abs_logit_change"].get<std::vector<double>>();
+    for (std::size_t j = 0; j < w.size(); ++j)
+      if (w[j] > 0) s.x.push_back(static_cast<double>(distances[j])), s.y.push_back(w[j]);
+    reach.series.push_back(s);
+  }
+  reach.series.push_back(field_line(rf, 1e-7, 1));
+  if (!reach_svg.empty()) plot::save_svg(reach, reach_svg), std::printf("\nplot: %s\n", reach_svg.c_str());
   // Probe accuracy against the fact's distance (the zoo's recall@N probes).
   const auto tok = Tokenizer::for_model(data_dir() + "/models/tiny-mha");
   const auto probes = eval::load_probes(data_dir() + "/corpus/probes.jsonl");
   std::printf("\nProbe accuracy (%lld per kind; chance is about 0.07, docs/model-zoo.md)\n\n", static_cast<ll>(per_kind));
   plot::Figure fig;
-  fig.title = "Recall against the fact's distance; tiny-swa's receptive field, 4 × 63 + 1 = 253, dashed";
+  fig.title = "Probe accuracy against the distance of the fact (chance is about 0.07)";
   fig.x = {"distance of the fact (tokens)", false, 0, 512};
   fig.y = {"probe accuracy (greedy, exact)", false, 0, 1};
   json acc = json::array();
@@ -251,13 +278,7 @@ int recall(std::int64_t per_kind, const std::string& svg, const std::string& jso
     fig.series.push_back(sorted);
     acc.push_back({{"model", name}, {"accuracy", scores.accuracy}, {"distractor", scores.distractor}});
   }
-  const std::int64_t rf = models[1].second.layout.receptive_field();
-  plot::Series line;
-  line.label = "tiny-swa's receptive field";
-  line.x = {static_cast<double>(rf), static_cast<double>(rf)};
-  line.y = {0, 1};
-  line.dashed = true;
-  fig.series.push_back(line);
+  fig.series.push_back(field_line(rf, 0, 1));
   if (!svg.empty()) plot::save_svg(fig, svg), std::printf("\nplot: %s\n", svg.c_str());
   if (!json_path.empty()) write_json(json_path, {{"influence", infl}, {"probes", acc}, {"probes_per_kind", per_kind}});
   return 0;
@@ -373,11 +394,12 @@ int main(int argc, char** argv) {
   ss->add_option("--positions", positions, "Cached positions")->delimiter(',')->check(number_in(1, 1 << 17));
   ss->add_option("--steps", steps, "Timed steps per point (best is kept)")->check(number_in(1, 1000))->capture_default_str();
   std::int64_t per_kind = 200;
-  std::string svg = "recall.svg";
+  std::string svg = "recall.svg", reach_svg = "reach.svg";
   auto* sr = app.add_subcommand("recall", "Probe accuracy and a token's influence against distance, plotted with the receptive field");
   add_json_option(*sr, json_path);
   sr->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->check(number_in(0, 1e9))->capture_default_str();
-  sr->add_option("--svg", svg, "Where to write the plot ('' for none)")->capture_default_str();
+  sr->add_option("--svg", svg, "Where to write the probe plot ('' for none)")->capture_default_str();
+  sr->add_option("--reach-svg", reach_svg, "Where to write the influence plot ('' for none)")->capture_default_str();
   std::string hybrid_model = "llama-3-8b";
   std::vector<std::int64_t> hybrid_contexts = {4096, 32768, 131072};
   std::int64_t hybrid_window = 1024, bytes_per_value = 2;
@@ -399,7 +421,7 @@ int main(int argc, char** argv) {
   return run_cli(app, argc, argv, [&] {
     if (*sm) return memory(model, contexts, json_path);
     if (*ss) return speed(dev, layers, window, positions, steps, json_path);
-    if (*sr) return recall(per_kind, svg, json_path);
+    if (*sr) return recall(per_kind, svg, reach_svg, json_path);
     if (*sh) return hybrids(hybrid_model, hybrid_contexts, hybrid_window, bytes_per_value, json_path);
     if (*sg) return generate(go);
     return headline(json_path);
