@@ -199,7 +199,7 @@ struct CudaDecoder::Impl {
 };
 
 CudaDecoder::CudaDecoder(const ch01::Llama& m, std::int64_t capacity, bool use_graph)
-    : impl_(std::make_unique<Impl>(m, capacity, use_graph)) {}
+    : impl_((cuda::require_device(), std::make_unique<Impl>(m, capacity, use_graph))) {}  // no device: say so first
 CudaDecoder::~CudaDecoder() = default;
 
 Tensor CudaDecoder::prefill(const std::vector<std::int32_t>& tokens) {
