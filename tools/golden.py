@@ -93,6 +93,16 @@ def randomize_weights(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
 
 
+def save_rounded(tensors: dict, path: str, name: str) -> dict:
+    """Writes a random model's goldens to `path` as the zoo stores them: float tensors rounded to
+    float32, except those named *_f64 and the integer ones; returns each tensor's dtype and shape
+    for the manifest."""
+    out = {k: (v if (k.endswith("_f64") or not v.is_floating_point()) else v.to(torch.float32)).contiguous()
+           for k, v in tensors.items()}
+    save_file(out, path, metadata={"model": name})
+    return {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)} for k, v in sorted(out.items())}
+
+
 def _versions() -> dict:
     import safetensors
     import tokenizers

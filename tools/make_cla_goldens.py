@@ -122,15 +122,13 @@ def make(name: str) -> dict:
     save_file(model.state_dict_for_save(), str(folder / "model.safetensors"), metadata={"format": "pt"})
     with torch.no_grad():
         l32 = model(torch.tensor([ids]))[0]
-    out = {k: (v if (k.endswith("_f64") or not v.is_floating_point()) else v.to(torch.float32)).contiguous()
-           for k, v in tensors.items()}
-    save_file(out, str(folder / "golden.safetensors"), metadata={"model": name})
+    specs = golden.save_rounded(tensors, str(folder / "golden.safetensors"), name)
     return {
         "name": name, "covers": covers, "seed": seed, "ids": ids, "greedy_ids": tensors["greedy_ids"].tolist(),
         "kv_producer_layers": config_json(model.cfg)["kv_producer_layers"],
         "checks": {"min_greedy_margin_float64": margin, "max_abs_logit": float(tensors["logits"].abs().max()),
                    "max_abs_logit_diff_float32_run": float((l32.double() - tensors["logits"]).abs().max())},
-        "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)} for k, v in sorted(out.items())},
+        "tensors": specs,
     }
 
 

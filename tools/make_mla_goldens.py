@@ -28,7 +28,6 @@ import shutil
 import sys
 
 import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden  # noqa: E402  (float64_everywhere, the latent-cache hooks, greedy decoding)
@@ -168,9 +167,7 @@ def make(name: str) -> dict:
     m32 = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager", torch_dtype=torch.float32)
     with torch.no_grad():
         l32 = m32.eval()(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
-    out = {k: (v if (k.endswith("_f64") or not v.is_floating_point()) else v.to(torch.float32)).contiguous()
-           for k, v in tensors.items()}
-    save_file(out, str(folder / "golden.safetensors"), metadata={"model": name})
+    specs = golden.save_rounded(tensors, str(folder / "golden.safetensors"), name)
     return {
         "name": name, "class": cls, "covers": covers, "seed": seed, "ids": ids,
         "greedy_ids": tensors["greedy_ids"].tolist(),
@@ -178,7 +175,7 @@ def make(name: str) -> dict:
         "checks": {"min_greedy_margin_float64": margin,
                    "max_abs_logit": float(tensors["logits"].abs().max()),
                    "max_abs_logit_diff_float32_run": float((l32.double() - tensors["logits"]).abs().max())},
-        "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)} for k, v in sorted(out.items())},
+        "tensors": specs,
     }
 
 

@@ -28,7 +28,6 @@ import shutil
 import sys
 
 import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden  # noqa: E402  (float64_everywhere, randomize_weights, versions)
@@ -120,16 +119,14 @@ def make(name: str) -> dict:
         dense = AutoModelForCausalLM.from_pretrained(str(folder), config=cfg, attn_implementation="eager",
                                                      dtype=torch.float32).eval()
         ld = dense(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
-    out = {k: (v if (k.endswith("_f64") or not v.is_floating_point()) else v.to(torch.float32)).contiguous()
-           for k, v in tensors.items()}
-    save_file(out, str(folder / "golden.safetensors"), metadata={"model": name})
+    specs = golden.save_rounded(tensors, str(folder / "golden.safetensors"), name)
     return {
         "name": name, "class": cls, "covers": covers, "seed": seed, "ids": ids, "windows": windows,
         "greedy_ids": tensors["greedy_ids"].tolist(),
         "checks": {"min_greedy_margin_float64": margin, "max_abs_logit": float(tensors["logits"].abs().max()),
                    "max_abs_logit_diff_float32_run": float((l32.double() - tensors["logits"]).abs().max()),
                    "max_abs_logit_diff_without_windows": float((ld.double() - tensors["logits"]).abs().max())},
-        "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)} for k, v in sorted(out.items())},
+        "tensors": specs,
     }
 
 

@@ -153,20 +153,20 @@ Llama load_llama(const std::string& path) {
   IL_CHECK(llama_family(arch), hf.path, ": architecture '", arch,
            "' is not a Llama-family decoder this chapter can run (LlamaForCausalLM, MistralForCausalLM, "
            "Qwen2ForCausalLM)");
+  const TransformerConfig c = parse_transformer_config(hf);
   const JsonFields fields(hf.json, hf.path);
   if (arch == "MistralForCausalLM" && fields.has("sliding_window") && !hf.json["sliding_window"].is_null())
-    IL_CHECK(fields.get<std::int64_t>("sliding_window") >= fields.get_or<std::int64_t>("max_position_embeddings", 2048), hf.path,
+    IL_CHECK(fields.get<std::int64_t>("sliding_window") >= c.max_position_embeddings, hf.path,
              ": this Mistral uses a sliding window of ", hf.json["sliding_window"].dump(),
              " tokens, which chapter 06 implements (ch06_local_attention); chapter 01 would silently attend to everything");
   if (arch == "Qwen2ForCausalLM")
     IL_CHECK(!fields.get_or<bool>("use_sliding_window", false), hf.path,
              ": field 'use_sliding_window' is true; sliding windows are chapter 06's (ch06_local_attention), chapter 01 "
              "would attend to everything");
-  return load_hf_decoder(hf, path);
+  return load_hf_decoder(hf, c, path);
 }
 
-Llama load_hf_decoder(const HfConfig& hf, const std::string& path) {
-  const TransformerConfig c = parse_transformer_config(hf);
+Llama load_hf_decoder(const HfConfig& hf, const TransformerConfig& c, const std::string& path) {
   const JsonFields fields(hf.json, hf.path);
   IL_CHECK(!c.mlp_bias, hf.path, ": field 'mlp_bias' is true, and this chapter's MLP has no biases");
   HfWeights weights(hf, c, path);

@@ -66,8 +66,9 @@ Llama load_llama(const std::string& path);
 
 /// The reading part of load_llama, for a Hugging Face folder whose architecture the caller has
 /// already accepted (chapter 06 reads Mistral, Ministral and Qwen2 folders with their windows):
-/// the Llama checkpoint layout, every tensor checked, biases where the config asks for them.
-Llama load_hf_decoder(const HfConfig& hf, const std::string& path);
+/// the Llama checkpoint layout of config `c` (parse_transformer_config(hf)), every tensor checked,
+/// biases where the config asks for them.
+Llama load_hf_decoder(const HfConfig& hf, const TransformerConfig& c, const std::string& path);
 
 /// Random weights for a config: the benchmarks' large models and the two-path tests' small
 /// ones. Matrices ~ U(-a, a) with a = 1/sqrt(fan_in), norms ~ U(0.8, 1.2). On CUDA the values

@@ -115,39 +115,19 @@ int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_
 
 int convert(const CommonOptions& o, std::int64_t windows, std::int64_t per_kind) {
   const std::string data = data_dir();
-  const auto tok = Tokenizer::for_model(data + "/models/tiny-mha");
-  const auto val = eval::tokenize_documents(*tok, data + "/corpus/val.txt");
-  const auto probes = eval::load_probes(data + "/corpus/probes.jsonl");
   const ch01::Llama mha = ch01::load_llama(data + "/models/tiny-mha");
-  struct Row {
-    std::string name;
-    ch01::Llama m;
-  };
-  std::vector<Row> rows = {{"tiny-mha (K = 8, trained)", mha},
-                           {"tiny-mha mean-pooled to K = 2", mean_pool_kv_heads(mha, 2)},
-                           {"tiny-gqa (K = 2, trained)", ch01::load_llama(data + "/models/tiny-gqa")},
-                           {"tiny-mha mean-pooled to K = 1", mean_pool_kv_heads(mha, 1)},
-                           {"tiny-mqa (K = 1, trained)", ch01::load_llama(data + "/models/tiny-mqa")}};
+  const std::vector<std::pair<std::string, ch01::Llama>> models = {
+      {"tiny-mha (K = 8, trained)", mha},
+      {"tiny-mha mean-pooled to K = 2", mean_pool_kv_heads(mha, 2)},
+      {"tiny-gqa (K = 2, trained)", ch01::load_llama(data + "/models/tiny-gqa")},
+      {"tiny-mha mean-pooled to K = 1", mean_pool_kv_heads(mha, 1)},
+      {"tiny-mqa (K = 1, trained)", ch01::load_llama(data + "/models/tiny-mqa")}};
   std::printf("Validation perplexity (%s windows of 512) and probe accuracy (%lld per kind), no retraining\n\n",
               windows ? std::to_string(windows).c_str() : "all", static_cast<long long>(per_kind));
-  std::vector<std::string> kinds;
-  json out = json::array();
-  for (const auto& r : rows) {
-    auto logits = [&](const std::vector<std::int32_t>& t) { return ch01::forward(r.m, t, true); };
-    const auto ppl = eval::perplexity(logits, val, 512, windows);
-    const auto pr = eval::probe_accuracy(logits, *tok, probes, per_kind);
-    if (kinds.empty()) {
-      std::printf("%-32s %10s %8s", "model", "KV B/token", "val ppl");
-      for (const auto& [k, v] : pr.accuracy) kinds.push_back(k), std::printf(" %11s", k.c_str());
-      std::printf("\n");
-    }
-    std::printf("%-32s %10lld %8.3f", r.name.c_str(), static_cast<long long>(r.m.config.kv_cache_bytes(1, 4)), ppl.ppl);
-    for (const auto& k : kinds) std::printf(" %11.3f", pr.accuracy.at(k));
-    std::printf("\n");
-    std::fflush(stdout);
-    out.push_back({{"model", r.name}, {"kv_bytes_per_token", r.m.config.kv_cache_bytes(1, 4)},
-                   {"val_loss", ppl.loss}, {"val_ppl", ppl.ppl}, {"val_tokens", ppl.tokens}, {"probes", pr.accuracy}});
-  }
+  std::vector<eval::Scored> rows;
+  for (const auto& [name, m] : models)
+    rows.push_back({name, m.config.kv_cache_bytes(1, 4), [&m](const std::vector<std::int32_t>& t) { return ch01::forward(m, t, true); }});
+  const json out = eval::quality_table(rows, data, windows, per_kind);
   if (!o.json.empty()) write_json(o.json, {{"rows", out}, {"probes_per_kind", per_kind}},
                                  {data + "/models/tiny-mha", data + "/models/tiny-gqa", data + "/models/tiny-mqa"});
   return 0;
@@ -225,10 +205,7 @@ int main(int argc, char** argv) {
   st->add_option("--steps", steps, "Timed steps per point (best is kept)")->check(number_in(1, 1000))->capture_default_str();
   auto* sc = app.add_subcommand("convert", "tiny-mha mean-pooled to GQA/MQA against models trained that way");
   add_json_option(*sc, o.json);
-  sc->add_option("--windows", windows, "Validation windows of 512 tokens (0: all)")
-      ->check(number_in(0, 1e9))
-      ->capture_default_str();
-  sc->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->check(number_in(0, 1e9))->capture_default_str();
+  add_quality_options(*sc, windows, per_kind);
   app.require_subcommand(0, 1);
   bare_run_options_only(app);
   return run_cli(app, argc, argv, [&] {

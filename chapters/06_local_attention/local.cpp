@@ -148,9 +148,9 @@ LocalModel load_local(const std::string& path) {
     return {std::move(m), LocalLayout::global(L)};
   }
   const HfConfig hf = load_hf_config(path);
-  const std::int64_t layers = JsonFields(hf.json, hf.path).get<std::int64_t>("num_hidden_layers");
-  LocalLayout layout = parse_local_layout(hf, layers);
-  return {ch01::load_hf_decoder(hf, path), std::move(layout)};
+  const TransformerConfig c = parse_transformer_config(hf);
+  LocalLayout layout = parse_local_layout(hf, c.num_layers);
+  return {ch01::load_hf_decoder(hf, c, path), std::move(layout)};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -216,7 +216,7 @@ void RingKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, c
 }
 
 void RingKVCache::truncate(std::int64_t n) {
-  IL_CHECK(n >= 0 && n <= length_, name_, ": cannot truncate ", length_, " cached positions to ", n);
+  if (n < 0 || n > length_) return RowCache::truncate(n);  // which names the bad request
   // Position q overwrote position q − W of a full ring. After the rollback, position n's query
   // needs n − W + 1 .. n − 1: lost if some q in n + 1 .. length − 1 overwrote one of them.
   for (std::int64_t l = 0; l < layout_.layers(); ++l) {
@@ -227,7 +227,7 @@ void RingKVCache::truncate(std::int64_t n) {
              length_, " to ", n, " needs positions ", lost_from, " .. ", lost_to,
              ", already overwritten (a full ring rolls back one position at most)");
   }
-  length_ = n;
+  RowCache::truncate(n);
 }
 
 std::int64_t RingKVCache::bytes() const {
@@ -243,6 +243,8 @@ void RingKVCache::release() {
 // The simple way: every position kept, the window a mask.
 MaskedKVCache::MaskedKVCache(const TransformerConfig& c, LocalLayout layout, std::int64_t capacity, Device device)
     : ch02::ContiguousKVCache(c, capacity, device), layout_(std::move(layout)) {
+  IL_CHECK(layout_.layers() == c.num_layers, "masked KV cache: a layout of ", layout_.layers(), " layers for a model of ",
+           c.num_layers);
   IL_CHECK(layout_.sinks == 0, "masked KV cache: sink positions are the ring cache's (the attention op's window has none)");
 }
 

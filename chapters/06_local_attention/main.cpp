@@ -20,7 +20,6 @@
 #include "chapters/06_local_attention/local.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
-#include "common/cuda/backend.h"
 #include "common/eval.h"
 #include "common/plot.h"
 #include "common/tokenizer.h"
@@ -132,12 +131,9 @@ TransformerConfig speed_shape(std::int64_t layers) {
   return c;
 }
 
-// One decode step at `position` cached positions: its best time of `steps`, and the bytes it reads.
-struct Step {
-  double seconds = 0, bytes = 0;
-};
-
-Step time_step(const LocalModel& m, std::int64_t position, int steps) {
+// One decode step at `position` cached positions, timed as chapter 03 times its steps (a warm-up,
+// then the best of `steps`); its bytes are the weights and the rows attention reads.
+ch03::ThroughputPoint time_step(const LocalModel& m, std::int64_t position, int steps) {
   RingKVCache cache(m.config(), m.layout, position + steps + 1, m.base.device());
   for (std::int64_t l = 0; l < m.config().num_layers; ++l) {  // what a prefill would have left, without one
     Tensor k = cache.k(l).slice(0, 0, m.layout.rows(l, position)), v = cache.v(l).slice(0, 0, m.layout.rows(l, position));
@@ -145,16 +141,9 @@ Step time_step(const LocalModel& m, std::int64_t position, int steps) {
     ch03::fill_random(v, static_cast<std::uint64_t>(2 * l + 2));
   }
   cache.commit(position);
-  Step s;
-  s.bytes = static_cast<double>(m.base.step_weight_bytes()) + static_cast<double>(kv_cache_bytes(m.config(), m.layout, position + 1, 4));
-  s.seconds = 1e300;
-  for (int i = 0; i <= steps; ++i) {  // the first is a warm-up
-    metrics::Timer t;
-    forward_cached(m, cache, {3});
-    if (m.base.device() == Device::CUDA) cuda::synchronize();
-    if (i > 0) s.seconds = std::min(s.seconds, t.seconds());
-  }
-  return s;
+  const double bytes = static_cast<double>(m.base.step_weight_bytes()) +
+                       static_cast<double>(kv_cache_bytes(m.config(), m.layout, position + 1, 4));
+  return ch03::time_decode(1, bytes, steps, m.base.device(), [&] { forward_cached(m, cache, {3}); });
 }
 
 json speed_table(const metrics::Ceiling& roof, std::int64_t layers, std::int64_t window,
@@ -167,11 +156,11 @@ json speed_table(const metrics::Ceiling& roof, std::int64_t layers, std::int64_t
     std::printf("%s%-12s", indent ? "  " : "", name.c_str());
     json points = json::array();
     for (std::int64_t p : positions) {
-      const Step s = time_step(m, p, steps);
-      std::printf("  %6.2f ms (%4.1f GB/s, %3.0f%%)", s.seconds * 1e3, s.bytes / s.seconds / 1e9,
-                  100 * s.bytes / s.seconds / roof.bytes_per_s);
+      const auto s = time_step(m, p, steps);
+      std::printf("  %6.2f ms (%4.1f GB/s, %3.0f%%)", s.seconds_per_step * 1e3, s.achieved_bytes_per_s() / 1e9,
+                  100 * s.achieved_bytes_per_s() / roof.bytes_per_s);
       std::fflush(stdout);
-      points.push_back({{"position", p}, {"seconds", s.seconds}, {"bytes", s.bytes}});
+      points.push_back({{"position", p}, {"seconds", s.seconds_per_step}, {"bytes", s.bytes_per_step}});
     }
     std::printf("\n");
     rows.push_back({{"layout", name}, {"points", points}});

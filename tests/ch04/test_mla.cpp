@@ -100,7 +100,6 @@ Shape4 small(bool q_lora, bool interleave) {
   return s;
 }
 
-
 class MlaTwoPath : public ::testing::TestWithParam<std::pair<bool, bool>> {};
 
 TEST_P(MlaTwoPath, AbsorbedEqualsPlainAndPrefillThenDecodeEqualsOneForward) {

@@ -33,8 +33,6 @@ using test::max_abs;
 
 using test::expect_golden;
 
-// Rows [r0, r1) of a [T, V] logits vector.
-
 // The cache's rows 0 .. T-1 of every layer, [c ‖ k_pe], against transformers' c_kv and k_rope.
 // DeepseekV3 with rope_interleave de-interleaves k_pe before rotating it (even dims first, then
 // odd ones), where chapter 04 rotates adjacent pairs in place: its k_pe[2j] is transformers'
