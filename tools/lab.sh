@@ -124,9 +124,10 @@ junit_results() {
 # build_tree DIR: configure and build a written tree with the reference's release preset; its
 # tests read the same shared test data as the reference's. Without the CUDA backend: no exercise is
 # in CUDA code, nvcc is most of a build's time, and the CUDA tests skip as they do on any machine
-# without a GPU (a student with one builds the tree as usual).
+# without a GPU (a student with one builds the tree as usual). Without the benchmarks, which no
+# test runs.
 build_tree() {
-  (cd "$1" && cmake --preset release -DINFERLAB_SHARED_DIR="$ROOT/../shared" -DINFERLAB_CUDA=OFF > /dev/null &&
+  (cd "$1" && cmake --preset release -DINFERLAB_SHARED_DIR="$ROOT/../shared" -DINFERLAB_CUDA=OFF -DINFERLAB_BENCHMARKS=OFF > /dev/null &&
     cmake --build --preset release)
 }
 
