@@ -33,6 +33,19 @@ std::string HfConfig::model_type() const {
   return json.contains("model_type") && json["model_type"].is_string() ? json["model_type"].get<std::string>() : "";
 }
 
+std::vector<std::int64_t> eos_token_ids(const HfConfig& cfg) {
+  const JsonFields f(cfg.json, cfg.path);
+  std::vector<std::int64_t> ids;
+  if (!f.has("eos_token_id")) return ids;
+  const auto& e = cfg.json["eos_token_id"];
+  if (!e.is_array()) return {f.get<std::int64_t>("eos_token_id")};
+  for (const auto& v : e) {
+    IL_CHECK(v.is_number_integer(), cfg.path, ": field 'eos_token_id' must hold integers, got ", v.dump());
+    ids.push_back(v.get<std::int64_t>());
+  }
+  return ids;
+}
+
 TransformerConfig parse_transformer_config(const HfConfig& cfg) {
   JsonFields f(cfg.json, cfg.path);
   TransformerConfig c;
@@ -53,17 +66,7 @@ TransformerConfig parse_transformer_config(const HfConfig& cfg) {
   c.mlp_bias = f.get_or<bool>("mlp_bias", false);
   c.torch_dtype = f.get_or<std::string>("torch_dtype", f.get_or<std::string>("dtype", ""));
   if (f.has("bos_token_id")) c.bos_token_id = f.get<std::int64_t>("bos_token_id");
-  if (f.has("eos_token_id")) {
-    const auto& e = cfg.json["eos_token_id"];
-    if (e.is_array()) {
-      for (const auto& v : e) {
-        IL_CHECK(v.is_number_integer(), cfg.path, ": field 'eos_token_id' must hold integers, got ", v.dump());
-        c.eos_token_ids.push_back(v.get<std::int64_t>());
-      }
-    } else {
-      c.eos_token_ids.push_back(f.get<std::int64_t>("eos_token_id"));
-    }
-  }
+  c.eos_token_ids = eos_token_ids(cfg);
   // Fields that change what a Llama-family layer computes: implemented, or refused by name
   // rather than run as a different model (rope_scaling is checked in validate()).
   const std::string act = f.get_or<std::string>("hidden_act", "silu");

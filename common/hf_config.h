@@ -78,6 +78,10 @@ struct YarnScaling {
 /// throws naming `where`, 'rope_scaling' and the malformed field.
 YarnScaling parse_yarn_scaling(const TransformerConfig& c, const std::string& where);
 
+/// The config's eos_token_id: none, one, or a list of them (Llama 3's); throws naming the field
+/// when it holds anything but integers.
+std::vector<std::int64_t> eos_token_ids(const HfConfig& cfg);
+
 /// Reads a Llama-family config (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, ...),
 /// checking that the fields agree (heads divide hidden size, KV heads divide heads, ...).
 TransformerConfig parse_transformer_config(const HfConfig& cfg);

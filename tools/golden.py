@@ -103,6 +103,17 @@ def save_rounded(tensors: dict, path: str, name: str) -> dict:
     return {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)} for k, v in sorted(out.items())}
 
 
+def first_seed(name: str, seeds, attempt, min_margin: float):
+    """Tries `attempt(seed)` for each seed in turn and returns (seed, its result) for the first
+    whose greedy margin (the result's last item) exceeds `min_margin`: a random golden model whose
+    greedy tokens float32 rounding cannot flip."""
+    for seed in seeds:
+        result = attempt(seed)
+        if result[-1] > min_margin:
+            return seed, result
+    raise RuntimeError(f"{name}: no seed gives greedy margins above {min_margin}")
+
+
 def _versions() -> dict:
     import safetensors
     import tokenizers

@@ -54,6 +54,10 @@ step ch05_throughput "$BUILD"/bin/ch05_cla throughput --device cuda --seq 4096 -
 # Chapter 06: a decode step against position, every layer global against every layer local.
 step ch06_speed "$BUILD"/bin/ch06_local_attention speed --device cuda --layers 8 --window 4096 \
   --positions 4096,16384,65536 --json "$OUT/ch06_speed.json"
+# Chapter 07: one layer's prefill scan (the chunked kernel against the step loop), and a decode step
+# against position for a Mamba beside a transformer of the same size.
+step ch07_scan "$BUILD"/bin/ch07_mamba scan --device cuda --tokens 1024,4096,16384 --json "$OUT/ch07_scan.json"
+step ch07_speed "$BUILD"/bin/ch07_mamba speed --device cuda --positions 1024,4096,16384,32768 --json "$OUT/ch07_speed.json"
 
 echo
 echo "==== summary (full log: $LOG)"

@@ -122,13 +122,17 @@ junit_results() {
 }
 
 # build_tree DIR: configure and build a written tree with the reference's release preset; its
-# tests read the same shared test data as the reference's. Without the CUDA backend: no exercise is
-# in CUDA code, nvcc is most of a build's time, and the CUDA tests skip as they do on any machine
-# without a GPU (a student with one builds the tree as usual). Without the benchmarks, which no
-# test runs.
+# tests read the reference's data and shared test data (the same files). With ccache (which the
+# build uses when installed, hashing paths relative to the tree) the tree is configured exactly as
+# the reference, so that every file it did not change is the reference's object from the cache and
+# only the exercise files compile. Without it, the tree is built without the CUDA backend: no
+# exercise is in CUDA code, nvcc is most of a build's time, and the CUDA tests skip as they do on
+# any machine without a GPU (a student with one builds the tree as usual). Never the benchmarks,
+# which no test runs.
 build_tree() {
-  (cd "$1" && cmake --preset release -DINFERLAB_SHARED_DIR="$ROOT/../shared" -DINFERLAB_CUDA=OFF -DINFERLAB_BENCHMARKS=OFF > /dev/null &&
-    cmake --build --preset release)
+  local flags=(-DINFERLAB_DATA_DIR="$ROOT/data" -DINFERLAB_SHARED_DIR="$ROOT/../shared" -DINFERLAB_BENCHMARKS=OFF)
+  command -v ccache > /dev/null || flags+=(-DINFERLAB_CUDA=OFF)
+  (cd "$1" && cmake --preset release "${flags[@]}" > /dev/null && cmake --build --preset release)
 }
 
 check() {

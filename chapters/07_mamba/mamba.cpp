@@ -137,17 +137,7 @@ MambaConfig parse_mamba_config(const HfConfig& hf) {
     c.dt_rank = f.has("time_step_rank") ? f.get<std::int64_t>("time_step_rank") : (c.hidden_size + 15) / 16;
   }
   if (f.has("bos_token_id")) c.bos_token_id = f.get<std::int64_t>("bos_token_id");
-  if (f.has("eos_token_id")) {
-    const auto& e = hf.json["eos_token_id"];
-    if (e.is_array()) {
-      for (const auto& v : e) {
-        IL_CHECK(v.is_number_integer(), hf.path, ": field 'eos_token_id' must hold integers, got ", v.dump());
-        c.eos_token_ids.push_back(v.get<std::int64_t>());
-      }
-    } else {
-      c.eos_token_ids.push_back(f.get<std::int64_t>("eos_token_id"));
-    }
-  }
+  c.eos_token_ids = eos_token_ids(hf);
   c.validate(hf.path);
   return c;
 }
