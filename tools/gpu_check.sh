@@ -58,6 +58,9 @@ step ch06_speed "$BUILD"/bin/ch06_local_attention speed --device cuda --layers 8
 # against position for a Mamba beside a transformer of the same size.
 step ch07_scan "$BUILD"/bin/ch07_mamba scan --device cuda --tokens 1024,4096,16384 --json "$OUT/ch07_scan.json"
 step ch07_speed "$BUILD"/bin/ch07_mamba speed --device cuda --positions 1024,4096,16384,32768 --json "$OUT/ch07_speed.json"
+# Chapter 08: diffusion against autoregression, tokens/s and intensity against R.
+step ch08_speed "$BUILD"/bin/ch08_diffusion_lm speed --device cuda --gen-length 256 --steps 256,64,16,4 \
+  --json "$OUT/ch08_speed.json"
 
 echo
 echo "==== summary (full log: $LOG)"

@@ -150,6 +150,8 @@ Llama load_llama(const std::string& path) {
            "(e.g. [\"LlamaForCausalLM\"]), got ", hf.json.contains("architectures") ? hf.json["architectures"].dump() : "nothing");
   IL_CHECK(arch != "MinistralForCausalLM", hf.path, ": MinistralForCausalLM has sliding-window layers, which chapter 06 "
            "implements (ch06_local_attention); chapter 01 would attend to everything");
+  IL_CHECK(arch != "InferLabMDLMForMaskedDiffusion", hf.path, ": a masked-diffusion denoiser (bidirectional, no causal "
+           "mask), which chapter 08 runs (ch08_diffusion_lm); chapter 01 would decode it left to right");
   IL_CHECK(llama_family(arch), hf.path, ": architecture '", arch,
            "' is not a Llama-family decoder this chapter can run (LlamaForCausalLM, MistralForCausalLM, "
            "Qwen2ForCausalLM)");
