@@ -26,6 +26,8 @@
 /// whole scan is one causal convolution of u with the kernel K[c, k] = Σ_n C·Ā^k·B̄: lti_kernel
 /// and lti_convolution.
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
@@ -55,6 +57,22 @@ struct ScanInputs {
 /// Bytes a scan must move at least: u, Δ, z in and y out per token and channel, B and C per token
 /// (per channel for LTI), A and the state read, the state written, D.
 double scan_bytes(std::int64_t T, std::int64_t E, std::int64_t N, bool lti);
+
+/// exp(x) for x ≤ 0 (Δ·A never is positive) in plain arithmetic, so that the loop over the N states
+/// vectorises: 2^k · p(r) with k = round(x / ln 2), r = x − k·ln 2 in two parts (Cody and Waite),
+/// p the degree-7 Taylor polynomial (its remainder below 2e-9 on |r| ≤ ln 2 / 2), 2^k built in the
+/// exponent bits (k ≥ −126: a normal float); 0 below −87.3365 (where exp is under float's smallest
+/// normal, 2^−126). Within 2 ulp of std::exp.
+inline float exp_nonpositive(float x) {
+  const bool underflows = x < -87.336544f;  // ln 2^−126
+  x = std::max(x, -87.336544f);
+  const float k = std::floor(x * 1.44269504f + 0.5f);
+  const float r = (x - k * 0.693145751953125f) - k * 1.428606765330187e-6f;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720, p = p * r + 1.0f / 120, p = p * r + 1.0f / 24, p = p * r + 1.0f / 6;
+  p = p * r + 0.5f, p = p * r + 1.0f, p = p * r + 1.0f;
+  return underflows ? 0.0f : p * std::bit_cast<float>((static_cast<std::int32_t>(k) + 127) << 23);
+}
 
 /// softplus(x) = log(1 + eᵡ), as torch computes it (x itself above 20).
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
