@@ -26,7 +26,8 @@
 namespace inferlab {
 
 std::string data_dir() { return INFERLAB_DATA_DIR; }
-std::string default_model_path() { return data_dir() + "/models/tiny-mha"; }
+std::string bundled_model(const std::string& name) { return data_dir() + "/models/" + name; }
+std::string default_model_path() { return bundled_model("tiny-mha"); }
 
 Device ModelOptions::resolved_device() const {
   if (device == "cpu") return Device::CPU;

@@ -62,6 +62,8 @@ struct CommonOptions : ModelOptions, GenerationOptions {
 /// ("0 is outside [1, 16777216]") instead of CLI11's default (which prints DBL_MAX in full).
 CLI::Validator number_in(double lo, double hi);
 
+/// A bundled model's folder: `data_dir()/models/<name>` (tiny-mha, tiny-mamba, ...).
+std::string bundled_model(const std::string& name);
 /// The bundled default model: `data_dir()/models/tiny-mha`.
 std::string default_model_path();
 /// The folder holding the bundled models and goldens (set at configure time).

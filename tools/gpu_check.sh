@@ -61,6 +61,9 @@ step ch07_speed "$BUILD"/bin/ch07_mamba speed --device cuda --positions 1024,409
 # Chapter 08: diffusion against autoregression, tokens/s and intensity against R.
 step ch08_speed "$BUILD"/bin/ch08_diffusion_lm speed --device cuda --gen-length 256 --steps 256,64,16,4 \
   --json "$OUT/ch08_speed.json"
+# Chapter 10: int4 self-speculation on a random 100M-parameter target, both models on the GPU.
+step ch10_self "$BUILD"/bin/ch10_speculative_sampling self --random --device cuda --temperature 1 --gamma 4 \
+  --max-new-tokens 96 --json "$OUT/ch10_self.json"
 
 echo
 echo "==== summary (full log: $LOG)"

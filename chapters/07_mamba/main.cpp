@@ -30,8 +30,6 @@ namespace {
 
 using ll = long long;
 
-std::string zoo(const std::string& name) { return data_dir() + "/models/" + name; }
-
 std::string folder_name(const std::string& path) {
   std::string name = std::filesystem::path(path).filename().string();
   return name.empty() ? std::filesystem::path(path).parent_path().filename().string() : name;
@@ -220,7 +218,7 @@ json scan_table(const metrics::Ceiling& roof, const std::vector<std::int64_t>& l
 
 // --- the LTI layer as a convolution --------------------------------------------------------
 std::vector<std::int32_t> validation_tokens(std::int64_t n) {
-  const auto tok = Tokenizer::for_model(zoo("tiny-mamba"));
+  const auto tok = Tokenizer::for_model(bundled_model("tiny-mamba"));
   auto val = eval::tokenize_documents(*tok, data_dir() + "/corpus/val.txt");
   IL_CHECK(static_cast<std::int64_t>(val.size()) >= n, "the validation text has ", val.size(), " tokens, fewer than ", n);
   val.resize(static_cast<std::size_t>(n));
@@ -229,7 +227,7 @@ std::vector<std::int32_t> validation_tokens(std::int64_t n) {
 
 json lti_report(bool indent) {
   const char* pad = indent ? "  " : "";
-  const MambaModel m = load_mamba(zoo("tiny-lti"));
+  const MambaModel m = load_mamba(bundled_model("tiny-lti"));
   const auto tokens = validation_tokens(512);
   std::vector<double> scan, conv;
   const double t_scan = time_best(2, Device::CPU, [&] { scan = forward_sequence(m, tokens, true).to_double_vector(); });
@@ -261,8 +259,8 @@ json lti_report(bool indent) {
 
 // --- quality: perplexity and probes --------------------------------------------------------
 json recall_table(std::int64_t windows, std::int64_t per_kind) {
-  const MambaModel lti = load_mamba(zoo("tiny-lti")), mamba = load_mamba(zoo("tiny-mamba"));
-  const ch01::Llama mha = ch01::load_llama(zoo("tiny-mha"));
+  const MambaModel lti = load_mamba(bundled_model("tiny-lti")), mamba = load_mamba(bundled_model("tiny-mamba"));
+  const ch01::Llama mha = ch01::load_llama(bundled_model("tiny-mha"));
   auto ssm = [](const MambaModel& m) {
     return eval::LogitsFn([&m](const std::vector<std::int32_t>& t) { return forward_sequence(m, t, true); });
   };
@@ -325,8 +323,8 @@ json jamba_table(const std::vector<std::int64_t>& contexts, std::int64_t bytes_p
 
 // --- the commands --------------------------------------------------------------------------
 int memory(const std::string& model, const std::vector<std::int64_t>& contexts, const std::string& json_path) {
-  const MambaModel m = load_mamba(model.empty() ? zoo("tiny-mamba") : model);
-  const ch01::Llama mha = ch01::load_llama(zoo("tiny-mha"));
+  const MambaModel m = load_mamba(model.empty() ? bundled_model("tiny-mamba") : model);
+  const ch01::Llama mha = ch01::load_llama(bundled_model("tiny-mha"));
   std::printf("One sequence's memory against its length (f32): attention keeps every position, a state-space layer a "
               "summary of fixed size\n\n");
   const json t = memory_table(m.config, model.empty() ? "tiny-mamba" : folder_name(model), mha.config, "tiny-mha", contexts, false);
@@ -409,8 +407,8 @@ int generate(const CommonOptions& o) {
 int headline(const std::string& json_path) {
   std::printf("State-space models (lecture: 状态空间模型): a layer keeps a fixed-size state instead of every position's "
               "keys and values\n");
-  const MambaModel tiny = load_mamba(zoo("tiny-mamba"));
-  const ch01::Llama mha = ch01::load_llama(zoo("tiny-mha"));
+  const MambaModel tiny = load_mamba(bundled_model("tiny-mamba"));
+  const ch01::Llama mha = ch01::load_llama(bundled_model("tiny-mha"));
   const json bytes = memory_table(tiny.config, "tiny-mamba", mha.config, "tiny-mha", {64, 512, 4096, 32768, 1 << 20}, true);
   metrics::Ceiling roof;
   roof.bytes_per_s = metrics::measure_cpu_read_bandwidth(std::size_t(512) << 20, 0, 3);
@@ -473,7 +471,7 @@ int main(int argc, char** argv) {
   sj->add_option("--contexts", jamba_contexts, "Sequence lengths")->delimiter(',')->check(number_in(1, 1 << 30));
   sj->add_option("--bytes-per-value", bytes_per_value, "Bytes per cached value (2: bf16)")->check(number_in(1, 8))->capture_default_str();
   CommonOptions go;
-  go.model = zoo("tiny-mamba");
+  go.model = bundled_model("tiny-mamba");
   auto* sg = app.add_subcommand("generate", "Text from tiny-mamba, tiny-lti or a MambaForCausalLM folder");
   add_common_options(*sg, go);
   app.require_subcommand(0, 1);

@@ -23,8 +23,6 @@ namespace {
 
 using ll = long long;
 
-std::string zoo(const std::string& name) { return data_dir() + "/models/" + name; }
-
 // --- the canvas as a picture -----------------------------------------------------------------
 // The generated region of a canvas: committed tokens as their text, masks as ▒, this step's
 // commits bracketed.
@@ -187,14 +185,14 @@ metrics::Ceiling cpu_ceiling() {
 int headline(const std::string& json_path) {
   std::printf("Diffusion language models (lecture: 扩散模型): a canvas of masks, filled in over R steps by a "
               "bidirectional denoiser\n");
-  const DiffusionModel m = load_diffusion(zoo("tiny-mdlm"));
-  const auto tok = Tokenizer::for_model(zoo("tiny-mdlm"));
+  const DiffusionModel m = load_diffusion(bundled_model("tiny-mdlm"));
+  const auto tok = Tokenizer::for_model(bundled_model("tiny-mdlm"));
   const json canvas = run_canvas(m, *tok, "Once upon a time there were", canvas_options(), false, true);
   const auto roof = cpu_ceiling();
   std::printf("  64 new tokens after a 7-token prompt, one run each, against this CPU's %.1f GB/s and %.1f GFLOP/s (f32):\n",
               roof.bytes_per_s / 1e9, roof.flops_per_s / 1e9);
   const auto prompt = tok->encode("Once upon a time there were");
-  const json speed = speed_table(m, ch01::load_llama(zoo("tiny-mha")), prompt, 64, {64, 16, 4}, 1, roof, true);
+  const json speed = speed_table(m, ch01::load_llama(bundled_model("tiny-mha")), prompt, 64, {64, 16, 4}, 1, roof, true);
   std::printf("  the validation ELBO against R (2 windows; probe accuracy against R: ch08_diffusion_lm quality):\n");
   const json quality = quality_table(m, *tok, {16, 4, 1}, 8, -1, 2, true);
   std::printf("  more: ch08_diffusion_lm canvas | speed | quality\n");
@@ -214,7 +212,7 @@ int main(int argc, char** argv) {
               "of the same-size tiny-mha (GB/s and GFLOP/s against the measured ceilings); the validation ELBO "
               "against R",
               "chapters/08_diffusion_lm/README.md", "扩散模型");
-  std::string model = zoo("tiny-mdlm"), prompt = "Once upon a time there were", sampler = "llada", remasking = "low-confidence";
+  std::string model = bundled_model("tiny-mdlm"), prompt = "Once upon a time there were", sampler = "llada", remasking = "low-confidence";
   SamplerOptions o = canvas_options();
   auto* sc = app.add_subcommand("canvas", "The canvas step by step (--json: every frame)");
   sc->add_option("--model", model, "A masked-diffusion model folder")->capture_default_str();
@@ -264,10 +262,10 @@ int main(int argc, char** argv) {
     }
     if (*ss) {
       const Device d = dev.resolved_device();
-      DiffusionModel m = load_diffusion(zoo("tiny-mdlm"));
+      DiffusionModel m = load_diffusion(bundled_model("tiny-mdlm"));
       m.base = m.base.to(d, DType::F32);
-      const ch01::Llama ar = ch01::load_llama(zoo("tiny-mha")).to(d, DType::F32);
-      const auto tok = Tokenizer::for_model(zoo("tiny-mdlm"));
+      const ch01::Llama ar = ch01::load_llama(bundled_model("tiny-mha")).to(d, DType::F32);
+      const auto tok = Tokenizer::for_model(bundled_model("tiny-mdlm"));
       const auto roof = d == Device::CUDA ? metrics::measure_cuda_ceiling() : cpu_ceiling();
       std::printf("%lld new tokens after a 7-token prompt on %s, best of %d, against %.1f GB/s and %.1f GFLOP/s (%s)\n\n",
                   static_cast<ll>(gen), device_name(d).data(), reps, roof.bytes_per_s / 1e9, roof.flops_per_s / 1e9,
@@ -278,8 +276,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*sq) {
-      const DiffusionModel m = load_diffusion(zoo("tiny-mdlm"));
-      const auto tok = Tokenizer::for_model(zoo("tiny-mdlm"));
+      const DiffusionModel m = load_diffusion(bundled_model("tiny-mdlm"));
+      const auto tok = Tokenizer::for_model(bundled_model("tiny-mdlm"));
       const json rows = quality_table(m, *tok, q_steps, q_gen, per_kind, windows, false);
       if (!json_path.empty()) write_json(json_path, {{"rows", rows}});
       return 0;
