@@ -152,6 +152,12 @@ Setup setup(const std::string& target, const std::string& draft, const Generatio
            ": speculative sampling needs the same tokenizer");
   s.tok = Tokenizer::for_model(target);
   s.prompt = s.tok->encode(g.prompt);
+  if (draft != target) {  // the same tokenizer: the same ids for the same text, and the same vocabulary
+    const auto dtok = Tokenizer::for_model(draft);
+    IL_CHECK(dtok->vocab_size() == s.tok->vocab_size() && dtok->encode(g.prompt) == s.prompt, "the draft (", draft,
+             ") and the target (", target, ") do not share a tokenizer: their vocabularies (", dtok->vocab_size(), ", ",
+             s.tok->vocab_size(), ") or their encodings of the prompt differ");
+  }
   s.params = g.sampling(*s.tok, s.target.config.vocab_size, target);
   s.max_new = g.max_new_tokens;
   ch01::check_context(s.target, s.prompt.size(), s.max_new + 16);
