@@ -56,7 +56,11 @@ MambaLayer read_layer(const MambaConfig& c, std::int64_t i, Get&& get) {
     l.B = f32(get(p + "mixer.B", Shape{E, N}));
     l.C = f32(get(p + "mixer.C", Shape{E, N}));
   } else {
-    l.x_proj = f32(get(p + "mixer.x_proj.weight", Shape{R + 2 * N, E}));
+    // x_proj's rows are (Δ of rank R, B, C); kept as two matrices so that each product is a
+    // contiguous tensor on any device (dt_proj reads the first, the scan the second).
+    const Tensor x_proj = f32(get(p + "mixer.x_proj.weight", Shape{R + 2 * N, E}));
+    l.x_dt = x_proj.slice(0, 0, R).contiguous();
+    l.x_bc = x_proj.slice(0, R, R + 2 * N).contiguous();
     l.dt_proj = Linear(f32(get(p + "mixer.dt_proj.weight", Shape{E, R})), f32(get(p + "mixer.dt_proj.bias", Shape{E})));
   }
   l.A = decay_rates(f32(get(p + "mixer.A_log", Shape{E, N})));
@@ -148,7 +152,7 @@ std::int64_t MambaModel::step_weight_bytes() const {
   for (const MambaLayer& l : layers)
     for (const Tensor* t : {&l.norm, &l.conv_w, &l.conv_b, &l.dt, &l.B, &l.C, &l.A, &l.D}) b += bytes_of(*t);
   for (const MambaLayer& l : layers)
-    for (const Linear* w : {&l.in_proj, &l.x_proj, &l.dt_proj, &l.out_proj}) b += bytes_of(*w);
+    for (const Linear* w : {&l.in_proj, &l.x_dt, &l.x_bc, &l.dt_proj, &l.out_proj}) b += bytes_of(*w);
   return b;
 }
 
@@ -160,7 +164,8 @@ MambaModel MambaModel::to(Device d) const {
     MambaLayer o;
     o.norm = on(l.norm, d), o.conv_w = on(l.conv_w, d), o.conv_b = on(l.conv_b, d), o.dt = on(l.dt, d);
     o.B = on(l.B, d), o.C = on(l.C, d), o.A = on(l.A, d), o.D = on(l.D, d);
-    o.in_proj = on(l.in_proj, d), o.x_proj = on(l.x_proj, d), o.dt_proj = on(l.dt_proj, d), o.out_proj = on(l.out_proj, d);
+    o.in_proj = on(l.in_proj, d), o.x_dt = on(l.x_dt, d), o.x_bc = on(l.x_bc, d), o.dt_proj = on(l.dt_proj, d);
+    o.out_proj = on(l.out_proj, d);
     m.layers.push_back(std::move(o));
   }
   return m;
@@ -295,7 +300,7 @@ Tensor mixer_block(const MambaModel& m, std::int64_t layer, const Tensor& h, con
                    const std::vector<std::int64_t>& begin, ScanPath path) {
   const MambaConfig& c = m.config;
   const MambaLayer& l = m.layers[static_cast<std::size_t>(layer)];
-  const std::int64_t T = h.size(0), E = c.inner_size, N = c.state_size, R = c.dt_rank;
+  const std::int64_t T = h.size(0), E = c.inner_size, N = c.state_size;
   const Tensor xz = linear(h, l.in_proj);  // [T, 2E]: the input branch x, then the gate z
   Tensor u = Tensor::empty({T, E}, DType::F32, h.device());
   for (std::size_t b = 0; b < seqs.size(); ++b) {  // the convolution reads each sequence's own last inputs
@@ -305,10 +310,10 @@ Tensor mixer_block(const MambaModel& m, std::int64_t layer, const Tensor& h, con
     if (path == ScanPath::Reference) ref::causal_conv(x_b, l.conv_w, l.conv_b, conv_state, u_b);
     else causal_conv(x_b, l.conv_w, l.conv_b, conv_state, u_b);
   }
-  Tensor dbc, dt;  // the selection: Δ (rank R), B and C of every token, from the token
+  Tensor bc, dt;  // the selection: Δ (rank R), B and C of every token, from the token
   if (!c.lti) {
-    dbc = linear(u, l.x_proj);                               // [T, R + 2N]
-    dt = linear(dbc.slice(1, 0, R).contiguous(), l.dt_proj);  // [T, E], softplus in the scan
+    bc = linear(u, l.x_bc);                     // [T, 2N]: B, then C
+    dt = linear(linear(u, l.x_dt), l.dt_proj);  // [T, R] -> [T, E], softplus in the scan
   }
   Tensor y = Tensor::empty({T, E}, DType::F32, h.device());
   for (std::size_t b = 0; b < seqs.size(); ++b) {
@@ -319,7 +324,7 @@ Tensor mixer_block(const MambaModel& m, std::int64_t layer, const Tensor& h, con
       in.dt = l.dt, in.B = l.B, in.C = l.C, in.lti = true;
     } else {
       in.dt = dt.slice(0, r0, r1);
-      in.B = dbc.slice(0, r0, r1).slice(1, R, R + N), in.C = dbc.slice(0, r0, r1).slice(1, R + N, R + 2 * N);
+      in.B = bc.slice(0, r0, r1).slice(1, 0, N), in.C = bc.slice(0, r0, r1).slice(1, N, 2 * N);
     }
     Tensor y_b = y.slice(0, r0, r1);
     Tensor& state = seqs[b].state->ssm(layer);

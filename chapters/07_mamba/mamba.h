@@ -66,7 +66,8 @@ struct MambaLayer {
   Linear in_proj;    ///< [2E, D]: rows 0..E−1 the input branch x, rows E..2E−1 the gate z
   Tensor conv_w;     ///< [E, K] (conv1d.weight [E, 1, K])
   Tensor conv_b;     ///< [E], or undefined without use_conv_bias
-  Linear x_proj;     ///< [R + 2N, E] → (Δ rank-R, B, C); selective only
+  Linear x_dt;       ///< x_proj's first R rows [R, E]: Δ at rank R; selective only
+  Linear x_bc;       ///< x_proj's last 2N rows [2N, E]: B, then C; selective only
   Linear dt_proj;    ///< [E, R] with bias; selective only
   Tensor dt, B, C;   ///< LTI only: Δ before softplus [E], B and C [E, N]
   Tensor A;          ///< [E, N] = −exp(A_log), computed once at load
