@@ -36,7 +36,8 @@ SpeculativeRun best_run(const Setup& s, const ch01::Llama& target, const ch01::L
   SpeculativeRun best;
   for (int i = 0; i < reps; ++i) {
     const std::int64_t cap = static_cast<std::int64_t>(s.prompt.size()) + s.max_new + gamma + 2;
-    CachedModel t(target, cap, s.params), d(draft, cap, s.params);
+    CachedModel t(target, std::min(cap, target.config.max_position_embeddings), s.params),
+        d(draft, std::min(cap, draft.config.max_position_embeddings), s.params);
     Sampler rng(s.params);
     SpeculativeRun r = speculative_generate(t, d, s.prompt, s.max_new, gamma, rng, target.config.eos_token_ids);
     if (i == 0 || r.seconds < best.seconds) best = std::move(r);
@@ -160,7 +161,8 @@ Setup setup(const std::string& target, const std::string& draft, const Generatio
   }
   s.params = g.sampling(*s.tok, s.target.config.vocab_size, target);
   s.max_new = g.max_new_tokens;
-  ch01::check_context(s.target, s.prompt.size(), s.max_new + 16);
+  ch01::check_context(s.target, s.prompt.size(), s.max_new);  // a round never holds more than prompt + max_new
+  ch01::check_context(s.draft, s.prompt.size(), s.max_new);
   return s;
 }
 
