@@ -144,7 +144,11 @@ json quality_table(const DiffusionModel& m, const Tokenizer& tok, const std::vec
     SamplerOptions o;
     o.gen_length = gen, o.steps = R, o.block_length = gen;
     for (const eval::Probe* p : chosen) {
-      const auto prompt = tok.encode(p->prompt), answer = tok.encode(p->answer, false);
+      // The answer's tokens as a continuation of the prompt (as eval::probe_accuracy takes them).
+      const auto prompt = tok.encode(p->prompt), full = tok.encode(p->prompt + p->answer);
+      IL_CHECK(full.size() > prompt.size() && std::equal(prompt.begin(), prompt.end(), full.begin()), "probe '",
+               p->prompt.substr(0, 40), "...': its answer does not tokenize as a continuation of the prompt");
+      const std::vector<std::int32_t> answer(full.begin() + static_cast<std::ptrdiff_t>(prompt.size()), full.end());
       const auto r = sample_llada(denoiser(m), prompt, m.mask_id, o);
       right += std::equal(answer.begin(), answer.end(), r.tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size()),
                           r.tokens.end());
