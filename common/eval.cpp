@@ -88,8 +88,8 @@ std::vector<Probe> load_probes(const std::string& path) {
   return out;
 }
 
-ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const std::vector<Probe>& probes,
-                           std::int64_t per_kind) {
+ProbeScores probe_accuracy_of_answers(const AnswerFn& answer, const Tokenizer& tok, const std::vector<Probe>& probes,
+                                      std::int64_t per_kind) {
   std::map<std::string, std::int64_t> right, dist, total;
   Progress progress("probes", static_cast<std::int64_t>(probes.size()));
   std::int64_t seen = 0;
@@ -99,19 +99,13 @@ ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const s
     const auto prompt = tok.encode(p.prompt, true), full = tok.encode(p.prompt + p.answer, true);
     IL_CHECK(full.size() > prompt.size() && std::equal(prompt.begin(), prompt.end(), full.begin()),
              "probe '", p.prompt.substr(0, 40), "...': its answer does not tokenize as a continuation of the prompt");
-    const Tensor l = logits(full).to(Device::CPU).contiguous();
-    const std::int64_t V = l.size(1);
-    bool ok = true;
-    std::int32_t first = -1;
-    for (std::size_t t = prompt.size(); t < full.size(); ++t) {
-      const float* row = l.data<float>() + static_cast<std::int64_t>(t - 1) * V;
-      const auto pred = static_cast<std::int32_t>(std::max_element(row, row + V) - row);
-      if (t == prompt.size()) first = pred;
-      ok = ok && pred == full[t];
-    }
+    const std::vector<std::int32_t> want(full.begin() + static_cast<std::ptrdiff_t>(prompt.size()), full.end());
+    const auto got = answer(prompt, want);
+    IL_CHECK(got.size() == want.size(), "probe '", p.prompt.substr(0, 40), "...': the model gave ", got.size(),
+             " answer tokens for ", want.size());
     ++total[p.kind];
-    right[p.kind] += ok;
-    if (!p.distractor.empty()) dist[p.kind] += first == tok.encode(p.distractor, false).at(0);
+    right[p.kind] += got == want;
+    if (!p.distractor.empty()) dist[p.kind] += got[0] == tok.encode(p.distractor, false).at(0);
   }
   ProbeScores s;
   for (const auto& [kind, n] : total) {
@@ -120,6 +114,33 @@ ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const s
     s.per_kind = std::max(s.per_kind, n);
   }
   return s;
+}
+
+ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const std::vector<Probe>& probes,
+                           std::int64_t per_kind) {
+  // Teacher-forced: the prompt and the answer in one pass, the argmax at each answer position.
+  const AnswerFn teacher_forced = [&](const std::vector<std::int32_t>& prompt, const std::vector<std::int32_t>& answer) {
+    std::vector<std::int32_t> full = prompt;
+    full.insert(full.end(), answer.begin(), answer.end());
+    const Tensor l = logits(full).to(Device::CPU).contiguous();
+    const std::int64_t V = l.size(1);
+    std::vector<std::int32_t> pred;
+    for (std::size_t t = prompt.size(); t < full.size(); ++t) {
+      const float* row = l.data<float>() + static_cast<std::int64_t>(t - 1) * V;
+      pred.push_back(static_cast<std::int32_t>(std::max_element(row, row + V) - row));
+    }
+    return pred;
+  };
+  return probe_accuracy_of_answers(teacher_forced, tok, probes, per_kind);
+}
+
+std::vector<std::int32_t> validation_tokens(const std::string& data_dir, std::int64_t n) {
+  const auto tok = Tokenizer::for_model(data_dir + "/models/tiny-mha");  // the zoo's one tokenizer
+  auto val = tokenize_documents(*tok, data_dir + "/corpus/val.txt");
+  IL_CHECK(static_cast<std::int64_t>(val.size()) >= n, data_dir, "/corpus/val.txt has ", val.size(),
+           " tokens, fewer than ", n);
+  val.resize(static_cast<std::size_t>(n));
+  return val;
 }
 
 nlohmann::json quality_table(const std::vector<Scored>& models, const std::string& data_dir, std::int64_t windows,

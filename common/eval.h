@@ -32,6 +32,10 @@ struct Perplexity {
 /// Each non-empty line of `path` encoded with special tokens, concatenated.
 std::vector<std::int32_t> tokenize_documents(const Tokenizer& tok, const std::string& path);
 
+/// The first `n` tokens of `data_dir`/corpus/val.txt with the zoo's tokenizer: a real sequence for
+/// a chapter to perturb or time. Throws when the text is shorter.
+std::vector<std::int32_t> validation_tokens(const std::string& data_dir, std::int64_t n);
+
 /// Mean next-token cross-entropy over windows of window + 1 tokens (max_windows = 0: all).
 /// Throws "<what>: window w, position t: the logits hold NaN or infinity", or for a perplexity
 /// that overflows, rather than return one that is not a number (weights too large for their
@@ -55,6 +59,15 @@ struct ProbeScores {
 /// Probe accuracy, using at most `per_kind` probes of each kind (0: all).
 ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const std::vector<Probe>& probes,
                            std::int64_t per_kind = 0);
+/// A model's answer to a probe: from the prompt's ids and the answer's (tokenized as the prompt's
+/// continuation), the ids it puts at the answer's positions. probe_accuracy's is teacher-forced
+/// argmax; a model that cannot be teacher-forced (a bidirectional one, which would see the answer)
+/// generates them instead.
+using AnswerFn = std::function<std::vector<std::int32_t>(const std::vector<std::int32_t>& prompt,
+                                                         const std::vector<std::int32_t>& answer)>;
+/// probe_accuracy with the model's answers from `answer`.
+ProbeScores probe_accuracy_of_answers(const AnswerFn& answer, const Tokenizer& tok, const std::vector<Probe>& probes,
+                                      std::int64_t per_kind = 0);
 
 /// A model as a quality table sees it: a name, the bytes its cache keeps per token, its logits.
 struct Scored {

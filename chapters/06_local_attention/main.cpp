@@ -89,18 +89,9 @@ std::vector<double> influence(const LocalModel& m, const std::vector<std::int32_
   return out;
 }
 
-// The first `n` tokens of the validation text: a real sequence to perturb.
-std::vector<std::int32_t> validation_tokens(std::int64_t n) {
-  const auto tok = Tokenizer::for_model(data_dir() + "/models/tiny-mha");
-  auto val = eval::tokenize_documents(*tok, data_dir() + "/corpus/val.txt");
-  IL_CHECK(static_cast<std::int64_t>(val.size()) >= n, "the validation text has ", val.size(), " tokens, fewer than ", n);
-  val.resize(static_cast<std::size_t>(n));
-  return val;
-}
-
 json influence_table(const std::vector<std::pair<std::string, LocalModel>>& models, const std::vector<std::int64_t>& distances,
                      bool indent) {
-  const auto tokens = validation_tokens(512);
+  const auto tokens = eval::validation_tokens(data_dir(), 512);
   std::printf("%s%-12s", indent ? "  " : "", "distance d");
   for (std::int64_t d : distances) std::printf(" %9lld", static_cast<ll>(d));
   std::printf("   receptive field\n");

@@ -18,7 +18,6 @@
 #include "chapters/07_mamba/mamba.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
-#include "common/cuda/backend.h"
 #include "common/eval.h"
 #include "common/tokenizer.h"
 
@@ -78,18 +77,6 @@ MambaConfig mamba_shape(std::int64_t layers) {
   return c;
 }
 
-// One decode step of the transformer with `position` cached positions (chapter 03's timing).
-ch03::ThroughputPoint llama_step(const ch01::Llama& m, std::int64_t position, int steps) {
-  ch02::ContiguousKVCache cache(m.config, position + steps + 1, m.device());
-  for (std::int64_t l = 0; l < m.config.num_layers; ++l) {  // what a prefill would have left, without one
-    Tensor k = cache.k(l).slice(0, 0, position), v = cache.v(l).slice(0, 0, position);
-    ch03::fill_random(k, static_cast<std::uint64_t>(2 * l + 1)), ch03::fill_random(v, static_cast<std::uint64_t>(2 * l + 2));
-  }
-  cache.commit(position);
-  const double bytes = ch03::decode_step_bytes(m, {position});
-  return ch03::time_decode(1, bytes, steps, m.device(), [&] { ch02::forward_cached(m, cache, {3}); });
-}
-
 // One decode step of the Mamba after `position` tokens: the state holds what they left (random
 // values here); the step reads the weights and the state, and writes the state.
 ch03::ThroughputPoint mamba_step(const MambaModel& m, std::int64_t position, int steps) {
@@ -115,7 +102,7 @@ json speed_table(const metrics::Ceiling& roof, std::int64_t layers, const std::v
     std::printf("%s%-22s", pad, name.c_str());
     json points = json::array();
     for (std::int64_t p : positions) {
-      const auto s = is_mamba ? mamba_step(mamba, p, steps) : llama_step(llama, p, steps);
+      const auto s = is_mamba ? mamba_step(mamba, p, steps) : ch03::measure_decode(llama, 1, p, steps);
       std::printf("  %6.2f ms %5.1f GB/s (%3.0f%%)", s.seconds_per_step * 1e3, s.achieved_bytes_per_s() / 1e9,
                   100 * s.achieved_bytes_per_s() / roof.bytes_per_s);
       std::fflush(stdout);
@@ -155,19 +142,6 @@ RandomLayer random_layer(std::int64_t T, std::int64_t E, std::int64_t N, Device 
   return r;
 }
 
-double time_best(int reps, Device dev, const std::function<void()>& f) {
-  double best = 1e30;
-  for (int i = 0; i < reps + 1; ++i) {  // the first is a warm-up
-    if (dev == Device::CUDA) cuda::synchronize();
-    metrics::Timer t;
-    f();
-    if (dev == Device::CUDA) cuda::synchronize();
-    const double s = t.seconds();
-    if (i > 0) best = std::min(best, s);
-  }
-  return best;
-}
-
 json scan_table(const metrics::Ceiling& roof, const std::vector<std::int64_t>& lengths, Device dev, bool indent) {
   const char* pad = indent ? "  " : "";
   const std::int64_t E = 2048, N = 16;
@@ -203,7 +177,7 @@ json scan_table(const metrics::Ceiling& roof, const std::vector<std::int64_t>& l
     for (std::int64_t T : lengths) {
       RandomLayer r = random_layer(T, E, N, dev);
       Tensor h = Tensor::zeros({E, N}, DType::F32, dev), y = Tensor::empty({T, E}, DType::F32, dev);
-      const double s = time_best(2, dev, [&] { way.run(r.in, h, y); });
+      const double s = ch03::time_decode(1, 0, 2, dev, [&] { way.run(r.in, h, y); }).seconds_per_step;
       const double bytes = scan_bytes(T, E, N, false), flops = 7.0 * static_cast<double>(T * E * N);
       std::printf("  %8.2f ms %5.1f GB/s %3.0f%% %6.1f GFLOP/s %3.0f%%", s * 1e3, bytes / s / 1e9,
                   100 * bytes / s / roof.bytes_per_s, flops / s / 1e9, 100 * flops / s / roof.flops_per_s);
@@ -217,22 +191,16 @@ json scan_table(const metrics::Ceiling& roof, const std::vector<std::int64_t>& l
 }
 
 // --- the LTI layer as a convolution --------------------------------------------------------
-std::vector<std::int32_t> validation_tokens(std::int64_t n) {
-  const auto tok = Tokenizer::for_model(bundled_model("tiny-mamba"));
-  auto val = eval::tokenize_documents(*tok, data_dir() + "/corpus/val.txt");
-  IL_CHECK(static_cast<std::int64_t>(val.size()) >= n, "the validation text has ", val.size(), " tokens, fewer than ", n);
-  val.resize(static_cast<std::size_t>(n));
-  return val;
-}
-
 json lti_report(bool indent) {
   const char* pad = indent ? "  " : "";
   const MambaModel m = load_mamba(bundled_model("tiny-lti"));
-  const auto tokens = validation_tokens(512);
+  const auto tokens = eval::validation_tokens(data_dir(), 512);
   std::vector<double> scan, conv;
-  const double t_scan = time_best(2, Device::CPU, [&] { scan = forward_sequence(m, tokens, true).to_double_vector(); });
-  const double t_conv =
-      time_best(2, Device::CPU, [&] { conv = forward_sequence(m, tokens, true, ScanPath::Convolution).to_double_vector(); });
+  const double t_scan =
+      ch03::time_decode(1, 0, 2, Device::CPU, [&] { scan = forward_sequence(m, tokens, true).to_double_vector(); }).seconds_per_step;
+  const double t_conv = ch03::time_decode(1, 0, 2, Device::CPU, [&] {
+                          conv = forward_sequence(m, tokens, true, ScanPath::Convolution).to_double_vector();
+                        }).seconds_per_step;
   double diff = 0, scale = 0;
   for (std::size_t i = 0; i < scan.size(); ++i) diff = std::max(diff, std::fabs(scan[i] - conv[i])), scale = std::max(scale, std::fabs(scan[i]));
   std::printf("%stiny-lti over 512 validation tokens: the scan and the convolution y = K * u give the same logits "
