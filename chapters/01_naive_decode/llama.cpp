@@ -185,6 +185,14 @@ Llama load_hf_decoder(const HfConfig& hf, const TransformerConfig& c, const std:
   return m;
 }
 
+TransformerConfig memory_bound_shape(std::int64_t layers, std::int64_t kv_heads, std::int64_t vocab, std::int64_t context) {
+  TransformerConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.hidden_size = 1024, c.intermediate_size = 2816, c.num_layers = layers, c.num_heads = 16, c.num_kv_heads = kv_heads;
+  c.head_dim = 64, c.vocab_size = vocab, c.max_position_embeddings = context, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
+  return c;
+}
+
 Llama random_llama(const TransformerConfig& c, std::uint64_t seed, DType dtype, Device device) {
   std::mt19937_64 rng(seed);
   auto fill = [&](Shape s, DType d, float lo, float hi) {

@@ -76,6 +76,11 @@ Llama load_hf_decoder(const HfConfig& hf, const TransformerConfig& c, const std:
 Llama random_llama(const TransformerConfig& config, std::uint64_t seed, DType dtype = DType::F32,
                    Device device = Device::CPU);
 
+/// The shape the speed measurements use where a tiny model would fit in a CPU's caches: D = 1024,
+/// F = 2816, 16 heads of 64, about 12M parameters a layer (8 layers: about 100M, 400 MB in f32), so
+/// that weights and caches live in DRAM and a decode step is memory-bound as the lecture argues.
+TransformerConfig memory_bound_shape(std::int64_t layers, std::int64_t kv_heads, std::int64_t vocab, std::int64_t context);
+
 /// RoPE inverse frequencies for a config, including Llama 3's "llama3" and the "linear"
 /// rope_scaling; other scaling types are an error that names them.
 Tensor rope_frequencies(const TransformerConfig& config);

@@ -23,13 +23,7 @@ using nlohmann::json;
 namespace {
 
 // The shape the throughput sweep uses: big enough that weights and caches live in DRAM.
-TransformerConfig sweep_shape(std::int64_t kv_heads) {
-  TransformerConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.hidden_size = 1024, c.intermediate_size = 2816, c.num_layers = 8, c.num_heads = 16, c.num_kv_heads = kv_heads;
-  c.head_dim = 64, c.vocab_size = 8192, c.max_position_embeddings = 1 << 16, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
-  return c;
-}
+TransformerConfig sweep_shape(std::int64_t kv_heads) { return ch01::memory_bound_shape(8, kv_heads, 8192, 1 << 16); }
 
 metrics::Ceiling ceiling(Device dev) {
   return dev == Device::CUDA ? metrics::measure_cuda_ceiling() : metrics::measure_cpu_ceiling();

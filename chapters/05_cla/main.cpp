@@ -29,13 +29,7 @@ using ll = long long;
 
 // The shape the throughput measurement uses (chapter 03's sweep shape, 4 layers): weights and
 // caches far beyond any on-chip cache.
-TransformerConfig sweep_shape(std::int64_t layers) {
-  TransformerConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.hidden_size = 1024, c.intermediate_size = 2816, c.num_layers = layers, c.num_heads = 16, c.num_kv_heads = 16;
-  c.head_dim = 64, c.vocab_size = 8192, c.max_position_embeddings = 1 << 16, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
-  return c;
-}
+TransformerConfig sweep_shape(std::int64_t layers) { return ch01::memory_bound_shape(layers, 16, 8192, 1 << 16); }
 
 // The largest batch whose caches fit in `budget` bytes beside nothing else (the budget is for caches).
 std::int64_t batch_in(double budget, std::int64_t per_sequence) {

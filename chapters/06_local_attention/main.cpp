@@ -114,13 +114,7 @@ json influence_table(const std::vector<std::pair<std::string, LocalModel>>& mode
 }
 
 // --- time per token against position ---------------------------------------------------------
-TransformerConfig speed_shape(std::int64_t layers) {
-  TransformerConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.hidden_size = 1024, c.intermediate_size = 2816, c.num_layers = layers, c.num_heads = 16, c.num_kv_heads = 16;
-  c.head_dim = 64, c.vocab_size = 8192, c.max_position_embeddings = 1 << 17, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
-  return c;
-}
+TransformerConfig speed_shape(std::int64_t layers) { return ch01::memory_bound_shape(layers, 16, 8192, 1 << 17); }
 
 // One decode step at `position` cached positions, timed as chapter 03 times its steps (a warm-up,
 // then the best of `steps`); its bytes are the weights and the rows attention reads.

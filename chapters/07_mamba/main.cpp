@@ -61,13 +61,7 @@ json memory_table(const MambaConfig& mamba, const std::string& mamba_name, const
 // --- time per decode token against position ------------------------------------------------
 // A transformer and a Mamba of about the same parameters: a Mamba layer (in_proj 4D², out_proj
 // 2D², the rest small) is half a Llama layer (attention 4D², MLP 8.25D²), so twice the layers.
-TransformerConfig llama_shape(std::int64_t layers) {
-  TransformerConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.hidden_size = 1024, c.intermediate_size = 2816, c.num_layers = layers, c.num_heads = 16, c.num_kv_heads = 16;
-  c.head_dim = 64, c.vocab_size = 8192, c.max_position_embeddings = 1 << 17, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
-  return c;
-}
+TransformerConfig llama_shape(std::int64_t layers) { return ch01::memory_bound_shape(layers, 16, 8192, 1 << 17); }
 
 MambaConfig mamba_shape(std::int64_t layers) {
   MambaConfig c;

@@ -131,10 +131,7 @@ json example(bool indent) {
 // F = 2816, 16 heads of 64, tiny-mha's 1024-token vocabulary: about 100M parameters, 400 MB in
 // f32): the regime the lecture's argument is about. Its tokenizer is tiny-mha's.
 Setup random_setup(const GenerationOptions& g) {
-  TransformerConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.hidden_size = 1024, c.intermediate_size = 2816, c.num_layers = 8, c.num_heads = 16, c.num_kv_heads = 16;
-  c.head_dim = 64, c.vocab_size = 1024, c.max_position_embeddings = 4096, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
+  const TransformerConfig c = ch01::memory_bound_shape(8, 16, 1024, 4096);
   Setup s;
   s.target = ch01::random_llama(c, 1);
   s.tok = Tokenizer::for_model(bundled_model("tiny-mha"));

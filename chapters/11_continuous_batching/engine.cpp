@@ -1,0 +1,223 @@
+#include "chapters/11_continuous_batching/engine.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "chapters/01_naive_decode/generate.h"
+#include "chapters/03_gqa/gqa.h"
+#include "common/ceiling.h"
+#include "common/metrics.h"
+
+namespace inferlab::ch11 {
+
+Sequence::Sequence(Request r) : request(std::move(r)), tokens(request.prompt), sampler(request.sampling) {}
+
+// ---------------------------------------------------------------------------------------------
+// A contiguous cache that grows by reallocation.
+GrowingKVCache::GrowingKVCache(const TransformerConfig& c, Device device) : config_(c), device_(device) {}
+
+void GrowingKVCache::grow(std::int64_t capacity) {
+  if (capacity <= this->capacity()) return;
+  auto bigger = std::make_unique<ch02::ContiguousKVCache>(config_, capacity, device_);
+  const std::int64_t n = length();
+  if (n > 0) {
+    for (std::int64_t l = 0; l < rows_->layers(); ++l) {
+      bigger->k(l).slice(0, 0, n).copy_from(rows_->k(l).slice(0, 0, n));
+      bigger->v(l).slice(0, 0, n).copy_from(rows_->v(l).slice(0, 0, n));
+    }
+    bigger->commit(n);
+  }
+  rows_ = std::move(bigger);
+}
+
+void GrowingKVCache::commit(std::int64_t T) {
+  IL_CHECK(rows_ || T == 0, "growing KV cache: ", T, " positions committed before any room was made");
+  if (rows_) rows_->commit(T);
+}
+
+void GrowingKVCache::truncate(std::int64_t n) {
+  IL_CHECK(rows_ || n == 0, "growing KV cache: truncate to ", n, " of an empty cache");
+  if (rows_) rows_->truncate(n);
+}
+
+void GrowingKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
+  IL_CHECK(rows_ != nullptr, "growing KV cache: attend before any room was made");
+  rows_->attend(layer, q, k, v, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pool: a budget of bytes over contiguous caches.
+ContiguousPool::ContiguousPool(const TransformerConfig& c, std::int64_t budget_bytes, Allocation a, Device device,
+                               std::int64_t chunk)
+    : config_(c), budget_(budget_bytes), chunk_(chunk), allocation_(a), device_(device) {
+  IL_CHECK(budget_bytes > 0, "KV pool: the budget must be positive, got ", budget_bytes, " bytes");
+  IL_CHECK(chunk >= 1, "KV pool: the growth chunk must be at least 1 position, got ", chunk);
+}
+
+std::int64_t ContiguousPool::bytes_for(std::int64_t tokens) const {
+  return config_.kv_cache_bytes(tokens, static_cast<std::int64_t>(dtype_size(DType::F32)));
+}
+
+bool ContiguousPool::reserve(Sequence& s, std::int64_t n) {
+  auto* cache = static_cast<GrowingKVCache*>(s.cache.get());
+  const std::int64_t have = cache ? cache->capacity() : 0, need = s.computed() + n;
+  if (need <= have) return true;
+  const std::int64_t want = allocation_ == Allocation::MaxLength
+                                ? std::max(s.max_tokens(), need)
+                                : std::min(std::max(s.max_tokens(), need), (need + chunk_ - 1) / chunk_ * chunk_);
+  const std::int64_t extra = bytes_for(want) - bytes_for(have);
+  if (used_ + extra > budget_) return false;
+  if (!cache) s.cache = std::make_unique<GrowingKVCache>(config_, device_), cache = static_cast<GrowingKVCache*>(s.cache.get());
+  cache->grow(want);
+  used_ += extra;
+  return true;
+}
+
+void ContiguousPool::free(Sequence& s) {
+  if (!s.cache) return;
+  used_ -= bytes_for(static_cast<GrowingKVCache*>(s.cache.get())->capacity());
+  s.cache.reset();
+}
+
+std::string ContiguousPool::describe() const {
+  std::ostringstream os;
+  os << "contiguous caches, " << (allocation_ == Allocation::MaxLength ? "max-length allocation" : "on-demand allocation");
+  if (allocation_ == Allocation::OnDemand) os << " in chunks of " << chunk_ << " positions";
+  os << ", a budget of " << metrics::human_bytes(static_cast<double>(budget_));
+  return os.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine.
+Engine::Engine(const ch01::Llama& m, KVPool& pool, const EngineConfig& c)
+    : m_(m), pool_(pool), c_(c), scheduler_(c.scheduler, pool) {}
+
+void Engine::add(Request r) {
+  const std::int64_t id = r.id;
+  IL_CHECK(!r.prompt.empty(), "request ", id, ": the prompt is empty");
+  IL_CHECK(r.max_new_tokens >= 1, "request ", id, ": max_new_tokens must be at least 1, got ", r.max_new_tokens);
+  IL_CHECK(r.arrival >= clock_, "request ", id, " arrives at ", r.arrival, ", before the engine's clock (", clock_, ")");
+  IL_CHECK(std::find(ids_.begin(), ids_.end(), id) == ids_.end(), "request ", id, ": the id is already taken");
+  for (std::int32_t t : r.prompt)
+    IL_CHECK(t >= 0 && t < m_.config.vocab_size, "request ", id, ": token ", t, " is outside the model's vocabulary of ",
+             m_.config.vocab_size);
+  const std::int64_t longest = static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens;
+  IL_CHECK(longest <= m_.config.max_position_embeddings, "request ", id, ": a prompt of ", r.prompt.size(),
+           " tokens and up to ", r.max_new_tokens, " new ones need ", longest, " positions, beyond the model's context of ",
+           m_.config.max_position_embeddings);
+  IL_CHECK(pool_.bytes_for(longest) <= pool_.budget_bytes(), "request ", id, ": at its longest (", longest,
+           " positions) it needs ", metrics::human_bytes(static_cast<double>(pool_.bytes_for(longest))),
+           " of KV cache, more than the pool's whole budget of ",
+           metrics::human_bytes(static_cast<double>(pool_.budget_bytes())));
+  validate(r.sampling);
+  ids_.push_back(id);
+  // incoming_ is kept with the latest arrival first, so the next one is at the back; equal
+  // arrivals keep the order they were added in.
+  const auto at = std::upper_bound(incoming_.begin(), incoming_.end(), r.arrival,
+                                   [](double a, const Request& x) { return a >= x.arrival; });
+  incoming_.insert(at, std::move(r));
+}
+
+void Engine::arrive() {
+  while (!incoming_.empty() && incoming_.back().arrival <= clock_) {
+    scheduler_.add(std::make_unique<Sequence>(std::move(incoming_.back())));
+    incoming_.pop_back();
+  }
+}
+
+bool Engine::stops(const Sequence& s) const {
+  if (s.generated() >= s.request.max_new_tokens) return true;
+  const auto& ids = s.request.stop_ids;
+  return std::find(ids.begin(), ids.end(), static_cast<std::int64_t>(s.tokens.back())) != ids.end();
+}
+
+void Engine::sample(Sequence& s, const float* logits) {
+  const std::int64_t V = m_.config.vocab_size;
+  if (s.request.keep_logits) s.logits.emplace_back(logits, logits + V);
+  s.tokens.push_back(s.sampler.sample(logits, V));
+}
+
+bool Engine::step() {
+  arrive();
+  if (scheduler_.waiting().empty() && scheduler_.running().empty()) {
+    if (incoming_.empty()) return false;
+    clock_ = std::max(clock_, incoming_.back().arrival);  // idle: nothing to run until the next arrival
+    arrive();
+  }
+  metrics::Timer timer;
+  StepRecord rec;
+  rec.start = clock_;
+  const std::vector<Scheduled> plan = scheduler_.schedule();
+  IL_CHECK(!plan.empty(), "engine: the scheduler planned nothing with ", scheduler_.waiting().size(),
+           " requests waiting and ", scheduler_.running().size(), " running");
+
+  // Selective batching: chapter 02's forward pass over every planned sequence's next tokens.
+  std::vector<ch02::SequenceStep> batch;
+  std::vector<std::int64_t> lengths;
+  for (const Scheduled& p : plan) {
+    Sequence& s = *p.seq;
+    const auto from = s.tokens.begin() + s.computed();
+    batch.push_back({std::vector<std::int32_t>(from, from + p.tokens), s.cache.get(), false});
+    lengths.push_back(s.computed() + p.tokens - 1);
+    (s.pending() == 1 && s.generated() > 0 ? rec.decode_tokens : rec.prefill_tokens) += p.tokens;
+  }
+  rec.sequences = static_cast<std::int64_t>(plan.size());
+  rec.kv_bytes = pool_.used_bytes();
+  rec.bytes_read = ch03::decode_step_bytes(m_, lengths);
+  Tensor logits;
+  {
+    metrics::CountScope work;
+    logits = ch02::forward(m_, batch).to(Device::CPU);  // one row per sequence: its last new token's
+    rec.flops = work.work().flops;
+  }
+
+  // A sequence whose pending tokens are all through samples its next token.
+  std::vector<Sequence*> sampled;
+  const float* rows = logits.data<float>();
+  for (std::size_t b = 0; b < plan.size(); ++b) {
+    Sequence& s = *plan[b].seq;
+    if (s.pending() > 0) continue;  // a prefill chunk that is not the last
+    sample(s, rows + static_cast<std::int64_t>(b) * m_.config.vocab_size);
+    sampled.push_back(&s);
+  }
+  rec.sampled = static_cast<std::int64_t>(sampled.size());
+  rec.waiting = static_cast<std::int64_t>(scheduler_.waiting().size());
+  rec.seconds = timer.seconds();
+  clock_ += c_.clock == Clock::Measured ? rec.seconds : 1.0;
+  rec.end = clock_;
+  for (Sequence* s : sampled) {  // a token exists when its step ends
+    s->token_times.push_back(clock_);
+    if (s->first_token_time < 0) s->first_token_time = clock_;
+    if (stops(*s)) {
+      s->finish_time = clock_;
+      finished_.push_back(scheduler_.finish(s));
+    }
+  }
+  steps_.push_back(rec);
+  return true;
+}
+
+void Engine::run() {
+  while (step()) {
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The request alone: chapter 02's generate loop, with the request's sampler and stop ids.
+Sequence run_alone(const ch01::Llama& m, const Request& r) {
+  Sequence s(r);
+  ch01::check_context(m, r.prompt.size(), r.max_new_tokens);
+  ch02::ContiguousKVCache cache(m.config, s.max_tokens(), m.device());
+  std::vector<std::int32_t> feed = r.prompt;
+  for (int i = 0; i < r.max_new_tokens; ++i) {
+    const Tensor logits = ch02::forward_cached(m, cache, feed).to(Device::CPU);
+    if (r.keep_logits) s.logits.push_back(logits.to_float_vector());
+    s.tokens.push_back(s.sampler.sample(logits));
+    feed = {s.tokens.back()};
+    const auto& ids = r.stop_ids;
+    if (std::find(ids.begin(), ids.end(), static_cast<std::int64_t>(s.tokens.back())) != ids.end()) break;
+  }
+  return s;
+}
+
+}  // namespace inferlab::ch11

@@ -1,0 +1,67 @@
+#pragma once
+/// @file scheduler.h
+/// @brief Chapter 11: iteration-level scheduling (Orca), chunked prefill, preemption.
+///
+/// Static batching forms a batch, runs it until its longest request ends, then forms the next.
+/// Continuous batching decides again at every iteration (every forward pass): a request that
+/// finished leaves at once, and a waiting one joins at once. Three limits shape each iteration:
+/// a cap on running sequences, a token budget per step (a long prompt enters in chunks, between
+/// the decode tokens of the others, instead of stalling them), and the KV pool's bytes. When the
+/// pool runs out, the newest running sequence is preempted: its cache is freed and it waits again
+/// at the front of the queue, to recompute its K and V when it returns.
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "chapters/11_continuous_batching/sequence.h"
+
+namespace inferlab::ch11 {
+
+enum class Policy {
+  Static,      ///< admit only when the whole batch has finished; whole prompts
+  Continuous,  ///< admit every iteration; prompts in chunks within the token budget
+};
+
+struct SchedulerConfig {
+  Policy policy = Policy::Continuous;
+  std::int64_t max_running = 8;       ///< sequences in one step at most
+  std::int64_t max_step_tokens = 64;  ///< tokens in one step at most (continuous; at least max_running)
+  /// Throws naming a bad value.
+  void validate() const;
+};
+
+/// One sequence's share of an iteration: its next `tokens` pending tokens go through the model.
+struct Scheduled {
+  Sequence* seq = nullptr;
+  std::int64_t tokens = 0;
+};
+
+/// First come, first served: sequences leave the queue in arrival order, and an older sequence
+/// is never preempted for a younger one.
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& c, KVPool& pool);
+  /// An arrived request joins the back of the queue.
+  void add(std::unique_ptr<Sequence> s);
+  /// This iteration's work. Every running sequence advances, unless it is preempted.
+  std::vector<Scheduled> schedule();
+  /// A running sequence that finished: its cache goes back to the pool and it leaves.
+  std::unique_ptr<Sequence> finish(Sequence* s);
+
+  const std::deque<std::unique_ptr<Sequence>>& waiting() const { return waiting_; }
+  const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
+  const SchedulerConfig& config() const { return c_; }
+  std::int64_t preemptions() const { return preemptions_; }
+
+ private:
+  void preempt_newest();
+  SchedulerConfig c_;
+  KVPool& pool_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;   // arrival order
+  std::vector<std::unique_ptr<Sequence>> running_;  // admission order: oldest first
+  std::int64_t preemptions_ = 0;
+};
+
+}  // namespace inferlab::ch11
