@@ -64,6 +64,12 @@ step ch08_speed "$BUILD"/bin/ch08_diffusion_lm speed --device cuda --gen-length 
 # Chapter 10: int4 self-speculation on a random 100M-parameter target, both models on the GPU.
 step ch10_self "$BUILD"/bin/ch10_speculative_sampling self --random --device cuda --temperature 1 --gamma 4 \
   --max-new-tokens 96 --json "$OUT/ch10_self.json"
+# Chapter 11: static against continuous batching on one trace (all requests at once, then two
+# arrival rates), tiny-mha and the random 100M Llama, at a cap of 32 sequences.
+step ch11_trace "$BUILD"/bin/ch11_continuous_batching trace --device cuda --requests 256 --max-running 32 \
+  --step-tokens 512 --budget-mib 4096 --json "$OUT/ch11_trace.json"
+step ch11_trace_random "$BUILD"/bin/ch11_continuous_batching trace --device cuda --random --requests 256 --rate 0 \
+  --prompt-median 64 --max-running 32 --step-tokens 512 --budget-mib 16384 --json "$OUT/ch11_trace_random.json"
 
 echo
 echo "==== summary (full log: $LOG)"

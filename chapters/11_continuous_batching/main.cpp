@@ -173,6 +173,12 @@ json run_trace(const ch01::Llama& m, const std::vector<std::int32_t>& text, cons
                     ? "%scontinuous batching: %.2fx static batching's throughput, median end-to-end latency %.1f steps against %.1f\n"
                     : "%scontinuous batching: %.2fx static batching's throughput, median end-to-end latency %.2fs against %.2fs\n",
                 pad, gain, at_once[1].report.e2e.p50, at_once[0].report.e2e.p50);
+    if (o.clock == Clock::Measured) {
+      const Report& c = at_once[1].report;
+      std::printf("%sa step cost %.3f ms + %.3f ms per token in it (least squares over continuous batching's %lld steps): "
+                  "batching shares only the first part\n",
+                  pad, c.step_fixed * 1e3, c.step_per_token * 1e3, static_cast<ll>(c.steps));
+    }
     verdict = {{"throughput_gain", gain}, {"continuous_e2e_p50", at_once[1].report.e2e.p50},
                {"static_e2e_p50", at_once[0].report.e2e.p50}};
   }
@@ -261,9 +267,9 @@ int main(int argc, char** argv) {
     }
     const bool bare = !*st;
     const Device d = dev.resolved_device();
-    std::shared_ptr<Tokenizer> tok = Tokenizer::for_model(random_model ? bundled_model("tiny-mha") : model);
     ch01::Llama m = random_model ? ch01::random_llama(ch01::memory_bound_shape(8, 16, 1024, 4096), 1)
                                  : ch01::load_llama(model);
+    std::shared_ptr<Tokenizer> tok = Tokenizer::for_model(random_model ? bundled_model("tiny-mha") : model);
     m = m.to(d, DType::F32);
     t.spec.context = m.config.max_position_embeddings;
     t.spec.sampling.vocab = tok->vocab_size();
@@ -272,7 +278,7 @@ int main(int argc, char** argv) {
     o.clock = clock == "steps" ? Clock::Steps : Clock::Measured;
     if (policy != "both") t.policies = {policy == "static" ? Policy::Static : Policy::Continuous};
     o.scheduler.validate();
-    const auto text = eval::validation_tokens(data_dir(), 32768);
+    const auto text = eval::tokenize_documents(*tok, data_dir() + "/corpus/val.txt");  // in the model's own tokens
     const std::string name = random_model ? "a random 100M-parameter Llama" : model;
     const metrics::Ceiling roof = d == Device::CUDA ? metrics::measure_cuda_ceiling() : metrics::measure_cpu_ceiling();
     json out = {{"model", name}, {"ceiling", metrics::to_json(roof)}};

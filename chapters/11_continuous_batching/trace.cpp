@@ -114,6 +114,15 @@ Report report(const Engine& e) {
     r.busy += s.end - s.start;
     r.flops += s.flops;
   }
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;  // the least-squares line through (tokens, seconds)
+  for (const StepRecord& s : e.steps()) {
+    const double x = static_cast<double>(s.prefill_tokens + s.decode_tokens);
+    n += 1, sx += x, sy += s.seconds, sxx += x * x, sxy += x * s.seconds;
+  }
+  if (n > 1 && n * sxx - sx * sx > 0) {
+    r.step_per_token = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+    r.step_fixed = (sy - r.step_per_token * sx) / n;
+  }
   if (r.steps) {
     r.mean_batch = seqs / static_cast<double>(r.steps);
     r.slot_utilisation = r.mean_batch / static_cast<double>(e.scheduler().config().max_running);
@@ -155,7 +164,8 @@ nlohmann::json to_json(const Report& r) {
           {"preemptions", r.preemptions}, {"makespan", r.makespan},      {"busy", r.busy},
           {"throughput", r.throughput}, {"ttft", to_json(r.ttft)},       {"tpot", to_json(r.tpot)},
           {"e2e", to_json(r.e2e)},     {"slot_utilisation", r.slot_utilisation}, {"mean_batch", r.mean_batch},
-          {"peak_kv_bytes", r.peak_kv_bytes}, {"bytes_read", r.bytes_read}, {"flops", r.flops}};
+          {"peak_kv_bytes", r.peak_kv_bytes}, {"bytes_read", r.bytes_read}, {"flops", r.flops},
+          {"step_fixed_seconds", r.step_fixed}, {"step_seconds_per_token", r.step_per_token}};
 }
 
 }  // namespace inferlab::ch11

@@ -60,6 +60,10 @@ struct Report {
   double peak_kv_bytes = 0;
   double bytes_read = 0;          ///< Σ over steps of the fewest bytes each had to read
   double flops = 0;               ///< Σ over steps of their FLOPs
+  /// A step's measured seconds fitted as fixed + per_token × its tokens (least squares over the
+  /// steps): what a step costs whatever its batch, and what each row adds. The lecture's argument
+  /// for batching is that the first dominates.
+  double step_fixed = 0, step_per_token = 0;
 };
 Report report(const Engine& e);
 
