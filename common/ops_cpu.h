@@ -5,9 +5,77 @@
 /// Only matmul and attention have one: the elementwise ops are limited by memory, not
 /// arithmetic, so on CPU tensors ops:: runs their ref:: loops as they are.
 
+#include <cstdint>
+#include <cstring>
+
+#include "common/dtype.h"
 #include "common/ops.h"
 
 namespace inferlab::cpu {
+
+/// The vector kernels of the fast paths, for other fast paths to share (chapter 12's paged attention).
+namespace simd {
+
+// SIMD through GCC/Clang vector extensions: 8 floats per vector (one AVX register, two NEON
+// ones), written once for every target instead of per-ISA intrinsics.
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef std::uint16_t u16x8 __attribute__((vector_size(16)));
+typedef std::uint32_t u32x8 __attribute__((vector_size(32)));
+
+inline f32x8 load8(const float* p) {
+  f32x8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+// Eight bf16 values widened to f32: each is the top half of a float.
+inline f32x8 load8(const std::uint16_t* p) {
+  u16x8 h;
+  std::memcpy(&h, p, sizeof h);
+  const u32x8 w = __builtin_convertvector(h, u32x8) << 16;
+  f32x8 v;
+  std::memcpy(&v, &w, sizeof v);
+  return v;
+}
+inline float widen(float v) { return v; }
+inline float widen(std::uint16_t b) { return bf16_to_f32(b); }
+
+// M dot products of x's rows with one weight row w: each slice of w is loaded once and used
+// for all M rows of x (decode, even batched, reads the weights once). Independent vector
+// accumulators (M·U of them, at most 8) keep the multiply-adds from waiting on each other
+// without spilling the 16 vector registers. Any summation order obeys the reference loop's
+// γ_K error bound.
+template <int M, class W>
+inline void dots(const float* x, std::int64_t K, const W* w, float* y, std::int64_t y_stride) {
+  constexpr int U = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+  f32x8 acc[M][U] = {};
+  std::int64_t k = 0;
+  for (; k + 8 * U <= K; k += 8 * U) {
+    f32x8 wv[U];
+    for (int u = 0; u < U; ++u) wv[u] = load8(w + k + 8 * u);
+    for (int m = 0; m < M; ++m)
+      for (int u = 0; u < U; ++u) acc[m][u] += load8(x + m * K + k + 8 * u) * wv[u];
+  }
+  for (int m = 0; m < M; ++m) {
+    f32x8 t = acc[m][0];
+    for (int u = 1; u < U; ++u) t += acc[m][u];
+    float s = 0.0f;
+    for (int i = 0; i < 8; ++i) s += t[i];
+    for (std::int64_t r = k; r < K; ++r) s += x[m * K + r] * widen(w[r]);
+    y[m * y_stride] = s;
+  }
+}
+
+/// x · w over K floats, vectorised: the kernel of the fast attention paths.
+inline float dot(const float* x, const float* w, std::int64_t K) {
+  float y;
+  dots<1>(x, K, w, &y, 1);
+  return y;
+}
+
+}  // namespace simd
+
+using simd::dot;
+using simd::dots;
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out);
 /// Attention over a checked, resolved batch (a single sequence is a batch of one).

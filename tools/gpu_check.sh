@@ -70,6 +70,12 @@ step ch11_trace "$BUILD"/bin/ch11_continuous_batching trace --device cuda --requ
   --step-tokens 512 --budget-mib 4096 --json "$OUT/ch11_trace.json"
 step ch11_trace_random "$BUILD"/bin/ch11_continuous_batching trace --device cuda --random --requests 256 --rate 0 \
   --prompt-median 64 --max-running 32 --step-tokens 512 --budget-mib 16384 --json "$OUT/ch11_trace_random.json"
+# Chapter 12: the paged kernel against the same kernel over blocks in order and the contiguous op
+# at 16K and 64K positions; chapter 11's trace on contiguous and paged caches on the GPU.
+step ch12_speed "$BUILD"/bin/ch12_paged_attention speed --device cuda --context 16384 --json "$OUT/ch12_speed_16k.json"
+step ch12_speed_64k "$BUILD"/bin/ch12_paged_attention speed --device cuda --context 65536 --json "$OUT/ch12_speed_64k.json"
+step ch12_memory "$BUILD"/bin/ch12_paged_attention memory --device cuda --requests 256 --max-running 64 \
+  --step-tokens 512 --budget-mib 16 --json "$OUT/ch12_memory.json"
 
 echo
 echo "==== summary (full log: $LOG)"

@@ -159,6 +159,7 @@ bool Engine::step() {
     const auto from = s.tokens.begin() + s.computed();
     batch.push_back({std::vector<std::int32_t>(from, from + p.tokens), s.cache.get(), false});
     lengths.push_back(s.computed() + p.tokens - 1);
+    rec.kv_positions += s.computed() + p.tokens;
     (s.pending() == 1 && s.generated() > 0 ? rec.decode_tokens : rec.prefill_tokens) += p.tokens;
   }
   rec.sequences = static_cast<std::int64_t>(plan.size());

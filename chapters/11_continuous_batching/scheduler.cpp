@@ -53,8 +53,9 @@ std::vector<Scheduled> Scheduler::schedule() {
   if (is_static && !running_.empty()) return plan;
   while (!preempted && !waiting_.empty() && static_cast<std::int64_t>(running_.size()) < c_.max_running && spare > 0) {
     Sequence& s = *waiting_.front();
-    const std::int64_t n = std::min(s.pending(), spare);
+    std::int64_t n = std::min(s.pending(), spare);
     if (!pool_.reserve(s, n)) break;  // it waits for memory; nobody behind it overtakes
+    n = std::min(n, s.pending());     // a pool that caches prefixes may have found some already computed
     spare -= n;
     plan.push_back({&s, n});
     running_.push_back(std::move(waiting_.front()));

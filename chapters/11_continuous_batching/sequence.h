@@ -65,7 +65,8 @@ class KVPool {
  public:
   virtual ~KVPool() = default;
   /// Makes room for `n` more positions in s's cache (opening one if s has none) and charges the
-  /// budget for it; returns false, charging and changing nothing, when the budget cannot.
+  /// budget for it; returns false, charging and changing nothing, when the budget cannot. A pool
+  /// that caches prefixes (chapter 12) may open the cache with some of s's tokens already in it.
   virtual bool reserve(Sequence& s, std::int64_t n) = 0;
   /// Takes s's cache back (it finished or was preempted): s.cache is null afterwards.
   virtual void free(Sequence& s) = 0;

@@ -1,0 +1,104 @@
+#include "chapters/12_paged_attention/block_pool.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace inferlab::ch12 {
+
+BlockHash block_hash(BlockHash parent, const std::int32_t* tokens, std::int64_t n) {
+  // FNV-1a over the parent's hash and the tokens' bytes.
+  BlockHash h = 1469598103934665603ull;
+  auto mix = [&](std::uint64_t x) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((x >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  mix(parent);
+  for (std::int64_t i = 0; i < n; ++i) mix(static_cast<std::uint32_t>(tokens[i]));
+  return h;
+}
+
+BlockPool::BlockPool(const TransformerConfig& c, std::int64_t blocks, std::int64_t block_size, Device device)
+    : block_size_(block_size) {
+  IL_CHECK(blocks >= 1, "block pool: at least one block, got ", blocks);
+  IL_CHECK(block_size >= 1, "block pool: a block holds at least one position, got ", block_size);
+  const Shape shape = {blocks, block_size, c.num_kv_heads, c.head_dim};
+  for (std::int64_t l = 0; l < c.num_layers; ++l) {
+    k_.push_back(Tensor::zeros(shape, DType::F32, device));
+    v_.push_back(Tensor::zeros(shape, DType::F32, device));
+  }
+  block_bytes_ = c.kv_cache_bytes(block_size, 4);
+  refs_.assign(static_cast<std::size_t>(blocks), 0);
+  hashed_.assign(static_cast<std::size_t>(blocks), false);
+  hash_.assign(static_cast<std::size_t>(blocks), 0);
+  cached_of_.resize(static_cast<std::size_t>(blocks));
+  for (std::int64_t b = blocks - 1; b >= 0; --b) free_.push_back(static_cast<std::int32_t>(b));  // block 0 first
+}
+
+std::int32_t BlockPool::allocate() {
+  std::int32_t b = -1;
+  if (!free_.empty()) {
+    b = free_.back();
+    free_.pop_back();
+  } else if (!lru_.empty()) {  // evict the least recently used cached block
+    b = lru_.front();
+    lru_.pop_front();
+    lru_at_.erase(b);
+    by_hash_.erase(hash_[static_cast<std::size_t>(b)]);
+    hashed_[static_cast<std::size_t>(b)] = false;
+    ++evictions;
+  } else {
+    return -1;
+  }
+  refs_[static_cast<std::size_t>(b)] = 1;
+  return b;
+}
+
+void BlockPool::retain(std::int32_t b) {
+  IL_CHECK(b >= 0 && b < total() && refs(b) > 0, "block pool: retain of block ", b, ", which nobody holds");
+  ++refs_[static_cast<std::size_t>(b)];
+}
+
+void BlockPool::release(std::int32_t b) {
+  IL_CHECK(b >= 0 && b < total() && refs(b) > 0, "block pool: release of block ", b, ", which nobody holds");
+  if (--refs_[static_cast<std::size_t>(b)] > 0) return;
+  if (hashed(b)) {
+    lru_at_[b] = lru_.insert(lru_.end(), b);
+  } else {
+    free_.push_back(b);
+  }
+}
+
+std::int32_t BlockPool::find(BlockHash parent, const std::int32_t* tokens) {
+  const auto it = by_hash_.find(block_hash(parent, tokens, block_size_));
+  if (it == by_hash_.end()) return -1;
+  const std::int32_t b = it->second;
+  const Cached& c = cached_of_[static_cast<std::size_t>(b)];
+  if (c.parent != parent || !std::equal(c.tokens.begin(), c.tokens.end(), tokens)) return -1;  // a collision
+  if (refs(b) == 0) {  // back from the LRU list
+    lru_.erase(lru_at_.at(b));
+    lru_at_.erase(b);
+  }
+  ++refs_[static_cast<std::size_t>(b)];
+  ++hits;
+  return b;
+}
+
+BlockHash BlockPool::publish(std::int32_t b, BlockHash parent, const std::int32_t* tokens) {
+  const BlockHash h = block_hash(parent, tokens, block_size_);
+  if (hashed(b) || by_hash_.count(h)) return h;
+  by_hash_[h] = b;
+  hash_[static_cast<std::size_t>(b)] = h;
+  hashed_[static_cast<std::size_t>(b)] = true;
+  cached_of_[static_cast<std::size_t>(b)] = {parent, std::vector<std::int32_t>(tokens, tokens + block_size_)};
+  return h;
+}
+
+void BlockPool::copy(std::int32_t from, std::int32_t to) {
+  for (std::size_t l = 0; l < k_.size(); ++l) {
+    k_[l].slice(0, to, to + 1).copy_from(k_[l].slice(0, from, from + 1));
+    v_[l].slice(0, to, to + 1).copy_from(v_[l].slice(0, from, from + 1));
+  }
+  ++copies;
+}
+
+}  // namespace inferlab::ch12

@@ -1,0 +1,304 @@
+// ch12_paged_attention: the KV cache in blocks. Chapter 11's engine on chapter 11's trace, with
+// contiguous max-length caches and with paged ones; prefix sharing; the paged attention op's speed.
+//   ch12_paged_attention            memory waste and batch size on the trace, prefix sharing, the op at 16K
+//   ch12_paged_attention memory     the trace under both caches, any budget, cap and block size
+//   ch12_paged_attention sharing    n parallel samples (fork, copy-on-write) and a shared system prompt
+//   ch12_paged_attention speed      paged against contiguous attention at long contexts
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "chapters/11_continuous_batching/trace.h"
+#include "chapters/12_paged_attention/paged_attention.h"
+#include "chapters/12_paged_attention/paged_cache.h"
+#include "common/ceiling.h"
+#include "common/device_memory.h"
+#include "common/cli.h"
+#include "common/eval.h"
+#include "common/metrics.h"
+#include "common/ops.h"
+#include "common/tokenizer.h"
+
+using namespace inferlab;
+using namespace inferlab::ch12;
+using nlohmann::json;
+
+namespace {
+
+using ll = long long;
+
+struct MemoryOptions {
+  ch11::TraceSpec spec;
+  std::int64_t max_running = 32, step_tokens = 128, block_size = 16;
+  double budget_mib = 4;
+};
+
+struct Served {
+  ch11::Report report;
+  double waste = 0;  ///< 1 − positions held / positions charged, averaged over the steps
+  std::vector<std::vector<std::int32_t>> tokens;
+  std::int64_t prefill_tokens = 0;
+};
+
+Served serve(const ch01::Llama& m, const std::vector<ch11::Request>& trace, ch11::KVPool& pool, std::int64_t cap,
+             std::int64_t step_tokens) {
+  ch11::EngineConfig c;
+  c.scheduler = {ch11::Policy::Continuous, cap, step_tokens};
+  ch11::Engine e(m, pool, c);
+  for (const ch11::Request& r : trace) e.add(r);
+  e.run();
+  Served s;
+  s.report = ch11::report(e);
+  const double per_position = static_cast<double>(m.config.kv_cache_bytes(1, 4));
+  double charged = 0, held = 0;
+  for (const ch11::StepRecord& r : e.steps()) {
+    charged += static_cast<double>(r.kv_bytes), held += static_cast<double>(r.kv_positions) * per_position;
+    s.prefill_tokens += r.prefill_tokens;
+  }
+  s.waste = charged > 0 ? 1 - held / charged : 0;
+  s.tokens.resize(trace.size());
+  for (const auto& q : e.finished()) s.tokens[static_cast<std::size_t>(q->request.id)] = q->tokens;
+  return s;
+}
+
+// --- memory: contiguous max-length allocation against blocks ------------------------------------
+json memory(const ch01::Llama& m, const std::vector<std::int32_t>& text, const MemoryOptions& o, bool indent) {
+  const char* pad = indent ? "  " : "";
+  const auto trace = ch11::make_trace(o.spec, text);
+  const auto budget = static_cast<std::int64_t>(o.budget_mib * (1 << 20));
+  ch11::ContiguousPool contiguous(m.config, budget, ch11::Allocation::MaxLength, m.device());
+  PagedPool paged(m.config, budget, o.block_size, m.device());
+  std::printf("%s%lld requests (outputs log-normal, median %.0f), all at once, cap %lld sequences, KV budget %s:\n", pad,
+              static_cast<ll>(o.spec.requests), o.spec.output_median, static_cast<ll>(o.max_running),
+              metrics::human_bytes(static_cast<double>(budget)).c_str());
+  std::printf("%s  %-44s %10s %9s %8s %8s %9s\n", pad, "KV memory", "sequences", "waste", "preempt", "tok/s", "e2e p50");
+  json rows = json::array();
+  std::vector<Served> runs;
+  for (ch11::KVPool* pool : {static_cast<ch11::KVPool*>(&contiguous), static_cast<ch11::KVPool*>(&paged)}) {
+    runs.push_back(serve(m, trace, *pool, o.max_running, o.step_tokens));
+    const Served& s = runs.back();
+    const std::string name = pool == &paged ? "paged, blocks of " + std::to_string(o.block_size) + " positions"
+                                            : "contiguous, each request's maximum length";
+    std::printf("%s  %-44s %10.2f %8.1f%% %8lld %8.0f %8.2fs\n", pad, name.c_str(), s.report.mean_batch, 100 * s.waste,
+                static_cast<ll>(s.report.preemptions), s.report.throughput, s.report.e2e.p50);
+    json j = ch11::to_json(s.report);
+    j["kv_memory"] = name, j["waste"] = s.waste;
+    rows.push_back(j);
+  }
+  const bool same = runs[0].tokens == runs[1].tokens;
+  std::printf("%s  (sequences: per step, on average; waste: the share of the charged KV memory holding no position, "
+              "averaged over the steps; the paged waste is at most the unused tail of each last block)\n",
+              pad);
+  std::printf("%s  paged: %.2fx the sequences per step and %.2fx the throughput; every request's tokens %s\n", pad,
+              runs[1].report.mean_batch / runs[0].report.mean_batch, runs[1].report.throughput / runs[0].report.throughput,
+              same ? "identical on both caches" : "NOT identical on both caches");
+  IL_CHECK(same, "the engine's outputs differ between the contiguous and the paged cache");
+  return {{"rows", rows}, {"identical_outputs", same}};
+}
+
+// --- sharing: parallel samples and a shared system prompt --------------------------------------
+json sharing(const ch01::Llama& m, const std::vector<std::int32_t>& text, std::int64_t n, std::int64_t block_size,
+             bool indent) {
+  const char* pad = indent ? "  " : "";
+  json out;
+  {  // n samples of one prompt: prefill once, fork n − 1 times, decode each with its own seed
+    const std::vector<std::int32_t> prompt(text.begin(), text.begin() + 200);
+    const int new_tokens = 64;
+    BlockPool pool(m.config, 4096, block_size, m.device());
+    std::vector<std::unique_ptr<PagedKVCache>> caches;
+    caches.push_back(std::make_unique<PagedKVCache>(pool));
+    IL_CHECK(caches[0]->reserve(static_cast<std::int64_t>(prompt.size())), "sharing: the pool is too small");
+    const Tensor first = ch02::forward_cached(m, *caches[0], prompt).to(Device::CPU);
+    for (std::int64_t i = 1; i < n; ++i) caches.push_back(caches[0]->fork());
+    const std::int64_t after_fork = pool.used();
+    std::vector<Sampler> samplers;
+    std::vector<std::int32_t> last;
+    for (std::int64_t i = 0; i < n; ++i) {
+      SamplingParams p;
+      p.temperature = 0.8f, p.seed = static_cast<std::uint64_t>(i + 1);
+      samplers.emplace_back(p);
+      last.push_back(samplers.back().sample(first));
+    }
+    for (int t = 1; t < new_tokens; ++t) {
+      std::vector<ch02::SequenceStep> steps;
+      for (std::int64_t i = 0; i < n; ++i) {
+        IL_CHECK(caches[static_cast<std::size_t>(i)]->reserve(1), "sharing: the pool is too small");
+        steps.push_back({{last[static_cast<std::size_t>(i)]}, caches[static_cast<std::size_t>(i)].get(), false});
+      }
+      const Tensor logits = ch02::forward(m, steps).to(Device::CPU);
+      for (std::int64_t i = 0; i < n; ++i)
+        last[static_cast<std::size_t>(i)] = samplers[static_cast<std::size_t>(i)].sample(
+            logits.slice(0, i, i + 1));
+    }
+    const std::int64_t per_seq = (static_cast<std::int64_t>(prompt.size()) + new_tokens - 1 + block_size - 1) / block_size;
+    std::printf("%s%lld samples of one %zu-token prompt, %d tokens each (fork after prefill, copy-on-write):\n", pad,
+                static_cast<ll>(n), prompt.size(), new_tokens);
+    std::printf("%s  blocks: %lld after the fork, %lld at the end, against %lld without sharing (%.0f%% saved); "
+                "%lld blocks copied (each sample's partly filled last prompt block)\n",
+                pad, static_cast<ll>(after_fork), static_cast<ll>(pool.used()), static_cast<ll>(n * per_seq),
+                100.0 * (1 - static_cast<double>(pool.used()) / static_cast<double>(n * per_seq)),
+                static_cast<ll>(pool.copies));
+    out["parallel_samples"] = {{"n", n}, {"prompt", prompt.size()}, {"new_tokens", new_tokens}, {"blocks_after_fork", after_fork},
+                               {"blocks_end", pool.used()}, {"blocks_unshared", n * per_seq}, {"copies", pool.copies}};
+  }
+  {  // a shared system prompt: 16 requests = the same 256 tokens + their own question
+    const std::vector<std::int32_t> system(text.begin() + 1000, text.begin() + 1256);
+    std::vector<ch11::Request> trace;
+    for (int i = 0; i < 16; ++i) {
+      ch11::Request r;
+      r.id = i;
+      r.prompt = system;
+      r.prompt.insert(r.prompt.end(), text.begin() + 2000 + i * 40, text.begin() + 2000 + i * 40 + 12 + i % 5);
+      r.max_new_tokens = 32;
+      r.arrival = i * 0.002;
+      trace.push_back(r);
+    }
+    std::printf("%s16 requests sharing a 256-token system prompt (each adds 12-16 tokens and generates 32):\n", pad);
+    json rows = json::array();
+    std::vector<Served> runs;
+    for (const bool prefix : {false, true}) {
+      PagedPool pool(m.config, 64 << 20, block_size, m.device(), prefix);
+      runs.push_back(serve(m, trace, pool, 16, 512));
+      const Served& s = runs.back();
+      std::printf("%s  %-22s peak KV %9s, %5lld prefill tokens computed, TTFT p50 %6.1f ms, %lld cached blocks reused\n",
+                  pad, prefix ? "with prefix caching" : "without", metrics::human_bytes(s.report.peak_kv_bytes).c_str(),
+                  static_cast<ll>(s.prefill_tokens), s.report.ttft.p50 * 1e3, static_cast<ll>(pool.blocks().hits));
+      rows.push_back({{"prefix_caching", prefix}, {"peak_kv_bytes", s.report.peak_kv_bytes},
+                      {"prefill_tokens", s.prefill_tokens}, {"ttft", ch11::to_json(s.report.ttft)},
+                      {"hits", pool.blocks().hits}});
+    }
+    std::printf("%s  outputs %s\n", pad, runs[0].tokens == runs[1].tokens ? "identical" : "differ (see the tests' bound)");
+    out["system_prompt"] = rows;
+  }
+  return out;
+}
+
+// --- speed: the paged op against the contiguous one --------------------------------------------
+json speed(std::int64_t context, std::int64_t block_size, Device d, const metrics::Ceiling& roof, bool indent) {
+  const char* pad = indent ? "  " : "";
+  const std::int64_t N = 8, K = 8, H = 128, blocks = (context + block_size - 1) / block_size;
+  std::mt19937_64 g(5);
+  std::vector<std::int32_t> table(static_cast<std::size_t>(blocks));
+  for (std::int64_t i = 0; i < blocks; ++i) table[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+  std::shuffle(table.begin(), table.end(), g);  // scattered blocks, as a busy pool leaves them
+  auto random = [&](const Shape& s) {
+    std::vector<float> v(static_cast<std::size_t>(shape_numel(s)));
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (float& x : v) x = u(g);
+    return Tensor::from_vector(v, s).to(d);
+  };
+  const Tensor kp = random({blocks, block_size, K, H}), vp = random({blocks, block_size, K, H});
+  const Tensor kc = random({context, K, H}), vc = random({context, K, H}), q = random({1, N, H});
+  Tensor out = Tensor::empty({1, N, H}, DType::F32, d);
+  const PagedKV kv{kp, vp, table, block_size};
+  auto best = [&](auto&& f) {
+    f();
+    if (d == Device::CUDA) cuda::synchronize();
+    double b = 1e30;
+    for (int i = 0; i < 7; ++i) {
+      metrics::Timer t;
+      f();
+      if (d == Device::CUDA) cuda::synchronize();
+      b = std::min(b, t.seconds());
+    }
+    return b;
+  };
+  AttentionParams p;
+  p.q_offset = context - 1;
+  const double contiguous = best([&] { ops::attention(q, kc, vc, out, p); });
+  const double bytes = 2.0 * static_cast<double>(context * K * H) * 4;
+  std::printf("%sone decode row, %lld heads of %lld, %lld positions (%s of K and V), blocks of %lld in random order:\n", pad,
+              static_cast<ll>(N), static_cast<ll>(H), static_cast<ll>(context),
+              metrics::human_bytes(bytes).c_str(), static_cast<ll>(block_size));
+  std::printf("%s  %-28s %10s %12s %s\n", pad, "attention", "time", "GB/s", "(of the read ceiling)");
+  std::printf("%s  %-28s %8.3fms %12.2f (%.0f%%)\n", pad, "contiguous (ops::attention)", contiguous * 1e3,
+              bytes / contiguous / 1e9, 100 * bytes / contiguous / roof.bytes_per_s);
+  json rows = json::array({{{"kind", "contiguous"}, {"seconds", contiguous}}});
+  // The same paged kernel over blocks in order (the pool's rows are then one contiguous cache)
+  // and over the shuffled table: the difference is what paging itself costs.
+  std::vector<std::int32_t> in_order(table.size());
+  for (std::size_t i = 0; i < in_order.size(); ++i) in_order[i] = static_cast<std::int32_t>(i);
+  const PagedKV ordered{kp, vp, in_order, block_size};
+  for (const std::int64_t splits : {1, 8}) {
+    const double t0 = best([&] { paged_attention(q, ordered, context - 1, out, splits); });
+    const double t1 = best([&] { paged_attention(q, kv, context - 1, out, splits); });
+    for (const bool scattered : {false, true}) {
+      const double t = scattered ? t1 : t0;
+      char name[64];
+      std::snprintf(name, sizeof name, "paged, %s, %lld split%s", scattered ? "scattered" : "in order",
+                    static_cast<ll>(splits), splits > 1 ? "s" : "");
+      std::printf("%s  %-28s %8.3fms %12.2f (%.0f%%)", pad, name, t * 1e3, bytes / t / 1e9, 100 * bytes / t / roof.bytes_per_s);
+      if (scattered) std::printf("  %.3fx the time in order", t1 / t0);
+      std::printf("\n");
+      rows.push_back({{"kind", scattered ? "paged_scattered" : "paged_in_order"}, {"splits", splits}, {"seconds", t}});
+    }
+  }
+  return {{"context", context}, {"bytes", bytes}, {"rows", rows}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Chapter 12: PagedAttention", "ch12_paged_attention"};
+  std::string json_path;
+  add_json_option(app, json_path);
+  help_footer(app, "chapter 11's trace on tiny-mha under a 4 MiB KV budget with contiguous max-length caches and "
+              "with paged ones: sequences per step, wasted KV memory, throughput, identical outputs; 8 parallel "
+              "samples by fork and copy-on-write; a shared system prompt with prefix caching; paged against "
+              "contiguous attention at 16K positions beside the read ceiling",
+              "chapters/12_paged_attention/README.md", "PagedAttention 与 vLLM");
+  std::string model = bundled_model("tiny-mha");
+  ModelOptions dev;
+  MemoryOptions mo;
+  mo.spec.sampling.temperature = 0.8f;
+  std::int64_t samples = 8, context = 16384;
+  auto* sm = app.add_subcommand("memory", "Chapter 11's trace with contiguous max-length caches and with paged ones");
+  sm->add_option("--model", model, "The model folder")->capture_default_str();
+  add_device_option(*sm, dev);
+  sm->add_option("--requests", mo.spec.requests, "Requests in the trace")->check(number_in(1, 1e6))->capture_default_str();
+  sm->add_option("--output-median", mo.spec.output_median, "Median output length")->check(number_in(1, 1e6))->capture_default_str();
+  sm->add_option("--max-running", mo.max_running, "Sequences per step at most")->check(number_in(1, 4096))->capture_default_str();
+  sm->add_option("--step-tokens", mo.step_tokens, "Tokens per step at most")->check(number_in(1, 1 << 20))->capture_default_str();
+  sm->add_option("--block-size", mo.block_size, "Positions per block")->check(number_in(1, 4096))->capture_default_str();
+  sm->add_option("--budget-mib", mo.budget_mib, "The KV budget, MiB")->check(number_in(0.01, 1 << 20))->capture_default_str();
+  add_json_option(*sm, json_path);
+  auto* sh = app.add_subcommand("sharing", "Parallel samples by fork and copy-on-write; a shared system prompt");
+  sh->add_option("--model", model, "The model folder")->capture_default_str();
+  sh->add_option("--samples", samples, "Parallel samples of one prompt")->check(number_in(1, 256))->capture_default_str();
+  sh->add_option("--block-size", mo.block_size, "Positions per block")->check(number_in(1, 4096))->capture_default_str();
+  add_json_option(*sh, json_path);
+  auto* sp = app.add_subcommand("speed", "Paged against contiguous attention for one decode row");
+  sp->add_option("--context", context, "Positions")->check(number_in(1, 1 << 24))->capture_default_str();
+  sp->add_option("--block-size", mo.block_size, "Positions per block")->check(number_in(1, 4096))->capture_default_str();
+  add_device_option(*sp, dev);
+  add_json_option(*sp, json_path);
+  app.require_subcommand(0, 1);
+  bare_run_options_only(app);
+  return run_cli(app, argc, argv, [&] {
+    const Device d = dev.resolved_device();
+    const bool bare = !*sm && !*sh && !*sp;
+    json out;
+    if (bare) std::printf("PagedAttention (lecture: PagedAttention 与 vLLM): the KV cache in blocks of %lld positions\n\n",
+                          static_cast<ll>(mo.block_size));
+    if (bare || *sm || *sh) {
+      ch01::Llama m = ch01::load_llama(model).to(d, DType::F32);
+      const auto tok = Tokenizer::for_model(model);
+      const auto text = eval::tokenize_documents(*tok, data_dir() + "/corpus/val.txt");
+      mo.spec.context = m.config.max_position_embeddings;
+      mo.spec.sampling.vocab = tok->vocab_size();
+      if (bare || *sm) out["memory"] = memory(m, text, mo, bare);
+      if (bare) std::printf("\n");
+      if (bare || *sh) out["sharing"] = sharing(m, text, samples, mo.block_size, bare);
+      if (bare) std::printf("\n");
+    }
+    if (bare || *sp) {
+      const metrics::Ceiling roof = d == Device::CUDA ? metrics::measure_cuda_ceiling() : metrics::measure_cpu_ceiling();
+      out["speed"] = speed(context, mo.block_size, d, roof, bare);
+      out["ceiling"] = metrics::to_json(roof);
+    }
+    if (bare) std::printf("  more: ch12_paged_attention memory | sharing | speed (--help for each)\n");
+    if (!json_path.empty()) write_json(json_path, out, {model});
+    return 0;
+  });
+}

@@ -1,0 +1,145 @@
+#include "chapters/12_paged_attention/paged_cache.h"
+
+#include <sstream>
+
+#include "chapters/12_paged_attention/paged_attention.h"
+#include "common/ceiling.h"
+#include "common/error.h"
+#include "common/lab.h"
+
+namespace inferlab::ch12 {
+
+PagedKVCache::PagedKVCache(BlockPool& pool) : pool_(pool) {}
+
+PagedKVCache::~PagedKVCache() { release(); }
+
+void PagedKVCache::commit(std::int64_t T) {
+  IL_CHECK(T >= 0 && length_ + T <= static_cast<std::int64_t>(table_.size()) * pool_.block_size(), "paged cache: ",
+           T, " positions committed beyond its ", table_.size(), " blocks (reserve first)");
+  length_ += T;
+}
+
+void PagedKVCache::truncate(std::int64_t n) {
+  IL_CHECK(n >= 0 && n <= length_, "paged cache: truncate to ", n, " of ", length_, " positions");
+  length_ = n;
+  const std::size_t keep = static_cast<std::size_t>((n + pool_.block_size() - 1) / pool_.block_size());
+  while (table_.size() > keep) pool_.release(table_.back()), table_.pop_back();
+  if (hashes_.size() > static_cast<std::size_t>(n / pool_.block_size()))
+    hashes_.resize(static_cast<std::size_t>(n / pool_.block_size()));
+}
+
+std::int64_t PagedKVCache::bytes() const { return static_cast<std::int64_t>(table_.size()) * pool_.block_bytes(); }
+
+void PagedKVCache::release() {
+  for (std::int32_t b : table_) pool_.release(b);
+  table_.clear(), hashes_.clear();
+  length_ = 0;
+}
+
+bool PagedKVCache::reserve(std::int64_t n) {
+  const std::int64_t B = pool_.block_size(), have = static_cast<std::int64_t>(table_.size());
+  const std::int64_t want = (length_ + n + B - 1) / B;
+  // EXERCISE 12.2 BEGIN: the copy-on-write rule
+  // The block the next token goes into is written, so it must be this cache's alone and not in
+  // the prefix cache. That is only ever a partly filled last block: a full one is never written.
+  const bool cow = n > 0 && length_ % B != 0 && (pool_.refs(table_.back()) > 1 || pool_.hashed(table_.back()));
+  // EXERCISE 12.2 STUB
+  // lab::not_done("12.2", "set cow: whether the block the next token is written into must be copied first "
+  //                       "(a partly filled last block that another holder shares or the prefix cache holds)");
+  // const bool cow = false;
+  // EXERCISE 12.2 END
+  const std::int64_t needed = std::max<std::int64_t>(0, want - have) + (cow ? 1 : 0);
+  if (needed > pool_.free()) return false;
+  if (cow) {
+    const std::int32_t mine = pool_.allocate();
+    pool_.copy(table_.back(), mine);
+    pool_.release(table_.back());
+    table_.back() = mine;
+  }
+  while (static_cast<std::int64_t>(table_.size()) < want) table_.push_back(pool_.allocate());
+  return true;
+}
+
+void PagedKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
+  const PagedKV kv{pool_.k(layer), pool_.v(layer), table_, pool_.block_size()};
+  write_slots(kv, length_, k, v);
+  paged_attention(q, kv, length_, out);
+}
+
+std::unique_ptr<PagedKVCache> PagedKVCache::fork() const {
+  auto c = std::make_unique<PagedKVCache>(pool_);
+  for (std::int32_t b : table_) pool_.retain(b);
+  c->table_ = table_, c->hashes_ = hashes_, c->length_ = length_;
+  return c;
+}
+
+std::int64_t PagedKVCache::adopt_prefix(const std::vector<std::int32_t>& tokens, std::int64_t max_positions) {
+  IL_CHECK(length_ == 0 && table_.empty(), "paged cache: a prefix can only be adopted by an empty cache");
+  const std::int64_t B = pool_.block_size();
+  BlockHash parent = 0;
+  for (std::int64_t i = 0; (i + 1) * B <= std::min<std::int64_t>(max_positions, static_cast<std::int64_t>(tokens.size()));
+       ++i) {
+    const std::int32_t* block_tokens = tokens.data() + i * B;
+    const std::int32_t b = pool_.find(parent, block_tokens);
+    if (b < 0) break;
+    table_.push_back(b);
+    parent = block_hash(parent, block_tokens, B);
+    hashes_.push_back(parent);
+  }
+  length_ = static_cast<std::int64_t>(table_.size()) * B;
+  return length_;
+}
+
+void PagedKVCache::publish(const std::vector<std::int32_t>& tokens) {
+  const std::int64_t B = pool_.block_size(), full = length_ / B;
+  IL_CHECK(static_cast<std::int64_t>(tokens.size()) >= length_, "paged cache: ", tokens.size(), " tokens for ",
+           length_, " positions");
+  for (std::int64_t i = static_cast<std::int64_t>(hashes_.size()); i < full; ++i) {
+    const BlockHash parent = i == 0 ? 0 : hashes_[static_cast<std::size_t>(i - 1)];
+    hashes_.push_back(pool_.publish(table_[static_cast<std::size_t>(i)], parent, tokens.data() + i * B));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+PagedPool::PagedPool(const TransformerConfig& c, std::int64_t budget_bytes, std::int64_t block_size, Device device,
+                     bool prefix_caching)
+    : blocks_(c, std::max<std::int64_t>(1, budget_bytes / c.kv_cache_bytes(block_size, 4)), block_size, device),
+      prefix_caching_(prefix_caching) {
+  IL_CHECK(budget_bytes >= c.kv_cache_bytes(block_size, 4), "paged KV pool: a budget of ", budget_bytes,
+           " bytes holds no block of ", c.kv_cache_bytes(block_size, 4), " bytes");
+}
+
+bool PagedPool::reserve(ch11::Sequence& s, std::int64_t n) {
+  const bool opening = !s.cache;
+  if (opening) {
+    auto c = std::make_unique<PagedKVCache>(blocks_);
+    // Never the whole sequence: its last token must go through the model to give logits.
+    if (prefix_caching_) c->adopt_prefix(s.tokens, static_cast<std::int64_t>(s.tokens.size()) - 1);
+    s.cache = std::move(c);
+    n = std::min(n, s.pending());
+  }
+  auto& c = static_cast<PagedKVCache&>(*s.cache);
+  if (prefix_caching_) c.publish(s.tokens);  // the blocks earlier steps filled
+  if (c.reserve(n)) return true;
+  if (opening) s.cache.reset();  // back to how it was (its adopted blocks stay cached)
+  return false;
+}
+
+void PagedPool::free(ch11::Sequence& s) {
+  if (!s.cache) return;
+  if (prefix_caching_) static_cast<PagedKVCache&>(*s.cache).publish(s.tokens);
+  s.cache.reset();
+}
+
+std::int64_t PagedPool::bytes_for(std::int64_t tokens) const {
+  return (tokens + blocks_.block_size() - 1) / blocks_.block_size() * blocks_.block_bytes();
+}
+
+std::string PagedPool::describe() const {
+  std::ostringstream os;
+  os << "paged: " << blocks_.total() << " blocks of " << blocks_.block_size() << " positions ("
+     << metrics::human_bytes(static_cast<double>(budget_bytes())) << ")" << (prefix_caching_ ? ", prefix caching" : "");
+  return os.str();
+}
+
+}  // namespace inferlab::ch12

@@ -1,0 +1,306 @@
+// Chapter 12: the block pool, the paged cache and chapter 11's engine on it. Conservation of
+// blocks under random operations, copy-on-write, prefix sharing, and the engine's outputs the same
+// on a paged and on a contiguous cache.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "chapters/11_continuous_batching/trace.h"
+#include "chapters/12_paged_attention/paged_cache.h"
+#include "common/eval.h"
+#include "golden_util.h"
+
+using namespace inferlab;
+using namespace inferlab::ch12;
+
+namespace {
+
+const std::string kData = INFERLAB_DATA_DIR;
+
+const ch01::Llama& tiny_mha() {
+  static const ch01::Llama m = ch01::load_llama(kData + "/models/tiny-mha");
+  return m;
+}
+
+TransformerConfig one_layer() {
+  TransformerConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.hidden_size = 32, c.intermediate_size = 64, c.num_layers = 1, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 8;
+  c.vocab_size = 64, c.max_position_embeddings = 256, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
+  return c;
+}
+
+// Every block's reference count is the number of live caches whose table lists it, and the free
+// blocks are exactly those nobody lists.
+void expect_conserved(const BlockPool& pool, const std::vector<std::unique_ptr<PagedKVCache>>& caches) {
+  std::map<std::int32_t, int> listed;
+  for (const auto& c : caches)
+    for (std::int32_t b : c->block_table()) listed[b]++;
+  std::int64_t unreferenced = 0;
+  for (std::int32_t b = 0; b < pool.total(); ++b) {
+    ASSERT_EQ(pool.refs(b), listed.count(b) ? listed[b] : 0) << "block " << b;
+    unreferenced += pool.refs(b) == 0;
+  }
+  ASSERT_EQ(pool.free(), unreferenced);
+  ASSERT_EQ(pool.free() + pool.used(), pool.total());
+}
+
+}  // namespace
+
+// 10,000 random operations: open a sequence, append to one, fork one, truncate one, free one.
+TEST(BlockPool, ConservationUnderTenThousandRandomOperations) {
+  auto rng = test::rng_for_test();
+  const auto c = one_layer();
+  BlockPool pool(c, 64, 4);
+  std::vector<std::unique_ptr<PagedKVCache>> caches;
+  std::int64_t refused = 0, forks = 0;
+  for (int i = 0; i < 10000; ++i) {
+    const int op = static_cast<int>(rng() % 100);
+    const std::int64_t free_before = pool.free();
+    if (op < 15 || caches.empty()) {  // open, with a first run of positions
+      auto s = std::make_unique<PagedKVCache>(pool);
+      const std::int64_t n = 1 + static_cast<std::int64_t>(rng() % 12);
+      if (s->reserve(n)) {
+        s->commit(n), caches.push_back(std::move(s));
+      } else {
+        ++refused;
+        ASSERT_EQ(pool.free(), free_before) << "a refused reserve took blocks";
+      }
+    } else {
+      const std::size_t k = static_cast<std::size_t>(rng() % caches.size());
+      PagedKVCache& s = *caches[k];
+      if (op < 65) {  // append
+        const std::int64_t n = 1 + static_cast<std::int64_t>(rng() % 6);
+        const auto table = s.block_table();
+        if (s.reserve(n)) {
+          s.commit(n);
+        } else {
+          ++refused;
+          ASSERT_EQ(pool.free(), free_before);
+          ASSERT_EQ(s.block_table(), table) << "a refused reserve changed the table";
+        }
+      } else if (op < 78) {  // fork
+        caches.push_back(s.fork());
+        ++forks;
+        ASSERT_EQ(pool.free(), free_before) << "a fork took blocks";
+      } else if (op < 85) {  // truncate
+        s.truncate(static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(s.length() + 1)));
+      } else {  // free: blocks come back exactly when their last holder lets go
+        std::int64_t last_holder = 0;
+        for (std::int32_t b : s.block_table()) last_holder += pool.refs(b) == 1;
+        caches.erase(caches.begin() + static_cast<long>(k));
+        ASSERT_EQ(pool.free(), free_before + last_holder);
+      }
+    }
+    expect_conserved(pool, caches);
+    for (const auto& s : caches)
+      ASSERT_EQ(static_cast<std::int64_t>(s->block_table().size()), (s->length() + 3) / 4) << "a cache holds a block it does not need";
+  }
+  EXPECT_GT(refused, 0) << "the pool never ran out";
+  EXPECT_GT(forks, 100);
+  caches.clear();
+  EXPECT_EQ(pool.free(), pool.total());
+}
+
+// Copy-on-write: a fork shares every block; the first write of either side into the shared,
+// partly filled last block copies that block alone, and the other side's rows stay as they were.
+TEST(PagedCache, CopyOnWriteCopiesOnlyThePartlyFilledLastBlock) {
+  auto rng = test::rng_for_test();
+  const auto c = one_layer();
+  BlockPool pool(c, 16, 4);
+  PagedKVCache parent(pool);
+  auto store = [&](PagedKVCache& s, std::int64_t n) {  // n positions of random K and V through attend
+    ASSERT_TRUE(s.reserve(n));
+    const Tensor q = test::uniform(rng, {n, 4, 8}), k = test::uniform(rng, {n, 2, 8}), v = test::uniform(rng, {n, 2, 8});
+    Tensor out = Tensor::empty(q.shape(), DType::F32);
+    s.attend(0, q, k, v, out);
+    s.commit(n);
+  };
+  store(parent, 10);  // blocks of 4, 4 and 2 positions
+  const auto before_k = pool.k(0).to_double_vector();
+  auto child = parent.fork();
+  EXPECT_EQ(child->block_table(), parent.block_table());
+  store(*child, 3);
+  EXPECT_EQ(pool.copies, 1);
+  EXPECT_EQ(child->block_table()[0], parent.block_table()[0]);
+  EXPECT_EQ(child->block_table()[1], parent.block_table()[1]);
+  EXPECT_NE(child->block_table()[2], parent.block_table()[2]);
+  const auto after_k = pool.k(0).to_double_vector();
+  const std::int64_t row = 4 * 2 * 8;  // floats in one block
+  for (std::int32_t b : parent.block_table())
+    for (std::int64_t i = 0; i < row; ++i)
+      ASSERT_EQ(after_k[static_cast<std::size_t>(b * row + i)], before_k[static_cast<std::size_t>(b * row + i)])
+          << "the parent's block " << b << " changed";
+  // The copy holds the parent's two positions of that block, then the child's own.
+  const std::int32_t mine = child->block_table()[2], theirs = parent.block_table()[2];
+  for (std::int64_t i = 0; i < 2 * 2 * 8; ++i)
+    ASSERT_EQ(after_k[static_cast<std::size_t>(mine * row + i)], before_k[static_cast<std::size_t>(theirs * row + i)]);
+  store(parent, 1);  // the parent's last block is its own again: written in place
+  EXPECT_EQ(pool.copies, 1);
+  // A fork at a block boundary copies nothing: the next write starts a new block.
+  PagedKVCache even(pool);
+  store(even, 8);
+  auto twin = even.fork();
+  store(*twin, 2);
+  EXPECT_EQ(pool.copies, 1);
+}
+
+// Through chapter 02's forward pass, a paged cache gives what a contiguous one gives, for every
+// block size, with prefill chunks and decode steps.
+TEST(PagedCache, ForwardEqualsTheContiguousCache) {
+  const ch01::Llama& m = tiny_mha();
+  const auto text = eval::validation_tokens(kData, 300);
+  for (const std::int64_t B : {1, 16, 32}) {
+    BlockPool pool(m.config, 200 / B + 8, B);
+    PagedKVCache paged(pool);
+    ch02::ContiguousKVCache contiguous(m.config, 200);
+    std::size_t at = 0;
+    for (const std::size_t n : {37u, 1u, 1u, 20u, 1u, 5u}) {
+      const std::vector<std::int32_t> feed(text.begin() + static_cast<long>(at), text.begin() + static_cast<long>(at + n));
+      at += n;
+      ASSERT_TRUE(paged.reserve(static_cast<std::int64_t>(n)));
+      const auto got = ch02::forward_cached(m, paged, feed).to_float_vector();
+      const auto want = ch02::forward_cached(m, contiguous, feed).to_double_vector();
+      const double bound = test::two_path_bound(m.config, want);
+      for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], bound) << "B = " << B << ", at " << at;
+    }
+  }
+}
+
+namespace {
+
+// Chapter 11's two-path requests, for the engine on either cache.
+std::vector<ch11::Request> mixed_requests() {
+  const auto text = eval::validation_tokens(kData, 4000);
+  std::vector<ch11::Request> out;
+  for (int i = 0; i < 10; ++i) {
+    ch11::Request r;
+    r.id = i;
+    const std::size_t p = 3 + static_cast<std::size_t>((i * 11) % 37), at = static_cast<std::size_t>(i) * 307;
+    r.prompt.assign(text.begin() + static_cast<long>(at), text.begin() + static_cast<long>(at + p));
+    r.max_new_tokens = 10 + (i * 17) % 40;
+    if (i % 2) r.sampling.temperature = 0.8f, r.sampling.seed = 3 + static_cast<std::uint64_t>(i);
+    r.sampling.vocab = 988;
+    r.arrival = static_cast<double>((i * 3) % 7);
+    r.keep_logits = true;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+struct Served {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+};
+
+std::vector<Served> serve(ch11::KVPool& pool, const std::vector<ch11::Request>& requests,
+                          std::int64_t* preemptions = nullptr) {
+  ch11::EngineConfig c;
+  c.scheduler = {ch11::Policy::Continuous, 6, 24};
+  c.clock = ch11::Clock::Steps;
+  ch11::Engine e(tiny_mha(), pool, c);
+  for (const auto& r : requests) e.add(r);
+  e.run();
+  if (preemptions) *preemptions = e.scheduler().preemptions();
+  std::vector<Served> out(requests.size());
+  for (const auto& s : e.finished()) out[static_cast<std::size_t>(s->request.id)] = {s->tokens, s->logits};
+  return out;
+}
+
+}  // namespace
+
+// Chapter 11's engine, unchanged but for the pool: paged (block sizes 1, 16, 32; a tight budget
+// that forces preemptions) gives every request the tokens the contiguous cache gives, and logits
+// within the two-path bound.
+TEST(PagedCache, TheEnginesOutputsAreTheSameOnEitherCache) {
+  const ch01::Llama& m = tiny_mha();
+  const auto requests = mixed_requests();
+  ch11::ContiguousPool contiguous(m.config, m.config.kv_cache_bytes(4096, 4), ch11::Allocation::MaxLength);
+  const auto want = serve(contiguous, requests);
+  for (const std::int64_t B : {1, 16, 32}) {
+    PagedPool paged(m.config, m.config.kv_cache_bytes(B == 1 ? 120 : 160, 4), B);
+    std::int64_t preemptions = 0;
+    const auto got = serve(paged, requests, &preemptions);
+    EXPECT_GT(preemptions, 0) << "B = " << B << ": the budget never ran out";
+    EXPECT_EQ(paged.used_bytes(), 0);
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      ASSERT_EQ(got[i].tokens, want[i].tokens) << "B = " << B << ", request " << i;
+      for (std::size_t t = 0; t < want[i].logits.size(); ++t) {
+        const std::vector<double> w(want[i].logits[t].begin(), want[i].logits[t].end());
+        const double bound = test::two_path_bound(m.config, w);
+        for (std::size_t v = 0; v < w.size(); ++v) ASSERT_NEAR(got[i].logits[t][v], w[v], bound);
+      }
+    }
+  }
+}
+
+// Prefix caching: requests that share a prompt prefix share its blocks, compute only what
+// follows, and get what they get without the cache.
+TEST(PagedCache, SharedPrefixesGiveSharedBlocksAndTheSameOutputs) {
+  const ch01::Llama& m = tiny_mha();
+  const auto text = eval::validation_tokens(kData, 3000);
+  std::vector<ch11::Request> requests;
+  for (int i = 0; i < 6; ++i) {
+    ch11::Request r;
+    r.id = i;
+    r.prompt.assign(text.begin() + 100, text.begin() + 170);  // 70 shared tokens: 4 full blocks of 16
+    r.prompt.insert(r.prompt.end(), text.begin() + 1000 + i * 50, text.begin() + 1000 + i * 50 + 5 + i);
+    r.max_new_tokens = 12;
+    r.arrival = i;  // one after another, so that the first has published its blocks
+    requests.push_back(r);
+  }
+  PagedPool plain(m.config, 8 << 20, 16), cached(m.config, 8 << 20, 16, Device::CPU, true);
+  const auto want = serve(plain, requests), got = serve(cached, requests);
+  EXPECT_GE(cached.blocks().hits, 5 * 4) << "every later request should find the 4 shared blocks";
+  EXPECT_EQ(plain.blocks().hits, 0);
+  for (std::size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+  // Sharing by hand: two caches adopting the same prefix list the same blocks.
+  PagedKVCache a(cached.blocks()), b(cached.blocks());
+  EXPECT_EQ(a.adopt_prefix(requests[0].prompt, 75), 64);
+  EXPECT_EQ(b.adopt_prefix(requests[1].prompt, 75), 64);
+  EXPECT_EQ(a.block_table(), b.block_table());
+  for (std::int32_t blk : a.block_table()) EXPECT_GE(cached.blocks().refs(blk), 2);
+}
+
+// A block in the prefix cache is never written again: a cache rolled back into one (speculative
+// decoding's truncate) copies it before its next write, and the cached block still holds the prefix.
+TEST(PagedCache, APublishedBlockIsCopiedBeforeItIsWrittenAgain) {
+  auto rng = test::rng_for_test();
+  const auto c = one_layer();
+  BlockPool pool(c, 8, 4);
+  PagedKVCache s(pool);
+  ASSERT_TRUE(s.reserve(8));
+  const Tensor q = test::uniform(rng, {8, 4, 8}), k = test::uniform(rng, {8, 2, 8}), v = test::uniform(rng, {8, 2, 8});
+  Tensor out = Tensor::empty(q.shape(), DType::F32);
+  s.attend(0, q, k, v, out);
+  s.commit(8);
+  const std::vector<std::int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  s.publish(tokens);
+  const std::int32_t cached = s.block_table()[1];
+  const auto before = pool.k(0).slice(0, cached, cached + 1).to_double_vector();
+  s.truncate(6);
+  ASSERT_TRUE(s.reserve(1));
+  EXPECT_EQ(pool.copies, 1);
+  EXPECT_NE(s.block_table()[1], cached);
+  const Tensor q1 = test::uniform(rng, {1, 4, 8}), k1 = test::uniform(rng, {1, 2, 8}), v1 = test::uniform(rng, {1, 2, 8});
+  Tensor out1 = Tensor::empty(q1.shape(), DType::F32);
+  s.attend(0, q1, k1, v1, out1);
+  EXPECT_EQ(pool.k(0).slice(0, cached, cached + 1).to_double_vector(), before);
+  PagedKVCache other(pool);
+  EXPECT_EQ(other.adopt_prefix(tokens, 8), 8) << "the prefix is still cached";
+}
+
+TEST(PagedCache, RefusalsAndErrors) {
+  const auto c = one_layer();
+  BlockPool pool(c, 3, 4);
+  PagedKVCache s(pool);
+  EXPECT_TRUE(s.reserve(12));
+  s.commit(12);
+  EXPECT_FALSE(s.reserve(1)) << "13 positions need a fourth block";
+  EXPECT_EQ(s.block_table().size(), 3u);
+  test::expect_error([&] { s.commit(1); }, {"beyond its 3 blocks"});
+  test::expect_error([&] { s.truncate(13); }, {"truncate to 13 of 12"});
+  test::expect_error([&] { BlockPool p(c, 0, 4); }, {"at least one block"});
+  test::expect_error([&] { PagedPool p(c, 100, 16); }, {"holds no block"});
+}
