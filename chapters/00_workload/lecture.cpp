@@ -338,6 +338,11 @@ std::vector<Claim> lecture_claims() {
            "seeded traces with log-normal output lengths at caps of 8–32, and measures 0.9–1.3× on a 2-core CPU, "
            "where a step's cost grows with its rows (`ch11_continuous_batching`, docs/performance.md)");
   add(s10, "Selective batching concatenates [3, H], [9, H], [5, H]", "[17, H]", fmt("[%.0f, H]", 3.0 + 9 + 5), true, 17);
+  add(s10, "Paged storage removes internal and external fragmentation", "消除内部和外部碎片",
+      "external: none; internal: up to B − 1 = 15 positions per sequence", false, 15,
+      "a sequence's last block is partly empty, B/2 positions on average: internal fragmentation is bounded by one "
+      "block, not removed. Chapter 12 measures 7.3% of the charged KV memory empty at B = 16 on chapter 11's trace, "
+      "against 43.8% for max-length contiguous allocation (`ch12_paged_attention`, docs/performance.md)");
   return c;
 }
 
