@@ -655,22 +655,26 @@ HfTokenizer::~HfTokenizer() = default;
 HfTokenizer::HfTokenizer(HfTokenizer&&) noexcept = default;
 HfTokenizer& HfTokenizer::operator=(HfTokenizer&&) noexcept = default;
 
-HfTokenizer HfTokenizer::load(const std::string& path) {
+HfTokenizer HfTokenizer::load(const std::string& path_in) {
+  namespace fs = std::filesystem;
+  const std::string path = fs::is_directory(path_in) ? (fs::path(path_in) / "tokenizer.json").string() : path_in;
+  IL_CHECK(fs::exists(path), "cannot open ", path, ": no such file");
+  return from_json(load_json(path), path);
+}
+
+HfTokenizer HfTokenizer::from_json(const json& j, const std::string& name) {
   try {
-    return load_impl(path);
+    return from_json_impl(j, name);
   } catch (const nlohmann::json::exception& e) {
     // A field of the wrong type or a missing required key deep in a component.
-    fail(path, ": malformed tokenizer.json: ", e.what());
+    fail(name, ": malformed tokenizer.json: ", e.what());
   }
 }
 
-HfTokenizer HfTokenizer::load_impl(const std::string& path_in) {
-  namespace fs = std::filesystem;
+HfTokenizer HfTokenizer::from_json_impl(const json& j, const std::string& name) {
   auto impl = std::make_unique<Impl>();
-  impl->path = fs::is_directory(path_in) ? (fs::path(path_in) / "tokenizer.json").string() : path_in;
+  impl->path = name;
   const std::string& path = impl->path;
-  IL_CHECK(fs::exists(path), "cannot open ", path, ": no such file");
-  const json j = load_json(path);
   const JsonFields top(j, path);
   const json& m = top.object("model");
   const JsonFields mf(m, path + ": model");

@@ -21,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace inferlab {
 
 /// What generation needs from a tokenizer, whatever its file format.
@@ -91,6 +93,9 @@ class HfTokenizer final : public Tokenizer {
  public:
   /// Loads `<folder>/tokenizer.json` or the file at `path`.
   static HfTokenizer load(const std::string& path);
+  /// The tokenizer a parsed tokenizer.json describes; `name` stands for its file in errors and
+  /// path() (a GGUF file's tokenizer is built this way, common/gguf_tokenizer.h).
+  static HfTokenizer from_json(const nlohmann::json& j, const std::string& name);
   ~HfTokenizer() override;
   HfTokenizer(HfTokenizer&&) noexcept;
   HfTokenizer& operator=(HfTokenizer&&) noexcept;
@@ -106,7 +111,7 @@ class HfTokenizer final : public Tokenizer {
  private:
   struct Impl;
   explicit HfTokenizer(std::unique_ptr<Impl> impl);
-  static HfTokenizer load_impl(const std::string& path);
+  static HfTokenizer from_json_impl(const nlohmann::json& j, const std::string& name);
   std::unique_ptr<Impl> impl_;
 };
 

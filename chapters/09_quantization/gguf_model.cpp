@@ -1,10 +1,12 @@
 #include "chapters/09_quantization/gguf_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/atomic_file.h"
+#include "common/gguf_tokenizer.h"
 #include "common/json_file.h"
 #include "common/llama2c.h"
 
@@ -58,29 +60,12 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
       {"llama.attention.layer_norm_rms_epsilon", Value::f32(static_cast<float>(c.rms_norm_eps))},
       {"llama.rope.freq_base", Value::f32(static_cast<float>(c.rope_theta))},
   };
-  // The tokenizer, as llama.cpp's "gpt2" (byte-level BPE) vocabulary: tokens, types, merges.
-  const auto spec = load_json(tok.path());
-  std::vector<Value> tokens, types, merges;
-  for (std::int64_t i = 0; i < tok.vocab_size(); ++i) {
-    tokens.push_back(Value::str(tok.id_to_token(static_cast<std::int32_t>(i))));
-    Value t;
-    t.kind = Value::Kind::I32, t.i = tok.is_special(static_cast<std::int32_t>(i)) ? 3 : 1;  // control : normal
-    types.push_back(t);
-  }
-  for (std::int64_t i = tok.vocab_size(); i < c.vocab_size; ++i) {  // rows the tokenizer never produces
-    tokens.push_back(Value::str("[PAD" + std::to_string(i) + "]"));
-    Value t;
-    t.kind = Value::Kind::I32, t.i = 5;  // unused
-    types.push_back(t);
-  }
-  for (const auto& mg : spec["model"]["merges"])
-    merges.push_back(Value::str(mg.is_string() ? mg.get<std::string>() : mg[0].get<std::string>() + " " + mg[1].get<std::string>()));
-  meta.emplace_back("tokenizer.ggml.model", Value::str("gpt2"));
-  meta.emplace_back("tokenizer.ggml.pre", Value::str("default"));
-  meta.emplace_back("tokenizer.ggml.tokens", Value::array(Value::Kind::String, tokens));
-  meta.emplace_back("tokenizer.ggml.token_type", Value::array(Value::Kind::I32, types));
-  meta.emplace_back("tokenizer.ggml.merges", Value::array(Value::Kind::String, merges));
-  if (c.bos_token_id) meta.emplace_back("tokenizer.ggml.bos_token_id", Value::u32(static_cast<std::uint32_t>(*c.bos_token_id)));
+  // The tokenizer, as llama.cpp reads it: tokens, types, merges or scores, the pre-tokenizer's
+  // name, BOS (common/gguf_tokenizer.h).
+  for (auto& kv : gguf::tokenizer_metadata(load_json(tok.path()), tok.path(), c.vocab_size)) meta.push_back(std::move(kv));
+  const bool has_bos = std::any_of(meta.begin(), meta.end(), [](const auto& kv) { return kv.first == "tokenizer.ggml.bos_token_id"; });
+  if (c.bos_token_id && !has_bos)
+    meta.emplace_back("tokenizer.ggml.bos_token_id", Value::u32(static_cast<std::uint32_t>(*c.bos_token_id)));
   if (!c.eos_token_ids.empty())
     meta.emplace_back("tokenizer.ggml.eos_token_id", Value::u32(static_cast<std::uint32_t>(c.eos_token_ids[0])));
 
@@ -228,7 +213,19 @@ ch01::Llama load_gguf(const gguf::File& f) {
     m.layers.push_back(std::move(q));
   }
   m.final_norm = dense("output_norm.weight", {D});
-  m.lm_head = f.contains("output.weight") ? matrix("output.weight", c.vocab_size, D) : quantize(Linear(m.embed), spec);
+  // A tied head is the embedding table in the type it is stored in (llama.cpp's Q4_0 files keep
+  // token_embd as Q8_0): re-quantising it to the projections' type would run another model.
+  if (f.contains("output.weight")) {
+    m.lm_head = matrix("output.weight", c.vocab_size, D);
+  } else {
+    const auto& e = f.info("token_embd.weight");
+    if (e.type == gguf::Type::Q8_0 || e.type == gguf::Type::Q4_0) {
+      const QuantSpec stored{e.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0};
+      m.lm_head = Linear(std::make_shared<QMatrix>(stored, c.vocab_size, D, f.raw("token_embd.weight").clone()));
+    } else {
+      m.lm_head = Linear(m.embed);
+    }
+  }
   // A tensor left over means the metadata and the tensors disagree (a block_count below the
   // layers present would run part of the model).
   for (const auto& t : f.tensors())
@@ -246,33 +243,15 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const gguf::File& f, const std::string
     check_tokenizer_vocab(*tok, c.vocab_size, f.path());
     return tok;
   }
-  auto tok = Tokenizer::for_model(default_model);
-  const std::int64_t n = tok->vocab_size();
-  const std::string fix = "; pass the model's own tokenizer with --tokenizer";
-  if (!f.has("tokenizer.ggml.tokens")) {
-    IL_CHECK(n == c.vocab_size, f.path(), " has no vocabulary of its own and ", c.vocab_size,
-             " embedding rows, not the ", n, " tokens of ", tok->path(), fix);
+  if (f.has("tokenizer.ggml.model")) {  // the file's own tokenizer
+    auto tok = gguf::tokenizer(f);
+    check_tokenizer_vocab(*tok, c.vocab_size, f.path());
     return tok;
   }
-  const Value& tokens = f.get("tokenizer.ggml.tokens");
-  IL_CHECK(tokens.kind == Value::Kind::Array && tokens.element == Value::Kind::String, f.path(),
-           ": metadata 'tokenizer.ggml.tokens' is not an array of strings");
-  // Exports pad the vocabulary to the embedding's rows with unused (type 5) entries; those at
-  // the end are not part of the tokenizer.
-  std::int64_t used = static_cast<std::int64_t>(tokens.items.size());
-  if (f.has("tokenizer.ggml.token_type")) {
-    const auto& types = f.get("tokenizer.ggml.token_type").items;
-    while (used > 0 && used <= static_cast<std::int64_t>(types.size()) &&
-           types[static_cast<std::size_t>(used - 1)].i == 5)
-      --used;
-  }
-  IL_CHECK(used == n, f.path(), " has a vocabulary of ", used, " tokens, not the ", n, " of ", tok->path(), fix);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::string& mine = tokens.items[static_cast<std::size_t>(i)].s;
-    const std::string& theirs = tok->id_to_token(static_cast<std::int32_t>(i));
-    IL_CHECK(mine == theirs, f.path(), ": token ", i, " is '", mine, "' where ", tok->path(), " has '", theirs, "'",
-             fix);
-  }
+  auto tok = Tokenizer::for_model(default_model);
+  IL_CHECK(tok->vocab_size() == c.vocab_size, f.path(), " has no tokenizer of its own (tokenizer.ggml.*) and ",
+           c.vocab_size, " embedding rows, not the ", tok->vocab_size(), " tokens of ", tok->path(),
+           "; pass the model's own tokenizer with --tokenizer");
   return tok;
 }
 

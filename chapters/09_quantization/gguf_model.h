@@ -35,9 +35,8 @@ TransformerConfig gguf_config(const gguf::File& f);
 
 /// The tokenizer to generate with a GGUF model: the one at `explicit_path` when given (a
 /// tokenizer.json, a folder holding one, or a llama2.c .bin), which must fit the model's
-/// vocabulary; else `default_model`'s, but only if the GGUF's own vocabulary
-/// (tokenizer.ggml.tokens) is that tokenizer's, token for token: a GGUF of another model is an
-/// error asking for --tokenizer rather than gibberish.
+/// vocabulary; else the file's own (tokenizer.ggml.*, common/gguf_tokenizer.h); else, for a file
+/// without one, `default_model`'s when its size is the model's vocabulary.
 std::unique_ptr<Tokenizer> gguf_tokenizer(const gguf::File& f, const std::string& explicit_path,
                                           const std::string& default_model);
 

@@ -15,6 +15,7 @@
 #include "common/cli.h"
 #include "common/cuda/backend.h"
 #include "common/eval.h"
+#include "common/gguf_tokenizer.h"
 
 using namespace inferlab;
 using namespace inferlab::ch09;
@@ -291,11 +292,36 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   const auto tok = gguf_tokenizer(f, tokenizer, o.model);
   const SamplingParams sp = o.sampling(*tok, m.config.vocab_size);
   const auto ids = tok->encode(o.prompt);
+  // It stops where llama.cpp would: the EOS id, and the end-of-turn tokens the file names.
+  std::vector<std::int64_t> stops = gguf::stop_ids(f);
+  for (std::int64_t e : m.config.eos_token_ids)
+    if (std::find(stops.begin(), stops.end(), e) == stops.end()) stops.push_back(e);
   Sampler sampler(sp);
   TextStream stream(*tok, ids);
-  ch02::generate_cached(m, ids, o.max_new_tokens, sampler, m.config.eos_token_ids,
-                        [&](const ch01::Generation& g) { stream.print(g.tokens); });
+  const ch01::Generation g = ch02::generate_cached(m, ids, o.max_new_tokens, sampler, stops,
+                                                   [&](const ch01::Generation& g) { stream.print(g.tokens); });
   std::printf("\n");
+  // Speed, against the read bandwidth measured here: a decode step reads every weight once.
+  const metrics::Ceiling roof = dev == Device::CUDA ? metrics::measure_cuda_ceiling() : metrics::measure_cpu_ceiling();
+  const double step_bytes = static_cast<double>(m.step_weight_bytes());
+  const double tpot = g.tpot_s();
+  std::fprintf(stderr, "%zu prompt tokens, %zu generated%s; first token %.1f ms, then %.2f ms per token (%.1f tokens/s): "
+               "%s of weights a step, %s = %.0f%% of the measured %s\n",
+               ids.size(), g.generated.size(), g.stopped_at_eos ? " (stopped at an end token)" : "", g.ttft_s() * 1e3,
+               tpot * 1e3, tpot > 0 ? 1 / tpot : 0.0, metrics::human_bytes(step_bytes).c_str(),
+               metrics::human_rate(tpot > 0 ? step_bytes / tpot : 0, "B").c_str(),
+               tpot > 0 ? 100 * step_bytes / tpot / roof.bytes_per_s : 0.0, metrics::human_rate(roof.bytes_per_s, "B").c_str());
+  if (!o.json.empty()) {
+    nlohmann::json steps = nlohmann::json::array();
+    for (const auto& s : g.steps)
+      steps.push_back({{"tokens_in", s.tokens_in}, {"seconds", s.seconds}, {"token", s.token}, {"work", metrics::to_json(s.work)}});
+    write_json(o.json, {{"file", file}, {"tokenizer", tok->path()}, {"prompt_tokens", ids}, {"generated", g.generated},
+                        {"text", tok->decode(g.generated)}, {"stopped_at_eos", g.stopped_at_eos}, {"stop_ids", stops},
+                        {"ttft_s", g.ttft_s()}, {"tpot_s", tpot}, {"step_weight_bytes", step_bytes},
+                        {"achieved_bytes_per_s", tpot > 0 ? step_bytes / tpot : 0}, {"ceiling", metrics::to_json(roof)},
+                        {"steps", steps}},
+               {file});
+  }
   return 0;
 }
 
@@ -345,13 +371,14 @@ int main(int argc, char** argv) {
   se->add_option("--format", format, "q8_0 or q4_0")->check(CLI::IsMember({"q8_0", "q4_0"}))->capture_default_str();
   auto* sr = app.add_subcommand("run", "Generate with a GGUF model");
   add_model_option(*sr, o);
-  sr->get_option("--model")->description("The bundled model whose tokenizer to use when the GGUF's vocabulary is its own");
+  sr->get_option("--model")->description("The bundled model whose tokenizer to use for a GGUF that carries none");
   add_device_option(*sr, o);
   add_generation_options(*sr, o);
   sr->add_option("file", file, "A Llama GGUF with q8_0 or q4_0 projections")->required();
   sr->add_option("--tokenizer", tokenizer,
-                 "Tokenizer: a tokenizer.json, a folder holding one, or a llama2.c .bin (default: --model's, "
-                 "if the GGUF's vocabulary is that tokenizer's)");
+                 "Tokenizer: a tokenizer.json, a folder holding one, or a llama2.c .bin (default: the GGUF's own, "
+                 "from its tokenizer.ggml.* metadata)");
+  add_json_option(*sr, o.json);
   app.require_subcommand(0, 1);
   bare_run_options_only(app);
   return run_cli(app, argc, argv, [&] {

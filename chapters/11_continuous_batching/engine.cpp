@@ -110,6 +110,8 @@ void Engine::add(Request r) {
            " of KV cache, more than the pool's whole budget of ",
            metrics::human_bytes(static_cast<double>(pool_.budget_bytes())));
   validate(r.sampling);
+  IL_CHECK(r.sampling.vocab <= m_.config.vocab_size, "request ", id, ": it samples from ", r.sampling.vocab,
+           " ids, more than the model's vocabulary of ", m_.config.vocab_size);
   ids_.push_back(id);
   // incoming_ is kept with the latest arrival first, so the next one is at the back; equal
   // arrivals keep the order they were added in.

@@ -68,12 +68,13 @@ void BlockPool::release(std::int32_t b) {
   }
 }
 
-std::int32_t BlockPool::find(BlockHash parent, const std::int32_t* tokens) {
+std::int32_t BlockPool::find(BlockHash parent, std::int32_t parent_block, const std::int32_t* tokens) {
   const auto it = by_hash_.find(block_hash(parent, tokens, block_size_));
   if (it == by_hash_.end()) return -1;
   const std::int32_t b = it->second;
   const Cached& c = cached_of_[static_cast<std::size_t>(b)];
-  if (c.parent != parent || !std::equal(c.tokens.begin(), c.tokens.end(), tokens)) return -1;  // a collision
+  if (c.parent != parent || c.parent_block != parent_block || !std::equal(c.tokens.begin(), c.tokens.end(), tokens))
+    return -1;  // a collision, or a parent that is no longer the one it followed
   if (refs(b) == 0) {  // back from the LRU list
     lru_.erase(lru_at_.at(b));
     lru_at_.erase(b);
@@ -83,13 +84,13 @@ std::int32_t BlockPool::find(BlockHash parent, const std::int32_t* tokens) {
   return b;
 }
 
-BlockHash BlockPool::publish(std::int32_t b, BlockHash parent, const std::int32_t* tokens) {
+BlockHash BlockPool::publish(std::int32_t b, BlockHash parent, std::int32_t parent_block, const std::int32_t* tokens) {
   const BlockHash h = block_hash(parent, tokens, block_size_);
   if (hashed(b) || by_hash_.count(h)) return h;
   by_hash_[h] = b;
   hash_[static_cast<std::size_t>(b)] = h;
   hashed_[static_cast<std::size_t>(b)] = true;
-  cached_of_[static_cast<std::size_t>(b)] = {parent, std::vector<std::int32_t>(tokens, tokens + block_size_)};
+  cached_of_[static_cast<std::size_t>(b)] = {parent, parent_block, std::vector<std::int32_t>(tokens, tokens + block_size_)};
   return h;
 }
 

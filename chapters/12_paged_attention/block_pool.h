@@ -52,12 +52,14 @@ class BlockPool {
   /// Whether the block is in the prefix cache (then it must never be written again).
   bool hashed(std::int32_t b) const { return hashed_.at(static_cast<std::size_t>(b)); }
 
-  /// The cached block holding `tokens` (block_size of them) after the prefix named `parent`,
-  /// with one more reference; -1 if there is none.
-  std::int32_t find(BlockHash parent, const std::int32_t* tokens);
-  /// Puts full block `b`, holding `tokens` after the prefix `parent`, in the prefix cache (a
-  /// no-op if an equal block is cached already). Returns the block's hash.
-  BlockHash publish(std::int32_t b, BlockHash parent, const std::int32_t* tokens);
+  /// The cached block holding `tokens` (block_size of them) right after block `parent_block`
+  /// (-1 for the first block), whose hash is `parent`, with one more reference; -1 if there is
+  /// none. The parent is checked by block, not by hash alone: a block whose parent was evicted
+  /// and replaced is never found through the replacement.
+  std::int32_t find(BlockHash parent, std::int32_t parent_block, const std::int32_t* tokens);
+  /// Puts full block `b`, holding `tokens` right after block `parent_block` (hash `parent`), in
+  /// the prefix cache (a no-op if an equal block is cached already). Returns the block's hash.
+  BlockHash publish(std::int32_t b, BlockHash parent, std::int32_t parent_block, const std::int32_t* tokens);
 
   /// Copies block `from`'s K and V rows in every layer into block `to` (copy-on-write).
   void copy(std::int32_t from, std::int32_t to);
@@ -72,6 +74,7 @@ class BlockPool {
  private:
   struct Cached {
     BlockHash parent;
+    std::int32_t parent_block;         // the block before it when it was published (-1: none)
     std::vector<std::int32_t> tokens;  // compared on a hit: equal hashes alone are not trusted
   };
   std::int64_t block_size_, block_bytes_;

@@ -31,7 +31,9 @@ void PagedKVCache::truncate(std::int64_t n) {
 std::int64_t PagedKVCache::bytes() const { return static_cast<std::int64_t>(table_.size()) * pool_.block_bytes(); }
 
 void PagedKVCache::release() {
-  for (std::int32_t b : table_) pool_.release(b);
+  // Last block first: the prefix cache evicts the least recently released block, so a chain's
+  // tail goes before its head, never leaving blocks whose parent is gone.
+  for (auto it = table_.rbegin(); it != table_.rend(); ++it) pool_.release(*it);
   table_.clear(), hashes_.clear();
   length_ = 0;
 }
@@ -39,37 +41,49 @@ void PagedKVCache::release() {
 bool PagedKVCache::reserve(std::int64_t n) {
   const std::int64_t B = pool_.block_size(), have = static_cast<std::int64_t>(table_.size());
   const std::int64_t want = (length_ + n + B - 1) / B;
+  const std::size_t next = static_cast<std::size_t>(length_ / B);  // the block the next token goes into
   // EXERCISE 12.2 BEGIN: the copy-on-write rule
   // The block the next token goes into is written, so it must be this cache's alone and not in
-  // the prefix cache. That is only ever a partly filled last block: a full one is never written.
-  const bool cow = n > 0 && length_ % B != 0 && (pool_.refs(table_.back()) > 1 || pool_.hashed(table_.back()));
+  // the prefix cache. That is only ever a partly filled block: a full one is never written.
+  const bool cow = n > 0 && length_ % B != 0 && (pool_.refs(table_[next]) > 1 || pool_.hashed(table_[next]));
   // EXERCISE 12.2 STUB
   // lab::not_done("12.2", "set cow: whether the block the next token is written into must be copied first "
   //                       "(a partly filled last block that another holder shares or the prefix cache holds)");
   // const bool cow = false;
+  // (void)next;
   // EXERCISE 12.2 END
   const std::int64_t needed = std::max<std::int64_t>(0, want - have) + (cow ? 1 : 0);
   if (needed > pool_.free()) return false;
   if (cow) {
     const std::int32_t mine = pool_.allocate();
-    pool_.copy(table_.back(), mine);
-    pool_.release(table_.back());
-    table_.back() = mine;
+    pool_.copy(table_[next], mine);
+    pool_.release(table_[next]);
+    table_[next] = mine;
   }
   while (static_cast<std::int64_t>(table_.size()) < want) table_.push_back(pool_.allocate());
   return true;
 }
 
 void PagedKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
-  const PagedKV kv{pool_.k(layer), pool_.v(layer), table_, pool_.block_size()};
+  const std::int64_t B = pool_.block_size();
+  if (layer == 0)  // the blocks written must be this cache's alone: a missing reserve is an error, not a corruption
+    for (std::int64_t b = length_ / B; b < (length_ + k.size(0) + B - 1) / B && b < static_cast<std::int64_t>(table_.size()); ++b) {
+      const std::int32_t blk = table_[static_cast<std::size_t>(b)];
+      IL_CHECK(pool_.refs(blk) == 1 && !pool_.hashed(blk), "paged cache: block ", blk, " would be written but is ",
+               pool_.hashed(blk) ? "in the prefix cache" : "shared", " (reserve before writing)");
+    }
+  const PagedKV kv{pool_.k(layer), pool_.v(layer), table_, B};
   write_slots(kv, length_, k, v);
   paged_attention(q, kv, length_, out);
 }
 
 std::unique_ptr<PagedKVCache> PagedKVCache::fork() const {
   auto c = std::make_unique<PagedKVCache>(pool_);
-  for (std::int32_t b : table_) pool_.retain(b);
-  c->table_ = table_, c->hashes_ = hashes_, c->length_ = length_;
+  // The blocks holding positions, not those reserved ahead of them (those are this cache's own).
+  const std::size_t held = static_cast<std::size_t>((length_ + pool_.block_size() - 1) / pool_.block_size());
+  c->table_.assign(table_.begin(), table_.begin() + static_cast<long>(held));
+  for (std::int32_t b : c->table_) pool_.retain(b);
+  c->hashes_ = hashes_, c->length_ = length_;
   return c;
 }
 
@@ -80,7 +94,7 @@ std::int64_t PagedKVCache::adopt_prefix(const std::vector<std::int32_t>& tokens,
   for (std::int64_t i = 0; (i + 1) * B <= std::min<std::int64_t>(max_positions, static_cast<std::int64_t>(tokens.size()));
        ++i) {
     const std::int32_t* block_tokens = tokens.data() + i * B;
-    const std::int32_t b = pool_.find(parent, block_tokens);
+    const std::int32_t b = pool_.find(parent, table_.empty() ? -1 : table_.back(), block_tokens);
     if (b < 0) break;
     table_.push_back(b);
     parent = block_hash(parent, block_tokens, B);
@@ -96,7 +110,8 @@ void PagedKVCache::publish(const std::vector<std::int32_t>& tokens) {
            length_, " positions");
   for (std::int64_t i = static_cast<std::int64_t>(hashes_.size()); i < full; ++i) {
     const BlockHash parent = i == 0 ? 0 : hashes_[static_cast<std::size_t>(i - 1)];
-    hashes_.push_back(pool_.publish(table_[static_cast<std::size_t>(i)], parent, tokens.data() + i * B));
+    const std::int32_t parent_block = i == 0 ? -1 : table_[static_cast<std::size_t>(i - 1)];
+    hashes_.push_back(pool_.publish(table_[static_cast<std::size_t>(i)], parent, parent_block, tokens.data() + i * B));
   }
 }
 
@@ -111,17 +126,21 @@ PagedPool::PagedPool(const TransformerConfig& c, std::int64_t budget_bytes, std:
 
 bool PagedPool::reserve(ch11::Sequence& s, std::int64_t n) {
   const bool opening = !s.cache;
+  std::int64_t adopted = 0;
   if (opening) {
     auto c = std::make_unique<PagedKVCache>(blocks_);
     // Never the whole sequence: its last token must go through the model to give logits.
-    if (prefix_caching_) c->adopt_prefix(s.tokens, static_cast<std::int64_t>(s.tokens.size()) - 1);
+    if (prefix_caching_) adopted = c->adopt_prefix(s.tokens, static_cast<std::int64_t>(s.tokens.size()) - 1);
     s.cache = std::move(c);
     n = std::min(n, s.pending());
   }
   auto& c = static_cast<PagedKVCache&>(*s.cache);
   if (prefix_caching_) c.publish(s.tokens);  // the blocks earlier steps filled
   if (c.reserve(n)) return true;
-  if (opening) s.cache.reset();  // back to how it was (its adopted blocks stay cached)
+  if (opening) {  // back to how it was: its adopted blocks stay cached, and were not reused after all
+    s.cache.reset();
+    blocks_.hits -= adopted / blocks_.block_size();
+  }
   return false;
 }
 

@@ -6,8 +6,8 @@
 /// token's K and V in the slot its block table names and attends through the table. So chapter
 /// 02's forward pass, and chapter 11's engine, run on it unchanged. What changes is the memory:
 /// a block is taken only when the last one is full, a fork shares every block, and a block that
-/// others share is copied before it is written (copy-on-write). Only a partly filled last block
-/// is ever written again, so a fork copies at most one block.
+/// others share is copied before it is written (copy-on-write). Only the partly filled block
+/// holding the next position is ever written again, so a fork copies at most one block.
 
 #include <cstdint>
 #include <memory>

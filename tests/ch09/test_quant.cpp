@@ -695,7 +695,32 @@ TEST(Gguf, TheTensorTableMustDescribeTheDataExactly) {
   test::expect_error([&] { load_gguf(bad); }, {"bad.gguf", "no tensor 'blk.4."});
 }
 
-TEST(Gguf, RunUsesTheTokenizerItIsGivenAndRefusesAMismatchedDefault) {
+// llama.cpp's Q4_0 files keep a tied embedding as Q8_0: the head must run it as Q8_0, the type it
+// is stored in, not re-quantised to the projections' Q4_0.
+TEST(Gguf, ATiedHeadRunsInTheTypeTheEmbeddingIsStoredIn) {
+  test::TempDir dir;
+  const std::string q4 = dir.file("q4.gguf");
+  save_gguf(q4, quantize_model(ch01::load_llama(kData + "/models/tiny-mha"), {Format::Q4_0}),
+            HfTokenizer::load(kData + "/models/tiny-mha"));
+  const gguf::File f(q4);
+  std::vector<gguf::Output> ts;
+  const QMatrix embd = quantize(f.tensor("token_embd.weight").to(DType::F32), {Format::Q8_0});
+  for (const auto& i : f.tensors()) {
+    if (i.name == "output.weight") continue;  // tied: the head is the embedding table
+    ts.push_back(i.name == "token_embd.weight" ? gguf::Output{i.name, gguf::Type::Q8_0, i.shape, embd.data.view({-1})}
+                                               : gguf::Output{i.name, i.type, i.shape, f.raw(i.name).view({-1})});
+  }
+  const std::string mixed = dir.file("mixed.gguf");
+  gguf::write(mixed, {f.metadata().begin(), f.metadata().end()}, ts);
+  const ch01::Llama m = load_gguf(mixed);
+  EXPECT_EQ(qmatrix(m.lm_head, "the head").spec.format, Format::Q8_0);
+  EXPECT_EQ(qmatrix(m.layers[0].wq, "wq").spec.format, Format::Q4_0);
+  // The head's rows are the stored bytes, dequantised exactly as the embedding's.
+  const auto head = dequantize(qmatrix(m.lm_head, "the head")).to_double_vector(), table = m.embed.to_double_vector();
+  EXPECT_EQ(head, table);
+}
+
+TEST(Gguf, RunUsesTheTokenizerItIsGivenElseTheFilesOwn) {
   test::TempDir dir;
   const std::string path = tiny_gguf(dir), tiny = kData + "/models/tiny-mha";
   std::filesystem::copy_file(tiny + "/tokenizer.json", dir.file("custom.json"));
@@ -703,19 +728,23 @@ TEST(Gguf, RunUsesTheTokenizerItIsGivenAndRefusesAMismatchedDefault) {
   // --tokenizer names a file: that file, not a tokenizer.json beside it (there is none here).
   EXPECT_EQ(gguf_tokenizer(f, dir.file("custom.json"), tiny)->path(), dir.file("custom.json"));
   test::expect_error([&] { gguf_tokenizer(f, dir.file("none.json"), tiny); }, {"none.json"});
-  EXPECT_EQ(gguf_tokenizer(f, "", tiny)->vocab_size(), 988);  // the GGUF pads 988 tokens to 1024 rows
-  // A GGUF whose vocabulary is not the default tokenizer's asks for --tokenizer.
+  // Without --tokenizer, the file's own (tokenizer.ggml.*), which tokenizes as the model's
+  // tokenizer.json does; its padding to 1024 rows is not part of it.
+  const auto own = gguf_tokenizer(f, "", tiny);
+  EXPECT_NE(own->path().find("tokenizer.ggml"), std::string::npos) << own->path();
+  EXPECT_EQ(own->vocab_size(), 988);
+  const auto ref = HfTokenizer::load(tiny);
+  for (const std::string s : {"Once upon a time, Lily saw 3 cats.", "  spaced\n\nout  ", "<|endoftext|>Tom ran."})
+    EXPECT_EQ(own->encode(s), ref.encode(s)) << s;
+  // A vocabulary cut short no longer holds its merges: an error naming the file.
   auto tokens = f.get("tokenizer.ggml.tokens");
-  tokens.items[500].s = "zzz";
-  const gguf::File other(with_metadata(path, dir.file("other.gguf"), "tokenizer.ggml.tokens", tokens));
-  test::expect_error([&] { gguf_tokenizer(other, "", tiny); }, {"other.gguf", "token 500 is 'zzz'", "--tokenizer"});
   tokens.items.resize(900);
   auto types = f.get("tokenizer.ggml.token_type");
   types.items.resize(900);
   with_metadata(path, dir.file("small.gguf"), "tokenizer.ggml.tokens", tokens);
   const gguf::File small(
       with_metadata(dir.file("small.gguf"), dir.file("small.gguf"), "tokenizer.ggml.token_type", types));
-  test::expect_error([&] { gguf_tokenizer(small, "", tiny); }, {"small.gguf", "900 tokens, not the 988"});
+  test::expect_error([&] { gguf_tokenizer(small, "", tiny); }, {"small.gguf (tokenizer.ggml.*)", "merge"});
   // A llama2.c tokenizer has no count of its own: it must match the model's vocabulary exactly.
   std::string bin(4, '\0');
   bin[0] = 8;

@@ -80,10 +80,26 @@ TEST(BlockPool, ConservationUnderTenThousandRandomOperations) {
           ASSERT_EQ(pool.free(), free_before);
           ASSERT_EQ(s.block_table(), table) << "a refused reserve changed the table";
         }
-      } else if (op < 78) {  // fork
+      } else if (op < 72) {  // fork, sometimes with room reserved ahead (the fork must not share it)
+        std::int64_t ahead = 0;
+        if (op % 2 && s.reserve(1 + static_cast<std::int64_t>(rng() % 5))) ahead = 1;
+        const std::int64_t free_mid = pool.free();
         caches.push_back(s.fork());
         ++forks;
-        ASSERT_EQ(pool.free(), free_before) << "a fork took blocks";
+        ASSERT_EQ(pool.free(), free_mid) << "a fork took blocks";
+        for (std::size_t b = 0; b < caches.back()->block_table().size(); ++b)
+          ASSERT_EQ(caches.back()->block_table()[b], s.block_table()[b]);
+        ASSERT_EQ(static_cast<std::int64_t>(caches.back()->block_table().size()), (s.length() + 3) / 4);
+        if (ahead) s.truncate(s.length());  // give the room back, so the table needs no more than it holds
+      } else if (op < 78) {  // publish the full blocks, then adopt them from a new cache
+        // A position's "token" is its slot: blocks that are shared hold the same tokens, and
+        // different blocks never collide.
+        std::vector<std::int32_t> tokens(static_cast<std::size_t>(s.length()));
+        for (std::size_t t = 0; t < tokens.size(); ++t) tokens[t] = s.block_table()[t / 4] * 4 + static_cast<std::int32_t>(t % 4);
+        s.publish(tokens);
+        auto twin = std::make_unique<PagedKVCache>(pool);
+        ASSERT_EQ(twin->adopt_prefix(tokens, s.length()), s.length() / 4 * 4) << "a published prefix is not found";
+        caches.push_back(std::move(twin));
       } else if (op < 85) {  // truncate
         s.truncate(static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(s.length() + 1)));
       } else {  // free: blocks come back exactly when their last holder lets go
@@ -96,6 +112,7 @@ TEST(BlockPool, ConservationUnderTenThousandRandomOperations) {
     expect_conserved(pool, caches);
     for (const auto& s : caches)
       ASSERT_EQ(static_cast<std::int64_t>(s->block_table().size()), (s->length() + 3) / 4) << "a cache holds a block it does not need";
+    ASSERT_LE(pool.free(), pool.total());
   }
   EXPECT_GT(refused, 0) << "the pool never ran out";
   EXPECT_GT(forks, 100);
@@ -289,6 +306,91 @@ TEST(PagedCache, APublishedBlockIsCopiedBeforeItIsWrittenAgain) {
   EXPECT_EQ(pool.k(0).slice(0, cached, cached + 1).to_double_vector(), before);
   PagedKVCache other(pool);
   EXPECT_EQ(other.adopt_prefix(tokens, 8), 8) << "the prefix is still cached";
+}
+
+// A fork made while room is reserved ahead shares only the blocks holding positions, and the
+// first write into the shared, partly filled block copies that block (not the last one reserved).
+TEST(PagedCache, CopyOnWriteWithRoomReservedAhead) {
+  auto rng = test::rng_for_test();
+  const auto c = one_layer();
+  BlockPool pool(c, 16, 4);
+  PagedKVCache parent(pool);
+  auto store = [&](PagedKVCache& s, std::int64_t n) {
+    const Tensor q = test::uniform(rng, {n, 4, 8}), k = test::uniform(rng, {n, 2, 8}), v = test::uniform(rng, {n, 2, 8});
+    Tensor out = Tensor::empty(q.shape(), DType::F32);
+    s.attend(0, q, k, v, out);
+    s.commit(n);
+  };
+  ASSERT_TRUE(parent.reserve(5));
+  store(parent, 5);                   // blocks [a, b]: b holds one position
+  ASSERT_TRUE(parent.reserve(8));     // room for 8 more: two blocks reserved ahead
+  auto child = parent.fork();
+  EXPECT_EQ(child->block_table().size(), 2u) << "the fork shares the blocks holding positions only";
+  const auto before = pool.k(0).to_double_vector();
+  ASSERT_TRUE(child->reserve(1));
+  EXPECT_EQ(pool.copies, 1);
+  EXPECT_NE(child->block_table()[1], parent.block_table()[1]) << "the shared, partly filled block was not copied";
+  store(*child, 1);
+  const std::int64_t row = 4 * 2 * 8;
+  const std::int32_t theirs = parent.block_table()[1];
+  for (std::int64_t i = 0; i < row; ++i)
+    ASSERT_EQ(pool.k(0).to_double_vector()[static_cast<std::size_t>(theirs * row + i)],
+              before[static_cast<std::size_t>(theirs * row + i)]) << "the parent's block changed";
+  // Writing without reserving into a block another holder shares is an error, not a corruption.
+  PagedKVCache a(pool);
+  ASSERT_TRUE(a.reserve(2));
+  store(a, 2);
+  auto b = a.fork();
+  const Tensor q = test::uniform(rng, {1, 4, 8}), k = test::uniform(rng, {1, 2, 8});
+  Tensor out = Tensor::empty(q.shape(), DType::F32);
+  test::expect_error([&] { b->attend(0, q, k, k, out); }, {"would be written but is shared", "reserve before writing"});
+}
+
+// Releasing a sequence puts its blocks in the prefix cache last block first, so eviction takes a
+// chain's tail before its head: what is left is still a prefix that can be adopted.
+TEST(PagedCache, EvictionKeepsTheHeadOfAChain) {
+  const auto c = one_layer();
+  BlockPool pool(c, 4, 4);
+  const std::vector<std::int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  {
+    PagedKVCache s(pool);
+    ASSERT_TRUE(s.reserve(12));
+    s.commit(12);
+    s.publish(tokens);
+  }  // released: three cached blocks, one never used
+  PagedKVCache other(pool);
+  ASSERT_TRUE(other.reserve(8));  // takes the free block, then evicts one cached block
+  EXPECT_EQ(pool.evictions, 1);
+  PagedKVCache again(pool);
+  EXPECT_EQ(again.adopt_prefix(tokens, 12), 8) << "the eviction took the head of the chain";
+}
+
+// A block is found through the block it followed: after its parent is evicted, a new block with
+// the parent's tokens does not lead to it.
+TEST(PagedCache, AChildIsNotFoundThroughAReplacedParent) {
+  const auto c = one_layer();
+  BlockPool pool(c, 3, 2);
+  const std::vector<std::int32_t> tokens = {1, 2, 3, 4};
+  std::int32_t child = -1;
+  {
+    PagedKVCache s(pool);
+    ASSERT_TRUE(s.reserve(4));
+    s.commit(4);
+    s.publish(tokens);
+    child = s.block_table()[1];
+    pool.retain(child);  // keep the child cached, as another sequence holding it would
+  }
+  PagedKVCache filler(pool);
+  ASSERT_TRUE(filler.reserve(4));  // the free block and the evicted parent
+  EXPECT_EQ(pool.evictions, 1);
+  PagedKVCache head(pool);  // the parent's tokens again, in another block
+  filler.release();
+  ASSERT_TRUE(head.reserve(2));
+  head.commit(2);
+  head.publish({1, 2});
+  PagedKVCache again(pool);
+  EXPECT_EQ(again.adopt_prefix(tokens, 4), 2) << "the child was found through a block it never followed";
+  pool.release(child);
 }
 
 TEST(PagedCache, RefusalsAndErrors) {
