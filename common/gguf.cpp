@@ -18,18 +18,40 @@ std::int64_t row_bytes(Type t, std::int64_t n) {
   switch (t) {
     case Type::F32: return n * 4;
     case Type::F16: return n * 2;
+    case Type::BF16: return n * 2;
     case Type::Q8_0: return n / 32 * 34;
     case Type::Q4_0: return n / 32 * 18;
+    case Type::Q4_1: return n / 32 * 20;
+    case Type::Q5_0: return n / 32 * 22;
+    case Type::Q5_1: return n / 32 * 24;
+    case Type::Q4_K: return n / 256 * 144;
+    case Type::Q5_K: return n / 256 * 176;
+    case Type::Q6_K: return n / 256 * 210;
   }
   return 0;
+}
+
+std::int64_t block_values(Type t) {
+  switch (t) {
+    case Type::F32: case Type::F16: case Type::BF16: return 1;
+    case Type::Q4_K: case Type::Q5_K: case Type::Q6_K: return 256;
+    default: return 32;
+  }
 }
 
 std::string type_name(Type t) {
   switch (t) {
     case Type::F32: return "F32";
     case Type::F16: return "F16";
+    case Type::BF16: return "BF16";
     case Type::Q8_0: return "Q8_0";
     case Type::Q4_0: return "Q4_0";
+    case Type::Q4_1: return "Q4_1";
+    case Type::Q5_0: return "Q5_0";
+    case Type::Q5_1: return "Q5_1";
+    case Type::Q4_K: return "Q4_K";
+    case Type::Q5_K: return "Q5_K";
+    case Type::Q6_K: return "Q6_K";
   }
   return "?";
 }
@@ -153,11 +175,12 @@ File::File(const std::string& path) : path_(path), file_(std::make_shared<Mapped
     }
     t.shape.assign(ne.rbegin(), ne.rend());
     const auto type = r.get<std::uint32_t>(t.name.c_str());
-    IL_CHECK(type == 0 || type == 1 || type == 2 || type == 8, path, ": tensor '", t.name, "' has ggml type ", type,
-             " (supported: F32, F16, Q4_0, Q8_0)");
+    IL_CHECK(type <= 3 || (type >= 6 && type <= 8) || (type >= 12 && type <= 14) || type == 30, path, ": tensor '",
+             t.name, "' has ggml type ", type,
+             " (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
     t.type = static_cast<Type>(type);
-    if (t.type == Type::Q4_0 || t.type == Type::Q8_0)
-      IL_CHECK(ne[0] % 32 == 0, path, ": tensor '", t.name, "' rows of ", ne[0], " are not whole blocks of 32");
+    IL_CHECK(ne[0] % block_values(t.type) == 0, path, ": tensor '", t.name, "' rows of ",
+             ne[0], " are not whole blocks of ", block_values(t.type));
     t.offset = r.get<std::uint64_t>(t.name.c_str());
     // Misaligned F32/F16 data would be read through misaligned pointers.
     IL_CHECK(t.offset % alignment == 0, path, ": tensor '", t.name, "' has offset ", t.offset,
@@ -241,10 +264,11 @@ const TensorInfo& File::info(const std::string& name) const {
 
 Tensor File::tensor(const std::string& name) const {
   const TensorInfo& t = info(name);
-  IL_CHECK(t.type == Type::F32 || t.type == Type::F16, path_, ": tensor '", name, "' is ", type_name(t.type),
-           "; use raw() for block formats");
+  IL_CHECK(t.type == Type::F32 || t.type == Type::F16 || t.type == Type::BF16, path_, ": tensor '", name, "' is ",
+           type_name(t.type), "; use raw() for block formats");
   auto* p = const_cast<unsigned char*>(file_->data() + data_start_ + t.offset);
-  return Tensor::wrap(p, t.shape, t.type == Type::F32 ? DType::F32 : DType::F16, Device::CPU, file_);
+  const DType d = t.type == Type::F32 ? DType::F32 : t.type == Type::F16 ? DType::F16 : DType::BF16;
+  return Tensor::wrap(p, t.shape, d, Device::CPU, file_);
 }
 
 Tensor File::raw(const std::string& name) const {
@@ -252,6 +276,124 @@ Tensor File::raw(const std::string& name) const {
   const std::int64_t rows = shape_numel(t.shape) / t.shape.back();
   auto* p = const_cast<unsigned char*>(file_->data() + data_start_ + t.offset);
   return Tensor::wrap(p, {rows, row_bytes(t.type, t.shape.back())}, DType::U8, Device::CPU, file_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The block types' decoders: one block at a time, in ggml's float operations.
+namespace {
+
+float half(const std::uint8_t* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// Q4_K and Q5_K pack 8 six-bit scales and 8 six-bit mins in 12 bytes: j < 4 in the low 6 bits of
+// bytes j and j + 4; j >= 4 in a nibble of byte j + 4 and the top 2 bits of bytes j − 4 and j.
+void scale_min_k4(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63, m = q[j + 4] & 63;
+  } else {
+    sc = static_cast<std::uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = static_cast<std::uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+void block_32(Type t, const std::uint8_t* b, float* y) {
+  switch (t) {
+    case Type::Q4_0: {
+      const float d = half(b);
+      for (int j = 0; j < 16; ++j)
+        y[j] = d * static_cast<float>((b[2 + j] & 0xF) - 8), y[j + 16] = d * static_cast<float>((b[2 + j] >> 4) - 8);
+      return;
+    }
+    case Type::Q8_0: {
+      const float d = half(b);
+      for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(static_cast<std::int8_t>(b[2 + j]));
+      return;
+    }
+    case Type::Q4_1: {
+      const float d = half(b), m = half(b + 2);
+      for (int j = 0; j < 16; ++j)
+        y[j] = d * static_cast<float>(b[4 + j] & 0xF) + m, y[j + 16] = d * static_cast<float>(b[4 + j] >> 4) + m;
+      return;
+    }
+    case Type::Q5_0:
+    case Type::Q5_1: {
+      const bool one = t == Type::Q5_1;
+      const float d = half(b), m = one ? half(b + 2) : 0.0f;
+      std::uint32_t qh;
+      std::memcpy(&qh, b + (one ? 4 : 2), 4);
+      const std::uint8_t* qs = b + (one ? 8 : 6);
+      for (int j = 0; j < 16; ++j) {
+        const int lo = (qs[j] & 0xF) | static_cast<int>(((qh >> j) & 1) << 4);
+        const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
+        if (one) y[j] = d * static_cast<float>(lo) + m, y[j + 16] = d * static_cast<float>(hi) + m;
+        else y[j] = d * static_cast<float>(lo - 16), y[j + 16] = d * static_cast<float>(hi - 16);
+      }
+      return;
+    }
+    default: fail("gguf: ", type_name(t), " is not a 32-value block type");
+  }
+}
+
+void block_256(Type t, const std::uint8_t* b, float* y) {
+  if (t == Type::Q6_K) {
+    const std::uint8_t *ql = b, *qh = b + 128;
+    const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192);
+    const float d = half(b + 208);
+    for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8, y += 128)
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32, q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32, q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
+        y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+        y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+        y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+      }
+    return;
+  }
+  IL_CHECK(t == Type::Q4_K || t == Type::Q5_K, "gguf: ", type_name(t), " is not a 256-value block type");
+  const bool five = t == Type::Q5_K;
+  const float d = half(b), dmin = half(b + 2);
+  const std::uint8_t* scales = b + 4;
+  const std::uint8_t* qh = b + 16;
+  const std::uint8_t* qs = b + (five ? 48 : 16);
+  for (int j = 0; j < 4; ++j, qs += 32) {  // 64 values: sub-blocks 2j (low nibbles) and 2j + 1 (high)
+    std::uint8_t sc1, m1, sc2, m2;
+    scale_min_k4(2 * j, scales, sc1, m1);
+    scale_min_k4(2 * j + 1, scales, sc2, m2);
+    const float d1 = d * static_cast<float>(sc1), dm1 = dmin * static_cast<float>(m1);
+    const float d2 = d * static_cast<float>(sc2), dm2 = dmin * static_cast<float>(m2);
+    for (int l = 0; l < 32; ++l) {
+      int lo = qs[l] & 0xF, hi = qs[l] >> 4;
+      if (five) lo |= ((qh[l] >> (2 * j)) & 1) << 4, hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
+      y[64 * j + l] = d1 * static_cast<float>(lo) - dm1;
+      y[64 * j + 32 + l] = d2 * static_cast<float>(hi) - dm2;
+    }
+  }
+}
+
+}  // namespace
+
+Tensor dequantize_rows(Type t, const Tensor& raw, std::int64_t cols) {
+  const std::int64_t bv = block_values(t);
+  IL_CHECK(bv > 1, "gguf: ", type_name(t), " is not a block type");
+  IL_CHECK(cols > 0 && cols % bv == 0, "gguf: rows of ", cols, " values are not whole ", type_name(t), " blocks of ", bv);
+  IL_CHECK(raw.dtype() == DType::U8 && raw.ndim() == 2 && raw.size(1) == row_bytes(t, cols), "gguf: ", type_name(t),
+           " rows of ", cols, " values are ", row_bytes(t, cols), " bytes, got ", raw.describe());
+  const Tensor src = raw.to(Device::CPU).contiguous();
+  Tensor out = Tensor::empty({raw.size(0), cols}, DType::F32);
+  const std::int64_t per = row_bytes(t, bv);
+  for (std::int64_t r = 0; r < raw.size(0); ++r)
+    for (std::int64_t k = 0; k < cols / bv; ++k) {
+      const auto* b = src.data<std::uint8_t>() + r * src.size(1) + k * per;
+      float* y = out.data<float>() + r * cols + k * bv;
+      if (bv == 32) block_32(t, b, y);
+      else block_256(t, b, y);
+    }
+  return out;
 }
 
 namespace {

@@ -7,7 +7,8 @@
 /// dimensions, u64 sizes innermost first, u32 ggml type, u64 offset into the data section; padding
 /// to `general.alignment` (default 32); the data section, each tensor padded to the alignment.
 /// Strings are a u64 length and the bytes; arrays a u32 element type, u64 count and the elements.
-/// Tensor types read and written here: F32 (0), F16 (1), Q4_0 (2), Q8_0 (8).
+/// Tensor types read and written here: F32 (0), F16 (1), Q4_0 (2), Q8_0 (8), BF16 (30); read and
+/// dequantised (dequantize_rows): Q4_1 (3), Q5_0 (6), Q5_1 (7), Q4_K (12), Q5_K (13), Q6_K (14).
 
 #include <cstdint>
 #include <map>
@@ -24,7 +25,21 @@ class MappedFile;
 
 namespace gguf {
 
-enum class Type : std::uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8 };
+enum class Type : std::uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30
+};
+
+/// Values per block of a type (1 for the float types, 32 for Q4_0 … Q8_0, 256 for the k-quants).
+std::int64_t block_values(Type t);
+
+/// The values of a block type's rows, F32 [rows, cols], from their packed bytes [rows, row_bytes],
+/// decoded as ggml-quants.c does (the same float operations in the same order):
+/// - Q4_1: d·q + m, q a nibble; Q5_0: d·(q − 16) and Q5_1: d·q + m, q a nibble and one bit of qh;
+/// - Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins packed in 12 bytes, each value
+///   (d·sc)·q − (dmin·m), q 4 bits (and one more from qh for Q5_K);
+/// - Q6_K: 16 sub-blocks of 16 with int8 scales, (d·sc)·(q − 32), q 4 bits of ql and 2 of qh.
+/// Also Q8_0 and Q4_0. The ref:: decoders of the GGUF types; a model loads them as f32 matrices.
+Tensor dequantize_rows(Type t, const Tensor& raw, std::int64_t cols);
 
 /// Bytes of n values of a tensor type (n a multiple of 32 for the block types); throws for a
 /// negative n or one whose byte count would not fit an int64.
@@ -81,7 +96,7 @@ class File {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo& info(const std::string& name) const;
   bool contains(const std::string& name) const;
-  /// F32 and F16 tensors as Tensors (views of the mapping).
+  /// F32, F16 and BF16 tensors as Tensors (views of the mapping).
   Tensor tensor(const std::string& name) const;
   /// The raw bytes of a tensor: [rows, row_bytes] U8 (rows = product of all but the innermost
   /// dimension), for the block types.

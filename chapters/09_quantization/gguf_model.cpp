@@ -165,9 +165,15 @@ ch01::Llama load_gguf(const gguf::File& f) {
   const std::string& path = f.path();
   const TransformerConfig c = gguf_config(f);
   const gguf::Type qt = f.info("blk.0.attn_q.weight").type;
-  IL_CHECK(qt == gguf::Type::Q8_0 || qt == gguf::Type::Q4_0, path, ": projections are ", gguf::type_name(qt),
-           "; this loader reads Q8_0 and Q4_0 models");
-  const QuantSpec spec{qt == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0};
+  const bool plain = qt == gguf::Type::F32 || qt == gguf::Type::F16 || qt == gguf::Type::BF16;
+  // Q4_1, Q5_x and the k-quants are decoded at load and run as f32 matrices: the same function,
+  // not yet the stored type's speed (chapter 09's products read Q8_0 and Q4_0 packed).
+  auto decoded_at_load = [](gguf::Type t) {
+    return t == gguf::Type::Q4_1 || t == gguf::Type::Q5_0 || t == gguf::Type::Q5_1 || t == gguf::Type::Q4_K ||
+           t == gguf::Type::Q5_K || t == gguf::Type::Q6_K;
+  };
+  IL_CHECK(plain || decoded_at_load(qt) || qt == gguf::Type::Q8_0 || qt == gguf::Type::Q4_0, path, ": projections are ",
+           gguf::type_name(qt), "; this loader reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K models");
   std::set<std::string> used;
   // Anything failing while a tensor is read (a conversion, an allocation) names the file and it.
   auto dense = [&](const std::string& name, const Shape& s) {
@@ -175,11 +181,13 @@ ch01::Llama load_gguf(const gguf::File& f) {
       const auto& i = f.info(name);
       used.insert(name);
       IL_CHECK(i.shape == s, path, ": tensor ", name, " has shape ", shape_str(i.shape), ", expected ", shape_str(s));
-      if (i.type == gguf::Type::F32 || i.type == gguf::Type::F16)
+      if (i.type == gguf::Type::F32 || i.type == gguf::Type::F16 || i.type == gguf::Type::BF16)
         return check_finite(f.tensor(name).to(DType::F32), path + ": tensor " + name);
+      if (decoded_at_load(i.type) && s.size() == 2)
+        return check_finite(gguf::dequantize_rows(i.type, f.raw(name), s[1]), path + ": tensor " + name);
       IL_CHECK((i.type == gguf::Type::Q8_0 || i.type == gguf::Type::Q4_0) && s.size() == 2, path, ": tensor ", name,
                " is ", gguf::type_name(i.type), shape_str(s),
-               "; this loader reads F32 and F16 vectors and F32, F16, Q8_0 or Q4_0 matrices");
+               "; this loader reads F32, F16 and BF16 vectors and F32, F16, BF16, Q8_0 or Q4_0 matrices");
       const Format q = i.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0;
       check_block_scales(f.raw(name), q, path + ": tensor " + name);
       return dequantize(QMatrix({q}, s[0], s[1], f.raw(name).clone()));
@@ -189,10 +197,19 @@ ch01::Llama load_gguf(const gguf::File& f) {
     return with_context(path + ": tensor " + name, [&] {
       const auto& i = f.info(name);
       used.insert(name);
-      IL_CHECK(i.type == qt && i.shape == Shape({rows, cols}), path, ": tensor ", name, " is ", gguf::type_name(i.type),
-               shape_str(i.shape), ", expected ", gguf::type_name(qt), shape_str(Shape{rows, cols}));
-      check_block_scales(f.raw(name), spec.format, path + ": tensor " + name);  // a NaN scale would decode as NaN
-      return Linear(std::make_shared<QMatrix>(spec, rows, cols, f.raw(name).clone()));
+      // Q4_K_M and its kin mix types across tensors (Q6_K for some, Q4_K for the rest): a decoded
+      // type may sit beside another; otherwise every projection has the first one's type.
+      IL_CHECK(i.shape == Shape({rows, cols}) && (i.type == qt || decoded_at_load(i.type) || decoded_at_load(qt)), path,
+               ": tensor ", name, " is ", gguf::type_name(i.type), shape_str(i.shape), ", expected ",
+               gguf::type_name(qt), shape_str(Shape{rows, cols}));
+      if (decoded_at_load(i.type))
+        return Linear(check_finite(gguf::dequantize_rows(i.type, f.raw(name), cols), path + ": tensor " + name));
+      // A plain matrix runs in its stored type (the products widen 16-bit weights as they read them).
+      if (i.type == gguf::Type::F32 || i.type == gguf::Type::F16 || i.type == gguf::Type::BF16)
+        return Linear(check_finite(f.tensor(name).clone(), path + ": tensor " + name));
+      const QuantSpec own{i.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0};
+      check_block_scales(f.raw(name), own.format, path + ": tensor " + name);  // a NaN scale would decode as NaN
+      return Linear(std::make_shared<QMatrix>(own, rows, cols, f.raw(name).clone()));
     });
   };
   ch01::Llama m;

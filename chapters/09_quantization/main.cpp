@@ -288,7 +288,10 @@ int export_to(const CommonOptions& o, const std::string& format, const std::stri
 int run_gguf(const CommonOptions& o, const std::string& file, const std::string& tokenizer) {
   const Device dev = o.resolved_device();
   const gguf::File f(file);
-  const ch01::Llama m = load_gguf(f).to(dev, DType::F32);
+  // On the CPU every tensor runs as it is stored (F16 and BF16 matrices too); the GPU path takes
+  // plain matrices as f32.
+  ch01::Llama m = load_gguf(f);
+  if (dev != Device::CPU) m = m.to(dev, DType::F32);
   const auto tok = gguf_tokenizer(f, tokenizer, o.model);
   const SamplingParams sp = o.sampling(*tok, m.config.vocab_size);
   const auto ids = tok->encode(o.prompt);
@@ -374,7 +377,7 @@ int main(int argc, char** argv) {
   sr->get_option("--model")->description("The bundled model whose tokenizer to use for a GGUF that carries none");
   add_device_option(*sr, o);
   add_generation_options(*sr, o);
-  sr->add_option("file", file, "A Llama GGUF with q8_0 or q4_0 projections")->required();
+  sr->add_option("file", file, "A Llama GGUF with F32, F16, BF16, Q8_0 or Q4_0 projections")->required();
   sr->add_option("--tokenizer", tokenizer,
                  "Tokenizer: a tokenizer.json, a folder holding one, or a llama2.c .bin (default: the GGUF's own, "
                  "from its tokenizer.ggml.* metadata)");

@@ -5,6 +5,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "chapters/02_kv_cache/kv_cache.h"
 #include "chapters/09_quantization/awq.h"
 #include "chapters/09_quantization/gguf_model.h"
 #include "chapters/09_quantization/quant_impl.h"
@@ -22,6 +24,7 @@
 #include "common/json_file.h"
 #include "common/llama2c.h"
 #include "common/safetensors.h"
+#include "golden_util.h"
 #include "test_util.h"
 
 namespace inferlab::ch09 {
@@ -530,7 +533,7 @@ TEST(Gguf, BadLlamaMetadataNamesTheKeyAndTheFile) {
       else
         ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
     gguf::write(bad, std::vector<std::pair<std::string, gguf::Value>>(f.metadata().begin(), f.metadata().end()), ts);
-    test::expect_error([&] { load_gguf(bad); }, {"bad.gguf", "blk.0.attn_norm.weight is Q8_0", "F32 and F16 vectors"});
+    test::expect_error([&] { load_gguf(bad); }, {"bad.gguf", "blk.0.attn_norm.weight is Q8_0", "F32, F16 and BF16 vectors"});
   }
 }
 
@@ -718,6 +721,102 @@ TEST(Gguf, ATiedHeadRunsInTheTypeTheEmbeddingIsStoredIn) {
   // The head's rows are the stored bytes, dequantised exactly as the embedding's.
   const auto head = dequantize(qmatrix(m.lm_head, "the head")).to_double_vector(), table = m.embed.to_double_vector();
   EXPECT_EQ(head, table);
+}
+
+// F16 and BF16 GGUFs (what a float checkpoint converts to): the projections run as stored, and
+// the model computes what the same weights widened to f32 compute (the two paths differ only in
+// how the products read their weights); greedy decoding gives the same tokens.
+TEST(Gguf, SixteenBitModelsRunInTheirStoredType) {
+  test::TempDir dir;
+  const std::string q8 = tiny_gguf(dir);
+  const gguf::File f(q8);
+  for (const auto& [type, dtype] : {std::pair{gguf::Type::F16, DType::F16}, std::pair{gguf::Type::BF16, DType::BF16}}) {
+    std::vector<gguf::Output> ts;
+    for (const auto& i : f.tensors()) {
+      if (i.type != gguf::Type::Q8_0) {
+        ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
+        continue;
+      }
+      // The Q8_0 projection's values, stored as 16-bit floats (rounded once, here).
+      const Tensor w = dequantize(QMatrix({Format::Q8_0}, i.shape[0], i.shape[1], f.raw(i.name).clone())).to(dtype);
+      ts.push_back({i.name, type, i.shape, Tensor::wrap(const_cast<void*>(w.raw_data()), {static_cast<std::int64_t>(w.nbytes())}, DType::U8, Device::CPU, nullptr).clone()});
+    }
+    const std::string path = dir.file(gguf::type_name(type) + ".gguf");
+    gguf::write(path, {f.metadata().begin(), f.metadata().end()}, ts);
+    const ch01::Llama m = load_gguf(path);
+    ASSERT_EQ(m.layers[0].wq.weight.dtype(), dtype) << "the projections were converted on load";
+    const ch01::Llama wide = m.to(Device::CPU, DType::F32);  // the same values in f32
+    const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
+    const auto a = ch01::forward(m, prompt).to_double_vector(), b = ch01::forward(wide, prompt).to_double_vector();
+    const double bound = test::two_path_bound(m.config, b);
+    for (std::size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], bound) << gguf::type_name(type);
+    Sampler s1({}), s2({});
+    EXPECT_EQ(ch02::generate_cached(m, prompt, 24, s1, {}).generated, ch02::generate_cached(wide, prompt, 24, s2, {}).generated)
+        << gguf::type_name(type);
+  }
+}
+
+// The GGUF block types a downloaded file holds (Q4_K_M is Q4_K and Q6_K; Q5_K_M, Q4_1, Q5_0,
+// Q5_1), decoded bit for bit as the gguf package decodes them (tools/make_gguf_type_goldens.py).
+TEST(Gguf, BlockTypesDecodeAsTheGgufPackageDecodesThem) {
+  const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
+  for (const auto& [name, type] : std::vector<std::pair<std::string, gguf::Type>>{
+           {"Q4_1", gguf::Type::Q4_1}, {"Q5_0", gguf::Type::Q5_0}, {"Q5_1", gguf::Type::Q5_1},
+           {"Q4_K", gguf::Type::Q4_K}, {"Q5_K", gguf::Type::Q5_K}, {"Q6_K", gguf::Type::Q6_K}}) {
+    const Tensor bytes = f.get(name + ".bytes"), want = f.get(name + ".f32");
+    const Tensor got = gguf::dequantize_rows(type, bytes, want.size(1));
+    const auto a = got.to_float_vector(), b = want.to_float_vector();
+    ASSERT_EQ(a.size(), b.size()) << name;
+    for (std::size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << name << ", value " << i;
+  }
+  // Q8_0 and Q4_0 through the same decoder give chapter 09's own decoding.
+  const SafetensorsFile q(kData + "/golden/quant/blocks.safetensors");
+  for (auto [name, type, fmt] : {std::tuple{"q8_0", gguf::Type::Q8_0, Format::Q8_0}, std::tuple{"q4_0", gguf::Type::Q4_0, Format::Q4_0}}) {
+    const Tensor raw = q.get(name);
+    const Tensor packed = raw.contiguous().view({8, raw.numel() / 8});
+    EXPECT_EQ(gguf::dequantize_rows(type, packed, 256).to_float_vector(),
+              dequantize(QMatrix({fmt}, 8, 256, packed.clone())).to_float_vector()) << name;
+  }
+  test::expect_error([&] { gguf::dequantize_rows(gguf::Type::Q6_K, f.get("Q6_K.bytes"), 256); }, {"Q6_K rows of 256", "210 bytes"});
+  test::expect_error([&] { gguf::dequantize_rows(gguf::Type::Q4_K, f.get("Q4_K.bytes"), 100); }, {"not whole Q4_K blocks of 256"});
+}
+
+// A file whose projections are one of those types loads and runs (decoded at load, as f32), with
+// each projection the decoded matrix.
+TEST(Gguf, FilesOfTheOtherBlockTypesLoadAndRun) {
+  test::TempDir dir;
+  const std::string q8 = tiny_gguf(dir);
+  const gguf::File f(q8);
+  // The model's Q8_0 values re-packed as Q4_1 (a scale and a minimum per block of 32).
+  std::vector<gguf::Output> ts;
+  for (const auto& i : f.tensors()) {
+    if (i.type != gguf::Type::Q8_0) {
+      ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
+      continue;
+    }
+    const Tensor w = dequantize(QMatrix({Format::Q8_0}, i.shape[0], i.shape[1], f.raw(i.name).clone()));
+    const std::int64_t blocks = w.numel() / 32;
+    Tensor packed = Tensor::empty({blocks * 20}, DType::U8);
+    const float* x = w.data<float>();
+    auto* p = packed.data<std::uint8_t>();
+    for (std::int64_t k = 0; k < blocks; ++k, x += 32, p += 20) {
+      const float lo = *std::min_element(x, x + 32), hi = *std::max_element(x, x + 32);
+      const std::uint16_t d = f32_to_f16((hi - lo) / 15), m = f32_to_f16(lo);
+      std::memcpy(p, &d, 2), std::memcpy(p + 2, &m, 2);
+      const float dd = f16_to_f32(d), mm = f16_to_f32(m);
+      auto q = [&](float v) { return static_cast<int>(std::clamp(dd > 0 ? std::lround((v - mm) / dd) : 0L, 0L, 15L)); };
+      for (int j = 0; j < 16; ++j) p[4 + j] = static_cast<std::uint8_t>(q(x[j]) | (q(x[j + 16]) << 4));
+    }
+    ts.push_back({i.name, gguf::Type::Q4_1, i.shape, packed});
+  }
+  const std::string path = dir.file("q4_1.gguf");
+  gguf::write(path, {f.metadata().begin(), f.metadata().end()}, ts);
+  const ch01::Llama m = load_gguf(path);
+  const gguf::File g(path);
+  EXPECT_EQ(m.layers[1].w_up.weight.to_float_vector(),
+            gguf::dequantize_rows(gguf::Type::Q4_1, g.raw("blk.1.ffn_up.weight"), m.config.hidden_size).to_float_vector());
+  Sampler s({});
+  EXPECT_EQ(ch02::generate_cached(m, {0, 523, 524, 278}, 8, s, {}).generated.size(), 8u);
 }
 
 TEST(Gguf, RunUsesTheTokenizerItIsGivenElseTheFilesOwn) {
