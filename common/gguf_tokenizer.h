@@ -33,12 +33,12 @@ namespace inferlab::gguf {
 /// name this reader does not implement.
 nlohmann::json tokenizer_json(const File& f);
 
-/// The tokenizer of tokenizer_json(f), named "<file> (tokenizer.ggml.*)".
+/// The tokenizer of tokenizer_json(f), named after the file: "model.gguf (tokenizer.ggml.*)".
 std::unique_ptr<Tokenizer> tokenizer(const File& f);
 
 /// The ids generation stops at: the EOS, end-of-turn and end-of-message ids the file names
 /// (tokenizer.ggml.eos/eot/eom_token_id), and its control tokens whose text ends a turn in the
-/// common chat formats (<|im_end|>, <|eot_id|>, <|end|>, <end_of_turn>, <|endoftext|>).
+/// common chat formats (`<|im_end|>`, `<|eot_id|>`, `<|end|>`, `<end_of_turn>`, `<|endoftext|>`).
 std::vector<std::int64_t> stop_ids(const File& f);
 
 /// The tokenizer.ggml.* metadata for a tokenizer.json (`path` names it in errors), padded with
