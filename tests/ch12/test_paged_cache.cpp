@@ -336,6 +336,20 @@ TEST(PagedCache, CopyOnWriteWithRoomReservedAhead) {
   for (std::int64_t i = 0; i < row; ++i)
     ASSERT_EQ(pool.k(0).to_double_vector()[static_cast<std::size_t>(theirs * row + i)],
               before[static_cast<std::size_t>(theirs * row + i)]) << "the parent's block changed";
+  // The same with the parent writing first: it holds room reserved ahead, so its last block is
+  // not the one the next token goes into; that one is shared and must be copied.
+  PagedKVCache p2(pool);
+  ASSERT_TRUE(p2.reserve(5));
+  store(p2, 5);
+  ASSERT_TRUE(p2.reserve(4));  // a third block reserved ahead
+  auto c2 = p2.fork();
+  const std::int32_t shared = c2->block_table()[1];
+  const auto kept = pool.k(0).slice(0, shared, shared + 1).to_double_vector();
+  const std::int64_t copies = pool.copies;
+  ASSERT_TRUE(p2.reserve(1));
+  EXPECT_EQ(pool.copies, copies + 1) << "the parent wrote into the block its fork shares";
+  store(p2, 1);
+  EXPECT_EQ(pool.k(0).slice(0, shared, shared + 1).to_double_vector(), kept) << "the fork's block changed";
   // Writing without reserving into a block another holder shares is an error, not a corruption.
   PagedKVCache a(pool);
   ASSERT_TRUE(a.reserve(2));
