@@ -170,4 +170,8 @@ std::vector<Ceiling> accelerator_presets() {
   };
 }
 
+Ceiling measure_ceiling(Device device) {
+  return device == Device::CUDA ? measure_cuda_ceiling() : measure_cpu_ceiling();
+}
+
 }  // namespace inferlab::metrics

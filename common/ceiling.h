@@ -12,6 +12,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "common/dtype.h"
 #include "common/metrics.h"
 
 namespace inferlab::metrics {
@@ -68,6 +69,8 @@ Ceiling measure_cpu_ceiling(int threads = 0);
 /// Throws "no CUDA device available: ..." without one.
 Ceiling measure_cuda_ceiling();
 
+/// The ceilings of the device a run is on: measure_cuda_ceiling() or measure_cpu_ceiling().
+Ceiling measure_ceiling(Device device);
 /// Datasheet figures of common accelerators (dense bf16, HBM bandwidth), labelled as such.
 std::vector<Ceiling> accelerator_presets();
 

@@ -173,7 +173,7 @@ int latency(const Options& o) {
 int roofline(const Options& o) {
   const Device dev = o.common.resolved_device();
   std::printf("Measuring this machine's ceilings on %s ...\n", device_name(dev).data());
-  const metrics::Ceiling measured = dev == Device::CUDA ? metrics::measure_cuda_ceiling() : metrics::measure_cpu_ceiling();
+  const metrics::Ceiling measured = metrics::measure_ceiling(dev);
   std::printf("  %s: read %s, %s %s (%s)\n  ridge %.1f FLOP/B\n", measured.name.c_str(),
               metrics::human_rate(measured.bytes_per_s, "B").c_str(),
               metrics::human_rate(measured.flops_per_s, "FLOP").c_str(), measured.flops_dtype.c_str(),

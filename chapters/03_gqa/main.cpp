@@ -25,10 +25,6 @@ namespace {
 // The shape the throughput sweep uses: big enough that weights and caches live in DRAM.
 TransformerConfig sweep_shape(std::int64_t kv_heads) { return ch01::memory_bound_shape(8, kv_heads, 8192, 1 << 16); }
 
-metrics::Ceiling ceiling(Device dev) {
-  return dev == Device::CUDA ? metrics::measure_cuda_ceiling() : metrics::measure_cpu_ceiling();
-}
-
 std::string variant_name(std::int64_t K, std::int64_t N) { return K == N ? "MHA" : K == 1 ? "MQA" : "GQA"; }
 
 int memory(const CommonOptions& o, std::int64_t seq, double memory_gb) {
@@ -61,7 +57,7 @@ int memory(const CommonOptions& o, std::int64_t seq, double memory_gb) {
 
 int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_t> batches, int steps) {
   const Device dev = o.resolved_device();
-  const auto roof = ceiling(dev);
+  const auto roof = metrics::measure_ceiling(dev);
   const auto shape = sweep_shape(16);
   // The largest batch of MHA caches must fit, or the sweep ends in an allocation failure minutes in.
   const std::int64_t max_b = *std::max_element(batches.begin(), batches.end());

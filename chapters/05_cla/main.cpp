@@ -123,7 +123,7 @@ int memory(const std::string& model, std::int64_t seq, double memory_gb, std::in
 int throughput(const ModelOptions& o, std::int64_t seq, double memory_mb, std::vector<std::int64_t> shares, int layers,
                int steps, const std::string& json_path) {
   const Device dev = o.resolved_device();
-  const auto roof = dev == Device::CUDA ? metrics::measure_cuda_ceiling() : metrics::measure_cpu_ceiling();
+  const auto roof = metrics::measure_ceiling(dev);
   const TransformerConfig shape = sweep_shape(layers);
   std::sort(shares.begin(), shares.end());
   std::printf("Decode with %.0f MiB for KV caches of %lld positions, random weights (speed does not depend on their values): "

@@ -171,7 +171,7 @@ int memory(const std::string& model, const std::vector<std::int64_t>& contexts, 
 int speed(const ModelOptions& o, std::int64_t layers, std::int64_t window, const std::vector<std::int64_t>& positions,
           int steps, const std::string& json_path) {
   const Device dev = o.resolved_device();
-  const auto roof = dev == Device::CUDA ? metrics::measure_cuda_ceiling() : metrics::measure_cpu_ceiling();
+  const auto roof = metrics::measure_ceiling(dev);
   std::printf("One decode step against position, random weights: D = 1024, L = %lld, N = K = 16, H = 64, f32, %s; "
               "best of %d steps; GB/s = bytes the step reads (weights + the rows attention sees) / time, %% of the "
               "read ceiling %.1f GB/s\n\n",

@@ -110,10 +110,6 @@ json speed_table(const metrics::Ceiling& roof, std::int64_t layers, const std::v
   return rows;
 }
 
-metrics::Ceiling ceiling_for(Device dev) {
-  return dev == Device::CUDA ? metrics::measure_cuda_ceiling() : metrics::measure_cpu_ceiling();
-}
-
 // --- the scan four ways --------------------------------------------------------------------
 struct RandomLayer {
   Tensor xz, dbc, u, dt, A, D;
@@ -297,7 +293,7 @@ int memory(const std::string& model, const std::vector<std::int64_t>& contexts, 
 int speed(const ModelOptions& o, std::int64_t layers, const std::vector<std::int64_t>& positions, int steps,
           const std::string& json_path) {
   const Device dev = o.resolved_device();
-  const auto roof = ceiling_for(dev);
+  const auto roof = metrics::measure_ceiling(dev);
   std::printf("One decode step against position, random weights, f32, %s, best of %d: a transformer (D = 1024, 16 heads "
               "of 64, F = 2816) and a Mamba of about the same parameters (D = 1024, E = 2048, N = 16); GB/s = bytes "
               "the step reads (weights + KV cache, or weights + state read and written) / time, %% of the read ceiling "
@@ -311,7 +307,7 @@ int speed(const ModelOptions& o, std::int64_t layers, const std::vector<std::int
 
 int scan(const ModelOptions& o, const std::vector<std::int64_t>& lengths, const std::string& json_path) {
   const Device dev = o.resolved_device();
-  const auto roof = ceiling_for(dev);
+  const auto roof = metrics::measure_ceiling(dev);
   std::printf("One layer's selective scan (E = 2048 channels, N = 16 states, random inputs) over a prefill of T tokens, "
               "%s, best of 2; GB/s = the bytes a scan must move (u, Δ, z, y, B, C, the state) / time, %% of the read "
               "ceiling %.1f GB/s; GFLOP/s = 7 per token, channel and state (an exp counted as one) / time, %% of the "

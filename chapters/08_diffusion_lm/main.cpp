@@ -260,7 +260,7 @@ int main(int argc, char** argv) {
       m.base = m.base.to(d, DType::F32);
       const ch01::Llama ar = ch01::load_llama(bundled_model("tiny-mha")).to(d, DType::F32);
       const auto tok = Tokenizer::for_model(bundled_model("tiny-mdlm"));
-      const auto roof = d == Device::CUDA ? metrics::measure_cuda_ceiling() : metrics::measure_cpu_ceiling();
+      const auto roof = metrics::measure_ceiling(d);
       std::printf("%lld new tokens after a 7-token prompt on %s, best of %d, against %.1f GB/s and %.1f GFLOP/s (%s)\n\n",
                   static_cast<ll>(gen), device_name(d).data(), reps, roof.bytes_per_s / 1e9, roof.flops_per_s / 1e9,
                   roof.flops_dtype.c_str());

@@ -280,14 +280,14 @@ int main(int argc, char** argv) {
     o.scheduler.validate();
     const auto text = eval::tokenize_documents(*tok, data_dir() + "/corpus/val.txt");  // in the model's own tokens
     const std::string name = random_model ? "a random 100M-parameter Llama" : model;
-    const metrics::Ceiling roof = d == Device::CUDA ? metrics::measure_cuda_ceiling() : metrics::measure_cpu_ceiling();
+    const metrics::Ceiling roof = metrics::measure_ceiling(d);
     json out = {{"model", name}, {"ceiling", metrics::to_json(roof)}};
     if (bare) {
       std::printf("Continuous batching (lecture: 处理动态工作负载): one engine, static and continuous policies\n\n");
       out["example"] = example(m, true);
       std::printf("\n");
     }
-    std::printf("%s%s; KV budget %s\n", bare ? "" : "", describe_spec(t.spec, o, name).c_str(),
+    std::printf("%s; KV budget %s\n", describe_spec(t.spec, o, name).c_str(),
                 metrics::human_bytes(o.budget_mib * (1 << 20)).c_str());
     std::printf("%sthe read ceiling: %s (%s)\n", bare ? "  " : "", metrics::human_rate(roof.bytes_per_s, "B").c_str(),
                 roof.source.c_str());

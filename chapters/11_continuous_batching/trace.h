@@ -67,8 +67,8 @@ struct Report {
 };
 Report report(const Engine& e);
 
-/// The share of the batch's slots in use over time, as one line of `width` characters (▁ … █,
-/// a space for no step at all), and the same for a list of step records.
+/// The share of the batch's slots in use over time, from 0 to `end` on the engine's clock, as one
+/// line of `width` characters (▁ … █; a space where no step ran).
 std::string utilisation_line(const std::vector<StepRecord>& steps, std::int64_t cap, double end, int width);
 
 nlohmann::json to_json(const Summary& s);

@@ -294,7 +294,7 @@ int main(int argc, char** argv) {
       if (bare) std::printf("\n");
     }
     if (bare || *sp) {
-      const metrics::Ceiling roof = d == Device::CUDA ? metrics::measure_cuda_ceiling() : metrics::measure_cpu_ceiling();
+      const metrics::Ceiling roof = metrics::measure_ceiling(d);
       out["speed"] = speed(context, mo.block_size, d, roof, bare);
       out["ceiling"] = metrics::to_json(roof);
     }

@@ -9,6 +9,7 @@
 #include "chapters/11_continuous_batching/trace.h"
 #include "chapters/12_paged_attention/paged_cache.h"
 #include "common/eval.h"
+#include "bundled_model.h"
 #include "golden_util.h"
 
 using namespace inferlab;
@@ -18,10 +19,7 @@ namespace {
 
 const std::string kData = INFERLAB_DATA_DIR;
 
-const ch01::Llama& tiny_mha() {
-  static const ch01::Llama m = ch01::load_llama(kData + "/models/tiny-mha");
-  return m;
-}
+const ch01::Llama& tiny_mha() { return test::bundled_llama("tiny-mha"); }
 
 TransformerConfig one_layer() {
   TransformerConfig c;
