@@ -69,7 +69,8 @@ INSTANTIATE_TEST_SUITE_P(
                       MatmulCase{4, 77, 19, DType::F32}, MatmulCase{17, 300, 65, DType::F32},
                       MatmulCase{33, 128, 300, DType::BF16}, MatmulCase{9, 64, 40, DType::F16},
                       MatmulCase{5, 300, 37, DType::F32}, MatmulCase{6, 130, 21, DType::BF16},
-                      MatmulCase{3, 1031, 515, DType::F32}, MatmulCase{5, 96, 2, DType::F16}),
+                      MatmulCase{3, 1031, 515, DType::F32}, MatmulCase{5, 96, 2, DType::F16},
+                      MatmulCase{5, 1031, 64, DType::BF16}, MatmulCase{6, 64, 40, DType::F32}),
     [](const auto& info) {
       return "M" + std::to_string(info.param.M) + "_K" + std::to_string(info.param.K) + "_N" +
              std::to_string(info.param.N) + "_" + std::string(dtype_name(info.param.wt));

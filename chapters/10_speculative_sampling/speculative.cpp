@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "chapters/10_speculative_sampling/cuda_speculative.h"
 #include "common/error.h"
 #include "common/lab.h"
 #include "common/metrics.h"
@@ -18,6 +19,19 @@ std::vector<Distribution> CachedModel::feed(const std::vector<std::int32_t>& tok
   std::vector<Distribution> out;
   for (std::int64_t i = 0; i < logits.size(0); ++i) out.push_back(probs_.probabilities(logits.slice(0, i, i + 1)));
   return out;
+}
+
+Tensor Model::feed_on_device(const std::vector<std::int32_t>&, std::int64_t) {
+  fail("speculative sampling: this model has no device path (its distributions live on the host)");
+}
+
+Tensor CachedModel::feed_on_device(const std::vector<std::int32_t>& tokens, std::int64_t last) {
+  IL_CHECK(m_.device() == Device::CUDA, "feed_on_device: the model is on the CPU");
+  IL_CHECK(last >= 1 && last <= static_cast<std::int64_t>(tokens.size()), "feed_on_device: the last ", last, " of ",
+           tokens.size(), " positions");
+  const Tensor logits = ch02::forward_cached(m_, cache_, tokens, true);
+  ++forwards_;
+  return cuda::distributions(logits.slice(0, logits.size(0) - last, logits.size(0)).contiguous(), probs_.params());
 }
 
 Distribution residual(const Distribution& q, const Distribution& p) {
@@ -70,6 +84,75 @@ Verdict verify(const std::vector<std::int32_t>& drafts, const std::vector<Distri
   return v;
 }
 
+namespace {
+
+// One round's drafts, the verdict on them and Σ acceptance over the drafted positions.
+struct Round {
+  std::vector<std::int32_t> drafts;
+  Verdict verdict;
+  double alpha_sum = 0;
+};
+
+// The round on the host: the draft feeds whatever it lacks of `tokens`, then proposes g tokens,
+// each fed back but the last; the target scores what it lacks and the g drafts in one pass; its
+// last g + 1 distributions decide.
+Round host_round(Model& target, Model& draft, const std::vector<std::int32_t>& tokens, std::int64_t g, Sampler& rng,
+                 const Residual& residual_of) {
+  Round r;
+  std::vector<Distribution> p;
+  if (g > 0) {
+    p.push_back(draft.feed({tokens.begin() + draft.length(), tokens.end()}).back());
+    for (std::int64_t i = 0; i < g; ++i) {
+      r.drafts.push_back(rng.draw(p.back()));
+      if (i + 1 < g) p.push_back(draft.feed({r.drafts.back()}).back());
+    }
+  }
+  std::vector<std::int32_t> feed(tokens.begin() + target.length(), tokens.end());
+  feed.insert(feed.end(), r.drafts.begin(), r.drafts.end());
+  const std::vector<Distribution> all = target.feed(feed);
+  const std::vector<Distribution> q(all.end() - (g + 1), all.end());
+  for (std::int64_t i = 0; i < g; ++i) r.alpha_sum += acceptance(p[static_cast<std::size_t>(i)], q[static_cast<std::size_t>(i)]);
+  r.verdict = verify(r.drafts, p, q, rng, residual_of);
+  return r;
+}
+
+// The same round with every distribution left on the GPU: the host sees the drafted tokens and
+// the verdict, never a row of probabilities. The uniform numbers are rng's, in the host round's
+// order: one per draft, then those the walk consumes, read ahead from a copy of rng.
+Round device_round(Model& target, Model& draft, const std::vector<std::int32_t>& tokens, std::int64_t g, Sampler& rng) {
+  Round r;
+  Tensor p;  // [g, V]: the draft's distribution at each drafted position
+  if (g > 0) {
+    Tensor row = draft.feed_on_device({tokens.begin() + draft.length(), tokens.end()}, 1);
+    p = Tensor::empty({g, row.size(1)}, DType::F64, Device::CUDA);
+    for (std::int64_t i = 0; i < g; ++i) {
+      Tensor dst = p.slice(0, i, i + 1);
+      dst.copy_from(row);
+      r.drafts.push_back(cuda::draw(p, i, rng.uniform()));
+      if (i + 1 < g) row = draft.feed_on_device({r.drafts.back()}, 1);
+    }
+  }
+  std::vector<std::int32_t> feed(tokens.begin() + target.length(), tokens.end());
+  feed.insert(feed.end(), r.drafts.begin(), r.drafts.end());
+  const Tensor q = target.feed_on_device(feed, g + 1);
+  Sampler ahead = rng;  // a copy: the next g + 1 numbers of rng's stream, read without consuming them
+  std::vector<double> u(static_cast<std::size_t>(g + 1));
+  for (double& x : u) x = ahead.uniform();
+  const cuda::DeviceVerdict dv = cuda::verify(r.drafts, p, q, u);
+  for (int i = 0; i < dv.used; ++i) rng.uniform();  // consume what the walk used
+  r.verdict = dv.verdict;
+  r.alpha_sum = dv.alpha_sum;
+  return r;
+}
+
+bool is_the_residual(const Residual& f) {
+  using Fn = Distribution (*)(const Distribution&, const Distribution&);
+  const Fn* fn = f.target<Fn>();
+  return fn != nullptr && *fn == &residual;
+}
+
+}  // namespace
+
 SpeculativeRun speculative_generate(Model& target, Model& draft, const std::vector<std::int32_t>& prompt, int max_new,
                                     std::int64_t gamma, Sampler& rng, const std::vector<std::int64_t>& eos_ids,
                                     const Residual& residual_of) {
@@ -77,6 +160,8 @@ SpeculativeRun speculative_generate(Model& target, Model& draft, const std::vect
   IL_CHECK(max_new >= 0, "speculative sampling: max_new is ", max_new);
   IL_CHECK(gamma >= 0, "speculative sampling: gamma (drafts per round) is ", gamma);
   IL_CHECK(target.length() == 0 && draft.length() == 0, "speculative sampling: the models must start empty");
+  // A custom residual is a host function, so its rounds run on the host whatever the models' device.
+  const bool on_device = target.device() == Device::CUDA && draft.device() == Device::CUDA && is_the_residual(residual_of);
   SpeculativeRun run;
   run.tokens = prompt;
   metrics::Timer clock;
@@ -85,27 +170,13 @@ SpeculativeRun speculative_generate(Model& target, Model& draft, const std::vect
     const auto n = static_cast<std::int64_t>(run.tokens.size());
     const std::int64_t left = max_new - static_cast<std::int64_t>(run.generated.size());
     const std::int64_t g = std::min(gamma, left - 1);  // the round's emitted tokens never pass max_new
-    // The draft: whatever it lacks of the sequence, then g proposals, each fed back but the last.
-    std::vector<std::int32_t> drafts;
-    std::vector<Distribution> p;
-    if (g > 0) {
-      p.push_back(draft.feed({run.tokens.begin() + draft.length(), run.tokens.end()}).back());
-      for (std::int64_t i = 0; i < g; ++i) {
-        drafts.push_back(rng.draw(p.back()));
-        if (i + 1 < g) p.push_back(draft.feed({drafts.back()}).back());
-      }
-    }
-    // The target: one pass over what it lacks and the g drafts; its last g + 1 distributions.
-    std::vector<std::int32_t> feed(run.tokens.begin() + target.length(), run.tokens.end());
-    feed.insert(feed.end(), drafts.begin(), drafts.end());
-    const std::vector<Distribution> all = target.feed(feed);
-    const std::vector<Distribution> q(all.end() - (g + 1), all.end());
-    for (std::int64_t i = 0; i < g; ++i)
-      run.alpha_sum += acceptance(p[static_cast<std::size_t>(i)], q[static_cast<std::size_t>(i)]), ++run.alpha_positions;
-    const Verdict v = verify(drafts, p, q, rng, residual_of);
+    const Round r = on_device ? device_round(target, draft, run.tokens, g, rng)
+                              : host_round(target, draft, run.tokens, g, rng, residual_of);
+    const Verdict& v = r.verdict;
+    run.alpha_sum += r.alpha_sum, run.alpha_positions += g;
     ++run.rounds;
     run.drafted += g, run.accepted += v.accepted;
-    std::vector<std::int32_t> emitted(drafts.begin(), drafts.begin() + v.accepted);
+    std::vector<std::int32_t> emitted(r.drafts.begin(), r.drafts.begin() + v.accepted);
     emitted.push_back(v.next);
     for (std::size_t i = 0; i < emitted.size() && !run.stopped_at_eos; ++i) {
       run.tokens.push_back(emitted[i]), run.generated.push_back(emitted[i]);

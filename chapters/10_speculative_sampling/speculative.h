@@ -53,6 +53,11 @@ class Model {
   virtual void truncate(std::int64_t n) = 0;
   /// Forward passes run so far.
   virtual std::int64_t forwards() const = 0;
+  /// Where the model runs. When both models are on CUDA, the round keeps every distribution there.
+  virtual Device device() const { return Device::CPU; }
+  /// As feed(), with the distributions of the last `last` fed positions left on the device: a
+  /// CUDA F64 tensor [last, V] (CUDA models).
+  virtual Tensor feed_on_device(const std::vector<std::int32_t>& tokens, std::int64_t last);
 };
 
 /// Chapter 02's model with its own KV cache of `capacity` positions; distributions are
@@ -64,6 +69,8 @@ class CachedModel : public Model {
   std::vector<Distribution> feed(const std::vector<std::int32_t>& tokens) override;
   void truncate(std::int64_t n) override { cache_.truncate(n); }
   std::int64_t forwards() const override { return forwards_; }
+  Device device() const override { return m_.device(); }
+  Tensor feed_on_device(const std::vector<std::int32_t>& tokens, std::int64_t last) override;
 
  private:
   const ch01::Llama& m_;
@@ -110,7 +117,9 @@ struct SpeculativeRun {
 
 /// Speculative sampling: `max_new` tokens after `prompt` (or to an EOS id), drafting `gamma`
 /// per round. Both models start empty. `rng` draws the drafts, the acceptances and the
-/// emitted tokens.
+/// emitted tokens. When both models are on CUDA the round runs there (cuda_speculative.h) with
+/// the same random numbers in the same order, unless `residual_of` is not `residual` (a
+/// custom residual is a host function: that round runs on the host).
 SpeculativeRun speculative_generate(Model& target, Model& draft, const std::vector<std::int32_t>& prompt, int max_new,
                                     std::int64_t gamma, Sampler& rng, const std::vector<std::int64_t>& eos_ids,
                                     const Residual& residual_of = residual);

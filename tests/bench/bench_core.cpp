@@ -54,15 +54,17 @@ void BM_CpuReadBandwidth(benchmark::State& state) {
 }
 BENCHMARK(BM_CpuReadBandwidth)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
 
-// M = 1: the decode step's matrix-vector product, K x N weights.
+// M = 1: the decode step's matrix-vector product, K x N weights. M of 2 to 8 rows is a
+// speculative verification pass (chapter 10) or a small decode batch: it should still cost one
+// read of the weights, so its GB/s should stay near M = 1's.
 void BM_CpuGemv(benchmark::State& state) {
-  const std::int64_t N = state.range(0), K = state.range(1);
+  const std::int64_t N = state.range(0), K = state.range(1), M = state.range(3);
   const DType wt = state.range(2) ? DType::BF16 : DType::F32;
   // Enough weight copies, rotated, that the working set (>= 256 MiB) is far beyond the L3.
   const int copies = std::max<int>(1, static_cast<int>(std::ceil(256e6 / (N * K * dtype_size(wt)))));
   std::vector<Tensor> ws;
   for (int i = 0; i < copies; ++i) ws.push_back(random({N, K}, wt, 2 + i));
-  Tensor x = random({1, K}, DType::F32, 1), out = Tensor::empty({1, N}, DType::F32);
+  Tensor x = random({M, K}, DType::F32, 1), out = Tensor::empty({M, N}, DType::F32);
   metrics::Work work;
   {
     metrics::CountScope s;
@@ -79,10 +81,11 @@ void BM_CpuGemv(benchmark::State& state) {
     total += dt;
   }
   report(state, work, total, cpu_ceiling());
-  state.SetLabel(std::string(dtype_name(wt)) + " weights");
+  state.SetLabel(std::string(dtype_name(wt)) + " weights, " + std::to_string(M) + (M == 1 ? " row" : " rows"));
 }
 BENCHMARK(BM_CpuGemv)
-    ->Args({4096, 4096, 0})->Args({4096, 4096, 1})->Args({11008, 4096, 1})->Args({4096, 11008, 0})
+    ->Args({4096, 4096, 0, 1})->Args({4096, 4096, 1, 1})->Args({11008, 4096, 1, 1})->Args({4096, 11008, 0, 1})
+    ->Args({4096, 4096, 0, 2})->Args({4096, 4096, 0, 3})->Args({4096, 4096, 0, 5})->Args({4096, 4096, 0, 8})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // M large: prefill's matrix product.

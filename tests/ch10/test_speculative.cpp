@@ -11,35 +11,14 @@
 
 #include "chapters/10_speculative_sampling/speculative.h"
 #include "golden_util.h"
+#include "table_model.h"
 
 namespace inferlab {
 namespace {
 
 using ch10::Distribution;
 
-// A model given by a table: the next token's distribution depends on the last token only.
-class TableModel : public ch10::Model {
- public:
-  explicit TableModel(std::vector<Distribution> rows) : rows_(std::move(rows)) {}
-  std::int64_t length() const override { return static_cast<std::int64_t>(held_.size()); }
-  std::vector<Distribution> feed(const std::vector<std::int32_t>& tokens) override {
-    ++forwards_;
-    std::vector<Distribution> out;
-    for (auto t : tokens) held_.push_back(t), out.push_back(rows_[static_cast<std::size_t>(t)]);
-    return out;
-  }
-  void truncate(std::int64_t n) override {
-    ASSERT_LE(n, length());
-    held_.resize(static_cast<std::size_t>(n));
-  }
-  std::int64_t forwards() const override { return forwards_; }
-  const std::vector<std::int32_t>& held() const { return held_; }
-
- private:
-  std::vector<Distribution> rows_;
-  std::vector<std::int32_t> held_;
-  std::int64_t forwards_ = 0;
-};
+using test::TableModel;
 
 const std::vector<Distribution> kTarget = {
     {0.10, 0.20, 0.30, 0.40}, {0.50, 0.25, 0.15, 0.10}, {0.05, 0.05, 0.45, 0.45}, {0.25, 0.25, 0.25, 0.25}};
