@@ -40,6 +40,11 @@ std::int64_t block_values(Type t);
 /// - Q6_K: 16 sub-blocks of 16 with int8 scales, (d·sc)·(q − 32), q 4 bits of ql and 2 of qh.
 /// Also Q8_0 and Q4_0. The ref:: decoders of the GGUF types; a model loads them as f32 matrices.
 Tensor dequantize_rows(Type t, const Tensor& raw, std::int64_t cols);
+/// One block of a block type (block_values(t) values from row_bytes(t, block_values(t)) bytes),
+/// decoded as dequantize_rows does.
+void dequantize_block(Type t, const std::uint8_t* block, float* out);
+/// Q4_K's and Q5_K's packed sub-block scale and min: sub-block j (0-7) of the 12 bytes `q`.
+void scale_min_k4(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t& m);
 
 /// Bytes of n values of a tensor type (n a multiple of 32 for the block types); throws for a
 /// negative n or one whose byte count would not fit an int64.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "common/atomic_file.h"
@@ -166,13 +167,27 @@ ch01::Llama load_gguf(const gguf::File& f) {
   const TransformerConfig c = gguf_config(f);
   const gguf::Type qt = f.info("blk.0.attn_q.weight").type;
   const bool plain = qt == gguf::Type::F32 || qt == gguf::Type::F16 || qt == gguf::Type::BF16;
-  // Q4_1, Q5_x and the k-quants are decoded at load and run as f32 matrices: the same function,
-  // not yet the stored type's speed (chapter 09's products read Q8_0 and Q4_0 packed).
+  // Q8_0, Q4_0, Q4_K and Q6_K matrices run packed (chapter 09's products read their bytes); Q4_1,
+  // Q5_0, Q5_1 and Q5_K are decoded at load and run as f32 matrices: the same function, not yet
+  // the stored type's speed.
   auto decoded_at_load = [](gguf::Type t) {
-    return t == gguf::Type::Q4_1 || t == gguf::Type::Q5_0 || t == gguf::Type::Q5_1 || t == gguf::Type::Q4_K ||
-           t == gguf::Type::Q5_K || t == gguf::Type::Q6_K;
+    return t == gguf::Type::Q4_1 || t == gguf::Type::Q5_0 || t == gguf::Type::Q5_1 || t == gguf::Type::Q5_K;
   };
-  IL_CHECK(plain || decoded_at_load(qt) || qt == gguf::Type::Q8_0 || qt == gguf::Type::Q4_0, path, ": projections are ",
+  auto packed_format = [](gguf::Type t) -> std::optional<Format> {
+    switch (t) {
+      case gguf::Type::Q8_0: return Format::Q8_0;
+      case gguf::Type::Q4_0: return Format::Q4_0;
+      case gguf::Type::Q4_K: return Format::Q4_K;
+      case gguf::Type::Q6_K: return Format::Q6_K;
+      default: return std::nullopt;
+    }
+  };
+  // A packed matrix, its scales checked first (a NaN scale would decode as NaN).
+  auto packed = [&](const std::string& name, Format fmt, std::int64_t rows, std::int64_t cols) {
+    check_block_scales(f.raw(name), fmt, path + ": tensor " + name);
+    return std::make_shared<QMatrix>(QuantSpec{fmt}, rows, cols, f.raw(name).clone());
+  };
+  IL_CHECK(plain || decoded_at_load(qt) || packed_format(qt), path, ": projections are ",
            gguf::type_name(qt), "; this loader reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K models");
   std::set<std::string> used;
   // Anything failing while a tensor is read (a conversion, an allocation) names the file and it.
@@ -185,31 +200,26 @@ ch01::Llama load_gguf(const gguf::File& f) {
         return check_finite(f.tensor(name).to(DType::F32), path + ": tensor " + name);
       if (decoded_at_load(i.type) && s.size() == 2)
         return check_finite(gguf::dequantize_rows(i.type, f.raw(name), s[1]), path + ": tensor " + name);
-      IL_CHECK((i.type == gguf::Type::Q8_0 || i.type == gguf::Type::Q4_0) && s.size() == 2, path, ": tensor ", name,
-               " is ", gguf::type_name(i.type), shape_str(s),
-               "; this loader reads F32, F16 and BF16 vectors and F32, F16, BF16, Q8_0 or Q4_0 matrices");
-      const Format q = i.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0;
-      check_block_scales(f.raw(name), q, path + ": tensor " + name);
-      return dequantize(QMatrix({q}, s[0], s[1], f.raw(name).clone()));
+      IL_CHECK(packed_format(i.type) && s.size() == 2, path, ": tensor ", name, " is ", gguf::type_name(i.type),
+               shape_str(s), "; this loader reads F32, F16 and BF16 vectors and matrices of its block types");
+      return dequantize(*packed(name, *packed_format(i.type), s[0], s[1]));
     });
   };
   auto matrix = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
     return with_context(path + ": tensor " + name, [&] {
       const auto& i = f.info(name);
       used.insert(name);
-      // Q4_K_M and its kin mix types across tensors (Q6_K for some, Q4_K for the rest): a decoded
-      // type may sit beside another; otherwise every projection has the first one's type.
-      IL_CHECK(i.shape == Shape({rows, cols}) && (i.type == qt || decoded_at_load(i.type) || decoded_at_load(qt)), path,
-               ": tensor ", name, " is ", gguf::type_name(i.type), shape_str(i.shape), ", expected ",
-               gguf::type_name(qt), shape_str(Shape{rows, cols}));
+      // Q4_K_M and its kin mix types across tensors (Q6_K for some, Q4_K for the rest; Q8_0 in
+      // small ones): each matrix runs in its own type.
+      const bool plain_type = i.type == gguf::Type::F32 || i.type == gguf::Type::F16 || i.type == gguf::Type::BF16;
+      IL_CHECK(i.shape == Shape({rows, cols}) && (plain_type || decoded_at_load(i.type) || packed_format(i.type)), path,
+               ": tensor ", name, " is ", gguf::type_name(i.type), shape_str(i.shape), ", expected a matrix ",
+               shape_str(Shape{rows, cols}));
       if (decoded_at_load(i.type))
         return Linear(check_finite(gguf::dequantize_rows(i.type, f.raw(name), cols), path + ": tensor " + name));
       // A plain matrix runs in its stored type (the products widen 16-bit weights as they read them).
-      if (i.type == gguf::Type::F32 || i.type == gguf::Type::F16 || i.type == gguf::Type::BF16)
-        return Linear(check_finite(f.tensor(name).clone(), path + ": tensor " + name));
-      const QuantSpec own{i.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0};
-      check_block_scales(f.raw(name), own.format, path + ": tensor " + name);  // a NaN scale would decode as NaN
-      return Linear(std::make_shared<QMatrix>(own, rows, cols, f.raw(name).clone()));
+      if (plain_type) return Linear(check_finite(f.tensor(name).clone(), path + ": tensor " + name));
+      return Linear(packed(name, *packed_format(i.type), rows, cols));
     });
   };
   ch01::Llama m;
@@ -236,9 +246,8 @@ ch01::Llama load_gguf(const gguf::File& f) {
     m.lm_head = matrix("output.weight", c.vocab_size, D);
   } else {
     const auto& e = f.info("token_embd.weight");
-    if (e.type == gguf::Type::Q8_0 || e.type == gguf::Type::Q4_0) {
-      const QuantSpec stored{e.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0};
-      m.lm_head = Linear(std::make_shared<QMatrix>(stored, c.vocab_size, D, f.raw("token_embd.weight").clone()));
+    if (packed_format(e.type)) {
+      m.lm_head = Linear(packed("token_embd.weight", *packed_format(e.type), c.vocab_size, D));
     } else {
       m.lm_head = Linear(m.embed);
     }

@@ -9,6 +9,7 @@
 
 #include "chapters/09_quantization/quant_impl.h"
 #include "common/error.h"
+#include "common/gguf.h"
 #include "common/lab.h"
 
 namespace inferlab::ch09 {
@@ -24,6 +25,8 @@ std::string QuantSpec::name() const {
     case Format::Q8_0: return "q8_0";
     case Format::Q4_0: return "q4_0";
     case Format::Fp8E4M3: return "fp8_e4m3";
+    case Format::Q4_K: return "q4_k";
+    case Format::Q6_K: return "q6_k";
   }
   return "?";
 }
@@ -36,6 +39,8 @@ QuantSpec QuantSpec::parse(const std::string& n) {
       QuantSpec s{f, g};
       if (s.name() == n) return s;
     }
+  IL_CHECK(n != "q4_k" && n != "q6_k", "quantisation format '", n, "' is read from GGUF files (llama.cpp's quantiser "
+           "makes it), not produced here");
   std::string names;
   for (const QuantSpec& s : all_specs()) names += (names.empty() ? "" : ", ") + s.name();
   fail("unknown quantisation format '", n, "' (known: ", names, ", and int4_g{32,64,128}_{sym,asym})");
@@ -80,7 +85,15 @@ std::uint8_t f32_to_e4m3(float f) {
 // --- quantise / dequantise -------------------------------------------------------------------
 namespace {
 std::uint16_t to_half(float f) { return f32_to_f16(f); }
-std::int64_t block_bytes(Format f) { return f == Format::Q8_0 ? 34 : 18; }
+// Bytes and values of one block of the block formats.
+std::int64_t block_bytes(Format f) {
+  return f == Format::Q8_0 ? 34 : f == Format::Q4_0 ? 18 : f == Format::Q4_K ? 144 : 210;
+}
+std::int64_t block_values(Format f) { return f == Format::Q4_K || f == Format::Q6_K ? 256 : 32; }
+// Where a block keeps its f16 scales: d (and dmin for q4_k).
+std::vector<int> half_offsets(Format f) {
+  return f == Format::Q4_K ? std::vector<int>{0, 2} : f == Format::Q6_K ? std::vector<int>{208} : std::vector<int>{0};
+}
 }  // namespace
 
 float from_half(const std::uint8_t* p) {
@@ -232,6 +245,8 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
       check_block_scales(q.data, spec.format, what);  // an f16 scale overflows above 65504
       return q;
     }
+    case Format::Q4_K:
+    case Format::Q6_K: fail(what, ": ", spec.name(), " is read from GGUF files, not produced here");
     case Format::Fp8E4M3: {
       float amax = 0;
       for (std::int64_t i = 0; i < n_out * n_in; ++i) amax = std::max(amax, std::fabs(W[i]));
@@ -246,15 +261,19 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
 }
 
 void check_block_scales(const Tensor& blocks, Format format, const std::string& what) {
-  const std::int64_t bb = block_bytes(format), rows = blocks.size(0), per_row = blocks.size(1) / bb;
+  const std::int64_t bb = block_bytes(format), bv = block_values(format), rows = blocks.size(0),
+                     per_row = blocks.size(1) / bb;
   const Tensor h = blocks.to(Device::CPU).contiguous();
   for (std::int64_t n = 0; n < rows; ++n)
-    for (std::int64_t b = 0; b < per_row; ++b) {
-      const float d = from_half(h.data<std::uint8_t>() + n * blocks.size(1) + b * bb);
-      IL_CHECK(std::isfinite(d), what, ": row ", n, ", block ", b, " (weights ", b * 32, "..", b * 32 + 31,
-               ") has scale ", d, (format == Format::Q8_0 ? " (max |w| / 127" : " (max |w| / 8"),
-               " as f16, whose largest value is 65504)");
-    }
+    for (std::int64_t b = 0; b < per_row; ++b)
+      for (const int at : half_offsets(format)) {
+        const float d = from_half(h.data<std::uint8_t>() + n * blocks.size(1) + b * bb + at);
+        IL_CHECK(std::isfinite(d), what, ": row ", n, ", block ", b, " (weights ", b * bv, "..", b * bv + bv - 1,
+                 ") has scale ", d,
+                 format == Format::Q8_0   ? " (max |w| / 127 as f16, whose largest value is 65504)"
+                 : format == Format::Q4_0 ? " (max |w| / 8 as f16, whose largest value is 65504)"
+                                          : " (an f16 that is not a number: the file is damaged)");
+      }
 }
 
 // The value of weight (n, k), as the format defines it. The reference product and
@@ -283,6 +302,26 @@ float weight_value(const QMatrix& q, std::int64_t n, std::int64_t k) {
       return from_half(b) * static_cast<float>(v - 8);
     }
     case Format::Fp8E4M3: return e4m3_to_f32(q.data.data<std::uint8_t>()[n * n_in + k]) * q.scales.data<float>()[0];
+    case Format::Q4_K: {
+      // Super-block of 256: 64-value pair j holds sub-block 2j in its 32 bytes' low nibbles and
+      // 2j + 1 in their high ones; each sub-block has its 6-bit scale and min.
+      const std::uint8_t* b = q.data.data<std::uint8_t>() + n * (n_in / 256 * 144) + (k / 256) * 144;
+      const int i = static_cast<int>(k % 256), j = i / 64, l = i % 32, high = (i % 64) / 32;
+      std::uint8_t sc, m;
+      gguf::scale_min_k4(2 * j + high, b + 4, sc, m);
+      const int v = (b[16 + 32 * j + l] >> (4 * high)) & 15;
+      return from_half(b) * static_cast<float>(sc) * static_cast<float>(v) - from_half(b + 2) * static_cast<float>(m);
+    }
+    case Format::Q6_K: {
+      // Super-block of 256 in two halves of 128; quarter r of a half takes the low (r = 0, 1) or
+      // high (r = 2, 3) nibbles of ql[l] (r even) or ql[l + 32] (r odd), and bits 2r, 2r + 1 of qh[l].
+      const std::uint8_t* b = q.data.data<std::uint8_t>() + n * (n_in / 256 * 210) + (k / 256) * 210;
+      const int i = static_cast<int>(k % 256), half = i / 128, r = (i % 128) / 32, l = i % 32;
+      const std::uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+      const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192 + 8 * half);
+      const int v = (((ql[l + 32 * (r % 2)] >> (4 * (r / 2))) & 15) | (((qh[l] >> (2 * r)) & 3) << 4)) - 32;
+      return from_half(b + 208) * static_cast<float>(sc[l / 16 + 2 * r]) * static_cast<float>(v);
+    }
   }
   return 0;
 }

@@ -19,6 +19,13 @@
 /// | q8_0           | llama.cpp blocks of 32: f16 d = max|w|/127, 32 × int8  | 8.5              |
 /// | q4_0           | llama.cpp blocks of 32: f16 d = m/−8, 32 × 4-bit       | 4.5              |
 /// | fp8_e4m3       | OCP E4M3FN bytes of w/s, s = max|W|/448               | 8 + 32/(n_out·n_in) |
+/// | q4_k           | llama.cpp super-blocks of 256: f16 d, dmin; 8 × 6-bit | 4.5              |
+/// |                | scale and min; (d·sc)·q − dmin·m, q 4-bit             |                  |
+/// | q6_k           | llama.cpp super-blocks of 256: 16 int8 scales, f16 d; | 6.5625           |
+/// |                | (d·sc)·(q − 32), q 4 + 2 bits                         |                  |
+///
+/// q4_k and q6_k (the k-quants of llama.cpp's Q4_K_M files) are read from GGUF files, not made
+/// here: their quantiser searches scales and mins per sub-block, which is llama.cpp's own lesson.
 
 #include <cstdint>
 #include <string>
@@ -29,7 +36,7 @@
 
 namespace inferlab::ch09 {
 
-enum class Format { Int8Tensor, Int8Row, LlmInt8, Int4Sym, Int4Asym, Q8_0, Q4_0, Fp8E4M3 };
+enum class Format { Int8Tensor, Int8Row, LlmInt8, Int4Sym, Int4Asym, Q8_0, Q4_0, Fp8E4M3, Q4_K, Q6_K };
 
 struct QuantSpec {
   Format format = Format::Int8Row;
@@ -49,7 +56,8 @@ struct QMatrix : PackedMatrix {
   std::int64_t rows = 0, cols = 0;  ///< n_out, n_in
   /// The packed values, row-major: int8 (int8_*, llm_int8), 4-bit pairs (int4: byte j of a group
   /// holds element j in its low nibble and element j + G/2 in its high one, as Q4_0 does), GGUF
-  /// blocks (q8_0: 34 bytes, q4_0: 18 bytes per 32 weights), fp8 bytes.
+  /// blocks (q8_0: 34 bytes, q4_0: 18 bytes per 32 weights; q4_k: 144, q6_k: 210 bytes per 256),
+  /// fp8 bytes.
   Tensor data;
   Tensor scales;  ///< F32: one (int8_tensor, fp8), per row (int8_row, llm_int8), per group (int4)
   Tensor zeros;   ///< U8 per group (int4 asym)

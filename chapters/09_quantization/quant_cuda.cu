@@ -60,6 +60,25 @@ __device__ inline void unpack8(const View& v, long long n, int k, float* w) {
       const int q = o < 16 ? (b[2 + o + j] & 15) : (b[2 + o - 16 + j] >> 4);
       w[j] = static_cast<float>(q - 8) * d;
     }
+  } else if constexpr (F == Format::Q4_K) {
+    // 8 weights of one 32-value sub-block: one 6-bit scale and min (weight_value in quant.cpp).
+    const std::uint8_t* b = v.data + n * (K / 256 * 144) + (k / 256) * 144;
+    const int i = k % 256, j = i / 64, l = i % 32, high = (i % 64) / 32, sub = 2 * j + high;
+    const std::uint8_t* q = b + 4;
+    const int sc = sub < 4 ? q[sub] & 63 : (q[sub + 4] & 0xF) | ((q[sub - 4] >> 6) << 4);
+    const int mn = sub < 4 ? q[sub + 4] & 63 : (q[sub + 4] >> 4) | ((q[sub] >> 6) << 4);
+    const float d = half_at(b) * static_cast<float>(sc), m = half_at(b + 2) * static_cast<float>(mn);
+#pragma unroll
+    for (int t = 0; t < 8; ++t) w[t] = d * static_cast<float>((b[16 + 32 * j + l + t] >> (4 * high)) & 15) - m;
+  } else if constexpr (F == Format::Q6_K) {
+    // 8 weights of one 16-value scale group of one quarter (weight_value in quant.cpp).
+    const std::uint8_t* b = v.data + n * (K / 256 * 210) + (k / 256) * 210;
+    const int i = k % 256, half = i / 128, r = (i % 128) / 32, l = i % 32;
+    const std::uint8_t *ql = b + 64 * half + 32 * (r % 2), *qh = b + 128 + 32 * half;
+    const float d = half_at(b + 208) * static_cast<float>(reinterpret_cast<const std::int8_t*>(b + 192 + 8 * half)[l / 16 + 2 * r]);
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+      w[t] = d * static_cast<float>((((ql[l + t] >> (4 * (r / 2))) & 15) | (((qh[l + t] >> (2 * r)) & 3) << 4)) - 32);
   } else if constexpr (F == Format::Fp8E4M3) {
     const float s = v.scales[0];
     const uint2 raw = *reinterpret_cast<const uint2*>(v.data + n * K + k);
@@ -199,6 +218,8 @@ void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
   }
   const int M = static_cast<int>(x.size(0)), N = static_cast<int>(w.rows), K = static_cast<int>(w.cols);
   IL_CHECK(K % 32 == 0, "qmatmul (CUDA): the input width n_in = ", K, " must be a multiple of 32");
+  IL_CHECK((w.spec.format != Format::Q4_K && w.spec.format != Format::Q6_K) || K % 256 == 0, "qmatmul (CUDA): ",
+           w.spec.name(), " rows are whole super-blocks of 256, got n_in = ", K);
   if (M == 0 || N == 0) return;  // nothing to compute (and a grid of zero blocks is a launch error)
   const View v{static_cast<const std::uint8_t*>(w.data.raw_data()), w.scales.defined() ? w.scales.data<float>() : nullptr,
                w.zeros.defined() ? w.zeros.data<std::uint8_t>() : nullptr, K, w.spec.group};
@@ -209,6 +230,8 @@ void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
     case Format::Int4Asym: return launch_weight_only<Format::Int4Asym>(v, x, out, N);
     case Format::Q4_0: return launch_weight_only<Format::Q4_0>(v, x, out, N);
     case Format::Fp8E4M3: return launch_weight_only<Format::Fp8E4M3>(v, x, out, N);
+    case Format::Q4_K: return launch_weight_only<Format::Q4_K>(v, x, out, N);
+    case Format::Q6_K: return launch_weight_only<Format::Q6_K>(v, x, out, N);
     case Format::LlmInt8: {
       char* base = static_cast<char*>(cuda::scratch(static_cast<std::size_t>(K) * 4 + static_cast<std::size_t>(M) * K + M * 4 + 512));
       int* flag = reinterpret_cast<int*>(base);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "chapters/09_quantization/quant_impl.h"
+#include "common/gguf.h"
 #include "common/ops_cpu.h"
 
 namespace inferlab::ch09 {
@@ -82,6 +83,14 @@ void unpack_row(const QMatrix& q, std::int64_t n, float* __restrict__ out) {
       const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * n_in;
       const float s = q.scales.data<float>()[0];
       for (std::int64_t k = 0; k < n_in; ++k) out[k] = t[r[k]] * s;
+      return;
+    }
+    case Format::Q4_K:
+    case Format::Q6_K: {
+      const gguf::Type t = q.spec.format == Format::Q4_K ? gguf::Type::Q4_K : gguf::Type::Q6_K;
+      const std::int64_t bb = q.spec.format == Format::Q4_K ? 144 : 210;
+      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (n_in / 256 * bb);
+      for (std::int64_t b = 0; b < n_in / 256; ++b) gguf::dequantize_block(t, r + b * bb, out + b * 256);
       return;
     }
     case Format::LlmInt8:
@@ -179,6 +188,69 @@ void fp8_32(const std::uint8_t* p, const float* x, Acc4& acc) {
   acc.a[3] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1)), _mm256_loadu_ps(x + 24), acc.a[3]);
 }
 
+// Σ of 32 floats as a vector of eight partial sums.
+__m256 sum32(const float* x) {
+  return _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
+                       _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
+}
+
+// q4_k: per 32-value sub-block, y += (d·sc)·Σ x q − (dmin·m)·Σ x, so the scale and the min are
+// applied once per 32 weights. A 64-value pair's 32 bytes give sub-block 2j in their low
+// nibbles and 2j + 1 in their high ones: nibbles16 puts the first in acc.a[0], a[2] and the
+// second in a[1], a[3].
+float q4_k_dot(const std::uint8_t* r, const float* x, std::int64_t nb) {
+  const __m256i zero = _mm256_setzero_si256();
+  __m256 y = _mm256_setzero_ps(), ym = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b, r += 144, x += 256) {
+    const float d = from_half(r), dmin = from_half(r + 2);
+    for (int j = 0; j < 4; ++j) {
+      Acc4 acc;
+      const float* xj = x + 64 * j;
+      nibbles16(r + 16 + 32 * j, zero, xj, xj + 32, acc);
+      nibbles16(r + 16 + 32 * j + 16, zero, xj + 16, xj + 48, acc);
+      std::uint8_t sc1, m1, sc2, m2;
+      gguf::scale_min_k4(2 * j, r + 4, sc1, m1);
+      gguf::scale_min_k4(2 * j + 1, r + 4, sc2, m2);
+      y = _mm256_fmadd_ps(_mm256_add_ps(acc.a[0], acc.a[2]), _mm256_set1_ps(d * static_cast<float>(sc1)), y);
+      y = _mm256_fmadd_ps(_mm256_add_ps(acc.a[1], acc.a[3]), _mm256_set1_ps(d * static_cast<float>(sc2)), y);
+      ym = _mm256_fmadd_ps(sum32(xj), _mm256_set1_ps(dmin * static_cast<float>(m1)), ym);
+      ym = _mm256_fmadd_ps(sum32(xj + 32), _mm256_set1_ps(dmin * static_cast<float>(m2)), ym);
+    }
+  }
+  return hsum(_mm256_sub_ps(y, ym));
+}
+
+// q6_k: each 8-value piece of a quarter is q = (4 bits of ql) | (2 bits of qh) << 4, minus 32,
+// with one int8 scale per 16 values; y += (d·sc)·Σ x q per piece.
+float q6_k_dot(const std::uint8_t* r, const float* x, std::int64_t nb) {
+  const __m256i m4 = _mm256_set1_epi32(15), m2 = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
+  __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (std::int64_t b = 0; b < nb; ++b, r += 210, x += 256) {
+    const float d = from_half(r + 208);
+    for (int h = 0; h < 2; ++h) {
+      const std::uint8_t *ql = r + 64 * h, *qh = r + 128 + 32 * h;
+      const auto* sc = reinterpret_cast<const std::int8_t*>(r + 192 + 8 * h);
+      const float* xh = x + 128 * h;
+      for (int l = 0; l < 32; l += 8) {
+        auto widen8 = [](const std::uint8_t* p) {
+          return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+        };
+        const __m256i a = widen8(ql + l), c = widen8(ql + l + 32), hb = widen8(qh + l);
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_slli_epi32(_mm256_and_si256(hb, m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 2), m2), 4)),
+            _mm256_or_si256(_mm256_srli_epi32(a, 4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 4), m2), 4)),
+            _mm256_or_si256(_mm256_srli_epi32(c, 4), _mm256_slli_epi32(_mm256_srli_epi32(hb, 6), 4))};
+        for (int r4 = 0; r4 < 4; ++r4) {
+          const __m256 qx = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[r4], bias)), _mm256_loadu_ps(xh + 32 * r4 + l));
+          y[r4 & 1] = _mm256_fmadd_ps(qx, _mm256_set1_ps(d * static_cast<float>(sc[l / 16 + 2 * r4])), y[r4 & 1]);
+        }
+      }
+    }
+  }
+  return hsum(_mm256_add_ps(y[0], y[1]));
+}
+
 // One output of a weight-only format: row n of W times one row x of length n_in.
 float direct_dot(const QMatrix& q, std::int64_t n, const float* x) {
   const std::int64_t n_in = q.cols;
@@ -224,6 +296,8 @@ float direct_dot(const QMatrix& q, std::int64_t n, const float* x) {
       for (; k < n_in; ++k) y += x[k] * (e4m3_to_f32(r[k]) * 0x1p-8f);
       return y * (q.scales.data<float>()[0] * 256.0f);
     }
+    case Format::Q4_K: return q4_k_dot(q.data.data<std::uint8_t>() + n * (n_in / 256 * 144), x, n_in / 256);
+    case Format::Q6_K: return q6_k_dot(q.data.data<std::uint8_t>() + n * (n_in / 256 * 210), x, n_in / 256);
     case Format::LlmInt8:
     case Format::Q8_0: break;
   }

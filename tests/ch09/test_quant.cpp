@@ -69,6 +69,8 @@ double bound(const QMatrix& q, const Tensor& w, std::int64_t n, std::int64_t k) 
       return d + 8 * d * u16 + slack;  // trunc(x/d + 8.5) is round-half-up, but +8·d clips to +7·d
     }
     case Format::Fp8E4M3: return x * 0x1p-4 + q.scales.data<float>()[0] * 0x1p-10 + slack;  // 3 mantissa bits; subnormals
+    case Format::Q4_K:
+    case Format::Q6_K: break;  // read from GGUF files, never quantised here
   }
   return 0;
 }
@@ -781,6 +783,129 @@ TEST(Gguf, BlockTypesDecodeAsTheGgufPackageDecodesThem) {
   test::expect_error([&] { gguf::dequantize_rows(gguf::Type::Q4_K, f.get("Q4_K.bytes"), 100); }, {"not whole Q4_K blocks of 256"});
 }
 
+// Products over x of a matrix's packed blocks (the ref:: product and the fast one) within the dot
+// product's bound of float64 over the decoded values.
+void expect_products_within_the_bound(const QMatrix& q, const std::string& what) {
+  auto rng = test::rng_for_test();
+  const auto D = dequantize(q).to_double_vector();
+  const std::int64_t N = q.rows, K = q.cols;
+  for (const std::int64_t M : {1, 3, 4, 11}) {  // 1-4: the direct kernels; 11: unpacked rows
+    SCOPED_TRACE(what + ", M = " + std::to_string(M));
+    const Tensor x = test::uniform(rng, {M, K});
+    const auto X = x.to_double_vector();
+    std::vector<double> exact(M * N), b(M * N);
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < N; ++n) {
+        double s = 0, a = 0;
+        for (std::int64_t k = 0; k < K; ++k) s += X[m * K + k] * D[n * K + k], a += std::fabs(X[m * K + k] * D[n * K + k]);
+        // The dot product's γ_K, plus the scale products (d·sc, dmin·m) the fast path forms once
+        // per sub-block instead of per weight: a few roundings of each term.
+        exact[m * N + n] = s, b[m * N + n] = (gamma(K) + 4 * u) * a + 4 * u * std::fabs(s);
+      }
+    Tensor r = Tensor::empty({M, N}, DType::F32);
+    qmatmul_ref(x, q, r);
+    expect_within(r.to_double_vector(), exact, b, "reference");
+    expect_within(qmatmul(x, q).to_double_vector(), exact, b, "fast");
+  }
+}
+
+// Q4_K and Q6_K run packed: chapter 09's formats q4_k and q6_k hold the file's blocks, their
+// values are the gguf package's decoding bit for bit, and the products read the bytes.
+TEST(Gguf, KQuantsRunPackedAndDecodeAsTheGgufPackage) {
+  const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
+  for (const auto& [name, fmt] : {std::pair{std::string("Q4_K"), Format::Q4_K}, std::pair{std::string("Q6_K"), Format::Q6_K}}) {
+    const Tensor bytes = f.get(name + ".bytes"), want = f.get(name + ".f32");
+    const QMatrix q({fmt}, want.size(0), want.size(1), bytes.clone());
+    EXPECT_EQ(dequantize(q).to_float_vector(), want.to_float_vector()) << name;
+    expect_products_within_the_bound(q, name);
+  }
+  test::expect_error([] { QuantSpec::parse("q4_k"); }, {"q4_k", "read from GGUF files"});
+}
+
+// A valid Q4_K block for 256 values: every sub-block scale and min 1, dmin = 8·d, so each value is
+// d·(q − 8), as Q4_0 (llama.cpp's quantiser searches better scales; any valid block will do here).
+void q4_k_block(const float* w, std::uint8_t* b) {
+  float amax = 0;
+  for (int i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(w[i]));
+  const std::uint16_t dh = f32_to_f16(amax / 8 > 0 ? amax / 8 : 1), mh = f32_to_f16(f16_to_f32(dh) * 8);
+  const float d = f16_to_f32(dh);
+  std::memcpy(b, &dh, 2), std::memcpy(b + 2, &mh, 2);
+  for (int j = 0; j < 8; ++j) b[4 + j] = 1;
+  b[12] = b[13] = b[14] = b[15] = 0x11;
+  for (int i = 0; i < 256; ++i) {
+    const int q = static_cast<int>(std::clamp(std::lround(w[i] / d) + 8, 0L, 15L));
+    const int j = i / 64, l = i % 32, high = (i % 64) / 32;
+    std::uint8_t& byte = b[16 + 32 * j + l];
+    byte = static_cast<std::uint8_t>(high ? (byte & 0x0F) | (q << 4) : (byte & 0xF0) | q);
+  }
+}
+
+// A valid Q6_K block: every scale 1, so each value is d·(q − 32), q in 0..63 (layout as weight_value).
+void q6_k_block(const float* w, std::uint8_t* b) {
+  float amax = 0;
+  for (int i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(w[i]));
+  const std::uint16_t dh = f32_to_f16(amax / 31 > 0 ? amax / 31 : 1);
+  const float d = f16_to_f32(dh);
+  std::memset(b, 0, 210);
+  for (int i = 192; i < 208; ++i) b[i] = 1;
+  std::memcpy(b + 208, &dh, 2);
+  for (int i = 0; i < 256; ++i) {
+    const int q = static_cast<int>(std::clamp(std::lround(w[i] / d) + 32, 0L, 63L));
+    const int half = i / 128, r = (i % 128) / 32, l = i % 32;
+    b[64 * half + l + 32 * (r % 2)] |= static_cast<std::uint8_t>((q & 15) << (4 * (r / 2)));
+    b[128 + 32 * half + l] |= static_cast<std::uint8_t>((q >> 4) << (2 * r));
+  }
+}
+
+// A model shaped like a Q4_K_M file (widths multiples of 256): Q4_K projections, Q6_K for
+// ffn_down and the head, loads with every matrix packed in its own type and runs as the same
+// model decoded to f32 does.
+TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
+  test::TempDir dir;
+  TransformerConfig c = ch01::load_llama(kData + "/models/tiny-mha").config;
+  c.hidden_size = 256, c.intermediate_size = 512, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 64, c.num_layers = 2;
+  c.tie_word_embeddings = false;
+  const std::string q8 = dir.file("q8_0.gguf");
+  save_gguf(q8, quantize_model(ch01::random_llama(c, 5), {Format::Q8_0}), HfTokenizer::load(kData + "/models/tiny-mha"));
+  const gguf::File f(q8);
+  std::vector<gguf::Output> ts;
+  for (const auto& i : f.tensors()) {
+    if (i.type != gguf::Type::Q8_0 || i.name == "token_embd.weight") {
+      ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
+      continue;
+    }
+    const bool six = i.name.find("ffn_down") != std::string::npos || i.name == "output.weight";
+    const Tensor w = dequantize(QMatrix({Format::Q8_0}, i.shape[0], i.shape[1], f.raw(i.name).clone()));
+    const std::int64_t blocks = w.numel() / 256, bb = six ? 210 : 144;
+    Tensor packed = Tensor::empty({blocks * bb}, DType::U8);
+    for (std::int64_t k = 0; k < blocks; ++k)
+      (six ? q6_k_block : q4_k_block)(w.data<float>() + k * 256, packed.data<std::uint8_t>() + k * bb);
+    ts.push_back({i.name, six ? gguf::Type::Q6_K : gguf::Type::Q4_K, i.shape, packed});
+  }
+  const std::string path = dir.file("q4_k_m.gguf");
+  gguf::write(path, {f.metadata().begin(), f.metadata().end()}, ts);
+  const ch01::Llama m = load_gguf(path);
+  for (const ch01::LlamaLayer& l : m.layers)
+    for (const Linear* w : l.linears()) ASSERT_TRUE(w->packed) << "a projection was decoded at load";
+  EXPECT_EQ(m.layers[0].wq.packed->format(), "q4_k");
+  EXPECT_EQ(m.layers[1].w_down.packed->format(), "q6_k");
+  ASSERT_TRUE(m.lm_head.packed);
+  EXPECT_EQ(m.lm_head.packed->format(), "q6_k");
+  const gguf::File g(path);
+  EXPECT_EQ(dequantize(qmatrix(m.layers[1].w_up, "w_up")).to_float_vector(),
+            gguf::dequantize_rows(gguf::Type::Q4_K, g.raw("blk.1.ffn_up.weight"), c.hidden_size).to_float_vector());
+  ch01::Llama wide = m;  // every matrix decoded to f32: the simple path
+  for (ch01::LlamaLayer& l : wide.layers)
+    for (Linear* w : l.linears()) *w = Linear(dequantize(qmatrix(*w, "projection")));
+  wide.lm_head = Linear(dequantize(qmatrix(m.lm_head, "head")));
+  const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
+  const auto a = ch01::forward(m, prompt).to_double_vector(), b = ch01::forward(wide, prompt).to_double_vector();
+  const double bound = test::two_path_bound(m.config, b);
+  for (std::size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], bound);
+  Sampler s1({}), s2({});
+  EXPECT_EQ(ch02::generate_cached(m, prompt, 24, s1, {}).generated, ch02::generate_cached(wide, prompt, 24, s2, {}).generated);
+}
+
 // A file whose projections are one of those types loads and runs (decoded at load, as f32), with
 // each projection the decoded matrix.
 TEST(Gguf, FilesOfTheOtherBlockTypesLoadAndRun) {
@@ -958,6 +1083,26 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
         }
       expect_within(gpu, cpu, b, "cuda vs cpu");
     }
+  // The k-quants read from GGUF files (the golden blocks: every bit pattern of quants and scales).
+  const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
+  for (const auto& [name, fmt] : {std::pair{std::string("Q4_K"), Format::Q4_K}, std::pair{std::string("Q6_K"), Format::Q6_K}}) {
+    SCOPED_TRACE(name);
+    const Tensor want = f.get(name + ".f32");
+    const QMatrix q({fmt}, want.size(0), want.size(1), f.get(name + ".bytes").clone());
+    const std::int64_t N = q.rows, K = q.cols, M = 5;
+    const Tensor x = test::uniform(rng, {M, K});
+    const auto cpu = qmatmul(x, q).to_double_vector();
+    const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_double_vector();
+    const auto D = want.to_double_vector(), X = x.to_double_vector();
+    std::vector<double> b(cpu.size());
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < N; ++n) {
+        double a = 0, s = 0;
+        for (std::int64_t k = 0; k < K; ++k) a += std::fabs(X[m * K + k] * D[n * K + k]), s += X[m * K + k] * D[n * K + k];
+        b[m * N + n] = 2 * ((gamma(K) + 4 * u) * a + 4 * u * std::fabs(s));  // each side's bound (KQuants test)
+      }
+    expect_within(gpu, cpu, b, "cuda vs cpu");
+  }
   // Integer accumulation is exact: llm_int8 without outliers and single-block q8_0 agree bit for bit.
   QuantSpec inf{Format::LlmInt8};
   inf.threshold = std::numeric_limits<float>::infinity();
