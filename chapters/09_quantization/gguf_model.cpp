@@ -33,13 +33,39 @@ QMatrix for_gguf(const QMatrix& w, std::int64_t heads, bool permute) {
 gguf::Output output(const std::string& name, const QMatrix& w) {
   return {name, type_of(w.spec), {w.rows, w.cols}, w.data.to(Device::CPU)};
 }
-gguf::Output output(const std::string& name, const Linear& w) { return output(name, qmatrix(w, "GGUF: " + name)); }
 
 gguf::Output output(const std::string& name, const Tensor& t) {
   const Tensor f = t.to(Device::CPU).to(DType::F32);
   return {name, gguf::Type::F32, f.shape(), f.view({-1}).to(DType::F32)};
 }
 
+// A plain matrix as F32, or as F16 when it is stored in 16 bits (F16 or BF16: written as F16).
+gguf::Output plain_output(const std::string& name, const Tensor& w) {
+  if (w.dtype() == DType::F32) return output(name, w);
+  const Tensor h = w.to(Device::CPU).to(DType::F32).to(DType::F16);
+  return {name, gguf::Type::F16, h.shape(), Tensor::wrap(const_cast<void*>(h.raw_data()), {static_cast<std::int64_t>(h.nbytes())},
+                                                         DType::U8, Device::CPU, nullptr).clone()};
+}
+
+// A projection, packed or plain; q and k rows in llama.cpp's order when `heads` > 0.
+gguf::Output output(const std::string& name, const Linear& w, std::int64_t heads = 0, bool permute = false) {
+  if (!w.packed) {
+    Tensor t = w.weight.to(Device::CPU);
+    if (heads > 0 && permute) t = permute_rope_rows(t.contiguous(), heads, false);
+    return plain_output(name, t);
+  }
+  const QMatrix& q = qmatrix(w, "GGUF: " + name);
+  return output(name, heads > 0 ? for_gguf(q, heads, permute) : q);
+}
+
+}  // namespace
+
+namespace {
+// llama.cpp's llama_ftype of a file whose matrices are all like the head.
+std::uint32_t file_type(const Linear& head) {
+  if (!head.packed) return head.weight.dtype() == DType::F32 ? 0 : 1;  // ALL_F32, MOSTLY_F16
+  return qmatrix(head, "GGUF: the head").spec.format == Format::Q8_0 ? 7 : 2;  // MOSTLY_Q8_0, MOSTLY_Q4_0
+}
 }  // namespace
 
 void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer& tok) {
@@ -50,7 +76,7 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
   std::vector<std::pair<std::string, Value>> meta = {
       {"general.architecture", Value::str("llama")},
       {"general.name", Value::str(m.source)},
-      {"general.file_type", Value::u32(qmatrix(m.lm_head, "GGUF: the head").spec.format == Format::Q8_0 ? 7 : 2)},  // MOSTLY_Q8_0 / MOSTLY_Q4_0
+      {"general.file_type", Value::u32(file_type(m.lm_head))},
       {"llama.context_length", Value::u32(static_cast<std::uint32_t>(c.max_position_embeddings))},
       {"llama.embedding_length", Value::u32(static_cast<std::uint32_t>(c.hidden_size))},
       {"llama.block_count", Value::u32(static_cast<std::uint32_t>(c.num_layers))},
@@ -76,8 +102,8 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
     const std::string b = "blk." + std::to_string(i) + ".";
     IL_CHECK(!l.wq.bias.defined(), "GGUF: q/k/v biases are not written by this exporter");
     ts.push_back(output(b + "attn_norm.weight", l.attn_norm));
-    ts.push_back(output(b + "attn_q.weight", for_gguf(qmatrix(l.wq, "GGUF: " + b + "attn_q"), c.num_heads, permute)));
-    ts.push_back(output(b + "attn_k.weight", for_gguf(qmatrix(l.wk, "GGUF: " + b + "attn_k"), c.num_kv_heads, permute)));
+    ts.push_back(output(b + "attn_q.weight", l.wq, c.num_heads, permute));
+    ts.push_back(output(b + "attn_k.weight", l.wk, c.num_kv_heads, permute));
     ts.push_back(output(b + "attn_v.weight", l.wv));
     ts.push_back(output(b + "attn_output.weight", l.wo));
     ts.push_back(output(b + "ffn_norm.weight", l.mlp_norm));
@@ -94,6 +120,13 @@ void export_gguf(const std::string& model, const QuantSpec& spec, const std::str
   check_not_input(out, {model});  // before the work, and before the rename would replace the model
   const ch01::Llama m = ch01::load_llama(model).to(Device::CPU, DType::F32);
   save_gguf(out, quantize_model(m, spec), HfTokenizer::load(model));
+}
+
+void export_gguf(const std::string& model, DType plain, const std::string& out) {
+  IL_CHECK(plain == DType::F32 || plain == DType::F16, "export: plain matrices are written as f32 or f16, not ",
+           dtype_name(plain));
+  check_not_input(out, {model});
+  save_gguf(out, ch01::load_llama(model).to(Device::CPU, plain), HfTokenizer::load(model));
 }
 
 TransformerConfig gguf_config(const gguf::File& f) {

@@ -16,14 +16,16 @@
 
 namespace inferlab::ch09 {
 
-/// Writes a quantised model (q8_0 or q4_0 projections, from quantize_model; embeddings and
-/// norms as F32) and its
-/// tokenizer (a byte-level BPE tokenizer.json: tokens, merges, BOS/EOS) as GGUF.
+/// Writes a model (q8_0 or q4_0 projections from quantize_model, or plain ones as F32, or as F16
+/// when stored in 16 bits; embeddings and norms as F32) and its tokenizer (a byte-level BPE
+/// tokenizer.json: tokens, merges, BOS/EOS) as GGUF.
 void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer& tok);
 
 /// ch09_quantization export: the model at `model` (a Hugging Face folder) quantised with `spec`
 /// and saved as GGUF at `out`, which must not be one of the model's files (check_not_input).
 void export_gguf(const std::string& model, const QuantSpec& spec, const std::string& out);
+/// The same with the projections unquantised, as F32 or F16 (llama.cpp's llama-quantize reads these).
+void export_gguf(const std::string& model, DType plain, const std::string& out);
 
 /// Reads a Llama GGUF whose projections are all Q8_0 or all Q4_0 (other tensors F32 or F16).
 ch01::Llama load_gguf(const std::string& path);

@@ -2,7 +2,7 @@
 //   ch09_quantization                 a short table on tiny-mha
 //   ch09_quantization table           every format (and AWQ) on a model: bytes, perplexity, probes
 //   ch09_quantization speed           decode tokens/s and GB/s per format on a larger random model
-//   ch09_quantization export OUT.gguf write a q8_0 or q4_0 model as GGUF (llama.cpp's format)
+//   ch09_quantization export OUT.gguf write the model as GGUF (llama.cpp's format): q8_0, q4_0, f32, f16
 //   ch09_quantization run FILE.gguf   generate with a GGUF model
 #include <cstdio>
 #include <functional>
@@ -279,9 +279,9 @@ int headline(const CommonOptions& o) {
 }
 
 int export_to(const CommonOptions& o, const std::string& format, const std::string& out) {
-  const QuantSpec spec = QuantSpec::parse(format);
-  export_gguf(o.model, spec, out);
-  std::printf("wrote %s (%s)\n", out.c_str(), spec.name().c_str());
+  if (format == "f32" || format == "f16") export_gguf(o.model, format == "f32" ? DType::F32 : DType::F16, out);
+  else export_gguf(o.model, QuantSpec::parse(format), out);
+  std::printf("wrote %s (%s)\n", out.c_str(), format.c_str());
   return 0;
 }
 
@@ -376,13 +376,16 @@ int main(int argc, char** argv) {
   auto* se = app.add_subcommand("export", "Write the model quantised as GGUF");
   add_model_option(*se, o);
   se->add_option("output", out, "The .gguf file")->required();
-  se->add_option("--format", format, "q8_0 or q4_0")->check(CLI::IsMember({"q8_0", "q4_0"}))->capture_default_str();
+  se->add_option("--format", format, "q8_0, q4_0, or f32 / f16 (unquantised, for llama.cpp's llama-quantize)")
+      ->check(CLI::IsMember({"q8_0", "q4_0", "f32", "f16"}))
+      ->capture_default_str();
   auto* sr = app.add_subcommand("run", "Generate with a GGUF model");
   add_model_option(*sr, o);
   sr->get_option("--model")->description("The bundled model whose tokenizer to use for a GGUF that carries none");
   add_device_option(*sr, o);
   add_generation_options(*sr, o);
-  sr->add_option("file", file, "A Llama GGUF with F32, F16, BF16, Q8_0 or Q4_0 projections")->required();
+  sr->add_option("file", file, "A Llama GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K projections)")
+      ->required();
   sr->add_option("--tokenizer", tokenizer,
                  "Tokenizer: a tokenizer.json, a folder holding one, or a llama2.c .bin (default: the GGUF's own, "
                  "from its tokenizer.ggml.* metadata)");

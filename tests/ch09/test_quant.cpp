@@ -783,6 +783,28 @@ TEST(Gguf, BlockTypesDecodeAsTheGgufPackageDecodesThem) {
   test::expect_error([&] { gguf::dequantize_rows(gguf::Type::Q4_K, f.get("Q4_K.bytes"), 100); }, {"not whole Q4_K blocks of 256"});
 }
 
+// export --format f32 / f16 writes the unquantised model (what llama.cpp's llama-quantize reads):
+// it loads back with its projections in that type and computes what the Hugging Face folder does.
+TEST(Gguf, UnquantisedExportsRunAsTheFolderDoes) {
+  test::TempDir dir;
+  const std::string tiny = kData + "/models/tiny-mha";
+  const ch01::Llama hf = ch01::load_llama(tiny);
+  const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
+  for (const DType t : {DType::F32, DType::F16}) {
+    const std::string path = dir.file(std::string(dtype_name(t)) + ".gguf");
+    export_gguf(tiny, t, path);
+    const gguf::File f(path);
+    EXPECT_EQ(f.info("blk.0.attn_q.weight").type, t == DType::F32 ? gguf::Type::F32 : gguf::Type::F16);
+    EXPECT_EQ(f.get_int("general.file_type"), t == DType::F32 ? 0 : 1);
+    const ch01::Llama m = load_gguf(path), want = hf.to(Device::CPU, t);
+    EXPECT_EQ(m.layers[0].wq.weight.dtype(), t);
+    const auto a = ch01::forward(m, prompt).to_double_vector(), b = ch01::forward(want, prompt).to_double_vector();
+    const double bound = test::two_path_bound(m.config, b);
+    for (std::size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], bound) << dtype_name(t);
+  }
+  test::expect_error([&] { export_gguf(tiny, DType::BF16, dir.file("x.gguf")); }, {"f32 or f16"});
+}
+
 // Products over x of a matrix's packed blocks (the ref:: product and the fast one) within the dot
 // product's bound of float64 over the decoded values.
 void expect_products_within_the_bound(const QMatrix& q, const std::string& what) {
