@@ -3,9 +3,11 @@
 
     tools/.venv/bin/python tools/zoo.py data        # once: tools/.work/{train,val}.npy
     tools/.venv/bin/python tools/probe_curve.py tiny-mha --tokens 12288000 --every 250
+    tools/.venv/bin/python tools/probe_curve.py tiny-mha --recipe v2 --every 500
 
 Trains with the zoo's recipe (tools/train.py, same seed, batch and peak learning rate; the
-cosine schedule stretched over --tokens) and, every --every steps, prints one line
+cosine schedule stretched over --tokens), or with --recipe v2 the candidate of tools/recipe.py
+(its own schedule; --steps stops early), and, every --every steps, prints one line
 "PROBE <step> {json}" with the validation loss and every probe set's accuracy.  Nothing is
 saved: this measures how large a budget the probes need before retraining the zoo with it.
 """
@@ -31,7 +33,9 @@ import zoo_models as zm  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("name", choices=zm.ORDER)
-    ap.add_argument("--tokens", type=int, default=12_288_000)
+    ap.add_argument("--tokens", type=int, default=12_288_000, help="training tokens (the zoo's recipe)")
+    ap.add_argument("--recipe", choices=["v1", "v2"], default="v1", help="v1: the committed zoo's; v2: tools/recipe.py")
+    ap.add_argument("--steps", type=int, default=None, help="v2: stop after this many steps")
     ap.add_argument("--every", type=int, default=250, help="steps between evaluations (a multiple of 25: train.py logs every 25)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
@@ -67,8 +71,12 @@ def main() -> None:
         if hit and int(hit.group(1)) > 0 and int(hit.group(1)) % a.every == 0:
             report(hit.group(1))
 
-    model, _ = tr.train(a.name, tokens, seed=zoo.TRAIN_SEED, token_budget=a.tokens, batch=zoo.BATCH,
-                        lr=zoo.LR, threads=a.threads, device=a.device, log=log)
+    if a.recipe == "v2":
+        model, _ = tr.train_recipe(a.name, tokens, lambda s: tok.encode(s, add_special_tokens=False).ids,
+                                   seed=zoo.TRAIN_SEED, threads=a.threads, device=a.device, stop_after=a.steps, log=log)
+    else:
+        model, _ = tr.train(a.name, tokens, seed=zoo.TRAIN_SEED, token_budget=a.tokens, batch=zoo.BATCH,
+                            lr=zoo.LR, threads=a.threads, device=a.device, log=log)
     built["model"] = model
     report("final")
 

@@ -1,5 +1,9 @@
 """Train one zoo model on the synthetic corpus (CPU by default, deterministic).
 
+train() is the recipe of the committed zoo (below). train_recipe() is the candidate recipe v2 of
+tools/recipe.py (short rows first, copy and memory-game rows scored on their answers, many more
+steps), with checkpoints and resume; tools/probe_curve.py measures it before the zoo moves to it.
+
 Recipe shared by every model: AdamW (betas 0.9/0.95, weight decay 0.1 on
 matrices), linear warm-up then cosine decay to 10% of the peak rate, gradient
 clipping at 1.0, sequences of 512 tokens cut from the packed token stream,
@@ -20,7 +24,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import recipe
 import zoo_models as zm
+
+CHECKPOINT_EVERY = 250
 
 DATA_SEED = 1234
 
@@ -54,8 +61,9 @@ def mdlm_loss(model, x0: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return ce.sum() / (b * n)
 
 
-def train(name: str, tokens: np.ndarray, *, seed: int, token_budget: int, batch: int,
-          lr: float, threads: int, device: str = "cpu", log=print) -> tuple[torch.nn.Module, dict]:
+def setup(name: str, seed: int, threads: int, device: str, lr: float):
+    """The model (seeded, in training mode, with its training-only fast paths) and its AdamW
+    (betas 0.9/0.95, weight decay 0.1 on matrices only), deterministic."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
@@ -67,8 +75,6 @@ def train(name: str, tokens: np.ndarray, *, seed: int, token_budget: int, batch:
         fast_scan.install(model)
     elif hasattr(model, "config"):
         model.config._attn_implementation = "sdpa"  # fused attention while training
-    steps = max(1, token_budget // (batch * zm.CTX))
-    warm = max(1, steps // 20)
     decay, no_decay = [], []
     seen = set()
     for n_, p in model.named_parameters():
@@ -79,6 +85,26 @@ def train(name: str, tokens: np.ndarray, *, seed: int, token_budget: int, batch:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    return model, family, opt
+
+
+def finish(model, family: str):
+    """Back to evaluation: the reference attention, the fast paths removed, on the CPU."""
+    if family in ("mamba", "lti"):
+        import fast_scan
+        fast_scan.uninstall(model)
+    elif hasattr(model, "config"):
+        model.config._attn_implementation = "eager"
+    model = model.to("cpu")
+    model.eval()
+    return model
+
+
+def train(name: str, tokens: np.ndarray, *, seed: int, token_budget: int, batch: int,
+          lr: float, threads: int, device: str = "cpu", log=print) -> tuple[torch.nn.Module, dict]:
+    model, family, opt = setup(name, seed, threads, device, lr)
+    steps = max(1, token_budget // (batch * zm.CTX))
+    warm = max(1, steps // 20)
     gen = torch.Generator().manual_seed(seed + 17)
     t0 = time.time()
     losses = []
@@ -105,10 +131,61 @@ def train(name: str, tokens: np.ndarray, *, seed: int, token_budget: int, batch:
     info = {"steps": steps, "batch": batch, "seq_len": zm.CTX, "tokens": steps * batch * zm.CTX,
             "lr": lr, "seed": seed, "threads": threads, "device": device, "train_seconds": round(time.time() - t0, 1),
             "final_train_loss": float(np.mean(losses[-20:]))}
-    if family in ("mamba", "lti"):
-        fast_scan.uninstall(model)
-    elif hasattr(model, "config"):
-        model.config._attn_implementation = "eager"
-    model = model.to("cpu")
-    model.eval()
-    return model, info
+    return finish(model, family), info
+
+
+def causal_loss(model, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of each row's mean cross-entropy on its scored positions."""
+    logits = zm.logits_of(model, x[:, :-1])
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none").view(mask.shape)
+    per_row = (ce * mask).sum(1) / mask.sum(1).clamp(min=1)
+    return per_row.mean()
+
+
+def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: int, device: str = "cpu",
+          checkpoint: str | None = None, stop_after: int | None = None, log=print) -> tuple[torch.nn.Module, dict]:
+    """Trains `name` through tools/recipe.py's stream and schedule (the candidate recipe v2; the
+    committed zoo is train()'s); `encode` is the tokenizer (text -> ids) the memory games need.  With `checkpoint`, saves there as it goes and resumes from it.  `stop_after`
+    ends the run early (for calibration curves)."""
+    model, family, opt = setup(name, seed, threads, device, recipe.LR)
+    steps = recipe.total_steps() if stop_after is None else min(stop_after, recipe.total_steps())
+    stream = recipe.Stream(tokens, encode)
+    first, elapsed, losses = 0, 0.0, []
+    if checkpoint and os.path.exists(checkpoint):
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        first, elapsed, losses = state["step"], state["elapsed"], state["losses"]
+        log(f"{name}: resumed at step {first} ({elapsed:.0f}s trained)")
+    t0 = time.time() - elapsed
+    for step in range(first, steps):
+        x_np, m_np = stream.batch(step)
+        x = torch.from_numpy(x_np).to(device)
+        mask = torch.from_numpy(m_np).to(device)
+        for g in opt.param_groups:
+            g["lr"] = recipe.learning_rate(step)
+        if family == "mdlm":
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + step)  # per step: resumable
+            loss = mdlm_loss(model, x[:, :-1], gen)
+        else:
+            loss = causal_loss(model, x, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        done = step + 1
+        if step % 25 == 0 or done == steps:
+            el = time.time() - t0
+            log(f"{name} step {step}/{steps} rows {recipe.row_length(step)} loss {loss.item():.4f} "
+                f"lr {recipe.learning_rate(step):.2e} elapsed {el:.0f}s")
+        if checkpoint and (done % CHECKPOINT_EVERY == 0 or done == steps):
+            os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done,
+                        "elapsed": time.time() - t0, "losses": losses}, checkpoint + ".tmp")
+            os.replace(checkpoint + ".tmp", checkpoint)
+    info = {"recipe": "v2", "steps": steps, "batch": recipe.BATCH, "phases": recipe.PHASES,
+            "tokens": sum(recipe.BATCH * recipe.row_length(s) for s in range(steps)),
+            "lr": recipe.LR, "seed": seed, "threads": threads, "device": device,
+            "train_seconds": round(time.time() - t0, 1), "final_train_loss": float(np.mean(losses[-50:]))}
+    return finish(model, family), info
