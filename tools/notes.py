@@ -260,6 +260,33 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
   Until then the lecture's contrasts that need retrieval (sliding
   window versus global attention beyond 64 tokens, Mamba versus the
   time-invariant SSM on associative recall) are not visible in these numbers.
+* **A first try at recipe v2** (`tools/recipe.py`, measured on 2026-12-02 with
+  `tools/probe_curve.py tiny-mha --recipe v2 --every 500`, one thread of the
+  2-core machine, one seed, stopped after 7,500 of its 9,000 steps and 57
+  minutes): batches of 8 rows, a third of them corpus text, a third copy
+  rows (a span of 4-16 tokens repeated later in the row, only the copy
+  scored), a third memory games (only the queried values scored); rows of
+  128 tokens for 5,000 steps, then 256; a constant rate of 3e-3 after 100
+  warm-up steps.  The corpus is still the 9,000 documents above, repeated.
+
+  | step | rows | val loss | recall@32 | recall@128 | recall@400 | AR 8 | AR 32 |
+  | --- | --- | --- | --- | --- | --- | --- | --- |
+  | 1,000 | 128 | 2.011 | 0.075 | 0.075 | 0.015 | 0.140 | 0.095 |
+  | 3,000 | 128 | 1.897 | 0.040 | 0.095 | 0.035 | 0.215 | 0.180 |
+  | 4,500 | 128 | 1.862 | 0.065 | 0.095 | 0.025 | 0.275 | 0.155 |
+  | 6,000 | 256 | 1.584 | 0.085 | 0.135 | 0.055 | 0.275 | 0.160 |
+  | 7,500 | 512 | 1.582 | 0.075 | 0.075 | 0.080 | 0.255 | 0.130 |
+
+  Associative recall leaves chance (0.10) for 0.26-0.28 with 8 pairs after
+  about 3,000 steps and stays there; the story facts stay at chance at every
+  distance.  (The validation loss is measured on 512-token windows, longer
+  than the rows trained on until step 7,500, which is why it falls when the
+  rows grow.)  So scoring only the answers and making steps cheap is not
+  enough on the repeated 9,000-document corpus; the 40,000-document runs
+  above copy facts by 5 M tokens.  The next attempt should combine the two
+  (v2's rows over the larger corpus), log the loss of each row kind to see
+  whether the copy rows are learnt at all, and give the zoo's retraining
+  the 8 CPU-hours it needs (or a GPU).  The committed zoo is unchanged.
 * tiny-mamba reaches a clearly lower validation loss than the attention models
   at the same token budget: its causal convolution and recurrent state pick up
   the corpus's local patterns faster early in training.  This says nothing
