@@ -72,20 +72,27 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
   const auto& c = m.config;
   IL_CHECK(c.rope_scaling.is_null(), path, ": ", m.source, " scales its RoPE frequencies (rope_scaling ",
            c.rope_scaling.dump(), "), which this GGUF writer does not record");
-  const bool permute = m.rope_pairing == RopePairing::HalfSplit;
+  // A model with q/k/v biases is written as llama.cpp's qwen2 (the same blocks with those biases,
+  // RoPE over the halves of a head, rows as trained); any other as llama, whose q and k rows
+  // llama.cpp expects in adjacent-pair order.
+  const bool qwen2 = m.layers.empty() ? false : m.layers[0].wq.bias.defined();
+  IL_CHECK(!qwen2 || m.rope_pairing == RopePairing::HalfSplit, "GGUF: a model with q/k/v biases is written as qwen2, "
+           "whose RoPE rotates the halves of each head; this one pairs adjacent dimensions");
+  const std::string arch = qwen2 ? "qwen2" : "llama";
+  const bool permute = !qwen2 && m.rope_pairing == RopePairing::HalfSplit;
   std::vector<std::pair<std::string, Value>> meta = {
-      {"general.architecture", Value::str("llama")},
+      {"general.architecture", Value::str(arch)},
       {"general.name", Value::str(m.source)},
       {"general.file_type", Value::u32(file_type(m.lm_head))},
-      {"llama.context_length", Value::u32(static_cast<std::uint32_t>(c.max_position_embeddings))},
-      {"llama.embedding_length", Value::u32(static_cast<std::uint32_t>(c.hidden_size))},
-      {"llama.block_count", Value::u32(static_cast<std::uint32_t>(c.num_layers))},
-      {"llama.feed_forward_length", Value::u32(static_cast<std::uint32_t>(c.intermediate_size))},
-      {"llama.rope.dimension_count", Value::u32(static_cast<std::uint32_t>(c.head_dim))},
-      {"llama.attention.head_count", Value::u32(static_cast<std::uint32_t>(c.num_heads))},
-      {"llama.attention.head_count_kv", Value::u32(static_cast<std::uint32_t>(c.num_kv_heads))},
-      {"llama.attention.layer_norm_rms_epsilon", Value::f32(static_cast<float>(c.rms_norm_eps))},
-      {"llama.rope.freq_base", Value::f32(static_cast<float>(c.rope_theta))},
+      {arch + ".context_length", Value::u32(static_cast<std::uint32_t>(c.max_position_embeddings))},
+      {arch + ".embedding_length", Value::u32(static_cast<std::uint32_t>(c.hidden_size))},
+      {arch + ".block_count", Value::u32(static_cast<std::uint32_t>(c.num_layers))},
+      {arch + ".feed_forward_length", Value::u32(static_cast<std::uint32_t>(c.intermediate_size))},
+      {arch + ".rope.dimension_count", Value::u32(static_cast<std::uint32_t>(c.head_dim))},
+      {arch + ".attention.head_count", Value::u32(static_cast<std::uint32_t>(c.num_heads))},
+      {arch + ".attention.head_count_kv", Value::u32(static_cast<std::uint32_t>(c.num_kv_heads))},
+      {arch + ".attention.layer_norm_rms_epsilon", Value::f32(static_cast<float>(c.rms_norm_eps))},
+      {arch + ".rope.freq_base", Value::f32(static_cast<float>(c.rope_theta))},
   };
   // The tokenizer, as llama.cpp reads it: tokens, types, merges or scores, the pre-tokenizer's
   // name, BOS (common/gguf_tokenizer.h).
@@ -100,11 +107,16 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
     const auto& l = m.layers[i];
     const std::string b = "blk." + std::to_string(i) + ".";
-    IL_CHECK(!l.wq.bias.defined(), "GGUF: q/k/v biases are not written by this exporter");
+    IL_CHECK(l.wq.bias.defined() == qwen2 && l.wk.bias.defined() == qwen2 && l.wv.bias.defined() == qwen2 &&
+                 !l.wo.bias.defined() && !l.w_gate.bias.defined() && !l.w_up.bias.defined() && !l.w_down.bias.defined(),
+             "GGUF: layer ", i, " has biases other than on all of q, k and v (llama and qwen2 have none elsewhere)");
     ts.push_back(output(b + "attn_norm.weight", l.attn_norm));
     ts.push_back(output(b + "attn_q.weight", l.wq, c.num_heads, permute));
     ts.push_back(output(b + "attn_k.weight", l.wk, c.num_kv_heads, permute));
     ts.push_back(output(b + "attn_v.weight", l.wv));
+    if (qwen2)
+      for (const auto& [n, w] : {std::pair{"attn_q.bias", &l.wq}, std::pair{"attn_k.bias", &l.wk}, std::pair{"attn_v.bias", &l.wv}})
+        ts.push_back(output(b + n, w->bias));
     ts.push_back(output(b + "attn_output.weight", l.wo));
     ts.push_back(output(b + "ffn_norm.weight", l.mlp_norm));
     ts.push_back(output(b + "ffn_gate.weight", l.w_gate));
@@ -131,7 +143,10 @@ void export_gguf(const std::string& model, DType plain, const std::string& out) 
 
 TransformerConfig gguf_config(const gguf::File& f) {
   const std::string& arch = f.get_string("general.architecture");
-  IL_CHECK(arch == "llama", f.path(), ": architecture '", arch, "' is not llama");
+  // qwen2 is llama with biases on q, k and v and RoPE over the two halves of a head (llama.cpp's
+  // NEOX pairing, the Hugging Face order): the same blocks, read under their own key prefix.
+  IL_CHECK(arch == "llama" || arch == "qwen2", f.path(), ": architecture '", arch, "' is not llama or qwen2");
+  const std::string k = arch + ".";
   // Counts are checked before anything divides by them or loops over them.
   auto count = [&](const std::string& key) {
     const std::int64_t v = f.get_int(key);
@@ -145,29 +160,30 @@ TransformerConfig gguf_config(const gguf::File& f) {
     return v;
   };
   TransformerConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.hidden_size = count("llama.embedding_length");
-  c.intermediate_size = count("llama.feed_forward_length");
-  c.num_layers = count("llama.block_count");
-  c.num_heads = count("llama.attention.head_count");
-  c.num_kv_heads = f.has("llama.attention.head_count_kv") ? count("llama.attention.head_count_kv") : c.num_heads;
-  if (f.has("llama.attention.key_length")) {  // llama.cpp's explicit head size
-    c.head_dim = count("llama.attention.key_length");
-    IL_CHECK(!f.has("llama.attention.value_length") || count("llama.attention.value_length") == c.head_dim, f.path(),
-             ": metadata 'llama.attention.value_length' differs from 'llama.attention.key_length' (not supported)");
+  c.architecture = arch == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  c.attention_bias = arch == "qwen2";
+  c.hidden_size = count(k + "embedding_length");
+  c.intermediate_size = count(k + "feed_forward_length");
+  c.num_layers = count(k + "block_count");
+  c.num_heads = count(k + "attention.head_count");
+  c.num_kv_heads = f.has(k + "attention.head_count_kv") ? count(k + "attention.head_count_kv") : c.num_heads;
+  if (f.has(k + "attention.key_length")) {  // llama.cpp's explicit head size
+    c.head_dim = count(k + "attention.key_length");
+    IL_CHECK(!f.has(k + "attention.value_length") || count(k + "attention.value_length") == c.head_dim, f.path(),
+             ": metadata '", k, "attention.value_length' differs from '", k, "attention.key_length' (not supported)");
   } else {
-    IL_CHECK(c.hidden_size % c.num_heads == 0, f.path(), ": 'llama.embedding_length' ", c.hidden_size,
-             " is not a multiple of 'llama.attention.head_count' ", c.num_heads);
+    IL_CHECK(c.hidden_size % c.num_heads == 0, f.path(), ": '", k, "embedding_length' ", c.hidden_size,
+             " is not a multiple of '", k, "attention.head_count' ", c.num_heads);
     c.head_dim = c.hidden_size / c.num_heads;
   }
   // RoPE here rotates the whole head; a model rotating part of it would run silently wrong.
-  if (f.has("llama.rope.dimension_count"))
-    IL_CHECK(count("llama.rope.dimension_count") == c.head_dim, f.path(), ": metadata 'llama.rope.dimension_count' = ",
-             f.get_int("llama.rope.dimension_count"), " but the heads have ", c.head_dim,
+  if (f.has(k + "rope.dimension_count"))
+    IL_CHECK(count(k + "rope.dimension_count") == c.head_dim, f.path(), ": metadata '", k, "rope.dimension_count' = ",
+             f.get_int(k + "rope.dimension_count"), " but the heads have ", c.head_dim,
              " dimensions (partial RoPE is not supported)");
-  c.max_position_embeddings = count("llama.context_length");
-  c.rms_norm_eps = positive("llama.attention.layer_norm_rms_epsilon");
-  c.rope_theta = f.has("llama.rope.freq_base") ? positive("llama.rope.freq_base") : 10000.0;
+  c.max_position_embeddings = count(k + "context_length");
+  c.rms_norm_eps = positive(k + "attention.layer_norm_rms_epsilon");
+  c.rope_theta = f.has(k + "rope.freq_base") ? positive(k + "rope.freq_base") : 10000.0;
   const auto& embd = f.info("token_embd.weight");
   IL_CHECK(embd.shape.size() == 2, f.path(), ": tensor token_embd.weight has shape ", shape_str(embd.shape),
            ", expected [vocab, ", c.hidden_size, "]");
@@ -183,13 +199,13 @@ TransformerConfig gguf_config(const gguf::File& f) {
   if (f.has("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {token("tokenizer.ggml.eos_token_id")};
   // Scaled RoPE (Llama 3.1's frequency factors, linear or YaRN scaling) would run with the wrong
   // frequencies here: refuse it rather than generate from a different model.
-  const bool scaled = (f.has("llama.rope.scaling.type") && f.get_string("llama.rope.scaling.type") != "none") ||
+  const bool scaled = (f.has(k + "rope.scaling.type") && f.get_string(k + "rope.scaling.type") != "none") ||
                       f.contains("rope_freqs.weight");
-  IL_CHECK(!scaled, f.path(), ": the model scales its RoPE frequencies (llama.rope.scaling.* or rope_freqs.weight), "
+  IL_CHECK(!scaled, f.path(), ": the model scales its RoPE frequencies (", k, "rope.scaling.* or rope_freqs.weight), "
            "which this loader does not implement");
   // The project's shared rules (KV heads dividing heads, an even head_dim, size limits), whose
   // messages use config.json's field names.
-  c.validate(f.path() + " (llama.* metadata, named as in a config.json)");
+  c.validate(f.path() + " (" + arch + ".* metadata, named as in a config.json)");
   return c;
 }
 
@@ -257,7 +273,9 @@ ch01::Llama load_gguf(const gguf::File& f) {
   };
   ch01::Llama m;
   m.config = c;
-  m.rope_pairing = RopePairing::Adjacent;  // llama.cpp's llama architecture
+  // llama.cpp's llama rotates adjacent pairs (its converter reorders q and k rows to match);
+  // qwen2 rotates the two halves of a head, as Hugging Face does, and its rows are as trained.
+  m.rope_pairing = c.attention_bias ? RopePairing::HalfSplit : RopePairing::Adjacent;
   m.inv_freq = ch01::rope_frequencies(c);
   m.embed = dense("token_embd.weight", {c.vocab_size, c.hidden_size});
   const std::int64_t D = c.hidden_size, F = c.intermediate_size, Q = c.num_heads * c.head_dim,
@@ -268,6 +286,10 @@ ch01::Llama load_gguf(const gguf::File& f) {
     q.attn_norm = dense(b + "attn_norm.weight", {D}), q.mlp_norm = dense(b + "ffn_norm.weight", {D});
     q.wq = matrix(b + "attn_q.weight", Q, D), q.wk = matrix(b + "attn_k.weight", KV, D);
     q.wv = matrix(b + "attn_v.weight", KV, D), q.wo = matrix(b + "attn_output.weight", D, Q);
+    if (c.attention_bias) {  // qwen2: q, k and v have biases
+      q.wq.bias = dense(b + "attn_q.bias", {Q}), q.wk.bias = dense(b + "attn_k.bias", {KV});
+      q.wv.bias = dense(b + "attn_v.bias", {KV});
+    }
     q.w_gate = matrix(b + "ffn_gate.weight", F, D), q.w_up = matrix(b + "ffn_up.weight", F, D);
     q.w_down = matrix(b + "ffn_down.weight", D, F);
     m.layers.push_back(std::move(q));

@@ -27,7 +27,8 @@ void export_gguf(const std::string& model, const QuantSpec& spec, const std::str
 /// The same with the projections unquantised, as F32 or F16 (llama.cpp's llama-quantize reads these).
 void export_gguf(const std::string& model, DType plain, const std::string& out);
 
-/// Reads a Llama GGUF whose projections are all Q8_0 or all Q4_0 (other tensors F32 or F16).
+/// Reads a Llama GGUF (architecture llama, or qwen2: q/k/v biases, RoPE over the halves of each
+/// head) whose matrices are F32, F16, BF16 or one of the block types (README: which run packed).
 ch01::Llama load_gguf(const std::string& path);
 ch01::Llama load_gguf(const gguf::File& f);
 

@@ -24,6 +24,7 @@
 #include "common/json_file.h"
 #include "common/llama2c.h"
 #include "common/safetensors.h"
+#include "small_tokenizer.h"
 #include "golden_util.h"
 #include "test_util.h"
 
@@ -803,6 +804,44 @@ TEST(Gguf, UnquantisedExportsRunAsTheFolderDoes) {
     for (std::size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], bound) << dtype_name(t);
   }
   test::expect_error([&] { export_gguf(tiny, DType::BF16, dir.file("x.gguf")); }, {"f32 or f16"});
+}
+
+// test::small_bpe_tokenizer() as a file in `dir`.
+std::string small_tokenizer(const test::TempDir& dir) {
+  const std::string path = dir.file("small-bpe.json");
+  test::write_file(path, test::small_bpe_tokenizer().dump());
+  return path;
+}
+
+// A Qwen2 (biases on q, k and v; RoPE over the halves of each head) goes through GGUF as llama.cpp's
+// qwen2 architecture: written with its biases and its rows as trained, read back, and run, it
+// gives transformers' float64 logits and greedy tokens (tools/make_window_goldens.py's Qwen2
+// whose window is unused).
+TEST(Gguf, AQwen2RunsAsTransformersDoes) {
+  test::TempDir dir;
+  const std::string model = kData + "/golden/window-random/qwen2-unused";
+  const ch01::Llama hf = ch01::load_llama(model);
+  ASSERT_TRUE(hf.layers[0].wq.bias.defined());
+  const std::string path = dir.file("qwen2.gguf");
+  save_gguf(path, hf, HfTokenizer::load(small_tokenizer(dir)));
+  const gguf::File f(path);
+  EXPECT_EQ(f.get_string("general.architecture"), "qwen2");
+  EXPECT_EQ(f.get_int("qwen2.block_count"), 2);
+  EXPECT_TRUE(f.contains("blk.1.attn_k.bias"));
+  const ch01::Llama m = load_gguf(path);
+  EXPECT_EQ(m.rope_pairing, RopePairing::HalfSplit);
+  const SafetensorsFile g(model + "/golden.safetensors");
+  const auto ids = test::ids_of(g.get("input_ids"));
+  ch02::ContiguousKVCache cache(m.config, static_cast<std::int64_t>(ids.size()), Device::CPU);
+  test::expect_golden(m.config, ch02::forward_cached(m, cache, ids, true).to_double_vector(),
+                      g.get("logits").to_double_vector(), "qwen2 through GGUF: every position's logits");
+  const auto greedy = test::ids_of(g.get("greedy_ids"));
+  Sampler s({});
+  EXPECT_EQ(ch02::generate_cached(m, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
+  // qwen2 metadata under its own prefix: a file that names it wrongly is refused by key.
+  test::expect_error([&] { gguf_config(gguf::File(with_metadata(path, dir.file("bad.gguf"), "qwen2.block_count",
+                                                                 gguf::Value::u32(0)))); },
+                     {"bad.gguf", "qwen2.block_count"});
 }
 
 // Products over x of a matrix's packed blocks (the ref:: product and the fast one) within the dot

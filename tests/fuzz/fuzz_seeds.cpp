@@ -12,6 +12,7 @@
 #include "chapters/09_quantization/gguf_model.h"
 #include "common/llama2c.h"
 #include "common/safetensors.h"
+#include "tests/small_tokenizer.h"
 
 namespace fs = std::filesystem;
 using namespace inferlab;
@@ -83,18 +84,7 @@ int main(int argc, char** argv) {
   if (!shared.empty()) copy_if(shared / "models/stories260K/tok512.bin", dir(out, "llama2c_tokenizer") + "/tok512.bin");
   // GGUF: the tiny model in q8_0 and q4_0, with a byte-level BPE tokenizer small enough for its
   // 32 embedding rows (a GGUF's vocabulary must fit its embedding).
-  nlohmann::json vocab = {{"<|endoftext|>", 0}};
-  for (char c = 'a'; c <= 'z'; ++c) vocab[std::string(1, c)] = static_cast<int>(vocab.size());
-  vocab["ab"] = 27, vocab["abc"] = 28;
-  const nlohmann::json small = {
-      {"version", "1.0"},
-      {"added_tokens", {{{"id", 0}, {"content", "<|endoftext|>"}, {"special", true}, {"single_word", false},
-                         {"lstrip", false}, {"rstrip", false}, {"normalized", false}}}},
-      {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
-      {"post_processor", nullptr},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"a b", "ab c"}}}}};
+  const nlohmann::json small = test::small_bpe_tokenizer();
   const std::string small_path = dir(out, "tokenizer_json") + "/small-bpe.json";
   std::ofstream(small_path) << small.dump();
   const HfTokenizer tok = HfTokenizer::load(small_path);
