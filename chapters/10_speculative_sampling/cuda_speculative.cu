@@ -95,8 +95,9 @@ __device__ int block_draw(const double* __restrict__ w, long long n, double u) {
 // Row t of the sampling distribution: exp((l − max) / T) over the usable ids (unnormalised), zero
 // beyond; at T = 0 all mass on the argmax. error[0] gets the first NaN / +inf logit (row-major
 // index + 1), error[1] the first row whose usable logits are all −inf (+ 1).
-__global__ void __launch_bounds__(kThreads) distribution_rows(const float* __restrict__ logits, long long V, long long usable, float temperature,
-                                  double* __restrict__ out, unsigned long long* __restrict__ error) {
+__global__ void __launch_bounds__(kThreads)
+distribution_rows(const float* __restrict__ logits, long long V, long long usable, float temperature,
+                  double* __restrict__ out, unsigned long long* __restrict__ error) {
   const float* l = logits + blockIdx.x * V;
   double* o = out + blockIdx.x * V;
   for (long long i = threadIdx.x; i < usable; i += blockDim.x)
@@ -115,12 +116,14 @@ __global__ void __launch_bounds__(kThreads) distribution_rows(const float* __res
 }
 
 // ids[t][i] = i: the values the sort carries along with the probabilities.
-__global__ void __launch_bounds__(kThreads) iota_rows(int* __restrict__ ids, long long V) {
+__global__ void __launch_bounds__(kThreads)
+iota_rows(int* __restrict__ ids, long long V) {
   for (long long i = threadIdx.x; i < V; i += blockDim.x) ids[blockIdx.x * V + i] = static_cast<int>(i);
 }
 
 // Normalises row t over all ids (no top-k / top-p).
-__global__ void __launch_bounds__(kThreads) normalise_rows(double* __restrict__ out, long long V) {
+__global__ void __launch_bounds__(kThreads)
+normalise_rows(double* __restrict__ out, long long V) {
   double* o = out + blockIdx.x * V;
   double mine = 0;
   const Chunk c = chunk_of(V);
@@ -132,8 +135,9 @@ __global__ void __launch_bounds__(kThreads) normalise_rows(double* __restrict__ 
 // Top-k / top-p on row t, given its unnormalised probabilities sorted most likely first (ties by
 // index: the radix sort is stable) with their ids: keep the first k, then the smallest prefix whose
 // mass reaches top_p of theirs; zero the rest and normalise over what is kept.
-__global__ void __launch_bounds__(kThreads) truncate_rows(double* __restrict__ out, const double* __restrict__ sorted, const int* __restrict__ ids,
-                              long long V, long long usable, long long top_k, double top_p) {
+__global__ void __launch_bounds__(kThreads)
+truncate_rows(double* __restrict__ out, const double* __restrict__ sorted, const int* __restrict__ ids,
+              long long V, long long usable, long long top_k, double top_p) {
   __shared__ long long keep;
   double* o = out + blockIdx.x * V;
   const double* s = sorted + blockIdx.x * V;
@@ -166,7 +170,8 @@ __global__ void __launch_bounds__(kThreads) truncate_rows(double* __restrict__ o
   for (long long i = threadIdx.x; i < V; i += blockDim.x) o[i] /= total;
 }
 
-__global__ void __launch_bounds__(kThreads) draw_row(const double* __restrict__ w, long long n, double u, int* __restrict__ token) {
+__global__ void __launch_bounds__(kThreads)
+draw_row(const double* __restrict__ w, long long n, double u, int* __restrict__ token) {
   const int t = block_draw(w, n, u);
   if (threadIdx.x == 0) *token = t;
 }
@@ -179,9 +184,10 @@ struct WalkResult {
 // verify(): accept draft i with probability min(1, q_i(d_i) / p_i(d_i)) using u[i]; at the first
 // rejection draw from norm(max(q_i − p_i, 0)) (q_i when nothing is left over) with u[i + 1]; when
 // all γ are accepted, the bonus token from q_γ with u[γ]. `residual` is V doubles of scratch.
-__global__ void __launch_bounds__(kThreads) verify_walk(const int* __restrict__ drafts, int gamma, const double* __restrict__ p,
-                            const double* __restrict__ q, long long V, const double* __restrict__ u,
-                            double* __restrict__ residual, WalkResult* __restrict__ res) {
+__global__ void __launch_bounds__(kThreads)
+verify_walk(const int* __restrict__ drafts, int gamma, const double* __restrict__ p,
+            const double* __restrict__ q, long long V, const double* __restrict__ u,
+            double* __restrict__ residual, WalkResult* __restrict__ res) {
   double alpha = 0;
   const Chunk c = chunk_of(V);
   for (int i = 0; i < gamma; ++i) {  // α of every drafted position, as the host loop sums it

@@ -93,6 +93,14 @@ struct Round {
   double alpha_sum = 0;
 };
 
+// What the target's verification pass is fed: whatever it lacks of `tokens`, then the drafts.
+std::vector<std::int32_t> target_feed(const Model& target, const std::vector<std::int32_t>& tokens,
+                                      const std::vector<std::int32_t>& drafts) {
+  std::vector<std::int32_t> feed(tokens.begin() + target.length(), tokens.end());
+  feed.insert(feed.end(), drafts.begin(), drafts.end());
+  return feed;
+}
+
 // The round on the host: the draft feeds whatever it lacks of `tokens`, then proposes g tokens,
 // each fed back but the last; the target scores what it lacks and the g drafts in one pass; its
 // last g + 1 distributions decide.
@@ -107,9 +115,7 @@ Round host_round(Model& target, Model& draft, const std::vector<std::int32_t>& t
       if (i + 1 < g) p.push_back(draft.feed({r.drafts.back()}).back());
     }
   }
-  std::vector<std::int32_t> feed(tokens.begin() + target.length(), tokens.end());
-  feed.insert(feed.end(), r.drafts.begin(), r.drafts.end());
-  const std::vector<Distribution> all = target.feed(feed);
+  const std::vector<Distribution> all = target.feed(target_feed(target, tokens, r.drafts));
   const std::vector<Distribution> q(all.end() - (g + 1), all.end());
   for (std::int64_t i = 0; i < g; ++i) r.alpha_sum += acceptance(p[static_cast<std::size_t>(i)], q[static_cast<std::size_t>(i)]);
   r.verdict = verify(r.drafts, p, q, rng, residual_of);
@@ -132,9 +138,7 @@ Round device_round(Model& target, Model& draft, const std::vector<std::int32_t>&
       if (i + 1 < g) row = draft.feed_on_device({r.drafts.back()}, 1);
     }
   }
-  std::vector<std::int32_t> feed(tokens.begin() + target.length(), tokens.end());
-  feed.insert(feed.end(), r.drafts.begin(), r.drafts.end());
-  const Tensor q = target.feed_on_device(feed, g + 1);
+  const Tensor q = target.feed_on_device(target_feed(target, tokens, r.drafts), g + 1);
   Sampler ahead = rng;  // a copy: the next g + 1 numbers of rng's stream, read without consuming them
   std::vector<double> u(static_cast<std::size_t>(g + 1));
   for (double& x : u) x = ahead.uniform();
