@@ -76,6 +76,34 @@ void BM_CpuDecode(benchmark::State& state) {
 }
 BENCHMARK(BM_CpuDecode)->Arg(0)->Arg(1)->UseManualTime()->Iterations(20)->Unit(benchmark::kMillisecond);
 
+// A pass over `rows` new tokens after a 16-token prompt on chapter 01's memory-bound 100M shape
+// (f32): chapter 10's verification pass over γ + 1 drafts. Decoding reads the weights once per
+// pass, so the lecture's formula takes its cost to be one step's whatever the rows; compare the
+// rows = 1 line with the others.
+void BM_CpuVerifyPass(benchmark::State& state) {
+  const std::int64_t rows = state.range(0);
+  static const TransformerConfig c = ch01::memory_bound_shape(8, 16, 1024, 4096);
+  static const ch01::Llama m = ch01::random_llama(c, 1);
+  ch02::ContiguousKVCache cache(c, 16 + rows);
+  ch02::forward_cached(m, cache, std::vector<std::int32_t>(16, 5));
+  const std::vector<std::int32_t> feed(static_cast<std::size_t>(rows), 9);
+  double total = 0;
+  std::int64_t n = 0;
+  for (auto _ : state) {
+    metrics::Timer t;
+    benchmark::DoNotOptimize(ch02::forward_cached(m, cache, feed, true).raw_data());
+    const double dt = t.seconds();
+    state.SetIterationTime(dt);
+    total += dt, ++n;
+    cache.truncate(16);
+  }
+  report(state, static_cast<double>(m.step_weight_bytes()), total / static_cast<double>(n), cpu_bandwidth(),
+         static_cast<double>(c.num_parameters()));
+  state.counters["tokens/s"] = static_cast<double>(rows * n) / total;
+  state.SetLabel(std::to_string(rows) + (rows == 1 ? " row" : " rows") + " a pass, f32 weights");
+}
+BENCHMARK(BM_CpuVerifyPass)->Arg(1)->Arg(2)->Arg(5)->Arg(8)->UseManualTime()->Iterations(20)->Unit(benchmark::kMillisecond);
+
 void BM_CudaDecode(benchmark::State& state) {
   const std::string reason = cuda::unavailable_reason();
   if (!reason.empty()) {
