@@ -368,15 +368,6 @@ void block_256(Type t, const std::uint8_t* b, float* y) {
 
 // Q4_K and Q5_K pack 8 six-bit scales and 8 six-bit mins in 12 bytes: j < 4 in the low 6 bits of
 // bytes j and j + 4; j >= 4 in a nibble of byte j + 4 and the top 2 bits of bytes j − 4 and j.
-void scale_min_k4(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t& m) {
-  if (j < 4) {
-    sc = q[j] & 63, m = q[j + 4] & 63;
-  } else {
-    sc = static_cast<std::uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    m = static_cast<std::uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
-
 void dequantize_block(Type t, const std::uint8_t* block, float* out) {
   const std::int64_t bv = block_values(t);
   IL_CHECK(bv > 1, "gguf: ", type_name(t), " is not a block type");

@@ -44,7 +44,14 @@ Tensor dequantize_rows(Type t, const Tensor& raw, std::int64_t cols);
 /// decoded as dequantize_rows does.
 void dequantize_block(Type t, const std::uint8_t* block, float* out);
 /// Q4_K's and Q5_K's packed sub-block scale and min: sub-block j (0-7) of the 12 bytes `q`.
-void scale_min_k4(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t& m);
+inline void scale_min_k4(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63, m = q[j + 4] & 63;
+  } else {
+    sc = static_cast<std::uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = static_cast<std::uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
 
 /// Bytes of n values of a tensor type (n a multiple of 32 for the block types); throws for a
 /// negative n or one whose byte count would not fit an int64.

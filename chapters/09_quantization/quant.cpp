@@ -362,10 +362,10 @@ void check_product(const Tensor& x, const QMatrix& w, const Tensor& out) {
                out.is_contiguous(),
            "qmatmul: out ", out.describe(), " should be contiguous f32 [", x.size(0), ", ", w.rows, "]");
   IL_CHECK(x.device() == w.device() && out.device() == x.device(), "qmatmul: x, weights and out must share a device");
-  // The formats that quantise x too (q8_0, llm_int8) would cast a NaN or Inf to an integer, which
+  // The formats that quantise x too (llm_int8 and the q8_0-block ones) would cast a NaN or Inf to an integer, which
   // is undefined on the CPU: refuse it here, where the f32-activation formats let it reach the
   // sampler's check.
-  if (x.device() == Device::CPU && (w.spec.format == Format::Q8_0 || w.spec.format == Format::LlmInt8)) {
+  if (x.device() == Device::CPU && (blocks_activations(w.spec.format) || w.spec.format == Format::LlmInt8)) {
     const float* p = x.data<float>();
     for (std::int64_t i = 0; i < x.numel(); ++i)
       IL_CHECK(std::isfinite(p[i]), "qmatmul (", w.spec.name(), "): the activations hold ", p[i], " at row ",
@@ -374,6 +374,38 @@ void check_product(const Tensor& x, const QMatrix& w, const Tensor& out) {
 }
 
 }  // namespace
+
+bool blocks_activations(Format f) {
+  return f == Format::Q8_0 || f == Format::Q4_0 || f == Format::Q4_K || f == Format::Q6_K;
+}
+
+BlockedActivations::BlockedActivations(const Tensor& x) : rows(x.size(0)), cols(x.size(1)) {
+  IL_CHECK(cols % 32 == 0, "q8_0 activations: the input width ", cols, " is not a multiple of 32");
+  const std::int64_t nb = cols / 32;
+  q.resize(static_cast<std::size_t>(rows * cols));
+  d.resize(static_cast<std::size_t>(rows * nb));
+  sum.resize(static_cast<std::size_t>(rows * nb));
+  std::uint8_t blk[34];
+  for (std::int64_t m = 0; m < rows; ++m)
+    for (std::int64_t b = 0; b < nb; ++b) {
+      quantize_q8_0_block(x.data<float>() + m * cols + b * 32, blk);
+      const std::size_t i = static_cast<std::size_t>(m * nb + b);
+      d[i] = from_half(blk);
+      std::memcpy(q.data() + m * cols + b * 32, blk + 2, 32);
+      sum[i] = 0;
+      for (int j = 0; j < 32; ++j) sum[i] += q[static_cast<std::size_t>(m * cols + b * 32 + j)];
+    }
+}
+
+Tensor q8_0_activations(const Tensor& x_in) {
+  IL_CHECK(x_in.ndim() == 2, "q8_0_activations: x must be a matrix, got ", x_in.describe());
+  const Tensor x = x_in.to(Device::CPU).to(DType::F32).contiguous();
+  const BlockedActivations a(x);
+  Tensor out = Tensor::empty({a.rows, a.cols}, DType::F32);
+  for (std::int64_t m = 0; m < a.rows; ++m)
+    for (std::int64_t k = 0; k < a.cols; ++k) out.data<float>()[m * a.cols + k] = a.value(m, k);
+  return out;
+}
 
 // LLM.int8()'s decomposition, shared by every implementation: the outlier columns of x (any
 // |x| ≥ threshold in that column), and each row's absmax scale over the other columns.
@@ -445,6 +477,18 @@ void qmatmul_ref(const Tensor& x, const QMatrix& w, Tensor& out) {
         Y[m * n_out + n] = y;
       }
     }
+    return;
+  }
+  // q4_0, q4_k, q6_k: y = Σ_k x̂_k · w(n, k), x̂ = x rounded through q8_0 blocks. The fast path
+  // sums the same products in int32 per block, so only the float rounding differs.
+  if (blocks_activations(w.spec.format)) {
+    const BlockedActivations a(x);
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < n_out; ++n) {
+        float y = 0.0f;
+        for (std::int64_t k = 0; k < n_in; ++k) y += a.value(m, k) * weight_value(w, n, k);
+        Y[m * n_out + n] = y;
+      }
     return;
   }
   // Weight-only formats: y = Σ_k x_k · w(n, k), x in f32.

@@ -18,11 +18,17 @@
 /// | int4_gG_asym   | groups of G: q ∈ [0, 15], s = (max−min)/15, zero z    | 4 + 40/G         |
 /// | q8_0           | llama.cpp blocks of 32: f16 d = max|w|/127, 32 × int8  | 8.5              |
 /// | q4_0           | llama.cpp blocks of 32: f16 d = m/−8, 32 × 4-bit       | 4.5              |
+/// |                | (x quantised to q8_0 blocks for the product)         |                  |
 /// | fp8_e4m3       | OCP E4M3FN bytes of w/s, s = max|W|/448               | 8 + 32/(n_out·n_in) |
 /// | q4_k           | llama.cpp super-blocks of 256: f16 d, dmin; 8 × 6-bit | 4.5              |
 /// |                | scale and min; (d·sc)·q − dmin·m, q 4-bit             |                  |
 /// | q6_k           | llama.cpp super-blocks of 256: 16 int8 scales, f16 d; | 6.5625           |
 /// |                | (d·sc)·(q − 32), q 4 + 2 bits                         |                  |
+///
+/// q8_0, q4_0, q4_k and q6_k multiply x quantised to q8_0 blocks, so their products sum bytes
+/// times bytes in int32 and scale once per block of 32; the other formats keep x in f32
+/// (weight-only quantisation). llama.cpp's CPU products do the same, with blocks of 256 and an f32
+/// scale (its Q8_K) for the k-quants.
 ///
 /// q4_k and q6_k (the k-quants of llama.cpp's Q4_K_M files) are read from GGUF files, not made
 /// here: their quantiser searches scales and mins per sub-block, which is llama.cpp's own lesson.
@@ -94,10 +100,18 @@ void check_block_scales(const Tensor& blocks, Format format, const std::string& 
 /// Back to F32 (CPU): what the stored bits mean.
 Tensor dequantize(const QMatrix& q);
 
-/// out [M, n_out] = x [M, n_in] · Wᵀ, reading the quantised weights. Weight-only formats keep x in f32.
-/// llm_int8 quantises x per row (outside the outlier columns) and accumulates int8·int8 products
-/// in int32; q8_0 quantises x into q8_0 blocks and accumulates each block's products in int32
-/// (as llama.cpp does). On CUDA tensors this runs the CUDA kernels.
+/// Whether products with `f` quantise x into q8_0 blocks first (q8_0, q4_0, q4_k, q6_k).
+bool blocks_activations(Format f);
+/// x [M, n_in] (CPU, F32, n_in a multiple of 32) rounded through q8_0 blocks: each value
+/// d·round(x/d), d = max |x| / 127 per block of 32 stored as f16. It is the x that the products of
+/// blocks_activations() formats multiply, and the error they add: at most d/2 per value.
+Tensor q8_0_activations(const Tensor& x);
+
+/// out [M, n_out] = x [M, n_in] · Wᵀ, reading the quantised weights. Weight-only formats keep x in
+/// f32. llm_int8 quantises x per row (outside the outlier columns) and accumulates int8·int8
+/// products in int32; the blocks_activations() formats quantise x into q8_0 blocks and sum each
+/// block's byte products in int32 (as llama.cpp does), so they compute q8_0_activations(x) · Wᵀ.
+/// On CUDA tensors this runs the CUDA kernels.
 void qmatmul(const Tensor& x, const QMatrix& w, Tensor& out);
 Tensor qmatmul(const Tensor& x, const QMatrix& w);
 

@@ -1,5 +1,7 @@
 // Chapter 09's CUDA products: one warp per output row streams the packed weights and unpacks
-// them in registers; llm_int8 and q8_0 accumulate int8·int8 products in int32 (__dp4a).
+// them in registers; llm_int8 and q8_0 accumulate int8·int8 products in int32 (__dp4a). q4_0,
+// q4_k and q6_k multiply x rounded through q8_0 blocks, the function their CPU products compute;
+// their kernels then multiply in f32 (q8_0's __dp4a sums would be the next step for them too).
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -159,17 +161,36 @@ __global__ void llm_int8_gemv(View v, const float* __restrict__ x, const std::in
 }
 
 // --- q8_0 ---------------------------------------------------------------------------------------
-// x into q8_0 blocks, exactly as the CPU reference quantiser (one thread per block).
+// One block of 32 activations as the CPU reference quantiser makes it: the f16 scale d = max |x| /
+// 127, and the multiplier 1 / d (0 where d is 0 or 1 / d overflows: the block is zeros).
+__device__ inline float q8_0_scale(const float* p, __half& h) {
+  float amax = 0.0f;
+  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(p[i]));
+  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  h = __float2half_rn(d);
+  return isfinite(id) ? id : 0.0f;
+}
+
+// x into q8_0 blocks (one thread per block).
 __global__ void quantize_q8_0(const float* __restrict__ x, long long blocks, std::uint8_t* __restrict__ out) {
   const long long b = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (b >= blocks) return;
   const float* p = x + b * 32;
-  float amax = 0.0f;
-  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(p[i]));
-  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-  const __half h = __float2half_rn(d);
+  __half h;
+  const float id = q8_0_scale(p, h);
   memcpy(out + b * 34, &h, 2);
   for (int i = 0; i < 32; ++i) out[b * 34 + 2 + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(roundf(p[i] * id)));
+}
+
+// x rounded through its q8_0 blocks, d·round(x / d), for q4_0, q4_k and q6_k: the x their CPU
+// products multiply (q8_0_activations). The weight-only kernels then run on it unchanged.
+__global__ void round_q8_0(const float* __restrict__ x, long long blocks, float* __restrict__ out) {
+  const long long b = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  const float* p = x + b * 32;
+  __half h;
+  const float id = q8_0_scale(p, h), d = __half2float(h);
+  for (int i = 0; i < 32; ++i) out[b * 32 + i] = d * static_cast<float>(static_cast<std::int8_t>(roundf(p[i] * id)));
 }
 
 __global__ void q8_0_gemv(View v, const std::uint8_t* __restrict__ xq, float* __restrict__ y, int M, int N) {
@@ -195,14 +216,29 @@ __global__ void q8_0_gemv(View v, const std::uint8_t* __restrict__ xq, float* __
 }
 
 template <Format F>
-void launch_weight_only(const View& v, const Tensor& x, Tensor& out, int N) {
-  const int M = static_cast<int>(x.size(0));
+void launch_weight_only(const View& v, const float* x, int M, Tensor& out, int N) {
   for (int m0 = 0; m0 < M; m0 += kMaxRows) {
     const int rows = std::min(kMaxRows, M - m0);
-    qgemv<F><<<blocks_for(N, kWarps), kWarps * 32, 0, stream()>>>(v, x.data<float>() + (long long)m0 * v.K,
+    qgemv<F><<<blocks_for(N, kWarps), kWarps * 32, 0, stream()>>>(v, x + (long long)m0 * v.K,
                                                                   out.data<float>() + (long long)m0 * N, rows, N);
     IL_CUDA_LAUNCHED();
   }
+}
+
+template <Format F>
+void launch_weight_only(const View& v, const Tensor& x, Tensor& out, int N) {
+  launch_weight_only<F>(v, x.data<float>(), static_cast<int>(x.size(0)), out, N);
+}
+
+// q4_0, q4_k, q6_k: x rounded through its q8_0 blocks (into scratch), then the weight-only kernel.
+template <Format F>
+void launch_blocked(const View& v, const Tensor& x, Tensor& out, int N) {
+  const int M = static_cast<int>(x.size(0));
+  const long long blocks = static_cast<long long>(M) * (v.K / 32);
+  auto* xh = static_cast<float*>(cuda::scratch(static_cast<std::size_t>(blocks) * 32 * sizeof(float)));
+  round_q8_0<<<blocks_for(blocks, 128), 128, 0, stream()>>>(x.data<float>(), blocks, xh);
+  IL_CUDA_LAUNCHED();
+  launch_weight_only<F>(v, xh, M, out, N);
 }
 
 }  // namespace
@@ -228,10 +264,10 @@ void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
     case Format::Int8Row: return launch_weight_only<Format::Int8Row>(v, x, out, N);
     case Format::Int4Sym: return launch_weight_only<Format::Int4Sym>(v, x, out, N);
     case Format::Int4Asym: return launch_weight_only<Format::Int4Asym>(v, x, out, N);
-    case Format::Q4_0: return launch_weight_only<Format::Q4_0>(v, x, out, N);
+    case Format::Q4_0: return launch_blocked<Format::Q4_0>(v, x, out, N);
     case Format::Fp8E4M3: return launch_weight_only<Format::Fp8E4M3>(v, x, out, N);
-    case Format::Q4_K: return launch_weight_only<Format::Q4_K>(v, x, out, N);
-    case Format::Q6_K: return launch_weight_only<Format::Q6_K>(v, x, out, N);
+    case Format::Q4_K: return launch_blocked<Format::Q4_K>(v, x, out, N);
+    case Format::Q6_K: return launch_blocked<Format::Q6_K>(v, x, out, N);
     case Format::LlmInt8: {
       char* base = static_cast<char*>(cuda::scratch(static_cast<std::size_t>(K) * 4 + static_cast<std::size_t>(M) * K + M * 4 + 512));
       int* flag = reinterpret_cast<int*>(base);

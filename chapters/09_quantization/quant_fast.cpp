@@ -5,11 +5,16 @@
 // format's scale applied once per row, group or block rather than per weight:
 //   int8 rows       y = s · Σ x_k q_k
 //   int4 groups     y = Σ_g s_g · Σ_{k ∈ g} x_k (q_k − z_g)
-//   q4_0 blocks     y = Σ_b d_b · Σ_{k ∈ b} x_k (q_k − 8)
-//   fp8 e4m3        y = s · Σ x_k e4m3(q_k)   (a byte becomes an f16 with two shifts, see fp8_16)
-//   q8_0, llm_int8  int8 · int8 sums in int32, exactly as the reference loops
-// Prefill (many rows of x) unpacks each weight row once into f32 and reuses it for every row.
-// Without AVX2 both cases take the unpacking path.
+//   fp8 e4m3        y = s · Σ x_k e4m3(q_k)   (a byte becomes an f16 with two shifts, see fp8_32)
+//   llm_int8        int8 · int8 sums in int32, exactly as the reference loop
+// The formats whose products take x as q8_0 blocks (x_k = dx_b · xq_k) sum byte products in
+// int32 per block of 32 (vpmaddubsw: 32 products in two instructions), then scale once:
+//   q8_0 blocks     y = Σ_b (dw_b · dx_b) · Σ_{k ∈ b} q_k xq_k
+//   q4_0 blocks     y = Σ_b (dw_b · dx_b) · Σ_{k ∈ b} (q_k − 8) xq_k
+//   q4_k sub-blocks y = Σ_j dx_j · ((d·sc_j) · Σ_{k ∈ j} q_k xq_k − (dmin·m_j) · Σ_{k ∈ j} xq_k)
+//   q6_k            y = Σ_b (d · dx_b) · Σ_{16-value groups g ⊂ b} sc_g · Σ_{k ∈ g} (q_k − 32) xq_k
+// Prefill (many rows of x) unpacks each weight row once into f32 and reuses it for every row (of
+// x, or of x rounded through its q8_0 blocks). Without AVX2 both cases take the unpacking path.
 #include <omp.h>
 
 #include <algorithm>
@@ -119,14 +124,29 @@ std::int32_t hsum(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
-// 32 int8 products w·x summed pairwise into eight int32 lanes. vpmaddubsw multiplies unsigned by
-// signed bytes, so |w| is paired with x carrying w's sign. A pair sums to at most 2·128·127 < 2^15:
-// no saturation for any weight byte, given |x| ≤ 127 (our activation quantisers never make −128).
-__m256i dot32_i8(const std::int8_t* w, const std::int8_t* x) {
-  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(a), _mm256_sign_epi8(b, a));
-  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+__m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// The f16 at p as a float, in one instruction (from_half's value, inlined where it runs per block).
+float half(const std::uint8_t* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// 32 products of unsigned bytes u and signed bytes s summed pairwise into eight int32 lanes
+// (vpmaddubsw, then vpmaddwd by 1). A pair must stay below 2^15: u ≤ 128 with |s| ≤ 127 does.
+__m256i dot32_u8_i8(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
+
+// 32 int8 products w·x the same way: |w| is paired with x carrying w's sign. No saturation for any
+// weight byte, given |x| ≤ 127 (our activation quantisers never make −128).
+__m256i dot32_i8(__m256i w, __m256i x) { return dot32_u8_i8(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)); }
+__m256i dot32_i8(const std::int8_t* w, const std::int8_t* x) { return dot32_i8(load32(w), load32(x)); }
+
+// The 32 nibbles of 16 bytes as 32 bytes, in q4_0's element order: byte j holds the low nibble of
+// byte j, byte 16 + j its high nibble.
+__m256i nibbles32(const std::uint8_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
 }
 
 std::int32_t dot_i8(const std::int8_t* w, const std::int8_t* x, std::int64_t n) {
@@ -158,7 +178,7 @@ float dot_x_i8(const float* x, const std::int8_t* q, std::int64_t n_in) {
 }
 
 // 16 packed bytes hold 32 four-bit values: the low nibbles go with x_lo[0..15], the high ones
-// with x_hi[0..15] (the layout of both int4 and q4_0). Adds Σ (q − z)·x to the accumulators.
+// with x_hi[0..15] (int4's layout, which is q4_0's). Adds Σ (q − z)·x to the accumulators.
 // Each 32-bit lane gets one whole byte, so one widening serves both of its nibbles; q − z is a
 // small integer, exact in float.
 void nibbles16(const std::uint8_t* p, __m256i z, const float* x_lo, const float* x_hi, Acc4& acc) {
@@ -188,67 +208,83 @@ void fp8_32(const std::uint8_t* p, const float* x, Acc4& acc) {
   acc.a[3] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1)), _mm256_loadu_ps(x + 24), acc.a[3]);
 }
 
-// Σ of 32 floats as a vector of eight partial sums.
-__m256 sum32(const float* x) {
-  return _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
-                       _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
+// q4_0 · q8_0 for one output: per block, q − 8 as signed bytes against x's bytes, an exact int32
+// sum scaled by dw·dx. Even and odd blocks accumulate in two chains.
+float q4_0_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, std::int64_t nb) {
+  const __m256i eight = _mm256_set1_epi8(8);
+  __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (std::int64_t b = 0; b < nb; ++b, r += 18) {
+    const __m256i s = dot32_i8(_mm256_sub_epi8(nibbles32(r + 2), eight), load32(xq + 32 * b));
+    y[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(half(r) * dx[b]), y[b & 1]);
+  }
+  return hsum(_mm256_add_ps(y[0], y[1]));
 }
 
-// q4_k: per 32-value sub-block, y += (d·sc)·Σ x q − (dmin·m)·Σ x, so the scale and the min are
-// applied once per 32 weights. A 64-value pair's 32 bytes give sub-block 2j in their low
-// nibbles and 2j + 1 in their high ones: nibbles16 puts the first in acc.a[0], a[2] and the
-// second in a[1], a[3].
-float q4_k_dot(const std::uint8_t* r, const float* x, std::int64_t nb) {
-  const __m256i zero = _mm256_setzero_si256();
-  __m256 y = _mm256_setzero_ps(), ym = _mm256_setzero_ps();
-  for (std::int64_t b = 0; b < nb; ++b, r += 144, x += 256) {
-    const float d = from_half(r), dmin = from_half(r + 2);
+// q4_k · q8_0 for one output: a sub-block of 32 is one x block. Its nibbles (0-15, unsigned) meet
+// x's bytes in vpmaddubsw directly; the minimum's term needs only Σ xq, summed once per call.
+float q4_k_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nb) {
+  const __m256i m4 = _mm256_set1_epi8(15);
+  __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  float ym = 0.0f;
+  for (std::int64_t b = 0; b < nb; ++b, r += 144, xq += 256, dx += 8, xs += 8) {
+    const float d = half(r), dmin = half(r + 2);
     for (int j = 0; j < 4; ++j) {
-      Acc4 acc;
-      const float* xj = x + 64 * j;
-      nibbles16(r + 16 + 32 * j, zero, xj, xj + 32, acc);
-      nibbles16(r + 16 + 32 * j + 16, zero, xj + 16, xj + 48, acc);
       std::uint8_t sc1, m1, sc2, m2;
       gguf::scale_min_k4(2 * j, r + 4, sc1, m1);
       gguf::scale_min_k4(2 * j + 1, r + 4, sc2, m2);
-      y = _mm256_fmadd_ps(_mm256_add_ps(acc.a[0], acc.a[2]), _mm256_set1_ps(d * static_cast<float>(sc1)), y);
-      y = _mm256_fmadd_ps(_mm256_add_ps(acc.a[1], acc.a[3]), _mm256_set1_ps(d * static_cast<float>(sc2)), y);
-      ym = _mm256_fmadd_ps(sum32(xj), _mm256_set1_ps(dmin * static_cast<float>(m1)), ym);
-      ym = _mm256_fmadd_ps(sum32(xj + 32), _mm256_set1_ps(dmin * static_cast<float>(m2)), ym);
+      const __m256i raw = load32(r + 16 + 32 * j);
+      const __m256i lo = dot32_u8_i8(_mm256_and_si256(raw, m4), load32(xq + 64 * j));
+      const __m256i hi = dot32_u8_i8(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), load32(xq + 64 * j + 32));
+      y[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_set1_ps(d * static_cast<float>(sc1) * dx[2 * j]), y[0]);
+      y[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_set1_ps(d * static_cast<float>(sc2) * dx[2 * j + 1]), y[1]);
+      ym += dmin * static_cast<float>(m1) * dx[2 * j] * static_cast<float>(xs[2 * j]) +
+            dmin * static_cast<float>(m2) * dx[2 * j + 1] * static_cast<float>(xs[2 * j + 1]);
     }
   }
-  return hsum(_mm256_sub_ps(y, ym));
+  return hsum(_mm256_add_ps(y[0], y[1])) - ym;
 }
 
-// q6_k: each 8-value piece of a quarter is q = (4 bits of ql) | (2 bits of qh) << 4, minus 32,
-// with one int8 scale per 16 values; y += (d·sc)·Σ x q per piece.
-float q6_k_dot(const std::uint8_t* r, const float* x, std::int64_t nb) {
-  const __m256i m4 = _mm256_set1_epi32(15), m2 = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
+// q6_k · q8_0 for one output: quarter r of a half is one x block, its 6-bit values (0-63) built
+// from ql's nibbles and qh's bit pairs. vpmaddubsw of q and of 32 against x's bytes give the pairs
+// of (q − 32)·xq; vpmaddwd weighs the block's two 16-value groups by their int8 scales.
+float q6_k_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, std::int64_t nb) {
+  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
   __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (std::int64_t b = 0; b < nb; ++b, r += 210, x += 256) {
-    const float d = from_half(r + 208);
+  for (std::int64_t b = 0; b < nb; ++b, r += 210, xq += 256, dx += 8) {
+    const float d = half(r + 208);
     for (int h = 0; h < 2; ++h) {
-      const std::uint8_t *ql = r + 64 * h, *qh = r + 128 + 32 * h;
+      const __m256i a = load32(r + 64 * h), c = load32(r + 64 * h + 32), hb = load32(r + 128 + 32 * h);
       const auto* sc = reinterpret_cast<const std::int8_t*>(r + 192 + 8 * h);
-      const float* xh = x + 128 * h;
-      for (int l = 0; l < 32; l += 8) {
-        auto widen8 = [](const std::uint8_t* p) {
-          return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-        };
-        const __m256i a = widen8(ql + l), c = widen8(ql + l + 32), hb = widen8(qh + l);
-        const __m256i q[4] = {
-            _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_slli_epi32(_mm256_and_si256(hb, m2), 4)),
-            _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 2), m2), 4)),
-            _mm256_or_si256(_mm256_srli_epi32(a, 4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 4), m2), 4)),
-            _mm256_or_si256(_mm256_srli_epi32(c, 4), _mm256_slli_epi32(_mm256_srli_epi32(hb, 6), 4))};
-        for (int r4 = 0; r4 < 4; ++r4) {
-          const __m256 qx = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[r4], bias)), _mm256_loadu_ps(xh + 32 * r4 + l));
-          y[r4 & 1] = _mm256_fmadd_ps(qx, _mm256_set1_ps(d * static_cast<float>(sc[l / 16 + 2 * r4])), y[r4 & 1]);
-        }
+      auto high = [&](int shift) { return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, shift), m2), 4); };
+      const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(a, m4), high(0)),
+                            _mm256_or_si256(_mm256_and_si256(c, m4), high(2)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), high(4)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4), high(6))};
+      for (int r4 = 0; r4 < 4; ++r4) {
+        const __m256i xv = load32(xq + 128 * h + 32 * r4);
+        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[r4], xv), _mm256_maddubs_epi16(k32, xv));
+        const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[2 * r4 + 1]), _mm_set1_epi16(sc[2 * r4]));
+        const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scale));
+        y[r4 & 1] = _mm256_fmadd_ps(s, _mm256_set1_ps(d * dx[4 * h + r4]), y[r4 & 1]);
       }
     }
   }
   return hsum(_mm256_add_ps(y[0], y[1]));
+}
+
+// One output of a format that takes x as q8_0 blocks: row n of W times row m of a.
+float blocked_dot(const QMatrix& q, std::int64_t n, const BlockedActivations& a, std::int64_t m) {
+  const std::int64_t n_in = q.cols, nb = n_in / 32;
+  const std::int8_t* xq = a.q.data() + m * n_in;
+  const float* dx = a.d.data() + m * nb;
+  const std::uint8_t* w = q.data.data<std::uint8_t>();
+  switch (q.spec.format) {
+    case Format::Q4_0: return q4_0_q8_dot(w + n * nb * 18, xq, dx, nb);
+    case Format::Q4_K: return q4_k_q8_dot(w + n * (n_in / 256 * 144), xq, dx, a.sum.data() + m * nb, n_in / 256);
+    case Format::Q6_K: return q6_k_q8_dot(w + n * (n_in / 256 * 210), xq, dx, n_in / 256);
+    default: break;
+  }
+  fail("blocked_dot: ", q.spec.name(), " does not take x as q8_0 blocks");
 }
 
 // One output of a weight-only format: row n of W times one row x of length n_in.
@@ -274,19 +310,6 @@ float direct_dot(const QMatrix& q, std::int64_t n, const float* x) {
       }
       return hsum(y);
     }
-    case Format::Q4_0: {
-      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * (n_in / 32 * 18);
-      const __m256i eight = _mm256_set1_epi32(8);
-      __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // even and odd blocks: two chains
-      for (std::int64_t b = 0; b < n_in / 32; ++b) {
-        Acc4 acc;
-        nibbles16(r + b * 18 + 2, eight, x + b * 32, x + b * 32 + 16, acc);
-        std::uint16_t d;
-        std::memcpy(&d, r + b * 18, 2);
-        y[b & 1] = _mm256_fmadd_ps(acc.sum(), _mm256_set1_ps(_cvtsh_ss(d)), y[b & 1]);
-      }
-      return hsum(_mm256_add_ps(y[0], y[1]));
-    }
     case Format::Fp8E4M3: {
       const std::uint8_t* r = q.data.data<std::uint8_t>() + n * n_in;
       Acc4 acc;
@@ -296,12 +319,9 @@ float direct_dot(const QMatrix& q, std::int64_t n, const float* x) {
       for (; k < n_in; ++k) y += x[k] * (e4m3_to_f32(r[k]) * 0x1p-8f);
       return y * (q.scales.data<float>()[0] * 256.0f);
     }
-    case Format::Q4_K: return q4_k_dot(q.data.data<std::uint8_t>() + n * (n_in / 256 * 144), x, n_in / 256);
-    case Format::Q6_K: return q6_k_dot(q.data.data<std::uint8_t>() + n * (n_in / 256 * 210), x, n_in / 256);
-    case Format::LlmInt8:
-    case Format::Q8_0: break;
+    default: break;
   }
-  fail("direct_dot: not a weight-only format");
+  fail("direct_dot: ", q.spec.name(), " is not a weight-only format");
 }
 
 // q8_0 · q8_0 for one output: each block's integer sum exact, then scaled by d_w · d_x. Four
@@ -368,42 +388,9 @@ void llm_int8(const Tensor& x, const QMatrix& w, Tensor& out) {
   }
 }
 
-void q8_0(const Tensor& x, const QMatrix& w, Tensor& out) {
-  const std::int64_t M = x.size(0), n_in = x.size(1), n_out = w.rows, nb = n_in / 32;
-  const float* X = x.data<float>();
-  float* Y = out.data<float>();
-  // x into q8_0 blocks, kept as int8 values and their (f16-rounded) scales side by side.
-  std::vector<std::int8_t> xq(static_cast<std::size_t>(M * n_in));
-  std::vector<float> dx(static_cast<std::size_t>(M * nb));
-  std::uint8_t blk[34];
-  for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t b = 0; b < nb; ++b) {
-      quantize_q8_0_block(X + m * n_in + b * 32, blk);
-      dx[static_cast<std::size_t>(m * nb + b)] = from_half(blk);
-      std::memcpy(xq.data() + m * n_in + b * 32, blk + 2, 32);
-    }
-#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
-  for (std::int64_t n = 0; n < n_out; ++n)
-    for (std::int64_t m = 0; m < M; ++m)
-      Y[m * n_out + n] = q8_0_dot(w.data.data<std::uint8_t>() + n * nb * 34, xq.data() + m * n_in, dx.data() + m * nb, nb);
-}
-
-}  // namespace
-
-void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out) {
-  if (w.spec.format == Format::LlmInt8) return llm_int8(x, w, out);
-  if (w.spec.format == Format::Q8_0) return q8_0(x, w, out);
-  const std::int64_t M = x.size(0), n_in = x.size(1), n_out = w.rows;
-  const float* X = x.data<float>();
-  float* Y = out.data<float>();
-#if INFERLAB_CH09_SIMD
-  if (M <= kDirectRows) {
-#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
-    for (std::int64_t n = 0; n < n_out; ++n)
-      for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] = direct_dot(w, n, X + m * n_in);
-    return;
-  }
-#endif
+// Prefill: each weight row unpacked once into f32 and multiplied with every row of X [M, n_in].
+void unpacked(const float* X, std::int64_t M, const QMatrix& w, float* Y) {
+  const std::int64_t n_in = w.cols, n_out = w.rows;
 #pragma omp parallel if (M * n_out * n_in >= kParallel)
   {
     std::vector<float> row(static_cast<std::size_t>(n_in));
@@ -413,6 +400,54 @@ void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out) {
       cpu::dot_rows(X, M, n_in, row.data(), Y + n, n_out);
     }
   }
+}
+
+void q8_0(const BlockedActivations& a, const QMatrix& w, float* Y) {
+  const std::int64_t M = a.rows, n_in = a.cols, n_out = w.rows, nb = n_in / 32;
+#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
+  for (std::int64_t n = 0; n < n_out; ++n)
+    for (std::int64_t m = 0; m < M; ++m)
+      Y[m * n_out + n] = q8_0_dot(w.data.data<std::uint8_t>() + n * nb * 34, a.q.data() + m * n_in, a.d.data() + m * nb, nb);
+}
+
+// q4_0, q4_k, q6_k: integer products at decode; at prefill x̂ (x rounded through its blocks) in f32
+// against each unpacked row, the same function.
+void blocked(const BlockedActivations& a, const QMatrix& w, float* Y) {
+  const std::int64_t M = a.rows, n_in = a.cols, n_out = w.rows;
+#if INFERLAB_CH09_SIMD
+  if (M <= kDirectRows) {
+#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
+    for (std::int64_t n = 0; n < n_out; ++n)
+      for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] = blocked_dot(w, n, a, m);
+    return;
+  }
+#endif
+  std::vector<float> xh(static_cast<std::size_t>(M * n_in));
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t k = 0; k < n_in; ++k) xh[static_cast<std::size_t>(m * n_in + k)] = a.value(m, k);
+  unpacked(xh.data(), M, w, Y);
+}
+
+}  // namespace
+
+void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out) {
+  if (w.spec.format == Format::LlmInt8) return llm_int8(x, w, out);
+  float* Y = out.data<float>();
+  if (blocks_activations(w.spec.format)) {
+    const BlockedActivations a(x);  // x into q8_0 blocks, once per product
+    return w.spec.format == Format::Q8_0 ? q8_0(a, w, Y) : blocked(a, w, Y);
+  }
+  const std::int64_t M = x.size(0), n_in = x.size(1), n_out = w.rows;
+  const float* X = x.data<float>();
+#if INFERLAB_CH09_SIMD
+  if (M <= kDirectRows) {
+#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
+    for (std::int64_t n = 0; n < n_out; ++n)
+      for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] = direct_dot(w, n, X + m * n_in);
+    return;
+  }
+#endif
+  unpacked(X, M, w, Y);
 }
 
 }  // namespace inferlab::ch09

@@ -13,6 +13,18 @@ float from_half(const std::uint8_t* p);
 /// llama.cpp's reference Q8_0 / Q4_0 block quantisers: 32 floats -> 34 / 18 bytes.
 void quantize_q8_0_block(const float* x, std::uint8_t* out);
 void quantize_q4_0_block(const float* x, std::uint8_t* out);
+/// x [M, n_in] as q8_0 blocks, side by side: the int8 values, each block's scale (its f16, as a
+/// float) and Σ q over the block (q4_k's minimum term). value() is q8_0_activations().
+struct BlockedActivations {
+  std::int64_t rows = 0, cols = 0;
+  std::vector<std::int8_t> q;     ///< [M, n_in]
+  std::vector<float> d;           ///< [M, n_in / 32]
+  std::vector<std::int32_t> sum;  ///< [M, n_in / 32]
+  explicit BlockedActivations(const Tensor& x);
+  float value(std::int64_t m, std::int64_t k) const {
+    return d[static_cast<std::size_t>(m * (cols / 32) + k / 32)] * static_cast<float>(q[static_cast<std::size_t>(m * cols + k)]);
+  }
+};
 /// LLM.int8(): columns of x with any |x| ≥ threshold.
 std::vector<char> outlier_columns(const Tensor& x, float threshold);
 /// LLM.int8(): each row of x quantised to int8 by its absmax over the non-skipped columns.

@@ -118,7 +118,7 @@ TEST(Quant, WeightOnlyProductsAgainstFloat64) {
   auto rng = test::rng_for_test();
   test::ThreadCount threads(2);
   for (const QuantSpec& spec : all_specs()) {
-    if (spec.format == Format::LlmInt8 || spec.format == Format::Q8_0) continue;  // they quantise x too
+    if (spec.format == Format::LlmInt8 || blocks_activations(spec.format)) continue;  // they quantise x too
     SCOPED_TRACE(spec.name());
     // M = 1 and 3 take the fast path's direct kernels, 11 its unpacked rows; K = 200 leaves a
     // tail after the SIMD loops (only the formats without blocks or groups allow it); N = 600 is
@@ -143,6 +143,55 @@ TEST(Quant, WeightOnlyProductsAgainstFloat64) {
       expect_within(r.to_double_vector(), exact, b, "reference");
       expect_within(qmatmul(x, q).to_double_vector(), exact, b, "fast");
     }
+  }
+}
+
+// x rounded through q8_0 blocks (what q8_0, q4_0, q4_k and q6_k multiply): each value within half a
+// step of x, the step d = max |x| / 127 of its block (stored as f16: up to 127 steps of relative
+// error u16 more). A block of zeros, and one too small for 1 / d, become zeros.
+TEST(Quant, ActivationsRoundedThroughQ8_0BlocksAreWithinHalfAStep) {
+  auto rng = test::rng_for_test();
+  Tensor x = test::uniform(rng, {3, 128}, -4, 4);
+  x.at<float>({1, 40}) = 1000.0f;                                // one large value in block 1
+  for (int k = 64; k < 96; ++k) x.at<float>({2, k}) = 0.0f;      // a block of zeros
+  for (int k = 96; k < 128; ++k) x.at<float>({2, k}) = 1e-39f * (k - 100);  // subnormals: 1 / d overflows
+  const Tensor r = q8_0_activations(x);
+  for (std::int64_t m = 0; m < 3; ++m)
+    for (std::int64_t k = 0; k < 128; ++k) {
+      double amax = 0;
+      for (std::int64_t j = k / 32 * 32; j < k / 32 * 32 + 32; ++j) amax = std::max<double>(amax, std::fabs(x.at<float>({m, j})));
+      const double d = amax / 127, v = x.at<float>({m, k}), got = r.at<float>({m, k});
+      if (m == 2 && k >= 64) {
+        EXPECT_EQ(got, 0.0f) << k;
+        continue;
+      }
+      EXPECT_LE(std::fabs(got - v), d / 2 + 127 * d * u16 + 4 * u * std::fabs(v)) << m << ", " << k;
+    }
+}
+
+// q4_0 takes x as q8_0 blocks: its products (the ref:: loop, the fast integer kernels at M ≤ 4,
+// the unpacked rows at M = 11) are the float64 product of the decoded weights with x rounded
+// through those blocks, within the dot product's bound.
+TEST(Quant, Q4_0MultipliesXRoundedThroughQ8_0Blocks) {
+  auto rng = test::rng_for_test();
+  test::ThreadCount threads(2);
+  for (const auto& [M, N] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 70}, {3, 70}, {4, 70}, {11, 70}, {1, 600}}) {
+    SCOPED_TRACE("M = " + std::to_string(M) + ", N = " + std::to_string(N));
+    const std::int64_t K = 512;
+    const Tensor w = weights(rng, N, K), x = test::uniform(rng, {M, K});
+    const QMatrix q = quantize(w, {Format::Q4_0});
+    const auto D = dequantize(q).to_double_vector(), X = q8_0_activations(x).to_double_vector();
+    std::vector<double> exact(M * N), b(M * N);
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < N; ++n) {
+        double s = 0, a = 0;
+        for (std::int64_t k = 0; k < K; ++k) s += X[m * K + k] * D[n * K + k], a += std::fabs(X[m * K + k] * D[n * K + k]);
+        exact[m * N + n] = s, b[m * N + n] = (gamma(K) + 3 * u) * a;  // the dot product's bound, plus dw·dx and the int's scaling
+      }
+    Tensor r = Tensor::empty({M, N}, DType::F32);
+    qmatmul_ref(x, q, r);
+    expect_within(r.to_double_vector(), exact, b, "reference");
+    expect_within(qmatmul(x, q).to_double_vector(), exact, b, "fast");
   }
 }
 
@@ -844,24 +893,40 @@ TEST(Gguf, AQwen2RunsAsTransformersDoes) {
                      {"bad.gguf", "qwen2.block_count"});
 }
 
-// Products over x of a matrix's packed blocks (the ref:: product and the fast one) within the dot
-// product's bound of float64 over the decoded values.
+// A k-quant matrix's minimum terms alone: the values its blocks give with every quant 0, which
+// are −dmin·m for q4_k (and 0 for q6_k, whose blocks have no minimum).
+std::vector<double> minimum_terms(const QMatrix& q) {
+  if (q.spec.format != Format::Q4_K) return std::vector<double>(static_cast<std::size_t>(q.rows * q.cols), 0.0);
+  QMatrix z = q;
+  z.data = q.data.clone();
+  auto* p = z.data.data<std::uint8_t>();
+  for (std::int64_t b = 0; b < q.data.numel() / 144; ++b) std::memset(p + b * 144 + 16, 0, 128);
+  return dequantize(z).to_double_vector();
+}
+
+// Products over x of a k-quant matrix's packed blocks (the ref:: product and the fast one): the
+// float64 product of the decoded values with x rounded through its q8_0 blocks, within the dot
+// product's bound. q4_k's fast product sums a sub-block's (d·sc)·q and dmin·m parts apart, so
+// its bound runs over |x|·(|w| + 2·dmin·m), the size of both parts, not over |x·w| alone.
 void expect_products_within_the_bound(const QMatrix& q, const std::string& what) {
   auto rng = test::rng_for_test();
-  const auto D = dequantize(q).to_double_vector();
+  const auto D = dequantize(q).to_double_vector(), Dm = minimum_terms(q);
   const std::int64_t N = q.rows, K = q.cols;
   for (const std::int64_t M : {1, 3, 4, 11}) {  // 1-4: the direct kernels; 11: unpacked rows
     SCOPED_TRACE(what + ", M = " + std::to_string(M));
     const Tensor x = test::uniform(rng, {M, K});
-    const auto X = x.to_double_vector();
+    const auto X = q8_0_activations(x).to_double_vector();
     std::vector<double> exact(M * N), b(M * N);
     for (std::int64_t m = 0; m < M; ++m)
       for (std::int64_t n = 0; n < N; ++n) {
         double s = 0, a = 0;
-        for (std::int64_t k = 0; k < K; ++k) s += X[m * K + k] * D[n * K + k], a += std::fabs(X[m * K + k] * D[n * K + k]);
-        // The dot product's γ_K, plus the scale products (d·sc, dmin·m) the fast path forms once
-        // per sub-block instead of per weight: a few roundings of each term.
-        exact[m * N + n] = s, b[m * N + n] = (gamma(K) + 4 * u) * a + 4 * u * std::fabs(s);
+        for (std::int64_t k = 0; k < K; ++k) {
+          const double xk = X[m * K + k], wk = D[n * K + k];
+          s += xk * wk, a += std::fabs(xk) * (std::fabs(wk) + 2 * std::fabs(Dm[n * K + k]));
+        }
+        // The dot product's γ_K, plus the scale products (d·sc·dx, dmin·m·dx) formed once per
+        // sub-block instead of per weight: a few roundings of each term.
+        exact[m * N + n] = s, b[m * N + n] = (gamma(K) + 4 * u) * a;
       }
     Tensor r = Tensor::empty({M, N}, DType::F32);
     qmatmul_ref(x, q, r);
@@ -918,9 +983,24 @@ void q6_k_block(const float* w, std::uint8_t* b) {
   }
 }
 
+// The simple path of a format that takes x as q8_0 blocks: its decoded f32 matrix, multiplied
+// (by ops::matmul) with x rounded through those blocks.
+struct DecodedWithBlockedInput : PackedMatrix {
+  Tensor w;
+  std::string fmt;
+  explicit DecodedWithBlockedInput(const QMatrix& q) : w(dequantize(q)), fmt(q.format()) {}
+  void matmul(const Tensor& x, Tensor& out) const override { linear(q8_0_activations(x), Linear(w), out); }
+  std::int64_t out_features() const override { return w.size(0); }
+  std::int64_t in_features() const override { return w.size(1); }
+  std::int64_t bytes() const override { return static_cast<std::int64_t>(w.nbytes()); }
+  Device device() const override { return Device::CPU; }
+  std::shared_ptr<const PackedMatrix> to_device(Device) const override { fail("CPU only"); }
+  std::string format() const override { return fmt + " decoded"; }
+};
+
 // A model shaped like a Q4_K_M file (widths multiples of 256): Q4_K projections, Q6_K for
 // ffn_down and the head, loads with every matrix packed in its own type and runs as the same
-// model decoded to f32 does.
+// model decoded to f32 (multiplying x rounded through q8_0 blocks, as the packed products do) does.
 TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
   test::TempDir dir;
   TransformerConfig c = ch01::load_llama(kData + "/models/tiny-mha").config;
@@ -956,9 +1036,12 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
   EXPECT_EQ(dequantize(qmatrix(m.layers[1].w_up, "w_up")).to_float_vector(),
             gguf::dequantize_rows(gguf::Type::Q4_K, g.raw("blk.1.ffn_up.weight"), c.hidden_size).to_float_vector());
   ch01::Llama wide = m;  // every matrix decoded to f32: the simple path
+  auto decoded = [](const Linear& l, const char* what) {
+    return Linear(std::make_shared<DecodedWithBlockedInput>(qmatrix(l, what)), l.bias);
+  };
   for (ch01::LlamaLayer& l : wide.layers)
-    for (Linear* w : l.linears()) *w = Linear(dequantize(qmatrix(*w, "projection")));
-  wide.lm_head = Linear(dequantize(qmatrix(m.lm_head, "head")));
+    for (Linear* w : l.linears()) *w = decoded(*w, "projection");
+  wide.lm_head = decoded(m.lm_head, "head");
   const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
   const auto a = ch01::forward(m, prompt).to_double_vector(), b = ch01::forward(wide, prompt).to_double_vector();
   const double bound = test::two_path_bound(m.config, b);
@@ -1132,7 +1215,8 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
       const QMatrix q = quantize(w, spec);
       const auto cpu = qmatmul(x, q).to_double_vector();
       const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_double_vector();
-      const auto D = dequantize(q).to_double_vector(), X = x.to_double_vector();
+      const auto D = dequantize(q).to_double_vector();
+      const auto X = (blocks_activations(spec.format) ? q8_0_activations(x) : x).to_double_vector();
       std::vector<double> b(cpu.size());
       for (std::int64_t m = 0; m < M; ++m)
         for (std::int64_t n = 0; n < 300; ++n) {
@@ -1154,13 +1238,13 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
     const Tensor x = test::uniform(rng, {M, K});
     const auto cpu = qmatmul(x, q).to_double_vector();
     const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_double_vector();
-    const auto D = want.to_double_vector(), X = x.to_double_vector();
+    const auto D = want.to_double_vector(), Dm = minimum_terms(q), X = q8_0_activations(x).to_double_vector();
     std::vector<double> b(cpu.size());
     for (std::int64_t m = 0; m < M; ++m)
       for (std::int64_t n = 0; n < N; ++n) {
-        double a = 0, s = 0;
-        for (std::int64_t k = 0; k < K; ++k) a += std::fabs(X[m * K + k] * D[n * K + k]), s += X[m * K + k] * D[n * K + k];
-        b[m * N + n] = 2 * ((gamma(K) + 4 * u) * a + 4 * u * std::fabs(s));  // each side's bound (KQuants test)
+        double a = 0;
+        for (std::int64_t k = 0; k < K; ++k) a += std::fabs(X[m * K + k]) * (std::fabs(D[n * K + k]) + 2 * std::fabs(Dm[n * K + k]));
+        b[m * N + n] = 2 * (gamma(K) + 4 * u) * a;  // each side's bound (expect_products_within_the_bound)
       }
     expect_within(gpu, cpu, b, "cuda vs cpu");
   }
