@@ -7,8 +7,8 @@
 /// dimensions, u64 sizes innermost first, u32 ggml type, u64 offset into the data section; padding
 /// to `general.alignment` (default 32); the data section, each tensor padded to the alignment.
 /// Strings are a u64 length and the bytes; arrays a u32 element type, u64 count and the elements.
-/// Tensor types read and written here: F32 (0), F16 (1), Q4_0 (2), Q8_0 (8), BF16 (30); read and
-/// dequantised (dequantize_rows): Q4_1 (3), Q5_0 (6), Q5_1 (7), Q4_K (12), Q5_K (13), Q6_K (14).
+/// Tensor types read and written here: F32 (0), F16 (1), Q4_0 (2), Q8_0 (8), BF16 (30); read, with
+/// their ref:: decoders (dequantize_rows): Q4_1 (3), Q5_0 (6), Q5_1 (7), Q4_K (12), Q5_K (13), Q6_K (14).
 
 #include <cstdint>
 #include <map>
@@ -38,7 +38,7 @@ std::int64_t block_values(Type t);
 /// - Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins packed in 12 bytes, each value
 ///   (d·sc)·q − (dmin·m), q 4 bits (and one more from qh for Q5_K);
 /// - Q6_K: 16 sub-blocks of 16 with int8 scales, (d·sc)·(q − 32), q 4 bits of ql and 2 of qh.
-/// Also Q8_0 and Q4_0. The ref:: decoders of the GGUF types; a model loads them as f32 matrices.
+/// Also Q8_0 and Q4_0. The ref:: decoders of the GGUF types (a model runs them packed, chapter 09).
 Tensor dequantize_rows(Type t, const Tensor& raw, std::int64_t cols);
 /// One block of a block type (block_values(t) values from row_bytes(t, block_values(t)) bytes),
 /// decoded as dequantize_rows does.

@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "chapters/09_quantization/quant_impl.h"
 #include "common/atomic_file.h"
 #include "common/gguf_tokenizer.h"
 #include "common/json_file.h"
@@ -216,27 +217,19 @@ ch01::Llama load_gguf(const gguf::File& f) {
   const TransformerConfig c = gguf_config(f);
   const gguf::Type qt = f.info("blk.0.attn_q.weight").type;
   const bool plain = qt == gguf::Type::F32 || qt == gguf::Type::F16 || qt == gguf::Type::BF16;
-  // Q8_0, Q4_0, Q4_K and Q6_K matrices run packed (chapter 09's products read their bytes); Q4_1,
-  // Q5_0, Q5_1 and Q5_K are decoded at load and run as f32 matrices: the same function, not yet
-  // the stored type's speed.
-  auto decoded_at_load = [](gguf::Type t) {
-    return t == gguf::Type::Q4_1 || t == gguf::Type::Q5_0 || t == gguf::Type::Q5_1 || t == gguf::Type::Q5_K;
-  };
+  // Every block type's matrices run packed: chapter 09's products read their bytes.
   auto packed_format = [](gguf::Type t) -> std::optional<Format> {
-    switch (t) {
-      case gguf::Type::Q8_0: return Format::Q8_0;
-      case gguf::Type::Q4_0: return Format::Q4_0;
-      case gguf::Type::Q4_K: return Format::Q4_K;
-      case gguf::Type::Q6_K: return Format::Q6_K;
-      default: return std::nullopt;
-    }
+    for (Format fmt : {Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q4_K, Format::Q5_K,
+                       Format::Q6_K})
+      if (gguf_type(fmt) == t) return fmt;
+    return std::nullopt;
   };
   // A packed matrix, its scales checked first (a NaN scale would decode as NaN).
   auto packed = [&](const std::string& name, Format fmt, std::int64_t rows, std::int64_t cols) {
     check_block_scales(f.raw(name), fmt, path + ": tensor " + name);
     return std::make_shared<QMatrix>(QuantSpec{fmt}, rows, cols, f.raw(name).clone());
   };
-  IL_CHECK(plain || decoded_at_load(qt) || packed_format(qt), path, ": projections are ",
+  IL_CHECK(plain || packed_format(qt), path, ": projections are ",
            gguf::type_name(qt), "; this loader reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K models");
   std::set<std::string> used;
   // Anything failing while a tensor is read (a conversion, an allocation) names the file and it.
@@ -247,8 +240,6 @@ ch01::Llama load_gguf(const gguf::File& f) {
       IL_CHECK(i.shape == s, path, ": tensor ", name, " has shape ", shape_str(i.shape), ", expected ", shape_str(s));
       if (i.type == gguf::Type::F32 || i.type == gguf::Type::F16 || i.type == gguf::Type::BF16)
         return check_finite(f.tensor(name).to(DType::F32), path + ": tensor " + name);
-      if (decoded_at_load(i.type) && s.size() == 2)
-        return check_finite(gguf::dequantize_rows(i.type, f.raw(name), s[1]), path + ": tensor " + name);
       IL_CHECK(packed_format(i.type) && s.size() == 2, path, ": tensor ", name, " is ", gguf::type_name(i.type),
                shape_str(s), "; this loader reads F32, F16 and BF16 vectors and matrices of its block types");
       return dequantize(*packed(name, *packed_format(i.type), s[0], s[1]));
@@ -261,11 +252,9 @@ ch01::Llama load_gguf(const gguf::File& f) {
       // Q4_K_M and its kin mix types across tensors (Q6_K for some, Q4_K for the rest; Q8_0 in
       // small ones): each matrix runs in its own type.
       const bool plain_type = i.type == gguf::Type::F32 || i.type == gguf::Type::F16 || i.type == gguf::Type::BF16;
-      IL_CHECK(i.shape == Shape({rows, cols}) && (plain_type || decoded_at_load(i.type) || packed_format(i.type)), path,
+      IL_CHECK(i.shape == Shape({rows, cols}) && (plain_type || packed_format(i.type)), path,
                ": tensor ", name, " is ", gguf::type_name(i.type), shape_str(i.shape), ", expected a matrix ",
                shape_str(Shape{rows, cols}));
-      if (decoded_at_load(i.type))
-        return Linear(check_finite(gguf::dequantize_rows(i.type, f.raw(name), cols), path + ": tensor " + name));
       // A plain matrix runs in its stored type (the products widen 16-bit weights as they read them).
       if (plain_type) return Linear(check_finite(f.tensor(name).clone(), path + ": tensor " + name));
       return Linear(packed(name, *packed_format(i.type), rows, cols));

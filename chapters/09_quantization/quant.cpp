@@ -27,6 +27,10 @@ std::string QuantSpec::name() const {
     case Format::Fp8E4M3: return "fp8_e4m3";
     case Format::Q4_K: return "q4_k";
     case Format::Q6_K: return "q6_k";
+    case Format::Q4_1: return "q4_1";
+    case Format::Q5_0: return "q5_0";
+    case Format::Q5_1: return "q5_1";
+    case Format::Q5_K: return "q5_k";
   }
   return "?";
 }
@@ -39,8 +43,9 @@ QuantSpec QuantSpec::parse(const std::string& n) {
       QuantSpec s{f, g};
       if (s.name() == n) return s;
     }
-  IL_CHECK(n != "q4_k" && n != "q6_k", "quantisation format '", n, "' is read from GGUF files (llama.cpp's quantiser "
-           "makes it), not produced here");
+  for (Format f : {Format::Q4_K, Format::Q5_K, Format::Q6_K, Format::Q4_1, Format::Q5_0, Format::Q5_1})
+    IL_CHECK(n != QuantSpec{f}.name(), "quantisation format '", n, "' is read from GGUF files (llama.cpp's quantiser "
+             "makes it), not produced here");
   std::string names;
   for (const QuantSpec& s : all_specs()) names += (names.empty() ? "" : ", ") + s.name();
   fail("unknown quantisation format '", n, "' (known: ", names, ", and int4_g{32,64,128}_{sym,asym})");
@@ -86,13 +91,18 @@ std::uint8_t f32_to_e4m3(float f) {
 namespace {
 std::uint16_t to_half(float f) { return f32_to_f16(f); }
 // Bytes and values of one block of the block formats.
-std::int64_t block_bytes(Format f) {
-  return f == Format::Q8_0 ? 34 : f == Format::Q4_0 ? 18 : f == Format::Q4_K ? 144 : 210;
-}
-std::int64_t block_values(Format f) { return f == Format::Q4_K || f == Format::Q6_K ? 256 : 32; }
-// Where a block keeps its f16 scales: d (and dmin for q4_k).
+std::int64_t block_values(Format f) { return gguf::block_values(gguf_type(f)); }
+std::int64_t block_bytes(Format f) { return gguf::row_bytes(gguf_type(f), block_values(f)); }
+// Where a block keeps its f16 scales: d (and the minimum's scale, m or dmin, where there is one).
 std::vector<int> half_offsets(Format f) {
-  return f == Format::Q4_K ? std::vector<int>{0, 2} : f == Format::Q6_K ? std::vector<int>{208} : std::vector<int>{0};
+  switch (f) {
+    case Format::Q4_1:
+    case Format::Q5_1:
+    case Format::Q4_K:
+    case Format::Q5_K: return {0, 2};
+    case Format::Q6_K: return {208};
+    default: return {0};
+  }
 }
 }  // namespace
 
@@ -246,7 +256,11 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
       return q;
     }
     case Format::Q4_K:
-    case Format::Q6_K: fail(what, ": ", spec.name(), " is read from GGUF files, not produced here");
+    case Format::Q5_K:
+    case Format::Q6_K:
+    case Format::Q4_1:
+    case Format::Q5_0:
+    case Format::Q5_1: fail(what, ": ", spec.name(), " is read from GGUF files, not produced here");
     case Format::Fp8E4M3: {
       float amax = 0;
       for (std::int64_t i = 0; i < n_out * n_in; ++i) amax = std::max(amax, std::fabs(W[i]));
@@ -322,6 +336,34 @@ float weight_value(const QMatrix& q, std::int64_t n, std::int64_t k) {
       const int v = (((ql[l + 32 * (r % 2)] >> (4 * (r / 2))) & 15) | (((qh[l] >> (2 * r)) & 3) << 4)) - 32;
       return from_half(b + 208) * static_cast<float>(sc[l / 16 + 2 * r]) * static_cast<float>(v);
     }
+    case Format::Q4_1:
+    case Format::Q5_0:
+    case Format::Q5_1: {
+      // Blocks of 32: element j < 16 in the low nibble of qs[j], j ≥ 16 in the high nibble of
+      // qs[j − 16] (q4_0's order); q5_x add bit j of the 32-bit qh as the fifth bit.
+      const std::int64_t bb = block_bytes(q.spec.format);
+      const std::uint8_t* b = q.data.data<std::uint8_t>() + n * (n_in / 32 * bb) + (k / 32) * bb;
+      const int j = static_cast<int>(k % 32);
+      const bool has_min = q.spec.format != Format::Q5_0, five = q.spec.format != Format::Q4_1;
+      const std::uint8_t* qs = b + (has_min ? 4 : 2) + (five ? 4 : 0);
+      int v = (qs[j % 16] >> (j < 16 ? 0 : 4)) & 15;
+      if (five) {
+        std::uint32_t qh;
+        std::memcpy(&qh, b + (has_min ? 4 : 2), 4);
+        v |= static_cast<int>((qh >> j) & 1) << 4;
+      }
+      if (!has_min) return from_half(b) * static_cast<float>(v - 16);
+      return from_half(b) * static_cast<float>(v) + from_half(b + 2);
+    }
+    case Format::Q5_K: {
+      // As q4_k, with qh[l] (32 bytes after the scales) giving sub-block s its fifth bit in bit s.
+      const std::uint8_t* b = q.data.data<std::uint8_t>() + n * (n_in / 256 * 176) + (k / 256) * 176;
+      const int i = static_cast<int>(k % 256), j = i / 64, l = i % 32, high = (i % 64) / 32, sub = 2 * j + high;
+      std::uint8_t sc, m;
+      gguf::scale_min_k4(sub, b + 4, sc, m);
+      const int v = ((b[48 + 32 * j + l] >> (4 * high)) & 15) | (((b[16 + l] >> sub) & 1) << 4);
+      return from_half(b) * static_cast<float>(sc) * static_cast<float>(v) - from_half(b + 2) * static_cast<float>(m);
+    }
   }
   return 0;
 }
@@ -376,7 +418,31 @@ void check_product(const Tensor& x, const QMatrix& w, const Tensor& out) {
 }  // namespace
 
 bool blocks_activations(Format f) {
-  return f == Format::Q8_0 || f == Format::Q4_0 || f == Format::Q4_K || f == Format::Q6_K;
+  switch (f) {
+    case Format::Q8_0:
+    case Format::Q4_0:
+    case Format::Q4_1:
+    case Format::Q5_0:
+    case Format::Q5_1:
+    case Format::Q4_K:
+    case Format::Q5_K:
+    case Format::Q6_K: return true;
+    default: return false;
+  }
+}
+
+gguf::Type gguf_type(Format f) {
+  switch (f) {
+    case Format::Q8_0: return gguf::Type::Q8_0;
+    case Format::Q4_0: return gguf::Type::Q4_0;
+    case Format::Q4_1: return gguf::Type::Q4_1;
+    case Format::Q5_0: return gguf::Type::Q5_0;
+    case Format::Q5_1: return gguf::Type::Q5_1;
+    case Format::Q4_K: return gguf::Type::Q4_K;
+    case Format::Q5_K: return gguf::Type::Q5_K;
+    case Format::Q6_K: return gguf::Type::Q6_K;
+    default: fail("gguf_type: ", QuantSpec{f}.name(), " is not a GGUF block format");
+  }
 }
 
 BlockedActivations::BlockedActivations(const Tensor& x) : rows(x.size(0)), cols(x.size(1)) {
@@ -479,7 +545,7 @@ void qmatmul_ref(const Tensor& x, const QMatrix& w, Tensor& out) {
     }
     return;
   }
-  // q4_0, q4_k, q6_k: y = Σ_k x̂_k · w(n, k), x̂ = x rounded through q8_0 blocks. The fast path
+  // q4_0 and the other GGUF block formats: y = Σ_k x̂_k · w(n, k), x̂ = x rounded through q8_0 blocks. The fast path
   // sums the same products in int32 per block, so only the float rounding differs.
   if (blocks_activations(w.spec.format)) {
     const BlockedActivations a(x);

@@ -1,7 +1,8 @@
 // Chapter 09's CUDA products: one warp per output row streams the packed weights and unpacks
-// them in registers; llm_int8 and q8_0 accumulate int8·int8 products in int32 (__dp4a). q4_0,
-// q4_k and q6_k multiply x rounded through q8_0 blocks, the function their CPU products compute;
-// their kernels then multiply in f32 (q8_0's __dp4a sums would be the next step for them too).
+// them in registers; llm_int8 and q8_0 accumulate int8·int8 products in int32 (__dp4a). The other
+// GGUF block formats (q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k) multiply x rounded through q8_0
+// blocks, the function their CPU products compute; their kernels then multiply in f32 (q8_0's
+// __dp4a sums would be the next step for them too).
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -62,16 +63,38 @@ __device__ inline void unpack8(const View& v, long long n, int k, float* w) {
       const int q = o < 16 ? (b[2 + o + j] & 15) : (b[2 + o - 16 + j] >> 4);
       w[j] = static_cast<float>(q - 8) * d;
     }
-  } else if constexpr (F == Format::Q4_K) {
-    // 8 weights of one 32-value sub-block: one 6-bit scale and min (weight_value in quant.cpp).
-    const std::uint8_t* b = v.data + n * (K / 256 * 144) + (k / 256) * 144;
+  } else if constexpr (F == Format::Q4_1 || F == Format::Q5_0 || F == Format::Q5_1) {
+    // 8 weights of one block of 32: nibbles as q4_0, the fifth bit from qh (weight_value in quant.cpp).
+    constexpr bool kMin = F != Format::Q5_0, kFive = F != Format::Q4_1;
+    constexpr int kBytes = 18 + (kMin ? 2 : 0) + (kFive ? 4 : 0), kQh = kMin ? 4 : 2, kQs = kQh + (kFive ? 4 : 0);
+    const std::uint8_t* b = v.data + n * (K / 32 * kBytes) + (k / 32) * kBytes;
+    const float d = half_at(b), m = kMin ? half_at(b + 2) : 0.0f;
+    const int o = k % 32;
+    unsigned qh = 0;
+    if (kFive) memcpy(&qh, b + kQh, 4);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      int q = o < 16 ? (b[kQs + o + j] & 15) : (b[kQs + o - 16 + j] >> 4);
+      if (kFive) q |= static_cast<int>((qh >> (o + j)) & 1) << 4;
+      w[j] = kMin ? d * static_cast<float>(q) + m : d * static_cast<float>(q - 16);
+    }
+  } else if constexpr (F == Format::Q4_K || F == Format::Q5_K) {
+    // 8 weights of one 32-value sub-block: one 6-bit scale and min (weight_value in quant.cpp);
+    // q5_k's fifth bit of sub-block s is bit s of qh[l].
+    constexpr bool kFive = F == Format::Q5_K;
+    constexpr int kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
+    const std::uint8_t* b = v.data + n * (K / 256 * kBytes) + (k / 256) * kBytes;
     const int i = k % 256, j = i / 64, l = i % 32, high = (i % 64) / 32, sub = 2 * j + high;
     const std::uint8_t* q = b + 4;
     const int sc = sub < 4 ? q[sub] & 63 : (q[sub + 4] & 0xF) | ((q[sub - 4] >> 6) << 4);
     const int mn = sub < 4 ? q[sub + 4] & 63 : (q[sub + 4] >> 4) | ((q[sub] >> 6) << 4);
     const float d = half_at(b) * static_cast<float>(sc), m = half_at(b + 2) * static_cast<float>(mn);
 #pragma unroll
-    for (int t = 0; t < 8; ++t) w[t] = d * static_cast<float>((b[16 + 32 * j + l + t] >> (4 * high)) & 15) - m;
+    for (int t = 0; t < 8; ++t) {
+      int qv = (b[kQs + 32 * j + l + t] >> (4 * high)) & 15;
+      if (kFive) qv |= ((b[16 + l + t] >> sub) & 1) << 4;
+      w[t] = d * static_cast<float>(qv) - m;
+    }
   } else if constexpr (F == Format::Q6_K) {
     // 8 weights of one 16-value scale group of one quarter (weight_value in quant.cpp).
     const std::uint8_t* b = v.data + n * (K / 256 * 210) + (k / 256) * 210;
@@ -182,8 +205,8 @@ __global__ void quantize_q8_0(const float* __restrict__ x, long long blocks, std
   for (int i = 0; i < 32; ++i) out[b * 34 + 2 + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(roundf(p[i] * id)));
 }
 
-// x rounded through its q8_0 blocks, d·round(x / d), for q4_0, q4_k and q6_k: the x their CPU
-// products multiply (q8_0_activations). The weight-only kernels then run on it unchanged.
+// x rounded through its q8_0 blocks, d·round(x / d), for the GGUF block formats but q8_0: the x
+// their CPU products multiply (q8_0_activations). The weight-only kernels then run on it unchanged.
 __global__ void round_q8_0(const float* __restrict__ x, long long blocks, float* __restrict__ out) {
   const long long b = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (b >= blocks) return;
@@ -230,7 +253,8 @@ void launch_weight_only(const View& v, const Tensor& x, Tensor& out, int N) {
   launch_weight_only<F>(v, x.data<float>(), static_cast<int>(x.size(0)), out, N);
 }
 
-// q4_0, q4_k, q6_k: x rounded through its q8_0 blocks (into scratch), then the weight-only kernel.
+// The GGUF block formats but q8_0: x rounded through its q8_0 blocks (into scratch), then the
+// weight-only kernel.
 template <Format F>
 void launch_blocked(const View& v, const Tensor& x, Tensor& out, int N) {
   const int M = static_cast<int>(x.size(0));
@@ -254,8 +278,8 @@ void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
   }
   const int M = static_cast<int>(x.size(0)), N = static_cast<int>(w.rows), K = static_cast<int>(w.cols);
   IL_CHECK(K % 32 == 0, "qmatmul (CUDA): the input width n_in = ", K, " must be a multiple of 32");
-  IL_CHECK((w.spec.format != Format::Q4_K && w.spec.format != Format::Q6_K) || K % 256 == 0, "qmatmul (CUDA): ",
-           w.spec.name(), " rows are whole super-blocks of 256, got n_in = ", K);
+  IL_CHECK(!blocks_activations(w.spec.format) || K % gguf::block_values(gguf_type(w.spec.format)) == 0,
+           "qmatmul (CUDA): ", w.spec.name(), " rows are whole super-blocks of 256, got n_in = ", K);
   if (M == 0 || N == 0) return;  // nothing to compute (and a grid of zero blocks is a launch error)
   const View v{static_cast<const std::uint8_t*>(w.data.raw_data()), w.scales.defined() ? w.scales.data<float>() : nullptr,
                w.zeros.defined() ? w.zeros.data<std::uint8_t>() : nullptr, K, w.spec.group};
@@ -268,6 +292,10 @@ void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
     case Format::Fp8E4M3: return launch_weight_only<Format::Fp8E4M3>(v, x, out, N);
     case Format::Q4_K: return launch_blocked<Format::Q4_K>(v, x, out, N);
     case Format::Q6_K: return launch_blocked<Format::Q6_K>(v, x, out, N);
+    case Format::Q4_1: return launch_blocked<Format::Q4_1>(v, x, out, N);
+    case Format::Q5_0: return launch_blocked<Format::Q5_0>(v, x, out, N);
+    case Format::Q5_1: return launch_blocked<Format::Q5_1>(v, x, out, N);
+    case Format::Q5_K: return launch_blocked<Format::Q5_K>(v, x, out, N);
     case Format::LlmInt8: {
       char* base = static_cast<char*>(cuda::scratch(static_cast<std::size_t>(K) * 4 + static_cast<std::size_t>(M) * K + M * 4 + 512));
       int* flag = reinterpret_cast<int*>(base);

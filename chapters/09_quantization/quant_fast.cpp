@@ -10,8 +10,10 @@
 // The formats whose products take x as q8_0 blocks (x_k = dx_b · xq_k) sum byte products in
 // int32 per block of 32 (vpmaddubsw: 32 products in two instructions), then scale once:
 //   q8_0 blocks     y = Σ_b (dw_b · dx_b) · Σ_{k ∈ b} q_k xq_k
-//   q4_0 blocks     y = Σ_b (dw_b · dx_b) · Σ_{k ∈ b} (q_k − 8) xq_k
+//   q4_0 blocks     y = Σ_b (dw_b · dx_b) · Σ_{k ∈ b} (q_k − 8) xq_k       (q5_0: q_k − 16)
+//   q4_1 blocks     y = Σ_b dx_b · (dw_b · Σ_{k ∈ b} q_k xq_k + m_b · Σ_{k ∈ b} xq_k)   (q5_1 too)
 //   q4_k sub-blocks y = Σ_j dx_j · ((d·sc_j) · Σ_{k ∈ j} q_k xq_k − (dmin·m_j) · Σ_{k ∈ j} xq_k)
+//                   (q5_k too)
 //   q6_k            y = Σ_b (d · dx_b) · Σ_{16-value groups g ⊂ b} sc_g · Σ_{k ∈ g} (q_k − 32) xq_k
 // Prefill (many rows of x) unpacks each weight row once into f32 and reuses it for every row (of
 // x, or of x rounded through its q8_0 blocks). Without AVX2 both cases take the unpacking path.
@@ -90,12 +92,16 @@ void unpack_row(const QMatrix& q, std::int64_t n, float* __restrict__ out) {
       for (std::int64_t k = 0; k < n_in; ++k) out[k] = t[r[k]] * s;
       return;
     }
+    case Format::Q4_1:
+    case Format::Q5_0:
+    case Format::Q5_1:
     case Format::Q4_K:
+    case Format::Q5_K:
     case Format::Q6_K: {
-      const gguf::Type t = q.spec.format == Format::Q4_K ? gguf::Type::Q4_K : gguf::Type::Q6_K;
-      const std::int64_t bb = q.spec.format == Format::Q4_K ? 144 : 210;
-      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (n_in / 256 * bb);
-      for (std::int64_t b = 0; b < n_in / 256; ++b) gguf::dequantize_block(t, r + b * bb, out + b * 256);
+      const gguf::Type t = gguf_type(q.spec.format);
+      const std::int64_t bv = gguf::block_values(t), bb = gguf::row_bytes(t, bv);
+      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (n_in / bv * bb);
+      for (std::int64_t b = 0; b < n_in / bv; ++b) gguf::dequantize_block(t, r + b * bb, out + b * bv);
       return;
     }
     case Format::LlmInt8:
@@ -208,33 +214,67 @@ void fp8_32(const std::uint8_t* p, const float* x, Acc4& acc) {
   acc.a[3] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1)), _mm256_loadu_ps(x + 24), acc.a[3]);
 }
 
-// q4_0 · q8_0 for one output: per block, q − 8 as signed bytes against x's bytes, an exact int32
-// sum scaled by dw·dx. Even and odd blocks accumulate in two chains.
-float q4_0_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, std::int64_t nb) {
-  const __m256i eight = _mm256_set1_epi8(8);
-  __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (std::int64_t b = 0; b < nb; ++b, r += 18) {
-    const __m256i s = dot32_i8(_mm256_sub_epi8(nibbles32(r + 2), eight), load32(xq + 32 * b));
-    y[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(half(r) * dx[b]), y[b & 1]);
-  }
-  return hsum(_mm256_add_ps(y[0], y[1]));
+// The 32 bits at p (little-endian) as 32 bytes: byte j is 16 where bit j is set, else 0 (the
+// fifth bit of q5_0's and q5_1's element j). Each byte picks the byte of the word holding its bit
+// (vpshufb), then tests that bit against a mask with one bit set per byte.
+__m256i fifth_bits(const std::uint8_t* p) {
+  std::uint32_t h;
+  std::memcpy(&h, p, 4);
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h)), pick);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(16));
 }
 
-// q4_k · q8_0 for one output: a sub-block of 32 is one x block. Its nibbles (0-15, unsigned) meet
-// x's bytes in vpmaddubsw directly; the minimum's term needs only Σ xq, summed once per call.
-float q4_k_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nb) {
-  const __m256i m4 = _mm256_set1_epi8(15);
+// q4_0, q4_1, q5_0, q5_1 · q8_0 for one output, per block of 32 (18, 20, 22, 24 bytes: f16 d,
+// for _1 an f16 minimum m, for q5 the 32 fifth bits, 16 bytes of nibbles). q4_0 and q5_0 centre
+// their values (q − 8, q − 16) into signed bytes: an exact int32 sum scaled by dw·dx. q4_1 and
+// q5_1 keep q unsigned and add m·dx·Σ xq. Even and odd blocks accumulate in two chains.
+template <Format F>
+float q32_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nb) {
+  constexpr bool kMin = F == Format::Q4_1 || F == Format::Q5_1, kFive = F == Format::Q5_0 || F == Format::Q5_1;
+  constexpr int kBytes = 18 + (kMin ? 2 : 0) + (kFive ? 4 : 0), kQh = kMin ? 4 : 2, kQs = kQh + (kFive ? 4 : 0);
+  const __m256i centre = _mm256_set1_epi8(kFive ? 16 : 8);
   __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   float ym = 0.0f;
-  for (std::int64_t b = 0; b < nb; ++b, r += 144, xq += 256, dx += 8, xs += 8) {
+  for (std::int64_t b = 0; b < nb; ++b, r += kBytes) {
+    __m256i q = nibbles32(r + kQs);
+    if constexpr (kFive) q = _mm256_or_si256(q, fifth_bits(r + kQh));
+    const __m256i x = load32(xq + 32 * b);
+    const __m256i s = kMin ? dot32_u8_i8(q, x) : dot32_i8(_mm256_sub_epi8(q, centre), x);
+    y[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(half(r) * dx[b]), y[b & 1]);
+    if constexpr (kMin) ym += half(r + 2) * dx[b] * static_cast<float>(xs[b]);
+  }
+  return hsum(_mm256_add_ps(y[0], y[1])) + ym;
+}
+
+// q4_k and q5_k · q8_0 for one output: a sub-block of 32 is one x block. Its values (0-15, or
+// 0-31 with q5_k's bit from qh) meet x's bytes in vpmaddubsw directly; the minimum's term needs
+// only Σ xq, summed once per call.
+template <Format F>
+float qk_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nb) {
+  constexpr bool kFive = F == Format::Q5_K;
+  constexpr int kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
+  const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+  __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  float ym = 0.0f;
+  for (std::int64_t b = 0; b < nb; ++b, r += kBytes, xq += 256, dx += 8, xs += 8) {
     const float d = half(r), dmin = half(r + 2);
+    [[maybe_unused]] const __m256i qh = load32(r + 16);
     for (int j = 0; j < 4; ++j) {
       std::uint8_t sc1, m1, sc2, m2;
       gguf::scale_min_k4(2 * j, r + 4, sc1, m1);
       gguf::scale_min_k4(2 * j + 1, r + 4, sc2, m2);
-      const __m256i raw = load32(r + 16 + 32 * j);
-      const __m256i lo = dot32_u8_i8(_mm256_and_si256(raw, m4), load32(xq + 64 * j));
-      const __m256i hi = dot32_u8_i8(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), load32(xq + 64 * j + 32));
+      const __m256i raw = load32(r + kQs + 32 * j);
+      __m256i qlo = _mm256_and_si256(raw, m4), qhi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      if constexpr (kFive) {  // sub-block s's fifth bit is bit s of qh[l]: moved to bit 4 of byte l
+        const __m256i bits = _mm256_srli_epi16(qh, 2 * j);
+        qlo = _mm256_or_si256(qlo, _mm256_slli_epi16(_mm256_and_si256(bits, one), 4));
+        qhi = _mm256_or_si256(qhi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 1), one), 4));
+      }
+      const __m256i lo = dot32_u8_i8(qlo, load32(xq + 64 * j));
+      const __m256i hi = dot32_u8_i8(qhi, load32(xq + 64 * j + 32));
       y[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_set1_ps(d * static_cast<float>(sc1) * dx[2 * j]), y[0]);
       y[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_set1_ps(d * static_cast<float>(sc2) * dx[2 * j + 1]), y[1]);
       ym += dmin * static_cast<float>(m1) * dx[2 * j] * static_cast<float>(xs[2 * j]) +
@@ -277,10 +317,15 @@ float blocked_dot(const QMatrix& q, std::int64_t n, const BlockedActivations& a,
   const std::int64_t n_in = q.cols, nb = n_in / 32;
   const std::int8_t* xq = a.q.data() + m * n_in;
   const float* dx = a.d.data() + m * nb;
+  const std::int32_t* xs = a.sum.data() + m * nb;
   const std::uint8_t* w = q.data.data<std::uint8_t>();
   switch (q.spec.format) {
-    case Format::Q4_0: return q4_0_q8_dot(w + n * nb * 18, xq, dx, nb);
-    case Format::Q4_K: return q4_k_q8_dot(w + n * (n_in / 256 * 144), xq, dx, a.sum.data() + m * nb, n_in / 256);
+    case Format::Q4_0: return q32_q8_dot<Format::Q4_0>(w + n * nb * 18, xq, dx, xs, nb);
+    case Format::Q4_1: return q32_q8_dot<Format::Q4_1>(w + n * nb * 20, xq, dx, xs, nb);
+    case Format::Q5_0: return q32_q8_dot<Format::Q5_0>(w + n * nb * 22, xq, dx, xs, nb);
+    case Format::Q5_1: return q32_q8_dot<Format::Q5_1>(w + n * nb * 24, xq, dx, xs, nb);
+    case Format::Q4_K: return qk_q8_dot<Format::Q4_K>(w + n * (n_in / 256 * 144), xq, dx, xs, n_in / 256);
+    case Format::Q5_K: return qk_q8_dot<Format::Q5_K>(w + n * (n_in / 256 * 176), xq, dx, xs, n_in / 256);
     case Format::Q6_K: return q6_k_q8_dot(w + n * (n_in / 256 * 210), xq, dx, n_in / 256);
     default: break;
   }
@@ -410,7 +455,7 @@ void q8_0(const BlockedActivations& a, const QMatrix& w, float* Y) {
       Y[m * n_out + n] = q8_0_dot(w.data.data<std::uint8_t>() + n * nb * 34, a.q.data() + m * n_in, a.d.data() + m * nb, nb);
 }
 
-// q4_0, q4_k, q6_k: integer products at decode; at prefill x̂ (x rounded through its blocks) in f32
+// q4_0 and the other GGUF block formats but q8_0: integer products at decode; at prefill x̂ (x rounded through its blocks) in f32
 // against each unpacked row, the same function.
 void blocked(const BlockedActivations& a, const QMatrix& w, float* Y) {
   const std::int64_t M = a.rows, n_in = a.cols, n_out = w.rows;

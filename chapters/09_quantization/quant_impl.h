@@ -3,18 +3,22 @@
 #include <vector>
 
 #include "chapters/09_quantization/quant.h"
+#include "common/gguf.h"
 
 namespace inferlab::ch09 {
 
 /// The value the format gives weight (n, k) (CPU).
 float weight_value(const QMatrix& q, std::int64_t n, std::int64_t k);
+/// The GGUF tensor type whose blocks a blocks_activations() format holds (throws for the others).
+gguf::Type gguf_type(Format f);
 /// An f16 stored at p (little-endian), as float.
 float from_half(const std::uint8_t* p);
 /// llama.cpp's reference Q8_0 / Q4_0 block quantisers: 32 floats -> 34 / 18 bytes.
 void quantize_q8_0_block(const float* x, std::uint8_t* out);
 void quantize_q4_0_block(const float* x, std::uint8_t* out);
 /// x [M, n_in] as q8_0 blocks, side by side: the int8 values, each block's scale (its f16, as a
-/// float) and Σ q over the block (q4_k's minimum term). value() is q8_0_activations().
+/// float) and Σ q over the block (the minimum's term of q4_1, q5_1, q4_k and q5_k). value() is
+/// q8_0_activations().
 struct BlockedActivations {
   std::int64_t rows = 0, cols = 0;
   std::vector<std::int8_t> q;     ///< [M, n_in]

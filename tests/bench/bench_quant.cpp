@@ -7,6 +7,8 @@
 #include <cmath>
 
 #include "chapters/09_quantization/quant.h"
+#include "chapters/09_quantization/quant_impl.h"
+#include "common/gguf.h"
 #include "common/ceiling.h"
 #include "common/cuda/backend.h"
 #include "common/metrics.h"
@@ -90,29 +92,31 @@ BENCHMARK(BM_CpuMatvecBaseline)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaMatvecBaseline)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 const std::vector<QuantSpec> kSpecs = {{Format::Int8Row}, {Format::LlmInt8},      {Format::Q8_0}, {Format::Fp8E4M3},
-                                      {Format::Int4Sym, 128}, {Format::Int4Asym, 128}, {Format::Q4_0}, {Format::Q4_K},
+                                      {Format::Int4Sym, 128}, {Format::Int4Asym, 128}, {Format::Q4_0}, {Format::Q4_1},
+                                      {Format::Q5_0},         {Format::Q5_1},          {Format::Q4_K}, {Format::Q5_K},
                                       {Format::Q6_K}};
 const int kLastSpec = static_cast<int>(kSpecs.size()) - 1;
 
-// q4_k and q6_k come from GGUF files, not from quantize(): super-blocks of pseudo-random bytes
-// (every quant and sub-block scale pattern is valid) with their f16 d (and dmin) set to 1/16.
-QMatrix kquant(Format f) {
-  const std::int64_t bb = f == Format::Q4_K ? 144 : 210, blocks = N * K / 256;
+// Formats that come from GGUF files, not from quantize(): blocks of pseudo-random bytes (every
+// quant and sub-block scale pattern is valid) with their f16 scales (d, and m or dmin) set to 1/16.
+bool from_gguf(Format f) { return f != Format::Q8_0 && f != Format::Q4_0 && blocks_activations(f); }
+QMatrix gguf_blocks(Format f) {
+  const gguf::Type t = gguf_type(f);
+  const std::int64_t bv = gguf::block_values(t), bb = gguf::row_bytes(t, bv), blocks = N * K / bv;
   Tensor bytes = Tensor::empty({blocks * bb}, DType::U8);
   auto* p = bytes.data<std::uint8_t>();
   std::uint64_t s = 7;
   for (std::int64_t i = 0; i < bytes.numel(); ++i) s ^= s << 13, s ^= s >> 7, s ^= s << 17, p[i] = static_cast<std::uint8_t>(s >> 32);
+  const std::vector<int> halves = f == Format::Q6_K ? std::vector<int>{208} : f == Format::Q5_0 ? std::vector<int>{0} : std::vector<int>{0, 2};
   for (std::int64_t b = 0; b < blocks; ++b)
-    for (const int o : f == Format::Q4_K ? std::vector<int>{0, 2} : std::vector<int>{208})
-      p[b * bb + o] = 0x00, p[b * bb + o + 1] = 0x2C;  // 0x2C00: 1/16
+    for (const int o : halves) p[b * bb + o] = 0x00, p[b * bb + o + 1] = 0x2C;  // 0x2C00: 1/16
   return QMatrix({f}, N, K, bytes);
 }
 
 void quantised_on(benchmark::State& state, Device dev) {
   if (skip_without(dev, state)) return;
   const QuantSpec spec = kSpecs.at(static_cast<std::size_t>(state.range(0)));
-  const bool k = spec.format == Format::Q4_K || spec.format == Format::Q6_K;
-  const QMatrix q = (k ? kquant(spec.format) : quantize(weights(), spec)).to(dev);
+  const QMatrix q = (from_gguf(spec.format) ? gguf_blocks(spec.format) : quantize(weights(), spec)).to(dev);
   const Tensor x = Tensor::zeros({1, K}, DType::F32, dev);
   Tensor out = Tensor::empty({1, N}, DType::F32, dev);
   run(state, dev, static_cast<double>(q.bytes()), spec.name(), [&] { qmatmul(x, q, out); });

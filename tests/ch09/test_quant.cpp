@@ -6,11 +6,13 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <sstream>
@@ -71,7 +73,11 @@ double bound(const QMatrix& q, const Tensor& w, std::int64_t n, std::int64_t k) 
     }
     case Format::Fp8E4M3: return x * 0x1p-4 + q.scales.data<float>()[0] * 0x1p-10 + slack;  // 3 mantissa bits; subnormals
     case Format::Q4_K:
-    case Format::Q6_K: break;  // read from GGUF files, never quantised here
+    case Format::Q5_K:
+    case Format::Q6_K:
+    case Format::Q4_1:
+    case Format::Q5_0:
+    case Format::Q5_1: break;  // read from GGUF files, never quantised here
   }
   return 0;
 }
@@ -893,21 +899,30 @@ TEST(Gguf, AQwen2RunsAsTransformersDoes) {
                      {"bad.gguf", "qwen2.block_count"});
 }
 
-// A k-quant matrix's minimum terms alone: the values its blocks give with every quant 0, which
-// are −dmin·m for q4_k (and 0 for q6_k, whose blocks have no minimum).
+// A GGUF block matrix's minimum terms alone: the values its blocks give with every quant 0, which
+// are m for q4_1 and q5_1, −dmin·m for q4_k and q5_k (and 0 for q5_0 and q6_k, whose blocks have
+// no minimum). Each block is [its scales][its quants]: the quants start at byte `from`.
 std::vector<double> minimum_terms(const QMatrix& q) {
-  if (q.spec.format != Format::Q4_K) return std::vector<double>(static_cast<std::size_t>(q.rows * q.cols), 0.0);
+  std::int64_t bb = 0, from = 0;
+  switch (q.spec.format) {
+    case Format::Q4_1: bb = 20, from = 4; break;
+    case Format::Q5_1: bb = 24, from = 4; break;
+    case Format::Q4_K: bb = 144, from = 16; break;
+    case Format::Q5_K: bb = 176, from = 16; break;
+    default: return std::vector<double>(static_cast<std::size_t>(q.rows * q.cols), 0.0);
+  }
   QMatrix z = q;
   z.data = q.data.clone();
   auto* p = z.data.data<std::uint8_t>();
-  for (std::int64_t b = 0; b < q.data.numel() / 144; ++b) std::memset(p + b * 144 + 16, 0, 128);
+  for (std::int64_t b = 0; b < q.data.numel() / bb; ++b) std::memset(p + b * bb + from, 0, static_cast<std::size_t>(bb - from));
   return dequantize(z).to_double_vector();
 }
 
-// Products over x of a k-quant matrix's packed blocks (the ref:: product and the fast one): the
-// float64 product of the decoded values with x rounded through its q8_0 blocks, within the dot
-// product's bound. q4_k's fast product sums a sub-block's (d·sc)·q and dmin·m parts apart, so
-// its bound runs over |x|·(|w| + 2·dmin·m), the size of both parts, not over |x·w| alone.
+// Products over x of a GGUF block matrix's packed blocks (the ref:: product and the fast one):
+// the float64 product of the decoded values with x rounded through its q8_0 blocks, within the
+// dot product's bound. The fast products of the formats with a minimum sum a block's scaled-q
+// and minimum parts apart (q4_k: (d·sc)·q and dmin·m), so their bound runs over
+// |x|·(|w| + 2·|minimum|), the size of both parts, not over |x·w| alone.
 void expect_products_within_the_bound(const QMatrix& q, const std::string& what) {
   auto rng = test::rng_for_test();
   const auto D = dequantize(q).to_double_vector(), Dm = minimum_terms(q);
@@ -935,17 +950,25 @@ void expect_products_within_the_bound(const QMatrix& q, const std::string& what)
   }
 }
 
-// Q4_K and Q6_K run packed: chapter 09's formats q4_k and q6_k hold the file's blocks, their
+// Every GGUF block type a downloaded file holds runs packed: chapter 09's formats q4_1 … q6_k
+// hold the file's blocks (random bytes with finite scales, so every bit pattern occurs), their
 // values are the gguf package's decoding bit for bit, and the products read the bytes.
-TEST(Gguf, KQuantsRunPackedAndDecodeAsTheGgufPackage) {
+TEST(Gguf, BlockTypesRunPackedAndDecodeAsTheGgufPackage) {
   const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
-  for (const auto& [name, fmt] : {std::pair{std::string("Q4_K"), Format::Q4_K}, std::pair{std::string("Q6_K"), Format::Q6_K}}) {
+  // Each format with its GGUF type's name and number (ggml.h's enum ggml_type).
+  for (const auto& [fmt, name, number] : std::vector<std::tuple<Format, std::string, std::uint32_t>>{
+           {Format::Q4_1, "Q4_1", 3}, {Format::Q5_0, "Q5_0", 6}, {Format::Q5_1, "Q5_1", 7},
+           {Format::Q4_K, "Q4_K", 12}, {Format::Q5_K, "Q5_K", 13}, {Format::Q6_K, "Q6_K", 14}}) {
     const Tensor bytes = f.get(name + ".bytes"), want = f.get(name + ".f32");
     const QMatrix q({fmt}, want.size(0), want.size(1), bytes.clone());
+    EXPECT_EQ(static_cast<std::uint32_t>(gguf_type(fmt)), number) << name;
+    std::string lower = name;
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    EXPECT_EQ(q.format(), lower);
     EXPECT_EQ(dequantize(q).to_float_vector(), want.to_float_vector()) << name;
     expect_products_within_the_bound(q, name);
+    test::expect_error([&] { QuantSpec::parse(q.format()); }, {q.format(), "read from GGUF files"});
   }
-  test::expect_error([] { QuantSpec::parse("q4_k"); }, {"q4_k", "read from GGUF files"});
 }
 
 // A valid Q4_K block for 256 values: every sub-block scale and min 1, dmin = 8·d, so each value is
@@ -998,14 +1021,58 @@ struct DecodedWithBlockedInput : PackedMatrix {
   std::string format() const override { return fmt + " decoded"; }
 };
 
-// A model shaped like a Q4_K_M file (widths multiples of 256): Q4_K projections, Q6_K for
-// ffn_down and the head, loads with every matrix packed in its own type and runs as the same
-// model decoded to f32 (multiplying x rounded through q8_0 blocks, as the packed products do) does.
-TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
-  test::TempDir dir;
-  TransformerConfig c = ch01::load_llama(kData + "/models/tiny-mha").config;
-  c.hidden_size = 256, c.intermediate_size = 512, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 64, c.num_layers = 2;
-  c.tie_word_embeddings = false;
+// A valid block of the other GGUF types for w (32 values, or 256 for q5_k) on a plain grid:
+// q4_1 and q5_1 d = (max − min) / (15 or 31) and m = min, so each value is d·q + m; q5_0
+// d = max|w| / 15, d·(q − 16); q5_k every sub-block scale and min 1 and dmin = 16·d, so each
+// value is d·(q − 16). Layouts as weight_value (llama.cpp's quantisers search better scales).
+void pack_block(gguf::Type t, const float* w, std::uint8_t* b) {
+  if (t == gguf::Type::Q4_K) return q4_k_block(w, b);
+  if (t == gguf::Type::Q6_K) return q6_k_block(w, b);
+  const int n = t == gguf::Type::Q5_K ? 256 : 32;
+  const bool has_min = t == gguf::Type::Q4_1 || t == gguf::Type::Q5_1;
+  const int top = t == gguf::Type::Q4_1 ? 15 : 31;
+  float lo = w[0], hi = w[0], amax = 0;
+  for (int i = 0; i < n; ++i) lo = std::min(lo, w[i]), hi = std::max(hi, w[i]), amax = std::max(amax, std::fabs(w[i]));
+  const float span = has_min ? (hi - lo) / static_cast<float>(top) : amax / (t == gguf::Type::Q5_K ? 16.0f : 15.0f);
+  const std::uint16_t dh = f32_to_f16(span > 0 ? span : 1.0f);
+  const float d = f16_to_f32(dh);
+  std::memset(b, 0, static_cast<std::size_t>(gguf::row_bytes(t, n)));
+  std::memcpy(b, &dh, 2);
+  float m = 0;
+  if (has_min) {
+    const std::uint16_t mh = f32_to_f16(lo);
+    std::memcpy(b + 2, &mh, 2), m = f16_to_f32(mh);
+  }
+  auto q_of = [&](float v) {
+    return static_cast<int>(std::clamp(has_min ? std::lround((v - m) / d) : std::lround(v / d) + 16, 0L, static_cast<long>(top)));
+  };
+  if (t == gguf::Type::Q5_K) {
+    const std::uint16_t mh = f32_to_f16(f16_to_f32(dh) * 16);
+    std::memcpy(b + 2, &mh, 2);
+    for (int j = 0; j < 8; ++j) b[4 + j] = 1;
+    b[12] = b[13] = b[14] = b[15] = 0x11;
+    for (int i = 0; i < 256; ++i) {
+      const int q = q_of(w[i]), j = i / 64, l = i % 32, sub = i / 32;
+      b[48 + 32 * j + l] |= static_cast<std::uint8_t>((q & 15) << (4 * (sub % 2)));
+      b[16 + l] |= static_cast<std::uint8_t>((q >> 4) << sub);
+    }
+    return;
+  }
+  const bool five = t != gguf::Type::Q4_1;
+  std::uint8_t* qs = b + (has_min ? 4 : 2) + (five ? 4 : 0);
+  std::uint32_t qh = 0;
+  for (int i = 0; i < 32; ++i) {
+    const int q = q_of(w[i]);
+    qs[i % 16] |= static_cast<std::uint8_t>((q & 15) << (i < 16 ? 0 : 4));
+    qh |= static_cast<std::uint32_t>(q >> 4) << i;
+  }
+  if (five) std::memcpy(b + (has_min ? 4 : 2), &qh, 4);
+}
+
+// A random model of config `c` (untied head) in a GGUF file in `dir`, each projection and the head
+// re-packed as type_for(its name) from the model's Q8_0 values; the embedding stays Q8_0.
+std::string repacked_gguf(const test::TempDir& dir, const TransformerConfig& c,
+                          const std::function<gguf::Type(const std::string&)>& type_for) {
   const std::string q8 = dir.file("q8_0.gguf");
   save_gguf(q8, quantize_model(ch01::random_llama(c, 5), {Format::Q8_0}), HfTokenizer::load(kData + "/models/tiny-mha"));
   const gguf::File f(q8);
@@ -1015,26 +1082,38 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
       ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
       continue;
     }
-    const bool six = i.name.find("ffn_down") != std::string::npos || i.name == "output.weight";
+    const gguf::Type t = type_for(i.name);
     const Tensor w = dequantize(QMatrix({Format::Q8_0}, i.shape[0], i.shape[1], f.raw(i.name).clone()));
-    const std::int64_t blocks = w.numel() / 256, bb = six ? 210 : 144;
+    const std::int64_t bv = gguf::block_values(t), bb = gguf::row_bytes(t, bv), blocks = w.numel() / bv;
     Tensor packed = Tensor::empty({blocks * bb}, DType::U8);
-    for (std::int64_t k = 0; k < blocks; ++k)
-      (six ? q6_k_block : q4_k_block)(w.data<float>() + k * 256, packed.data<std::uint8_t>() + k * bb);
-    ts.push_back({i.name, six ? gguf::Type::Q6_K : gguf::Type::Q4_K, i.shape, packed});
+    for (std::int64_t k = 0; k < blocks; ++k) pack_block(t, w.data<float>() + k * bv, packed.data<std::uint8_t>() + k * bb);
+    ts.push_back({i.name, t, i.shape, packed});
   }
-  const std::string path = dir.file("q4_k_m.gguf");
+  const std::string path = dir.file("repacked.gguf");
   gguf::write(path, {f.metadata().begin(), f.metadata().end()}, ts);
-  const ch01::Llama m = load_gguf(path);
+  return path;
+}
+
+// tiny-mha's config at widths that are whole 256-value super-blocks, two layers, untied head.
+TransformerConfig super_block_config() {
+  TransformerConfig c = ch01::load_llama(kData + "/models/tiny-mha").config;
+  c.hidden_size = 256, c.intermediate_size = 512, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 64, c.num_layers = 2;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+// A GGUF model with packed matrices runs as the same model decoded to f32 (multiplying x rounded
+// through q8_0 blocks, as the packed products do) does. Greedy decoding of the packed model
+// through its cache, then both models teacher-forced over what it emitted: every position's
+// logits agree within the two paths' bound, and each emitted token is the decoded model's argmax
+// or within twice that bound of it (the cached logits and the decoded ones each sit within one
+// bound of the packed forward's). A random model's logits are nearly flat, so a near-tie may fall
+// either way from one build's rounding to another's; comparing two free-running greedy decodes
+// would test the rounding, not the products.
+void expect_runs_as_decoded(const ch01::Llama& m) {
   for (const ch01::LlamaLayer& l : m.layers)
     for (const Linear* w : l.linears()) ASSERT_TRUE(w->packed) << "a projection was decoded at load";
-  EXPECT_EQ(m.layers[0].wq.packed->format(), "q4_k");
-  EXPECT_EQ(m.layers[1].w_down.packed->format(), "q6_k");
   ASSERT_TRUE(m.lm_head.packed);
-  EXPECT_EQ(m.lm_head.packed->format(), "q6_k");
-  const gguf::File g(path);
-  EXPECT_EQ(dequantize(qmatrix(m.layers[1].w_up, "w_up")).to_float_vector(),
-            gguf::dequantize_rows(gguf::Type::Q4_K, g.raw("blk.1.ffn_up.weight"), c.hidden_size).to_float_vector());
   ch01::Llama wide = m;  // every matrix decoded to f32: the simple path
   auto decoded = [](const Linear& l, const char* what) {
     return Linear(std::make_shared<DecodedWithBlockedInput>(qmatrix(l, what)), l.bias);
@@ -1042,12 +1121,6 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
   for (ch01::LlamaLayer& l : wide.layers)
     for (Linear* w : l.linears()) *w = decoded(*w, "projection");
   wide.lm_head = decoded(m.lm_head, "head");
-  // Greedy decoding of the packed model through its cache, then both models teacher-forced over
-  // what it emitted: every position's logits agree within the two paths' bound, and each emitted
-  // token is the decoded model's argmax or within twice that bound of it (the cached logits and
-  // the decoded ones each sit within one bound of the packed forward's). A random model's logits
-  // are nearly flat, so a near-tie may fall either way from one build's rounding to another's;
-  // comparing two free-running greedy decodes would test the rounding, not the products.
   const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
   Sampler sampler({});
   const std::vector<std::int32_t> emitted = ch02::generate_cached(m, prompt, 24, sampler, {}).generated;
@@ -1057,49 +1130,51 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
   const auto a = ch01::forward(m, seq, true).to_double_vector(), b = ch01::forward(wide, seq, true).to_double_vector();
   const double bound = test::two_path_bound(m.config, b);
   for (std::size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], bound) << "logit " << k;
-  const auto V = static_cast<std::size_t>(c.vocab_size);
+  const auto V = static_cast<std::size_t>(m.config.vocab_size);
   for (std::size_t i = 0; i < emitted.size(); ++i) {
     const double* row = b.data() + (prompt.size() - 1 + i) * V;
     EXPECT_LE(*std::max_element(row, row + V) - row[emitted[i]], 2 * bound) << "step " << i << " emitted " << emitted[i];
   }
 }
 
-// A file whose projections are one of those types loads and runs (decoded at load, as f32), with
-// each projection the decoded matrix.
-TEST(Gguf, FilesOfTheOtherBlockTypesLoadAndRun) {
+// A model shaped like a Q4_K_M file (widths multiples of 256): Q4_K projections, Q6_K for
+// ffn_down and the head, loads with every matrix packed in its own type and runs as the same
+// model decoded to f32 does.
+TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
   test::TempDir dir;
-  const std::string q8 = tiny_gguf(dir);
-  const gguf::File f(q8);
-  // The model's Q8_0 values re-packed as Q4_1 (a scale and a minimum per block of 32).
-  std::vector<gguf::Output> ts;
-  for (const auto& i : f.tensors()) {
-    if (i.type != gguf::Type::Q8_0) {
-      ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
-      continue;
-    }
-    const Tensor w = dequantize(QMatrix({Format::Q8_0}, i.shape[0], i.shape[1], f.raw(i.name).clone()));
-    const std::int64_t blocks = w.numel() / 32;
-    Tensor packed = Tensor::empty({blocks * 20}, DType::U8);
-    const float* x = w.data<float>();
-    auto* p = packed.data<std::uint8_t>();
-    for (std::int64_t k = 0; k < blocks; ++k, x += 32, p += 20) {
-      const float lo = *std::min_element(x, x + 32), hi = *std::max_element(x, x + 32);
-      const std::uint16_t d = f32_to_f16((hi - lo) / 15), m = f32_to_f16(lo);
-      std::memcpy(p, &d, 2), std::memcpy(p + 2, &m, 2);
-      const float dd = f16_to_f32(d), mm = f16_to_f32(m);
-      auto q = [&](float v) { return static_cast<int>(std::clamp(dd > 0 ? std::lround((v - mm) / dd) : 0L, 0L, 15L)); };
-      for (int j = 0; j < 16; ++j) p[4 + j] = static_cast<std::uint8_t>(q(x[j]) | (q(x[j + 16]) << 4));
-    }
-    ts.push_back({i.name, gguf::Type::Q4_1, i.shape, packed});
-  }
-  const std::string path = dir.file("q4_1.gguf");
-  gguf::write(path, {f.metadata().begin(), f.metadata().end()}, ts);
+  const TransformerConfig c = super_block_config();
+  const std::string path = repacked_gguf(dir, c, [](const std::string& name) {
+    const bool six = name.find("ffn_down") != std::string::npos || name == "output.weight";
+    return six ? gguf::Type::Q6_K : gguf::Type::Q4_K;
+  });
   const ch01::Llama m = load_gguf(path);
+  EXPECT_EQ(m.layers[0].wq.packed->format(), "q4_k");
+  EXPECT_EQ(m.layers[1].w_down.packed->format(), "q6_k");
+  EXPECT_EQ(m.lm_head.packed->format(), "q6_k");
   const gguf::File g(path);
-  EXPECT_EQ(m.layers[1].w_up.weight.to_float_vector(),
-            gguf::dequantize_rows(gguf::Type::Q4_1, g.raw("blk.1.ffn_up.weight"), m.config.hidden_size).to_float_vector());
-  Sampler s({});
-  EXPECT_EQ(ch02::generate_cached(m, {0, 523, 524, 278}, 8, s, {}).generated.size(), 8u);
+  EXPECT_EQ(dequantize(qmatrix(m.layers[1].w_up, "w_up")).to_float_vector(),
+            gguf::dequantize_rows(gguf::Type::Q4_K, g.raw("blk.1.ffn_up.weight"), c.hidden_size).to_float_vector());
+  expect_runs_as_decoded(m);
+}
+
+// Files whose matrices are Q4_1, Q5_0, Q5_1 or Q5_K (Q5_K_M files, and the Q5_0 that llama.cpp
+// puts where a row is not whole super-blocks) load with every matrix packed in that type and run
+// as the same model decoded to f32 does.
+TEST(Gguf, FilesOfTheOtherBlockTypesRunPacked) {
+  const TransformerConfig c = super_block_config();
+  for (const auto& [t, format] : std::vector<std::pair<gguf::Type, std::string>>{
+           {gguf::Type::Q4_1, "q4_1"}, {gguf::Type::Q5_0, "q5_0"}, {gguf::Type::Q5_1, "q5_1"}, {gguf::Type::Q5_K, "q5_k"}}) {
+    SCOPED_TRACE(format);
+    test::TempDir dir;
+    const std::string path = repacked_gguf(dir, c, [t = t](const std::string&) { return t; });
+    const ch01::Llama m = load_gguf(path);
+    for (const ch01::LlamaLayer& l : m.layers)
+      for (const Linear* w : l.linears()) ASSERT_TRUE(w->packed && w->packed->format() == format);
+    const gguf::File g(path);
+    EXPECT_EQ(dequantize(qmatrix(m.layers[1].w_down, "w_down")).to_float_vector(),
+              gguf::dequantize_rows(t, g.raw("blk.1.ffn_down.weight"), c.intermediate_size).to_float_vector());
+    expect_runs_as_decoded(m);
+  }
 }
 
 TEST(Gguf, RunUsesTheTokenizerItIsGivenElseTheFilesOwn) {
@@ -1242,9 +1317,10 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
         }
       expect_within(gpu, cpu, b, "cuda vs cpu");
     }
-  // The k-quants read from GGUF files (the golden blocks: every bit pattern of quants and scales).
+  // The block types read from GGUF files (the golden blocks: every bit pattern of quants and scales).
   const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
-  for (const auto& [name, fmt] : {std::pair{std::string("Q4_K"), Format::Q4_K}, std::pair{std::string("Q6_K"), Format::Q6_K}}) {
+  for (const Format fmt : {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q4_K, Format::Q5_K, Format::Q6_K}) {
+    const std::string name = gguf::type_name(gguf_type(fmt));
     SCOPED_TRACE(name);
     const Tensor want = f.get(name + ".f32");
     const QMatrix q({fmt}, want.size(0), want.size(1), f.get(name + ".bytes").clone());
