@@ -24,6 +24,8 @@ std::int64_t row_bytes(Type t, std::int64_t n) {
     case Type::Q4_1: return n / 32 * 20;
     case Type::Q5_0: return n / 32 * 22;
     case Type::Q5_1: return n / 32 * 24;
+    case Type::Q2_K: return n / 256 * 84;
+    case Type::Q3_K: return n / 256 * 110;
     case Type::Q4_K: return n / 256 * 144;
     case Type::Q5_K: return n / 256 * 176;
     case Type::Q6_K: return n / 256 * 210;
@@ -34,7 +36,7 @@ std::int64_t row_bytes(Type t, std::int64_t n) {
 std::int64_t block_values(Type t) {
   switch (t) {
     case Type::F32: case Type::F16: case Type::BF16: return 1;
-    case Type::Q4_K: case Type::Q5_K: case Type::Q6_K: return 256;
+    case Type::Q2_K: case Type::Q3_K: case Type::Q4_K: case Type::Q5_K: case Type::Q6_K: return 256;
     default: return 32;
   }
 }
@@ -49,6 +51,8 @@ std::string type_name(Type t) {
     case Type::Q4_1: return "Q4_1";
     case Type::Q5_0: return "Q5_0";
     case Type::Q5_1: return "Q5_1";
+    case Type::Q2_K: return "Q2_K";
+    case Type::Q3_K: return "Q3_K";
     case Type::Q4_K: return "Q4_K";
     case Type::Q5_K: return "Q5_K";
     case Type::Q6_K: return "Q6_K";
@@ -175,9 +179,9 @@ File::File(const std::string& path) : path_(path), file_(std::make_shared<Mapped
     }
     t.shape.assign(ne.rbegin(), ne.rend());
     const auto type = r.get<std::uint32_t>(t.name.c_str());
-    IL_CHECK(type <= 3 || (type >= 6 && type <= 8) || (type >= 12 && type <= 14) || type == 30, path, ": tensor '",
+    IL_CHECK(type <= 3 || (type >= 6 && type <= 8) || (type >= 10 && type <= 14) || type == 30, path, ": tensor '",
              t.name, "' has ggml type ", type,
-             " (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
+             " (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
     t.type = static_cast<Type>(type);
     IL_CHECK(ne[0] % block_values(t.type) == 0, path, ": tensor '", t.name, "' rows of ",
              ne[0], " are not whole blocks of ", block_values(t.type));
@@ -327,6 +331,27 @@ void block_32(Type t, const std::uint8_t* b, float* y) {
 }
 
 void block_256(Type t, const std::uint8_t* b, float* y) {
+  if (t == Type::Q2_K || t == Type::Q3_K) {
+    // Two halves of 128; quarter j of a half is the 2-bit field 2j of the half's 32 bytes qs, in
+    // two sub-blocks of 16, each with its scale: Q2_K (d·sc)·q − (dmin·m), sc and m the nibbles of
+    // a byte; Q3_K (d·(sc − 32))·(q − 4), the 6-bit sc packed in 12 bytes and bit 4n + j of
+    // hmask[l] cancelling the − 4.
+    const bool two = t == Type::Q2_K;
+    const std::uint8_t* qs = b + (two ? 16 : 32);
+    const float d = half(b + (two ? 80 : 108)), dmin = two ? half(b + 82) : 0.0f;
+    for (int i = 0; i < 256; ++i) {
+      const int n = i / 128, j = (i % 128) / 32, l = i % 32;
+      const int q = (qs[32 * n + l] >> (2 * j)) & 3;
+      if (two) {
+        const float dl = d * static_cast<float>(b[i / 16] & 0xF), ml = dmin * static_cast<float>(b[i / 16] >> 4);
+        y[i] = dl * static_cast<float>(q) - ml;
+      } else {
+        const float dl = d * static_cast<float>(scale_q3_k(i / 16, b + 96));
+        y[i] = dl * static_cast<float>(q - (((b[l] >> (4 * n + j)) & 1) ? 0 : 4));
+      }
+    }
+    return;
+  }
   if (t == Type::Q6_K) {
     const std::uint8_t *ql = b, *qh = b + 128;
     const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192);

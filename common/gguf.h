@@ -8,7 +8,8 @@
 /// to `general.alignment` (default 32); the data section, each tensor padded to the alignment.
 /// Strings are a u64 length and the bytes; arrays a u32 element type, u64 count and the elements.
 /// Tensor types read and written here: F32 (0), F16 (1), Q4_0 (2), Q8_0 (8), BF16 (30); read, with
-/// their ref:: decoders (dequantize_rows): Q4_1 (3), Q5_0 (6), Q5_1 (7), Q4_K (12), Q5_K (13), Q6_K (14).
+/// their ref:: decoders (dequantize_rows): Q4_1 (3), Q5_0 (6), Q5_1 (7), Q2_K (10), Q3_K (11), Q4_K (12),
+/// Q5_K (13), Q6_K (14).
 
 #include <cstdint>
 #include <map>
@@ -26,7 +27,8 @@ class MappedFile;
 namespace gguf {
 
 enum class Type : std::uint32_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13,
+  Q6_K = 14, BF16 = 30
 };
 
 /// Values per block of a type (1 for the float types, 32 for Q4_0 … Q8_0, 256 for the k-quants).
@@ -37,7 +39,10 @@ std::int64_t block_values(Type t);
 /// - Q4_1: d·q + m, q a nibble; Q5_0: d·(q − 16) and Q5_1: d·q + m, q a nibble and one bit of qh;
 /// - Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins packed in 12 bytes, each value
 ///   (d·sc)·q − (dmin·m), q 4 bits (and one more from qh for Q5_K);
-/// - Q6_K: 16 sub-blocks of 16 with int8 scales, (d·sc)·(q − 32), q 4 bits of ql and 2 of qh.
+/// - Q6_K: 16 sub-blocks of 16 with int8 scales, (d·sc)·(q − 32), q 4 bits of ql and 2 of qh;
+/// - Q2_K: 16 sub-blocks of 16, a byte each of 4-bit scale and min, (d·sc)·q − (dmin·m), q 2 bits;
+/// - Q3_K: 16 sub-blocks of 16 with 6-bit scales, (d·(sc − 32))·(q − 4), q 2 bits of qs and one of
+///   hmask (a set bit cancels the − 4).
 /// Also Q8_0 and Q4_0. The ref:: decoders of the GGUF types (a model runs them packed, chapter 09).
 Tensor dequantize_rows(Type t, const Tensor& raw, std::int64_t cols);
 /// One block of a block type (block_values(t) values from row_bytes(t, block_values(t)) bytes),
@@ -51,6 +56,14 @@ inline void scale_min_k4(int j, const std::uint8_t* q, std::uint8_t& sc, std::ui
     sc = static_cast<std::uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
     m = static_cast<std::uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
   }
+}
+
+/// Q3_K's sub-block scale j (0-15) from its 12 packed bytes `s`, less 32 (so in [−32, 31]): the
+/// low 4 bits in a nibble of byte j mod 8 (low for j < 8), the high 2 bits in field j / 4 of
+/// byte 8 + j mod 4.
+inline int scale_q3_k(int j, const std::uint8_t* s) {
+  const int low = j < 8 ? s[j] & 0xF : s[j - 8] >> 4, high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (low | (high << 4)) - 32;
 }
 
 /// Bytes of n values of a tensor type (n a multiple of 32 for the block types); throws for a

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Golden blocks of the GGUF tensor types that chapter 09 dequantises at load, decoded by the
+"""Golden blocks of the GGUF tensor types that chapter 09 reads from files, decoded by the
 `gguf` package (llama.cpp's own Python library, whose numpy decoders follow ggml-quants.c).
 
   data/golden/quant/gguf_types.safetensors
       <type>.bytes  U8 [rows, row_bytes]  the packed blocks of a [rows, cols] matrix
       <type>.f32    F32 [rows, cols]      what gguf.quants.dequantize makes of them
 
-Q4_1, Q5_0 and Q5_1 are gguf.quants.quantize's blocks of a random matrix. The k-quants (Q4_K,
-Q5_K, Q6_K, 256 values a super-block) are random bytes with every f16 scale replaced by a finite
+Q4_1, Q5_0 and Q5_1 are gguf.quants.quantize's blocks of a random matrix. The k-quants (Q2_K,
+Q3_K, Q4_K, Q5_K, Q6_K, 256 values a super-block) are random bytes with every f16 scale replaced by a finite
 one, so that every bit pattern of the packed quants and sub-block scales occurs.
 
 Run from the repository root:  tools/.venv/bin/python tools/make_gguf_type_goldens.py
@@ -22,7 +22,8 @@ from safetensors.numpy import save_file
 OUT = pathlib.Path(__file__).resolve().parent.parent / "data" / "golden" / "quant" / "gguf_types.safetensors"
 
 # Byte offsets of the f16 scales in one block, per k-quant (ggml's block_q4_K, block_q5_K, block_q6_K).
-F16_AT = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+# Q2_K and Q3_K come last so that the earlier types' random bytes stay as they were.
+F16_AT = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,)}
 
 
 def main() -> None:

@@ -219,8 +219,8 @@ ch01::Llama load_gguf(const gguf::File& f) {
   const bool plain = qt == gguf::Type::F32 || qt == gguf::Type::F16 || qt == gguf::Type::BF16;
   // Every block type's matrices run packed: chapter 09's products read their bytes.
   auto packed_format = [](gguf::Type t) -> std::optional<Format> {
-    for (Format fmt : {Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q4_K, Format::Q5_K,
-                       Format::Q6_K})
+    for (Format fmt : {Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K,
+                       Format::Q4_K, Format::Q5_K, Format::Q6_K})
       if (gguf_type(fmt) == t) return fmt;
     return std::nullopt;
   };
@@ -230,7 +230,7 @@ ch01::Llama load_gguf(const gguf::File& f) {
     return std::make_shared<QMatrix>(QuantSpec{fmt}, rows, cols, f.raw(name).clone());
   };
   IL_CHECK(plain || packed_format(qt), path, ": projections are ",
-           gguf::type_name(qt), "; this loader reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K models");
+           gguf::type_name(qt), "; this loader reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K-Q6_K models");
   std::set<std::string> used;
   // Anything failing while a tensor is read (a conversion, an allocation) names the file and it.
   auto dense = [&](const std::string& name, const Shape& s) {

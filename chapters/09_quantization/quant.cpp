@@ -31,6 +31,8 @@ std::string QuantSpec::name() const {
     case Format::Q5_0: return "q5_0";
     case Format::Q5_1: return "q5_1";
     case Format::Q5_K: return "q5_k";
+    case Format::Q2_K: return "q2_k";
+    case Format::Q3_K: return "q3_k";
   }
   return "?";
 }
@@ -43,7 +45,8 @@ QuantSpec QuantSpec::parse(const std::string& n) {
       QuantSpec s{f, g};
       if (s.name() == n) return s;
     }
-  for (Format f : {Format::Q4_K, Format::Q5_K, Format::Q6_K, Format::Q4_1, Format::Q5_0, Format::Q5_1})
+  for (Format f : {Format::Q2_K, Format::Q3_K, Format::Q4_K, Format::Q5_K, Format::Q6_K, Format::Q4_1, Format::Q5_0,
+                   Format::Q5_1})
     IL_CHECK(n != QuantSpec{f}.name(), "quantisation format '", n, "' is read from GGUF files (llama.cpp's quantiser "
              "makes it), not produced here");
   std::string names;
@@ -101,6 +104,8 @@ std::vector<int> half_offsets(Format f) {
     case Format::Q4_K:
     case Format::Q5_K: return {0, 2};
     case Format::Q6_K: return {208};
+    case Format::Q2_K: return {80, 82};
+    case Format::Q3_K: return {108};
     default: return {0};
   }
 }
@@ -255,6 +260,8 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
       check_block_scales(q.data, spec.format, what);  // an f16 scale overflows above 65504
       return q;
     }
+    case Format::Q2_K:
+    case Format::Q3_K:
     case Format::Q4_K:
     case Format::Q5_K:
     case Format::Q6_K:
@@ -364,6 +371,22 @@ float weight_value(const QMatrix& q, std::int64_t n, std::int64_t k) {
       const int v = ((b[48 + 32 * j + l] >> (4 * high)) & 15) | (((b[16 + l] >> sub) & 1) << 4);
       return from_half(b) * static_cast<float>(sc) * static_cast<float>(v) - from_half(b + 2) * static_cast<float>(m);
     }
+    case Format::Q2_K:
+    case Format::Q3_K: {
+      // Super-block of 256 in two halves of 128; quarter j of half h is bits 2j, 2j + 1 of the
+      // half's 32 bytes qs[l], in two sub-blocks of 16 with a scale each. q2_k: scale byte i/16
+      // holds sc (low nibble) and m; q3_k: bit 4h + j of hmask[l] set means q, clear q − 4.
+      const bool two = q.spec.format == Format::Q2_K;
+      const std::int64_t bb = two ? 84 : 110;
+      const std::uint8_t* b = q.data.data<std::uint8_t>() + n * (n_in / 256 * bb) + (k / 256) * bb;
+      const int i = static_cast<int>(k % 256), h = i / 128, j = (i % 128) / 32, l = i % 32;
+      const int v = (b[(two ? 16 : 32) + 32 * h + l] >> (2 * j)) & 3;
+      if (two)
+        return from_half(b + 80) * static_cast<float>(b[i / 16] & 15) * static_cast<float>(v) -
+               from_half(b + 82) * static_cast<float>(b[i / 16] >> 4);
+      return from_half(b + 108) * static_cast<float>(gguf::scale_q3_k(i / 16, b + 96)) *
+             static_cast<float>(v - (((b[l] >> (4 * h + j)) & 1) ? 0 : 4));
+    }
   }
   return 0;
 }
@@ -426,7 +449,9 @@ bool blocks_activations(Format f) {
     case Format::Q5_1:
     case Format::Q4_K:
     case Format::Q5_K:
-    case Format::Q6_K: return true;
+    case Format::Q6_K:
+    case Format::Q2_K:
+    case Format::Q3_K: return true;
     default: return false;
   }
 }
@@ -441,6 +466,8 @@ gguf::Type gguf_type(Format f) {
     case Format::Q4_K: return gguf::Type::Q4_K;
     case Format::Q5_K: return gguf::Type::Q5_K;
     case Format::Q6_K: return gguf::Type::Q6_K;
+    case Format::Q2_K: return gguf::Type::Q2_K;
+    case Format::Q3_K: return gguf::Type::Q3_K;
     default: fail("gguf_type: ", QuantSpec{f}.name(), " is not a GGUF block format");
   }
 }

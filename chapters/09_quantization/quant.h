@@ -28,6 +28,10 @@
 /// | q5_0           | blocks of 32: f16 d; d·(q − 16), q 4 + 1 bits          | 5.5              |
 /// | q5_1           | blocks of 32: f16 d, f16 m; d·q + m, q 4 + 1 bits      | 6                |
 /// | q5_k           | super-blocks of 256 as q4_k, q 4 + 1 bits              | 5.5              |
+/// | q2_k           | super-blocks of 256: f16 d, dmin; 16 × 4-bit scale and | 2.625            |
+/// |                | min; (d·sc)·q − dmin·m, q 2-bit                        |                  |
+/// | q3_k           | super-blocks of 256: f16 d; 16 × 6-bit scales;         | 3.4375           |
+/// |                | (d·(sc − 32))·(q − 4), q 2 + 1 bits                    |                  |
 ///
 /// The GGUF formats (q8_0 and every one below it in the table) multiply x quantised to q8_0
 /// blocks, so their products sum bytes times bytes in int32 and scale once per block of 32; the
@@ -35,7 +39,7 @@
 /// with an extra sum per block (its Q8_1) for the formats with a minimum, and blocks of 256 with an
 /// f32 scale (its Q8_K) for the k-quants.
 ///
-/// q4_k, q5_k, q6_k, q4_1, q5_0 and q5_1 are read from GGUF files, not made here: a downloaded
+/// q2_k … q6_k, q4_1, q5_0 and q5_1 are read from GGUF files, not made here: a downloaded
 /// Q4_K_M file is mostly q4_k and q6_k, with q5_0 (llama.cpp's stand-in for q4_k) where a row is
 /// not a whole number of 256-value super-blocks; q4_1, q5_0 and q5_1 are also file types of their
 /// own. Their quantisers (searching scales and mins per sub-block) are llama.cpp's own lesson.
@@ -49,7 +53,7 @@
 
 namespace inferlab::ch09 {
 
-enum class Format { Int8Tensor, Int8Row, LlmInt8, Int4Sym, Int4Asym, Q8_0, Q4_0, Fp8E4M3, Q4_K, Q6_K, Q4_1, Q5_0, Q5_1, Q5_K };
+enum class Format { Int8Tensor, Int8Row, LlmInt8, Int4Sym, Int4Asym, Q8_0, Q4_0, Fp8E4M3, Q4_K, Q6_K, Q4_1, Q5_0, Q5_1, Q5_K, Q2_K, Q3_K };
 
 struct QuantSpec {
   Format format = Format::Int8Row;
@@ -69,8 +73,8 @@ struct QMatrix : PackedMatrix {
   std::int64_t rows = 0, cols = 0;  ///< n_out, n_in
   /// The packed values, row-major: int8 (int8_*, llm_int8), 4-bit pairs (int4: byte j of a group
   /// holds element j in its low nibble and element j + G/2 in its high one, as Q4_0 does), GGUF
-  /// blocks (q8_0: 34 bytes, q4_0: 18, q4_1: 20, q5_0: 22, q5_1: 24 bytes per 32 weights; q4_k:
-  /// 144, q5_k: 176, q6_k: 210 bytes per 256), fp8 bytes.
+  /// blocks (q8_0: 34 bytes, q4_0: 18, q4_1: 20, q5_0: 22, q5_1: 24 bytes per 32 weights; q2_k:
+  /// 84, q3_k: 110, q4_k: 144, q5_k: 176, q6_k: 210 bytes per 256), fp8 bytes.
   Tensor data;
   Tensor scales;  ///< F32: one (int8_tensor, fp8), per row (int8_row, llm_int8), per group (int4)
   Tensor zeros;   ///< U8 per group (int4 asym)

@@ -1,6 +1,6 @@
 // Chapter 09's CUDA products: one warp per output row streams the packed weights and unpacks
 // them in registers; llm_int8 and q8_0 accumulate int8·int8 products in int32 (__dp4a). The other
-// GGUF block formats (q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k) multiply x rounded through q8_0
+// GGUF block formats (q4_0, q4_1, q5_0, q5_1, q2_k … q6_k) multiply x rounded through q8_0
 // blocks, the function their CPU products compute; their kernels then multiply in f32 (q8_0's
 // __dp4a sums would be the next step for them too).
 #include <cuda_fp16.h>
@@ -104,6 +104,24 @@ __device__ inline void unpack8(const View& v, long long n, int k, float* w) {
 #pragma unroll
     for (int t = 0; t < 8; ++t)
       w[t] = d * static_cast<float>((((ql[l + t] >> (4 * (r / 2))) & 15) | (((qh[l + t] >> (2 * r)) & 3) << 4)) - 32);
+  } else if constexpr (F == Format::Q2_K || F == Format::Q3_K) {
+    // 8 weights of one 16-value group of quarter j of half h (weight_value in quant.cpp).
+    constexpr bool kTwo = F == Format::Q2_K;
+    constexpr int kBytes = kTwo ? 84 : 110, kQs = kTwo ? 16 : 32;
+    const std::uint8_t* b = v.data + n * (K / 256 * kBytes) + (k / 256) * kBytes;
+    const int i = k % 256, h = i / 128, j = (i % 128) / 32, l = i % 32, g = i / 16;
+    float d, m = 0.0f;
+    if (kTwo) {
+      d = half_at(b + 80) * static_cast<float>(b[g] & 15), m = half_at(b + 82) * static_cast<float>(b[g] >> 4);
+    } else {
+      const int low = g < 8 ? b[96 + g] & 15 : b[96 + g - 8] >> 4, high = (b[104 + g % 4] >> (2 * (g / 4))) & 3;
+      d = half_at(b + 108) * static_cast<float>((low | (high << 4)) - 32);
+    }
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const int q = (b[kQs + 32 * h + l + t] >> (2 * j)) & 3;
+      w[t] = kTwo ? d * static_cast<float>(q) - m : d * static_cast<float>(q - (((b[l + t] >> (4 * h + j)) & 1) ? 0 : 4));
+    }
   } else if constexpr (F == Format::Fp8E4M3) {
     const float s = v.scales[0];
     const uint2 raw = *reinterpret_cast<const uint2*>(v.data + n * K + k);
@@ -296,6 +314,8 @@ void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
     case Format::Q5_0: return launch_blocked<Format::Q5_0>(v, x, out, N);
     case Format::Q5_1: return launch_blocked<Format::Q5_1>(v, x, out, N);
     case Format::Q5_K: return launch_blocked<Format::Q5_K>(v, x, out, N);
+    case Format::Q2_K: return launch_blocked<Format::Q2_K>(v, x, out, N);
+    case Format::Q3_K: return launch_blocked<Format::Q3_K>(v, x, out, N);
     case Format::LlmInt8: {
       char* base = static_cast<char*>(cuda::scratch(static_cast<std::size_t>(K) * 4 + static_cast<std::size_t>(M) * K + M * 4 + 512));
       int* flag = reinterpret_cast<int*>(base);

@@ -15,6 +15,8 @@
 //   q4_k sub-blocks y = Σ_j dx_j · ((d·sc_j) · Σ_{k ∈ j} q_k xq_k − (dmin·m_j) · Σ_{k ∈ j} xq_k)
 //                   (q5_k too)
 //   q6_k            y = Σ_b (d · dx_b) · Σ_{16-value groups g ⊂ b} sc_g · Σ_{k ∈ g} (q_k − 32) xq_k
+//                   (q3_k: sc_g − 32 and q_k − 4)
+//   q2_k            y = Σ_b dx_b · Σ_{g ⊂ b} (d · sc_g · Σ_{k ∈ g} q_k xq_k − dmin · m_g · Σ_{k ∈ g} xq_k)
 // Prefill (many rows of x) unpacks each weight row once into f32 and reuses it for every row (of
 // x, or of x rounded through its q8_0 blocks). Without AVX2 both cases take the unpacking path.
 #include <omp.h>
@@ -97,7 +99,9 @@ void unpack_row(const QMatrix& q, std::int64_t n, float* __restrict__ out) {
     case Format::Q5_1:
     case Format::Q4_K:
     case Format::Q5_K:
-    case Format::Q6_K: {
+    case Format::Q6_K:
+    case Format::Q2_K:
+    case Format::Q3_K: {
       const gguf::Type t = gguf_type(q.spec.format);
       const std::int64_t bv = gguf::block_values(t), bb = gguf::row_bytes(t, bv);
       const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (n_in / bv * bb);
@@ -312,6 +316,52 @@ float q6_k_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx,
   return hsum(_mm256_add_ps(y[0], y[1]));
 }
 
+// A 16-bit lane's weight for vpmaddwd: the low 128 bits (the block's first 16 values) get a, the
+// high ones b.
+__m256i halves16(int a, int b) {
+  return _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(b)), _mm_set1_epi16(static_cast<short>(a)));
+}
+
+// q2_k and q3_k · q8_0 for one output. Quarter j of half h (bits 2j of the half's 32 bytes qs) is
+// x block 4h + j, in two 16-value groups with a scale each: vpmaddubsw gives pairs of q·xq,
+// vpmaddwd weighs the groups. q2_k subtracts the groups' minimums, dmin·m·Σ xq, from pairs of xq
+// (vpmaddubsw by 1); q3_k's q − 4 is q·xq − 4·xq, with bit 4h + j of hmask adding 4 back.
+template <Format F>
+float k23_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, std::int64_t nb) {
+  constexpr bool kTwo = F == Format::Q2_K;
+  constexpr int kBytes = kTwo ? 84 : 110, kQs = kTwo ? 16 : 32;
+  const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+  __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 ym = _mm256_setzero_ps();
+  for (std::int64_t s = 0; s < nb; ++s, r += kBytes, xq += 256, dx += 8) {
+    const float d = half(r + (kTwo ? 80 : 108));
+    [[maybe_unused]] const float dmin = kTwo ? half(r + 82) : 0.0f;
+    [[maybe_unused]] const __m256i hm = load32(r);
+    int sc[16];
+    for (int g = 0; g < 16; ++g) sc[g] = kTwo ? r[g] & 15 : gguf::scale_q3_k(g, r + 96);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i raw = load32(r + kQs + 32 * h);
+      for (int j = 0; j < 4; ++j) {
+        const int b = 4 * h + j;
+        const __m256i xv = load32(xq + 32 * b);
+        __m256i q = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * j), m2);
+        __m256i p;
+        if constexpr (kTwo) {
+          p = _mm256_maddubs_epi16(q, xv);
+          const __m256i mins = _mm256_madd_epi16(_mm256_maddubs_epi16(one, xv), halves16(r[2 * b] >> 4, r[2 * b + 1] >> 4));
+          ym = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin * dx[b]), ym);
+        } else {
+          q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, b), one), 2));
+          p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, xv), _mm256_maddubs_epi16(four, xv));
+        }
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, halves16(sc[2 * b], sc[2 * b + 1])));
+        y[j & 1] = _mm256_fmadd_ps(v, _mm256_set1_ps(d * dx[b]), y[j & 1]);
+      }
+    }
+  }
+  return hsum(_mm256_sub_ps(_mm256_add_ps(y[0], y[1]), ym));
+}
+
 // One output of a format that takes x as q8_0 blocks: row n of W times row m of a.
 float blocked_dot(const QMatrix& q, std::int64_t n, const BlockedActivations& a, std::int64_t m) {
   const std::int64_t n_in = q.cols, nb = n_in / 32;
@@ -327,6 +377,8 @@ float blocked_dot(const QMatrix& q, std::int64_t n, const BlockedActivations& a,
     case Format::Q4_K: return qk_q8_dot<Format::Q4_K>(w + n * (n_in / 256 * 144), xq, dx, xs, n_in / 256);
     case Format::Q5_K: return qk_q8_dot<Format::Q5_K>(w + n * (n_in / 256 * 176), xq, dx, xs, n_in / 256);
     case Format::Q6_K: return q6_k_q8_dot(w + n * (n_in / 256 * 210), xq, dx, n_in / 256);
+    case Format::Q2_K: return k23_q8_dot<Format::Q2_K>(w + n * (n_in / 256 * 84), xq, dx, n_in / 256);
+    case Format::Q3_K: return k23_q8_dot<Format::Q3_K>(w + n * (n_in / 256 * 110), xq, dx, n_in / 256);
     default: break;
   }
   fail("blocked_dot: ", q.spec.name(), " does not take x as q8_0 blocks");

@@ -94,7 +94,7 @@ BENCHMARK(BM_CudaMatvecBaseline)->UseManualTime()->Unit(benchmark::kMicrosecond)
 const std::vector<QuantSpec> kSpecs = {{Format::Int8Row}, {Format::LlmInt8},      {Format::Q8_0}, {Format::Fp8E4M3},
                                       {Format::Int4Sym, 128}, {Format::Int4Asym, 128}, {Format::Q4_0}, {Format::Q4_1},
                                       {Format::Q5_0},         {Format::Q5_1},          {Format::Q4_K}, {Format::Q5_K},
-                                      {Format::Q6_K}};
+                                      {Format::Q6_K},         {Format::Q2_K},          {Format::Q3_K}};
 const int kLastSpec = static_cast<int>(kSpecs.size()) - 1;
 
 // Formats that come from GGUF files, not from quantize(): blocks of pseudo-random bytes (every
@@ -107,7 +107,11 @@ QMatrix gguf_blocks(Format f) {
   auto* p = bytes.data<std::uint8_t>();
   std::uint64_t s = 7;
   for (std::int64_t i = 0; i < bytes.numel(); ++i) s ^= s << 13, s ^= s >> 7, s ^= s << 17, p[i] = static_cast<std::uint8_t>(s >> 32);
-  const std::vector<int> halves = f == Format::Q6_K ? std::vector<int>{208} : f == Format::Q5_0 ? std::vector<int>{0} : std::vector<int>{0, 2};
+  const std::vector<int> halves = f == Format::Q6_K   ? std::vector<int>{208}
+                                  : f == Format::Q3_K ? std::vector<int>{108}
+                                  : f == Format::Q2_K ? std::vector<int>{80, 82}
+                                  : f == Format::Q5_0 ? std::vector<int>{0}
+                                                      : std::vector<int>{0, 2};
   for (std::int64_t b = 0; b < blocks; ++b)
     for (const int o : halves) p[b * bb + o] = 0x00, p[b * bb + o + 1] = 0x2C;  // 0x2C00: 1/16
   return QMatrix({f}, N, K, bytes);

@@ -72,6 +72,8 @@ double bound(const QMatrix& q, const Tensor& w, std::int64_t n, std::int64_t k) 
       return d + 8 * d * u16 + slack;  // trunc(x/d + 8.5) is round-half-up, but +8·d clips to +7·d
     }
     case Format::Fp8E4M3: return x * 0x1p-4 + q.scales.data<float>()[0] * 0x1p-10 + slack;  // 3 mantissa bits; subnormals
+    case Format::Q2_K:
+    case Format::Q3_K:
     case Format::Q4_K:
     case Format::Q5_K:
     case Format::Q6_K:
@@ -819,8 +821,8 @@ TEST(Gguf, SixteenBitModelsRunInTheirStoredType) {
 TEST(Gguf, BlockTypesDecodeAsTheGgufPackageDecodesThem) {
   const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
   for (const auto& [name, type] : std::vector<std::pair<std::string, gguf::Type>>{
-           {"Q4_1", gguf::Type::Q4_1}, {"Q5_0", gguf::Type::Q5_0}, {"Q5_1", gguf::Type::Q5_1},
-           {"Q4_K", gguf::Type::Q4_K}, {"Q5_K", gguf::Type::Q5_K}, {"Q6_K", gguf::Type::Q6_K}}) {
+           {"Q4_1", gguf::Type::Q4_1}, {"Q5_0", gguf::Type::Q5_0}, {"Q5_1", gguf::Type::Q5_1}, {"Q2_K", gguf::Type::Q2_K},
+           {"Q3_K", gguf::Type::Q3_K}, {"Q4_K", gguf::Type::Q4_K}, {"Q5_K", gguf::Type::Q5_K}, {"Q6_K", gguf::Type::Q6_K}}) {
     const Tensor bytes = f.get(name + ".bytes"), want = f.get(name + ".f32");
     const Tensor got = gguf::dequantize_rows(type, bytes, want.size(1));
     const auto a = got.to_float_vector(), b = want.to_float_vector();
@@ -900,21 +902,22 @@ TEST(Gguf, AQwen2RunsAsTransformersDoes) {
 }
 
 // A GGUF block matrix's minimum terms alone: the values its blocks give with every quant 0, which
-// are m for q4_1 and q5_1, −dmin·m for q4_k and q5_k (and 0 for q5_0 and q6_k, whose blocks have
-// no minimum). Each block is [its scales][its quants]: the quants start at byte `from`.
+// are m for q4_1 and q5_1, −dmin·m for q2_k, q4_k and q5_k (and 0 for q5_0, q3_k and q6_k, whose
+// blocks have no minimum). A block of bb bytes holds its quants in bytes [from, to).
 std::vector<double> minimum_terms(const QMatrix& q) {
-  std::int64_t bb = 0, from = 0;
+  std::int64_t bb = 0, from = 0, to = 0;
   switch (q.spec.format) {
-    case Format::Q4_1: bb = 20, from = 4; break;
-    case Format::Q5_1: bb = 24, from = 4; break;
-    case Format::Q4_K: bb = 144, from = 16; break;
-    case Format::Q5_K: bb = 176, from = 16; break;
+    case Format::Q4_1: bb = 20, from = 4, to = 20; break;
+    case Format::Q5_1: bb = 24, from = 4, to = 24; break;
+    case Format::Q2_K: bb = 84, from = 16, to = 80; break;
+    case Format::Q4_K: bb = 144, from = 16, to = 144; break;
+    case Format::Q5_K: bb = 176, from = 16, to = 176; break;
     default: return std::vector<double>(static_cast<std::size_t>(q.rows * q.cols), 0.0);
   }
   QMatrix z = q;
   z.data = q.data.clone();
   auto* p = z.data.data<std::uint8_t>();
-  for (std::int64_t b = 0; b < q.data.numel() / bb; ++b) std::memset(p + b * bb + from, 0, static_cast<std::size_t>(bb - from));
+  for (std::int64_t b = 0; b < q.data.numel() / bb; ++b) std::memset(p + b * bb + from, 0, static_cast<std::size_t>(to - from));
   return dequantize(z).to_double_vector();
 }
 
@@ -957,8 +960,8 @@ TEST(Gguf, BlockTypesRunPackedAndDecodeAsTheGgufPackage) {
   const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
   // Each format with its GGUF type's name and number (ggml.h's enum ggml_type).
   for (const auto& [fmt, name, number] : std::vector<std::tuple<Format, std::string, std::uint32_t>>{
-           {Format::Q4_1, "Q4_1", 3}, {Format::Q5_0, "Q5_0", 6}, {Format::Q5_1, "Q5_1", 7},
-           {Format::Q4_K, "Q4_K", 12}, {Format::Q5_K, "Q5_K", 13}, {Format::Q6_K, "Q6_K", 14}}) {
+           {Format::Q4_1, "Q4_1", 3},  {Format::Q5_0, "Q5_0", 6},  {Format::Q5_1, "Q5_1", 7},  {Format::Q2_K, "Q2_K", 10},
+           {Format::Q3_K, "Q3_K", 11}, {Format::Q4_K, "Q4_K", 12}, {Format::Q5_K, "Q5_K", 13}, {Format::Q6_K, "Q6_K", 14}}) {
     const Tensor bytes = f.get(name + ".bytes"), want = f.get(name + ".f32");
     const QMatrix q({fmt}, want.size(0), want.size(1), bytes.clone());
     EXPECT_EQ(static_cast<std::uint32_t>(gguf_type(fmt)), number) << name;
@@ -1021,6 +1024,30 @@ struct DecodedWithBlockedInput : PackedMatrix {
   std::string format() const override { return fmt + " decoded"; }
 };
 
+// A valid Q2_K or Q3_K block for 256 values: every sub-block scale 1 (and Q2_K's min 2 with
+// dmin = d), so each value is d·(q − 2) with q in 0..3, or d·(q − 4) with q in 0..7.
+void q23_k_block(gguf::Type t, const float* w, std::uint8_t* b) {
+  const bool two = t == gguf::Type::Q2_K;
+  float amax = 0;
+  for (int i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(w[i]));
+  const std::uint16_t dh = f32_to_f16(amax > 0 ? amax / (two ? 2 : 4) : 1);
+  const float d = f16_to_f32(dh);
+  std::memset(b, 0, two ? 84 : 110);
+  if (two) {
+    std::memset(b, 0x21, 16);  // sc 1, m 2
+    std::memcpy(b + 80, &dh, 2), std::memcpy(b + 82, &dh, 2);
+  } else {
+    std::memset(b + 96, 0x11, 8), std::memset(b + 104, 0xAA, 4);  // every 6-bit scale 33: low 1, high 2
+    std::memcpy(b + 108, &dh, 2);
+  }
+  for (int i = 0; i < 256; ++i) {
+    const int q = static_cast<int>(std::clamp(std::lround(w[i] / d) + (two ? 2 : 4), 0L, two ? 3L : 7L));
+    const int h = i / 128, j = (i % 128) / 32, l = i % 32;
+    b[(two ? 16 : 32) + 32 * h + l] |= static_cast<std::uint8_t>((q & 3) << (2 * j));
+    if (!two) b[l] |= static_cast<std::uint8_t>((q >> 2) << (4 * h + j));
+  }
+}
+
 // A valid block of the other GGUF types for w (32 values, or 256 for q5_k) on a plain grid:
 // q4_1 and q5_1 d = (max − min) / (15 or 31) and m = min, so each value is d·q + m; q5_0
 // d = max|w| / 15, d·(q − 16); q5_k every sub-block scale and min 1 and dmin = 16·d, so each
@@ -1028,6 +1055,7 @@ struct DecodedWithBlockedInput : PackedMatrix {
 void pack_block(gguf::Type t, const float* w, std::uint8_t* b) {
   if (t == gguf::Type::Q4_K) return q4_k_block(w, b);
   if (t == gguf::Type::Q6_K) return q6_k_block(w, b);
+  if (t == gguf::Type::Q2_K || t == gguf::Type::Q3_K) return q23_k_block(t, w, b);
   const int n = t == gguf::Type::Q5_K ? 256 : 32;
   const bool has_min = t == gguf::Type::Q4_1 || t == gguf::Type::Q5_1;
   const int top = t == gguf::Type::Q4_1 ? 15 : 31;
@@ -1157,13 +1185,14 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
   expect_runs_as_decoded(m);
 }
 
-// Files whose matrices are Q4_1, Q5_0, Q5_1 or Q5_K (Q5_K_M files, and the Q5_0 that llama.cpp
-// puts where a row is not whole super-blocks) load with every matrix packed in that type and run
+// Files whose matrices are Q4_1, Q5_0, Q5_1, Q5_K, Q2_K or Q3_K (Q5_K_M, Q3_K_M and Q2_K files, and
+// the Q5_0 that llama.cpp puts where a row is not whole super-blocks) load with every matrix packed in that type and run
 // as the same model decoded to f32 does.
 TEST(Gguf, FilesOfTheOtherBlockTypesRunPacked) {
   const TransformerConfig c = super_block_config();
   for (const auto& [t, format] : std::vector<std::pair<gguf::Type, std::string>>{
-           {gguf::Type::Q4_1, "q4_1"}, {gguf::Type::Q5_0, "q5_0"}, {gguf::Type::Q5_1, "q5_1"}, {gguf::Type::Q5_K, "q5_k"}}) {
+           {gguf::Type::Q4_1, "q4_1"}, {gguf::Type::Q5_0, "q5_0"}, {gguf::Type::Q5_1, "q5_1"}, {gguf::Type::Q5_K, "q5_k"},
+           {gguf::Type::Q2_K, "q2_k"}, {gguf::Type::Q3_K, "q3_k"}}) {
     SCOPED_TRACE(format);
     test::TempDir dir;
     const std::string path = repacked_gguf(dir, c, [t = t](const std::string&) { return t; });
@@ -1319,7 +1348,8 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
     }
   // The block types read from GGUF files (the golden blocks: every bit pattern of quants and scales).
   const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
-  for (const Format fmt : {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q4_K, Format::Q5_K, Format::Q6_K}) {
+  for (const Format fmt : {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K, Format::Q4_K,
+                           Format::Q5_K, Format::Q6_K}) {
     const std::string name = gguf::type_name(gguf_type(fmt));
     SCOPED_TRACE(name);
     const Tensor want = f.get(name + ".f32");
