@@ -5,8 +5,8 @@
 #   tools/llamacpp_bench.sh [--threads N] [--rounds R] [--tokens T] [--model HF_FOLDER] [--out DIR]
 #
 # 1. llama.cpp from a source distribution on PyPI: the tree vendored in llama-cpp-python's sdist
-#    (pinned version and sha256 below), built once into tools/.work/llama.cpp (llama-bench and
-#    llama-quantize, CPU only).
+#    (pinned version and sha256 below), built once into tools/.work/llama.cpp (llama-bench,
+#    llama-quantize and llama-simple, CPU only).
 # 2. The model: --model (a Llama Hugging Face folder) or, by default, a random 100M-parameter
 #    Llama (tools/random_llama.py), memory-bound on a CPU.
 # 3. The files: InferLab's `ch09_quantization export --format f32` writes the F32 GGUF, and
@@ -41,7 +41,7 @@ mkdir -p "$WORK" "$OUT"
 
 # 1. llama.cpp
 LL=$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp
-if [ ! -x "$LL/build/bin/llama-bench" ] || [ ! -x "$LL/build/bin/llama-quantize" ]; then
+if [ ! -x "$LL/build/bin/llama-bench" ] || [ ! -x "$LL/build/bin/llama-quantize" ] || [ ! -x "$LL/build/bin/llama-simple" ]; then
   if [ ! -f "$WORK/sdist.tar.gz" ]; then
     curl -sSfL -o "$WORK/sdist.part" "$URL"
     echo "$SHA256  $WORK/sdist.part" | sha256sum -c --quiet
@@ -50,7 +50,7 @@ if [ ! -x "$LL/build/bin/llama-bench" ] || [ ! -x "$LL/build/bin/llama-quantize"
   tar xzf "$WORK/sdist.tar.gz" -C "$WORK"
   cmake -S "$LL" -B "$LL/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_SERVER=OFF > "$WORK/configure.log"
-  cmake --build "$LL/build" -j "$(nproc)" --target llama-bench llama-quantize > "$WORK/build.log"
+  cmake --build "$LL/build" -j "$(nproc)" --target llama-bench llama-quantize llama-simple > "$WORK/build.log"
 fi
 LLAMA_COMMIT=$(grep -m1 -o 'LLAMA_BUILD_COMMIT[^)]*' "$LL/build/common/build-info.cpp" 2> /dev/null || echo "vendored in llama-cpp-python $VERSION")
 
@@ -69,7 +69,8 @@ for q in Q8_0 Q4_0 Q4_K_M; do
   FILES+=("$f")
 done
 
-# 4. alternating rounds
+# 4. alternating rounds (none: only build llama.cpp and make the files)
+[ "$ROUNDS" -gt 0 ] || { echo "llamacpp_bench: llama.cpp built and the files made in $WORK; no rounds asked for"; exit 0; }
 results=$OUT/llamacpp.jsonl
 : > "$results"
 for r in $(seq 1 "$ROUNDS"); do

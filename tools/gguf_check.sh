@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# GGUF files as llama.cpp's own llama-quantize makes them, run by `ch09_quantization run FILE`
+# alone (greedy, the file's own tokenizer), and checked two ways:
+#  - tools/gguf_reference.py: float64 over the gguf package's dequantised weights, with x rounded
+#    through q8_0 blocks as the products do, teacher-forced on InferLab's tokens. For a token that
+#    is not the reference's argmax it gives the gap between the two logits in units of σ, the RMS
+#    change that moving the activations by up to 8 float32 ulps makes to that gap (--sensitivity):
+#    the rounding of x to q8_0 is a step function, so float32-sized differences break near-ties;
+#    and the same gap in a float32 twin of the reference (negative: it also prefers InferLab's token);
+#  - llama.cpp's greedy text on the same file and prompt (llama-simple).
+#
+#   tools/gguf_check.sh [--model HF_FOLDER | --model random] [--tokens N] [--types "F16 Q8_0 ..."] [--out DIR]
+#
+# --model defaults to the bundled tiny-mha: trained, but its rows of 128 are not whole 256-value
+# super-blocks, so llama-quantize writes Q4_0, Q5_0, Q5_1 or Q8_0 where a k-quant was asked for.
+# `--model random` takes tools/llamacpp_bench.sh's random 100M-parameter Llama (rows of 1024 and
+# 2816), whose Q2_K … Q6_K files hold the k-quants themselves. Needs tools/.venv and a release
+# build; builds llama.cpp through tools/llamacpp_bench.sh --rounds 0 the first time.
+# Writes DIR/gguf_check.md (the table) and the JSON of every run and check beside it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=data/models/tiny-mha TOKENS=64 OUT=build/gguf-check
+TYPES="F16 Q8_0 Q6_K Q5_K_M Q5_1 Q5_0 Q4_K_M Q4_1 Q4_0 Q3_K_M Q2_K"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model) MODEL=$2; shift 2 ;;
+    --tokens) TOKENS=$2; shift 2 ;;
+    --types) TYPES=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    *) echo "gguf_check: unknown option '$1' (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+WORK=tools/.work/llama.cpp
+PY=tools/.venv/bin/python
+BIN=build/release/bin
+[ -x "$BIN/ch09_quantization" ] || { echo "gguf_check: build InferLab first (make build)" >&2; exit 1; }
+[ -x "$PY" ] || { echo "gguf_check: set up tools/.venv first (tools/README.md)" >&2; exit 1; }
+if [ "$MODEL" = random ]; then
+  tools/llamacpp_bench.sh --rounds 0 > /dev/null
+  MODEL=$WORK/random-100m
+else
+  tools/llamacpp_bench.sh --rounds 0 --model "$MODEL" > /dev/null
+fi
+LLB=$(ls -d $WORK/llama_cpp_python-*/vendor/llama.cpp/build/bin | head -1)
+NAME=$(basename "$MODEL")
+F32=$WORK/$NAME-f32.gguf
+mkdir -p "$OUT"
+PROMPT="Once upon a time"
+table="| file | tokens | the float64 reference's argmax | where not: the reference's logit gap (in σ of its change under 8 ulps; the float32 twin's gap) | llama.cpp's text |"$'\n'"|---|---|---|---|---|"
+for t in $TYPES; do
+  f=$WORK/$NAME-$t.gguf
+  [ -f "$f" ] || "$LLB/llama-quantize" "$F32" "$f" "$t" 2 > "$OUT/quantize-$t.log" 2>&1
+  "$BIN/ch09_quantization" run "$f" --prompt "$PROMPT" --temperature 0 --max-new-tokens "$TOKENS" \
+    --json "$OUT/run-$t.json" > /dev/null 2>&1
+  "$PY" tools/gguf_reference.py "$f" "$OUT/run-$t.json" --round-x --sensitivity --twin32 --json "$OUT/ref-$t.json" \
+    > "$OUT/ref-$t.txt" || true
+  n=$("$PY" -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["generated"]))' "$OUT/run-$t.json")
+  "$LLB/llama-simple" -m "$f" -n "$n" "$PROMPT" > "$OUT/llama-$t.txt" 2> /dev/null
+  row=$("$PY" - "$f" "$OUT/run-$t.json" "$OUT/ref-$t.json" "$OUT/llama-$t.txt" "$PROMPT" <<'PY'
+import json, os, sys
+f, run, ref, ll, prompt = sys.argv[1:]
+run, ref = json.load(open(run)), json.load(open(ref))
+text = open(ll, "rb").read().decode("utf-8", "replace")
+text = text[text.find(prompt) + len(prompt):].rstrip("\n")
+diff = [s for s in ref["steps"] if s["inferlab"] != s["reference"]]
+tie = "; ".join(f"{s['gap']:.2g} ({s['gap'] / s['gap_sigma']:.1f} σ, float32 twin {s['twin32_gap']:.2g})" for s in diff) or "none"
+print(f"| {os.path.basename(f)} | {ref['tokens']} | {ref['agree']} of {ref['tokens']} | {tie} | "
+      f"{'the same' if text == run['text'] else 'differs'} |")
+PY
+)
+  table+=$'\n'"$row"
+  echo "$row" >&2
+done
+printf '%s\n' "prompt \"$PROMPT\", greedy, $TOKENS new tokens at most; $NAME" "" "$table" > "$OUT/gguf_check.md"
+cat "$OUT/gguf_check.md"
