@@ -122,11 +122,11 @@ std::int32_t dot_i8_scalar(const std::int8_t* a, const std::int8_t* b, std::int6
 }
 
 #if INFERLAB_CH09_SIMD
-float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+float hsum(__m128 s) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
+float hsum(__m256 v) { return hsum(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1))); }
 
 std::int32_t hsum(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -135,6 +135,12 @@ std::int32_t hsum(__m256i v) {
 }
 
 __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// Four blocks' eight-lane int32 partial sums folded into their four totals, in order (exact).
+__m128i fold4(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
 
 // The f16 at p as a float, in one instruction (from_half's value, inlined where it runs per block).
 float half(const std::uint8_t* p) {
@@ -232,25 +238,47 @@ __m256i fifth_bits(const std::uint8_t* p) {
 }
 
 // q4_0, q4_1, q5_0, q5_1 · q8_0 for one output, per block of 32 (18, 20, 22, 24 bytes: f16 d,
-// for _1 an f16 minimum m, for q5 the 32 fifth bits, 16 bytes of nibbles). q4_0 and q5_0 centre
-// their values (q − 8, q − 16) into signed bytes: an exact int32 sum scaled by dw·dx. q4_1 and
-// q5_1 keep q unsigned and add m·dx·Σ xq. Even and odd blocks accumulate in two chains.
+// for _1 an f16 minimum m, for q5 the 32 fifth bits, 16 bytes of nibbles). The unsigned values q
+// (0-15, or 0-31) meet x's bytes in vpmaddubsw directly. q4_0 and q5_0 centre them, q − 8 or
+// q − 16: Σ (q − c)·xq = Σ q·xq − c·Σ xq, an exact int32 sum from x's block sums, scaled by
+// dw·dx. q4_1 and q5_1 add m·dx·Σ xq instead.
+//
+// Four blocks at a time, as q8_0_dot: their eight-lane partial sums fold into four exact int32
+// sums (fold4), so the centring and the scales (dw·dx, m·dx) apply as four-lane vectors.
 template <Format F>
 float q32_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nb) {
   constexpr bool kMin = F == Format::Q4_1 || F == Format::Q5_1, kFive = F == Format::Q5_0 || F == Format::Q5_1;
   constexpr int kBytes = 18 + (kMin ? 2 : 0) + (kFive ? 4 : 0), kQh = kMin ? 4 : 2, kQs = kQh + (kFive ? 4 : 0);
-  const __m256i centre = _mm256_set1_epi8(kFive ? 16 : 8);
-  __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  float ym = 0.0f;
-  for (std::int64_t b = 0; b < nb; ++b, r += kBytes) {
-    __m256i q = nibbles32(r + kQs);
-    if constexpr (kFive) q = _mm256_or_si256(q, fifth_bits(r + kQh));
-    const __m256i x = load32(xq + 32 * b);
-    const __m256i s = kMin ? dot32_u8_i8(q, x) : dot32_i8(_mm256_sub_epi8(q, centre), x);
-    y[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(half(r) * dx[b]), y[b & 1]);
-    if constexpr (kMin) ym += half(r + 2) * dx[b] * static_cast<float>(xs[b]);
+  constexpr int kCentreShift = kFive ? 4 : 3;  // c = 16 or 8
+  auto block = [&](const std::uint8_t* blk, const std::int8_t* x) {
+    __m256i q = nibbles32(blk + kQs);
+    if constexpr (kFive) q = _mm256_or_si256(q, fifth_bits(blk + kQh));
+    return dot32_u8_i8(q, load32(x));
+  };
+  __m128 y = _mm_setzero_ps();
+  std::int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    const std::uint8_t* blk = r + b * kBytes;
+    const __m128 dx4 = _mm_loadu_ps(dx + b);
+    __m128i sums = fold4(block(blk, xq + 32 * b), block(blk + kBytes, xq + 32 * b + 32),
+                         block(blk + 2 * kBytes, xq + 32 * b + 64), block(blk + 3 * kBytes, xq + 32 * b + 96));
+    const __m128i s4 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xs + b));
+    if constexpr (!kMin) sums = _mm_sub_epi32(sums, _mm_slli_epi32(s4, kCentreShift));
+    const __m128 dw = _mm_setr_ps(half(blk), half(blk + kBytes), half(blk + 2 * kBytes), half(blk + 3 * kBytes));
+    y = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(dw, dx4), y);
+    if constexpr (kMin) {
+      const __m128 m = _mm_setr_ps(half(blk + 2), half(blk + kBytes + 2), half(blk + 2 * kBytes + 2), half(blk + 3 * kBytes + 2));
+      y = _mm_fmadd_ps(_mm_mul_ps(m, dx4), _mm_cvtepi32_ps(s4), y);
+    }
   }
-  return hsum(_mm256_add_ps(y[0], y[1])) + ym;
+  float out = hsum(y);
+  for (; b < nb; ++b) {
+    const std::uint8_t* blk = r + b * kBytes;
+    const std::int32_t qx = hsum(block(blk, xq + 32 * b));
+    out += static_cast<float>(kMin ? qx : qx - xs[b] * (1 << kCentreShift)) * (half(blk) * dx[b]);
+    if constexpr (kMin) out += half(blk + 2) * dx[b] * static_cast<float>(xs[b]);
+  }
+  return out;
 }
 
 // q4_k and q5_k · q8_0 for one output: a sub-block of 32 is one x block. Its values (0-15, or
@@ -261,31 +289,46 @@ float qk_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, c
   constexpr bool kFive = F == Format::Q5_K;
   constexpr int kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
   const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-  __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  float ym = 0.0f;
+  __m128 y = _mm_setzero_ps(), ym = _mm_setzero_ps();
   for (std::int64_t b = 0; b < nb; ++b, r += kBytes, xq += 256, dx += 8, xs += 8) {
-    const float d = half(r), dmin = half(r + 2);
+    const __m128 d = _mm_set1_ps(half(r)), dmin = _mm_set1_ps(half(r + 2));
     [[maybe_unused]] const __m256i qh = load32(r + 16);
-    for (int j = 0; j < 4; ++j) {
-      std::uint8_t sc1, m1, sc2, m2;
-      gguf::scale_min_k4(2 * j, r + 4, sc1, m1);
-      gguf::scale_min_k4(2 * j + 1, r + 4, sc2, m2);
-      const __m256i raw = load32(r + kQs + 32 * j);
-      __m256i qlo = _mm256_and_si256(raw, m4), qhi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-      if constexpr (kFive) {  // sub-block s's fifth bit is bit s of qh[l]: moved to bit 4 of byte l
-        const __m256i bits = _mm256_srli_epi16(qh, 2 * j);
-        qlo = _mm256_or_si256(qlo, _mm256_slli_epi16(_mm256_and_si256(bits, one), 4));
-        qhi = _mm256_or_si256(qhi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 1), one), 4));
+    // The 8 six-bit scales and mins (gguf::scale_min_k4) unpacked four to a 32-bit word at once:
+    // u[0], u[1] hold sc 0-3 and 4-7, u[2], u[3] the mins m 0-3 and 4-7, a byte each.
+    std::uint32_t u[4];
+    std::memcpy(u, r + 4, 12);
+    u[3] = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    const std::uint32_t m03 = u[1] & 0x3F3F3F3Fu;
+    u[1] = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = m03;
+    u[0] &= 0x3F3F3F3Fu;
+    auto floats4 = [](std::uint32_t w) {
+      return _mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(static_cast<int>(w))));
+    };
+    // Sub-blocks 4h … 4h + 3 (pairs j = 2h, 2h + 1) fold into four sums, scaled as one vector.
+    for (int h = 0; h < 2; ++h) {
+      __m256i p[4];
+      for (int t = 0; t < 2; ++t) {
+        const int j = 2 * h + t;
+        const __m256i raw = load32(r + kQs + 32 * j);
+        __m256i qlo = _mm256_and_si256(raw, m4), qhi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        if constexpr (kFive) {  // sub-block s's fifth bit is bit s of qh[l]: moved to bit 4 of byte l
+          const __m256i bits = _mm256_srli_epi16(qh, 2 * j);
+          qlo = _mm256_or_si256(qlo, _mm256_slli_epi16(_mm256_and_si256(bits, one), 4));
+          qhi = _mm256_or_si256(qhi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 1), one), 4));
+        }
+        p[2 * t] = dot32_u8_i8(qlo, load32(xq + 64 * j));
+        p[2 * t + 1] = dot32_u8_i8(qhi, load32(xq + 64 * j + 32));
       }
-      const __m256i lo = dot32_u8_i8(qlo, load32(xq + 64 * j));
-      const __m256i hi = dot32_u8_i8(qhi, load32(xq + 64 * j + 32));
-      y[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_set1_ps(d * static_cast<float>(sc1) * dx[2 * j]), y[0]);
-      y[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_set1_ps(d * static_cast<float>(sc2) * dx[2 * j + 1]), y[1]);
-      ym += dmin * static_cast<float>(m1) * dx[2 * j] * static_cast<float>(xs[2 * j]) +
-            dmin * static_cast<float>(m2) * dx[2 * j + 1] * static_cast<float>(xs[2 * j + 1]);
+      const int k = 4 * h;
+      const __m128 dx4 = _mm_loadu_ps(dx + k);
+      const __m128 scv = floats4(u[h]), mv = floats4(u[2 + h]);
+      y = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(p[0], p[1], p[2], p[3])), _mm_mul_ps(_mm_mul_ps(d, scv), dx4), y);
+      const __m128 xs4 = _mm_cvtepi32_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xs + k)));
+      ym = _mm_fmadd_ps(_mm_mul_ps(_mm_mul_ps(dmin, mv), dx4), xs4, ym);
     }
   }
-  return hsum(_mm256_add_ps(y[0], y[1])) - ym;
+  return hsum(_mm_sub_ps(y, ym));
 }
 
 // q6_k · q8_0 for one output: quarter r of a half is one x block, its 6-bit values (0-63) built
@@ -436,13 +479,11 @@ float q8_0_dot(const std::uint8_t* w, const std::int8_t* xq, const float* dx, st
       std::memcpy(&h, blk, 2);
       dw[i] = _cvtsh_ss(h);
     }
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    const __m128i sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    const __m128i sums = fold4(s[0], s[1], s[2], s[3]);
     const __m128 scale = _mm_mul_ps(_mm_loadu_ps(dw), _mm_loadu_ps(dx + b));
     y = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, y);
   }
-  y = _mm_add_ps(y, _mm_movehl_ps(y, y));
-  float r = _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
+  float r = hsum(y);
   for (; b < nb; ++b) {
     const std::uint8_t* blk = w + b * 34;
     r += static_cast<float>(dot_i8(reinterpret_cast<const std::int8_t*>(blk + 2), xq + b * 32, 32)) * (from_half(blk) * dx[b]);

@@ -183,9 +183,10 @@ TEST(Quant, ActivationsRoundedThroughQ8_0BlocksAreWithinHalfAStep) {
 TEST(Quant, Q4_0MultipliesXRoundedThroughQ8_0Blocks) {
   auto rng = test::rng_for_test();
   test::ThreadCount threads(2);
-  for (const auto& [M, N] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 70}, {3, 70}, {4, 70}, {11, 70}, {1, 600}}) {
-    SCOPED_TRACE("M = " + std::to_string(M) + ", N = " + std::to_string(N));
-    const std::int64_t K = 512;
+  // K = 224: 7 blocks a row, four in the kernels' main loop and three past it.
+  for (const auto& [M, N, K] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+           {1, 70, 512}, {3, 70, 512}, {4, 70, 512}, {11, 70, 512}, {1, 600, 512}, {1, 70, 224}, {3, 70, 224}}) {
+    SCOPED_TRACE("M = " + std::to_string(M) + ", N = " + std::to_string(N) + ", K = " + std::to_string(K));
     const Tensor w = weights(rng, N, K), x = test::uniform(rng, {M, K});
     const QMatrix q = quantize(w, {Format::Q4_0});
     const auto D = dequantize(q).to_double_vector(), X = q8_0_activations(x).to_double_vector();
@@ -970,6 +971,11 @@ TEST(Gguf, BlockTypesRunPackedAndDecodeAsTheGgufPackage) {
     EXPECT_EQ(q.format(), lower);
     EXPECT_EQ(dequantize(q).to_float_vector(), want.to_float_vector()) << name;
     expect_products_within_the_bound(q, name);
+    if (gguf::block_values(gguf_type(fmt)) == 32) {  // rows of 2 blocks: the products' tail past whole fours of blocks
+      const std::int64_t rows = q.rows * q.cols / 64;
+      expect_products_within_the_bound(QMatrix({fmt}, rows, 64, bytes.contiguous().view({rows, bytes.numel() / rows}).clone()),
+                                       name + " in rows of 64");
+    }
     test::expect_error([&] { QuantSpec::parse(q.format()); }, {q.format(), "read from GGUF files"});
   }
 }
