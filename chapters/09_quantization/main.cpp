@@ -26,14 +26,13 @@ namespace {
 struct Row {
   std::string name;
   ch01::Llama model;
+  std::vector<std::string> kept_f32;  ///< matrices the format cannot hold, kept as they were
 };
 
 // Whether every matrix of m can take the format (its input width n_in a multiple of its block or
 // group).
 bool fits(const ch01::Llama& m, const QuantSpec& s) {
-  const std::int64_t g = s.format == Format::Int4Sym || s.format == Format::Int4Asym ? s.group
-                         : s.format == Format::Q8_0 || s.format == Format::Q4_0     ? 32
-                                                                                     : 1;
+  const std::int64_t g = width_multiple(s);
   const auto& c = m.config;
   for (std::int64_t n_in : {c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim})
     if (n_in % g) return false;
@@ -54,10 +53,17 @@ double bits(const ch01::Llama& m) {
 std::vector<Row> rows_for(const ch01::Llama& m, const std::vector<QuantSpec>& specs,
                           const std::vector<QuantSpec>& awq_specs, const std::vector<std::int32_t>& calibration) {
   std::vector<Row> rows;
-  rows.push_back({"f32 (unquantised)", m});
+  rows.push_back({"f32 (unquantised)", m, {}});
+  // A format that cannot hold every matrix (an input width not whole blocks or groups, as
+  // stories260K's 172-wide down_proj) quantises the others; the row names the ones kept in f32.
   for (const auto& s : specs) {
-    if (fits(m, s)) rows.push_back({s.name(), quantize_model(m, s)});
-    else std::printf("(%s skipped: a matrix width is not a multiple of its group)\n", s.name().c_str());
+    std::vector<std::string> kept;
+    ch01::Llama q = quantize_model(m, s, &kept);
+    if (kept.size() == 8) {  // all seven projections and the head: nothing of the format is left
+      std::printf("(%s skipped: no matrix width is a multiple of its group)\n", s.name().c_str());
+      continue;
+    }
+    rows.push_back({s.name(), std::move(q), kept});
   }
   for (const QuantSpec& s : awq_specs)
     if (fits(m, s)) {
@@ -68,7 +74,9 @@ std::vector<Row> rows_for(const ch01::Llama& m, const std::vector<QuantSpec>& sp
       for (const auto& g : report) better += g.loss_awq < g.loss_rtn, rtn += g.loss_rtn, awq += g.loss_awq;
       std::printf("(AWQ for %s: %d of %zu layer groups found scales better than round-to-nearest; calibration error %.3g -> %.3g)\n",
                   s.name().c_str(), better, report.size(), rtn, awq);
-      rows.push_back({"awq " + s.name(), q});
+      rows.push_back({"awq " + s.name(), q, {}});
+    } else {
+      std::printf("(awq %s skipped: a matrix width is not a multiple of its group)\n", s.name().c_str());
     }
   return rows;
 }
@@ -80,6 +88,7 @@ struct QualityRow {
   std::int64_t matrix_bytes = 0;
   eval::Perplexity ppl;
   eval::ProbeScores probes;
+  std::vector<std::string> kept_f32;
 };
 
 // Scores each row as it is ready, calling on_row (to print as it goes: a full table takes minutes).
@@ -88,18 +97,27 @@ std::vector<QualityRow> measure_quality(const CommonOptions& o, const std::vecto
                                         std::size_t calibration_tokens,
                                         const std::function<void(const QualityRow&)>& on_row = nullptr) {
   const ch01::Llama m = ch01::load_llama(o.model).to(Device::CPU, DType::F32);
-  const auto tok = HfTokenizer::load(o.model);
+  const auto tok = Tokenizer::for_model(o.model);  // a folder's tokenizer.json, or a llama2.c file's .bin
   const std::string data = data_dir();
-  const auto val = eval::tokenize_documents(tok, data + "/corpus/val.txt");
-  const auto probes = eval::load_probes(data + "/corpus/probes.jsonl");
-  auto calib = eval::tokenize_documents(tok, data + "/corpus/train-sample.txt");
+  const auto val = eval::tokenize_documents(*tok, data + "/corpus/val.txt");
+  // Probes longer than the model's context cannot be scored on it (stories260K's is 512 tokens).
+  std::vector<eval::Probe> probes;
+  std::size_t too_long = 0;
+  for (eval::Probe& p : eval::load_probes(data + "/corpus/probes.jsonl")) {
+    if (static_cast<std::int64_t>(tok->encode(p.prompt + p.answer).size()) > m.config.max_position_embeddings) ++too_long;
+    else probes.push_back(std::move(p));
+  }
+  if (too_long > 0 && per_kind > 0)
+    std::printf("(%zu probes longer than the model's context of %lld tokens left out)\n", too_long,
+                static_cast<long long>(m.config.max_position_embeddings));
+  auto calib = eval::tokenize_documents(*tok, data + "/corpus/train-sample.txt");
   calib.resize(std::min(calib.size(), calibration_tokens));
   std::vector<QualityRow> out;
   for (const auto& r : rows_for(m, specs, awq, calib)) {
     const eval::LogitsFn f = [&r](const std::vector<std::int32_t>& t) { return ch01::forward(r.model, t, true); };
-    QualityRow q{r.name, bits(r.model), matrix_bytes(r.model), {}, {}};
+    QualityRow q{r.name, bits(r.model), matrix_bytes(r.model), {}, {}, r.kept_f32};
     q.ppl = eval::perplexity(f, val, 512, windows, o.model + " as " + r.name + ": validation perplexity");
-    if (per_kind > 0) q.probes = eval::probe_accuracy(f, tok, probes, per_kind);
+    if (per_kind > 0) q.probes = eval::probe_accuracy(f, *tok, probes, per_kind);
     if (on_row) on_row(q);
     out.push_back(std::move(q));
   }
@@ -108,7 +126,7 @@ std::vector<QualityRow> measure_quality(const CommonOptions& o, const std::vecto
 
 json to_json(const QualityRow& r) {
   return {{"format", r.name}, {"bits_per_weight", r.bits}, {"matrix_bytes", r.matrix_bytes}, {"val_ppl", r.ppl.ppl},
-          {"val_loss", r.ppl.loss}, {"probes", r.probes.accuracy}};
+          {"val_loss", r.ppl.loss}, {"probes", r.probes.accuracy}, {"kept_f32", r.kept_f32}};
 }
 
 int quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::int64_t windows, std::int64_t per_kind,
@@ -128,6 +146,7 @@ int quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::in
     std::printf("%-22s %8.2f %12lld %9.3f %+9.3f", r.name.c_str(), r.bits, static_cast<long long>(r.matrix_bytes),
                 r.ppl.ppl, r.ppl.ppl - base);
     for (const auto& k : kinds) std::printf(" %10.3f", r.probes.accuracy.count(k) ? r.probes.accuracy.at(k) : 0.0);
+    for (std::size_t i = 0; i < r.kept_f32.size(); ++i) std::printf("%s%s", i ? ", " : "   f32: ", r.kept_f32[i].c_str());
     std::printf("\n");
     std::fflush(stdout);
     out.push_back(to_json(r));

@@ -1,8 +1,20 @@
 #include "chapters/09_quantization/qmodel.h"
 
+#include <algorithm>
+
 namespace inferlab::ch09 {
 
-ch01::Llama quantize_model(const ch01::Llama& m, const QuantSpec& spec) {
+std::int64_t width_multiple(const QuantSpec& s) {
+  if (s.format == Format::Int4Sym || s.format == Format::Int4Asym) return s.group;
+  return blocks_activations(s.format) ? 32 : 1;
+}
+
+ch01::Llama quantize_model(const ch01::Llama& m, const QuantSpec& spec, std::vector<std::string>* kept) {
+  auto keep = [&](const Linear& w, const std::string& name) {
+    if (kept == nullptr || w.in_features() % width_multiple(spec) == 0) return false;
+    if (std::find(kept->begin(), kept->end(), name) == kept->end()) kept->push_back(name);
+    return true;
+  };
   ch01::Llama q = m;
   q.source = m.source + " (" + spec.name() + ")";
   // Errors name the matrix as the checkpoint does, in the order of LlamaLayer::linears().
@@ -11,9 +23,10 @@ ch01::Llama quantize_model(const ch01::Llama& m, const QuantSpec& spec) {
   for (std::size_t i = 0; i < q.layers.size(); ++i)
     for (std::size_t j = 0; j < 7; ++j) {
       Linear& w = *q.layers[i].linears()[j];
+      if (keep(w, names[j])) continue;
       w = quantize(w, spec, m.source + ": " + spec.name() + " of model.layers." + std::to_string(i) + "." + names[j] + ".weight");
     }
-  q.lm_head = quantize(m.lm_head, spec, m.source + ": " + spec.name() + " of lm_head.weight");  // a tied head becomes its own quantised copy
+  if (!keep(m.lm_head, "lm_head")) q.lm_head = quantize(m.lm_head, spec, m.source + ": " + spec.name() + " of lm_head.weight");  // a tied head becomes its own quantised copy
   return q;
 }
 

@@ -12,8 +12,15 @@
 
 namespace inferlab::ch09 {
 
-/// `m` with every projection (and the head) quantised with `spec`.
-ch01::Llama quantize_model(const ch01::Llama& m, const QuantSpec& spec);
+/// `m` with every projection (and the head) quantised with `spec`. A matrix whose input width is
+/// not a multiple of width_multiple(spec) is an error; with `kept`, it stays as it is instead
+/// (llama.cpp, too, writes another type where a row is not whole blocks) and its name, as in
+/// "mlp.down_proj", is added to `kept` once.
+ch01::Llama quantize_model(const ch01::Llama& m, const QuantSpec& spec, std::vector<std::string>* kept = nullptr);
+
+/// The multiple of which a matrix's input width n_in must be for `spec`: its group (int4), 32
+/// (the block formats), else 1.
+std::int64_t width_multiple(const QuantSpec& spec);
 
 /// The number of weights in the projections and the head (a tied head counted too: quantising
 /// gives it its own copy).

@@ -248,6 +248,35 @@ TEST(Quant, NonFiniteWeightsNameTheMatrix) {
                        {"random: " + spec.name() + " of model.layers.1.mlp.up_proj.weight", "weight (4, 9) is inf"});
 }
 
+// A real checkpoint's widths need not be whole blocks (stories260K's down_proj reads 172): asked
+// to keep them, quantize_model quantises every other matrix and leaves those as they were,
+// naming them once; not asked, it refuses, naming the matrix.
+TEST(Quant, MatricesAFormatCannotHoldAreKeptWhenAskedAndNamed) {
+  TransformerConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.hidden_size = 64, c.intermediate_size = 172, c.num_layers = 2, c.num_heads = 8, c.num_kv_heads = 4;
+  c.head_dim = 8, c.vocab_size = 40, c.max_position_embeddings = 32, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
+  ch01::Llama m = ch01::random_llama(c, 7);
+  m.source = "random";
+  std::vector<std::string> kept;
+  const ch01::Llama q = quantize_model(m, {Format::Q4_0}, &kept);
+  EXPECT_EQ(kept, std::vector<std::string>{"mlp.down_proj"});
+  for (const ch01::LlamaLayer& l : q.layers) {
+    EXPECT_FALSE(l.w_down.packed);
+    EXPECT_EQ(l.w_down.weight.to_float_vector(), m.layers[&l - q.layers.data()].w_down.weight.to_float_vector());
+    for (const Linear* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up}) EXPECT_EQ(w->packed->format(), "q4_0");
+  }
+  EXPECT_EQ(q.lm_head.packed->format(), "q4_0");
+  test::expect_error([&] { quantize_model(m, {Format::Q4_0}); }, {"model.layers.0.mlp.down_proj", "multiple of 32"});
+  kept.clear();
+  quantize_model(m, {Format::Int4Sym, 128}, &kept);  // no width of 64 or 172 is whole groups of 128
+  EXPECT_EQ(kept, (std::vector<std::string>{"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "lm_head"}));
+  kept.clear();
+  quantize_model(m, {Format::Int8Row}, &kept);  // per-row formats take any width
+  EXPECT_TRUE(kept.empty());
+}
+
 // A q8_0/q4_0 block scale is an f16: beyond 65504 it used to be stored as infinity, and the
 // exported file decoded to inf and NaN. An int4_asym scale (max − min)/15 can overflow a float.
 TEST(Quant, ScalesBeyondTheirTypeAreRefused) {
