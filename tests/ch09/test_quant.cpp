@@ -233,13 +233,19 @@ TEST(Quant, NonFiniteWeightsAndOddGroupsAreRefused) {
     test::expect_error([&] { quantize(w, spec); }, {"weight (2, 5)", "finite"});
 }
 
-// quantize() used to say which weight was NaN but not in which of the model's matrices.
-TEST(Quant, NonFiniteWeightsNameTheMatrix) {
+// A small random Llama's config: widths D and F, `layers` layers, `heads` heads of head_dim
+// (D / heads) and `kv` KV heads, a vocabulary of 40 and a context of 32.
+TransformerConfig small_config(std::int64_t D, std::int64_t F, std::int64_t layers, std::int64_t heads, std::int64_t kv) {
   TransformerConfig c;
   c.architecture = "LlamaForCausalLM";
-  c.hidden_size = 128, c.intermediate_size = 256, c.num_layers = 2, c.num_heads = 8, c.num_kv_heads = 2;
-  c.head_dim = 16, c.vocab_size = 40, c.max_position_embeddings = 32, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
-  ch01::Llama m = ch01::random_llama(c, 7);  // every width a multiple of every group size
+  c.hidden_size = D, c.intermediate_size = F, c.num_layers = layers, c.num_heads = heads, c.num_kv_heads = kv;
+  c.head_dim = D / heads, c.vocab_size = 40, c.max_position_embeddings = 32, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
+  return c;
+}
+
+// quantize() used to say which weight was NaN but not in which of the model's matrices.
+TEST(Quant, NonFiniteWeightsNameTheMatrix) {
+  ch01::Llama m = ch01::random_llama(small_config(128, 256, 2, 8, 2), 7);  // every width a multiple of every group size
   m.source = "random";
   m.layers[1].w_up.weight = m.layers[1].w_up.weight.clone();
   m.layers[1].w_up.weight.at<float>({4, 9}) = std::numeric_limits<float>::infinity();
@@ -252,11 +258,7 @@ TEST(Quant, NonFiniteWeightsNameTheMatrix) {
 // to keep them, quantize_model quantises every other matrix and leaves those as they were,
 // naming them once; not asked, it refuses, naming the matrix.
 TEST(Quant, MatricesAFormatCannotHoldAreKeptWhenAskedAndNamed) {
-  TransformerConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.hidden_size = 64, c.intermediate_size = 172, c.num_layers = 2, c.num_heads = 8, c.num_kv_heads = 4;
-  c.head_dim = 8, c.vocab_size = 40, c.max_position_embeddings = 32, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
-  ch01::Llama m = ch01::random_llama(c, 7);
+  ch01::Llama m = ch01::random_llama(small_config(64, 172, 2, 8, 4), 7);
   m.source = "random";
   std::vector<std::string> kept;
   const ch01::Llama q = quantize_model(m, {Format::Q4_0}, &kept);
@@ -298,11 +300,7 @@ TEST(Quant, ScalesBeyondTheirTypeAreRefused) {
 // A logit row holding NaN or infinity (here from norms too large for f32) used to give a
 // perplexity of nan, printed by ch09_quantization table with exit status 0.
 TEST(Quant, APerplexityThatIsNotANumberIsAnError) {
-  TransformerConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.hidden_size = 64, c.intermediate_size = 96, c.num_layers = 1, c.num_heads = 4, c.num_kv_heads = 2;
-  c.head_dim = 16, c.vocab_size = 40, c.max_position_embeddings = 32, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
-  ch01::Llama m = ch01::random_llama(c, 7);
+  ch01::Llama m = ch01::random_llama(small_config(64, 96, 1, 4, 2), 7);
   const eval::LogitsFn f = [&m](const std::vector<std::int32_t>& t) { return ch01::forward(m, t, true); };
   const std::vector<std::int32_t> tokens = {1, 5, 9, 3, 7, 2, 8, 4, 6};
   EXPECT_TRUE(std::isfinite(eval::perplexity(f, tokens, 8).ppl));
