@@ -478,6 +478,7 @@ BlockedActivations::BlockedActivations(const Tensor& x) : rows(x.size(0)), cols(
   q.resize(static_cast<std::size_t>(rows * cols));
   d.resize(static_cast<std::size_t>(rows * nb));
   sum.resize(static_cast<std::size_t>(rows * nb));
+  sum16.resize(static_cast<std::size_t>(rows * nb * 2));
   std::uint8_t blk[34];
   for (std::int64_t m = 0; m < rows; ++m)
     for (std::int64_t b = 0; b < nb; ++b) {
@@ -485,8 +486,10 @@ BlockedActivations::BlockedActivations(const Tensor& x) : rows(x.size(0)), cols(
       const std::size_t i = static_cast<std::size_t>(m * nb + b);
       d[i] = from_half(blk);
       std::memcpy(q.data() + m * cols + b * 32, blk + 2, 32);
-      sum[i] = 0;
-      for (int j = 0; j < 32; ++j) sum[i] += q[static_cast<std::size_t>(m * cols + b * 32 + j)];
+      std::int32_t half_sums[2] = {0, 0};  // |Σ| ≤ 16 · 127: an int16
+      for (int j = 0; j < 32; ++j) half_sums[j / 16] += q[static_cast<std::size_t>(m * cols + b * 32 + j)];
+      sum[i] = half_sums[0] + half_sums[1];
+      sum16[2 * i] = static_cast<std::int16_t>(half_sums[0]), sum16[2 * i + 1] = static_cast<std::int16_t>(half_sums[1]);
     }
 }
 

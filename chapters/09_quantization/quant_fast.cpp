@@ -331,38 +331,43 @@ float qk_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, c
   return hsum(_mm_sub_ps(y, ym));
 }
 
+// A 16-bit lane's weight for vpmaddwd: the low 128 bits (the block's first 16 values) get a, the
+// high ones b.
+__m256i halves16(int a, int b) {
+  return _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(b)), _mm_set1_epi16(static_cast<short>(a)));
+}
+
 // q6_k · q8_0 for one output: quarter r of a half is one x block, its 6-bit values (0-63) built
-// from ql's nibbles and qh's bit pairs. vpmaddubsw of q and of 32 against x's bytes give the pairs
-// of (q − 32)·xq; vpmaddwd weighs the block's two 16-value groups by their int8 scales.
-float q6_k_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, std::int64_t nb) {
-  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
-  __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (std::int64_t b = 0; b < nb; ++b, r += 210, xq += 256, dx += 8) {
+// from ql's nibbles and qh's bit pairs. vpmaddubsw of q against x's bytes gives pairs of q·xq, and
+// vpmaddwd weighs the block's two 16-value groups by their int8 scales; four blocks fold into one
+// vector (fold4) before scaling. The − 32 is Σ_g sc_g·32·Σ_{k ∈ g} xq, from x's 16-value sums:
+// one vpmaddwd of the 16 scales by them gives it for the super-block's 8 blocks at once.
+float q6_k_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, const std::int16_t* xs16, std::int64_t nb) {
+  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+  __m128 y = _mm_setzero_ps();
+  __m256 yc = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b, r += 210, xq += 256, dx += 8, xs16 += 16) {
     const float d = half(r + 208);
+    const auto* sc = reinterpret_cast<const std::int8_t*>(r + 192);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    const __m256i centre = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs16)));
+    yc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(centre), _mm256_mul_ps(_mm256_set1_ps(32 * d), _mm256_loadu_ps(dx)), yc);
     for (int h = 0; h < 2; ++h) {
       const __m256i a = load32(r + 64 * h), c = load32(r + 64 * h + 32), hb = load32(r + 128 + 32 * h);
-      const auto* sc = reinterpret_cast<const std::int8_t*>(r + 192 + 8 * h);
       auto high = [&](int shift) { return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, shift), m2), 4); };
       const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(a, m4), high(0)),
                             _mm256_or_si256(_mm256_and_si256(c, m4), high(2)),
                             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), high(4)),
                             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4), high(6))};
+      __m256i s[4];
       for (int r4 = 0; r4 < 4; ++r4) {
-        const __m256i xv = load32(xq + 128 * h + 32 * r4);
-        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[r4], xv), _mm256_maddubs_epi16(k32, xv));
-        const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[2 * r4 + 1]), _mm_set1_epi16(sc[2 * r4]));
-        const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scale));
-        y[r4 & 1] = _mm256_fmadd_ps(s, _mm256_set1_ps(d * dx[4 * h + r4]), y[r4 & 1]);
+        const int g = 8 * h + 2 * r4;  // block 4h + r4's first group
+        s[r4] = _mm256_madd_epi16(_mm256_maddubs_epi16(q[r4], load32(xq + 128 * h + 32 * r4)), halves16(sc[g], sc[g + 1]));
       }
+      y = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(s[0], s[1], s[2], s[3])), _mm_mul_ps(_mm_set1_ps(d), _mm_loadu_ps(dx + 4 * h)), y);
     }
   }
-  return hsum(_mm256_add_ps(y[0], y[1]));
-}
-
-// A 16-bit lane's weight for vpmaddwd: the low 128 bits (the block's first 16 values) get a, the
-// high ones b.
-__m256i halves16(int a, int b) {
-  return _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(b)), _mm_set1_epi16(static_cast<short>(a)));
+  return hsum(y) - hsum(yc);
 }
 
 // q2_k and q3_k · q8_0 for one output. Quarter j of half h (bits 2j of the half's 32 bytes qs) is
@@ -419,7 +424,7 @@ float blocked_dot(const QMatrix& q, std::int64_t n, const BlockedActivations& a,
     case Format::Q5_1: return q32_q8_dot<Format::Q5_1>(w + n * nb * 24, xq, dx, xs, nb);
     case Format::Q4_K: return qk_q8_dot<Format::Q4_K>(w + n * (n_in / 256 * 144), xq, dx, xs, n_in / 256);
     case Format::Q5_K: return qk_q8_dot<Format::Q5_K>(w + n * (n_in / 256 * 176), xq, dx, xs, n_in / 256);
-    case Format::Q6_K: return q6_k_q8_dot(w + n * (n_in / 256 * 210), xq, dx, n_in / 256);
+    case Format::Q6_K: return q6_k_q8_dot(w + n * (n_in / 256 * 210), xq, dx, a.sum16.data() + m * nb * 2, n_in / 256);
     case Format::Q2_K: return k23_q8_dot<Format::Q2_K>(w + n * (n_in / 256 * 84), xq, dx, n_in / 256);
     case Format::Q3_K: return k23_q8_dot<Format::Q3_K>(w + n * (n_in / 256 * 110), xq, dx, n_in / 256);
     default: break;

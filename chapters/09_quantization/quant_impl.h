@@ -24,6 +24,7 @@ struct BlockedActivations {
   std::vector<std::int8_t> q;     ///< [M, n_in]
   std::vector<float> d;           ///< [M, n_in / 32]
   std::vector<std::int32_t> sum;  ///< [M, n_in / 32]
+  std::vector<std::int16_t> sum16;  ///< [M, n_in / 16]: Σ q over each half block (the k-quants' 16-value groups)
   explicit BlockedActivations(const Tensor& x);
   float value(std::int64_t m, std::int64_t k) const {
     return d[static_cast<std::size_t>(m * (cols / 32) + k / 32)] * static_cast<float>(q[static_cast<std::size_t>(m * cols + k)]);
