@@ -372,42 +372,54 @@ float q6_k_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx,
 
 // q2_k and q3_k · q8_0 for one output. Quarter j of half h (bits 2j of the half's 32 bytes qs) is
 // x block 4h + j, in two 16-value groups with a scale each: vpmaddubsw gives pairs of q·xq,
-// vpmaddwd weighs the groups. q2_k subtracts the groups' minimums, dmin·m·Σ xq, from pairs of xq
-// (vpmaddubsw by 1); q3_k's q − 4 is q·xq − 4·xq, with bit 4h + j of hmask adding 4 back.
+// vpmaddwd weighs the groups, and four blocks fold into one vector before scaling (as q6_k). The
+// part that does not depend on q comes from x's 16-value sums S_g, once per super-block: q2_k's
+// minimums dmin·Σ_g m_g·S_g, and q3_k's − 4 as 4·Σ_g sc_g·S_g (bit 4h + j of hmask adds 4 back
+// into q, so q runs 0-7 there). q3_k's 16 six-bit scales unpack four to a 32-bit word.
 template <Format F>
-float k23_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, std::int64_t nb) {
+float k23_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, const std::int16_t* xs16, std::int64_t nb) {
   constexpr bool kTwo = F == Format::Q2_K;
   constexpr int kBytes = kTwo ? 84 : 110, kQs = kTwo ? 16 : 32;
-  const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
-  __m256 y[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  __m256 ym = _mm256_setzero_ps();
-  for (std::int64_t s = 0; s < nb; ++s, r += kBytes, xq += 256, dx += 8) {
+  const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+  __m128 y = _mm_setzero_ps();
+  __m256 yc = _mm256_setzero_ps();
+  for (std::int64_t s = 0; s < nb; ++s, r += kBytes, xq += 256, dx += 8, xs16 += 16) {
     const float d = half(r + (kTwo ? 80 : 108));
-    [[maybe_unused]] const float dmin = kTwo ? half(r + 82) : 0.0f;
+    std::uint8_t sc[16];  // q2_k: the low nibbles of its 16 scale bytes; q3_k: the 6-bit scales (sc − 32 is applied below)
+    __m256i side;         // per group, what multiplies S_g: q2_k's m_g, q3_k's sc_g − 32
+    if constexpr (kTwo) {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(sc), _mm_and_si128(raw, _mm_set1_epi8(15)));
+      side = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+    } else {
+      std::uint32_t u[4];
+      std::memcpy(u, r + 96, 12);
+      const std::uint32_t t = u[2];
+      u[2] = ((u[0] >> 4) & 0x0F0F0F0Fu) | (((t >> 4) & 0x03030303u) << 4);
+      u[3] = ((u[1] >> 4) & 0x0F0F0F0Fu) | (((t >> 6) & 0x03030303u) << 4);
+      u[0] = (u[0] & 0x0F0F0F0Fu) | ((t & 0x03030303u) << 4);
+      u[1] = (u[1] & 0x0F0F0F0Fu) | (((t >> 2) & 0x03030303u) << 4);
+      std::memcpy(sc, u, 16);
+      side = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))), _mm256_set1_epi16(32));
+    }
+    const __m256i by_s = _mm256_madd_epi16(side, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs16)));  // per block
+    const float side_scale = kTwo ? half(r + 82) : 4 * d;  // dmin, or the 4 of q − 4
+    yc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(by_s), _mm256_mul_ps(_mm256_set1_ps(side_scale), _mm256_loadu_ps(dx)), yc);
     [[maybe_unused]] const __m256i hm = load32(r);
-    int sc[16];
-    for (int g = 0; g < 16; ++g) sc[g] = kTwo ? r[g] & 15 : gguf::scale_q3_k(g, r + 96);
     for (int h = 0; h < 2; ++h) {
       const __m256i raw = load32(r + kQs + 32 * h);
+      __m256i p[4];
       for (int j = 0; j < 4; ++j) {
         const int b = 4 * h + j;
-        const __m256i xv = load32(xq + 32 * b);
         __m256i q = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * j), m2);
-        __m256i p;
-        if constexpr (kTwo) {
-          p = _mm256_maddubs_epi16(q, xv);
-          const __m256i mins = _mm256_madd_epi16(_mm256_maddubs_epi16(one, xv), halves16(r[2 * b] >> 4, r[2 * b + 1] >> 4));
-          ym = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin * dx[b]), ym);
-        } else {
-          q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, b), one), 2));
-          p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, xv), _mm256_maddubs_epi16(four, xv));
-        }
-        const __m256 v = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, halves16(sc[2 * b], sc[2 * b + 1])));
-        y[j & 1] = _mm256_fmadd_ps(v, _mm256_set1_ps(d * dx[b]), y[j & 1]);
+        if constexpr (!kTwo) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, b), one), 2));
+        const int s0 = kTwo ? sc[2 * b] : sc[2 * b] - 32, s1 = kTwo ? sc[2 * b + 1] : sc[2 * b + 1] - 32;
+        p[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load32(xq + 32 * b)), halves16(s0, s1));
       }
+      y = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(p[0], p[1], p[2], p[3])), _mm_mul_ps(_mm_set1_ps(d), _mm_loadu_ps(dx + 4 * h)), y);
     }
   }
-  return hsum(_mm256_sub_ps(_mm256_add_ps(y[0], y[1]), ym));
+  return hsum(y) - hsum(yc);
 }
 
 // One output of a format that takes x as q8_0 blocks: row n of W times row m of a.
@@ -416,6 +428,7 @@ float blocked_dot(const QMatrix& q, std::int64_t n, const BlockedActivations& a,
   const std::int8_t* xq = a.q.data() + m * n_in;
   const float* dx = a.d.data() + m * nb;
   const std::int32_t* xs = a.sum.data() + m * nb;
+  const std::int16_t* xs16 = a.sum16.data() + m * nb * 2;
   const std::uint8_t* w = q.data.data<std::uint8_t>();
   switch (q.spec.format) {
     case Format::Q4_0: return q32_q8_dot<Format::Q4_0>(w + n * nb * 18, xq, dx, xs, nb);
@@ -424,9 +437,9 @@ float blocked_dot(const QMatrix& q, std::int64_t n, const BlockedActivations& a,
     case Format::Q5_1: return q32_q8_dot<Format::Q5_1>(w + n * nb * 24, xq, dx, xs, nb);
     case Format::Q4_K: return qk_q8_dot<Format::Q4_K>(w + n * (n_in / 256 * 144), xq, dx, xs, n_in / 256);
     case Format::Q5_K: return qk_q8_dot<Format::Q5_K>(w + n * (n_in / 256 * 176), xq, dx, xs, n_in / 256);
-    case Format::Q6_K: return q6_k_q8_dot(w + n * (n_in / 256 * 210), xq, dx, a.sum16.data() + m * nb * 2, n_in / 256);
-    case Format::Q2_K: return k23_q8_dot<Format::Q2_K>(w + n * (n_in / 256 * 84), xq, dx, n_in / 256);
-    case Format::Q3_K: return k23_q8_dot<Format::Q3_K>(w + n * (n_in / 256 * 110), xq, dx, n_in / 256);
+    case Format::Q6_K: return q6_k_q8_dot(w + n * (n_in / 256 * 210), xq, dx, xs16, n_in / 256);
+    case Format::Q2_K: return k23_q8_dot<Format::Q2_K>(w + n * (n_in / 256 * 84), xq, dx, xs16, n_in / 256);
+    case Format::Q3_K: return k23_q8_dot<Format::Q3_K>(w + n * (n_in / 256 * 110), xq, dx, xs16, n_in / 256);
     default: break;
   }
   fail("blocked_dot: ", q.spec.name(), " does not take x as q8_0 blocks");

@@ -931,9 +931,9 @@ TEST(Gguf, AQwen2RunsAsTransformersDoes) {
 
 // The part of a GGUF block matrix's values that its fast product sums apart from the quants' part:
 // the values its blocks give with every quant 0. They are m for q4_1 and q5_1, −dmin·m for q2_k,
-// q4_k and q5_k, and −32·d·sc for q6_k, whose product subtracts the 32 with x's 16-value sums.
-// q4_0, q5_0 and q3_k centre their quants in integers, exactly, so theirs is 0 here. A block of
-// bb bytes holds its quants in bytes [from, to).
+// q4_k and q5_k, and −32·d·sc for q6_k and −4·d·(sc − 32) for q3_k, whose products subtract the
+// 32 or the 4 with x's 16-value sums. q4_0 and q5_0 centre their quants in integers, exactly, so
+// theirs is 0 here. A block of bb bytes holds its quants in bytes [from, to).
 std::vector<double> minimum_terms(const QMatrix& q) {
   std::int64_t bb = 0, from = 0, to = 0;
   switch (q.spec.format) {
@@ -943,6 +943,7 @@ std::vector<double> minimum_terms(const QMatrix& q) {
     case Format::Q4_K: bb = 144, from = 16, to = 144; break;
     case Format::Q5_K: bb = 176, from = 16, to = 176; break;
     case Format::Q6_K: bb = 210, from = 0, to = 192; break;
+    case Format::Q3_K: bb = 110, from = 0, to = 96; break;
     default: return std::vector<double>(static_cast<std::size_t>(q.rows * q.cols), 0.0);
   }
   QMatrix z = q;
