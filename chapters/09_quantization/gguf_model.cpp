@@ -219,9 +219,8 @@ ch01::Llama load_gguf(const gguf::File& f) {
   const bool plain = qt == gguf::Type::F32 || qt == gguf::Type::F16 || qt == gguf::Type::BF16;
   // Every block type's matrices run packed: chapter 09's products read their bytes.
   auto packed_format = [](gguf::Type t) -> std::optional<Format> {
-    for (Format fmt : {Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K,
-                       Format::Q4_K, Format::Q5_K, Format::Q6_K})
-      if (gguf_type(fmt) == t) return fmt;
+    for (const auto& [fmt, type] : gguf_formats())
+      if (type == t) return fmt;
     return std::nullopt;
   };
   // A packed matrix, its scales checked first (a NaN scale would decode as NaN).

@@ -59,7 +59,7 @@ std::vector<Row> rows_for(const ch01::Llama& m, const std::vector<QuantSpec>& sp
   for (const auto& s : specs) {
     std::vector<std::string> kept;
     ch01::Llama q = quantize_model(m, s, &kept);
-    if (kept.size() == 8) {  // all seven projections and the head: nothing of the format is left
+    if (!q.lm_head.packed && kept.size() == q.layers[0].linears().size() + 1) {  // nothing of the format is left
       std::printf("(%s skipped: no matrix width is a multiple of its group)\n", s.name().c_str());
       continue;
     }
@@ -95,16 +95,18 @@ struct QualityRow {
 std::vector<QualityRow> measure_quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::int64_t windows,
                                         std::int64_t per_kind, const std::vector<QuantSpec>& awq,
                                         std::size_t calibration_tokens,
-                                        const std::function<void(const QualityRow&)>& on_row = nullptr) {
+                                        const std::function<void(const QualityRow&)>& on_row = nullptr,
+                                        const std::string& tokenizer = "") {
   const ch01::Llama m = ch01::load_llama(o.model).to(Device::CPU, DType::F32);
-  const auto tok = Tokenizer::for_model(o.model);  // a folder's tokenizer.json, or a llama2.c file's .bin
+  const auto tok = Tokenizer::for_model(o.model, tokenizer);  // default: a folder's tokenizer.json, a llama2.c file's .bin
   const std::string data = data_dir();
   const auto val = eval::tokenize_documents(*tok, data + "/corpus/val.txt");
   // Probes longer than the model's context cannot be scored on it (stories260K's is 512 tokens).
   std::vector<eval::Probe> probes;
   std::size_t too_long = 0;
   for (eval::Probe& p : eval::load_probes(data + "/corpus/probes.jsonl")) {
-    if (static_cast<std::int64_t>(tok->encode(p.prompt + p.answer).size()) > m.config.max_position_embeddings) ++too_long;
+    const std::int64_t ctx = m.config.max_position_embeddings;  // 0: not known, no limit
+    if (ctx > 0 && static_cast<std::int64_t>(tok->encode(p.prompt + p.answer).size()) > ctx) ++too_long;
     else probes.push_back(std::move(p));
   }
   if (too_long > 0 && per_kind > 0)
@@ -130,7 +132,7 @@ json to_json(const QualityRow& r) {
 }
 
 int quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::int64_t windows, std::int64_t per_kind,
-            const std::vector<QuantSpec>& awq) {
+            const std::vector<QuantSpec>& awq, const std::string& tokenizer) {
   std::vector<std::string> kinds;
   double base = 0;
   json out = json::array();
@@ -150,7 +152,7 @@ int quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::in
     std::printf("\n");
     std::fflush(stdout);
     out.push_back(to_json(r));
-  });
+  }, tokenizer);
   if (!o.json.empty()) write_json(o.json, {{"model", o.model}, {"rows", out}}, {o.model});
   return 0;
 }
@@ -388,6 +390,8 @@ int main(int argc, char** argv) {
       "FORMAT");
   st->add_option("--formats", formats, "Comma-separated formats (default: all)")->delimiter(',')->check(known_format);
   st->add_flag("--no-awq", no_awq, "Skip the AWQ rows");
+  st->add_option("--tokenizer", tokenizer,
+                 "Tokenizer: a tokenizer.json, a folder holding one, or a llama2.c .bin (default: the model's own)");
   auto* ss = app.add_subcommand("speed", "Decode speed per format on a larger random model");
   add_device_option(*ss, o);
   add_json_option(*ss, o.json);
@@ -417,7 +421,8 @@ int main(int argc, char** argv) {
     if (specs.empty()) specs = all_specs();
     if (*st)
       return quality(o, specs, windows, per_kind,
-                     no_awq ? std::vector<QuantSpec>{} : std::vector<QuantSpec>{{Format::Int4Asym, 32}, {Format::Int4Asym, 64}, {Format::Int4Sym, 32}});
+                     no_awq ? std::vector<QuantSpec>{} : std::vector<QuantSpec>{{Format::Int4Asym, 32}, {Format::Int4Asym, 64}, {Format::Int4Sym, 32}},
+                     tokenizer);
     if (*ss) return speed(o, specs);
     if (*se) return export_to(o, format, out);
     if (*sr) return run_gguf(o, file, tokenizer);

@@ -45,8 +45,7 @@ QuantSpec QuantSpec::parse(const std::string& n) {
       QuantSpec s{f, g};
       if (s.name() == n) return s;
     }
-  for (Format f : {Format::Q2_K, Format::Q3_K, Format::Q4_K, Format::Q5_K, Format::Q6_K, Format::Q4_1, Format::Q5_0,
-                   Format::Q5_1})
+  for (const auto& [f, type] : gguf_formats())  // the ones all_specs() does not list
     IL_CHECK(n != QuantSpec{f}.name(), "quantisation format '", n, "' is read from GGUF files (llama.cpp's quantiser "
              "makes it), not produced here");
   std::string names;
@@ -96,7 +95,8 @@ std::uint16_t to_half(float f) { return f32_to_f16(f); }
 // Bytes and values of one block of the block formats.
 std::int64_t block_values(Format f) { return gguf::block_values(gguf_type(f)); }
 std::int64_t block_bytes(Format f) { return gguf::row_bytes(gguf_type(f), block_values(f)); }
-// Where a block keeps its f16 scales: d (and the minimum's scale, m or dmin, where there is one).
+}  // namespace
+
 std::vector<int> half_offsets(Format f) {
   switch (f) {
     case Format::Q4_1:
@@ -109,7 +109,6 @@ std::vector<int> half_offsets(Format f) {
     default: return {0};
   }
 }
-}  // namespace
 
 float from_half(const std::uint8_t* p) {
   std::uint16_t h;
@@ -440,36 +439,25 @@ void check_product(const Tensor& x, const QMatrix& w, const Tensor& out) {
 
 }  // namespace
 
+// The GGUF block formats, each with the tensor type whose blocks it holds.
+const std::vector<std::pair<Format, gguf::Type>>& gguf_formats() {
+  static const std::vector<std::pair<Format, gguf::Type>> t = {
+      {Format::Q8_0, gguf::Type::Q8_0}, {Format::Q4_0, gguf::Type::Q4_0}, {Format::Q4_1, gguf::Type::Q4_1},
+      {Format::Q5_0, gguf::Type::Q5_0}, {Format::Q5_1, gguf::Type::Q5_1}, {Format::Q2_K, gguf::Type::Q2_K},
+      {Format::Q3_K, gguf::Type::Q3_K}, {Format::Q4_K, gguf::Type::Q4_K}, {Format::Q5_K, gguf::Type::Q5_K},
+      {Format::Q6_K, gguf::Type::Q6_K}};
+  return t;
+}
+
 bool blocks_activations(Format f) {
-  switch (f) {
-    case Format::Q8_0:
-    case Format::Q4_0:
-    case Format::Q4_1:
-    case Format::Q5_0:
-    case Format::Q5_1:
-    case Format::Q4_K:
-    case Format::Q5_K:
-    case Format::Q6_K:
-    case Format::Q2_K:
-    case Format::Q3_K: return true;
-    default: return false;
-  }
+  const auto& t = gguf_formats();
+  return std::any_of(t.begin(), t.end(), [f](const auto& e) { return e.first == f; });
 }
 
 gguf::Type gguf_type(Format f) {
-  switch (f) {
-    case Format::Q8_0: return gguf::Type::Q8_0;
-    case Format::Q4_0: return gguf::Type::Q4_0;
-    case Format::Q4_1: return gguf::Type::Q4_1;
-    case Format::Q5_0: return gguf::Type::Q5_0;
-    case Format::Q5_1: return gguf::Type::Q5_1;
-    case Format::Q4_K: return gguf::Type::Q4_K;
-    case Format::Q5_K: return gguf::Type::Q5_K;
-    case Format::Q6_K: return gguf::Type::Q6_K;
-    case Format::Q2_K: return gguf::Type::Q2_K;
-    case Format::Q3_K: return gguf::Type::Q3_K;
-    default: fail("gguf_type: ", QuantSpec{f}.name(), " is not a GGUF block format");
-  }
+  for (const auto& [fmt, type] : gguf_formats())
+    if (fmt == f) return type;
+  fail("gguf_type: ", QuantSpec{f}.name(), " is not a GGUF block format");
 }
 
 BlockedActivations::BlockedActivations(const Tensor& x) : rows(x.size(0)), cols(x.size(1)) {

@@ -51,7 +51,7 @@ const std::vector<float>& fp8_table() {
   return t;
 }
 
-// Unpacks row n of a weight-only format into f32 (the same values as weight_value()).
+// Unpacks row n into f32 (the same values as weight_value()); llm_int8 never unpacks.
 void unpack_row(const QMatrix& q, std::int64_t n, float* __restrict__ out) {
   const std::int64_t n_in = q.cols;
   switch (q.spec.format) {
@@ -76,17 +76,6 @@ void unpack_row(const QMatrix& q, std::int64_t n, float* __restrict__ out) {
       }
       return;
     }
-    case Format::Q4_0: {
-      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (n_in / 32 * 18);
-      for (std::int64_t b = 0; b < n_in / 32; ++b) {
-        const float d = from_half(r + b * 18);
-        for (int j = 0; j < 16; ++j) {
-          out[b * 32 + j] = static_cast<float>((r[b * 18 + 2 + j] & 15) - 8) * d;
-          out[b * 32 + 16 + j] = static_cast<float>((r[b * 18 + 2 + j] >> 4) - 8) * d;
-        }
-      }
-      return;
-    }
     case Format::Fp8E4M3: {
       const float* t = fp8_table().data();
       const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * n_in;
@@ -94,24 +83,13 @@ void unpack_row(const QMatrix& q, std::int64_t n, float* __restrict__ out) {
       for (std::int64_t k = 0; k < n_in; ++k) out[k] = t[r[k]] * s;
       return;
     }
-    case Format::Q4_1:
-    case Format::Q5_0:
-    case Format::Q5_1:
-    case Format::Q4_K:
-    case Format::Q5_K:
-    case Format::Q6_K:
-    case Format::Q2_K:
-    case Format::Q3_K: {
-      const gguf::Type t = gguf_type(q.spec.format);
-      const std::int64_t bv = gguf::block_values(t), bb = gguf::row_bytes(t, bv);
-      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (n_in / bv * bb);
-      for (std::int64_t b = 0; b < n_in / bv; ++b) gguf::dequantize_block(t, r + b * bb, out + b * bv);
-      return;
-    }
-    case Format::LlmInt8:
-    case Format::Q8_0: break;
+    default: break;
   }
-  fail("unpack_row: not a weight-only format");
+  // The GGUF block formats: each block decoded as gguf::dequantize_block does (the ref:: decoder).
+  const gguf::Type t = gguf_type(q.spec.format);
+  const std::int64_t bv = gguf::block_values(t), bb = gguf::row_bytes(t, bv);
+  const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (n_in / bv * bb);
+  for (std::int64_t b = 0; b < n_in / bv; ++b) gguf::dequantize_block(t, r + b * bb, out + b * bv);
 }
 
 // Σ a_k · b_k over int8 vectors, in int32 (exact).

@@ -9,8 +9,13 @@ namespace inferlab::ch09 {
 
 /// The value the format gives weight (n, k) (CPU).
 float weight_value(const QMatrix& q, std::int64_t n, std::int64_t k);
-/// The GGUF tensor type whose blocks a blocks_activations() format holds (throws for the others).
+/// The GGUF block formats (the blocks_activations() ones), each with the tensor type whose blocks
+/// it holds; gguf_type() looks one up (and throws for the other formats).
+const std::vector<std::pair<Format, gguf::Type>>& gguf_formats();
 gguf::Type gguf_type(Format f);
+/// Where a GGUF block format's block keeps its f16 scales: d, and the minimum's scale (m or dmin)
+/// where there is one.
+std::vector<int> half_offsets(Format f);
 /// An f16 stored at p (little-endian), as float.
 float from_half(const std::uint8_t* p);
 /// llama.cpp's reference Q8_0 / Q4_0 block quantisers: 32 floats -> 34 / 18 bytes.

@@ -107,13 +107,8 @@ QMatrix gguf_blocks(Format f) {
   auto* p = bytes.data<std::uint8_t>();
   std::uint64_t s = 7;
   for (std::int64_t i = 0; i < bytes.numel(); ++i) s ^= s << 13, s ^= s >> 7, s ^= s << 17, p[i] = static_cast<std::uint8_t>(s >> 32);
-  const std::vector<int> halves = f == Format::Q6_K   ? std::vector<int>{208}
-                                  : f == Format::Q3_K ? std::vector<int>{108}
-                                  : f == Format::Q2_K ? std::vector<int>{80, 82}
-                                  : f == Format::Q5_0 ? std::vector<int>{0}
-                                                      : std::vector<int>{0, 2};
   for (std::int64_t b = 0; b < blocks; ++b)
-    for (const int o : halves) p[b * bb + o] = 0x00, p[b * bb + o + 1] = 0x2C;  // 0x2C00: 1/16
+    for (const int o : half_offsets(f)) p[b * bb + o] = 0x00, p[b * bb + o + 1] = 0x2C;  // 0x2C00: 1/16
   return QMatrix({f}, N, K, bytes);
 }
 
