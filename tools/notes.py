@@ -287,6 +287,22 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
   (v2's rows over the larger corpus), log the loss of each row kind to see
   whether the copy rows are learnt at all, and give the zoo's retraining
   the 8 CPU-hours it needs (or a GPU).  The committed zoo is unchanged.
+* **Recipe v2, whether the copy rows are learnt** (measured on 2026-12-03,
+  one thread, one seed; the training log now gives each row kind's mean
+  loss every 25 steps).  `tools/probe_curve.py tiny-mha --recipe v2 --steps
+  3000 --every 500`: at step 3,000 the copy rows' loss (1.55) is the text
+  rows' (1.51), so the repeated span is predicted as text, not copied.  With
+  `--copy random` (the span is 8-24 uniformly random tokens, which only
+  copying predicts) over all 9,000 steps (41 minutes): the copy rows' loss
+  stays at ln 1024 = 6.93 from step 100 to the end, so no induction head
+  forms at all, while the text loss falls to 1.17 and the memory games' to
+  2.16.  Its final probes: validation loss 1.344, recall\\@32 0.13, \\@128
+  0.095, \\@400 0.05, AR 8 pairs 0.21, AR 32 pairs 0.16.  So at a third of
+  the rows and a span of a few tokens per row, the copying signal is too weak
+  to leave the plateau within 9,000 steps; the next experiment is rows that
+  are all copy tasks (a random sequence and its repeat) to see how many
+  steps tiny-mha's shape needs to form the head on its own, then mix the
+  corpus back in.
 * tiny-mamba reaches a clearly lower validation loss than the attention models
   at the same token budget: its causal convolution and recurrent state pick up
   the corpus's local patterns faster early in training.  This says nothing

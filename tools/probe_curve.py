@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("name", choices=zm.ORDER)
     ap.add_argument("--tokens", type=int, default=12_288_000, help="training tokens (the zoo's recipe)")
     ap.add_argument("--recipe", choices=["v1", "v2"], default="v1", help="v1: the committed zoo's; v2: tools/recipe.py")
+    ap.add_argument("--copy", choices=["corpus", "random"], default=None, help="v2: what a copy row repeats (recipe.COPY_SOURCE)")
     ap.add_argument("--steps", type=int, default=None, help="v2: stop after this many steps")
     ap.add_argument("--every", type=int, default=250, help="steps between evaluations (a multiple of 25: train.py logs every 25)")
     ap.add_argument("--threads", type=int, default=1)
@@ -72,6 +73,9 @@ def main() -> None:
             report(hit.group(1))
 
     if a.recipe == "v2":
+        import recipe
+        if a.copy:
+            recipe.COPY_SOURCE = a.copy
         model, _ = tr.train_recipe(a.name, tokens, lambda s: tok.encode(s, add_special_tokens=False).ids,
                                    seed=zoo.TRAIN_SEED, threads=a.threads, device=a.device, stop_after=a.steps, log=log)
     else:

@@ -11,7 +11,8 @@ Each step is `BATCH` rows.  A row is one of three kinds, in a seeded order that 
 step number only (so a run resumes exactly where it stopped):
 
 * text: a window of the training corpus, every position scored (the language model);
-* copy: a corpus window in which one span of 4-16 tokens appears a second time further on;
+* copy: a corpus window in which one span of 4-16 tokens appears a second time further on
+  (COPY_SOURCE "random": a span of 8-24 random tokens written into the window, then repeated);
   only the second copy is scored (after its first token, which nothing predicts).  This is
   the induction-head pattern the recall probes need ("Mia painted her kite" ... "Mia painted
   her kite" -> "blue"), at every distance the row allows;
@@ -39,6 +40,12 @@ LR = 3e-3
 WARMUP = 100
 DECAY = 0.15          # the last 15% of the steps decay linearly to 10% of LR
 MIX = ("text", "copy", "recall")
+# What a copy row repeats: a span of the corpus window itself ("corpus"), or a span of uniformly
+# random tokens written into it ("random"), which only copying predicts; and the span's lengths.
+COPY_SOURCE = "corpus"
+COPY_LENGTH = {"corpus": (4, 16), "random": (8, 24)}
+VOCAB = 1024
+FIRST_ORDINARY = 2    # ids 0 and 1 are <|endoftext|> and <|mask|>
 DATA_SEED = 1234
 
 
@@ -85,9 +92,11 @@ class Stream:
 
     def _copy(self, rng: random.Random, n: int) -> tuple[np.ndarray, np.ndarray]:
         x = self._window(rng, n)
-        length = rng.randint(4, 16)
+        length = rng.randint(*COPY_LENGTH[COPY_SOURCE])
         first = rng.randrange(0, n - 2 * length)
         second = rng.randrange(first + length, n + 1 - length)
+        if COPY_SOURCE == "random":  # a span that only copying predicts
+            x[first:first + length] = [rng.randrange(FIRST_ORDINARY, VOCAB) for _ in range(length)]
         x[second:second + length] = x[first:first + length]
         mask = np.zeros(n, dtype=np.float32)
         mask[second:second + length - 1] = 1  # target t+1 is predicted at position t
@@ -122,12 +131,16 @@ class Stream:
                 mask[m - 1] = 1  # the value at index m is predicted at position m - 1
         return x, mask
 
+    @staticmethod
+    def kinds(step: int) -> list[str]:
+        """The kind of each of the step's rows."""
+        return [MIX[(step * BATCH + r) % len(MIX)] for r in range(BATCH)]
+
     def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         n = row_length(step)
         rng = random.Random(f"{DATA_SEED}-{step}")
         xs, ms = [], []
-        for r in range(BATCH):
-            kind = MIX[(step * BATCH + r) % len(MIX)]
+        for kind in self.kinds(step):
             if kind == "text":
                 x, m = self._window(rng, n), np.ones(n, dtype=np.float32)
             elif kind == "copy":

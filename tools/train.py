@@ -135,11 +135,10 @@ def train(name: str, tokens: np.ndarray, *, seed: int, token_budget: int, batch:
 
 
 def causal_loss(model, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over rows of each row's mean cross-entropy on its scored positions."""
+    """Each row's mean cross-entropy on its scored positions [rows]; the step's loss is their mean."""
     logits = zm.logits_of(model, x[:, :-1])
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none").view(mask.shape)
-    per_row = (ce * mask).sum(1) / mask.sum(1).clamp(min=1)
-    return per_row.mean()
+    return (ce * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
 def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: int, device: str = "cpu",
@@ -151,6 +150,7 @@ def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: i
     steps = recipe.total_steps() if stop_after is None else min(stop_after, recipe.total_steps())
     stream = recipe.Stream(tokens, encode)
     first, elapsed, losses = 0, 0.0, []
+    by_kind: dict[str, list[float]] = {k: [] for k in recipe.MIX}  # the log's per-kind means
     if checkpoint and os.path.exists(checkpoint):
         state = torch.load(checkpoint, weights_only=False)
         model.load_state_dict(state["model"])
@@ -168,7 +168,10 @@ def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: i
             gen = torch.Generator().manual_seed(seed * 1_000_003 + step)  # per step: resumable
             loss = mdlm_loss(model, x[:, :-1], gen)
         else:
-            loss = causal_loss(model, x, mask)
+            rows = causal_loss(model, x, mask)
+            for kind, r in zip(stream.kinds(step), rows.tolist()):
+                by_kind[kind].append(r)
+            loss = rows.mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -177,8 +180,10 @@ def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: i
         done = step + 1
         if step % 25 == 0 or done == steps:
             el = time.time() - t0
+            kinds = " ".join(f"{k} {np.mean(v):.3f}" for k, v in by_kind.items() if v)
             log(f"{name} step {step}/{steps} rows {recipe.row_length(step)} loss {loss.item():.4f} "
-                f"lr {recipe.learning_rate(step):.2e} elapsed {el:.0f}s")
+                f"({kinds}) lr {recipe.learning_rate(step):.2e} elapsed {el:.0f}s")
+            by_kind = {k: [] for k in recipe.MIX}
         if checkpoint and (done % CHECKPOINT_EVERY == 0 or done == steps):
             os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done,
