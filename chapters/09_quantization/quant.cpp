@@ -429,15 +429,19 @@ void check_product(const Tensor& x, const QMatrix& w, const Tensor& out) {
   // The formats that quantise x too (llm_int8 and the q8_0-block ones) would cast a NaN or Inf to an integer, which
   // is undefined on the CPU: refuse it here, where the f32-activation formats let it reach the
   // sampler's check.
-  if (x.device() == Device::CPU && (blocks_activations(w.spec.format) || w.spec.format == Format::LlmInt8)) {
-    const float* p = x.data<float>();
-    for (std::int64_t i = 0; i < x.numel(); ++i)
-      IL_CHECK(std::isfinite(p[i]), "qmatmul (", w.spec.name(), "): the activations hold ", p[i], " at row ",
-               i / x.size(1), ", column ", i % x.size(1), "; the model's output overflowed before this layer");
-  }
+  if (x.device() == Device::CPU && (blocks_activations(w.spec.format) || w.spec.format == Format::LlmInt8))
+    check_finite_activations(x, w.spec.name());
 }
 
 }  // namespace
+
+void check_finite_activations(const Tensor& x, const std::string& format) {
+  const float* p = x.data<float>();
+  const std::int64_t n = x.numel();
+  for (std::int64_t i = 0; i < n; ++i)
+    IL_CHECK(std::isfinite(p[i]), "qmatmul (", format, "): the activations hold ", p[i], " at row ", i / x.size(1),
+             ", column ", i % x.size(1), "; the model's output overflowed before this layer");
+}
 
 // The GGUF block formats, each with the tensor type whose blocks it holds.
 const std::vector<std::pair<Format, gguf::Type>>& gguf_formats() {
@@ -460,13 +464,17 @@ gguf::Type gguf_type(Format f) {
   fail("gguf_type: ", QuantSpec{f}.name(), " is not a GGUF block format");
 }
 
-BlockedActivations::BlockedActivations(const Tensor& x) : rows(x.size(0)), cols(x.size(1)) {
+BlockedActivations::BlockedActivations(std::int64_t m, std::int64_t n_in) : rows(m), cols(n_in) {
   IL_CHECK(cols % 32 == 0, "q8_0 activations: the input width ", cols, " is not a multiple of 32");
   const std::int64_t nb = cols / 32;
   q.resize(static_cast<std::size_t>(rows * cols));
   d.resize(static_cast<std::size_t>(rows * nb));
   sum.resize(static_cast<std::size_t>(rows * nb));
   sum16.resize(static_cast<std::size_t>(rows * nb * 2));
+}
+
+BlockedActivations::BlockedActivations(const Tensor& x) : BlockedActivations(x.size(0), x.size(1)) {
+  const std::int64_t nb = cols / 32;
   std::uint8_t blk[34];
   for (std::int64_t m = 0; m < rows; ++m)
     for (std::int64_t b = 0; b < nb; ++b) {

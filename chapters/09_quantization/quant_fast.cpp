@@ -127,9 +127,18 @@ float half(const std::uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// 32 products of unsigned bytes u and signed bytes s summed pairwise into eight int32 lanes
-// (vpmaddubsw, then vpmaddwd by 1). A pair must stay below 2^15: u ≤ 128 with |s| ≤ 127 does.
-__m256i dot32_u8_i8(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
+// 32 products of unsigned bytes u and signed bytes s summed four at a time into eight int32 lanes:
+// one vpdpbusd where the CPU has VNNI, else vpmaddubsw (pairs into int16) then vpmaddwd by 1. A
+// pair must stay below 2^15 for the second: u ≤ 128 with |s| ≤ 127 does, so both are exact.
+__m256i dot32_u8_i8(__m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
 
 // 32 int8 products w·x the same way: |w| is paired with x carrying w's sign. No saturation for any
 // weight byte, given |x| ≤ 127 (our activation quantisers never make −128).
@@ -564,11 +573,53 @@ void blocked(const BlockedActivations& a, const QMatrix& w, float* Y) {
 
 }  // namespace
 
+BlockedActivations blocked_activations_fast(const Tensor& x) {
+#if INFERLAB_CH09_SIMD
+  BlockedActivations a(x.size(0), x.size(1));
+  const std::int64_t blocks = a.rows * a.cols / 32;
+  const float* X = x.data<float>();
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 almost_half = _mm256_set1_ps(0x1.fffffep-2f);  // the largest float below 0.5
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(X + 32 * b + 8 * i);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                             _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    // quantize_q8_0_block's scale and its inverse, as it computes them
+    const float dq = amax / 127.0f, inv = dq != 0 ? 1.0f / dq : 0.0f, id = std::isfinite(inv) ? inv : 0.0f;
+    a.d[static_cast<std::size_t>(b)] = f16_to_f32(f32_to_f16(dq));
+    // std::round (halves away from zero) of p = x·id: trunc(p + copysign(0.5⁻, p)), exact for |p| < 2^22
+    // (here |p| ≤ 127). ISO C++ mode compiles without contracting x·id into the add.
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 p = _mm256_mul_ps(v[i], _mm256_set1_ps(id));
+      const __m256 bias = _mm256_or_ps(almost_half, _mm256_andnot_ps(abs_mask, p));
+      q[i] = _mm256_cvttps_epi32(_mm256_add_ps(p, bias));
+    }
+    const __m256i lo = _mm256_add_epi32(q[0], q[1]), hi = _mm256_add_epi32(q[2], q[3]);
+    const std::int32_t s_lo = hsum(lo), s_hi = hsum(hi);
+    a.sum[static_cast<std::size_t>(b)] = s_lo + s_hi;
+    a.sum16[static_cast<std::size_t>(2 * b)] = static_cast<std::int16_t>(s_lo);
+    a.sum16[static_cast<std::size_t>(2 * b + 1)] = static_cast<std::int16_t>(s_hi);
+    // 32 int32 lanes to 32 bytes: the packs interleave 128-bit halves, the permutation undoes it
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + 32 * b),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+  return a;
+#else
+  return BlockedActivations(x);
+#endif
+}
+
 void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out) {
   if (w.spec.format == Format::LlmInt8) return llm_int8(x, w, out);
   float* Y = out.data<float>();
   if (blocks_activations(w.spec.format)) {
-    const BlockedActivations a(x);  // x into q8_0 blocks, once per product
+    const BlockedActivations a = blocked_activations_fast(x);  // x into q8_0 blocks, once per product
     return w.spec.format == Format::Q8_0 ? q8_0(a, w, Y) : blocked(a, w, Y);
   }
   const std::int64_t M = x.size(0), n_in = x.size(1), n_out = w.rows;

@@ -30,11 +30,20 @@ struct BlockedActivations {
   std::vector<float> d;           ///< [M, n_in / 32]
   std::vector<std::int32_t> sum;  ///< [M, n_in / 32]
   std::vector<std::int16_t> sum16;  ///< [M, n_in / 16]: Σ q over each half block (the k-quants' 16-value groups)
+  /// x quantised block by block with quantize_q8_0_block (the reference).
   explicit BlockedActivations(const Tensor& x);
+  /// Sized for M × n_in, unfilled (blocked_activations_fast fills it).
+  BlockedActivations(std::int64_t m, std::int64_t n_in);
   float value(std::int64_t m, std::int64_t k) const {
     return d[static_cast<std::size_t>(m * (cols / 32) + k / 32)] * static_cast<float>(q[static_cast<std::size_t>(m * cols + k)]);
   }
 };
+/// The same values as BlockedActivations(x), bit for bit, eight lanes at a time where the CPU has
+/// AVX2 (the fast products quantise x once per product, so this runs 57 times a decode step).
+BlockedActivations blocked_activations_fast(const Tensor& x);
+/// Throws naming `format` and the place of the first NaN or Inf in the CPU tensor x [M, K]: the
+/// formats that quantise x would cast it to an integer, which is undefined.
+void check_finite_activations(const Tensor& x, const std::string& format);
 /// LLM.int8(): columns of x with any |x| ≥ threshold.
 std::vector<char> outlier_columns(const Tensor& x, float threshold);
 /// LLM.int8(): each row of x quantised to int8 by its absmax over the non-skipped columns.

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include "chapters/09_quantization/awq.h"
 #include "chapters/09_quantization/gguf_model.h"
 #include "chapters/09_quantization/quant_impl.h"
+#include "chapters/09_quantization/repack.h"
 #include "common/eval.h"
 #include "common/json_file.h"
 #include "common/llama2c.h"
@@ -180,6 +182,21 @@ TEST(Quant, ActivationsRoundedThroughQ8_0BlocksAreWithinHalfAStep) {
 // q4_0 takes x as q8_0 blocks: its products (the ref:: loop, the fast integer kernels at M ≤ 4,
 // the unpacked rows at M = 11) are the float64 product of the decoded weights with x rounded
 // through those blocks, within the dot product's bound.
+// The float64 product of x rounded through q8_0 blocks with q's decoded weights [M, N], and each
+// output's bound: the dot product's, plus dw·dx and the integer sum's scaling.
+std::pair<std::vector<double>, std::vector<double>> blocked_product(const Tensor& x, const QMatrix& q) {
+  const std::int64_t M = x.size(0), N = q.rows, K = q.cols;
+  const auto D = dequantize(q).to_double_vector(), X = q8_0_activations(x).to_double_vector();
+  std::vector<double> exact(M * N), b(M * N);
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      double s = 0, a = 0;
+      for (std::int64_t k = 0; k < K; ++k) s += X[m * K + k] * D[n * K + k], a += std::fabs(X[m * K + k] * D[n * K + k]);
+      exact[m * N + n] = s, b[m * N + n] = (gamma(K) + 3 * u) * a;
+    }
+  return {exact, b};
+}
+
 TEST(Quant, Q4_0MultipliesXRoundedThroughQ8_0Blocks) {
   auto rng = test::rng_for_test();
   test::ThreadCount threads(2);
@@ -189,19 +206,47 @@ TEST(Quant, Q4_0MultipliesXRoundedThroughQ8_0Blocks) {
     SCOPED_TRACE("M = " + std::to_string(M) + ", N = " + std::to_string(N) + ", K = " + std::to_string(K));
     const Tensor w = weights(rng, N, K), x = test::uniform(rng, {M, K});
     const QMatrix q = quantize(w, {Format::Q4_0});
-    const auto D = dequantize(q).to_double_vector(), X = q8_0_activations(x).to_double_vector();
-    std::vector<double> exact(M * N), b(M * N);
-    for (std::int64_t m = 0; m < M; ++m)
-      for (std::int64_t n = 0; n < N; ++n) {
-        double s = 0, a = 0;
-        for (std::int64_t k = 0; k < K; ++k) s += X[m * K + k] * D[n * K + k], a += std::fabs(X[m * K + k] * D[n * K + k]);
-        exact[m * N + n] = s, b[m * N + n] = (gamma(K) + 3 * u) * a;  // the dot product's bound, plus dw·dx and the int's scaling
-      }
+    const auto [exact, b] = blocked_product(x, q);
     Tensor r = Tensor::empty({M, N}, DType::F32);
     qmatmul_ref(x, q, r);
     expect_within(r.to_double_vector(), exact, b, "reference");
     expect_within(qmatmul(x, q).to_double_vector(), exact, b, "fast");
   }
+}
+
+// The interleaved q4_0 and q8_0 matrices (eight rows' blocks together) give their bytes back in
+// row order exactly and multiply x rounded through q8_0 blocks within the row-order bound, for
+// decode (the eight-row kernel) and prefill rows; what they cannot hold is refused.
+TEST(Quant, InterleavedBlocksAreTheSameMatrix) {
+  auto rng = test::rng_for_test();
+  test::ThreadCount threads(2);
+  for (const Format f : {Format::Q4_0, Format::Q8_0})
+    for (const auto& [M, N, K] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+             {1, 16, 224}, {3, 24, 224}, {4, 8, 512}, {9, 16, 224}, {1, 1024, 512}}) {
+      SCOPED_TRACE(QuantSpec{f}.name() + ", M = " + std::to_string(M) + ", N = " + std::to_string(N) + ", K = " + std::to_string(K));
+      const Tensor x = test::uniform(rng, {M, K});
+      QMatrix q = quantize(weights(rng, N, K), {f});
+      if (f == Format::Q8_0) q.data.data<std::uint8_t>()[2 * (K / 32) * 34 + 2 + 9] = 0x80;  // −128, which a GGUF file may hold
+      const Interleaved8 il(q);
+      EXPECT_EQ(il.format(), QuantSpec{f}.name());
+      const QMatrix back = il.rows_in_order();
+      ASSERT_EQ(back.data.nbytes(), q.data.nbytes());
+      EXPECT_EQ(std::memcmp(back.data.data<std::uint8_t>(), q.data.data<std::uint8_t>(), q.data.nbytes()), 0);
+      EXPECT_EQ(il.bytes(), q.bytes());
+      const auto [exact, b] = blocked_product(x, q);
+      Tensor y = Tensor::empty({M, N}, DType::F32);
+      il.matmul(x, y);
+      expect_within(y.to_double_vector(), exact, b, "interleaved");
+    }
+  const QMatrix odd = quantize(weights(rng, 12, 64), {Format::Q4_0});
+  EXPECT_FALSE(interleavable(odd));
+  EXPECT_FALSE(interleavable(quantize(weights(rng, 8, 64), {Format::Int8Row})));
+  test::expect_error([&] { Interleaved8 bad(odd); }, {"rows a multiple of 8"});
+  const Interleaved8 il(quantize(weights(rng, 8, 64), {Format::Q4_0}));
+  Tensor x = Tensor::zeros({1, 64}, DType::F32), y = Tensor::empty({1, 8}, DType::F32);
+  x.data<float>()[5] = std::numeric_limits<float>::infinity();
+  test::expect_error([&] { il.matmul(x, y); }, {"the activations hold inf at row 0, column 5"});
+  test::expect_error([&] { il.matmul(Tensor::zeros({1, 32}, DType::F32), y); }, {"x must be contiguous f32 [M, 64]"});
 }
 
 TEST(Quant, TheFastFp8DecoderGivesEveryFinitePatternExactly) {
@@ -432,6 +477,27 @@ TEST(LlmInt8, AnOutlierFeatureNoLongerRuinsTheOtherColumns) {
   for (std::size_t i = 0; i < exact.size(); ++i)
     e_mixed += std::pow(mixed[i] - exact[i], 2), e_plain += std::pow(plain[i] - exact[i], 2);
   EXPECT_LT(e_mixed * 25, e_plain) << "16-bit outliers should cut the error by far more than 5x";
+}
+
+TEST(Q8_0, TheFastActivationQuantiserIsTheReferenceBitForBit) {
+  auto rng = test::rng_for_test();
+  const std::int64_t K = 32 * 12;
+  Tensor x = test::uniform(rng, {3, K});
+  float* p = x.data<float>();
+  for (std::int64_t k = 0; k < K; ++k) p[k] *= 100.0f;  // row 0: wide, row 1: [-1, 1), row 2: tiny and special
+  for (std::int64_t k = 0; k < 32; ++k) p[2 * K + k] = 0.0f;                                  // d = 0
+  for (std::int64_t k = 32; k < 64; ++k) p[2 * K + k] = 1e-40f * static_cast<float>(k % 5);  // 1/d overflows
+  for (std::int64_t k = 64; k < 96; ++k) p[2 * K + k] = 1e30f * (k % 2 ? 1.0f : -0.5f);     // d beyond f16
+  // d = 1, id = 1: every value a tie k + 0.5 that std::round takes away from zero
+  for (std::int64_t k = 96; k < 128; ++k) p[2 * K + k] = k == 96 ? 127.0f : (static_cast<float>(k % 7) + 0.5f) * (k % 2 ? 1 : -1);
+  // d = 1 again: the largest float below each half, which std::round takes toward zero
+  for (std::int64_t k = 128; k < 160; ++k) p[2 * K + k] = k == 128 ? 127.0f : static_cast<float>(k % 3) + std::nextafter(0.5f, 0.0f);
+  const BlockedActivations ref(x), fast = blocked_activations_fast(x);
+  EXPECT_EQ(fast.q, ref.q);
+  EXPECT_EQ(fast.sum, ref.sum);
+  EXPECT_EQ(fast.sum16, ref.sum16);
+  ASSERT_EQ(fast.d.size(), ref.d.size());
+  for (std::size_t i = 0; i < ref.d.size(); ++i) EXPECT_EQ(std::bit_cast<std::uint32_t>(fast.d[i]), std::bit_cast<std::uint32_t>(ref.d[i])) << "block " << i;
 }
 
 TEST(Q8_0, ActivationsQuantisedToBlocksWithExactIntegerSums) {
@@ -1220,6 +1286,37 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
   EXPECT_EQ(dequantize(qmatrix(m.layers[1].w_up, "w_up")).to_float_vector(),
             gguf::dequantize_rows(gguf::Type::Q4_K, g.raw("blk.1.ffn_up.weight"), c.hidden_size).to_float_vector());
   expect_runs_as_decoded(m);
+}
+
+// Q4_0 and Q8_0 files whose matrices run interleaved (as `run` does on the CPU) run as the files do.
+TEST(Gguf, Q4_0AndQ8_0FilesRunInterleavedAsInRowOrder) {
+  for (const gguf::Type t : {gguf::Type::Q4_0, gguf::Type::Q8_0}) {
+  SCOPED_TRACE(gguf::type_name(t));
+  test::TempDir dir;
+  const TransformerConfig c = super_block_config();
+  const std::string path = repacked_gguf(dir, c, [t](const std::string&) { return t; });
+  const ch01::Llama m = load_gguf(path);
+  ch01::Llama il = m;
+  int count = 0;
+  interleave_blocks(il, &count);
+  EXPECT_EQ(count, 7 * c.num_layers + 1);
+  EXPECT_NE(dynamic_cast<const Interleaved8*>(il.layers[0].wq.packed.get()), nullptr);
+  EXPECT_EQ(il.step_weight_bytes(), m.step_weight_bytes());
+  // The prompt at once (prefill: unpacked groups), then a token a step (decode: the eight-row
+  // kernel); every step's logits as the row-order model's, which is fed the same tokens.
+  ch02::ContiguousKVCache ca(c, 32), cb(c, 32);
+  Tensor la = ch02::forward_cached(il, ca, {0, 523, 524, 278, 525, 522, 482});
+  Tensor lb = ch02::forward_cached(m, cb, {0, 523, 524, 278, 525, 522, 482});
+  for (int step = 0; step < 16; ++step) {
+    const auto a = la.to_double_vector(), b = lb.to_double_vector();
+    const double bound = test::two_path_bound(m.config, b);
+    for (std::size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], bound) << "step " << step << ", logit " << k;
+    const auto next = static_cast<std::int32_t>(std::max_element(b.end() - c.vocab_size, b.end()) - (b.end() - c.vocab_size));
+    la = ch02::forward_cached(il, ca, {next});
+    lb = ch02::forward_cached(m, cb, {next});
+  }
+  EXPECT_NE(dynamic_cast<const Interleaved8*>(il.layers[0].wq.packed->to_device(Device::CPU).get()), nullptr);
+  }
 }
 
 // Files whose matrices are Q4_1, Q5_0, Q5_1, Q5_K, Q2_K or Q3_K (Q5_K_M, Q3_K_M and Q2_K files, and

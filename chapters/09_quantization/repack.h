@@ -1,0 +1,52 @@
+#pragma once
+/// @file repack.h
+/// @brief Chapter 09: q4_0 and q8_0 matrices with eight rows' blocks interleaved, for the CPU's decode product.
+///
+/// A q4_0 or q8_0 row stores its 32-weight blocks one after another, and the row-at-a-time product
+/// (quant_fast.cpp) pays per row and block for a horizontal sum and a scalar scale. Stored eight
+/// rows at a time instead, block b of rows r..r+7 is one unit: the eight f16 scales, then the eight
+/// rows' quant bytes (16 for q4_0, 32 for q8_0) in pieces of 4, piece j of row i at byte
+/// 16 + 32·j + 4·i. One vpdpbusd then multiplies four values of all eight rows by the same four
+/// bytes of x (broadcast), each int32 lane is one row's sum, and the scales apply as one eight-lane
+/// vector: no horizontal sums at all. (A q4_0 piece's low nibbles are values 4j..4j+3, its high
+/// ones 16+4j..; q8_0's signed bytes are kept as w + 128, unsigned as vpdpbusd wants them, and
+/// 128·Σx is taken off again.) llama.cpp repacks its Q4_0 and Q8_0 tensors the same way at load.
+///
+/// The values are the matrix's; only their order (and q8_0's offset) changes.
+
+#include <memory>
+
+#include "chapters/01_naive_decode/llama.h"
+#include "chapters/09_quantization/quant.h"
+
+namespace inferlab::ch09 {
+
+/// A q4_0 or q8_0 matrix (CPU, rows a multiple of 8) in the interleaved order. Its products take x
+/// as q8_0 blocks, as the matrix's own do.
+class Interleaved8 : public PackedMatrix {
+ public:
+  explicit Interleaved8(const QMatrix& q);  ///< throws unless interleavable(q)
+  /// The matrix back, in row order.
+  QMatrix rows_in_order() const;
+
+  void matmul(const Tensor& x, Tensor& out) const override;
+  std::int64_t out_features() const override { return rows_; }
+  std::int64_t in_features() const override { return cols_; }
+  std::int64_t bytes() const override { return static_cast<std::int64_t>(data_.nbytes()); }
+  Device device() const override { return Device::CPU; }
+  /// On the CPU a copy of this; elsewhere the matrix in row order (the CUDA kernels read that).
+  std::shared_ptr<const PackedMatrix> to_device(Device d) const override;
+  std::string format() const override { return spec_.name(); }
+
+ private:
+  QuantSpec spec_;
+  std::int64_t rows_, cols_;
+  Tensor data_;  ///< rows/8 · cols/32 units of 8 · 18 (q4_0) or 8 · 34 (q8_0) bytes
+};
+
+/// Whether q can be stored as Interleaved8: a q4_0 or q8_0 matrix on the CPU, rows a multiple of 8.
+bool interleavable(const QMatrix& q);
+/// `m` with every matrix that can be interleaved so; the number changed in `count` when given.
+void interleave_blocks(ch01::Llama& m, int* count = nullptr);
+
+}  // namespace inferlab::ch09
