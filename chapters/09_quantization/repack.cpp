@@ -10,6 +10,7 @@
 #endif
 
 #include "chapters/09_quantization/quant_impl.h"
+#include "common/gguf.h"
 #include "common/ops_cpu.h"
 
 namespace inferlab::ch09 {
@@ -30,6 +31,33 @@ struct Layout {
 
 // Where byte t of row i's quants sits in its unit.
 constexpr std::int64_t quant_byte(std::int64_t i, std::int64_t t) { return 16 + 32 * (t / 4) + 4 * i + t % 4; }
+
+// q4_k: a super-block of eight rows (256 values each) is one unit of 1184 bytes: the eight d, the
+// eight dmin (f16), each sub-block j's eight 6-bit scales and then its eight minimums unpacked to a
+// byte (at 32 + 8j + i and 96 + 8j + i), then the quants. Row i's quant byte t (ggml's order: byte
+// 32c + l holds value l of sub-block 2c in its low nibble, of sub-block 2c + 1 in its high one)
+// sits in chunk c's 256 bytes in pieces of 4 as the 32-blocks' do.
+constexpr std::int64_t kQ4kUnit = 1184;
+constexpr std::int64_t q4k_quant_byte(std::int64_t i, std::int64_t t) { return 160 + 256 * (t / 32) + quant_byte(i, t % 32) - 16; }
+
+// Rows 8g..8g+7 of W as floats (x rounded through q8_0 blocks multiplies them at prefill).
+void unpack_group_q4k(const std::uint8_t* group, std::int64_t nsb, float* out /* [8, 256 · nsb] */) {
+  for (std::int64_t sb = 0; sb < nsb; ++sb) {
+    const std::uint8_t* u = group + sb * kQ4kUnit;
+    for (std::int64_t i = 0; i < 8; ++i) {
+      const float d = from_half(u + 2 * i), dmin = from_half(u + 16 + 2 * i);
+      float* row = out + i * 256 * nsb + 256 * sb;
+      for (std::int64_t t = 0; t < 128; ++t) {
+        const std::uint8_t q = u[q4k_quant_byte(i, t)];
+        const std::int64_t j = 2 * (t / 32), l = t % 32;  // value l of sub-blocks j and j + 1
+        for (const std::int64_t h : {0, 1}) {
+          const float scale = d * static_cast<float>(u[32 + 8 * (j + h) + i]), minimum = dmin * static_cast<float>(u[96 + 8 * (j + h) + i]);
+          row[32 * (j + h) + l] = scale * static_cast<float>(h ? q >> 4 : q & 15) - minimum;
+        }
+      }
+    }
+  }
+}
 
 // Rows 8g..8g+7 of W as floats (x rounded through q8_0 blocks multiplies them at prefill).
 void unpack_group(Layout l, const std::uint8_t* group, std::int64_t nb, float* out /* [8, 32 · nb] */) {
@@ -108,7 +136,61 @@ void group_dot(const std::uint8_t* group, const std::int8_t* xq, const float* dx
   }
   _mm256_storeu_ps(y, _mm256_add_ps(acc[0], acc[1]));
 }
+// q4_k, eight rows: y[i] = Σ_sb d_i·Σ_j sc_ij·dx_j·S_ij − dmin_i·Σ_j m_ij·dx_j·Σx_j, with S_ij = Σ_k q·xq
+// over sub-block j (exact, and exact times sc ≤ 63).
+void group_dot_q4k(const std::uint8_t* group, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nsb,
+                   float* y) {
+  const __m256i low = _mm256_set1_epi8(15);
+  __m256 out = _mm256_setzero_ps();
+  for (std::int64_t sb = 0; sb < nsb; ++sb) {
+    const std::uint8_t* u = group + sb * kQ4kUnit;
+    __m256 acc_d = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+    for (int c = 0; c < 4; ++c) {
+      const std::int64_t j = 8 * sb + 2 * c;  // x's block for sub-block 2c; 2c + 1 follows it
+      const std::int8_t* x = xq + 32 * j;
+      __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+      for (int p = 0; p < 8; ++p) {  // low nibbles: sub-block 2c, high: 2c + 1; two sums each
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 160 + 256 * c + 32 * p));
+        s[p & 1] = dot4_acc(s[p & 1], _mm256_and_si256(v, low), broadcast4(x + 4 * p));
+        s[2 + (p & 1)] = dot4_acc(s[2 + (p & 1)], _mm256_and_si256(_mm256_srli_epi16(v, 4), low), broadcast4(x + 32 + 4 * p));
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256i sum = _mm256_add_epi32(s[2 * h], s[2 * h + 1]);
+        auto bytes8 = [&](std::int64_t at) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + at))); };
+        const __m256i sc = bytes8(32 + 8 * (2 * c + h)), mn = bytes8(96 + 8 * (2 * c + h));
+        acc_d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(sum, sc)), _mm256_set1_ps(dx[j + h]), acc_d);
+        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mn), _mm256_set1_ps(dx[j + h] * static_cast<float>(xs[j + h])), acc_m);
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 16)));
+    out = _mm256_fnmadd_ps(dmin, acc_m, _mm256_fmadd_ps(d, acc_d, out));
+  }
+  _mm256_storeu_ps(y, out);
+}
 #else
+void group_dot_q4k(const std::uint8_t* group, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nsb,
+                   float* y) {
+  for (std::int64_t i = 0; i < 8; ++i) {
+    float r = 0;
+    for (std::int64_t sb = 0; sb < nsb; ++sb) {
+      const std::uint8_t* u = group + sb * kQ4kUnit;
+      float rd = 0, rm = 0;
+      for (std::int64_t j = 0; j < 8; ++j) {
+        std::int32_t s = 0;
+        for (std::int64_t l = 0; l < 32; ++l) {
+          const std::uint8_t q = u[q4k_quant_byte(i, 32 * (j / 2) + l)];
+          s += (j % 2 ? q >> 4 : q & 15) * xq[256 * sb + 32 * j + l];
+        }
+        rd += static_cast<float>(s * u[32 + 8 * j + i]) * dx[8 * sb + j];
+        rm += static_cast<float>(u[96 + 8 * j + i]) * (dx[8 * sb + j] * static_cast<float>(xs[8 * sb + j]));
+      }
+      r += from_half(u + 2 * i) * rd - from_half(u + 16 + 2 * i) * rm;
+    }
+    y[i] = r;
+  }
+}
+
 template <bool kEightBit>
 void group_dot(const std::uint8_t* group, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nb,
                float* y) {
@@ -135,13 +217,30 @@ Layout layout_of(const QuantSpec& s) { return Layout{s.format == Format::Q8_0}; 
 }  // namespace
 
 bool interleavable(const QMatrix& q) {
-  return (q.spec.format == Format::Q4_0 || q.spec.format == Format::Q8_0) && q.device() == Device::CPU && q.rows % 8 == 0 &&
-         q.cols % 32 == 0;
+  const Format f = q.spec.format;
+  return (f == Format::Q4_0 || f == Format::Q8_0 || f == Format::Q4_K) && q.device() == Device::CPU && q.rows % 8 == 0 &&
+         q.cols % (f == Format::Q4_K ? 256 : 32) == 0;
 }
 
 Interleaved8::Interleaved8(const QMatrix& q) : spec_(q.spec), rows_(q.rows), cols_(q.cols) {
-  IL_CHECK(interleavable(q), "interleaved blocks: need a CPU q4_0 or q8_0 matrix with rows a multiple of 8, got ",
+  IL_CHECK(interleavable(q), "interleaved blocks: need a CPU q4_0, q8_0 or q4_k matrix with rows a multiple of 8, got ",
            q.spec.name(), " ", q.rows, " × ", q.cols, " on ", device_name(q.device()));
+  if (spec_.format == Format::Q4_K) {
+    const std::int64_t nsb = cols_ / 256;
+    data_ = Tensor::empty({rows_ / 8 * nsb * kQ4kUnit}, DType::U8);
+    for (std::int64_t g = 0; g < rows_ / 8; ++g)
+      for (std::int64_t sb = 0; sb < nsb; ++sb) {
+        std::uint8_t* u = data_.data<std::uint8_t>() + (g * nsb + sb) * kQ4kUnit;
+        for (std::int64_t i = 0; i < 8; ++i) {
+          const std::uint8_t* blk = q.data.data<std::uint8_t>() + ((8 * g + i) * nsb + sb) * 144;  // d, dmin, scales[12], qs[128]
+          std::memcpy(u + 2 * i, blk, 2);
+          std::memcpy(u + 16 + 2 * i, blk + 2, 2);
+          for (int j = 0; j < 8; ++j) gguf::scale_min_k4(j, blk + 4, u[32 + 8 * j + i], u[96 + 8 * j + i]);
+          for (std::int64_t t = 0; t < 128; ++t) u[q4k_quant_byte(i, t)] = blk[16 + t];
+        }
+      }
+    return;
+  }
   const Layout l = layout_of(spec_);
   const std::int64_t nb = cols_ / 32, block = 2 + l.quant_bytes();
   const std::uint8_t offset = l.eight_bit ? 0x80 : 0;  // q8_0's int8 w stored as w + 128
@@ -160,6 +259,28 @@ Interleaved8::Interleaved8(const QMatrix& q) : spec_(q.spec), rows_(q.rows), col
 }
 
 QMatrix Interleaved8::rows_in_order() const {
+  if (spec_.format == Format::Q4_K) {
+    const std::int64_t nsb = cols_ / 256;
+    Tensor bytes = Tensor::empty({rows_ * nsb * 144}, DType::U8);
+    for (std::int64_t g = 0; g < rows_ / 8; ++g)
+      for (std::int64_t sb = 0; sb < nsb; ++sb) {
+        const std::uint8_t* u = data_.data<std::uint8_t>() + (g * nsb + sb) * kQ4kUnit;
+        for (std::int64_t i = 0; i < 8; ++i) {
+          std::uint8_t* blk = bytes.data<std::uint8_t>() + ((8 * g + i) * nsb + sb) * 144;
+          std::memcpy(blk, u + 2 * i, 2);
+          std::memcpy(blk + 2, u + 16 + 2 * i, 2);
+          std::uint8_t* sc = blk + 4;  // scale_min_k4's packing undone: 6-bit values, j ≥ 4 split over three bytes
+          for (int j = 0; j < 4; ++j) {
+            const std::uint8_t s0 = u[32 + 8 * j + i], m0 = u[96 + 8 * j + i], s1 = u[32 + 8 * (j + 4) + i], m1 = u[96 + 8 * (j + 4) + i];
+            sc[j] = static_cast<std::uint8_t>(s0 | (s1 >> 4) << 6);
+            sc[j + 4] = static_cast<std::uint8_t>(m0 | (m1 >> 4) << 6);
+            sc[j + 8] = static_cast<std::uint8_t>((s1 & 15) | (m1 & 15) << 4);
+          }
+          for (std::int64_t t = 0; t < 128; ++t) blk[16 + t] = u[q4k_quant_byte(i, t)];
+        }
+      }
+    return QMatrix(spec_, rows_, cols_, bytes);
+  }
   const Layout l = layout_of(spec_);
   const std::int64_t nb = cols_ / 32, block = 2 + l.quant_bytes();
   const std::uint8_t offset = l.eight_bit ? 0x80 : 0;
@@ -192,17 +313,19 @@ void Interleaved8::matmul(const Tensor& x, Tensor& out) const {
            what, ": out ", out.describe(), " should be contiguous f32 [", x.size(0), ", ", rows_, "]");
   check_finite_activations(x, spec_.name());
   const BlockedActivations a = blocked_activations_fast(x);
+  const bool k4 = spec_.format == Format::Q4_K;
   const Layout l = layout_of(spec_);
-  const std::int64_t M = a.rows, nb = cols_ / 32, groups = rows_ / 8, group_bytes = nb * l.unit();
+  const std::int64_t M = a.rows, nb = cols_ / 32, groups = rows_ / 8;
+  const std::int64_t group_bytes = k4 ? cols_ / 256 * kQ4kUnit : nb * l.unit(), units = k4 ? cols_ / 256 : nb;
   const std::uint8_t* W = data_.data<std::uint8_t>();
   float* Y = out.data<float>();
   if (M <= kDirectRows) {
-    const auto dot = l.eight_bit ? group_dot<true> : group_dot<false>;
+    const auto dot = k4 ? group_dot_q4k : l.eight_bit ? group_dot<true> : group_dot<false>;
 #pragma omp parallel for schedule(static) if (M * rows_ * cols_ >= kParallel)
     for (std::int64_t g = 0; g < groups; ++g)
       for (std::int64_t m = 0; m < M; ++m) {
         float y[8];
-        dot(W + g * group_bytes, a.q.data() + m * cols_, a.d.data() + m * nb, a.sum.data() + m * nb, nb, y);
+        dot(W + g * group_bytes, a.q.data() + m * cols_, a.d.data() + m * nb, a.sum.data() + m * nb, units, y);
         std::memcpy(Y + m * rows_ + 8 * g, y, sizeof y);
       }
     return;
@@ -215,7 +338,8 @@ void Interleaved8::matmul(const Tensor& x, Tensor& out) const {
     std::vector<float> w(static_cast<std::size_t>(8 * cols_));
 #pragma omp for schedule(static)
     for (std::int64_t g = 0; g < groups; ++g) {
-      unpack_group(l, W + g * group_bytes, nb, w.data());
+      if (k4) unpack_group_q4k(W + g * group_bytes, units, w.data());
+      else unpack_group(l, W + g * group_bytes, nb, w.data());
       for (std::int64_t i = 0; i < 8; ++i) cpu::dot_rows(xh.data(), M, cols_, w.data() + i * cols_, Y + 8 * g + i, rows_);
     }
   }

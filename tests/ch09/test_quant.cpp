@@ -1024,7 +1024,7 @@ std::vector<double> minimum_terms(const QMatrix& q) {
 // dot product's bound. The fast products of the formats with a minimum sum a block's scaled-q
 // and minimum parts apart (q4_k: (d·sc)·q and dmin·m), so their bound runs over
 // |x|·(|w| + 2·|minimum|), the size of both parts, not over |x·w| alone.
-void expect_products_within_the_bound(const QMatrix& q, const std::string& what) {
+void expect_products_within_the_bound(const QMatrix& q, const std::string& what, const PackedMatrix* also = nullptr) {
   auto rng = test::rng_for_test();
   const auto D = dequantize(q).to_double_vector(), Dm = minimum_terms(q);
   const std::int64_t N = q.rows, K = q.cols;
@@ -1048,7 +1048,35 @@ void expect_products_within_the_bound(const QMatrix& q, const std::string& what)
     qmatmul_ref(x, q, r);
     expect_within(r.to_double_vector(), exact, b, "reference");
     expect_within(qmatmul(x, q).to_double_vector(), exact, b, "fast");
+    if (also) {
+      Tensor y = Tensor::empty({M, N}, DType::F32);
+      also->matmul(x, y);
+      expect_within(y.to_double_vector(), exact, b, "interleaved");
+    }
   }
+}
+
+// q4_k interleaved eight rows at a time (its scales and minimums unpacked to bytes) gives its
+// bytes back in row order exactly and multiplies within the same bound as the row-order products.
+TEST(Gguf, InterleavedQ4_KIsTheSameMatrix) {
+  test::ThreadCount threads(2);
+  const std::int64_t N = 16, K = 512;  // two super-blocks a row
+  Tensor bytes = Tensor::empty({N * K / 256 * 144}, DType::U8);
+  auto* p = bytes.data<std::uint8_t>();
+  std::uint64_t r = 11;
+  for (std::int64_t i = 0; i < bytes.numel(); ++i) r ^= r << 13, r ^= r >> 7, r ^= r << 17, p[i] = static_cast<std::uint8_t>(r >> 32);
+  for (std::int64_t b = 0; b < N * K / 256; ++b)
+    for (const int o : half_offsets(Format::Q4_K)) p[b * 144 + o + 1] &= 0x3B;  // finite scales (below 2^15)
+  const QMatrix q({Format::Q4_K}, N, K, bytes);
+  ASSERT_TRUE(interleavable(q));
+  const Interleaved8 il(q);
+  EXPECT_EQ(il.format(), "q4_k");
+  const QMatrix back = il.rows_in_order();
+  ASSERT_EQ(back.data.nbytes(), q.data.nbytes());
+  EXPECT_EQ(std::memcmp(back.data.data<std::uint8_t>(), q.data.data<std::uint8_t>(), q.data.nbytes()), 0);
+  EXPECT_EQ(il.bytes(), q.bytes() / 144 * 148);  // each row's scales and minimums as 16 bytes instead of 12
+  expect_products_within_the_bound(q, "q4_k", &il);
+  EXPECT_FALSE(interleavable(QMatrix({Format::Q4_K}, 8, 256 + 32, Tensor::empty({8 * 9 * 18}, DType::U8))));
 }
 
 // Every GGUF block type a downloaded file holds runs packed: chapter 09's formats q4_1 … q6_k
@@ -1288,9 +1316,9 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
   expect_runs_as_decoded(m);
 }
 
-// Q4_0 and Q8_0 files whose matrices run interleaved (as `run` does on the CPU) run as the files do.
-TEST(Gguf, Q4_0AndQ8_0FilesRunInterleavedAsInRowOrder) {
-  for (const gguf::Type t : {gguf::Type::Q4_0, gguf::Type::Q8_0}) {
+// Q4_0, Q8_0 and Q4_K files whose matrices run interleaved (as `run` does on the CPU) run as the files do.
+TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
+  for (const gguf::Type t : {gguf::Type::Q4_0, gguf::Type::Q8_0, gguf::Type::Q4_K}) {
   SCOPED_TRACE(gguf::type_name(t));
   test::TempDir dir;
   const TransformerConfig c = super_block_config();
@@ -1301,7 +1329,14 @@ TEST(Gguf, Q4_0AndQ8_0FilesRunInterleavedAsInRowOrder) {
   interleave_blocks(il, &count);
   EXPECT_EQ(count, 7 * c.num_layers + 1);
   EXPECT_NE(dynamic_cast<const Interleaved8*>(il.layers[0].wq.packed.get()), nullptr);
-  EXPECT_EQ(il.step_weight_bytes(), m.step_weight_bytes());
+  // the same bytes a step, but q4_k's 12 bytes of scales and minimums a row, which become 16
+  std::int64_t scale_bytes = 0;
+  if (t == gguf::Type::Q4_K) {
+    for (const ch01::LlamaLayer& l : m.layers)
+      for (const Linear* w : l.linears()) scale_bytes += w->bytes() / 144 * 4;
+    scale_bytes += m.lm_head.bytes() / 144 * 4;
+  }
+  EXPECT_EQ(il.step_weight_bytes(), m.step_weight_bytes() + scale_bytes);
   // The prompt at once (prefill: unpacked groups), then a token a step (decode: the eight-row
   // kernel); every step's logits as the row-order model's, which is fed the same tokens.
   ch02::ContiguousKVCache ca(c, 32), cb(c, 32);
