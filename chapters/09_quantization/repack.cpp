@@ -40,6 +40,55 @@ constexpr std::int64_t quant_byte(std::int64_t i, std::int64_t t) { return 16 + 
 constexpr std::int64_t kQ4kUnit = 1184;
 constexpr std::int64_t q4k_quant_byte(std::int64_t i, std::int64_t t) { return 160 + 256 * (t / 32) + quant_byte(i, t % 32) - 16; }
 
+// q6_k: a super-block of eight rows is one unit of 1680 bytes (8 · 210): the eight d (f16), each
+// 16-value group g's eight int8 scales (at 16 + 8g + i), the values' low four bits as q4_k's quants
+// are (sub-blocks 2c and 2c + 1 share chunk c's bytes, low and high nibble), then their top two
+// bits, four values to a byte: in chunk c's 128 bytes, byte t of row i at 32j + 4i + t holds those
+// of the low nibbles of pieces 2j and 2j + 1 (bits 0-1 and 4-5) and of their high nibbles (2-3, 6-7).
+constexpr std::int64_t kQ6kUnit = 1680, kQ6kLow = 144, kQ6kHigh = 1168;
+
+// Value v (0-255, 6 bits) of row i of a q6_k unit, and its 16-value group's scale.
+int q6k_value(const std::uint8_t* u, std::int64_t i, std::int64_t v) {
+  const std::int64_t c = v / 64, h = v % 64 / 32, l = v % 32, p = l / 4, t = l % 4;
+  const std::uint8_t lo = u[kQ6kLow + 256 * c + 32 * p + 4 * i + t];
+  const std::uint8_t hi = u[kQ6kHigh + 128 * c + 32 * (p / 2) + 4 * i + t];
+  return ((h ? lo >> 4 : lo & 15) | ((hi >> (2 * h + 4 * (p % 2))) & 3) << 4);
+}
+void set_q6k_value(std::uint8_t* u, std::int64_t i, std::int64_t v, int q) {
+  const std::int64_t c = v / 64, h = v % 64 / 32, l = v % 32, p = l / 4, t = l % 4;
+  std::uint8_t& lo = u[kQ6kLow + 256 * c + 32 * p + 4 * i + t];
+  std::uint8_t& hi = u[kQ6kHigh + 128 * c + 32 * (p / 2) + 4 * i + t];
+  lo = static_cast<std::uint8_t>(h ? (lo & 15) | (q & 15) << 4 : (lo & 0xF0) | (q & 15));
+  const int shift = static_cast<int>(2 * h + 4 * (p % 2));
+  hi = static_cast<std::uint8_t>((hi & ~(3 << shift)) | (q >> 4) << shift);
+}
+// ggml's Q6_K block: ql[128] (low bits), qh[64] (top bits), scales[16], d. Value v of the block.
+int q6k_block_value(const std::uint8_t* b, std::int64_t v) {
+  const std::int64_t n = v / 128, quarter = v % 128 / 32, l = v % 32;
+  const std::uint8_t ql = b[64 * n + l + 32 * (quarter % 2)], qh = b[128 + 32 * n + l];
+  return ((quarter >= 2 ? ql >> 4 : ql & 15) | ((qh >> (2 * quarter)) & 3) << 4);
+}
+void set_q6k_block_value(std::uint8_t* b, std::int64_t v, int q) {
+  const std::int64_t n = v / 128, quarter = v % 128 / 32, l = v % 32;
+  std::uint8_t& ql = b[64 * n + l + 32 * (quarter % 2)];
+  std::uint8_t& qh = b[128 + 32 * n + l];
+  ql = static_cast<std::uint8_t>(quarter >= 2 ? (ql & 15) | (q & 15) << 4 : (ql & 0xF0) | (q & 15));
+  qh = static_cast<std::uint8_t>((qh & ~(3 << (2 * quarter))) | (q >> 4) << (2 * quarter));
+}
+
+void unpack_group_q6k(const std::uint8_t* group, std::int64_t nsb, float* out /* [8, 256 · nsb] */) {
+  for (std::int64_t sb = 0; sb < nsb; ++sb) {
+    const std::uint8_t* u = group + sb * kQ6kUnit;
+    for (std::int64_t i = 0; i < 8; ++i) {
+      const float d = from_half(u + 2 * i);
+      for (std::int64_t v = 0; v < 256; ++v) {  // as the gguf package decodes: (d · sc) · (q − 32)
+        const auto sc = static_cast<std::int8_t>(u[16 + 8 * (v / 16) + i]);
+        out[i * 256 * nsb + 256 * sb + v] = d * static_cast<float>(sc) * static_cast<float>(q6k_value(u, i, v) - 32);
+      }
+    }
+  }
+}
+
 // Rows 8g..8g+7 of W as floats (x rounded through q8_0 blocks multiplies them at prefill).
 void unpack_group_q4k(const std::uint8_t* group, std::int64_t nsb, float* out /* [8, 256 · nsb] */) {
   for (std::int64_t sb = 0; sb < nsb; ++sb) {
@@ -168,7 +217,70 @@ void group_dot_q4k(const std::uint8_t* group, const std::int8_t* xq, const float
   }
   _mm256_storeu_ps(y, out);
 }
+// q6_k, eight rows: y[i] = Σ_sb d_i · Σ_b dx_b · Σ_{g ⊂ b} sc_ig · (S_ig − 32 · Σ_{k ∈ g} xq_k), S_ig = Σ_{k ∈ g} q·xq,
+// all in int32 but the block scale dx_b and d_i.
+void group_dot_q6k(const std::uint8_t* group, const std::int8_t* xq, const float* dx, const std::int16_t* xs16,
+                   std::int64_t nsb, float* y) {
+  const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30), bits01 = _mm256_set1_epi8(3);
+  __m256 out = _mm256_setzero_ps();
+  for (std::int64_t sb = 0; sb < nsb; ++sb) {
+    const std::uint8_t* u = group + sb * kQ6kUnit;
+    __m256 acc = _mm256_setzero_ps();
+    for (int c = 0; c < 4; ++c) {
+      const std::int64_t blk = 8 * sb + 2 * c;  // x's blocks 2c (low nibbles) and 2c + 1 (high) of the super-block
+      __m256i s[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()}, {_mm256_setzero_si256(), _mm256_setzero_si256()}};
+      for (int j = 0; j < 4; ++j) {  // pieces 2j and 2j + 1 share a byte of top bits; pieces 0-3 are group 0, 4-7 group 1
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + kQ6kHigh + 128 * c + 32 * j));
+        const __m256i top_of[2][2] = {  // [piece parity][nibble]: the two top bits, moved to bits 4-5
+            {_mm256_slli_epi16(_mm256_and_si256(h, bits01), 4), _mm256_and_si256(_mm256_slli_epi16(h, 2), top)},
+            {_mm256_and_si256(h, top), _mm256_and_si256(_mm256_srli_epi16(h, 2), top)}};
+        for (int e = 0; e < 2; ++e) {
+          const int p = 2 * j + e;
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + kQ6kLow + 256 * c + 32 * p));
+          const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, low), top_of[e][0]);
+          const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), top_of[e][1]);
+          s[0][j / 2] = dot4_acc(s[0][j / 2], q0, broadcast4(xq + 32 * blk + 4 * p));
+          s[1][j / 2] = dot4_acc(s[1][j / 2], q1, broadcast4(xq + 32 * (blk + 1) + 4 * p));
+        }
+      }
+      for (int b = 0; b < 2; ++b) {
+        __m256i sum = _mm256_setzero_si256();
+        for (int g = 0; g < 2; ++g) {
+          const std::int64_t group_of_sb = 2 * (2 * c + b) + g;  // 0-15
+          const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + 16 + 8 * group_of_sb)));
+          const __m256i centred = _mm256_sub_epi32(s[b][g], _mm256_set1_epi32(32 * xs16[16 * sb + group_of_sb]));
+          sum = _mm256_add_epi32(sum, _mm256_mullo_epi32(centred, sc));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(dx[blk + b]), acc);
+      }
+    }
+    out = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u))), acc, out);
+  }
+  _mm256_storeu_ps(y, out);
+}
 #else
+void group_dot_q6k(const std::uint8_t* group, const std::int8_t* xq, const float* dx, const std::int16_t* xs16,
+                   std::int64_t nsb, float* y) {
+  for (std::int64_t i = 0; i < 8; ++i) {
+    float r = 0;
+    for (std::int64_t sb = 0; sb < nsb; ++sb) {
+      const std::uint8_t* u = group + sb * kQ6kUnit;
+      float acc = 0;
+      for (std::int64_t b = 0; b < 8; ++b) {
+        std::int32_t sum = 0;
+        for (std::int64_t g = 2 * b; g < 2 * b + 2; ++g) {
+          std::int32_t s = 0;
+          for (std::int64_t v = 16 * g; v < 16 * g + 16; ++v) s += q6k_value(u, i, v) * xq[256 * sb + v];
+          sum += static_cast<std::int8_t>(u[16 + 8 * g + i]) * (s - 32 * xs16[16 * sb + g]);
+        }
+        acc += static_cast<float>(sum) * dx[8 * sb + b];
+      }
+      r += from_half(u + 2 * i) * acc;
+    }
+    y[i] = r;
+  }
+}
+
 void group_dot_q4k(const std::uint8_t* group, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nsb,
                    float* y) {
   for (std::int64_t i = 0; i < 8; ++i) {
@@ -214,88 +326,97 @@ void group_dot(const std::uint8_t* group, const std::int8_t* xq, const float* dx
 
 Layout layout_of(const QuantSpec& s) { return Layout{s.format == Format::Q8_0}; }
 
+// Row i's block (row order, ggml's bytes) into its place in a unit, and back.
+template <bool kEightBit>
+void pack_32(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i) {
+  constexpr Layout l{kEightBit};
+  std::memcpy(u + 2 * i, blk, 2);  // the f16 d, then the quant bytes (q8_0's as w + 128)
+  for (std::int64_t t = 0; t < l.quant_bytes(); ++t) u[quant_byte(i, t)] = blk[2 + t] ^ (kEightBit ? 0x80 : 0);
+}
+template <bool kEightBit>
+void unpack_32(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
+  constexpr Layout l{kEightBit};
+  std::memcpy(blk, u + 2 * i, 2);
+  for (std::int64_t t = 0; t < l.quant_bytes(); ++t) blk[2 + t] = u[quant_byte(i, t)] ^ (kEightBit ? 0x80 : 0);
+}
+void pack_q4k(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i) {  // blk: d, dmin, scales[12], qs[128]
+  std::memcpy(u + 2 * i, blk, 2);
+  std::memcpy(u + 16 + 2 * i, blk + 2, 2);
+  for (int j = 0; j < 8; ++j) gguf::scale_min_k4(j, blk + 4, u[32 + 8 * j + i], u[96 + 8 * j + i]);
+  for (std::int64_t t = 0; t < 128; ++t) u[q4k_quant_byte(i, t)] = blk[16 + t];
+}
+void unpack_q4k(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
+  std::memcpy(blk, u + 2 * i, 2);
+  std::memcpy(blk + 2, u + 16 + 2 * i, 2);
+  std::uint8_t* sc = blk + 4;  // scale_min_k4's packing undone: 6-bit values, j ≥ 4 split over three bytes
+  for (int j = 0; j < 4; ++j) {
+    const std::uint8_t s0 = u[32 + 8 * j + i], m0 = u[96 + 8 * j + i], s1 = u[32 + 8 * (j + 4) + i], m1 = u[96 + 8 * (j + 4) + i];
+    sc[j] = static_cast<std::uint8_t>(s0 | (s1 >> 4) << 6);
+    sc[j + 4] = static_cast<std::uint8_t>(m0 | (m1 >> 4) << 6);
+    sc[j + 8] = static_cast<std::uint8_t>((s1 & 15) | (m1 & 15) << 4);
+  }
+  for (std::int64_t t = 0; t < 128; ++t) blk[16 + t] = u[q4k_quant_byte(i, t)];
+}
+void pack_q6k(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i) {  // blk: ql[128], qh[64], scales[16], d
+  std::memcpy(u + 2 * i, blk + 208, 2);
+  for (int g = 0; g < 16; ++g) u[16 + 8 * g + i] = blk[192 + g];
+  for (std::int64_t v = 0; v < 256; ++v) set_q6k_value(u, i, v, q6k_block_value(blk, v));
+}
+void unpack_q6k(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
+  std::memcpy(blk + 208, u + 2 * i, 2);
+  for (int g = 0; g < 16; ++g) blk[192 + g] = u[16 + 8 * g + i];
+  for (std::int64_t v = 0; v < 256; ++v) set_q6k_block_value(blk, v, q6k_value(u, i, v));
+}
+
+// A format's values and bytes a block, the unit of eight rows' blocks, and its row ↔ unit copies.
+struct Codec {
+  std::int64_t values, block, unit;
+  void (*pack)(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i);
+  void (*unpack)(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk);
+};
+Codec codec_of(Format f) {
+  switch (f) {
+    case Format::Q4_0: return {32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>};
+    case Format::Q8_0: return {32, 34, Layout{true}.unit(), pack_32<true>, unpack_32<true>};
+    case Format::Q4_K: return {256, 144, kQ4kUnit, pack_q4k, unpack_q4k};
+    case Format::Q6_K: return {256, 210, kQ6kUnit, pack_q6k, unpack_q6k};
+    default: break;
+  }
+  fail("interleaved blocks: no layout for ", QuantSpec{f}.name());
+}
+
+// fn(unit, block, i) for every block of every row: the unit holding it (units: the interleaved
+// bytes) and the block itself (rows: the row-order bytes), i its row within the group of eight.
+template <class U, class B, class F>
+void each_block(const Codec& c, std::int64_t rows, std::int64_t cols, U* units, B* row_bytes, F&& fn) {
+  const std::int64_t nb = cols / c.values;
+  for (std::int64_t g = 0; g < rows / 8; ++g)
+    for (std::int64_t b = 0; b < nb; ++b)
+      for (std::int64_t i = 0; i < 8; ++i) fn(units + (g * nb + b) * c.unit, row_bytes + ((8 * g + i) * nb + b) * c.block, i);
+}
+
 }  // namespace
 
 bool interleavable(const QMatrix& q) {
   const Format f = q.spec.format;
-  return (f == Format::Q4_0 || f == Format::Q8_0 || f == Format::Q4_K) && q.device() == Device::CPU && q.rows % 8 == 0 &&
-         q.cols % (f == Format::Q4_K ? 256 : 32) == 0;
+  const bool k = f == Format::Q4_K || f == Format::Q6_K;
+  return (f == Format::Q4_0 || f == Format::Q8_0 || k) && q.device() == Device::CPU && q.rows % 8 == 0 && q.cols % (k ? 256 : 32) == 0;
 }
 
 Interleaved8::Interleaved8(const QMatrix& q) : spec_(q.spec), rows_(q.rows), cols_(q.cols) {
-  IL_CHECK(interleavable(q), "interleaved blocks: need a CPU q4_0, q8_0 or q4_k matrix with rows a multiple of 8, got ",
+  IL_CHECK(interleavable(q), "interleaved blocks: need a CPU q4_0, q8_0, q4_k or q6_k matrix with rows a multiple of 8, got ",
            q.spec.name(), " ", q.rows, " × ", q.cols, " on ", device_name(q.device()));
-  if (spec_.format == Format::Q4_K) {
-    const std::int64_t nsb = cols_ / 256;
-    data_ = Tensor::empty({rows_ / 8 * nsb * kQ4kUnit}, DType::U8);
-    for (std::int64_t g = 0; g < rows_ / 8; ++g)
-      for (std::int64_t sb = 0; sb < nsb; ++sb) {
-        std::uint8_t* u = data_.data<std::uint8_t>() + (g * nsb + sb) * kQ4kUnit;
-        for (std::int64_t i = 0; i < 8; ++i) {
-          const std::uint8_t* blk = q.data.data<std::uint8_t>() + ((8 * g + i) * nsb + sb) * 144;  // d, dmin, scales[12], qs[128]
-          std::memcpy(u + 2 * i, blk, 2);
-          std::memcpy(u + 16 + 2 * i, blk + 2, 2);
-          for (int j = 0; j < 8; ++j) gguf::scale_min_k4(j, blk + 4, u[32 + 8 * j + i], u[96 + 8 * j + i]);
-          for (std::int64_t t = 0; t < 128; ++t) u[q4k_quant_byte(i, t)] = blk[16 + t];
-        }
-      }
-    return;
-  }
-  const Layout l = layout_of(spec_);
-  const std::int64_t nb = cols_ / 32, block = 2 + l.quant_bytes();
-  const std::uint8_t offset = l.eight_bit ? 0x80 : 0;  // q8_0's int8 w stored as w + 128
-  data_ = Tensor::empty({rows_ / 8 * nb * l.unit()}, DType::U8);
-  const std::uint8_t* src = q.data.data<std::uint8_t>();
-  std::uint8_t* dst = data_.data<std::uint8_t>();
-  for (std::int64_t g = 0; g < rows_ / 8; ++g)
-    for (std::int64_t b = 0; b < nb; ++b) {
-      std::uint8_t* u = dst + (g * nb + b) * l.unit();
-      for (std::int64_t i = 0; i < 8; ++i) {
-        const std::uint8_t* blk = src + ((8 * g + i) * nb + b) * block;  // the f16 d, then the quant bytes
-        std::memcpy(u + 2 * i, blk, 2);
-        for (std::int64_t t = 0; t < l.quant_bytes(); ++t) u[quant_byte(i, t)] = blk[2 + t] ^ offset;
-      }
-    }
+  const Codec c = codec_of(spec_.format);
+  data_ = Tensor::zeros({rows_ / 8 * (cols_ / c.values) * c.unit}, DType::U8);  // zeros: q6_k's codec sets bits in place
+  each_block(c, rows_, cols_, data_.data<std::uint8_t>(), q.data.data<std::uint8_t>(),
+             [&](std::uint8_t* u, const std::uint8_t* blk, std::int64_t i) { c.pack(blk, u, i); });
 }
 
 QMatrix Interleaved8::rows_in_order() const {
-  if (spec_.format == Format::Q4_K) {
-    const std::int64_t nsb = cols_ / 256;
-    Tensor bytes = Tensor::empty({rows_ * nsb * 144}, DType::U8);
-    for (std::int64_t g = 0; g < rows_ / 8; ++g)
-      for (std::int64_t sb = 0; sb < nsb; ++sb) {
-        const std::uint8_t* u = data_.data<std::uint8_t>() + (g * nsb + sb) * kQ4kUnit;
-        for (std::int64_t i = 0; i < 8; ++i) {
-          std::uint8_t* blk = bytes.data<std::uint8_t>() + ((8 * g + i) * nsb + sb) * 144;
-          std::memcpy(blk, u + 2 * i, 2);
-          std::memcpy(blk + 2, u + 16 + 2 * i, 2);
-          std::uint8_t* sc = blk + 4;  // scale_min_k4's packing undone: 6-bit values, j ≥ 4 split over three bytes
-          for (int j = 0; j < 4; ++j) {
-            const std::uint8_t s0 = u[32 + 8 * j + i], m0 = u[96 + 8 * j + i], s1 = u[32 + 8 * (j + 4) + i], m1 = u[96 + 8 * (j + 4) + i];
-            sc[j] = static_cast<std::uint8_t>(s0 | (s1 >> 4) << 6);
-            sc[j + 4] = static_cast<std::uint8_t>(m0 | (m1 >> 4) << 6);
-            sc[j + 8] = static_cast<std::uint8_t>((s1 & 15) | (m1 & 15) << 4);
-          }
-          for (std::int64_t t = 0; t < 128; ++t) blk[16 + t] = u[q4k_quant_byte(i, t)];
-        }
-      }
-    return QMatrix(spec_, rows_, cols_, bytes);
-  }
-  const Layout l = layout_of(spec_);
-  const std::int64_t nb = cols_ / 32, block = 2 + l.quant_bytes();
-  const std::uint8_t offset = l.eight_bit ? 0x80 : 0;
-  Tensor bytes = Tensor::empty({rows_ * nb * block}, DType::U8);
-  const std::uint8_t* src = data_.data<std::uint8_t>();
-  std::uint8_t* dst = bytes.data<std::uint8_t>();
-  for (std::int64_t g = 0; g < rows_ / 8; ++g)
-    for (std::int64_t b = 0; b < nb; ++b) {
-      const std::uint8_t* u = src + (g * nb + b) * l.unit();
-      for (std::int64_t i = 0; i < 8; ++i) {
-        std::uint8_t* blk = dst + ((8 * g + i) * nb + b) * block;
-        std::memcpy(blk, u + 2 * i, 2);
-        for (std::int64_t t = 0; t < l.quant_bytes(); ++t) blk[2 + t] = u[quant_byte(i, t)] ^ offset;
-      }
-    }
+  const Codec c = codec_of(spec_.format);
+  Tensor bytes = Tensor::zeros({rows_ * (cols_ / c.values) * c.block}, DType::U8);
+  each_block(c, rows_, cols_, data_.data<std::uint8_t>(), bytes.data<std::uint8_t>(),
+             [&](const std::uint8_t* u, std::uint8_t* blk, std::int64_t i) { c.unpack(u, i, blk); });
   return QMatrix(spec_, rows_, cols_, bytes);
 }
 
@@ -313,10 +434,11 @@ void Interleaved8::matmul(const Tensor& x, Tensor& out) const {
            what, ": out ", out.describe(), " should be contiguous f32 [", x.size(0), ", ", rows_, "]");
   check_finite_activations(x, spec_.name());
   const BlockedActivations a = blocked_activations_fast(x);
-  const bool k4 = spec_.format == Format::Q4_K;
+  const bool k4 = spec_.format == Format::Q4_K, k6 = spec_.format == Format::Q6_K;
   const Layout l = layout_of(spec_);
   const std::int64_t M = a.rows, nb = cols_ / 32, groups = rows_ / 8;
-  const std::int64_t group_bytes = k4 ? cols_ / 256 * kQ4kUnit : nb * l.unit(), units = k4 ? cols_ / 256 : nb;
+  const std::int64_t group_bytes = k4 ? cols_ / 256 * kQ4kUnit : k6 ? cols_ / 256 * kQ6kUnit : nb * l.unit();
+  const std::int64_t units = k4 || k6 ? cols_ / 256 : nb;
   const std::uint8_t* W = data_.data<std::uint8_t>();
   float* Y = out.data<float>();
   if (M <= kDirectRows) {
@@ -325,7 +447,8 @@ void Interleaved8::matmul(const Tensor& x, Tensor& out) const {
     for (std::int64_t g = 0; g < groups; ++g)
       for (std::int64_t m = 0; m < M; ++m) {
         float y[8];
-        dot(W + g * group_bytes, a.q.data() + m * cols_, a.d.data() + m * nb, a.sum.data() + m * nb, units, y);
+        if (k6) group_dot_q6k(W + g * group_bytes, a.q.data() + m * cols_, a.d.data() + m * nb, a.sum16.data() + m * nb * 2, units, y);
+        else dot(W + g * group_bytes, a.q.data() + m * cols_, a.d.data() + m * nb, a.sum.data() + m * nb, units, y);
         std::memcpy(Y + m * rows_ + 8 * g, y, sizeof y);
       }
     return;
@@ -339,6 +462,7 @@ void Interleaved8::matmul(const Tensor& x, Tensor& out) const {
 #pragma omp for schedule(static)
     for (std::int64_t g = 0; g < groups; ++g) {
       if (k4) unpack_group_q4k(W + g * group_bytes, units, w.data());
+      else if (k6) unpack_group_q6k(W + g * group_bytes, units, w.data());
       else unpack_group(l, W + g * group_bytes, nb, w.data());
       for (std::int64_t i = 0; i < 8; ++i) cpu::dot_rows(xh.data(), M, cols_, w.data() + i * cols_, Y + 8 * g + i, rows_);
     }

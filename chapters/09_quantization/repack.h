@@ -1,6 +1,6 @@
 #pragma once
 /// @file repack.h
-/// @brief Chapter 09: q4_0, q8_0 and q4_k matrices with eight rows' blocks interleaved, for the CPU's decode product.
+/// @brief Chapter 09: q4_0, q8_0, q4_k and q6_k matrices with eight rows' blocks interleaved, for the CPU's decode product.
 ///
 /// A q4_0 or q8_0 row stores its 32-weight blocks one after another, and the row-at-a-time product
 /// (quant_fast.cpp) pays per row and block for a horizontal sum and a scalar scale. Stored eight
@@ -12,8 +12,10 @@
 /// ones 16+4j..; q8_0's signed bytes are kept as w + 128, unsigned as vpdpbusd wants them, and
 /// 128·Σx is taken off again.) q4_k's 256-value super-blocks interleave the same way, their 6-bit
 /// scales and minimums unpacked to a byte each (16 bytes a row and super-block instead of 12, so
-/// such a matrix reads 148/144 of its bytes), applied per 32-value sub-block as 8-lane vectors.
-/// llama.cpp repacks its Q4_0, Q8_0 and Q4_K tensors in the same spirit at load.
+/// such a matrix reads 148/144 of its bytes), applied per 32-value sub-block as 8-lane vectors;
+/// q6_k's 6-bit values are split into q4_k's nibble layout and a byte of top bits per four values
+/// (the same 210 bytes a row and super-block). llama.cpp repacks its Q4_0, Q8_0 and Q4_K tensors
+/// in the same spirit at load.
 ///
 /// The values are the matrix's; only their order (and q8_0's offset) changes.
 
@@ -24,7 +26,7 @@
 
 namespace inferlab::ch09 {
 
-/// A q4_0, q8_0 or q4_k matrix (CPU, rows a multiple of 8) in the interleaved order. Its products take x
+/// A q4_0, q8_0, q4_k or q6_k matrix (CPU, rows a multiple of 8) in the interleaved order. Its products take x
 /// as q8_0 blocks, as the matrix's own do.
 class Interleaved8 : public PackedMatrix {
  public:
@@ -44,10 +46,10 @@ class Interleaved8 : public PackedMatrix {
  private:
   QuantSpec spec_;
   std::int64_t rows_, cols_;
-  Tensor data_;  ///< rows/8 units a block: 8 · 18 (q4_0), 8 · 34 (q8_0) or 8 · 148 (q4_k) bytes
+  Tensor data_;  ///< rows/8 units a block: 8 · 18 (q4_0), 8 · 34 (q8_0), 8 · 148 (q4_k) or 8 · 210 (q6_k) bytes
 };
 
-/// Whether q can be stored as Interleaved8: a q4_0, q8_0 or q4_k matrix on the CPU, rows a multiple of 8.
+/// Whether q can be stored as Interleaved8: a q4_0, q8_0, q4_k or q6_k matrix on the CPU, rows a multiple of 8.
 bool interleavable(const QMatrix& q);
 /// `m` with every matrix that can be interleaved so; the number changed in `count` when given.
 void interleave_blocks(ch01::Llama& m, int* count = nullptr);
