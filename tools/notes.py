@@ -303,6 +303,20 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
   are all copy tasks (a random sequence and its repeat) to see how many
   steps tiny-mha's shape needs to form the head on its own, then mix the
   corpus back in.
+* **Which copying tiny-mha's shape learns** (2026-12-03, `tools/induction_check.py`, one
+  thread, seed 0; rows of 128 random tokens holding a 16-token span twice, the loss on the second
+  copy).  With the copies at fixed places (`--fixed-start --gap 0`) the loss leaves ln 1024 =
+  6.93 by step 200 and is 0.007 at step 300: a head that looks a fixed distance back forms at
+  once.  With the span anywhere and a gap of 0-80 tokens drawn per row (`--gap 80`: only an
+  induction head, which finds the earlier occurrence of the current token and copies what followed
+  it, can do this), the loss is still 6.94 after 1,500 steps; starting with no gap for 400 steps
+  and then drawing it (`--gap 80 --warm 400 --steps 2500`) did not help either (6.92 at the end).  And with every row of the
+  recipe a copy row (`probe_curve.py --recipe v2 --copy random --mix copy --steps 3000`) the copy
+  loss is 6.86 at step 2,100.  So what the story probes need, content-addressed copying, is the
+  part this shape and optimiser do not find within a few thousand steps; the recipe's failure is
+  not its data mixture alone.  Next: the same check with a lower or higher rate, more heads'
+  width (head_dim 16 leaves RoPE 8 frequencies), two attention-only layers, and many more steps,
+  before spending the 8 CPU-hours of a zoo retraining.
 * tiny-mamba reaches a clearly lower validation loss than the attention models
   at the same token budget: its causal convolution and recurrent state pick up
   the corpus's local patterns faster early in training.  This says nothing

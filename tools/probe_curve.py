@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=12_288_000, help="training tokens (the zoo's recipe)")
     ap.add_argument("--recipe", choices=["v1", "v2"], default="v1", help="v1: the committed zoo's; v2: tools/recipe.py")
     ap.add_argument("--copy", choices=["corpus", "random"], default=None, help="v2: what a copy row repeats (recipe.COPY_SOURCE)")
+    ap.add_argument("--mix", default=None, help="v2: the row kinds, comma-separated (recipe.MIX), e.g. copy or text,copy,recall")
     ap.add_argument("--steps", type=int, default=None, help="v2: stop after this many steps")
     ap.add_argument("--every", type=int, default=250, help="steps between evaluations (a multiple of 25: train.py logs every 25)")
     ap.add_argument("--threads", type=int, default=1)
@@ -76,6 +77,9 @@ def main() -> None:
         import recipe
         if a.copy:
             recipe.COPY_SOURCE = a.copy
+        if a.mix:
+            recipe.MIX = tuple(a.mix.split(","))
+            assert set(recipe.MIX) <= {"text", "copy", "recall"}, f"--mix: unknown row kinds in {a.mix}"
         model, _ = tr.train_recipe(a.name, tokens, lambda s: tok.encode(s, add_special_tokens=False).ids,
                                    seed=zoo.TRAIN_SEED, threads=a.threads, device=a.device, stop_after=a.steps, log=log)
     else:
