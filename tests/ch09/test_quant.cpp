@@ -1188,7 +1188,10 @@ void q23_k_block(gguf::Type t, const float* w, std::uint8_t* b) {
 // q4_1 and q5_1 d = (max − min) / (15 or 31) and m = min, so each value is d·q + m; q5_0
 // d = max|w| / 15, d·(q − 16); q5_k every sub-block scale and min 1 and dmin = 16·d, so each
 // value is d·(q − 16). Layouts as weight_value (llama.cpp's quantisers search better scales).
+// Q8_0 and Q4_0 are llama.cpp's own reference quantisers.
 void pack_block(gguf::Type t, const float* w, std::uint8_t* b) {
+  if (t == gguf::Type::Q8_0) return quantize_q8_0_block(w, b);
+  if (t == gguf::Type::Q4_0) return quantize_q4_0_block(w, b);
   if (t == gguf::Type::Q4_K) return q4_k_block(w, b);
   if (t == gguf::Type::Q6_K) return q6_k_block(w, b);
   if (t == gguf::Type::Q2_K || t == gguf::Type::Q3_K) return q23_k_block(t, w, b);
@@ -1222,6 +1225,7 @@ void pack_block(gguf::Type t, const float* w, std::uint8_t* b) {
     }
     return;
   }
+  IL_CHECK(t == gguf::Type::Q4_1 || t == gguf::Type::Q5_0 || t == gguf::Type::Q5_1, "pack_block: no packer for ", gguf::type_name(t));
   const bool five = t != gguf::Type::Q4_1;
   std::uint8_t* qs = b + (has_min ? 4 : 2) + (five ? 4 : 0);
   std::uint32_t qh = 0;
