@@ -24,6 +24,11 @@ constexpr std::int64_t kGemvMaxRows = 32;
 // microseconds, and when the machine is busy a descheduled thread can stall the whole team for
 // a scheduler time slice. Tiny models must not pay that on every op.
 constexpr std::int64_t kParallelWork = 1 << 18;
+// Attention splits over KV heads, and each task's work is its heads' keys read once: a decode
+// step over a few dozen cached positions of a 100M-parameter model already pays for the wake-up
+// (the tiny zoo models stay on one thread below 128 positions). Every head's sums run in the same
+// order either way, so the result is the same bit for bit.
+constexpr std::int64_t kParallelAttention = 1 << 15;
 
 inline float dot_f16(const float* x, const std::uint16_t* w, std::int64_t K) {
   float acc = 0.0f;
@@ -150,7 +155,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
     longest = std::max(longest, ks[b + 1] - ks[b]);
     work += (qs[b + 1] - qs[b]) * (ks[b + 1] - ks[b]);
   }
-  const bool parallel = work * Nq * (Dqk + Dv) >= kParallelWork;
+  const bool parallel = work * Nq * (Dqk + Dv) >= kParallelAttention;
   // Split the KV heads so that there are a few tasks per thread, no more.
   const std::int64_t threads = parallel ? omp_get_max_threads() : 1;
   const std::int64_t ranges = std::min<std::int64_t>(Nk, std::max<std::int64_t>(1, (2 * threads + T - 1) / T));

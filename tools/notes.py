@@ -310,7 +310,7 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
   once.  With the span anywhere and a gap of 0-80 tokens drawn per row (`--gap 80`: only an
   induction head, which finds the earlier occurrence of the current token and copies what followed
   it, can do this), the loss is still 6.94 after 1,500 steps; starting with no gap for 400 steps
-  and then drawing it (`--gap 80 --warm 400 --steps 2500`) did not help either (6.92 at the end).  And with every row of the
+  and then drawing it (`--gap 80 --warm 400 --steps 2500`) did not help either (6.93 at the end).  And with every row of the
   recipe a copy row (`probe_curve.py --recipe v2 --copy random --mix copy --steps 3000`) the copy
   loss is 6.86 at step 2,100.  So what the story probes need, content-addressed copying, is the
   part this shape and optimiser do not find within a few thousand steps; the recipe's failure is
