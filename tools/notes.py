@@ -310,13 +310,14 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
   once.  With the span anywhere and a gap of 0-80 tokens drawn per row (`--gap 80`: only an
   induction head, which finds the earlier occurrence of the current token and copies what followed
   it, can do this), the loss is still 6.94 after 1,500 steps; starting with no gap for 400 steps
-  and then drawing it (`--gap 80 --warm 400 --steps 2500`) did not help either (6.93 at the end).  And with every row of the
+  and then drawing it (`--gap 80 --warm 400 --steps 2500`) did not help either (6.93 at the end),
+  nor did a rate of 1e-3 or 1e-2 instead of 3e-3 (`--lr`, 1,500 steps: 6.93 and 6.92).  And with every row of the
   recipe a copy row (`probe_curve.py --recipe v2 --copy random --mix copy --steps 3000`) the copy
   loss is 6.86 at step 2,100.  So what the story probes need, content-addressed copying, is the
   part this shape and optimiser do not find within a few thousand steps; the recipe's failure is
-  not its data mixture alone.  Next: the same check with a lower or higher rate, more heads'
-  width (head_dim 16 leaves RoPE 8 frequencies), two attention-only layers, and many more steps,
-  before spending the 8 CPU-hours of a zoo retraining.
+  not its data mixture alone.  Next: the same check with more heads' width (head_dim 16 leaves
+  RoPE 8 frequencies), two attention-only layers, and many more steps, before spending the 8
+  CPU-hours of a zoo retraining.
 * tiny-mamba reaches a clearly lower validation loss than the attention models
   at the same token budget: its causal convolution and recurrent state pick up
   the corpus's local patterns faster early in training.  This says nothing
