@@ -14,8 +14,8 @@
 /// scales and minimums unpacked to a byte each (16 bytes a row and super-block instead of 12, so
 /// such a matrix reads 148/144 of its bytes), applied per 32-value sub-block as 8-lane vectors;
 /// q6_k's 6-bit values are split into q4_k's nibble layout and a byte of top bits per four values
-/// (the same 210 bytes a row and super-block). llama.cpp repacks its Q4_0, Q8_0 and Q4_K tensors
-/// in the same spirit at load.
+/// (the same 210 bytes a row and super-block). llama.cpp repacks tensors in the same spirit at load
+/// (its log names the layout, e.g. "repack tensor blk.0.attn_q.weight with q4_0_8x8").
 ///
 /// The values are the matrix's; only their order (and q8_0's offset) changes.
 
