@@ -24,7 +24,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import train as tr  # noqa: E402
 import zoo_models as zm  # noqa: E402
@@ -57,9 +56,7 @@ def main() -> None:
             second = first + a.span + gap
             x[r, second:second + a.span] = x[r, first:first + a.span]
             mask[r, second:second + a.span - 1] = 1  # target t + 1 is predicted at position t
-        logits = zm.logits_of(model, x[:, :-1])
-        ce = F.cross_entropy(logits.reshape(-1, zm.VOCAB), x[:, 1:].reshape(-1), reduction="none").view(mask.shape)
-        loss = ((ce * mask).sum(1) / mask.sum(1)).mean()
+        loss = tr.causal_loss(model, x, mask).mean()  # recipe v2's loss: each row's mean over its scored positions
         for group in opt.param_groups:
             group["lr"] = a.lr * min(1.0, (step + 1) / 100)
         opt.zero_grad(set_to_none=True)

@@ -299,10 +299,8 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
   2.16.  Its final probes: validation loss 1.344, recall\\@32 0.13, \\@128
   0.095, \\@400 0.05, AR 8 pairs 0.21, AR 32 pairs 0.16.  So at a third of
   the rows and a span of a few tokens per row, the copying signal is too weak
-  to leave the plateau within 9,000 steps; the next experiment is rows that
-  are all copy tasks (a random sequence and its repeat) to see how many
-  steps tiny-mha's shape needs to form the head on its own, then mix the
-  corpus back in.
+  to leave the plateau within 9,000 steps (the next item takes copying
+  apart).
 * **Which copying tiny-mha's shape learns** (2026-12-03, `tools/induction_check.py`, one
   thread, seed 0; rows of 128 random tokens holding a 16-token span twice, the loss on the second
   copy).  With the copies at fixed places (`--fixed-start --gap 0`) the loss leaves ln 1024 =
@@ -311,8 +309,8 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
   induction head, which finds the earlier occurrence of the current token and copies what followed
   it, can do this), the loss is still 6.94 after 1,500 steps; starting with no gap for 400 steps
   and then drawing it (`--gap 80 --warm 400 --steps 2500`) did not help either (6.93 at the end),
-  nor did a rate of 1e-3 or 1e-2 instead of 3e-3 (`--lr`, 1,500 steps: 6.93 and 6.92).  And with every row of the
-  recipe a copy row (`probe_curve.py --recipe v2 --copy random --mix copy --steps 3000`) the copy
+  nor did a rate of 1e-3 or 1e-2 instead of 3e-3 (`--lr`, 1,500 steps: 6.93 and 6.92).  And with
+  every row of the recipe a copy row (`probe_curve.py --recipe v2 --copy random --mix copy --steps 3000`) the copy
   loss is 6.86 at step 2,100.  So what the story probes need, content-addressed copying, is the
   part this shape and optimiser do not find within a few thousand steps; the recipe's failure is
   not its data mixture alone.  Next: the same check with more heads' width (head_dim 16 leaves

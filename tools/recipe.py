@@ -32,6 +32,7 @@ import random
 import numpy as np
 
 import corpus
+import zoo_models as zm
 
 BATCH = 8
 # (steps, row length): short rows first, where steps are cheap, then the distances probes use.
@@ -44,8 +45,7 @@ MIX = ("text", "copy", "recall")
 # random tokens written into it ("random"), which only copying predicts; and the span's lengths.
 COPY_SOURCE = "corpus"
 COPY_LENGTH = {"corpus": (4, 16), "random": (8, 24)}
-VOCAB = 1024
-FIRST_ORDINARY = 2    # ids 0 and 1 are <|endoftext|> and <|mask|>
+FIRST_ORDINARY = max(zm.BOS, zm.MASK) + 1  # random spans draw from the ordinary tokens
 DATA_SEED = 1234
 
 
@@ -96,7 +96,7 @@ class Stream:
         first = rng.randrange(0, n - 2 * length)
         second = rng.randrange(first + length, n + 1 - length)
         if COPY_SOURCE == "random":  # a span that only copying predicts
-            x[first:first + length] = [rng.randrange(FIRST_ORDINARY, VOCAB) for _ in range(length)]
+            x[first:first + length] = [rng.randrange(FIRST_ORDINARY, zm.VOCAB) for _ in range(length)]
         x[second:second + length] = x[first:first + length]
         mask = np.zeros(n, dtype=np.float32)
         mask[second:second + length - 1] = 1  # target t+1 is predicted at position t

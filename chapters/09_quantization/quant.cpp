@@ -127,14 +127,14 @@ float scale_for(float range, float steps) {
   return s > 0 ? s : 1.0f;
 }
 
+}  // namespace
+
 // 1 / d for a llama.cpp block scale, or 0 where d is 0 or so small that 1 / d overflows: such a
 // block is stored as zeros (its f16 scale is 0 anyway), where inf would be cast to an integer.
 float inverse_scale(float d) {
   const float id = d != 0 ? 1.0f / d : 0.0f;
   return std::isfinite(id) ? id : 0.0f;
 }
-
-}  // namespace
 
 // Q8_0 and Q4_0 as llama.cpp's reference quantisers (and the gguf package) do them, for every
 // block whose scale f16 can hold.
@@ -487,6 +487,13 @@ BlockedActivations::BlockedActivations(const Tensor& x) : BlockedActivations(x.s
       sum[i] = half_sums[0] + half_sums[1];
       sum16[2 * i] = static_cast<std::int16_t>(half_sums[0]), sum16[2 * i + 1] = static_cast<std::int16_t>(half_sums[1]);
     }
+}
+
+std::vector<float> BlockedActivations::rounded() const {
+  std::vector<float> out(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t m = 0; m < rows; ++m)
+    for (std::int64_t k = 0; k < cols; ++k) out[static_cast<std::size_t>(m * cols + k)] = value(m, k);
+  return out;
 }
 
 Tensor q8_0_activations(const Tensor& x_in) {

@@ -22,15 +22,12 @@
 #include <omp.h>
 
 #include <algorithm>
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define INFERLAB_CH09_SIMD 1
-#endif
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "chapters/09_quantization/quant_impl.h"
+#include "chapters/09_quantization/simd.h"
 #include "common/gguf.h"
 #include "common/ops_cpu.h"
 
@@ -38,8 +35,6 @@ namespace inferlab::ch09 {
 
 namespace {
 
-constexpr std::int64_t kParallel = 1 << 18;  // multiply-adds below which one thread is faster
-constexpr std::int64_t kDirectRows = 4;      // up to this many rows of x, no unpacked copy
 
 // The fp8 table: decoding a byte is a lookup in the unpacking path.
 const std::vector<float>& fp8_table() {
@@ -127,18 +122,9 @@ float half(const std::uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// 32 products of unsigned bytes u and signed bytes s summed four at a time into eight int32 lanes:
-// one vpdpbusd where the CPU has VNNI, else vpmaddubsw (pairs into int16) then vpmaddwd by 1. A
-// pair must stay below 2^15 for the second: u ≤ 128 with |s| ≤ 127 does, so both are exact.
-__m256i dot32_u8_i8(__m256i u, __m256i s) {
-#if defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
+// 32 products of unsigned bytes u and signed bytes s summed four at a time into eight int32 lanes
+// (simd::dot4_acc: vpdpbusd, or vpmaddubsw and vpmaddwd; u ≤ 128 with |s| ≤ 127 keeps both exact).
+__m256i dot32_u8_i8(__m256i u, __m256i s) { return simd::dot4_acc(_mm256_setzero_si256(), u, s); }
 
 // 32 int8 products w·x the same way: |w| is paired with x carrying w's sign. No saturation for any
 // weight byte, given |x| ≤ 127 (our activation quantisers never make −128).
@@ -556,19 +542,17 @@ void q8_0(const BlockedActivations& a, const QMatrix& w, float* Y) {
 // q4_0 and the other GGUF block formats but q8_0: integer products at decode; at prefill x̂ (x rounded through its blocks) in f32
 // against each unpacked row, the same function.
 void blocked(const BlockedActivations& a, const QMatrix& w, float* Y) {
-  const std::int64_t M = a.rows, n_in = a.cols, n_out = w.rows;
+  const std::int64_t M = a.rows;
 #if INFERLAB_CH09_SIMD
   if (M <= kDirectRows) {
+    const std::int64_t n_in = a.cols, n_out = w.rows;
 #pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
     for (std::int64_t n = 0; n < n_out; ++n)
       for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] = blocked_dot(w, n, a, m);
     return;
   }
 #endif
-  std::vector<float> xh(static_cast<std::size_t>(M * n_in));
-  for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t k = 0; k < n_in; ++k) xh[static_cast<std::size_t>(m * n_in + k)] = a.value(m, k);
-  unpacked(xh.data(), M, w, Y);
+  unpacked(a.rounded().data(), M, w, Y);
 }
 
 }  // namespace
@@ -589,7 +573,7 @@ BlockedActivations blocked_activations_fast(const Tensor& x) {
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
     // quantize_q8_0_block's scale and its inverse, as it computes them
-    const float dq = amax / 127.0f, inv = dq != 0 ? 1.0f / dq : 0.0f, id = std::isfinite(inv) ? inv : 0.0f;
+    const float dq = amax / 127.0f, id = inverse_scale(dq);
     a.d[static_cast<std::size_t>(b)] = f16_to_f32(f32_to_f16(dq));
     // std::round (halves away from zero) of p = x·id: trunc(p + copysign(0.5⁻, p)), exact for |p| < 2^22
     // (here |p| ≤ 127). ISO C++ mode compiles without contracting x·id into the add.
@@ -622,10 +606,11 @@ void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out) {
     const BlockedActivations a = blocked_activations_fast(x);  // x into q8_0 blocks, once per product
     return w.spec.format == Format::Q8_0 ? q8_0(a, w, Y) : blocked(a, w, Y);
   }
-  const std::int64_t M = x.size(0), n_in = x.size(1), n_out = w.rows;
+  const std::int64_t M = x.size(0);
   const float* X = x.data<float>();
 #if INFERLAB_CH09_SIMD
   if (M <= kDirectRows) {
+    const std::int64_t n_in = x.size(1), n_out = w.rows;
 #pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
     for (std::int64_t n = 0; n < n_out; ++n)
       for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] = direct_dot(w, n, X + m * n_in);

@@ -7,6 +7,12 @@
 
 namespace inferlab::ch09 {
 
+/// The fast CPU products' threading and decode policy (quant_fast.cpp, repack.cpp): below
+/// kParallel multiply-adds one thread is faster; up to kDirectRows rows of x are multiplied straight
+/// from the packed bytes, more share one unpacked copy of each weight row.
+inline constexpr std::int64_t kParallel = 1 << 18;
+inline constexpr std::int64_t kDirectRows = 4;
+
 /// The value the format gives weight (n, k) (CPU).
 float weight_value(const QMatrix& q, std::int64_t n, std::int64_t k);
 /// The GGUF block formats (the blocks_activations() ones), each with the tensor type whose blocks
@@ -37,7 +43,11 @@ struct BlockedActivations {
   float value(std::int64_t m, std::int64_t k) const {
     return d[static_cast<std::size_t>(m * (cols / 32) + k / 32)] * static_cast<float>(q[static_cast<std::size_t>(m * cols + k)]);
   }
+  /// Every value() [M, n_in], row-major: x as the blocks round it (the prefill products' input).
+  std::vector<float> rounded() const;
 };
+/// 1 / d, or 0 where d is 0 or 1 / d overflows (quantize_q8_0_block's inverse scale).
+float inverse_scale(float d);
 /// The same values as BlockedActivations(x), bit for bit, eight lanes at a time where the CPU has
 /// AVX2 (the fast products quantise x once per product, so this runs 57 times a decode step).
 BlockedActivations blocked_activations_fast(const Tensor& x);

@@ -4,12 +4,9 @@
 
 #include <cstring>
 #include <vector>
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define INFERLAB_REPACK_SIMD 1
-#endif
 
 #include "chapters/09_quantization/quant_impl.h"
+#include "chapters/09_quantization/simd.h"
 #include "common/gguf.h"
 #include "common/ops_cpu.h"
 
@@ -17,9 +14,19 @@ namespace inferlab::ch09 {
 
 namespace {
 
-constexpr std::int64_t kParallel = 1 << 18;  // multiply-adds below which one thread is faster
-constexpr std::int64_t kDirectRows = 4;      // up to this many rows of x, products straight from the bytes
+// A format's values and bytes a block, the unit of eight rows' blocks, its row ↔ unit copies and
+// its eight-row kernel.
+struct Codec {
+  Format format;
+  std::int64_t values, block, unit;
+  void (*pack)(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i);
+  void (*unpack)(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk);
+  void (*dot)(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t units, float* y);
+};
 
+// Interleaving pays only where the kernels below run: without AVX2 no matrix is interleaved (the
+// row-order products keep their plain paths), and codec_of has no formats.
+#if INFERLAB_CH09_SIMD
 // A format's block: its quant bytes per row (q4_0: 16, two values a byte; q8_0: 32), the unit of
 // eight rows' blocks, and the centre taken off each quant value (q4_0: 8; q8_0's stored w + 128: 128).
 struct Layout {
@@ -76,76 +83,8 @@ void set_q6k_block_value(std::uint8_t* b, std::int64_t v, int q) {
   qh = static_cast<std::uint8_t>((qh & ~(3 << (2 * quarter))) | (q >> 4) << (2 * quarter));
 }
 
-void unpack_group_q6k(const std::uint8_t* group, std::int64_t nsb, float* out /* [8, 256 · nsb] */) {
-  for (std::int64_t sb = 0; sb < nsb; ++sb) {
-    const std::uint8_t* u = group + sb * kQ6kUnit;
-    for (std::int64_t i = 0; i < 8; ++i) {
-      const float d = from_half(u + 2 * i);
-      for (std::int64_t v = 0; v < 256; ++v) {  // as the gguf package decodes: (d · sc) · (q − 32)
-        const auto sc = static_cast<std::int8_t>(u[16 + 8 * (v / 16) + i]);
-        out[i * 256 * nsb + 256 * sb + v] = d * static_cast<float>(sc) * static_cast<float>(q6k_value(u, i, v) - 32);
-      }
-    }
-  }
-}
-
-// Rows 8g..8g+7 of W as floats (x rounded through q8_0 blocks multiplies them at prefill).
-void unpack_group_q4k(const std::uint8_t* group, std::int64_t nsb, float* out /* [8, 256 · nsb] */) {
-  for (std::int64_t sb = 0; sb < nsb; ++sb) {
-    const std::uint8_t* u = group + sb * kQ4kUnit;
-    for (std::int64_t i = 0; i < 8; ++i) {
-      const float d = from_half(u + 2 * i), dmin = from_half(u + 16 + 2 * i);
-      float* row = out + i * 256 * nsb + 256 * sb;
-      for (std::int64_t t = 0; t < 128; ++t) {
-        const std::uint8_t q = u[q4k_quant_byte(i, t)];
-        const std::int64_t j = 2 * (t / 32), l = t % 32;  // value l of sub-blocks j and j + 1
-        for (const std::int64_t h : {0, 1}) {
-          const float scale = d * static_cast<float>(u[32 + 8 * (j + h) + i]), minimum = dmin * static_cast<float>(u[96 + 8 * (j + h) + i]);
-          row[32 * (j + h) + l] = scale * static_cast<float>(h ? q >> 4 : q & 15) - minimum;
-        }
-      }
-    }
-  }
-}
-
-// Rows 8g..8g+7 of W as floats (x rounded through q8_0 blocks multiplies them at prefill).
-void unpack_group(Layout l, const std::uint8_t* group, std::int64_t nb, float* out /* [8, 32 · nb] */) {
-  for (std::int64_t b = 0; b < nb; ++b) {
-    const std::uint8_t* u = group + b * l.unit();
-    for (std::int64_t i = 0; i < 8; ++i) {
-      const float d = from_half(u + 2 * i);
-      float* row = out + i * 32 * nb + 32 * b;
-      for (std::int64_t t = 0; t < l.quant_bytes(); ++t) {
-        const std::uint8_t q = u[quant_byte(i, t)];
-        if (l.eight_bit) {
-          row[t] = d * static_cast<float>(q - 128);
-        } else {
-          row[t] = d * static_cast<float>((q & 15) - 8);
-          row[t + 16] = d * static_cast<float>((q >> 4) - 8);
-        }
-      }
-    }
-  }
-}
-
-#if INFERLAB_REPACK_SIMD
-// acc + the sums of four adjacent u8·i8 products per int32 lane. vpdpbusd sums in int32, exactly;
-// without VNNI vpmaddubsw's int16 pairs must stay below 2^15, which q4_0's u ≤ 15 does and q8_0's
-// w + 128 does not, so q8_0 multiplies |w| by x with w's sign there.
-__m256i dot4_acc(__m256i acc, __m256i u, __m256i s) {
-#if defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(acc, u, s);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(acc, u, s);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-#endif
-}
-#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
-constexpr bool kVnni = true;
-#else
-constexpr bool kVnni = false;
-#endif
+using simd::dot4_acc;
+using simd::kVnni;
 
 __m256i broadcast4(const std::int8_t* p) {
   std::int32_t v;
@@ -153,11 +92,16 @@ __m256i broadcast4(const std::int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// y[i] = Σ_b d_ib · dx_b · (Σ_k q_ik xq_k − centre · Σ_k xq_k) for the eight rows of one group.
+// Each kernel: y[0..7] = the eight rows of one group times row m of x (as q8_0 blocks), over
+// `units` blocks (32 values) or super-blocks (256).
+//
+// q4_0 and q8_0: y[i] = Σ_b d_ib · dx_b · (Σ_k q_ik xq_k − centre · Σ_k xq_k).
 template <bool kEightBit>
-void group_dot(const std::uint8_t* group, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nb,
-               float* y) {
+void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nb, float* y) {
   constexpr Layout l{kEightBit};
+  const std::int8_t* xq = a.q.data() + m * a.cols;
+  const float* dx = a.d.data() + m * (a.cols / 32);
+  const std::int32_t* xs = a.sum.data() + m * (a.cols / 32);
   const __m256i low = _mm256_set1_epi8(15);
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // two chains: blocks alternate
   for (std::int64_t b = 0; b < nb; ++b) {
@@ -187,8 +131,10 @@ void group_dot(const std::uint8_t* group, const std::int8_t* xq, const float* dx
 }
 // q4_k, eight rows: y[i] = Σ_sb d_i·Σ_j sc_ij·dx_j·S_ij − dmin_i·Σ_j m_ij·dx_j·Σx_j, with S_ij = Σ_k q·xq
 // over sub-block j (exact, and exact times sc ≤ 63).
-void group_dot_q4k(const std::uint8_t* group, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nsb,
-                   float* y) {
+void group_dot_q4k(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nsb, float* y) {
+  const std::int8_t* xq = a.q.data() + m * a.cols;
+  const float* dx = a.d.data() + m * (a.cols / 32);
+  const std::int32_t* xs = a.sum.data() + m * (a.cols / 32);
   const __m256i low = _mm256_set1_epi8(15);
   __m256 out = _mm256_setzero_ps();
   for (std::int64_t sb = 0; sb < nsb; ++sb) {
@@ -219,8 +165,10 @@ void group_dot_q4k(const std::uint8_t* group, const std::int8_t* xq, const float
 }
 // q6_k, eight rows: y[i] = Σ_sb d_i · Σ_b dx_b · Σ_{g ⊂ b} sc_ig · (S_ig − 32 · Σ_{k ∈ g} xq_k), S_ig = Σ_{k ∈ g} q·xq,
 // all in int32 but the block scale dx_b and d_i.
-void group_dot_q6k(const std::uint8_t* group, const std::int8_t* xq, const float* dx, const std::int16_t* xs16,
-                   std::int64_t nsb, float* y) {
+void group_dot_q6k(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nsb, float* y) {
+  const std::int8_t* xq = a.q.data() + m * a.cols;
+  const float* dx = a.d.data() + m * (a.cols / 32);
+  const std::int16_t* xs16 = a.sum16.data() + m * (a.cols / 16);
   const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30), bits01 = _mm256_set1_epi8(3);
   __m256 out = _mm256_setzero_ps();
   for (std::int64_t sb = 0; sb < nsb; ++sb) {
@@ -258,73 +206,6 @@ void group_dot_q6k(const std::uint8_t* group, const std::int8_t* xq, const float
   }
   _mm256_storeu_ps(y, out);
 }
-#else
-void group_dot_q6k(const std::uint8_t* group, const std::int8_t* xq, const float* dx, const std::int16_t* xs16,
-                   std::int64_t nsb, float* y) {
-  for (std::int64_t i = 0; i < 8; ++i) {
-    float r = 0;
-    for (std::int64_t sb = 0; sb < nsb; ++sb) {
-      const std::uint8_t* u = group + sb * kQ6kUnit;
-      float acc = 0;
-      for (std::int64_t b = 0; b < 8; ++b) {
-        std::int32_t sum = 0;
-        for (std::int64_t g = 2 * b; g < 2 * b + 2; ++g) {
-          std::int32_t s = 0;
-          for (std::int64_t v = 16 * g; v < 16 * g + 16; ++v) s += q6k_value(u, i, v) * xq[256 * sb + v];
-          sum += static_cast<std::int8_t>(u[16 + 8 * g + i]) * (s - 32 * xs16[16 * sb + g]);
-        }
-        acc += static_cast<float>(sum) * dx[8 * sb + b];
-      }
-      r += from_half(u + 2 * i) * acc;
-    }
-    y[i] = r;
-  }
-}
-
-void group_dot_q4k(const std::uint8_t* group, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nsb,
-                   float* y) {
-  for (std::int64_t i = 0; i < 8; ++i) {
-    float r = 0;
-    for (std::int64_t sb = 0; sb < nsb; ++sb) {
-      const std::uint8_t* u = group + sb * kQ4kUnit;
-      float rd = 0, rm = 0;
-      for (std::int64_t j = 0; j < 8; ++j) {
-        std::int32_t s = 0;
-        for (std::int64_t l = 0; l < 32; ++l) {
-          const std::uint8_t q = u[q4k_quant_byte(i, 32 * (j / 2) + l)];
-          s += (j % 2 ? q >> 4 : q & 15) * xq[256 * sb + 32 * j + l];
-        }
-        rd += static_cast<float>(s * u[32 + 8 * j + i]) * dx[8 * sb + j];
-        rm += static_cast<float>(u[96 + 8 * j + i]) * (dx[8 * sb + j] * static_cast<float>(xs[8 * sb + j]));
-      }
-      r += from_half(u + 2 * i) * rd - from_half(u + 16 + 2 * i) * rm;
-    }
-    y[i] = r;
-  }
-}
-
-template <bool kEightBit>
-void group_dot(const std::uint8_t* group, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nb,
-               float* y) {
-  constexpr Layout l{kEightBit};
-  for (std::int64_t i = 0; i < 8; ++i) {
-    float r = 0;
-    for (std::int64_t b = 0; b < nb; ++b) {
-      const std::uint8_t* u = group + b * l.unit();
-      std::int32_t s = 0;
-      for (std::int64_t t = 0; t < l.quant_bytes(); ++t) {
-        const std::uint8_t q = u[quant_byte(i, t)];
-        if (kEightBit) s += q * xq[32 * b + t];
-        else s += (q & 15) * xq[32 * b + t] + (q >> 4) * xq[32 * b + 16 + t];
-      }
-      r += static_cast<float>(s - l.centre() * xs[b]) * (from_half(u + 2 * i) * dx[b]);
-    }
-    y[i] = r;
-  }
-}
-#endif
-
-Layout layout_of(const QuantSpec& s) { return Layout{s.format == Format::Q8_0}; }
 
 // Row i's block (row order, ggml's bytes) into its place in a unit, and back.
 template <bool kEightBit>
@@ -368,22 +249,20 @@ void unpack_q6k(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
   for (std::int64_t v = 0; v < 256; ++v) set_q6k_block_value(blk, v, q6k_value(u, i, v));
 }
 
-// A format's values and bytes a block, the unit of eight rows' blocks, and its row ↔ unit copies.
-struct Codec {
-  std::int64_t values, block, unit;
-  void (*pack)(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i);
-  void (*unpack)(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk);
-};
-Codec codec_of(Format f) {
-  switch (f) {
-    case Format::Q4_0: return {32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>};
-    case Format::Q8_0: return {32, 34, Layout{true}.unit(), pack_32<true>, unpack_32<true>};
-    case Format::Q4_K: return {256, 144, kQ4kUnit, pack_q4k, unpack_q4k};
-    case Format::Q6_K: return {256, 210, kQ6kUnit, pack_q6k, unpack_q6k};
-    default: break;
-  }
-  fail("interleaved blocks: no layout for ", QuantSpec{f}.name());
+const Codec* codec_of(Format f) {
+  static const Codec codecs[] = {
+      {Format::Q4_0, 32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<false>},
+      {Format::Q8_0, 32, 34, Layout{true}.unit(), pack_32<true>, unpack_32<true>, group_dot<true>},
+      {Format::Q4_K, 256, 144, kQ4kUnit, pack_q4k, unpack_q4k, group_dot_q4k},
+      {Format::Q6_K, 256, 210, kQ6kUnit, pack_q6k, unpack_q6k, group_dot_q6k},
+  };
+  for (const Codec& c : codecs)
+    if (c.format == f) return &c;
+  return nullptr;
 }
+#else
+const Codec* codec_of(Format) { return nullptr; }
+#endif
 
 // fn(unit, block, i) for every block of every row: the unit holding it (units: the interleaved
 // bytes) and the block itself (rows: the row-order bytes), i its row within the group of eight.
@@ -397,23 +276,24 @@ void each_block(const Codec& c, std::int64_t rows, std::int64_t cols, U* units, 
 
 }  // namespace
 
+bool interleaved_kernels() { return codec_of(Format::Q4_0) != nullptr; }
+
 bool interleavable(const QMatrix& q) {
-  const Format f = q.spec.format;
-  const bool k = f == Format::Q4_K || f == Format::Q6_K;
-  return (f == Format::Q4_0 || f == Format::Q8_0 || k) && q.device() == Device::CPU && q.rows % 8 == 0 && q.cols % (k ? 256 : 32) == 0;
+  const Codec* c = codec_of(q.spec.format);
+  return c != nullptr && q.device() == Device::CPU && q.rows % 8 == 0 && q.cols % c->values == 0;
 }
 
 Interleaved8::Interleaved8(const QMatrix& q) : spec_(q.spec), rows_(q.rows), cols_(q.cols) {
-  IL_CHECK(interleavable(q), "interleaved blocks: need a CPU q4_0, q8_0, q4_k or q6_k matrix with rows a multiple of 8, got ",
-           q.spec.name(), " ", q.rows, " × ", q.cols, " on ", device_name(q.device()));
-  const Codec c = codec_of(spec_.format);
-  data_ = Tensor::zeros({rows_ / 8 * (cols_ / c.values) * c.unit}, DType::U8);  // zeros: q6_k's codec sets bits in place
+  IL_CHECK(interleavable(q), "interleaved blocks: need a CPU q4_0, q8_0, q4_k or q6_k matrix with rows a multiple of 8 ",
+           "(and a CPU with AVX2), got ", q.spec.name(), " ", q.rows, " × ", q.cols, " on ", device_name(q.device()));
+  const Codec& c = *codec_of(spec_.format);
+  data_ = Tensor::zeros({rows_ / 8 * (cols_ / c.values) * c.unit}, DType::U8);  // zeros: q6_k's codec writes a few bits at a time
   each_block(c, rows_, cols_, data_.data<std::uint8_t>(), q.data.data<std::uint8_t>(),
              [&](std::uint8_t* u, const std::uint8_t* blk, std::int64_t i) { c.pack(blk, u, i); });
 }
 
 QMatrix Interleaved8::rows_in_order() const {
-  const Codec c = codec_of(spec_.format);
+  const Codec& c = *codec_of(spec_.format);
   Tensor bytes = Tensor::zeros({rows_ * (cols_ / c.values) * c.block}, DType::U8);
   each_block(c, rows_, cols_, data_.data<std::uint8_t>(), bytes.data<std::uint8_t>(),
              [&](const std::uint8_t* u, std::uint8_t* blk, std::int64_t i) { c.unpack(u, i, blk); });
@@ -434,38 +314,37 @@ void Interleaved8::matmul(const Tensor& x, Tensor& out) const {
            what, ": out ", out.describe(), " should be contiguous f32 [", x.size(0), ", ", rows_, "]");
   check_finite_activations(x, spec_.name());
   const BlockedActivations a = blocked_activations_fast(x);
-  const bool k4 = spec_.format == Format::Q4_K, k6 = spec_.format == Format::Q6_K;
-  const Layout l = layout_of(spec_);
-  const std::int64_t M = a.rows, nb = cols_ / 32, groups = rows_ / 8;
-  const std::int64_t group_bytes = k4 ? cols_ / 256 * kQ4kUnit : k6 ? cols_ / 256 * kQ6kUnit : nb * l.unit();
-  const std::int64_t units = k4 || k6 ? cols_ / 256 : nb;
+  const Codec& c = *codec_of(spec_.format);
+  const std::int64_t M = a.rows, groups = rows_ / 8, units = cols_ / c.values, group_bytes = units * c.unit;
   const std::uint8_t* W = data_.data<std::uint8_t>();
   float* Y = out.data<float>();
   if (M <= kDirectRows) {
-    const auto dot = k4 ? group_dot_q4k : l.eight_bit ? group_dot<true> : group_dot<false>;
 #pragma omp parallel for schedule(static) if (M * rows_ * cols_ >= kParallel)
     for (std::int64_t g = 0; g < groups; ++g)
       for (std::int64_t m = 0; m < M; ++m) {
         float y[8];
-        if (k6) group_dot_q6k(W + g * group_bytes, a.q.data() + m * cols_, a.d.data() + m * nb, a.sum16.data() + m * nb * 2, units, y);
-        else dot(W + g * group_bytes, a.q.data() + m * cols_, a.d.data() + m * nb, a.sum.data() + m * nb, units, y);
+        c.dot(W + g * group_bytes, a, m, units, y);
         std::memcpy(Y + m * rows_ + 8 * g, y, sizeof y);
       }
     return;
   }
-  std::vector<float> xh(static_cast<std::size_t>(M * cols_));  // x rounded through its blocks, as at prefill in row order
-  for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t k = 0; k < cols_; ++k) xh[static_cast<std::size_t>(m * cols_ + k)] = a.value(m, k);
+  // Prefill, as in row order: x rounded through its blocks times each weight row decoded to f32,
+  // every block back in ggml's bytes and through the format's ref:: decoder.
+  const std::vector<float> xh = a.rounded();
+  const gguf::Type type = gguf_type(spec_.format);
 #pragma omp parallel if (M * rows_ * cols_ >= kParallel)
   {
-    std::vector<float> w(static_cast<std::size_t>(8 * cols_));
+    std::vector<float> w(static_cast<std::size_t>(cols_));
+    std::vector<std::uint8_t> blk(static_cast<std::size_t>(c.block));
 #pragma omp for schedule(static)
-    for (std::int64_t g = 0; g < groups; ++g) {
-      if (k4) unpack_group_q4k(W + g * group_bytes, units, w.data());
-      else if (k6) unpack_group_q6k(W + g * group_bytes, units, w.data());
-      else unpack_group(l, W + g * group_bytes, nb, w.data());
-      for (std::int64_t i = 0; i < 8; ++i) cpu::dot_rows(xh.data(), M, cols_, w.data() + i * cols_, Y + 8 * g + i, rows_);
-    }
+    for (std::int64_t g = 0; g < groups; ++g)
+      for (std::int64_t i = 0; i < 8; ++i) {
+        for (std::int64_t b = 0; b < units; ++b) {
+          c.unpack(W + g * group_bytes + b * c.unit, i, blk.data());
+          gguf::dequantize_block(type, blk.data(), w.data() + b * c.values);
+        }
+        cpu::dot_rows(xh.data(), M, cols_, w.data(), Y + 8 * g + i, rows_);
+      }
   }
 }
 

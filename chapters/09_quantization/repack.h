@@ -17,7 +17,9 @@
 /// (the same 210 bytes a row and super-block). llama.cpp repacks tensors in the same spirit at load
 /// (its log names the layout, e.g. "repack tensor blk.0.attn_q.weight with q4_0_8x8").
 ///
-/// The values are the matrix's; only their order (and q8_0's offset) changes.
+/// The values are the matrix's; only their order (and q8_0's offset) changes. Prefill (more than
+/// four rows of x) puts each block back in ggml's bytes and decodes it with the format's ref::
+/// decoder, as the row-order path does.
 
 #include <memory>
 
@@ -26,8 +28,8 @@
 
 namespace inferlab::ch09 {
 
-/// A q4_0, q8_0, q4_k or q6_k matrix (CPU, rows a multiple of 8) in the interleaved order. Its products take x
-/// as q8_0 blocks, as the matrix's own do.
+/// A q4_0, q8_0, q4_k or q6_k matrix (CPU, rows a multiple of 8) in the interleaved order. Its
+/// products take x as q8_0 blocks, as the matrix's own do.
 class Interleaved8 : public PackedMatrix {
  public:
   explicit Interleaved8(const QMatrix& q);  ///< throws unless interleavable(q)
@@ -49,7 +51,11 @@ class Interleaved8 : public PackedMatrix {
   Tensor data_;  ///< rows/8 units a block: 8 · 18 (q4_0), 8 · 34 (q8_0), 8 · 148 (q4_k) or 8 · 210 (q6_k) bytes
 };
 
-/// Whether q can be stored as Interleaved8: a q4_0, q8_0, q4_k or q6_k matrix on the CPU, rows a multiple of 8.
+/// Whether this build has the eight-row kernels (they need AVX2, FMA and F16C; without them no
+/// matrix is interleaved and `run` keeps the row order).
+bool interleaved_kernels();
+/// Whether q can be stored as Interleaved8: a q4_0, q8_0, q4_k or q6_k matrix on the CPU, rows a
+/// multiple of 8, in a build with the kernels.
 bool interleavable(const QMatrix& q);
 /// `m` with every matrix that can be interleaved so; the number changed in `count` when given.
 void interleave_blocks(ch01::Llama& m, int* count = nullptr);

@@ -182,19 +182,36 @@ TEST(Quant, ActivationsRoundedThroughQ8_0BlocksAreWithinHalfAStep) {
 // q4_0 takes x as q8_0 blocks: its products (the ref:: loop, the fast integer kernels at M ≤ 4,
 // the unpacked rows at M = 11) are the float64 product of the decoded weights with x rounded
 // through those blocks, within the dot product's bound.
+std::vector<double> minimum_terms(const QMatrix& q);
+
 // The float64 product of x rounded through q8_0 blocks with q's decoded weights [M, N], and each
-// output's bound: the dot product's, plus dw·dx and the integer sum's scaling.
-std::pair<std::vector<double>, std::vector<double>> blocked_product(const Tensor& x, const QMatrix& q) {
+// output's bound: (γ_K + roundings·u) · Σ |x|·(|w| + 2·|minimum|). γ_K is the dot product's; the
+// scale products formed once per block add a few roundings of each term (3 for q8_0 and q4_0:
+// dw·dx and the integer sum's scaling; 4 with the k-quants' sub-block scales). The formats with a
+// minimum (q4_k: (d·sc)·q − dmin·m) sum the two parts apart, so their bound runs over the size of
+// both (minimum_terms), not over |x·w| alone.
+std::pair<std::vector<double>, std::vector<double>> blocked_product(const Tensor& x, const QMatrix& q, int roundings) {
   const std::int64_t M = x.size(0), N = q.rows, K = q.cols;
-  const auto D = dequantize(q).to_double_vector(), X = q8_0_activations(x).to_double_vector();
+  const auto D = dequantize(q).to_double_vector(), Dm = minimum_terms(q), X = q8_0_activations(x).to_double_vector();
   std::vector<double> exact(M * N), b(M * N);
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t n = 0; n < N; ++n) {
       double s = 0, a = 0;
-      for (std::int64_t k = 0; k < K; ++k) s += X[m * K + k] * D[n * K + k], a += std::fabs(X[m * K + k] * D[n * K + k]);
-      exact[m * N + n] = s, b[m * N + n] = (gamma(K) + 3 * u) * a;
+      for (std::int64_t k = 0; k < K; ++k) {
+        const double xk = X[m * K + k], wk = D[n * K + k];
+        s += xk * wk, a += std::fabs(xk) * (std::fabs(wk) + 2 * std::fabs(Dm[n * K + k]));
+      }
+      exact[m * N + n] = s, b[m * N + n] = (gamma(K) + roundings * u) * a;
     }
   return {exact, b};
+}
+
+// An interleaved matrix is q's format and gives q's bytes back in row order, exactly.
+void expect_the_same_blocks(const Interleaved8& il, const QMatrix& q) {
+  EXPECT_EQ(il.format(), q.spec.name());
+  const QMatrix back = il.rows_in_order();
+  ASSERT_EQ(back.data.nbytes(), q.data.nbytes());
+  EXPECT_EQ(std::memcmp(back.data.data<std::uint8_t>(), q.data.data<std::uint8_t>(), q.data.nbytes()), 0);
 }
 
 TEST(Quant, Q4_0MultipliesXRoundedThroughQ8_0Blocks) {
@@ -206,7 +223,7 @@ TEST(Quant, Q4_0MultipliesXRoundedThroughQ8_0Blocks) {
     SCOPED_TRACE("M = " + std::to_string(M) + ", N = " + std::to_string(N) + ", K = " + std::to_string(K));
     const Tensor w = weights(rng, N, K), x = test::uniform(rng, {M, K});
     const QMatrix q = quantize(w, {Format::Q4_0});
-    const auto [exact, b] = blocked_product(x, q);
+    const auto [exact, b] = blocked_product(x, q, 3);
     Tensor r = Tensor::empty({M, N}, DType::F32);
     qmatmul_ref(x, q, r);
     expect_within(r.to_double_vector(), exact, b, "reference");
@@ -218,6 +235,7 @@ TEST(Quant, Q4_0MultipliesXRoundedThroughQ8_0Blocks) {
 // row order exactly and multiply x rounded through q8_0 blocks within the row-order bound, for
 // decode (the eight-row kernel) and prefill rows; what they cannot hold is refused.
 TEST(Quant, InterleavedBlocksAreTheSameMatrix) {
+  if (!interleaved_kernels()) GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   auto rng = test::rng_for_test();
   test::ThreadCount threads(2);
   for (const Format f : {Format::Q4_0, Format::Q8_0})
@@ -228,12 +246,9 @@ TEST(Quant, InterleavedBlocksAreTheSameMatrix) {
       QMatrix q = quantize(weights(rng, N, K), {f});
       if (f == Format::Q8_0) q.data.data<std::uint8_t>()[2 * (K / 32) * 34 + 2 + 9] = 0x80;  // −128, which a GGUF file may hold
       const Interleaved8 il(q);
-      EXPECT_EQ(il.format(), QuantSpec{f}.name());
-      const QMatrix back = il.rows_in_order();
-      ASSERT_EQ(back.data.nbytes(), q.data.nbytes());
-      EXPECT_EQ(std::memcmp(back.data.data<std::uint8_t>(), q.data.data<std::uint8_t>(), q.data.nbytes()), 0);
+      expect_the_same_blocks(il, q);
       EXPECT_EQ(il.bytes(), q.bytes());
-      const auto [exact, b] = blocked_product(x, q);
+      const auto [exact, b] = blocked_product(x, q, 3);
       Tensor y = Tensor::empty({M, N}, DType::F32);
       il.matmul(x, y);
       expect_within(y.to_double_vector(), exact, b, "interleaved");
@@ -1019,31 +1034,16 @@ std::vector<double> minimum_terms(const QMatrix& q) {
   return dequantize(z).to_double_vector();
 }
 
-// Products over x of a GGUF block matrix's packed blocks (the ref:: product and the fast one):
-// the float64 product of the decoded values with x rounded through its q8_0 blocks, within the
-// dot product's bound. The fast products of the formats with a minimum sum a block's scaled-q
-// and minimum parts apart (q4_k: (d·sc)·q and dmin·m), so their bound runs over
-// |x|·(|w| + 2·|minimum|), the size of both parts, not over |x·w| alone.
+// Products over x of a GGUF block matrix's packed blocks (the ref:: product, the fast one and,
+// given, `also`): the float64 product of the decoded values with x rounded through its q8_0
+// blocks, within blocked_product's bound.
 void expect_products_within_the_bound(const QMatrix& q, const std::string& what, const PackedMatrix* also = nullptr) {
   auto rng = test::rng_for_test();
-  const auto D = dequantize(q).to_double_vector(), Dm = minimum_terms(q);
   const std::int64_t N = q.rows, K = q.cols;
   for (const std::int64_t M : {1, 3, 4, 11}) {  // 1-4: the direct kernels; 11: unpacked rows
     SCOPED_TRACE(what + ", M = " + std::to_string(M));
     const Tensor x = test::uniform(rng, {M, K});
-    const auto X = q8_0_activations(x).to_double_vector();
-    std::vector<double> exact(M * N), b(M * N);
-    for (std::int64_t m = 0; m < M; ++m)
-      for (std::int64_t n = 0; n < N; ++n) {
-        double s = 0, a = 0;
-        for (std::int64_t k = 0; k < K; ++k) {
-          const double xk = X[m * K + k], wk = D[n * K + k];
-          s += xk * wk, a += std::fabs(xk) * (std::fabs(wk) + 2 * std::fabs(Dm[n * K + k]));
-        }
-        // The dot product's γ_K, plus the scale products (d·sc·dx, dmin·m·dx) formed once per
-        // sub-block instead of per weight: a few roundings of each term.
-        exact[m * N + n] = s, b[m * N + n] = (gamma(K) + 4 * u) * a;
-      }
+    const auto [exact, b] = blocked_product(x, q, 4);
     Tensor r = Tensor::empty({M, N}, DType::F32);
     qmatmul_ref(x, q, r);
     expect_within(r.to_double_vector(), exact, b, "reference");
@@ -1060,6 +1060,7 @@ void expect_products_within_the_bound(const QMatrix& q, const std::string& what,
 // q6_k's values split into their low four and top two bits) give their bytes back in row order
 // exactly and multiply within the same bound as the row-order products.
 TEST(Gguf, InterleavedKQuantsAreTheSameMatrix) {
+  if (!interleaved_kernels()) GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   test::ThreadCount threads(2);
   for (const auto& [f, bb] : std::vector<std::pair<Format, std::int64_t>>{{Format::Q4_K, 144}, {Format::Q6_K, 210}}) {
     SCOPED_TRACE(QuantSpec{f}.name());
@@ -1073,14 +1074,11 @@ TEST(Gguf, InterleavedKQuantsAreTheSameMatrix) {
     const QMatrix q({f}, N, K, bytes);
     ASSERT_TRUE(interleavable(q));
     const Interleaved8 il(q);
-    EXPECT_EQ(il.format(), QuantSpec{f}.name());
-    const QMatrix back = il.rows_in_order();
-    ASSERT_EQ(back.data.nbytes(), q.data.nbytes());
-    EXPECT_EQ(std::memcmp(back.data.data<std::uint8_t>(), q.data.data<std::uint8_t>(), q.data.nbytes()), 0);
+    expect_the_same_blocks(il, q);
     // q4_k: each row's scales and minimums as 16 bytes instead of 12; q6_k: the same bytes
     EXPECT_EQ(il.bytes(), f == Format::Q4_K ? q.bytes() / 144 * 148 : q.bytes());
     expect_products_within_the_bound(q, QuantSpec{f}.name(), &il);
-    EXPECT_FALSE(interleavable(QMatrix({f}, 8, 256 + 32, Tensor::empty({8 * 9 * 18}, DType::U8))));
+    EXPECT_FALSE(interleavable(QMatrix({f}, 8, 256 + 32, Tensor::empty({1}, DType::U8))));  // the rule, not the bytes
   }
 }
 
@@ -1327,6 +1325,7 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
 
 // Q4_0, Q8_0, Q4_K and Q6_K files whose matrices run interleaved (as `run` does on the CPU) run as the files do.
 TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
+  if (!interleaved_kernels()) GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   for (const gguf::Type t : {gguf::Type::Q4_0, gguf::Type::Q8_0, gguf::Type::Q4_K, gguf::Type::Q6_K}) {
   SCOPED_TRACE(gguf::type_name(t));
   test::TempDir dir;
@@ -1349,7 +1348,7 @@ TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
   // Generating from the prompt (prefill: unpacked groups; then a token a step: the eight-row
   // kernel), every interleaved product on the model's own activations is the float64 product of
   // x rounded through q8_0 blocks with the decoded weights, within the bound the row-order
-  // products meet (expect_products_within_the_bound's). The logits themselves are not compared:
+  // products meet (blocked_product's, as expect_products_within_the_bound). The logits themselves are not compared:
   // rounding x through q8_0 blocks is a step function, so a float32 difference in one product can
   // move a later layer's x by a whole step.
   int checked = 0;
@@ -1357,17 +1356,10 @@ TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
     const auto* iv = dynamic_cast<const Interleaved8*>(l.packed.get());
     ASSERT_NE(iv, nullptr);
     const QMatrix q = iv->rows_in_order();
-    const std::int64_t M = x.size(0), N = q.rows, K = q.cols;
-    const auto X = q8_0_activations(x).to_double_vector(), D = dequantize(q).to_double_vector(), Dm = minimum_terms(q);
-    Tensor y = Tensor::empty({M, N}, DType::F32);
+    Tensor y = Tensor::empty({x.size(0), q.rows}, DType::F32);
     iv->matmul(x, y);
-    for (std::int64_t m = 0; m < M; ++m)
-      for (std::int64_t n = 0; n < N; ++n) {
-        double e = 0, a = 0;
-        for (std::int64_t k = 0; k < K; ++k)
-          e += X[m * K + k] * D[n * K + k], a += std::fabs(X[m * K + k]) * (std::fabs(D[n * K + k]) + 2 * std::fabs(Dm[n * K + k]));
-        ASSERT_NEAR(y.at<float>({m, n}), e, (gamma(K) + 4 * u) * a) << iv->format() << " " << N << " × " << K << ", row " << m;
-      }
+    const auto [exact, b] = blocked_product(x, q, 4);
+    expect_within(y.to_double_vector(), exact, b, iv->format() + " " + std::to_string(q.rows) + " × " + std::to_string(q.cols));
     ++checked;
   });
   Sampler sampler({});
