@@ -112,9 +112,9 @@ void gemm_threads(const Tensor& x, const Tensor& w, Tensor& out) {
   }
 }
 
-}  // namespace
-
-void dot_rows(const float* x, std::int64_t M, std::int64_t K, const float* w, float* y, std::int64_t y_stride) {
+// dot_rows for any weight type dots<> reads: eight x rows at a time.
+template <class W>
+void dot_rows_of(const float* x, std::int64_t M, std::int64_t K, const W* w, float* y, std::int64_t y_stride) {
   for (std::int64_t m0 = 0; m0 < M; m0 += 8) {
     const float* xm = x + m0 * K;
     float* ym = y + m0 * y_stride;
@@ -129,6 +129,15 @@ void dot_rows(const float* x, std::int64_t M, std::int64_t K, const float* w, fl
       default: dots<8>(xm, K, w, ym, y_stride); break;
     }
   }
+}
+
+}  // namespace
+
+void dot_rows(const float* x, std::int64_t M, std::int64_t K, const float* w, float* y, std::int64_t y_stride) {
+  dot_rows_of(x, M, K, w, y, y_stride);
+}
+void dot_rows(const float* x, std::int64_t M, std::int64_t K, const std::int8_t* w, float* y, std::int64_t y_stride) {
+  dot_rows_of(x, M, K, w, y, y_stride);
 }
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out) {

@@ -3,7 +3,8 @@
 // Decoding (a few rows of x) is memory-bound only if turning the packed bytes into numbers costs
 // less than reading them, so with AVX2 each weight row is multiplied straight from its bytes, a
 // format's scale applied once per row, group or block rather than per weight:
-//   int8 rows       y = s · Σ x_k q_k
+//   int8 rows       y = s · Σ x_k q_k   (any build: the core's dot_rows widens the bytes in registers,
+//                                        once for every eight rows of x)
 //   int4 groups     y = Σ_g s_g · Σ_{k ∈ g} x_k (q_k − z_g)
 //   fp8 e4m3        y = s · Σ x_k e4m3(q_k)   (a byte becomes an f16 with two shifts, see fp8_32)
 //   llm_int8        int8 · int8 sums in int32, exactly as the reference loop
@@ -46,17 +47,11 @@ const std::vector<float>& fp8_table() {
   return t;
 }
 
-// Unpacks row n into f32 (the same values as weight_value()); llm_int8 never unpacks.
+// Unpacks row n into f32 (the same values as weight_value()); the int8 formats and llm_int8 never
+// unpack.
 void unpack_row(const QMatrix& q, std::int64_t n, float* __restrict__ out) {
   const std::int64_t n_in = q.cols;
   switch (q.spec.format) {
-    case Format::Int8Tensor:
-    case Format::Int8Row: {
-      const std::int8_t* __restrict__ r = q.data.data<std::int8_t>() + n * n_in;
-      const float s = q.scales.data<float>()[q.spec.format == Format::Int8Tensor ? 0 : n];
-      for (std::int64_t k = 0; k < n_in; ++k) out[k] = static_cast<float>(r[k]) * s;
-      return;
-    }
     case Format::Int4Sym:
     case Format::Int4Asym: {
       const std::int64_t G = q.spec.group, H = G / 2;
@@ -151,20 +146,6 @@ struct Acc4 {
   __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   __m256 sum() const { return _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])); }
 };
-
-// Σ x_k q_k for int8 q.
-float dot_x_i8(const float* x, const std::int8_t* q, std::int64_t n_in) {
-  Acc4 acc;
-  std::int64_t k = 0;
-  for (; k + 32 <= n_in; k += 32)
-    for (int i = 0; i < 4; ++i) {
-      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k + 8 * i));
-      acc.a[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_loadu_ps(x + k + 8 * i), acc.a[i]);
-    }
-  float y = hsum(acc.sum());
-  for (; k < n_in; ++k) y += x[k] * static_cast<float>(q[k]);
-  return y;
-}
 
 // 16 packed bytes hold 32 four-bit values: the low nibbles go with x_lo[0..15], the high ones
 // with x_hi[0..15] (int4's layout, which is q4_0's). Adds Σ (q − z)·x to the accumulators.
@@ -422,10 +403,6 @@ float blocked_dot(const QMatrix& q, std::int64_t n, const BlockedActivations& a,
 float direct_dot(const QMatrix& q, std::int64_t n, const float* x) {
   const std::int64_t n_in = q.cols;
   switch (q.spec.format) {
-    case Format::Int8Tensor:
-    case Format::Int8Row:
-      return dot_x_i8(x, q.data.data<std::int8_t>() + n * n_in, n_in) *
-             q.scales.data<float>()[q.spec.format == Format::Int8Tensor ? 0 : n];
     case Format::Int4Sym:
     case Format::Int4Asym: {
       const std::int64_t G = q.spec.group, H = G / 2, ng = n_in / G;
@@ -608,9 +585,22 @@ void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out) {
   }
   const std::int64_t M = x.size(0);
   const float* X = x.data<float>();
+  const std::int64_t n_in = x.size(1), n_out = w.rows;
+  if (w.spec.format == Format::Int8Row || w.spec.format == Format::Int8Tensor) {
+    // Each int8 row is read and widened in registers once for every eight rows of x (so a
+    // verification pass over γ + 1 tokens costs about one over a single token), then each output
+    // is scaled once. This is what unpacking would do, without the f32 copy.
+    const bool per_row = w.spec.format == Format::Int8Row;
+#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
+    for (std::int64_t n = 0; n < n_out; ++n) {
+      cpu::dot_rows(X, M, n_in, w.data.data<std::int8_t>() + n * n_in, Y + n, n_out);
+      const float s = w.scales.data<float>()[per_row ? n : 0];
+      for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] *= s;
+    }
+    return;
+  }
 #if INFERLAB_CH09_SIMD
   if (M <= kDirectRows) {
-    const std::int64_t n_in = x.size(1), n_out = w.rows;
 #pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
     for (std::int64_t n = 0; n < n_out; ++n)
       for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] = direct_dot(w, n, X + m * n_in);

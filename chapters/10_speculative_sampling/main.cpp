@@ -30,38 +30,55 @@ struct Setup {
   int max_new = 0;
 };
 
-// The target alone, through the same Model interface (γ = 0: one target pass per token): the
-// baseline every speed-up is measured against. Best of `reps`.
-SpeculativeRun best_run(const Setup& s, const ch01::Llama& target, const ch01::Llama& draft, std::int64_t gamma, int reps) {
-  SpeculativeRun best;
-  for (int i = 0; i < reps; ++i) {
-    const std::int64_t cap = static_cast<std::int64_t>(s.prompt.size()) + s.max_new + gamma + 2;
-    CachedModel t(target, std::min(cap, target.config.max_position_embeddings), s.params),
-        d(draft, std::min(cap, draft.config.max_position_embeddings), s.params);
-    Sampler rng(s.params);
-    SpeculativeRun r = speculative_generate(t, d, s.prompt, s.max_new, gamma, rng, target.config.eos_token_ids);
-    if (i == 0 || r.seconds < best.seconds) best = std::move(r);
+// One generation with fresh caches. With γ = 0 it is `target` alone through the same Model
+// interface (one target pass per token): the baseline every speed-up is measured against.
+SpeculativeRun run_once(const Setup& s, const ch01::Llama& target, const ch01::Llama& draft, std::int64_t gamma) {
+  const std::int64_t cap = static_cast<std::int64_t>(s.prompt.size()) + s.max_new + gamma + 2;
+  CachedModel t(target, std::min(cap, target.config.max_position_embeddings), s.params),
+      d(draft, std::min(cap, draft.config.max_position_embeddings), s.params);
+  Sampler rng(s.params);
+  return speculative_generate(t, d, s.prompt, s.max_new, gamma, rng, target.config.eos_token_ids);
+}
+
+// The fastest of `reps` runs of each: the target alone, the draft alone, then speculative
+// decoding at each γ. The runs take turns (one of each, then again), so a change in the machine's
+// speed while they run (other work, memory bandwidth shared with other tenants) touches every
+// figure alike instead of skewing the ratios between them.
+struct Runs {
+  SpeculativeRun target, draft;
+  std::vector<SpeculativeRun> speculative;  // per γ
+};
+Runs fastest_runs(const Setup& s, const ch01::Llama& draft, const std::vector<std::int64_t>& gammas, int reps) {
+  Runs best;
+  best.speculative.resize(gammas.size());
+  auto keep = [](SpeculativeRun& best_so_far, SpeculativeRun r, int rep) {
+    if (rep == 0 || r.seconds < best_so_far.seconds) best_so_far = std::move(r);
+  };
+  for (int rep = 0; rep < reps; ++rep) {
+    keep(best.target, run_once(s, s.target, draft, 0), rep);
+    keep(best.draft, run_once(s, draft, draft, 0), rep);
+    for (std::size_t i = 0; i < gammas.size(); ++i) keep(best.speculative[i], run_once(s, s.target, draft, gammas[i]), rep);
   }
   return best;
 }
 
 // The target's verification pass over `rows` tokens after the prompt, over its pass over one:
 // what the lecture's formula takes to be 1 (a memory-bound pass reads the weights once, whatever
-// the rows). Best of 5 each.
+// the rows). Best of 5 each, the two kinds of pass taking turns.
 double verify_cost(const Setup& s, std::int64_t rows) {
+  const auto n0 = static_cast<std::int64_t>(s.prompt.size());
+  CachedModel m(s.target, n0 + rows + 1, s.params);
+  m.feed(s.prompt);
   auto time_pass = [&](std::int64_t n) {
-    CachedModel m(s.target, static_cast<std::int64_t>(s.prompt.size()) + n + 1, s.params);
-    m.feed(s.prompt);
-    double best = 1e30;
-    for (int i = 0; i < 5; ++i) {
-      metrics::Timer t;
-      m.feed(std::vector<std::int32_t>(static_cast<std::size_t>(n), s.prompt.back()));
-      best = std::min(best, t.seconds());
-      m.truncate(static_cast<std::int64_t>(s.prompt.size()));
-    }
-    return best;
+    metrics::Timer t;
+    m.feed(std::vector<std::int32_t>(static_cast<std::size_t>(n), s.prompt.back()));
+    const double dt = t.seconds();
+    m.truncate(n0);
+    return dt;
   };
-  return time_pass(rows) / time_pass(1);
+  double many = 1e30, one = 1e30;
+  for (int i = 0; i < 5; ++i) many = std::min(many, time_pass(rows)), one = std::min(one, time_pass(1));
+  return many / one;
 }
 
 double per_token(const SpeculativeRun& r) { return r.generated.empty() ? 0 : r.seconds / static_cast<double>(r.generated.size()); }
@@ -80,16 +97,17 @@ std::string marked(const Tokenizer& tok, const SpeculativeRun& r) {
 json sweep(const Setup& s, const ch01::Llama& draft, const std::string& draft_name, const std::vector<std::int64_t>& gammas,
            int reps, bool indent) {
   const char* pad = indent ? "  " : "";
-  const SpeculativeRun alone = best_run(s, s.target, draft, 0, reps);  // the target alone
-  const SpeculativeRun draft_alone = best_run(s, draft, draft, 0, reps);
+  const Runs runs = fastest_runs(s, draft, gammas, reps);
+  const SpeculativeRun &alone = runs.target, &draft_alone = runs.draft;
   const double c = per_token(draft_alone) / per_token(alone);
   std::printf("%starget alone: %.2f ms per token; %s alone: %.2f ms per token, so c = %.3f (a draft pass over a target pass)\n",
               pad, per_token(alone) * 1e3, draft_name.c_str(), per_token(draft_alone) * 1e3, c);
   std::printf("%s%-6s %8s %10s %12s %12s %10s %10s %12s %12s\n", pad, "gamma", "alpha", "accepted", "tok/target", "formula",
               "speed-up", "predicted", "verify cost", "with it");
   json rows = json::array();
-  for (std::int64_t g : gammas) {
-    const SpeculativeRun r = best_run(s, s.target, draft, g, reps);
+  for (std::size_t i = 0; i < gammas.size(); ++i) {
+    const std::int64_t g = gammas[i];
+    const SpeculativeRun& r = runs.speculative[i];
     const double measured = per_token(alone) / per_token(r), predicted = expected_speedup(r.alpha(), g, c);
     const double v = verify_cost(s, g + 1), with_v = r.tokens_per_round() / (static_cast<double>(g) * c + v);
     std::printf("%s%-6lld %8.3f %9.1f%% %12.2f %12.2f %9.2fx %9.2fx %11.2f %11.2fx\n", pad, static_cast<ll>(g), r.alpha(),
@@ -100,12 +118,24 @@ json sweep(const Setup& s, const ch01::Llama& draft, const std::string& draft_na
                     {"generated", r.generated.size()}, {"tokens_per_target_pass", r.tokens_per_round()},
                     {"formula_tokens_per_pass", expected_tokens_per_round(r.alpha(), g)}, {"seconds", r.seconds},
                     {"speedup", measured}, {"predicted_speedup", predicted}, {"verify_cost", v},
-                    {"predicted_with_verify_cost", with_v}});
+                    {"predicted_with_verify_cost", with_v}, {"draft_seconds", r.draft_seconds},
+                    {"target_seconds", r.target_seconds}});
   }
   std::printf("%s(alpha: Σ min(p, q) averaged over the drafted positions; formula: (1 − α^(γ+1)) / (1 − α); predicted: "
               "that over γc + 1, with the measured α and c; verify cost: the target's pass over γ + 1 tokens over its pass "
               "over one, which the formula takes as 1; with it: the measured tokens per pass over γc + that cost)\n",
               pad);
+  if (!gammas.empty() && runs.speculative.front().target_seconds > 0) {  // host rounds: the time split by who spent it
+    std::printf("%swhere a round's time goes, in target passes (the formula's γc + 1 beside it):\n%s%-6s %10s %10s %10s %10s %10s\n",
+                pad, pad, "gamma", "drafting", "verifying", "the rest", "round", "γc + 1");
+    for (std::size_t i = 0; i < gammas.size(); ++i) {
+      const SpeculativeRun& r = runs.speculative[i];
+      const double unit = per_token(alone) * static_cast<double>(r.rounds);  // one target pass per round
+      const double rest = r.seconds - r.draft_seconds - r.target_seconds;
+      std::printf("%s%-6lld %10.2f %10.2f %10.2f %10.2f %10.2f\n", pad, static_cast<ll>(gammas[i]), r.draft_seconds / unit,
+                  r.target_seconds / unit, rest / unit, r.seconds / unit, static_cast<double>(gammas[i]) * c + 1);
+    }
+  }
   return {{"target_seconds_per_token", per_token(alone)}, {"draft_seconds_per_token", per_token(draft_alone)}, {"c", c},
           {"rows", rows}};
 }
@@ -229,7 +259,7 @@ int main(int argc, char** argv) {
       std::printf("Speculative sampling (lecture: 无损加速：投机采样): tiny-draft (2 layers, D = 64) drafts, tiny-mha (the "
                   "target) verifies; temperature %g, %d tokens, best of %d runs\n",
                   s.params.temperature, s.max_new, reps);
-      const SpeculativeRun r = best_run(s, s.target, s.draft, 4, 1);
+      const SpeculativeRun r = run_once(s, s.target, s.draft, 4);
       std::printf("  γ = 4, the target's own tokens [bracketed]: %s%s\n", s.tok->decode(s.prompt).c_str(), marked(*s.tok, r).c_str());
     } else {
       std::printf("%s drafting for %s, temperature %g, %d tokens, best of %d runs\n\n", draft.c_str(), target.c_str(),

@@ -86,12 +86,23 @@ Verdict verify(const std::vector<std::int32_t>& drafts, const std::vector<Distri
 
 namespace {
 
-// One round's drafts, the verdict on them and Σ acceptance over the drafted positions.
+// One round's drafts, the verdict on them, Σ acceptance over the drafted positions, and the time
+// spent in each model's passes.
 struct Round {
   std::vector<std::int32_t> drafts;
   Verdict verdict;
   double alpha_sum = 0;
+  double draft_seconds = 0, target_seconds = 0;
 };
+
+// Runs f() and adds its duration to `total`.
+template <class F>
+auto timed(double& total, F&& f) {
+  metrics::Timer t;
+  auto out = f();
+  total += t.seconds();
+  return out;
+}
 
 // What the target's verification pass is fed: whatever it lacks of `tokens`, then the drafts.
 std::vector<std::int32_t> target_feed(const Model& target, const std::vector<std::int32_t>& tokens,
@@ -109,13 +120,14 @@ Round host_round(Model& target, Model& draft, const std::vector<std::int32_t>& t
   Round r;
   std::vector<Distribution> p;
   if (g > 0) {
-    p.push_back(draft.feed({tokens.begin() + draft.length(), tokens.end()}).back());
+    p.push_back(timed(r.draft_seconds, [&] { return draft.feed({tokens.begin() + draft.length(), tokens.end()}).back(); }));
     for (std::int64_t i = 0; i < g; ++i) {
       r.drafts.push_back(rng.draw(p.back()));
-      if (i + 1 < g) p.push_back(draft.feed({r.drafts.back()}).back());
+      if (i + 1 < g) p.push_back(timed(r.draft_seconds, [&] { return draft.feed({r.drafts.back()}).back(); }));
     }
   }
-  const std::vector<Distribution> all = target.feed(target_feed(target, tokens, r.drafts));
+  const std::vector<Distribution> all =
+      timed(r.target_seconds, [&] { return target.feed(target_feed(target, tokens, r.drafts)); });
   const std::vector<Distribution> q(all.end() - (g + 1), all.end());
   for (std::int64_t i = 0; i < g; ++i) r.alpha_sum += acceptance(p[static_cast<std::size_t>(i)], q[static_cast<std::size_t>(i)]);
   r.verdict = verify(r.drafts, p, q, rng, residual_of);
@@ -124,7 +136,8 @@ Round host_round(Model& target, Model& draft, const std::vector<std::int32_t>& t
 
 // The same round with every distribution left on the GPU: the host sees the drafted tokens and
 // the verdict, never a row of probabilities. The uniform numbers are rng's, in the host round's
-// order: one per draft, then those the walk consumes, read ahead from a copy of rng.
+// order: one per draft, then those the walk consumes, read ahead from a copy of rng. The passes
+// are asynchronous here, so the round leaves its time unsplit (draft_seconds, target_seconds 0).
 Round device_round(Model& target, Model& draft, const std::vector<std::int32_t>& tokens, std::int64_t g, Sampler& rng) {
   Round r;
   Tensor p;  // [g, V]: the draft's distribution at each drafted position
@@ -178,6 +191,7 @@ SpeculativeRun speculative_generate(Model& target, Model& draft, const std::vect
                               : host_round(target, draft, run.tokens, g, rng, residual_of);
     const Verdict& v = r.verdict;
     run.alpha_sum += r.alpha_sum, run.alpha_positions += g;
+    run.draft_seconds += r.draft_seconds, run.target_seconds += r.target_seconds;
     ++run.rounds;
     run.drafted += g, run.accepted += v.accepted;
     std::vector<std::int32_t> emitted(r.drafts.begin(), r.drafts.begin() + v.accepted);

@@ -110,6 +110,7 @@ struct SpeculativeRun {
   std::int64_t alpha_positions = 0;
   std::int64_t draft_forwards = 0, target_forwards = 0;
   double seconds = 0;
+  double draft_seconds = 0, target_seconds = 0;  ///< of `seconds`: in each model's passes (host rounds; 0 on CUDA)
   bool stopped_at_eos = false;
   double alpha() const { return alpha_positions ? alpha_sum / static_cast<double>(alpha_positions) : 0; }
   double tokens_per_round() const { return rounds ? static_cast<double>(generated.size()) / static_cast<double>(rounds) : 0; }

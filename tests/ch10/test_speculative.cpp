@@ -164,6 +164,10 @@ TEST(Speculative, GreedyIsTheTargetsGreedyDecodingTokenForToken) {
     EXPECT_EQ(run.target_forwards, run.rounds);
     EXPECT_LT(run.rounds, 64) << "some drafts must be accepted for this to be a test of the rollback";
     EXPECT_EQ(t.length(), static_cast<std::int64_t>(prompt.size() + 64) - 1);  // all but the last emitted token
+    // The time split the chapter prints: both models' passes inside the run's time.
+    EXPECT_GT(run.draft_seconds, 0.0);
+    EXPECT_GT(run.target_seconds, 0.0);
+    EXPECT_LE(run.draft_seconds + run.target_seconds, run.seconds);
   }
 }
 
