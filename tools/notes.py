@@ -330,6 +330,13 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
 * These models are tiny and trained for minutes, so every number is noisy;
   they show the direction of the trade-off, not its exact size.
 
+* **What forms the induction head: the batch** (2026-12-03, `tools/induction_check.py --gap 80
+  --batch B`, one thread, seed 0).  Batch 8: 6.94 after 1,500 steps.  Batch 32: at chance until
+  step ~5,500, then 0.115 at step 6,000 (45 minutes).  Batch 64: at chance until step ~1,700, then
+  5.48 at 1,800 and 0.39 at 2,000 (41 minutes).  So the head appears after some 110-180K copy rows
+  whatever the batch, and recipe v2's batches of 8 (a third of them copy rows) were far short of
+  that at 9,000 steps: for content-addressed copying it is rows, not steps, that count.
+
 ## Files
 
 | path | what |
