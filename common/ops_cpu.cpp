@@ -36,43 +36,42 @@ inline float dot_f16(const float* x, const std::uint16_t* w, std::int64_t K) {
   return acc;
 }
 
-template <int M>
-void gemv_rows(const Tensor& x, const Tensor& w, Tensor& out) {
-  const std::int64_t K = x.size(1), N = w.size(0);
+// dot_rows for any weight type dots<> reads: eight x rows at a time, the weight row hot in L1
+// for the later groups.
+template <class W>
+void dot_rows_of(const float* x, std::int64_t M, std::int64_t K, const W* w, float* y, std::int64_t y_stride) {
+  for (std::int64_t m0 = 0; m0 < M; m0 += 8) {
+    const float* xm = x + m0 * K;
+    float* ym = y + m0 * y_stride;
+    switch (std::min<std::int64_t>(8, M - m0)) {
+      case 1: dots<1>(xm, K, w, ym, y_stride); break;
+      case 2: dots<2>(xm, K, w, ym, y_stride); break;
+      case 3: dots<3>(xm, K, w, ym, y_stride); break;
+      case 4: dots<4>(xm, K, w, ym, y_stride); break;
+      case 5: dots<5>(xm, K, w, ym, y_stride); break;
+      case 6: dots<6>(xm, K, w, ym, y_stride); break;
+      case 7: dots<7>(xm, K, w, ym, y_stride); break;
+      default: dots<8>(xm, K, w, ym, y_stride); break;
+    }
+  }
+}
+
+// Up to kGemvMaxRows rows: each weight row is streamed from memory once and dotted with every row
+// of x, eight at a time.
+void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
+  const std::int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const float* X = x.data<float>();
   float* Y = out.data<float>();
   const DType wt = w.dtype();
 #pragma omp parallel for schedule(static) if (M * N * K >= kParallelWork)
   for (std::int64_t n = 0; n < N; ++n) {
     if (wt == DType::F32) {
-      dots<M>(X, K, w.data<float>() + n * K, Y + n, N);
+      dot_rows_of(X, M, K, w.data<float>() + n * K, Y + n, N);
     } else if (wt == DType::BF16) {
-      dots<M>(X, K, w.data<std::uint16_t>() + n * K, Y + n, N);
+      dot_rows_of(X, M, K, w.data<std::uint16_t>() + n * K, Y + n, N);
     } else {
       for (std::int64_t m = 0; m < M; ++m) Y[m * N + n] = dot_f16(X + m * K, w.data<std::uint16_t>() + n * K, K);
     }
-  }
-}
-
-void gemv8(const Tensor& x, const Tensor& w, Tensor& out) {
-  switch (x.size(0)) {
-    case 1: return gemv_rows<1>(x, w, out);
-    case 2: return gemv_rows<2>(x, w, out);
-    case 3: return gemv_rows<3>(x, w, out);
-    case 4: return gemv_rows<4>(x, w, out);
-    case 5: return gemv_rows<5>(x, w, out);
-    case 6: return gemv_rows<6>(x, w, out);
-    case 7: return gemv_rows<7>(x, w, out);
-    default: return gemv_rows<8>(x, w, out);
-  }
-}
-
-// Up to kGemvMaxRows rows: eight at a time, so the weights are read ceil(M/8) times.
-void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
-  for (std::int64_t m0 = 0; m0 < x.size(0); m0 += 8) {
-    const std::int64_t m1 = std::min<std::int64_t>(x.size(0), m0 + 8);
-    Tensor o = out.slice(0, m0, m1);
-    gemv8(x.slice(0, m0, m1), w, o);
   }
 }
 
@@ -109,25 +108,6 @@ void gemm_threads(const Tensor& x, const Tensor& w, Tensor& out) {
     for (std::int64_t r = 0; r < nb; ++r)
       for (std::int64_t k = 0; k < K; ++k) wb(r, k) = weight_at(w.raw_data(), w.dtype(), (n0 + r) * K + k);
     Y.middleCols(n0, nb).noalias() = X * wb.topRows(nb).transpose();
-  }
-}
-
-// dot_rows for any weight type dots<> reads: eight x rows at a time.
-template <class W>
-void dot_rows_of(const float* x, std::int64_t M, std::int64_t K, const W* w, float* y, std::int64_t y_stride) {
-  for (std::int64_t m0 = 0; m0 < M; m0 += 8) {
-    const float* xm = x + m0 * K;
-    float* ym = y + m0 * y_stride;
-    switch (std::min<std::int64_t>(8, M - m0)) {
-      case 1: dots<1>(xm, K, w, ym, y_stride); break;
-      case 2: dots<2>(xm, K, w, ym, y_stride); break;
-      case 3: dots<3>(xm, K, w, ym, y_stride); break;
-      case 4: dots<4>(xm, K, w, ym, y_stride); break;
-      case 5: dots<5>(xm, K, w, ym, y_stride); break;
-      case 6: dots<6>(xm, K, w, ym, y_stride); break;
-      case 7: dots<7>(xm, K, w, ym, y_stride); break;
-      default: dots<8>(xm, K, w, ym, y_stride); break;
-    }
   }
 }
 
