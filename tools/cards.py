@@ -98,6 +98,14 @@ PROBE_COLS = [("recall_32", "recall@32"), ("recall_128", "recall@128"), ("recall
               ("ar_8", "AR 8 pairs"), ("ar_32", "AR 32 pairs")]
 
 
+def probe_labels(pr: dict) -> list[tuple[str, str]]:
+    """Every probe set a model was scored on, recall by distance then AR by pairs, with labels."""
+    import re
+    sets = [(m.group(1), int(m.group(2)), k) for k in pr if (m := re.fullmatch(r"(recall|ar)_(\d+)", k))]
+    return [(k, f"recall@{n}" if kind == "recall" else f"AR {n} pairs")
+            for kind, n, k in sorted(sets, key=lambda t: (t[0] != "recall", t[1]))]
+
+
 def _load(name: str, model_dir: str) -> tuple[dict, dict, dict]:
     """A model folder's config.json, metrics.json and KV-cache bytes."""
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -105,6 +113,24 @@ def _load(name: str, model_dir: str) -> tuple[dict, dict, dict]:
     with open(os.path.join(model_dir, "metrics.json")) as f:
         met = json.load(f)
     return cfg, met, kv_bytes(name, cfg)
+
+
+def _training_tokens(tr: dict) -> str:
+    """The training budget in a card: v1's steps of 512-token sequences, or a recipe's phases."""
+    if "phases" not in tr:
+        return f"{tr['tokens']:,} ({tr['steps']} steps x {tr['batch']} sequences x {tr['seq_len']} tokens)"
+    parts = "; ".join(f"{p['steps']:,} steps x {p['batch']} rows x {p['rows']} tokens ({', '.join(p['mix'])})"
+                      for p in tr["phases"])
+    return f"{tr['tokens']:,}, recipe {tr['recipe']} (`tools/recipe.py`): {parts}"
+
+
+def _agreement_row(met: dict) -> str:
+    """tiny-draft's card: how often it agrees with tiny-mha (chapter 10's acceptance rate)."""
+    ag = met.get("agreement_with_tiny-mha")
+    if not ag:
+        return ""
+    return (f"| agreement with tiny-mha | greedy {ag['greedy']:.3f} (same argmax), sampled {ag['sampled']:.3f} "
+            f"(mean of sum min(p, q) at temperature 1), per position over {ag['positions']:,} validation tokens |\n")
 
 
 def write_card(name: str, model_dir: str) -> None:
@@ -119,7 +145,7 @@ def write_card(name: str, model_dir: str) -> None:
                 else "next-token cross-entropy, nats/token")
     probe_rows = "\n".join(
         f"| {label} | {pr[k]:.3f} |" + (f" {pr[k + '_distractor']:.3f} |" if k + "_distractor" in pr else " - |")
-        for k, label in PROBE_COLS)
+        for k, label in probe_labels(pr))
     text = f"""# {name}
 
 {DESCRIPTION[name]}
@@ -138,12 +164,12 @@ belong to the technique.  Regenerate with `tools/.venv/bin/python tools/zoo.py a
 | parameters | {met['params']:,} (embedding tied to the output head) |
 | KV cache / state | {_fmt_bytes(kv['per_token']) + ' per token' if kv['per_token'] else _fmt_bytes(kv['at_512']) if kv['at_512'] else 'n/a'}; at {zm.CTX} tokens: {_fmt_bytes(kv['at_512'])} |
 | | {kv['note']} |
-| training tokens | {tr['tokens']:,} ({tr['steps']} steps x {tr['batch']} sequences x {tr['seq_len']} tokens) |
+| training tokens | {_training_tokens(tr)} |
 | training time | {tr['train_seconds']:.0f} s wall clock, {tr['threads']} CPU thread (a 2-core machine shared with other jobs) |
 | seed | {tr['seed']} (data order seed 1234) |
 | validation loss | {met['val_loss']:.4f} ({lossname}) |
 | validation perplexity | {met['val_ppl']:.3f} |
-
+{_agreement_row(met)}
 ## Probes
 
 Exact greedy match of the answer token(s), {pr['n_per_set']} probes per set

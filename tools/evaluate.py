@@ -108,3 +108,21 @@ def evaluate(name: str, model, work_dir: str, corpus_dir: str, threads: int = 1)
            "val_loss_kind": "mdlm_elbo" if zm.SPECS[name][0] == "mdlm" else "next_token_ce"}
     res["probes"] = probe_accuracy(name, model, probes, tok)
     return res
+
+
+@torch.no_grad()
+def agreement(draft, target, val_tokens: np.ndarray, windows: int = 16) -> dict:
+    """How often a draft model agrees with its target, per position of validation text
+    (teacher-forced over `windows` windows of 512): `greedy` the share of positions where the two
+    argmaxes are the same token (greedy speculative decoding's acceptance rate), `sampled` the mean
+    of sum_x min(p(x), q(x)) (speculative sampling's acceptance rate at temperature 1)."""
+    seq = zm.CTX
+    n = min(windows, (len(val_tokens) - 1) // seq)
+    x = torch.from_numpy(np.stack([val_tokens[j * seq:(j + 1) * seq] for j in range(n)]).astype(np.int64))
+    same, overlap = 0.0, 0.0
+    for i in range(0, n, 4):
+        lp, lq = zm.logits_of(draft, x[i:i + 4]), zm.logits_of(target, x[i:i + 4])
+        same += float((lp.argmax(-1) == lq.argmax(-1)).sum())
+        overlap += float(torch.minimum(lp.softmax(-1), lq.softmax(-1)).sum())
+    total = x.numel()
+    return {"greedy": round(same / total, 4), "sampled": round(overlap / total, 4), "positions": total}

@@ -3,11 +3,11 @@
 
     tools/.venv/bin/python tools/zoo.py data        # once: tools/.work/{train,val}.npy
     tools/.venv/bin/python tools/probe_curve.py tiny-mha --tokens 12288000 --every 250
-    tools/.venv/bin/python tools/probe_curve.py tiny-mha --recipe v2 --every 500
+    tools/.venv/bin/python tools/probe_curve.py tiny-mha --recipe v3 --every 500
 
 Trains with the zoo's recipe (tools/train.py, same seed, batch and peak learning rate; the
-cosine schedule stretched over --tokens), or with --recipe v2 the candidate of tools/recipe.py
-(its own schedule; --steps stops early), and, every --every steps, prints one line
+cosine schedule stretched over --tokens), or with --recipe v2 or v3 a candidate of
+tools/recipe.py (its own schedule; --steps stops early), and, every --every steps, prints one line
 "PROBE <step> {json}" with the validation loss and every probe set's accuracy.  Nothing is
 saved: this measures how large a budget the probes need before retraining the zoo with it.
 """
@@ -34,11 +34,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("name", choices=zm.ORDER)
     ap.add_argument("--tokens", type=int, default=12_288_000, help="training tokens (the zoo's recipe)")
-    ap.add_argument("--recipe", choices=["v1", "v2"], default="v1", help="v1: the committed zoo's; v2: tools/recipe.py")
-    ap.add_argument("--copy", choices=["corpus", "random"], default=None, help="v2: what a copy row repeats (recipe.COPY_SOURCE)")
-    ap.add_argument("--mix", default=None, help="v2: the row kinds, comma-separated (recipe.MIX), e.g. copy or text,copy,recall")
-    ap.add_argument("--steps", type=int, default=None, help="v2: stop after this many steps")
+    ap.add_argument("--recipe", choices=["v1", "v2", "v3"], default="v1",
+                    help="v1: the committed zoo's; v2, v3: tools/recipe.py's")
+    ap.add_argument("--copy", choices=["corpus", "random"], default=None, help="v2, v3: what a copy row repeats (recipe.COPY_SOURCE)")
+    ap.add_argument("--mix", default=None, help="v2, v3: every phase's row kinds, comma-separated (recipe.KINDS), e.g. text,rcopy,recall")
+    ap.add_argument("--steps", type=int, default=None, help="v2, v3: stop after this many steps")
     ap.add_argument("--every", type=int, default=250, help="steps between evaluations (a multiple of 25: train.py logs every 25)")
+    ap.add_argument("--checkpoint", default=None, help="v2, v3: save the run there as it goes and resume from it")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
@@ -73,15 +75,16 @@ def main() -> None:
         if hit and int(hit.group(1)) > 0 and int(hit.group(1)) % a.every == 0:
             report(hit.group(1))
 
-    if a.recipe == "v2":
+    if a.recipe != "v1":
         import recipe
+        recipe.NAME = a.recipe
         if a.copy:
             recipe.COPY_SOURCE = a.copy
         if a.mix:
-            recipe.MIX = tuple(a.mix.split(","))
-            assert set(recipe.MIX) <= {"text", "copy", "recall"}, f"--mix: unknown row kinds in {a.mix}"
+            recipe.override_mix(tuple(a.mix.split(",")))
         model, _ = tr.train_recipe(a.name, tokens, lambda s: tok.encode(s, add_special_tokens=False).ids,
-                                   seed=zoo.TRAIN_SEED, threads=a.threads, device=a.device, stop_after=a.steps, log=log)
+                                   seed=zoo.TRAIN_SEED, threads=a.threads, device=a.device, stop_after=a.steps,
+                                   checkpoint=a.checkpoint, log=log)
     else:
         model, _ = tr.train(a.name, tokens, seed=zoo.TRAIN_SEED, token_budget=a.tokens, batch=zoo.BATCH,
                             lr=zoo.LR, threads=a.threads, device=a.device, log=log)

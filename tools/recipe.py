@@ -1,64 +1,106 @@
-"""A candidate training recipe for the zoo (v2): data stream and schedule (tools/train.py's
-train_recipe; tools/probe_curve.py --recipe v2 measures it).  The committed zoo is still trained
-with train.py's train(); docs/model-zoo.md records what v2 measured so far.
+"""The zoo's candidate training recipes: data stream and schedule (tools/train.py's train_recipe;
+tools/probe_curve.py --recipe v2|v3 measures them).  The committed zoo is still trained with
+train.py's train() (recipe v1); docs/model-zoo.md records what v2 and v3 measured.
 
 Why a recipe of its own: at the first recipe's budget (250 steps of 8 x 512 tokens) every model
-sat at chance on the probes.  What a small model needs to learn to copy from its context is
-optimizer *steps*: it sits on the unigram plateau for the first ~2,000 of them whatever the
-tokens, so steps are made cheap (short rows first) and the rows are made to teach retrieval.
+sat at chance on the probes.  What the probes need is copying from the context, and a small model
+sits on the unigram plateau until an induction head forms, which takes some 80-180K rows that
+only copying predicts (tools/induction_check.py; docs/model-zoo.md), so v3 spends its first phase
+on nothing else, on short rows where a row is cheap.
 
-Each step is `BATCH` rows.  A row is one of three kinds, in a seeded order that depends on the
-step number only (so a run resumes exactly where it stopped):
+A recipe is a list of phases (steps, tokens per row, rows per step, row kinds).  The rows of a
+step take the phase's kinds in turn, and their contents are seeded by the step number only (so a
+run resumes exactly where it stopped).  The kinds:
 
 * text: a window of the training corpus, every position scored (the language model);
 * copy: a corpus window in which one span of 4-16 tokens appears a second time further on
-  (COPY_SOURCE "random": a span of 8-24 random tokens written into the window, then repeated);
-  only the second copy is scored (after its first token, which nothing predicts).  This is
-  the induction-head pattern the recall probes need ("Mia painted her kite" ... "Mia painted
-  her kite" -> "blue"), at every distance the row allows;
+  (COPY_SOURCE "random": as rcopy); only the second copy is scored (after its first token,
+  which nothing predicts).  This is the pattern the recall probes need ("Mia painted her kite"
+  ... "Mia painted her kite" -> "blue"), at every distance the row allows;
+* rcopy: the same with a span of 8-24 uniformly random tokens written into the window, which
+  only copying predicts;
+* induct: BOS and uniformly random tokens, a span of 8-16 of them repeated further on;
 * recall: memory games (corpus.make_game, the multi-query associative recall task of the
   Zoology paper) packed into the row; only the queried values are scored.
 
-Rows grow through the curriculum (PHASES: 128, then 256, then 512 tokens), so the distances a
-row can hold grow with them.  Every row's loss is the mean over its scored positions, and the
-step's loss is the mean over rows, so a copy row (a dozen scored tokens) weighs as much as a
-text row (hundreds).  Learning rate: linear warm-up, constant, linear decay over the last
-DECAY of the steps.
+Every row's loss is the mean over its scored positions, and the step's loss is the mean over
+rows, so a copy row (a dozen scored tokens) weighs as much as a text row (hundreds).  Learning
+rate: linear warm-up, constant, linear decay over the last DECAY of the steps.
 """
 from __future__ import annotations
 
 import random
+from typing import NamedTuple
 
 import numpy as np
 
 import corpus
 import zoo_models as zm
 
-BATCH = 8
-# (steps, row length): short rows first, where steps are cheap, then the distances probes use.
-PHASES = [(5000, 128), (2500, 256), (1500, 512)]
+class Phase(NamedTuple):
+    steps: int
+    rows: int              # tokens per row
+    batch: int             # rows per step
+    mix: tuple[str, ...]   # the row kinds, in turn
+
+
+# Recipe v2: batches of 8, a third each of text, copy and recall rows, rows growing 128 -> 512.
+V2 = [Phase(5000, 128, 8, ("text", "copy", "recall")),
+      Phase(2500, 256, 8, ("text", "copy", "recall")),
+      Phase(1500, 512, 8, ("text", "copy", "recall"))]
+# Recipe v3: first the induction head, on rows where nothing else predicts anything, then the
+# corpus, random spans copied over the whole row, and memory games, at the distances the probes
+# use.  tools/induction_check.py --row 64 --batch 64 --span 24 --gap 15 forms the head by step
+# 400 (25K rows); with spans of 12 and gaps up to 32 it took 1,200 steps with one seed and more
+# than 1,500 with others; at batches of 8 it had not formed after 9,000.
+V3 = [Phase(800, 64, 64, ("induct",)),
+      Phase(1500, 256, 16, ("text", "rcopy", "recall")),
+      Phase(1000, 512, 16, ("text", "rcopy", "recall"))]
+RECIPES = {"v2": V2, "v3": V3}
+NAME = "v3"              # the recipe train.train_recipe follows (tools/probe_curve.py --recipe sets it)
+KINDS = ("text", "copy", "rcopy", "induct", "recall")
+
 LR = 3e-3
 WARMUP = 100
 DECAY = 0.15          # the last 15% of the steps decay linearly to 10% of LR
-MIX = ("text", "copy", "recall")
-# What a copy row repeats: a span of the corpus window itself ("corpus"), or a span of uniformly
-# random tokens written into it ("random"), which only copying predicts; and the span's lengths.
+# What a v2 copy row repeats: a span of the corpus window itself ("corpus"), or a span of uniformly
+# random tokens written into it ("random", the same as an rcopy row), which only copying predicts.
 COPY_SOURCE = "corpus"
 COPY_LENGTH = {"corpus": (4, 16), "random": (8, 24)}
+INDUCT_SPAN = (16, 24)   # an induct row's span (tokens) ...
+INDUCT_GAP = 15          # ... and the most tokens between its two copies
 FIRST_ORDINARY = max(zm.BOS, zm.MASK) + 1  # random spans draw from the ordinary tokens
 DATA_SEED = 1234
 
 
+def phases() -> list[Phase]:
+    return RECIPES[NAME]
+
+
+def override_mix(mix: tuple[str, ...]) -> None:
+    """Every phase of the current recipe with `mix` as its row kinds (calibration runs)."""
+    assert set(mix) <= set(KINDS), f"unknown row kinds in {mix}: the kinds are {KINDS}"
+    RECIPES[NAME] = [p._replace(mix=mix) for p in RECIPES[NAME]]
+
+
 def total_steps() -> int:
-    return sum(s for s, _ in PHASES)
+    return sum(p.steps for p in phases())
+
+
+def phase(step: int) -> Phase:
+    for p in phases():
+        if step < p.steps:
+            return p
+        step -= p.steps
+    return phases()[-1]
 
 
 def row_length(step: int) -> int:
-    for s, n in PHASES:
-        if step < s:
-            return n
-        step -= s
-    return PHASES[-1][1]
+    return phase(step).rows
+
+
+def total_tokens(steps: int) -> int:
+    return sum(phase(s).rows * phase(s).batch for s in range(steps))
 
 
 def learning_rate(step: int) -> float:
@@ -78,7 +120,7 @@ def single(encode, text: str) -> int:
 
 
 class Stream:
-    """Rows of the recipe for any step: tokens [BATCH, n + 1] and score masks [BATCH, n]."""
+    """Rows of the recipe for any step: tokens [rows, n + 1] and score masks [rows, n]."""
 
     def __init__(self, tokens: np.ndarray, encode):
         self.tokens = tokens
@@ -90,16 +132,31 @@ class Stream:
         start = rng.randrange(0, len(self.tokens) - n - 1)
         return self.tokens[start:start + n + 1].astype(np.int64)
 
-    def _copy(self, rng: random.Random, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def _copy(self, rng: random.Random, n: int, source: str) -> tuple[np.ndarray, np.ndarray]:
         x = self._window(rng, n)
-        length = rng.randint(*COPY_LENGTH[COPY_SOURCE])
+        length = rng.randint(*COPY_LENGTH[source])
         first = rng.randrange(0, n - 2 * length)
         second = rng.randrange(first + length, n + 1 - length)
-        if COPY_SOURCE == "random":  # a span that only copying predicts
+        if source == "random":  # a span that only copying predicts
             x[first:first + length] = [rng.randrange(FIRST_ORDINARY, zm.VOCAB) for _ in range(length)]
         x[second:second + length] = x[first:first + length]
         mask = np.zeros(n, dtype=np.float32)
         mask[second:second + length - 1] = 1  # target t+1 is predicted at position t
+        return x, mask
+
+    @staticmethod
+    def _induct(rng: random.Random, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """BOS and uniformly random tokens, a span of INDUCT_SPAN of them repeated after a gap of
+        at most INDUCT_GAP: tools/induction_check.py's rows, where only an induction head lowers
+        the loss."""
+        x = np.array([zm.BOS] + [rng.randrange(FIRST_ORDINARY, zm.VOCAB) for _ in range(n)], dtype=np.int64)
+        length = rng.randint(*INDUCT_SPAN)
+        gap = rng.randint(0, min(INDUCT_GAP, n - 2 * length - 1))
+        first = rng.randint(1, n - 2 * length - gap)
+        second = first + length + gap
+        x[second:second + length] = x[first:first + length]
+        mask = np.zeros(n, dtype=np.float32)
+        mask[second:second + length - 1] = 1
         return x, mask
 
     def _recall(self, rng: random.Random, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -134,7 +191,8 @@ class Stream:
     @staticmethod
     def kinds(step: int) -> list[str]:
         """The kind of each of the step's rows."""
-        return [MIX[(step * BATCH + r) % len(MIX)] for r in range(BATCH)]
+        p = phase(step)
+        return [p.mix[(step * p.batch + r) % len(p.mix)] for r in range(p.batch)]
 
     def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         n = row_length(step)
@@ -144,7 +202,11 @@ class Stream:
             if kind == "text":
                 x, m = self._window(rng, n), np.ones(n, dtype=np.float32)
             elif kind == "copy":
-                x, m = self._copy(rng, n)
+                x, m = self._copy(rng, n, COPY_SOURCE)
+            elif kind == "rcopy":
+                x, m = self._copy(rng, n, "random")
+            elif kind == "induct":
+                x, m = self._induct(rng, n)
             else:
                 x, m = self._recall(rng, n)
             xs.append(x)

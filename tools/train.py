@@ -1,8 +1,9 @@
 """Train one zoo model on the synthetic corpus (CPU by default, deterministic).
 
-train() is the recipe of the committed zoo (below). train_recipe() is the candidate recipe v2 of
-tools/recipe.py (short rows first, copy and memory-game rows scored on their answers, many more
-steps), with checkpoints and resume; tools/probe_curve.py measures it before the zoo moves to it.
+train() is the recipe of the committed zoo (below). train_recipe() follows a candidate recipe of
+tools/recipe.py (v2, v3: phases of rows scored on what copying predicts, memory games scored on
+their answers, many more steps), with checkpoints and resume; tools/probe_curve.py measures it
+before the zoo moves to it.
 
 Recipe shared by every model: AdamW (betas 0.9/0.95, weight decay 0.1 on
 matrices), linear warm-up then cosine decay to 10% of the peak rate, gradient
@@ -143,14 +144,14 @@ def causal_loss(model, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: int, device: str = "cpu",
           checkpoint: str | None = None, stop_after: int | None = None, log=print) -> tuple[torch.nn.Module, dict]:
-    """Trains `name` through tools/recipe.py's stream and schedule (the candidate recipe v2; the
-    committed zoo is train()'s); `encode` is the tokenizer (text -> ids) the memory games need.  With `checkpoint`, saves there as it goes and resumes from it.  `stop_after`
+    """Trains `name` through tools/recipe.py's stream and schedule (recipe.NAME; the committed
+    zoo is train()'s); `encode` is the tokenizer (text -> ids) the memory games need.  With `checkpoint`, saves there as it goes and resumes from it.  `stop_after`
     ends the run early (for calibration curves)."""
     model, family, opt = setup(name, seed, threads, device, recipe.LR)
     steps = recipe.total_steps() if stop_after is None else min(stop_after, recipe.total_steps())
     stream = recipe.Stream(tokens, encode)
     first, elapsed, losses = 0, 0.0, []
-    by_kind: dict[str, list[float]] = {k: [] for k in recipe.MIX}  # the log's per-kind means
+    by_kind: dict[str, list[float]] = {k: [] for k in recipe.KINDS}  # the log's per-kind means
     if checkpoint and os.path.exists(checkpoint):
         state = torch.load(checkpoint, weights_only=False)
         model.load_state_dict(state["model"])
@@ -183,14 +184,14 @@ def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: i
             kinds = " ".join(f"{k} {np.mean(v):.3f}" for k, v in by_kind.items() if v)
             log(f"{name} step {step}/{steps} rows {recipe.row_length(step)} loss {loss.item():.4f} "
                 f"({kinds}) lr {recipe.learning_rate(step):.2e} elapsed {el:.0f}s")
-            by_kind = {k: [] for k in recipe.MIX}
+            by_kind = {k: [] for k in recipe.KINDS}
         if checkpoint and (done % CHECKPOINT_EVERY == 0 or done == steps):
             os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done,
                         "elapsed": time.time() - t0, "losses": losses}, checkpoint + ".tmp")
             os.replace(checkpoint + ".tmp", checkpoint)
-    info = {"recipe": "v2", "steps": steps, "batch": recipe.BATCH, "phases": recipe.PHASES,
-            "tokens": sum(recipe.BATCH * recipe.row_length(s) for s in range(steps)),
+    info = {"recipe": recipe.NAME, "steps": steps, "phases": [p._asdict() for p in recipe.phases()],
+            "tokens": recipe.total_tokens(steps),
             "lr": recipe.LR, "seed": seed, "threads": threads, "device": device,
             "train_seconds": round(time.time() - t0, 1), "final_train_loss": float(np.mean(losses[-50:]))}
     return finish(model, family), info

@@ -76,32 +76,56 @@ def step_data(n_train: int = N_TRAIN_DOCS) -> None:
     log(f"probes: {len(probes)}")
 
 
-def step_train(name: str, threads: int, tokens_budget: int = TOKEN_BUDGET, device: str = "cpu") -> None:
+def info_path(name: str, models_dir: str) -> str:
+    """Where a trained model's training record waits for its evaluation (scratch: the record ends
+    up in metrics.json)."""
+    tag = "" if models_dir == MODELS_DIR else "-" + os.path.basename(os.path.normpath(models_dir))
+    return os.path.join(WORK, f"train-{name}{tag}.json")
+
+
+def step_train(name: str, threads: int, tokens_budget: int = TOKEN_BUDGET, device: str = "cpu",
+               recipe_name: str = "v1", models_dir: str = MODELS_DIR) -> None:
+    """Trains one model and saves it, with its metrics and card, under models_dir/name.  Recipe
+    v1 is train.py's train(); v2 and v3 are tools/recipe.py's, checkpointed to tools/.work/ckpt/
+    as they go, so that an interrupted run resumes where it stopped."""
     import numpy as np
     import train as tr
     import zoo_models as zm
 
     tokens = np.load(os.path.join(WORK, "train.npy"))
-    model, info = tr.train(name, tokens, seed=TRAIN_SEED, token_budget=tokens_budget, batch=BATCH,
-                           lr=LR, threads=threads, device=device, log=log)
-    out = os.path.join(MODELS_DIR, name)
+    if recipe_name == "v1":
+        model, info = tr.train(name, tokens, seed=TRAIN_SEED, token_budget=tokens_budget, batch=BATCH,
+                               lr=LR, threads=threads, device=device, log=log)
+    else:
+        import recipe
+        from tokenizers import Tokenizer
+        recipe.NAME = recipe_name
+        tok = Tokenizer.from_file(TOKENIZER)
+        ckpt = os.path.join(WORK, "ckpt", f"{name}-{recipe_name}.pt")
+        model, info = tr.train_recipe(name, tokens, lambda s: tok.encode(s, add_special_tokens=False).ids,
+                                      seed=TRAIN_SEED, threads=threads, device=device, checkpoint=ckpt, log=log)
+    out = os.path.join(models_dir, name)
     zm.save(name, model, out, TOKENIZER)
-    with open(os.path.join(WORK, f"train-{name}.json"), "w") as f:
+    with open(info_path(name, models_dir), "w") as f:
         json.dump(info, f, indent=2)
     log(f"{name}: saved")
-    step_eval(name, threads)
+    step_eval(name, threads, models_dir)
 
 
-def step_eval(name: str, threads: int) -> None:
+def step_eval(name: str, threads: int, models_dir: str = MODELS_DIR) -> None:
     import evaluate
     import zoo_models as zm
-    out = os.path.join(MODELS_DIR, name)
-    with open(os.path.join(WORK, f"train-{name}.json")) as f:
+    out = os.path.join(models_dir, name)
+    with open(info_path(name, models_dir)) as f:
         info = json.load(f)
     model = zm.load(name, out)
     metrics = evaluate.evaluate(name, model, WORK, CORPUS_DIR, threads=threads)
     metrics["training"] = info
     metrics["params"] = zm.param_count(model)
+    if name == "tiny-draft" and os.path.exists(os.path.join(models_dir, "tiny-mha", "model.safetensors")):
+        import numpy as np
+        target = zm.load("tiny-mha", os.path.join(models_dir, "tiny-mha"))
+        metrics["agreement_with_tiny-mha"] = evaluate.agreement(model, target, np.load(os.path.join(WORK, "val.npy")))
     with open(os.path.join(out, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)
         f.write("\n")
@@ -126,6 +150,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=TOKEN_BUDGET,
                     help="training tokens per model (the committed zoo uses the default)")
     ap.add_argument("--device", default="cpu", help="training device (cpu, cuda); goldens always run on the CPU")
+    ap.add_argument("--recipe", default="v1", choices=["v1", "v2", "v3"],
+                    help="training recipe: v1 train.py's train() (the committed zoo), v2/v3 tools/recipe.py's")
+    ap.add_argument("--models-dir", default=MODELS_DIR,
+                    help="where `train` and `eval` put the models (default data/models; another folder stages a retraining)")
     ap.add_argument("--train-docs", type=int, default=N_TRAIN_DOCS,
                     help="training documents for `data` (the committed zoo uses the default; more documents "
                          "rewrite data/corpus, tokenizer included)")
@@ -138,10 +166,10 @@ def main() -> None:
             sys.exit("sliding-window semantics changed: see tools/check_window.py")
     if a.step in ("all", "train"):
         for n in names:
-            step_train(n, a.threads, a.tokens, a.device)
+            step_train(n, a.threads, a.tokens, a.device, a.recipe, a.models_dir)
     if a.step == "eval":
         for n in names:
-            step_eval(n, a.threads)
+            step_eval(n, a.threads, a.models_dir)
     if a.step in ("all", "golden"):
         for n in names:
             step_golden(n, a.threads)
@@ -155,6 +183,8 @@ def main() -> None:
     if a.step in ("all", "docs", "card"):
         import cards
         cards.write_zoo_doc(os.path.join(ROOT, "docs", "model-zoo.md"))
+        import plot_zoo
+        plot_zoo.plot(MODELS_DIR, os.path.join(ROOT, "docs", "zoo-recall.svg"))
 
 
 if __name__ == "__main__":
