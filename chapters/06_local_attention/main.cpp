@@ -236,20 +236,17 @@ int recall(std::int64_t per_kind, const std::string& svg, const std::string& rea
     plot::Series s;
     s.label = name;
     s.markers = true;
+    std::vector<std::pair<double, double>> by_distance;  // (distance, accuracy), nearest first
+    for (const auto& [kind, a] : scores.accuracy)
+      if (kind.rfind("recall_", 0) == 0) by_distance.emplace_back(std::stod(kind.substr(7)), a);
+    std::sort(by_distance.begin(), by_distance.end());
     std::printf("%-12s", name.c_str());
-    for (const auto& [kind, a] : scores.accuracy) {
-      if (kind.rfind("recall_", 0) != 0) continue;
-      const double d = std::stod(kind.substr(7));
+    for (const auto& [d, a] : by_distance) {
       s.x.push_back(d), s.y.push_back(a);
-      std::printf("  %s %.3f", kind.c_str(), a);
+      std::printf("  @%g %.3f", d, a);
     }
     std::printf("\n");
-    std::vector<std::size_t> order(s.x.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return s.x[a] < s.x[b]; });
-    plot::Series sorted = s;
-    for (std::size_t i = 0; i < order.size(); ++i) sorted.x[i] = s.x[order[i]], sorted.y[i] = s.y[order[i]];
-    fig.series.push_back(sorted);
+    fig.series.push_back(s);
     acc.push_back({{"model", name}, {"accuracy", scores.accuracy}, {"distractor", scores.distractor}});
   }
   fig.series.push_back(field_line(rf, 0, 1));
