@@ -50,6 +50,23 @@ def batches(tokens: np.ndarray, batch: int, steps: int, seq: int = zm.CTX):
         yield torch.from_numpy(x)
 
 
+def mdlm_answer_loss(model, x0: torch.Tensor, scored: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """The masked-diffusion loss of a recipe row (tools/recipe.py), on what the row scores: each
+    scored token is masked with probability t, and each row's loss is the mean over its scored
+    tokens of (1/t) * (-log p(x_i | x_t)); the step's loss is the mean over rows, as the causal
+    models' recipe loss.  `scored` [B, n] marks x0's scored tokens (the recipe's score mask shifted
+    by one: a causal model predicts token i + 1 at position i, a diffusion model fills it in place).
+    Masking the whole row would spend the loss on random tokens nothing can predict."""
+    b, n = x0.shape
+    eps = 1e-3
+    t = ((1 - eps) * torch.rand(b, 1, generator=gen) + eps).to(x0.device)
+    masked = (torch.rand(b, n, generator=gen).to(x0.device) < t) & (scored > 0)
+    xt = torch.where(masked, torch.full_like(x0, zm.MASK), x0)
+    logits = zm.logits_of(model, xt)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x0.reshape(-1), reduction="none").view(b, n)
+    return ((ce * masked / t).sum(1) / scored.sum(1).clamp(min=1)).mean()
+
+
 def mdlm_loss(model, x0: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     b, n = x0.shape
     eps = 1e-3
@@ -167,7 +184,8 @@ def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: i
             g["lr"] = recipe.learning_rate(step)
         if family == "mdlm":
             gen = torch.Generator().manual_seed(seed * 1_000_003 + step)  # per step: resumable
-            loss = mdlm_loss(model, x[:, :-1], gen)
+            scored = torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], 1)
+            loss = mdlm_answer_loss(model, x[:, :-1], scored, gen)
         else:
             rows = causal_loss(model, x, mask)
             for kind, r in zip(stream.kinds(step), rows.tolist()):
