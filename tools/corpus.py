@@ -263,7 +263,12 @@ def make_ar_probe(rng: random.Random, n_pairs: int) -> dict:
     return {"kind": f"ar_{n_pairs}", "prompt": prompt, "answer": " " + vals[i], "key_index": i}
 
 
-PROBE_SETS = [("recall", 32), ("recall", 128), ("recall", 400), ("ar", 8), ("ar", 32)]
+# Recall distances on both sides of tiny-swa's receptive field (a window of 64, four layers: at
+# most 252 tokens back), and associative recall from few pairs to more than the training games
+# hold (4-48), so that a fixed-size state's fall shows.  Each set has its own seed, so adding one
+# leaves the others' probes as they were.
+PROBE_SETS = [("recall", d) for d in (32, 48, 64, 96, 128, 192, 256, 320, 400)] + \
+             [("ar", n) for n in (4, 8, 16, 32, 64)]
 
 
 def make_probes(seed: int, tok, per_set: int) -> list[dict]:
