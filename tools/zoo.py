@@ -6,6 +6,7 @@
     tools/.venv/bin/python tools/zoo.py train tiny-mha # one model (train, evaluate, card)
     tools/.venv/bin/python tools/zoo.py golden tiny-mha
     tools/.venv/bin/python tools/zoo.py docs           # docs/model-zoo.md from the metrics
+    tools/.venv/bin/python tools/zoo.py land           # staged models (data/staging) into the zoo
 
 Options: --threads N (torch threads, default 1), --models a,b,c (subset for
 `all`), --tokens N (training tokens per model), --device cuda (train on a GPU),
@@ -27,6 +28,7 @@ sys.path.insert(0, HERE)
 WORK = os.path.join(HERE, ".work")             # scratch (git-ignored)
 CORPUS_DIR = os.path.join(ROOT, "data", "corpus")
 MODELS_DIR = os.path.join(ROOT, "data", "models")
+STAGING_DIR = os.path.join(ROOT, "data", "staging")  # a retraining's models until they land
 GOLDEN_DIR = os.path.join(ROOT, "data", "golden")
 TOKENIZER = os.path.join(CORPUS_DIR, "tokenizer.json")
 
@@ -116,8 +118,13 @@ def step_eval(name: str, threads: int, models_dir: str = MODELS_DIR) -> None:
     import evaluate
     import zoo_models as zm
     out = os.path.join(models_dir, name)
-    with open(info_path(name, models_dir)) as f:
-        info = json.load(f)
+    record = info_path(name, models_dir)
+    if os.path.exists(record):
+        with open(record) as f:
+            info = json.load(f)
+    else:  # scratch is gone (a fresh checkout): the training record is kept in metrics.json too
+        with open(os.path.join(out, "metrics.json")) as f:
+            info = json.load(f)["training"]
     model = zm.load(name, out)
     metrics = evaluate.evaluate(name, model, WORK, CORPUS_DIR, threads=threads)
     metrics["training"] = info
@@ -140,10 +147,23 @@ def step_golden(name: str, threads: int) -> None:
                        threads=threads)
 
 
+def step_land(names: list[str]) -> None:
+    """Moves staged models (data/staging/NAME) over the zoo's (data/models/NAME); main() then
+    writes their goldens, checks them against the cards and redraws the page and the plot."""
+    import shutil
+    for name in names:
+        src, dst = os.path.join(STAGING_DIR, name), os.path.join(MODELS_DIR, name)
+        if not os.path.exists(os.path.join(src, "metrics.json")):
+            sys.exit(f"{src} holds no trained model (no metrics.json)")
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.move(src, dst)
+        log(f"{name}: {src} -> {dst}")
+
+
 def main() -> None:
     import zoo_models as zm
     ap = argparse.ArgumentParser()
-    ap.add_argument("step", choices=["all", "data", "train", "eval", "golden", "card", "docs"])
+    ap.add_argument("step", choices=["all", "data", "train", "eval", "golden", "card", "docs", "land"])
     ap.add_argument("names", nargs="*")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", default=",".join(zm.ORDER))
@@ -153,7 +173,7 @@ def main() -> None:
     ap.add_argument("--recipe", default="v1", choices=["v1", "v2", "v3"],
                     help="training recipe: v1 train.py's train() (the committed zoo), v2/v3 tools/recipe.py's")
     ap.add_argument("--models-dir", default=MODELS_DIR,
-                    help="where `train` and `eval` put the models (default data/models; another folder stages a retraining)")
+                    help="where `train`, `eval` and `card` put the models (default data/models; another folder stages a retraining)")
     ap.add_argument("--train-docs", type=int, default=N_TRAIN_DOCS,
                     help="training documents for `data` (the committed zoo uses the default; more documents "
                          "rewrite data/corpus, tokenizer included)")
@@ -170,7 +190,9 @@ def main() -> None:
     if a.step == "eval":
         for n in names:
             step_eval(n, a.threads, a.models_dir)
-    if a.step in ("all", "golden"):
+    if a.step == "land":
+        step_land(names)
+    if a.step in ("all", "golden", "land"):
         for n in names:
             step_golden(n, a.threads)
         import check_cards
@@ -179,8 +201,8 @@ def main() -> None:
     if a.step == "card":
         import cards
         for n in names:
-            cards.write_card(n, os.path.join(MODELS_DIR, n))
-    if a.step in ("all", "docs", "card"):
+            cards.write_card(n, os.path.join(a.models_dir, n))
+    if a.step in ("all", "docs", "card", "land"):
         import cards
         cards.write_zoo_doc(os.path.join(ROOT, "docs", "model-zoo.md"))
         import plot_zoo
