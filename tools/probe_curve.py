@@ -4,6 +4,7 @@
     tools/.venv/bin/python tools/zoo.py data        # once: tools/.work/{train,val}.npy
     tools/.venv/bin/python tools/probe_curve.py tiny-mha --tokens 12288000 --every 250
     tools/.venv/bin/python tools/probe_curve.py tiny-mha --recipe v3 --every 500
+    tools/.venv/bin/python tools/probe_curve.py tiny-gqa --evaluate ckpt-*.pt   # saved checkpoints
 
 Trains with the zoo's recipe (tools/train.py, same seed, batch and peak learning rate; the
 cosine schedule stretched over --tokens), or with --recipe v2 or v3 a candidate of
@@ -43,12 +44,29 @@ def main() -> None:
     ap.add_argument("--checkpoint", default=None, help="v2, v3: save the run there as it goes and resume from it")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--evaluate", nargs="+", metavar="CKPT", default=None,
+                    help="train nothing: evaluate these training checkpoints (train_recipe's, e.g. copies of "
+                         "tools/.work/ckpt/NAME-v3.pt taken as a run went) and print their PROBE lines")
     a = ap.parse_args()
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(zoo.TOKENIZER)
     with open(os.path.join(zoo.CORPUS_DIR, "probes.jsonl"), encoding="utf-8") as f:
         probes = [json.loads(line) for line in f]
     val = np.load(os.path.join(zoo.WORK, "val.npy"))
+    if a.evaluate:
+        import torch
+        torch.set_num_threads(a.threads)
+        rows = []
+        for path in a.evaluate:
+            state = torch.load(path, weights_only=False)
+            m = zm.build(a.name, zoo.TRAIN_SEED)
+            m.load_state_dict(state["model"])
+            m.eval()
+            rows.append((state["step"], {"val_loss": round(ev.val_loss(a.name, m, val), 4),
+                                         **ev.probe_accuracy(a.name, m, probes, tok)}))
+        for step, res in sorted(rows, key=lambda r: r[0]):
+            print("PROBE", step, json.dumps(res), flush=True)
+        return
     tokens = np.load(os.path.join(zoo.WORK, "train.npy"))
 
     built = {}
