@@ -7,6 +7,8 @@ import os
 
 import zoo_models as zm
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 F32 = 4  # bytes per cached value: the zoo's weights and caches are float32
 
 DESCRIPTION = {
@@ -220,16 +222,14 @@ and the weights alone and agrees to about 1e-14.
         f.write(text)
 
 
-def write_zoo_doc(path: str, models_dir: str | None = None) -> None:
-    """docs/model-zoo.md from the models' metrics (`models_dir`, default data/models: another
-    folder previews a staged retraining)."""
-    import notes
-    import zoo
+def zoo_table(models_dir: str, only_trained: bool = False) -> str:
+    """The zoo page's side-by-side table of the models in `models_dir`, linked from docs/."""
     rows = []
     for name in zm.ORDER:
-        d = os.path.join(models_dir or zoo.MODELS_DIR, name)
+        d = os.path.join(models_dir, name)
         if not os.path.exists(os.path.join(d, "metrics.json")):
-            rows.append(f"| {name} | (not trained) |||||||||")
+            if not only_trained:
+                rows.append(f"| {name} | (not trained) |" + " |" * (len(PROBE_COLS) + 5))
             continue
         cfg, met, kv = _load(name, d)
         pr = met["probes"]
@@ -238,14 +238,26 @@ def write_zoo_doc(path: str, models_dir: str | None = None) -> None:
             per = "0 (fixed state)"
         loss = f"{met['val_loss']:.3f}" + (" *" if met["val_loss_kind"] == "mdlm_elbo" else "")
         ppl = f"{met['val_ppl']:.2f}" + (" *" if met["val_loss_kind"] == "mdlm_elbo" else "")
+        link = os.path.relpath(os.path.join(d, "README.md"), os.path.join(ROOT, "docs"))
         rows.append(
-            f"| [{name}](../data/models/{name}/README.md) | {met['params'] / 1e6:.2f} M | {per} | "
+            f"| [{name}]({link}) | {met['params'] / 1e6:.2f} M | {per} | "
             f"{_fmt_bytes(kv['at_512'])} | {loss} | {ppl} | "
             + " | ".join(f"{pr[k]:.2f}" if k in pr else "-" for k, _ in PROBE_COLS)
             + f" | {met['training']['train_seconds'] / 60:.1f} |")
     header = ("| model | params | KV bytes / token | cache at 512 tokens | val loss | val ppl | "
               + " | ".join(lbl for _, lbl in PROBE_COLS) + " | train min |\n"
               "| --- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in PROBE_COLS) + " | --- |")
-    table = header + "\n" + "\n".join(rows)
+    return header + "\n" + "\n".join(rows)
+
+
+def write_zoo_doc(path: str) -> None:
+    """docs/model-zoo.md from the models' metrics: the zoo's (data/models), and the staged
+    retraining's (data/staging) while it has models there."""
+    import notes
+    import zoo
+    table = zoo_table(zoo.MODELS_DIR)
+    staged = zoo_table(zoo.STAGING_DIR, only_trained=True) if any(
+        os.path.exists(os.path.join(zoo.STAGING_DIR, n, "metrics.json")) for n in zm.ORDER) else ""
+    text = notes.ZOO_DOC.format(table=table, staging=notes.STAGING_DOC.format(table=staged) if staged else "")
     with open(path, "w", encoding="utf-8") as f:
-        f.write(notes.ZOO_DOC.format(table=table))
+        f.write(text)

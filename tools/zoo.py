@@ -207,6 +207,11 @@ def main() -> None:
         cards.write_zoo_doc(os.path.join(ROOT, "docs", "model-zoo.md"))
         import plot_zoo
         plot_zoo.plot(MODELS_DIR, os.path.join(ROOT, "docs", "zoo-recall.svg"))
+        staged_plot = os.path.join(ROOT, "docs", "zoo-recall-v3.svg")
+        if any(os.path.exists(os.path.join(STAGING_DIR, n, "metrics.json")) for n in zm.ORDER):
+            plot_zoo.plot(STAGING_DIR, staged_plot)
+        elif os.path.exists(staged_plot):
+            os.remove(staged_plot)
 
 
 if __name__ == "__main__":
