@@ -412,6 +412,9 @@ every distance the probes ask (0.965 at 400 tokens, picking the distractor 0.5% 
 answers associative recall over 64 pairs; tiny-swa is perfect inside its 64-token window and at
 chance from 96 tokens on, though its four stacked windows could in principle carry a fact 252
 tokens: what reaches the last layer through intermediate positions is only what those positions
-had reason to keep.
+had reason to keep.  tiny-draft, a fifth of tiny-mha's parameters, copies almost as far (0.88 at
+400 tokens) and agrees with tiny-mha's greedy choice at 76% of validation positions, while the
+overlap of their sampling distributions (the mean of sum min(p, q), speculative sampling's
+acceptance rate at temperature 1) is 0.92.
 
 """
