@@ -148,18 +148,42 @@ struct Acc4 {
 };
 
 // 16 packed bytes hold 32 four-bit values: the low nibbles go with x_lo[0..15], the high ones
-// with x_hi[0..15] (int4's layout, which is q4_0's). Adds Σ (q − z)·x to the accumulators.
-// Each 32-bit lane gets one whole byte, so one widening serves both of its nibbles; q − z is a
-// small integer, exact in float.
-void nibbles16(const std::uint8_t* p, __m256i z, const float* x_lo, const float* x_hi, Acc4& acc) {
+// with x_hi[0..15] (int4's layout, which is q4_0's). Adds Σ (q − z)·x to the accumulators of each
+// of M rows of x (row i at x_lo + i·stride, x_hi + i·stride): the bytes are widened once for all
+// of them, which is what makes a pass over a few tokens cost about one over a single token. Each
+// 32-bit lane gets one whole byte, so one widening serves both of its nibbles; q − z is a small
+// integer, exact in float. Every row's sums are the ones it would get alone.
+template <int M>
+void nibbles16(const std::uint8_t* p, __m256i z, const float* x_lo, const float* x_hi, std::int64_t stride, Acc4* acc) {
   const __m256i m = _mm256_set1_epi32(15);
   for (int h = 0; h < 2; ++h) {
     const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * h)));
     const __m256 lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, m), z));
     const __m256 hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v, 4), z));
-    acc.a[2 * h] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x_lo + 8 * h), acc.a[2 * h]);
-    acc.a[2 * h + 1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x_hi + 8 * h), acc.a[2 * h + 1]);
+    for (int i = 0; i < M; ++i) {
+      acc[i].a[2 * h] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x_lo + i * stride + 8 * h), acc[i].a[2 * h]);
+      acc[i].a[2 * h + 1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x_hi + i * stride + 8 * h), acc[i].a[2 * h + 1]);
+    }
   }
+}
+
+// Row n of an int4 matrix times M rows of X [M, n_in]: y_i = Σ_g s_g · Σ_{k ∈ g} x_ik (q_k − z_g),
+// written to Y[i · y_stride].
+template <int M>
+void int4_dots(const QMatrix& q, std::int64_t n, const float* X, float* Y, std::int64_t y_stride) {
+  const std::int64_t n_in = q.cols, G = q.spec.group, H = G / 2, ng = n_in / G;
+  const std::uint8_t* r = q.data.data<std::uint8_t>() + n * (n_in / 2);
+  const float* s = q.scales.data<float>() + n * ng;
+  const std::uint8_t* zs = q.spec.format == Format::Int4Asym ? q.zeros.data<std::uint8_t>() + n * ng : nullptr;
+  __m256 y[M];
+  for (int i = 0; i < M; ++i) y[i] = _mm256_setzero_ps();
+  for (std::int64_t g = 0; g < ng; ++g) {
+    const __m256i z = _mm256_set1_epi32(zs ? zs[g] : 8);
+    Acc4 acc[M];
+    for (std::int64_t j = 0; j < H; j += 16) nibbles16<M>(r + g * H + j, z, X + g * G + j, X + g * G + H + j, n_in, acc);
+    for (int i = 0; i < M; ++i) y[i] = _mm256_fmadd_ps(acc[i].sum(), _mm256_set1_ps(s[g]), y[i]);
+  }
+  for (int i = 0; i < M; ++i) Y[i * y_stride] = hsum(y[i]);
 }
 
 // E4M3 (s eeee mmm, bias 7) laid out as s.0eeee.mmm0000000 is an f16 (bias 15) worth exactly
@@ -405,18 +429,9 @@ float direct_dot(const QMatrix& q, std::int64_t n, const float* x) {
   switch (q.spec.format) {
     case Format::Int4Sym:
     case Format::Int4Asym: {
-      const std::int64_t G = q.spec.group, H = G / 2, ng = n_in / G;
-      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * (n_in / 2);
-      const float* s = q.scales.data<float>() + n * ng;
-      const std::uint8_t* zs = q.spec.format == Format::Int4Asym ? q.zeros.data<std::uint8_t>() + n * ng : nullptr;
-      __m256 y = _mm256_setzero_ps();
-      for (std::int64_t g = 0; g < ng; ++g) {
-        const __m256i z = _mm256_set1_epi32(zs ? zs[g] : 8);
-        Acc4 acc;
-        for (std::int64_t j = 0; j < H; j += 16) nibbles16(r + g * H + j, z, x + g * G + j, x + g * G + H + j, acc);
-        y = _mm256_fmadd_ps(acc.sum(), _mm256_set1_ps(s[g]), y);
-      }
-      return hsum(y);
+      float y;
+      int4_dots<1>(q, n, x, &y, 1);
+      return y;
     }
     case Format::Fp8E4M3: {
       const std::uint8_t* r = q.data.data<std::uint8_t>() + n * n_in;
@@ -601,9 +616,21 @@ void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out) {
   }
 #if INFERLAB_CH09_SIMD
   if (M <= kDirectRows) {
+    const bool int4 = w.spec.format == Format::Int4Sym || w.spec.format == Format::Int4Asym;
 #pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
-    for (std::int64_t n = 0; n < n_out; ++n)
-      for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] = direct_dot(w, n, X + m * n_in);
+    for (std::int64_t n = 0; n < n_out; ++n) {
+      if (int4) {  // each weight row widened once for all M rows of x
+        static_assert(kDirectRows == 4);
+        switch (M) {
+          case 1: int4_dots<1>(w, n, X, Y + n, n_out); break;
+          case 2: int4_dots<2>(w, n, X, Y + n, n_out); break;
+          case 3: int4_dots<3>(w, n, X, Y + n, n_out); break;
+          default: int4_dots<4>(w, n, X, Y + n, n_out); break;
+        }
+      } else {
+        for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] = direct_dot(w, n, X + m * n_in);
+      }
+    }
     return;
   }
 #endif

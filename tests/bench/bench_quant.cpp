@@ -4,6 +4,7 @@
 // int8 about 2× bf16, int4 about 3.9×.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "chapters/09_quantization/quant.h"
@@ -124,6 +125,39 @@ void BM_CpuMatvec(benchmark::State& state) { quantised_on(state, Device::CPU); }
 void BM_CudaMatvec(benchmark::State& state) { quantised_on(state, Device::CUDA); }
 BENCHMARK(BM_CpuMatvec)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaMatvec)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// A pass over R rows of x (a speculative draft's catch-up after a fully accepted round, R = 2; a
+// verification, R = γ + 1) against a pass over one, taking turns in every iteration so that the
+// host's drifting bandwidth cancels: "vs_one_row" is its cost in one-row passes, about 1 while
+// the weight stream, not the arithmetic, sets the time. The formats are chapter 10's drafts.
+const std::vector<QuantSpec> kDraftSpecs = {{Format::Int8Row}, {Format::Q8_0}, {Format::Int4Sym, 32}};
+void BM_CpuFewRows(benchmark::State& state) {
+  const QuantSpec spec = kDraftSpecs.at(static_cast<std::size_t>(state.range(0)));
+  const std::int64_t R = state.range(1);
+  const QMatrix q = quantize(weights(), spec);
+  Tensor x1 = Tensor::empty({1, K}, DType::F32), xr = Tensor::empty({R, K}, DType::F32);
+  std::copy_n(weights().data<float>(), K, x1.data<float>());  // activations of a realistic spread
+  std::copy_n(weights().data<float>() + K, R * K, xr.data<float>());
+  Tensor o1 = Tensor::empty({1, N}, DType::F32), orr = Tensor::empty({R, N}, DType::F32);
+  qmatmul(x1, q, o1), qmatmul(xr, q, orr);
+  double one = 0, many = 0;
+  for (auto _ : state) {
+    metrics::Timer t1;
+    qmatmul(x1, q, o1);
+    one += t1.seconds();
+    metrics::Timer tr;
+    qmatmul(xr, q, orr);
+    const double dt = tr.seconds();
+    many += dt;
+    state.SetIterationTime(dt);
+  }
+  const double per = many / static_cast<double>(state.iterations());
+  state.counters["GB/s"] = static_cast<double>(q.bytes()) / per / 1e9;
+  state.counters["of_ceiling"] = static_cast<double>(q.bytes()) / per / ceiling(Device::CPU);
+  state.counters["vs_one_row"] = many / one;
+  state.SetLabel(spec.name() + ", " + std::to_string(R) + " rows");
+}
+BENCHMARK(BM_CpuFewRows)->ArgsProduct({{0, 1, 2}, {2, 5}})->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

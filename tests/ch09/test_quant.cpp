@@ -156,6 +156,31 @@ TEST(Quant, WeightOnlyProductsAgainstFloat64) {
   }
 }
 
+// A speculative draft's catch-up pass multiplies two rows of x at once. Up to kDirectRows rows,
+// every row of an int4 or fp8 product is the product of that row alone, to the bit (the fast int4
+// kernel widens each weight row once for all of them; more rows take the unpacked path, which
+// sums in another order).
+TEST(Quant, EveryRowOfAFewRowProductIsThatRowsOwnProduct) {
+  auto rng = test::rng_for_test();
+  test::ThreadCount threads(2);
+  for (const QuantSpec& spec : {QuantSpec{Format::Int4Sym, 32}, QuantSpec{Format::Int4Asym, 64}, QuantSpec{Format::Fp8E4M3}}) {
+    SCOPED_TRACE(spec.name());
+    const std::int64_t K = 512, N = 600;  // N: work for both threads
+    const QMatrix q = quantize(weights(rng, N, K), spec);
+    for (std::int64_t M = 2; M <= kDirectRows; ++M) {
+      SCOPED_TRACE("M = " + std::to_string(M));
+      const Tensor x = test::uniform(rng, {M, K});
+      const Tensor y = qmatmul(x, q);
+      for (std::int64_t i = 0; i < M; ++i) {
+        Tensor xi = Tensor::empty({1, K}, DType::F32);
+        std::memcpy(xi.data<float>(), x.data<float>() + i * K, K * sizeof(float));
+        const Tensor yi = qmatmul(xi, q);
+        EXPECT_EQ(std::memcmp(yi.data<float>(), y.data<float>() + i * N, N * sizeof(float)), 0) << "row " << i;
+      }
+    }
+  }
+}
+
 // x rounded through q8_0 blocks (what q8_0, q4_0, q4_k and q6_k multiply): each value within half a
 // step of x, the step d = max |x| / 127 of its block (stored as f16: up to 127 steps of relative
 // error u16 more). A block of zeros, and one too small for 1 / d, become zeros.
