@@ -412,7 +412,13 @@ every distance the probes ask (0.965 at 400 tokens, picking the distractor 0.5% 
 answers associative recall over 64 pairs; tiny-swa is perfect inside its 64-token window and at
 chance from 96 tokens on, though its four stacked windows could in principle carry a fact 252
 tokens: what reaches the last layer through intermediate positions is only what those positions
-had reason to keep.  tiny-draft, a fifth of tiny-mha's parameters, copies almost as far (0.88 at
+had reason to keep.  tiny-gqa (two KV heads for eight query heads) matches tiny-mha to 256
+tokens and falls behind beyond (0.965 at 256, 0.62 at 400, with the distractor 0.035).
+tiny-hybrid, three windowed layers under one global one, misses its target: it retrieves nothing
+past its window either (0.08 at 400), and less than tiny-swa from the games' 32 and 64 pairs.
+Its induction heads formed in the first phase, whose 64-token rows every window covers, and the
+global layer never took the copying over in the phases whose rows are longer (the random spans'
+loss stayed near 5 nats, where tiny-mha's fell below 0.3).  tiny-draft, a fifth of tiny-mha's parameters, copies almost as far (0.88 at
 400 tokens) and agrees with tiny-mha's greedy choice at 76% of validation positions, while the
 overlap of their sampling distributions (the mean of sum min(p, q), speculative sampling's
 acceptance rate at temperature 1) is 0.92.
