@@ -240,7 +240,7 @@ def zoo_table(models_dir: str, only_trained: bool = False) -> str:
         ppl = f"{met['val_ppl']:.2f}" + (" *" if met["val_loss_kind"] == "mdlm_elbo" else "")
         link = os.path.relpath(os.path.join(d, "README.md"), os.path.join(ROOT, "docs"))
         rows.append(
-            f"| [{name}]({link}) | {met['params'] / 1e6:.2f} M | {per} | "
+            f"| {f'[{name}]({link})' if not only_trained else f'`{name}`'} | {met['params'] / 1e6:.2f} M | {per} | "
             f"{_fmt_bytes(kv['at_512'])} | {loss} | {ppl} | "
             + " | ".join(f"{pr[k]:.2f}" if k in pr else "-" for k, _ in PROBE_COLS)
             + f" | {met['training']['train_seconds'] / 60:.1f} |")
