@@ -238,9 +238,11 @@ def zoo_table(models_dir: str, only_trained: bool = False) -> str:
             per = "0 (fixed state)"
         loss = f"{met['val_loss']:.3f}" + (" *" if met["val_loss_kind"] == "mdlm_elbo" else "")
         ppl = f"{met['val_ppl']:.2f}" + (" *" if met["val_loss_kind"] == "mdlm_elbo" else "")
-        link = os.path.relpath(os.path.join(d, "README.md"), os.path.join(ROOT, "docs"))
+        # staged models are named, not linked: the docs site holds data/models only
+        label = f"`{name}`" if only_trained else \
+            f"[{name}]({os.path.relpath(os.path.join(d, 'README.md'), os.path.join(ROOT, 'docs'))})"
         rows.append(
-            f"| {f'[{name}]({link})' if not only_trained else f'`{name}`'} | {met['params'] / 1e6:.2f} M | {per} | "
+            f"| {label} | {met['params'] / 1e6:.2f} M | {per} | "
             f"{_fmt_bytes(kv['at_512'])} | {loss} | {ppl} | "
             + " | ".join(f"{pr[k]:.2f}" if k in pr else "-" for k, _ in PROBE_COLS)
             + f" | {met['training']['train_seconds'] / 60:.1f} |")
@@ -256,8 +258,7 @@ def write_zoo_doc(path: str) -> None:
     import notes
     import zoo
     table = zoo_table(zoo.MODELS_DIR)
-    staged = zoo_table(zoo.STAGING_DIR, only_trained=True) if any(
-        os.path.exists(os.path.join(zoo.STAGING_DIR, n, "metrics.json")) for n in zm.ORDER) else ""
+    staged = zoo_table(zoo.STAGING_DIR, only_trained=True) if zoo.has_staged() else ""
     text = notes.ZOO_DOC.format(table=table, staging=notes.STAGING_DOC.format(table=staged) if staged else "")
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)

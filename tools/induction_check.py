@@ -7,6 +7,8 @@ setup) and a constant rate after 100 warm-up steps.  Prints the loss every 100 s
 
     tools/.venv/bin/python tools/induction_check.py --fixed-start --gap 0     # position-anchored
     tools/.venv/bin/python tools/induction_check.py --gap 80                  # content-addressed
+    tools/.venv/bin/python tools/induction_check.py --name tiny-hybrid --row 160 --batch 64 \
+        --span 24 --min-gap 48 --gap 100                                       # past every window
 
 With --fixed-start the first copy always starts right after BOS and, with --gap 0 (every row the
 same gap), the second copy sits at a fixed position too: an attention head that looks a fixed
@@ -34,6 +36,8 @@ def main() -> None:
     ap.add_argument("--name", default="tiny-mha", choices=zm.ORDER)
     ap.add_argument("--span", type=int, default=16)
     ap.add_argument("--gap", type=int, default=80, help="the largest gap between the copies (tokens)")
+    ap.add_argument("--min-gap", type=int, default=0,
+                    help="the smallest gap: past a sliding window (span + gap > window), only a global layer can copy")
     ap.add_argument("--fixed-start", action="store_true", help="the first copy right after BOS, every gap --gap")
     ap.add_argument("--warm", type=int, default=0, help="steps at the start with no gap (the span still anywhere)")
     ap.add_argument("--row", type=int, default=128)
@@ -42,6 +46,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    assert 0 <= a.min_gap <= a.gap, "--min-gap must lie between 0 and --gap"
     assert 2 * a.span + a.gap + 1 <= a.row, "--row must hold BOS, both copies and the gap"
     model, _, opt = tr.setup(a.name, a.seed, 1, "cpu", a.lr)
     g = torch.Generator().manual_seed(a.seed)
@@ -51,7 +56,7 @@ def main() -> None:
         x[:, 0] = zm.BOS
         mask = torch.zeros(a.batch, a.row)
         for r in range(a.batch):
-            gap = a.gap if a.fixed_start else 0 if step < a.warm else int(torch.randint(0, a.gap + 1, (1,), generator=g))
+            gap = a.gap if a.fixed_start else 0 if step < a.warm else int(torch.randint(a.min_gap, a.gap + 1, (1,), generator=g))
             first = 1 if a.fixed_start else int(torch.randint(1, a.row + 1 - 2 * a.span - gap, (1,), generator=g))
             second = first + a.span + gap
             x[r, second:second + a.span] = x[r, first:first + a.span]

@@ -147,6 +147,12 @@ def step_golden(name: str, threads: int) -> None:
                        threads=threads)
 
 
+def has_staged() -> bool:
+    """Whether data/staging holds a trained model (a retraining is under way)."""
+    import zoo_models as zm
+    return any(os.path.exists(os.path.join(STAGING_DIR, n, "metrics.json")) for n in zm.ORDER)
+
+
 def step_land(names: list[str]) -> None:
     """Moves staged models (data/staging/NAME) over the zoo's (data/models/NAME); main() then
     writes their goldens, checks them against the cards and redraws the page and the plot."""
@@ -208,7 +214,7 @@ def main() -> None:
         import plot_zoo
         plot_zoo.plot(MODELS_DIR, os.path.join(ROOT, "docs", "zoo-recall.svg"))
         staged_plot = os.path.join(ROOT, "docs", "zoo-recall-v3.svg")
-        if any(os.path.exists(os.path.join(STAGING_DIR, n, "metrics.json")) for n in zm.ORDER):
+        if has_staged():
             plot_zoo.plot(STAGING_DIR, staged_plot)
         elif os.path.exists(staged_plot):
             os.remove(staged_plot)
