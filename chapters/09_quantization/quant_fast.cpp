@@ -186,6 +186,20 @@ void int4_dots(const QMatrix& q, std::int64_t n, const float* X, float* Y, std::
   for (int i = 0; i < M; ++i) Y[i * y_stride] = hsum(y[i]);
 }
 
+// Row n of an int4 matrix times all M rows of X, four at a time (the row stays in L1 between them).
+void int4_rows(const QMatrix& q, std::int64_t n, const float* X, std::int64_t M, float* Y, std::int64_t y_stride) {
+  for (std::int64_t m = 0; m < M; m += 4) {
+    const float* x = X + m * q.cols;
+    float* y = Y + m * y_stride;
+    switch (std::min<std::int64_t>(4, M - m)) {
+      case 1: int4_dots<1>(q, n, x, y, y_stride); break;
+      case 2: int4_dots<2>(q, n, x, y, y_stride); break;
+      case 3: int4_dots<3>(q, n, x, y, y_stride); break;
+      default: int4_dots<4>(q, n, x, y, y_stride); break;
+    }
+  }
+}
+
 // E4M3 (s eeee mmm, bias 7) laid out as s.0eeee.mmm0000000 is an f16 (bias 15) worth exactly
 // value · 2^-8, subnormals included, and vcvtph2ps widens it exactly. A byte interleaved into the
 // high half of a 16-bit lane is b << 8; one arithmetic shift right puts eeee.mmm in place and
@@ -615,18 +629,12 @@ void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out) {
     return;
   }
 #if INFERLAB_CH09_SIMD
-  if (M <= kDirectRows) {
-    const bool int4 = w.spec.format == Format::Int4Sym || w.spec.format == Format::Int4Asym;
+  const bool int4 = w.spec.format == Format::Int4Sym || w.spec.format == Format::Int4Asym;
+  if (M <= (int4 ? kInt4DirectRows : kDirectRows)) {
 #pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
     for (std::int64_t n = 0; n < n_out; ++n) {
-      if (int4) {  // each weight row widened once for all M rows of x
-        static_assert(kDirectRows == 4);
-        switch (M) {
-          case 1: int4_dots<1>(w, n, X, Y + n, n_out); break;
-          case 2: int4_dots<2>(w, n, X, Y + n, n_out); break;
-          case 3: int4_dots<3>(w, n, X, Y + n, n_out); break;
-          default: int4_dots<4>(w, n, X, Y + n, n_out); break;
-        }
+      if (int4) {  // each weight row widened once for every four rows of x
+        int4_rows(w, n, X, M, Y + n, n_out);
       } else {
         for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] = direct_dot(w, n, X + m * n_in);
       }

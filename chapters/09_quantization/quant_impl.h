@@ -9,9 +9,12 @@ namespace inferlab::ch09 {
 
 /// The fast CPU products' threading and decode policy (quant_fast.cpp, repack.cpp): below
 /// kParallel multiply-adds one thread is faster; up to kDirectRows rows of x are multiplied straight
-/// from the packed bytes, more share one unpacked copy of each weight row.
+/// from the packed bytes, more share one unpacked copy of each weight row. int4 goes straight up
+/// to kInt4DirectRows (four rows of x per widening of its bytes): a verification pass over up to
+/// eight tokens.
 inline constexpr std::int64_t kParallel = 1 << 18;
 inline constexpr std::int64_t kDirectRows = 4;
+inline constexpr std::int64_t kInt4DirectRows = 8;
 
 /// The value the format gives weight (n, k) (CPU).
 float weight_value(const QMatrix& q, std::int64_t n, std::int64_t k);

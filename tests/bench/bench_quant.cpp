@@ -130,6 +130,7 @@ BENCHMARK(BM_CudaMatvec)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchm
 // verification, R = γ + 1) against a pass over one, taking turns in every iteration so that the
 // host's drifting bandwidth cancels: "vs_one_row" is its cost in one-row passes, about 1 while
 // the weight stream, not the arithmetic, sets the time. The formats are chapter 10's drafts.
+// R = 9 is one row past int4's direct kernel (kInt4DirectRows), the unpacked path.
 const std::vector<QuantSpec> kDraftSpecs = {{Format::Int8Row}, {Format::Q8_0}, {Format::Int4Sym, 32}};
 void BM_CpuFewRows(benchmark::State& state) {
   const QuantSpec spec = kDraftSpecs.at(static_cast<std::size_t>(state.range(0)));
@@ -157,7 +158,7 @@ void BM_CpuFewRows(benchmark::State& state) {
   state.counters["vs_one_row"] = many / one;
   state.SetLabel(spec.name() + ", " + std::to_string(R) + " rows");
 }
-BENCHMARK(BM_CpuFewRows)->ArgsProduct({{0, 1, 2}, {2, 5}})->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CpuFewRows)->ArgsProduct({{0, 1, 2}, {2, 5, 8, 9}})->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

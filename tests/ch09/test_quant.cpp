@@ -156,10 +156,10 @@ TEST(Quant, WeightOnlyProductsAgainstFloat64) {
   }
 }
 
-// A speculative draft's catch-up pass multiplies two rows of x at once. Up to kDirectRows rows,
-// every row of an int4 product is the product of that row alone, to the bit (the fast kernel
-// widens each weight row once for all of them; more rows take the unpacked path, which sums in
-// another order).
+// A speculative draft's catch-up pass multiplies two rows of x at once, a verification pass γ + 1.
+// Up to kInt4DirectRows rows, every row of an int4 product is the product of that row alone, to
+// the bit (the fast kernel widens each weight row once for four of them; more rows take the
+// unpacked path, which sums in another order).
 TEST(Quant, EveryRowOfAFewRowProductIsThatRowsOwnProduct) {
   auto rng = test::rng_for_test();
   test::ThreadCount threads(2);
@@ -167,7 +167,7 @@ TEST(Quant, EveryRowOfAFewRowProductIsThatRowsOwnProduct) {
     SCOPED_TRACE(spec.name());
     const std::int64_t K = 512, N = 600;  // N: work for both threads
     const QMatrix q = quantize(weights(rng, N, K), spec);
-    for (std::int64_t M = 2; M <= kDirectRows; ++M) {
+    for (std::int64_t M = 2; M <= kInt4DirectRows; ++M) {
       SCOPED_TRACE("M = " + std::to_string(M));
       const Tensor x = test::uniform(rng, {M, K});
       const Tensor y = qmatmul(x, q);
