@@ -40,6 +40,8 @@ def main() -> None:
                     help="the smallest gap: past a sliding window (span + gap > window), only a global layer can copy")
     ap.add_argument("--fixed-start", action="store_true", help="the first copy right after BOS, every gap --gap")
     ap.add_argument("--warm", type=int, default=0, help="steps at the start with no gap (the span still anywhere)")
+    ap.add_argument("--global-layer", type=int, default=None,
+                    help="tiny-hybrid: which of its layers is the global one (the zoo's is the last)")
     ap.add_argument("--row", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=1500)
@@ -48,6 +50,11 @@ def main() -> None:
     a = ap.parse_args()
     assert 0 <= a.min_gap <= a.gap, "--min-gap must lie between 0 and --gap"
     assert 2 * a.span + a.gap + 1 <= a.row, "--row must hold BOS, both copies and the gap"
+    if a.global_layer is not None:
+        family, kw = zm.SPECS[a.name]
+        assert a.name == "tiny-hybrid" and 0 <= a.global_layer < 4, "--global-layer is for tiny-hybrid's 4 layers"
+        zm.SPECS[a.name] = (family, {**kw, "layer_types": ["full_attention" if i == a.global_layer else
+                                                           "sliding_attention" for i in range(4)]})
     model, _, opt = tr.setup(a.name, a.seed, 1, "cpu", a.lr)
     g = torch.Generator().manual_seed(a.seed)
     t0 = time.time()

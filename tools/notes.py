@@ -413,12 +413,25 @@ answers associative recall over 64 pairs; tiny-swa is perfect inside its 64-toke
 chance from 96 tokens on, though its four stacked windows could in principle carry a fact 252
 tokens: what reaches the last layer through intermediate positions is only what those positions
 had reason to keep.  tiny-gqa (two KV heads for eight query heads) matches tiny-mha to 256
-tokens and falls behind beyond (0.965 at 256, 0.62 at 400, with the distractor 0.035).
+tokens and falls behind beyond (0.965 at 256, 0.62 at 400, with the distractor 0.035), and
+tiny-mqa (one KV head) further (0.935 at 256, 0.325 at 400): past 256 tokens, the distance the
+longest rows reach only in the last phase, recall falls in the order of the KV heads (8, 2, 1),
+the quality the smaller cache gives up, measured.  tiny-cla (each KV pair shared by two layers,
+half tiny-mha's cache) stays with tiny-mha (0.995 at 256, 0.91 at 400, validation loss 1.145).
 tiny-hybrid, three windowed layers under one global one, misses its target: it retrieves nothing
 past its window either (0.08 at 400), and less than tiny-swa from the games' 32 and 64 pairs.
 Its induction heads formed in the first phase, whose 64-token rows every window covers, and the
 global layer never took the copying over in the phases whose rows are longer (the random spans'
-loss stayed near 5 nats, where tiny-mha's fell below 0.3).  tiny-draft, a fifth of tiny-mha's parameters, copies almost as far (0.88 at
+loss stayed near 5 nats, where tiny-mha's fell below 0.3).  What was tried since
+(`tools/induction_check.py`, rows of 160 random tokens, 64 a step, a 24-token span repeated 48-100
+tokens later, so 71-123 tokens apart and past every window: only the global layer can copy it):
+from the start, the copy loss is 6.62 after 1,200 steps (77K rows; tiny-mha's shape needed
+110-180K rows at such gaps); with the head first formed on adjacent copies (`--warm 400`, 0.001 at
+step 300) and then the far gaps, 6.98 and 6.97 after 100 and 200 further steps; the same with the
+global layer second instead of last (`--global-layer 1`, so the earliest layer an induction head
+can sit in is the global one), 6.98, 6.97 and 6.93 after 100, 200 and 300.  So a head formed in
+the windowed layers does not move to the global one within a few hundred steps wherever it sits,
+and one formed there from scratch takes more rows than the recipe has; neither is retrained yet.  tiny-draft, a fifth of tiny-mha's parameters, copies almost as far (0.88 at
 400 tokens) and agrees with tiny-mha's greedy choice at 76% of validation positions, while the
 overlap of their sampling distributions (the mean of sum min(p, q), speculative sampling's
 acceptance rate at temperature 1) is 0.92.
