@@ -418,7 +418,8 @@ tiny-mqa (one KV head) further (0.935 at 256, 0.325 at 400): past 256 tokens, th
 longest rows reach only in the last phase, recall falls in the order of the KV heads (8, 2, 1),
 the quality the smaller cache gives up, measured.  tiny-cla (each KV pair shared by two layers,
 half tiny-mha's cache) stays with tiny-mha (0.995 at 256, 0.91 at 400, validation loss 1.145),
-and so does tiny-mla (a 32-value latent per token and layer: 1.0 at 256, 0.975 at 400).
+and so does tiny-mla (a 32-value latent and an 8-value RoPE key per token and layer, 640 B a
+token: 1.0 at 256, 0.975 at 400).
 tiny-hybrid, three windowed layers under one global one, misses its target: it retrieves nothing
 past its window either (0.08 at 400), and less than tiny-swa from the games' 32 and 64 pairs.
 Its induction heads formed in the first phase, whose 64-token rows every window covers, and the
