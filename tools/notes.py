@@ -419,7 +419,10 @@ longest rows reach only in the last phase, recall falls in the order of the KV h
 the quality the smaller cache gives up, measured.  tiny-cla (each KV pair shared by two layers,
 half tiny-mha's cache) stays with tiny-mha (0.995 at 256, 0.91 at 400, validation loss 1.145),
 and so does tiny-mla (a 32-value latent and an 8-value RoPE key per token and layer, 640 B a
-token: 1.0 at 256, 0.975 at 400).
+token: 1.0 at 256, 0.975 at 400).  tiny-mdlm, trained with the same rows and the masked-diffusion
+loss on the scored answers only, misses its target: filling the answer from masks it recalls a
+story fact no better than chance (0.055-0.125 at every distance, the distractor as often) and
+associative recall a little above it (0.345 at 4 pairs, 0.13 at 64, chance 0.1).
 tiny-hybrid, three windowed layers under one global one, misses its target: it retrieves nothing
 past its window either (0.08 at 400), and less than tiny-swa from the games' 32 and 64 pairs.
 Its induction heads formed in the first phase, whose 64-token rows every window covers, and the
