@@ -229,7 +229,7 @@ def zoo_table(models_dir: str, only_trained: bool = False) -> str:
         d = os.path.join(models_dir, name)
         if not os.path.exists(os.path.join(d, "metrics.json")):
             if not only_trained:
-                rows.append(f"| {name} | (not trained) |" + " |" * (len(PROBE_COLS) + 5))
+                rows.append(f"| {name} | (not trained) |" + " |" * (len(PROBE_COLS) + 6))
             continue
         cfg, met, kv = _load(name, d)
         pr = met["probes"]
@@ -245,10 +245,10 @@ def zoo_table(models_dir: str, only_trained: bool = False) -> str:
             f"| {label} | {met['params'] / 1e6:.2f} M | {per} | "
             f"{_fmt_bytes(kv['at_512'])} | {loss} | {ppl} | "
             + " | ".join(f"{pr[k]:.2f}" if k in pr else "-" for k, _ in PROBE_COLS)
-            + f" | {met['training']['train_seconds'] / 60:.1f} |")
+            + f" | {met['training'].get('recipe', 'v1')} | {met['training']['train_seconds'] / 60:.1f} |")
     header = ("| model | params | KV bytes / token | cache at 512 tokens | val loss | val ppl | "
-              + " | ".join(lbl for _, lbl in PROBE_COLS) + " | train min |\n"
-              "| --- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in PROBE_COLS) + " | --- |")
+              + " | ".join(lbl for _, lbl in PROBE_COLS) + " | recipe | train min |\n"
+              "| --- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in PROBE_COLS) + " | --- | --- |")
     return header + "\n" + "\n".join(rows)
 
 

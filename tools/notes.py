@@ -170,6 +170,9 @@ it is regenerated from seeds by one command (see `tools/README.md`):
 
     tools/.venv/bin/python tools/zoo.py all
 
+On one thread of a 2-core CPU that takes most of a day (the table's last column gives each
+model's minutes); `--device cuda` trains on a GPU.
+
 ## The corpus and the probes
 
 A seeded, self-generated corpus (`tools/corpus.py`, no downloads) of short
@@ -193,17 +196,35 @@ Probes (`data/corpus/probes.jsonl`, 200 per set) measure what the lecture
 talks about.  **recall\\@N**: a fact about one character, a fact of the same kind
 about another character (the distractor), filler, then the question; the
 answer position is N tokens (at most; the exact distance is recorded) after the
-fact's answer.  **AR N pairs**: N key/value pairs then one query.  A probe
-counts when greedy decoding reproduces every answer token.  Chance is 1/12 for
-colours, 1/16 for pet names (or a little better for a model that has learnt
+fact's answer, for N = 32, 48, 64, 96, 128, 192, 256, 320 and 400: both sides of
+tiny-swa's 64-token window and of the 253 tokens its four layers can reach.
+**AR N pairs**: N key/value pairs then one query, for N = 4, 8, 16, 32 and 64.  A
+probe counts when greedy decoding reproduces every answer token.  Chance is 1/12
+for colours, 1/16 for pet names (or a little better for a model that has learnt
 which names are pets) and 1/10 for digits.
+
+## The recipe
+
+Recipe v3 (`tools/recipe.py`, found by the measurements under "How the recipe was found"), the
+same for every model: the same data, rows, optimiser (AdamW, a constant rate of 3e-3 after 100
+warm-up steps, decaying over the last 15%) and seed 0, with no hyper-parameter of its own for
+any architecture.  3,300 steps, 17.6 M tokens, in three phases:
+
+| steps | rows x tokens | what the rows hold (only the scored tokens count in the loss) |
+| --- | --- | --- |
+| 800 | 64 x 64 | induction rows: random tokens, a span of 16-24 of them repeated after a gap of at most 15; the copy is scored |
+| 1,500 | 16 x 256 | taking turns: corpus text (every token scored); a random span copied anywhere in a corpus window (the copy scored); memory games (the queried values scored) |
+| 1,000 | 16 x 512 | the same at 512 tokens |
+
+tiny-mdlm trains on the same rows with the masked-diffusion loss, its masks on the scored tokens.
+The first zoo (recipe v1: 250 steps of 8 x 512 tokens of corpus text, 1 M tokens) left every model
+at chance on every probe; tiny-mamba and tiny-lti still carry it (see below).
 
 ## Side by side
 
-Same corpus, tokenizer, context (512), token budget (1,024,000 tokens: 250
-steps of 8 x 512), optimiser and seed for all; about 0.8 M parameters each except
-tiny-draft.  KV bytes count float32 values.  Accuracy on the probes (fraction
-correct, 200 probes per set).
+About 0.8 M parameters each except tiny-draft.  KV bytes count float32 values.  Accuracy on the
+probes (fraction correct, 200 probes per set; each card has every set).  Training minutes are
+wall-clock on one thread of a shared 2-core CPU machine, two models training at once.
 
 {table}
 
@@ -216,8 +237,7 @@ against the number of pairs.
 \\* tiny-mdlm's loss is the masked-diffusion ELBO, an upper bound on the
 negative log-likelihood, so it is not directly comparable with the causal
 models' cross-entropy; its probes fill the answer from `<|mask|>` tokens in one
-step.  Training minutes are wall-clock on one thread of a shared 2-core CPU
-machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
+step.  A "-" is a probe set that did not exist when the model was evaluated.
 
 {staging}## Reading the table
 
@@ -228,24 +248,79 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
   the hybrid keeps one global layer, and the state-space models keep a fixed
   state however long the sequence.  tiny-mdlm has no cache at all: each
   denoising step recomputes the whole sequence.
-* **Quality is what you pay with**, here measured by the validation loss.  At
-  this size and budget the attention variants land close together (differences
-  of a few hundredths of a nat, probably within seed-to-seed noise, which we
-  have not measured), which is the
-  lecture's point about GQA, MQA, MLA and CLA: large cache savings for a small
-  loss in quality.
-* **The probes are at chance level for every model at this budget.**  One
+* **tiny-mha retrieves at every distance the probes ask.**  It copies a story fact from 32 to
+  256 tokens back every time, 0.98 at 320 and 0.965 at 400, choosing the distractor (the
+  more recent fact of the same kind) 0.5% of the time, and answers associative recall with up to
+  64 pairs (0.995).  Its validation loss is 1.152 nats a token.
+* **A smaller cache costs retrieval at long range, in the order of the cache.**  tiny-gqa (two KV
+  heads for eight query heads, a quarter of the cache) and tiny-mqa (one, an eighth) match tiny-mha
+  up to 192 tokens and on every associative-recall set, and fall behind past 256 tokens: 0.87
+  and 0.58 at 320, 0.62 and 0.325 at 400, against tiny-mha's 0.98 and 0.965.  So they are within
+  0.1 of tiny-mha on every set except recall at 320 (tiny-mqa) and 400 (both): there the gap is
+  the quality the smaller cache gives up.  Those distances are reached only by the last phase's
+  512-token rows (1,000 steps), where each model had the fewest examples to learn them from;
+  that fewer KV heads need more of them to tell 400 positions apart is a reading this one seed
+  cannot prove.  tiny-cla (K and V shared by pairs of layers, half the cache) stays
+  with tiny-mha (0.91 at 400, loss 1.145) and so does tiny-mla (a 32-value latent and an 8-value
+  RoPE key per token and layer, 640 B a token, a sixth of tiny-mha's cache: 0.975 at 400).
+  The validation losses of the attention variants are within 0.04 nats of each other.
+* **A sliding window forgets what left it, at the window, not at the receptive field.**
+  tiny-swa is perfect to 64 tokens and at chance from 96 on (0.075 at 96, 0.10 at 128), with the
+  distractor as often as the fact; its associative recall falls at 64 pairs (0.61), the first
+  game longer than its window.  Its four stacked windows could carry a fact 253 tokens, but
+  what reaches the last layer through intermediate positions is only what those positions had
+  reason to keep, and nothing in training asks them to relay a fact.  So tiny-swa misses its
+  target (at least 0.8 anywhere inside the 253-token receptive field): it meets it inside its
+  window and is at chance beyond it, as asked.
+* **tiny-hybrid misses its target: its global layer does not retrieve** (0.08 at 400, at chance
+  from 96 tokens like tiny-swa, and less than tiny-swa on the games' 32 and 64 pairs).  Its
+  induction heads formed in the first phase, whose 64-token rows every window covers, and the
+  global layer never took the copying over in the phases whose rows are longer (the random
+  spans' loss stayed near 5 nats, where tiny-mha's fell below 0.3).  What was tried since
+  (`tools/induction_check.py`, rows of 160 random tokens, 64 a step, a 24-token span repeated
+  48-100 tokens later, so 71-123 tokens apart and past every window: only the global layer can
+  copy it): from the start, the copy loss is 6.62 after 1,200 steps (77K rows; tiny-mha's shape
+  needed 110-180K rows at such gaps); with the head first formed on adjacent copies (`--warm 400`,
+  0.001 at step 300) and then the far gaps, 6.98 and 6.97 after 100 and 200 further steps; the
+  same with the global layer second instead of last (`--global-layer 1`), 6.98, 6.97 and 6.93
+  after 100, 200 and 300.  So a head formed in the windowed layers does not move to the global
+  one within a few hundred steps wherever it sits, and one formed there from scratch takes more
+  rows than the recipe has.  A hybrid-only phase of a few thousand far-gap steps (about 1.5
+  CPU-hours) is the next thing to try; it would be a recipe of its own for one architecture.
+* **tiny-mdlm misses its target.**  Filling the answer from masks in one step it recalls a story
+  fact no better than chance (0.055-0.125 at every distance, the distractor as often) and
+  associative recall a little above it (0.345 with 4 pairs, 0.13 with 64, chance 0.1); its ELBO
+  is 1.590 nats a token.  An earlier v3 run that masked whole rows stayed at chance too (ELBO
+  1.634).
+* **tiny-draft**, a fifth of tiny-mha's parameters, copies almost as far (0.88 at 400 tokens)
+  and agrees with tiny-mha's greedy choice at 76% of validation positions; the overlap of their
+  sampling distributions (the mean of sum min(p, q), speculative sampling's acceptance rate at
+  temperature 1) is 0.92 (the card's `agreement_with_tiny-mha`, 8,192 positions).
+* **tiny-mamba and tiny-lti are still the first zoo's**, at chance on every probe, with the
+  probe sets of that time.  Their v3 runs are training (the section above when they are staged):
+  a selective scan in PyTorch takes about 4 s a step on one thread, a third of the zoo's time.
+  At step 2,275 of 3,300 tiny-mamba's random copies are still at ln 1024 = 6.93 nats and its
+  memory games at ln 10 = 2.30 (chance) while its text loss is 1.50-1.66; tiny-lti's are the
+  same at step 1,425.
+* **The budget.**  The nine v3 models took about 10 hours of one thread (the table's minutes;
+  tiny-mla's include a 13-minute pause), more than the 8 CPU-hours planned for the whole zoo,
+  and the state-space models add about four more.  Every number here is one seed; the differences of a few hundredths of a nat
+  between the attention variants are within what another seed could move.
+
+## How the recipe was found
+
+* **Recipe v1 left every model at chance.**  One
   million training tokens (about five CPU minutes for an attention model) is
   enough to learn the corpus's local structure (which kind of word comes
   next: a colour, a pet name, a digit) but not in-context retrieval: no model
-  has formed the induction-style lookup that copies the value after an earlier
-  key.  We checked that this is not an artefact of the probes: the models
-  predict the right *kind* of answer with a fixed preference among colours or
-  digits, whatever the context says, and a tiny-mha trained on 1.6 M tokens
+  formed the induction-style lookup that copies the value after an earlier
+  key.  That is not an artefact of the probes: the models
+  predicted the right *kind* of answer with a fixed preference among colours or
+  digits, whatever the context said, and a tiny-mha trained on 1.6 M tokens
   of an earlier version of this corpus (an experiment, not committed) was
   still at chance.  Two longer runs of tiny-mha with the same recipe (one
   seed each, measured on 2026-11-29 with `tools/probe_curve.py tiny-mha
-  --tokens 12288000 --every 250`) show what is missing:
+  --tokens 12288000 --every 250`):
 
   | training data | tokens | val loss | recall@32 | recall@128 | recall@400 (distractor) | AR 8 / 32 |
   | --- | --- | --- | --- | --- | --- | --- |
@@ -263,9 +338,6 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
   --train-docs 40000 --tokens N`, in a scratch checkout first, since `data`
   rewrites `data/corpus`) and a larger N than a CPU allows; on a GPU that
   path has not been run yet, as no GPU has been available.
-  Until then the lecture's contrasts that need retrieval (sliding
-  window versus global attention beyond 64 tokens, Mamba versus the
-  time-invariant SSM on associative recall) are not visible in these numbers.
 * **A first try at recipe v2** (`tools/recipe.py`, measured on 2026-12-02 with
   `tools/probe_curve.py tiny-mha --recipe v2 --every 500`, one thread of the
   2-core machine, one seed, stopped after 7,500 of its 9,000 steps and 57
@@ -292,7 +364,7 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
   above copy facts by 5 M tokens.  The next attempt should combine the two
   (v2's rows over the larger corpus), log the loss of each row kind to see
   whether the copy rows are learnt at all, and give the zoo's retraining
-  the 8 CPU-hours it needs (or a GPU).  The committed zoo is unchanged.
+  the 8 CPU-hours it needs (or a GPU).
 * **Recipe v2, whether the copy rows are learnt** (measured on 2026-12-03,
   one thread, one seed; the training log now gives each row kind's mean
   loss every 25 steps).  `tools/probe_curve.py tiny-mha --recipe v2 --steps
@@ -322,20 +394,6 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
   not its data mixture alone.  Next: the same check with more heads' width (head_dim 16 leaves
   RoPE 8 frequencies), two attention-only layers, and many more steps, before spending the 8
   CPU-hours of a zoo retraining.
-* tiny-mamba reaches a clearly lower validation loss than the attention models
-  at the same token budget: its causal convolution and recurrent state pick up
-  the corpus's local patterns faster early in training.  This says nothing
-  about retrieval (see above).
-* tiny-draft (a fifth of the parameters) reaches the same loss as tiny-mha:
-  at this budget the models are limited by training steps, not by size.  For
-  the speculative-sampling chapter that means a high acceptance rate.
-* tiny-mdlm is the least trained of all: masked diffusion learns more slowly
-  per token than next-token prediction, and after one million tokens its
-  one-step fills are frequent words ("her", "his", ","), so it scores 0 on the
-  probes.  Its goldens still pin down the forward pass and the sampler exactly.
-* These models are tiny and trained for minutes, so every number is noisy;
-  they show the direction of the trade-off, not its exact size.
-
 * **What forms the induction head: the batch** (2026-12-03, `tools/induction_check.py --gap 80
   --batch B`, one thread, seed 0).  Batch 8: 6.94 after 1,500 steps.  Batch 32: at chance until
   step ~5,500, then 0.115 at step 6,000 (45 minutes).  Batch 64: at chance until step ~1,700, then
@@ -370,7 +428,7 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
   games only have to teach where to apply it.  Each distance is learnt once rows reach it (the
   validation loss, on 512-token windows, is high until the rows are 512 long: positions past the
   longest row seen are out of distribution).  The distractor is chosen 0.5% of the time at 400.
-* **tiny-mamba and recipe v3's first phase** (same command, tiny-mamba, 1.45 s a step): the
+* **tiny-mamba and recipe v3's first phase** (same command, tiny-mamba, 1.45 s a step)**: the
   induction rows' loss stays at ln 1024 = 6.93 for 600 steps, where tiny-mha's had left it by step
   100 and copied by step 400.  A selective state of 16 values per channel has to hold a 16-24-token
   span of random tokens to copy it; the memory games (one digit per key) are a task it starts to
@@ -393,52 +451,17 @@ machine (tiny-mamba pays for a scan loop that CUDA kernels would remove).
 
 # The zoo page's section on a retraining in progress (data/staging; cards.write_zoo_doc adds it
 # while that folder holds models).
-STAGING_DOC = """## The v3 retraining, staged
+STAGING_DOC = """## tiny-mamba and tiny-lti on recipe v3, staged
 
-The zoo is being retrained with recipe v3 (`tools/recipe.py`, chosen by the curves under "Reading
-the table"): 3,300 steps and 17.6 M tokens per model, an induction phase of random-token copies,
-then corpus text, copied random spans and memory games at 256 and 512 tokens; the same data,
-optimiser and seed for every model.  A model takes 45-60 minutes on one thread (the state-space
-models longer), so the finished ones wait in `data/staging/` (`data/staging/README.md`) until all
-eleven can replace the table above at once.  Measured so far, on the same probes (every set is
-in the staged cards):
+The state-space models' v3 runs finish later than the rest (a selective scan in PyTorch takes
+about 4 s a step on one thread), so they wait in `data/staging/` (`data/staging/README.md`) and
+replace the first zoo's pair in the table above together, so that chapter 07 compares two models
+of one recipe.  Measured so far, on the same probes:
 
 {table}
 
 ![the staged models' probe accuracy against distance and pairs](zoo-recall-v3.svg)
 
-`docs/zoo-recall-v3.svg`: the same plot for the staged models.  tiny-mha copies a story fact from
-every distance the probes ask (0.965 at 400 tokens, picking the distractor 0.5% of the time) and
-answers associative recall over 64 pairs; tiny-swa is perfect inside its 64-token window and at
-chance from 96 tokens on, though its four stacked windows could in principle carry a fact 252
-tokens: what reaches the last layer through intermediate positions is only what those positions
-had reason to keep.  tiny-gqa (two KV heads for eight query heads) matches tiny-mha to 256
-tokens and falls behind beyond (0.965 at 256, 0.62 at 400, with the distractor 0.035), and
-tiny-mqa (one KV head) further (0.935 at 256, 0.325 at 400): past 256 tokens, the distance the
-longest rows reach only in the last phase, recall falls in the order of the KV heads (8, 2, 1),
-the quality the smaller cache gives up, measured.  tiny-cla (each KV pair shared by two layers,
-half tiny-mha's cache) stays with tiny-mha (0.995 at 256, 0.91 at 400, validation loss 1.145),
-and so does tiny-mla (a 32-value latent and an 8-value RoPE key per token and layer, 640 B a
-token: 1.0 at 256, 0.975 at 400).  tiny-mdlm, trained with the same rows and the masked-diffusion
-loss on the scored answers only, misses its target: filling the answer from masks it recalls a
-story fact no better than chance (0.055-0.125 at every distance, the distractor as often) and
-associative recall a little above it (0.345 at 4 pairs, 0.13 at 64, chance 0.1).
-tiny-hybrid, three windowed layers under one global one, misses its target: it retrieves nothing
-past its window either (0.08 at 400), and less than tiny-swa from the games' 32 and 64 pairs.
-Its induction heads formed in the first phase, whose 64-token rows every window covers, and the
-global layer never took the copying over in the phases whose rows are longer (the random spans'
-loss stayed near 5 nats, where tiny-mha's fell below 0.3).  What was tried since
-(`tools/induction_check.py`, rows of 160 random tokens, 64 a step, a 24-token span repeated 48-100
-tokens later, so 71-123 tokens apart and past every window: only the global layer can copy it):
-from the start, the copy loss is 6.62 after 1,200 steps (77K rows; tiny-mha's shape needed
-110-180K rows at such gaps); with the head first formed on adjacent copies (`--warm 400`, 0.001 at
-step 300) and then the far gaps, 6.98 and 6.97 after 100 and 200 further steps; the same with the
-global layer second instead of last (`--global-layer 1`, so the earliest layer an induction head
-can sit in is the global one), 6.98, 6.97 and 6.93 after 100, 200 and 300.  So a head formed in
-the windowed layers does not move to the global one within a few hundred steps wherever it sits,
-and one formed there from scratch takes more rows than the recipe has; neither is retrained yet.  tiny-draft, a fifth of tiny-mha's parameters, copies almost as far (0.88 at
-400 tokens) and agrees with tiny-mha's greedy choice at 76% of validation positions, while the
-overlap of their sampling distributions (the mean of sum min(p, q), speculative sampling's
-acceptance rate at temperature 1) is 0.92.
+`docs/zoo-recall-v3.svg`: the same plot for the staged models.
 
 """

@@ -9,7 +9,8 @@
     tools/.venv/bin/python tools/zoo.py land           # staged models (data/staging) into the zoo
 
 Options: --threads N (torch threads, default 1), --models a,b,c (subset for
-`all`), --tokens N (training tokens per model), --device cuda (train on a GPU),
+`all`), --recipe v3 (the zoo's, the default; v1 is the first zoo's 1M-token run and
+--tokens N sets its budget), --device cuda (train on a GPU),
 --train-docs N (corpus size for `data`).  Same library versions (tools/requirements.txt) and the same thread
 count give the same bytes.
 """
@@ -86,7 +87,7 @@ def info_path(name: str, models_dir: str) -> str:
 
 
 def step_train(name: str, threads: int, tokens_budget: int = TOKEN_BUDGET, device: str = "cpu",
-               recipe_name: str = "v1", models_dir: str = MODELS_DIR) -> None:
+               recipe_name: str = "v3", models_dir: str = MODELS_DIR) -> None:
     """Trains one model and saves it, with its metrics and card, under models_dir/name.  Recipe
     v1 is train.py's train(); v2 and v3 are tools/recipe.py's, checkpointed to tools/.work/ckpt/
     as they go, so that an interrupted run resumes where it stopped."""
@@ -174,10 +175,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", default=",".join(zm.ORDER))
     ap.add_argument("--tokens", type=int, default=TOKEN_BUDGET,
-                    help="training tokens per model (the committed zoo uses the default)")
+                    help="training tokens per model for recipe v1 (v2 and v3 fix theirs)")
     ap.add_argument("--device", default="cpu", help="training device (cpu, cuda); goldens always run on the CPU")
-    ap.add_argument("--recipe", default="v1", choices=["v1", "v2", "v3"],
-                    help="training recipe: v1 train.py's train() (the committed zoo), v2/v3 tools/recipe.py's")
+    ap.add_argument("--recipe", default="v3", choices=["v1", "v2", "v3"],
+                    help="training recipe: v3 tools/recipe.py's (the zoo's), v2 its first try, "
+                         "v1 train.py's train() (the first zoo: 1M tokens, no retrieval)")
     ap.add_argument("--models-dir", default=MODELS_DIR,
                     help="where `train`, `eval` and `card` put the models (default data/models; another folder stages a retraining)")
     ap.add_argument("--train-docs", type=int, default=N_TRAIN_DOCS,
