@@ -7,6 +7,8 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <tuple>
 
 #include "common/cli.h"
 #include "common/input_file.h"
@@ -143,6 +145,22 @@ std::vector<std::int32_t> validation_tokens(const std::string& data_dir, std::in
   return val;
 }
 
+namespace {
+// Probe kinds in reading order: recall by distance, then associative recall by pairs
+// ("recall_32" < "recall_400" < "ar_4" < "ar_64"), not by spelling ("ar_16" < "ar_4").
+bool probe_kind_before(const std::string& a, const std::string& b) {
+  auto key = [](const std::string& k) {
+    const auto cut = k.rfind('_');
+    const std::string family = k.substr(0, cut);
+    const std::string digits = cut == std::string::npos ? "" : k.substr(cut + 1);
+    const bool numeric = !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+    return std::make_tuple(family == "recall" ? 0 : family == "ar" ? 1 : 2, family,
+                           numeric ? std::stoll(digits) : 0LL, k);
+  };
+  return key(a) < key(b);
+}
+}  // namespace
+
 nlohmann::json quality_table(const std::vector<Scored>& models, const std::string& data_dir, std::int64_t windows,
                              std::int64_t per_kind) {
   const auto tok = Tokenizer::for_model(data_dir + "/models/tiny-mha");  // the zoo's one tokenizer
@@ -158,7 +176,9 @@ nlohmann::json quality_table(const std::vector<Scored>& models, const std::strin
     const auto pr = probe_accuracy(m.logits, *tok, probes, per_kind);
     if (kinds.empty()) {
       std::printf("%-*s %12s %8s", w, "model", "cache B/tok", "val ppl");
-      for (const auto& [k, v] : pr.accuracy) kinds.push_back(k), std::printf(" %11s", k.c_str());
+      for (const auto& [k, v] : pr.accuracy) kinds.push_back(k);
+      std::sort(kinds.begin(), kinds.end(), probe_kind_before);
+      for (const auto& k : kinds) std::printf(" %11s", k.c_str());
       std::printf("\n");
     }
     std::printf("%-*s %12lld %8.3f", w, m.name.c_str(), static_cast<long long>(m.cache_bytes_per_token), ppl.ppl);

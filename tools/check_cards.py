@@ -137,6 +137,14 @@ def mamba_like(w, c, ids, lti):
     return rms(x, w["backbone.norm_f.weight"], eps) @ w["backbone.embeddings.weight"].T, states
 
 
+def _f32_error(ours: torch.Tensor, stored: torch.Tensor) -> float:
+    """The largest |ours - stored| over the rounding bound of float32, 2^-24 |ours|: the golden
+    stores float64 results rounded to float32, so a faithful re-implementation stays below 1
+    whatever the values' size (Mamba's states reach 10^4, the logits 10)."""
+    bound = ours.abs().clamp_min(1e-30) * 2.0 ** -24
+    return ((ours - stored.to(D)).abs() / bound).max().item()
+
+
 def check(name: str) -> bool:
     mdir = os.path.join(ROOT, "data", "models", name)
     gdir = os.path.join(ROOT, "data", "golden", name)
@@ -154,22 +162,24 @@ def check(name: str) -> bool:
         else:
             fam = {"DeepseekV3ForCausalLM": "mla", "InferLabMDLMForMaskedDiffusion": "mdlm"}.get(arch, "llama")
             logits, st = llama_like(w, c, ids, fam)
-        diffs = {"logits": (logits - g[pre + "logits"].to(D)).abs().max().item()}
+        diffs = {"logits": _f32_error(logits, g[pre + "logits"])}
         for k, v in st.items():
             if v is None or pre + k not in g:
                 continue
-            gv = g[pre + k].to(D)
-            diffs[k] = (v.reshape(gv.shape) - gv).abs().max().item()
+            diffs[k] = _f32_error(v.reshape(g[pre + k].shape), g[pre + k])
         worst = max(worst, max(diffs.values()))
         f64 = max(f64, (logits[-1] - g[pre + "last_logits_f64"]).abs().max().item())
     if "long.input_ids" in g:                      # longer than the sliding window
         ids = g["long.input_ids"].tolist()
         logits, _ = llama_like(w, c, ids, "llama")
         n = g["long.logits_tail"].shape[0]
-        worst = max(worst, (logits[-n:] - g["long.logits_tail"].to(D)).abs().max().item())
+        worst = max(worst, _f32_error(logits[-n:], g["long.logits_tail"]))
         f64 = max(f64, (logits[-1] - g["long.last_logits_f64"]).abs().max().item())
-    ok = worst < 1e-4 and f64 < 1e-9
-    print(f"{name}: max |difference| to the golden: float32-stored logits and caches {worst:.1e}, "
+    # float64 values rounded to float32 are within half an ulp, 2^-24 |v|; 1.001 leaves room for
+    # the two float64 computations' own differences (about 1e-14 relative)
+    ok = worst <= 1.001 and f64 < 1e-9
+    print(f"{name}: largest difference to the golden: float32-stored logits and caches "
+          f"{worst:.3f} of float32's rounding bound (2^-24 |value|), "
           f"float64 last logits {f64:.1e} {'OK' if ok else 'MISMATCH'}")
     return ok
 
