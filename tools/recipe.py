@@ -1,6 +1,7 @@
-"""The zoo's candidate training recipes: data stream and schedule (tools/train.py's train_recipe;
-tools/probe_curve.py --recipe v2|v3 measures them).  The committed zoo is still trained with
-train.py's train() (recipe v1); docs/model-zoo.md records what v2 and v3 measured.
+"""The zoo's training recipes: data stream and schedule (tools/train.py's train_recipe;
+tools/probe_curve.py --recipe v2|v3 measures them).  The zoo is trained with v3 (tools/zoo.py's
+default); v2 was its first try, and train.py's train() is the first zoo's recipe v1;
+docs/model-zoo.md records what each measured.
 
 Why a recipe of its own: at the first recipe's budget (250 steps of 8 x 512 tokens) every model
 sat at chance on the probes.  What the probes need is copying from the context, and a small model
