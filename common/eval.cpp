@@ -145,21 +145,18 @@ std::vector<std::int32_t> validation_tokens(const std::string& data_dir, std::in
   return val;
 }
 
-namespace {
-// Probe kinds in reading order: recall by distance, then associative recall by pairs
-// ("recall_32" < "recall_400" < "ar_4" < "ar_64"), not by spelling ("ar_16" < "ar_4").
 bool probe_kind_before(const std::string& a, const std::string& b) {
   auto key = [](const std::string& k) {
     const auto cut = k.rfind('_');
     const std::string family = k.substr(0, cut);
     const std::string digits = cut == std::string::npos ? "" : k.substr(cut + 1);
-    const bool numeric = !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
-    return std::make_tuple(family == "recall" ? 0 : family == "ar" ? 1 : 2, family,
+    const bool numeric = !digits.empty() && digits.size() <= 18 &&
+                         std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+    return std::make_tuple(family == "recall" ? 0 : family == "ar" ? 1 : 2, family, numeric ? 0 : 1,
                            numeric ? std::stoll(digits) : 0LL, k);
   };
   return key(a) < key(b);
 }
-}  // namespace
 
 nlohmann::json quality_table(const std::vector<Scored>& models, const std::string& data_dir, std::int64_t windows,
                              std::int64_t per_kind) {

@@ -1,8 +1,12 @@
 // Work counting, the roofline arithmetic, and the ceiling measurements' sanity.
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "common/ceiling.h"
+#include "common/eval.h"
 #include "common/metrics.h"
 #include "test_util.h"
 
@@ -28,6 +32,17 @@ TEST(Metrics, RooflineArithmetic) {
   EXPECT_EQ(j["bound"], "memory");
   EXPECT_DOUBLE_EQ(j["ceiling"]["ridge_flops_per_byte"].get<double>(), 10.0);
   EXPECT_NE(metrics::describe(p).find("50% of 100 GB/s"), std::string::npos) << metrics::describe(p);
+}
+
+TEST(Metrics, ProbeColumnsReadByDistanceThenPairs) {
+  std::vector<std::string> kinds = {"ar_16", "recall_400", "ar_4", "recall_32", "recall_128", "ar_64", "recall_48"};
+  std::sort(kinds.begin(), kinds.end(), eval::probe_kind_before);
+  const std::vector<std::string> want = {"recall_32", "recall_48", "recall_128", "recall_400", "ar_4", "ar_16", "ar_64"};
+  EXPECT_EQ(kinds, want);
+  // a kind without a number sorts by name after the numbered ones of its family, and never throws
+  EXPECT_TRUE(eval::probe_kind_before("recall_400", "recall_x"));
+  EXPECT_TRUE(eval::probe_kind_before("recall_400", "recall_123456789012345678901234567890"));
+  EXPECT_FALSE(eval::probe_kind_before("recall_32", "recall_32"));
 }
 
 TEST(Metrics, HumanUnits) {
