@@ -256,8 +256,8 @@ step.
   heads for eight query heads, a quarter of the cache) and tiny-mqa (one, an eighth) match tiny-mha
   up to 192 tokens and on every associative-recall set, and fall behind past 256 tokens: 0.87
   and 0.58 at 320, 0.62 and 0.325 at 400, against tiny-mha's 0.98 and 0.965.  So they are within
-  0.1 of tiny-mha on every set except recall at 320 (tiny-mqa) and 400 (both): there the gap is
-  the quality the smaller cache gives up.  Those distances are reached only by the last phase's
+  0.1 of tiny-mha on every set except recall at 320 and 400 (tiny-gqa 0.11 and 0.345 behind,
+  tiny-mqa 0.40 and 0.64): there the gap is the quality the smaller cache gives up.  Those distances are reached only by the last phase's
   512-token rows (1,000 steps), where each model had the fewest examples to learn them from;
   that fewer KV heads need more of them to tell 400 positions apart is a reading this one seed
   cannot prove.  tiny-cla (K and V shared by pairs of layers, half the cache) stays
