@@ -145,7 +145,7 @@ std::vector<std::int32_t> validation_tokens(const std::string& data_dir, std::in
   return val;
 }
 
-bool probe_kind_before(const std::string& a, const std::string& b) {
+std::vector<std::string> kinds_in_reading_order(const std::map<std::string, double>& scores) {
   auto key = [](const std::string& k) {
     const auto cut = k.rfind('_');
     const std::string family = k.substr(0, cut);
@@ -155,7 +155,10 @@ bool probe_kind_before(const std::string& a, const std::string& b) {
     return std::make_tuple(family == "recall" ? 0 : family == "ar" ? 1 : 2, family, numeric ? 0 : 1,
                            numeric ? std::stoll(digits) : 0LL, k);
   };
-  return key(a) < key(b);
+  std::vector<std::string> kinds;
+  for (const auto& [k, v] : scores) kinds.push_back(k);
+  std::sort(kinds.begin(), kinds.end(), [&](const std::string& x, const std::string& y) { return key(x) < key(y); });
+  return kinds;
 }
 
 nlohmann::json quality_table(const std::vector<Scored>& models, const std::string& data_dir, std::int64_t windows,
@@ -173,8 +176,7 @@ nlohmann::json quality_table(const std::vector<Scored>& models, const std::strin
     const auto pr = probe_accuracy(m.logits, *tok, probes, per_kind);
     if (kinds.empty()) {
       std::printf("%-*s %12s %8s", w, "model", "cache B/tok", "val ppl");
-      for (const auto& [k, v] : pr.accuracy) kinds.push_back(k);
-      std::sort(kinds.begin(), kinds.end(), probe_kind_before);
+      kinds = kinds_in_reading_order(pr.accuracy);
       for (const auto& k : kinds) std::printf(" %11s", k.c_str());
       std::printf("\n");
     }

@@ -56,10 +56,11 @@ struct ProbeScores {
   std::int64_t per_kind = 0;
 };
 
-/// Probe kinds in reading order, for a table's columns: recall by distance, then associative
-/// recall by pairs ("recall_32" < "recall_400" < "ar_4" < "ar_64"), not by spelling ("ar_16" < "ar_4");
-/// a kind without a number comes after its family's numbered ones, other families last.
-bool probe_kind_before(const std::string& a, const std::string& b);
+/// The kinds of `scores`, in reading order for a table's columns: recall by distance, then
+/// associative recall by pairs ("recall_32", "recall_400", "ar_4", "ar_64"), not by spelling
+/// ("ar_16" before "ar_4"); a kind without a number after its family's numbered ones, other
+/// families last.
+std::vector<std::string> kinds_in_reading_order(const std::map<std::string, double>& scores);
 
 /// Probe accuracy, using at most `per_kind` probes of each kind (0: all).
 ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const std::vector<Probe>& probes,

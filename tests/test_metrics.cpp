@@ -1,6 +1,7 @@
-// Work counting, the roofline arithmetic, and the ceiling measurements' sanity.
-#include <algorithm>
+// Work counting, the roofline arithmetic, the ceiling measurements' sanity, and the order of the
+// quality tables' probe columns.
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -34,15 +35,18 @@ TEST(Metrics, RooflineArithmetic) {
   EXPECT_NE(metrics::describe(p).find("50% of 100 GB/s"), std::string::npos) << metrics::describe(p);
 }
 
-TEST(Metrics, ProbeColumnsReadByDistanceThenPairs) {
-  std::vector<std::string> kinds = {"ar_16", "recall_400", "ar_4", "recall_32", "recall_128", "ar_64", "recall_48"};
-  std::sort(kinds.begin(), kinds.end(), eval::probe_kind_before);
+TEST(EvalTables, ProbeColumnsReadByDistanceThenPairs) {
+  std::map<std::string, double> scores;
+  for (const char* k : {"ar_16", "recall_400", "ar_4", "recall_32", "recall_128", "ar_64", "recall_48"}) scores[k] = 0.5;
   const std::vector<std::string> want = {"recall_32", "recall_48", "recall_128", "recall_400", "ar_4", "ar_16", "ar_64"};
-  EXPECT_EQ(kinds, want);
-  // a kind without a number sorts by name after the numbered ones of its family, and never throws
-  EXPECT_TRUE(eval::probe_kind_before("recall_400", "recall_x"));
-  EXPECT_TRUE(eval::probe_kind_before("recall_400", "recall_123456789012345678901234567890"));
-  EXPECT_FALSE(eval::probe_kind_before("recall_32", "recall_32"));
+  EXPECT_EQ(eval::kinds_in_reading_order(scores), want);
+  // a kind without a number (or one too long to be a count) follows its family's numbered ones,
+  // an unknown family comes last, and nothing throws
+  const std::map<std::string, double> odd = {
+      {"recall_x", 0}, {"recall_123456789012345678901234567890", 0}, {"recall_400", 0}, {"zz_1", 0}, {"ar_8", 0}};
+  const std::vector<std::string> odd_want = {"recall_400", "recall_123456789012345678901234567890", "recall_x",
+                                             "ar_8", "zz_1"};
+  EXPECT_EQ(eval::kinds_in_reading_order(odd), odd_want);
 }
 
 TEST(Metrics, HumanUnits) {

@@ -4,7 +4,6 @@
 //   ch09_quantization speed           decode tokens/s and GB/s per format on a larger random model
 //   ch09_quantization export OUT.gguf write the model as GGUF (llama.cpp's format): q8_0, q4_0, f32, f16
 //   ch09_quantization run FILE.gguf   generate with a GGUF model
-#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -143,8 +142,7 @@ int quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::in
       std::printf("%s: the projections and head quantised; perplexity on %s validation windows of 512, probes %lld per kind\n\n",
                   o.model.c_str(), windows ? std::to_string(windows).c_str() : "all", static_cast<long long>(per_kind));
       std::printf("%-22s %8s %12s %9s %9s", "format", "bits/w", "matrix bytes", "val ppl", "Δ ppl");
-      for (const auto& [k, v] : r.probes.accuracy) kinds.push_back(k);
-      std::sort(kinds.begin(), kinds.end(), eval::probe_kind_before);
+      kinds = eval::kinds_in_reading_order(r.probes.accuracy);
       for (const auto& k : kinds) std::printf(" %10s", k.c_str());
       std::printf("\n");
       base = r.ppl.ppl;
