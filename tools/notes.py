@@ -222,7 +222,7 @@ at chance on every probe.
 
 ## Side by side
 
-About 0.8 M parameters each except tiny-draft.  KV bytes count float32 values.  Accuracy on the
+0.77-0.89 M parameters each except tiny-draft (0.17 M).  KV bytes count float32 values.  Accuracy on the
 probes (fraction correct, 200 probes per set; each card has every set).  Training minutes are
 wall-clock on one thread of a shared 2-core CPU machine, two models training at once.
 

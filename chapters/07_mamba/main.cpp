@@ -229,7 +229,7 @@ json recall_table(std::int64_t windows, std::int64_t per_kind) {
        [&mha](const std::vector<std::int32_t>& t) { return ch01::forward(mha, t, true); }}};
   json rows = eval::quality_table(models, data_dir(), windows, per_kind);
   std::printf("(cache B/tok 0: a fixed state of %lld bytes whatever the length; recall@N: a fact N tokens back, "
-              "AR: associative recall; chance is about 0.07, see docs/model-zoo.md)\n",
+              "AR: associative recall; chance is 1/16 to 1/12 for a fact and 1/10 for a digit, see docs/model-zoo.md)\n",
               static_cast<ll>(mamba.config.state_bytes(4)));
   return rows;
 }

@@ -166,7 +166,7 @@ json quality_table(const DiffusionModel& m, const Tokenizer& tok, const std::vec
   }
   std::printf("%s(%sNELBO: the R-level discretisation of the bound tiny-mdlm was trained on, one random mask per level)\n",
               pad, probes ? "probe accuracy: the mean over the probe kinds of the answer generated exactly; chance is "
-                            "about 0.07. " : "");
+                            "1/16 to 1/10 per kind. " : "");
   return rows;
 }
 
