@@ -14,7 +14,9 @@ With --fixed-start the first copy always starts right after BOS and, with --gap 
 same gap), the second copy sits at a fixed position too: an attention head that looks a fixed
 distance back solves it.  Without it, the span starts anywhere and the gap is drawn from 0..--gap
 per row, so only an induction head (find the earlier occurrence of the current token, copy what
-followed it) does.  Nothing is saved.
+followed it) does.  tiny-mdlm gets the same rows with its own loss (train.mdlm_answer_loss: each
+token of the second copy masked with probability t and filled in place, weighted by 1/t), so its
+ln 1024 also means nothing is copied.  Nothing is saved.
 """
 from __future__ import annotations
 
@@ -55,8 +57,9 @@ def main() -> None:
         assert a.name == "tiny-hybrid" and 0 <= a.global_layer < 4, "--global-layer is for tiny-hybrid's 4 layers"
         zm.SPECS[a.name] = (family, {**kw, "layer_types": ["full_attention" if i == a.global_layer else
                                                            "sliding_attention" for i in range(4)]})
-    model, _, opt = tr.setup(a.name, a.seed, 1, "cpu", a.lr)
+    model, family, opt = tr.setup(a.name, a.seed, 1, "cpu", a.lr)
     g = torch.Generator().manual_seed(a.seed)
+    masking = torch.Generator().manual_seed(a.seed + 1)  # tiny-mdlm's mask draws
     t0 = time.time()
     for step in range(a.steps):
         x = torch.randint(2, zm.VOCAB, (a.batch, a.row + 1), generator=g)
@@ -68,7 +71,11 @@ def main() -> None:
             second = first + a.span + gap
             x[r, second:second + a.span] = x[r, first:first + a.span]
             mask[r, second:second + a.span - 1] = 1  # target t + 1 is predicted at position t
-        loss = tr.causal_loss(model, x, mask).mean()  # recipe v2's loss: each row's mean over its scored positions
+        if family == "mdlm":  # the copy's tokens in place: the causal mask shifted by one
+            scored = torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], 1)
+            loss = tr.mdlm_answer_loss(model, x[:, :-1], scored, masking)
+        else:
+            loss = tr.causal_loss(model, x, mask).mean()  # recipe v2's loss: each row's mean over its scored positions
         for group in opt.param_groups:
             group["lr"] = a.lr * min(1.0, (step + 1) / 100)
         opt.zero_grad(set_to_none=True)
