@@ -61,11 +61,14 @@ inline float widen(std::int8_t b) { return static_cast<float>(b); }
 // without spilling the 16 vector registers. Any summation order obeys the reference loop's
 // γ_K error bound.
 //
-// From two rows on, the loop also asks for the weights kPrefetchBytes ahead. Each cache line of w
-// then carries M multiply-adds and M loads of x, so the out-of-order window holds fewer lines in
-// flight than a one-row loop's, and the hardware prefetcher alone no longer keeps the stream at
-// the read ceiling: a 5-row pass over a 100M-parameter f32 model cost 2.2 one-row passes without
-// the hint and 1.05 with it (docs/performance.md, "The verification pass over γ + 1 rows").
+// From two rows on, the loop also asks for the weights kPrefetchBytes ahead, into L2 (locality
+// hint 2, x86's prefetcht1). Each cache line of w then carries M multiply-adds and M loads of x,
+// so the out-of-order window holds fewer lines in flight than a one-row loop's, and the hardware
+// prefetcher alone no longer keeps the stream at the read ceiling. Into L2, not L1: a prefetch
+// into L1 holds one of the core's few L1 miss buffers until its line arrives, which is what the
+// demand loads of x and w wait for; one into L2 does not. On a 2-core Zen VM a 5-row pass over a
+// 100M-parameter f32 model costs 1.6-1.9 one-row passes with the L1 hint and 1.0-1.4 with this
+// one (2.4 and 1.6 on one core; docs/performance.md, "Prefetching into L2").
 constexpr std::int64_t kPrefetchBytes = 16384;
 
 template <int M, class W>
@@ -74,7 +77,7 @@ inline void dots(const float* x, std::int64_t K, const W* w, float* y, std::int6
   f32x8 acc[M][U] = {};
   std::int64_t k = 0;
   for (; k + 8 * U <= K; k += 8 * U) {
-    if constexpr (M >= 2) __builtin_prefetch(reinterpret_cast<const char*>(w + k) + kPrefetchBytes);
+    if constexpr (M >= 2) __builtin_prefetch(reinterpret_cast<const char*>(w + k) + kPrefetchBytes, 0, 2);
     f32x8 wv[U];
     for (int u = 0; u < U; ++u) wv[u] = load8(w + k + 8 * u);
     for (int m = 0; m < M; ++m)
