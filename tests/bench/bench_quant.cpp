@@ -130,7 +130,7 @@ BENCHMARK(BM_CudaMatvec)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchm
 // verification, R = γ + 1) against a pass over one, taking turns in every iteration so that the
 // host's drifting bandwidth cancels: "vs_one_row" is its cost in one-row passes, about 1 while
 // the weight stream, not the arithmetic, sets the time. The formats are chapter 10's drafts.
-// R = 9 is one row past int4's direct kernel (kInt4DirectRows), the unpacked path.
+// int4's direct kernel takes up to kInt4DirectRows = 32 rows; R = 33 is the unpacked path.
 const std::vector<QuantSpec> kDraftSpecs = {{Format::Int8Row}, {Format::Q8_0}, {Format::Int4Sym, 32}};
 void BM_CpuFewRows(benchmark::State& state) {
   const QuantSpec spec = kDraftSpecs.at(static_cast<std::size_t>(state.range(0)));
@@ -159,6 +159,8 @@ void BM_CpuFewRows(benchmark::State& state) {
   state.SetLabel(spec.name() + ", " + std::to_string(R) + " rows");
 }
 BENCHMARK(BM_CpuFewRows)->ArgsProduct({{0, 1, 2}, {2, 5, 8, 9}})->UseManualTime()->Unit(benchmark::kMicrosecond);
+// int4 at more rows: its direct kernel to 32, then one row of the unpacked path.
+BENCHMARK(BM_CpuFewRows)->ArgsProduct({{2}, {12, 16, 24, 32, 33}})->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
