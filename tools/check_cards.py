@@ -140,8 +140,9 @@ def mamba_like(w, c, ids, lti):
 def _f32_error(ours: torch.Tensor, stored: torch.Tensor) -> float:
     """The largest |ours - stored| over the rounding bound of float32, 2^-24 |ours|: the golden
     stores float64 results rounded to float32, so a faithful re-implementation stays below 1
-    whatever the values' size (Mamba's states reach 10^4, the logits 10)."""
-    bound = ours.abs().clamp_min(1e-30) * 2.0 ** -24
+    whatever the values' size (Mamba's states reach 10^4, the logits 10).  Below 2^-126 float32
+    is subnormal, with a fixed spacing of 2^-149, so there the bound is half of that, 2^-150."""
+    bound = (ours.abs() * 2.0 ** -24).clamp_min(2.0 ** -150)
     return ((ours - stored.to(D)).abs() / bound).max().item()
 
 
