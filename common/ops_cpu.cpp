@@ -56,19 +56,31 @@ void dot_rows_of(const float* x, std::int64_t M, std::int64_t K, const W* w, flo
   }
 }
 
+// Weight rows n and n + 1 against all M rows of x, for M = 5 or 6 (dots_two_rows).
+template <class W>
+void two_rows_of(const float* x, std::int64_t M, std::int64_t K, const W* w, float* y, std::int64_t y_stride) {
+  if (M == 5) dots_two_rows<5>(x, K, w, w + K, y, y_stride);
+  else dots_two_rows<6>(x, K, w, w + K, y, y_stride);
+}
+
 // Up to kGemvMaxRows rows: each weight row is streamed from memory once and dotted with every row
-// of x, eight at a time.
+// of x, eight at a time; with 5 or 6 rows, two weight rows at a time.
 void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
   const std::int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const float* X = x.data<float>();
   float* Y = out.data<float>();
   const DType wt = w.dtype();
+  const std::int64_t pair = (M == 5 || M == 6) && wt != DType::F16 ? 2 : 1;  // weight rows a task
 #pragma omp parallel for schedule(static) if (M * N * K >= kParallelWork)
-  for (std::int64_t n = 0; n < N; ++n) {
+  for (std::int64_t i = 0; i < (N + pair - 1) / pair; ++i) {
+    const std::int64_t n = i * pair;
+    const bool two = pair == 2 && n + 1 < N;
     if (wt == DType::F32) {
-      dot_rows_of(X, M, K, w.data<float>() + n * K, Y + n, N);
+      const float* row = w.data<float>() + n * K;
+      two ? two_rows_of(X, M, K, row, Y + n, N) : dot_rows_of(X, M, K, row, Y + n, N);
     } else if (wt == DType::BF16) {
-      dot_rows_of(X, M, K, w.data<std::uint16_t>() + n * K, Y + n, N);
+      const std::uint16_t* row = w.data<std::uint16_t>() + n * K;
+      two ? two_rows_of(X, M, K, row, Y + n, N) : dot_rows_of(X, M, K, row, Y + n, N);
     } else {
       for (std::int64_t m = 0; m < M; ++m) Y[m * N + n] = dot_f16(X + m * K, w.data<std::uint16_t>() + n * K, K);
     }

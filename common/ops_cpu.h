@@ -93,6 +93,35 @@ inline void dots(const float* x, std::int64_t K, const W* w, float* y, std::int6
   }
 }
 
+// dots<M> for two weight rows at once, for M = 5 or 6 (a verification pass at γ = 4 or 5): each
+// load of x feeds two multiply-adds instead of one. With the weights streaming, dots<M> issues M + 1
+// loads for M multiply-adds and the loads, not the arithmetic, hold the 5-row pass back; here it is
+// M + 2 for 2M. These M have U = 1 in dots<M> and each sum runs in the same order, so y is the
+// same, bit for bit, as dots<M> on each row (tested against dot_rows).
+template <int M, class W>
+inline void dots_two_rows(const float* x, std::int64_t K, const W* w0, const W* w1, float* y, std::int64_t y_stride) {
+  static_assert(M == 5 || M == 6, "dots<M> has one accumulator per row (U = 1) for these M only");
+  f32x8 a0[M] = {}, a1[M] = {};
+  std::int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __builtin_prefetch(reinterpret_cast<const char*>(w0 + k) + kPrefetchBytes, 0, 2);
+    __builtin_prefetch(reinterpret_cast<const char*>(w1 + k) + kPrefetchBytes, 0, 2);
+    const f32x8 v0 = load8(w0 + k), v1 = load8(w1 + k);
+    for (int m = 0; m < M; ++m) {
+      const f32x8 xv = load8(x + m * K + k);
+      a0[m] += xv * v0;
+      a1[m] += xv * v1;
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    float s0 = 0.0f, s1 = 0.0f;
+    for (int i = 0; i < 8; ++i) s0 += a0[m][i], s1 += a1[m][i];
+    for (std::int64_t r = k; r < K; ++r) s0 += x[m * K + r] * widen(w0[r]), s1 += x[m * K + r] * widen(w1[r]);
+    y[m * y_stride] = s0;
+    y[m * y_stride + 1] = s1;
+  }
+}
+
 /// x · w over K floats, vectorised: the kernel of the fast attention paths.
 inline float dot(const float* x, const float* w, std::int64_t K) {
   float y;

@@ -11,6 +11,7 @@
 #include "attention_exact.h"
 #include "common/hf_config.h"
 #include "common/ops.h"
+#include "common/ops_cpu.h"
 #include "test_util.h"
 
 namespace inferlab {
@@ -75,6 +76,26 @@ INSTANTIATE_TEST_SUITE_P(
       return "M" + std::to_string(info.param.M) + "_K" + std::to_string(info.param.K) + "_N" +
              std::to_string(info.param.N) + "_" + std::string(dtype_name(info.param.wt));
     });
+
+// With 5 or 6 rows of x the fast path dots two weight rows at a time (a verification pass). Each
+// output must be what the one-weight-row kernel of the same library gives, bit for bit: the same
+// sums in the same order, the pairs not mixed up, the odd last row of N done alone, both threads'
+// halves. (bf16 weights take the same pairing; MatmulTest bounds them.)
+TEST(Matmul, TwoWeightRowsAtATimeEqualOneAtATimeExactly) {
+  test::ThreadCount threads(2);
+  auto rng = test::rng_for_test();
+  const std::int64_t K = 1031, N = 301;  // a K tail past the vectors; an odd N; work for both threads
+  for (const std::int64_t M : {5, 6}) {
+    SCOPED_TRACE("M = " + std::to_string(M));
+    const Tensor x = test::uniform(rng, {M, K}), w = test::uniform(rng, {N, K});
+    Tensor f = Tensor::empty({M, N}, DType::F32);
+    ops::matmul(x, w, f);
+    std::vector<float> one(static_cast<std::size_t>(M * N));
+    for (std::int64_t n = 0; n < N; ++n) cpu::dot_rows(x.data<float>(), M, K, w.data<float>() + n * K, one.data() + n, N);
+    for (std::int64_t i = 0; i < M * N; ++i)
+      ASSERT_EQ(f.data<float>()[i], one[static_cast<std::size_t>(i)]) << "row " << i / N << ", column " << i % N;
+  }
+}
 
 TEST(Matmul, CountsItsWork) {
   Tensor x = Tensor::zeros({3, 8}, DType::F32), w = Tensor::zeros({5, 8}, DType::BF16);
