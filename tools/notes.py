@@ -279,14 +279,18 @@ step.
   spans' loss stayed near 5 nats, where tiny-mha's fell below 0.3).  What was tried since
   (`tools/induction_check.py`, rows of 160 random tokens, 64 a step, a 24-token span repeated
   48-100 tokens later, so 71-123 tokens apart and past every window: only the global layer can
-  copy it): from the start, the copy loss is 6.62 after 1,200 steps (77K rows; tiny-mha's shape
-  needed 110-180K rows at such gaps); with the head first formed on adjacent copies (`--warm 400`,
-  0.001 at step 300) and then the far gaps, 6.98 and 6.97 after 100 and 200 further steps; the
-  same with the global layer second instead of last (`--global-layer 1`), 6.98, 6.97 and 6.93
+  copy it): from the start, the copy loss is 6.62 after 1,200 steps (77K rows) and still 6.53
+  after 3,000 (`--steps 3000`, 192K rows, 78 minutes), where tiny-mha's shape formed its head
+  after 110-180K rows with gaps of 0-80; with the head first formed on adjacent copies (`--warm
+  400`, 0.001 at step 300) and then the far gaps, 6.98 and 6.97 after 100 and 200 further steps;
+  the same with the global layer second instead of last (`--global-layer 1`), 6.98, 6.97 and 6.93
   after 100, 200 and 300.  So a head formed in the windowed layers does not move to the global
-  one within a few hundred steps wherever it sits, and one formed there from scratch takes more
-  rows than the recipe has.  A hybrid-only phase of a few thousand far-gap steps (about 1.5
-  CPU-hours) is the next thing to try; it would be a recipe of its own for one architecture.
+  one within a few hundred steps wherever it sits, and none forms in the global layer from
+  scratch within 192K far-gap rows, more than tiny-mha needed (one reading, which one seed cannot
+  prove: tiny-mha has 32 global heads that could become the copying one, the hybrid 8).  A
+  hybrid-only far-gap phase of a few
+  thousand steps, the next step this page proposed before that run, would therefore not do it at
+  this size and budget; more rows (a GPU) or a second global layer (another architecture) might.
 * **tiny-mdlm misses its target.**  Filling the answer from masks in one step it recalls a story
   fact no better than chance (0.055-0.125 at every distance, the distractor as often) and
   associative recall a little above it (0.345 with 4 pairs, 0.13 with 64, chance 0.1); its ELBO
