@@ -73,7 +73,7 @@ def main() -> None:
             mask[r, second:second + a.span - 1] = 1  # target t + 1 is predicted at position t
         if family == "mdlm":  # the copy's tokens in place: the causal mask shifted by one
             scored = torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], 1)
-            loss = tr.mdlm_answer_loss(model, x[:, :-1], scored, masking)
+            loss = tr.mdlm_answer_loss(model, x[:, :-1], scored, masking).mean()
         else:
             loss = tr.causal_loss(model, x, mask).mean()  # recipe v2's loss: each row's mean over its scored positions
         for group in opt.param_groups:

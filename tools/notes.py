@@ -295,7 +295,18 @@ step.
   fact no better than chance (0.055-0.125 at every distance, the distractor as often) and
   associative recall a little above it (0.345 with 4 pairs, 0.13 with 64, chance 0.1); its ELBO
   is 1.590 nats a token.  An earlier v3 run that masked whole rows stayed at chance too (ELBO
-  1.634).
+  1.634).  Filling a copy in place from both sides forms more slowly than a causal induction
+  head: on induction rows alone (`tools/induction_check.py --name tiny-mdlm --row 64 --batch 64
+  --span 24 --gap 15`) its copy loss is 5.4 at step 800, where the recipe's first phase ends and
+  tiny-mha's was 0.05, and 1.8-2.7 at step 2,400; in the zoo run it was still 6.3 over steps
+  600-800.  So tiny-mdlm was trained again with a first phase of 2,400 steps (`recipe.VARIANTS`,
+  4,900 steps, 71 minutes with pauses), its copy loss 2.6 over steps 2,200-2,400: the ELBO improved (1.532)
+  but the probes did not (recall 0.04-0.105 at every distance, AR 0.31 with 4 pairs and 0.13 with
+  64), and it was not landed.  What it copied in the first phase did not survive the longer rows:
+  at the end it fills none of the last two tokens of a 16-token random span repeated up to 15
+  tokens later (0 of 800; the committed model 2%), while it fills 85% of corpus tokens masked at
+  random (the committed model 78%; `tools/mdlm_copy_check.py`).  Keeping the copying through the change of row
+  length, as tiny-hybrid's global layer also fails to, is the problem to solve next.
 * **tiny-draft**, a fifth of tiny-mha's parameters, copies almost as far (0.88 at 400 tokens)
   and agrees with tiny-mha's greedy choice at 76% of validation positions; the overlap of their
   sampling distributions (the mean of sum min(p, q), speculative sampling's acceptance rate at

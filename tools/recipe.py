@@ -59,6 +59,13 @@ V3 = [Phase(800, 64, 64, ("induct",)),
       Phase(1000, 512, 16, ("text", "rcopy", "recall"))]
 RECIPES = {"v2": V2, "v3": V3}
 NAME = "v3"              # the recipe train.train_recipe follows (tools/probe_curve.py --recipe sets it)
+# Where one architecture needs its own hyper-parameter (the zoo table's recipe column then names
+# it): recipe -> model -> (what differs, its phases), e.g.
+#   {"v3": {"tiny-mdlm": ("2,400 induction steps", [V3[0]._replace(steps=2400), *V3[1:]])}}
+# which is the tiny-mdlm run docs/model-zoo.md describes (not landed: its probes did not improve).
+# Every committed model is plain v3, so there is none.
+VARIANTS: dict[str, dict[str, tuple[str, list[Phase]]]] = {}
+MODEL: str | None = None  # the model being trained (train.train_recipe sets it): picks its variant
 KINDS = ("text", "copy", "rcopy", "induct", "recall")
 
 LR = 3e-3
@@ -74,14 +81,27 @@ FIRST_ORDINARY = max(zm.BOS, zm.MASK) + 1  # random spans draw from the ordinary
 DATA_SEED = 1234
 
 
+def _variant() -> tuple[str, list[Phase]] | None:
+    return VARIANTS.get(NAME, {}).get(MODEL) if MODEL else None
+
+
 def phases() -> list[Phase]:
-    return RECIPES[NAME]
+    v = _variant()
+    return v[1] if v else RECIPES[NAME]
+
+
+def label() -> str:
+    """The recipe's name, and what the current model's variant changes ("v3, 2,400 induction steps")."""
+    v = _variant()
+    return f"{NAME}, {v[0]}" if v else NAME
 
 
 def override_mix(mix: tuple[str, ...]) -> None:
     """Every phase of the current recipe with `mix` as its row kinds (calibration runs)."""
     assert set(mix) <= set(KINDS), f"unknown row kinds in {mix}: the kinds are {KINDS}"
     RECIPES[NAME] = [p._replace(mix=mix) for p in RECIPES[NAME]]
+    for model, (what, ps) in VARIANTS.get(NAME, {}).items():
+        VARIANTS[NAME][model] = (what, [p._replace(mix=mix) for p in ps])
 
 
 def total_steps() -> int:

@@ -53,8 +53,8 @@ def batches(tokens: np.ndarray, batch: int, steps: int, seq: int = zm.CTX):
 def mdlm_answer_loss(model, x0: torch.Tensor, scored: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """The masked-diffusion loss of a recipe row (tools/recipe.py), on what the row scores: each
     scored token is masked with probability t, and each row's loss is the mean over its scored
-    tokens of (1/t) * (-log p(x_i | x_t)); the step's loss is the mean over rows, as the causal
-    models' recipe loss.  `scored` [B, n] marks x0's scored tokens (the recipe's score mask shifted
+    tokens of (1/t) * (-log p(x_i | x_t)), returned per row [B]; the step's loss is their mean, as
+    the causal models' recipe loss.  `scored` [B, n] marks x0's scored tokens (the recipe's score mask shifted
     by one: a causal model predicts token i + 1 at position i, a diffusion model fills it in place).
     Masking the whole row would spend the loss on random tokens nothing can predict."""
     b, n = x0.shape
@@ -64,7 +64,7 @@ def mdlm_answer_loss(model, x0: torch.Tensor, scored: torch.Tensor, gen: torch.G
     xt = torch.where(masked, torch.full_like(x0, zm.MASK), x0)
     logits = zm.logits_of(model, xt)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x0.reshape(-1), reduction="none").view(b, n)
-    return ((ce * masked / t).sum(1) / scored.sum(1).clamp(min=1)).mean()
+    return (ce * masked / t).sum(1) / scored.sum(1).clamp(min=1)
 
 
 def mdlm_loss(model, x0: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -165,12 +165,17 @@ def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: i
     zoo is train()'s); `encode` is the tokenizer (text -> ids) the memory games need.  With `checkpoint`, saves there as it goes and resumes from it.  `stop_after`
     ends the run early (for calibration curves)."""
     model, family, opt = setup(name, seed, threads, device, recipe.LR)
+    recipe.MODEL = name  # its variant of the recipe, if it has one
     steps = recipe.total_steps() if stop_after is None else min(stop_after, recipe.total_steps())
     stream = recipe.Stream(tokens, encode)
     first, elapsed, losses = 0, 0.0, []
     by_kind: dict[str, list[float]] = {k: [] for k in recipe.KINDS}  # the log's per-kind means
     if checkpoint and os.path.exists(checkpoint):
         state = torch.load(checkpoint, weights_only=False)
+        planned = [p._asdict() for p in recipe.phases()]
+        if state.get("phases", planned) != planned:
+            raise SystemExit(f"{checkpoint} was saved by another schedule ({state['phases']}); move it away to "
+                             f"train {name} with {recipe.label()} from the start")
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         first, elapsed, losses = state["step"], state["elapsed"], state["losses"]
@@ -185,12 +190,12 @@ def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: i
         if family == "mdlm":
             gen = torch.Generator().manual_seed(seed * 1_000_003 + step)  # per step: resumable
             scored = torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], 1)
-            loss = mdlm_answer_loss(model, x[:, :-1], scored, gen)
+            rows = mdlm_answer_loss(model, x[:, :-1], scored, gen)
         else:
             rows = causal_loss(model, x, mask)
-            for kind, r in zip(stream.kinds(step), rows.tolist()):
-                by_kind[kind].append(r)
-            loss = rows.mean()
+        for kind, r in zip(stream.kinds(step), rows.tolist()):
+            by_kind[kind].append(r)
+        loss = rows.mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -206,9 +211,10 @@ def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: i
         if checkpoint and (done % CHECKPOINT_EVERY == 0 or done == steps):
             os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done,
-                        "elapsed": time.time() - t0, "losses": losses}, checkpoint + ".tmp")
+                        "elapsed": time.time() - t0, "losses": losses,
+                        "phases": [p._asdict() for p in recipe.phases()]}, checkpoint + ".tmp")
             os.replace(checkpoint + ".tmp", checkpoint)
-    info = {"recipe": recipe.NAME, "steps": steps, "phases": [p._asdict() for p in recipe.phases()],
+    info = {"recipe": recipe.label(), "steps": steps, "phases": [p._asdict() for p in recipe.phases()],
             "tokens": recipe.total_tokens(steps),
             "lr": recipe.LR, "seed": seed, "threads": threads, "device": device,
             "train_seconds": round(time.time() - t0, 1), "final_train_loss": float(np.mean(losses[-50:]))}
