@@ -323,8 +323,8 @@ std::vector<Claim> lecture_claims() {
         "(here the lecture uses the correct formula)");
     add(s9, "Speed-up at α = 0.5", "≈ 1.5×", fmt("%.2f×", e5 * 30 / 38), close(e5 * 30 / 38, 1.5, 0.034), e5 * 30 / 38);
     external(s9, "Target/draft pairs; end-to-end speed-up", "70B/8B, 8B/1B; ≈ 2×",
-             "Leviathan et al. (2023), Chen et al. (2023); chapter 10 measures 1.50× at γ = 4 for a memory-bound "
-             "100M-parameter model drafting for itself in int8 on a 2-core CPU, and none for the zoo's tiny models: "
+             "Leviathan et al. (2023), Chen et al. (2023); chapter 10 measures 1.4–2.0× at γ = 4 for a memory-bound "
+             "100M-parameter model drafting for itself in int8 or q8_0 on a 2-core CPU, and none for the zoo's tiny models: "
              "tiny-draft drafting for tiny-mha accepts α = 0.79–0.86 but runs at 0.70–0.95×, because the cached "
              "3.5 MB target is not memory-bound and its pass over γ + 1 tokens costs 1.5–3.8 single steps "
              "(`ch10_speculative_sampling sweep`, docs/performance.md)");
