@@ -325,6 +325,15 @@ step.
   validation loss than tiny-lti (1.530 against 1.373, and the first zoo's tiny-mamba had 1.408 on
   1 M tokens), which one seed cannot explain; a shorter induction phase, a lower rate for the
   selection's projections, or Zoology's smaller memory games first are the next things to try.
+  The last was measured (2026-12-04, `tools/probe_curve.py NAME --recipe v3 --mix recall --steps
+  800 --every 800`: the recipe's first phase, 64 rows of 64 tokens, with memory games in every
+  row instead of induction rows, one thread, seed 0): after those 800 steps tiny-mamba answers
+  associative recall 0.84, 0.685, 0.46, 0.31 and 0.22 with 4, 8, 16, 32 and 64 pairs, and
+  tiny-lti 0.35, 0.265, 0.20, 0.195 and 0.095.  That is the lecture's contrast, a gap of 0.49 and
+  0.42 with 4 and 8 pairs, and Mamba's recall falling as the pairs outgrow its state, from games
+  alone on rows no longer than 64 tokens (the story probes stay at 0: these models saw no text).
+  So a variant of the recipe for the SSMs that starts with games instead of induction rows is
+  the next zoo run for them.
   The convolution equal to the scan, the bytes and the flat decode time of chapter 07 do not
   depend on it.
 * **The budget.**  The eleven v3 models took about 14.7 hours of one thread (the table's minutes;
