@@ -56,11 +56,12 @@ void dot_rows_of(const float* x, std::int64_t M, std::int64_t K, const W* w, flo
   }
 }
 
-// Weight rows n and n + 1 against all M rows of x, for M = 5 or 6 (dots_two_rows).
+// Weight rows n and n + 1 against all M rows of x, for M = 5 or 6 (a verification pass at γ = 4
+// or 5): with U = 1 their 2·M accumulators still fit the registers.
 template <class W>
 void two_rows_of(const float* x, std::int64_t M, std::int64_t K, const W* w, float* y, std::int64_t y_stride) {
-  if (M == 5) dots_two_rows<5>(x, K, w, w + K, y, y_stride);
-  else dots_two_rows<6>(x, K, w, w + K, y, y_stride);
+  if (M == 5) dots<5, W, 2>(x, K, w, y, y_stride);
+  else dots<6, W, 2>(x, K, w, y, y_stride);
 }
 
 // Up to kGemvMaxRows rows: each weight row is streamed from memory once and dotted with every row

@@ -55,11 +55,12 @@ inline float widen(float v) { return v; }
 inline float widen(std::uint16_t b) { return bf16_to_f32(b); }
 inline float widen(std::int8_t b) { return static_cast<float>(b); }
 
-// M dot products of x's rows with one weight row w: each slice of w is loaded once and used
-// for all M rows of x (decode, even batched, reads the weights once). Independent vector
-// accumulators (M·U of them, at most 8) keep the multiply-adds from waiting on each other
-// without spilling the 16 vector registers. Any summation order obeys the reference loop's
-// γ_K error bound.
+// M dot products of x's rows with each of R consecutive weight rows (w, w + K, ...): each slice
+// of w is loaded once and used for all M rows of x (decode, even batched, reads the weights once).
+// Independent vector accumulators (M·U per weight row) keep the multiply-adds from waiting on each
+// other without spilling the vector registers. U depends on M only, so a row's sum runs in the
+// same order whatever R is: y is the same, bit for bit. Any summation order obeys the reference
+// loop's γ_K error bound. y[m·y_stride + r] gets x row m against weight row r.
 //
 // From two rows on, the loop also asks for the weights kPrefetchBytes ahead, into L2 (locality
 // hint 2, x86's prefetcht1). Each cache line of w then carries M multiply-adds and M loads of x,
@@ -69,57 +70,38 @@ inline float widen(std::int8_t b) { return static_cast<float>(b); }
 // demand loads of x and w wait for; one into L2 does not. On a 2-core Zen VM a 5-row pass over a
 // 100M-parameter f32 model costs 1.6-1.9 one-row passes with the L1 hint and 1.0-1.4 with this
 // one (2.4 and 1.6 on one core; docs/performance.md, "Prefetching into L2").
+//
+// R = 2 makes each load of x feed two multiply-adds. With the weights streaming, a 5-row pass
+// issues M + 1 loads for M multiply-adds and the loads, not the arithmetic, hold it back; with two
+// weight rows it is M + 2 loads for 2M (docs/performance.md, "Two weight rows at a time").
 constexpr std::int64_t kPrefetchBytes = 16384;
 
-template <int M, class W>
+template <int M, class W, int R = 1>
 inline void dots(const float* x, std::int64_t K, const W* w, float* y, std::int64_t y_stride) {
   constexpr int U = M <= 2 ? 4 : M <= 4 ? 2 : 1;
-  f32x8 acc[M][U] = {};
+  f32x8 acc[R][M][U] = {};
   std::int64_t k = 0;
   for (; k + 8 * U <= K; k += 8 * U) {
-    if constexpr (M >= 2) __builtin_prefetch(reinterpret_cast<const char*>(w + k) + kPrefetchBytes, 0, 2);
-    f32x8 wv[U];
-    for (int u = 0; u < U; ++u) wv[u] = load8(w + k + 8 * u);
-    for (int m = 0; m < M; ++m)
-      for (int u = 0; u < U; ++u) acc[m][u] += load8(x + m * K + k + 8 * u) * wv[u];
-  }
-  for (int m = 0; m < M; ++m) {
-    f32x8 t = acc[m][0];
-    for (int u = 1; u < U; ++u) t += acc[m][u];
-    float s = 0.0f;
-    for (int i = 0; i < 8; ++i) s += t[i];
-    for (std::int64_t r = k; r < K; ++r) s += x[m * K + r] * widen(w[r]);
-    y[m * y_stride] = s;
-  }
-}
-
-// dots<M> for two weight rows at once, for M = 5 or 6 (a verification pass at γ = 4 or 5): each
-// load of x feeds two multiply-adds instead of one. With the weights streaming, dots<M> issues M + 1
-// loads for M multiply-adds and the loads, not the arithmetic, hold the 5-row pass back; here it is
-// M + 2 for 2M. These M have U = 1 in dots<M> and each sum runs in the same order, so y is the
-// same, bit for bit, as dots<M> on each row (tested against dot_rows).
-template <int M, class W>
-inline void dots_two_rows(const float* x, std::int64_t K, const W* w0, const W* w1, float* y, std::int64_t y_stride) {
-  static_assert(M == 5 || M == 6, "dots<M> has one accumulator per row (U = 1) for these M only");
-  f32x8 a0[M] = {}, a1[M] = {};
-  std::int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    __builtin_prefetch(reinterpret_cast<const char*>(w0 + k) + kPrefetchBytes, 0, 2);
-    __builtin_prefetch(reinterpret_cast<const char*>(w1 + k) + kPrefetchBytes, 0, 2);
-    const f32x8 v0 = load8(w0 + k), v1 = load8(w1 + k);
-    for (int m = 0; m < M; ++m) {
-      const f32x8 xv = load8(x + m * K + k);
-      a0[m] += xv * v0;
-      a1[m] += xv * v1;
+    f32x8 wv[R][U];
+    for (int r = 0; r < R; ++r) {
+      if constexpr (M >= 2) __builtin_prefetch(reinterpret_cast<const char*>(w + r * K + k) + kPrefetchBytes, 0, 2);
+      for (int u = 0; u < U; ++u) wv[r][u] = load8(w + r * K + k + 8 * u);
     }
+    for (int m = 0; m < M; ++m)
+      for (int u = 0; u < U; ++u) {
+        const f32x8 xv = load8(x + m * K + k + 8 * u);
+        for (int r = 0; r < R; ++r) acc[r][m][u] += xv * wv[r][u];
+      }
   }
-  for (int m = 0; m < M; ++m) {
-    float s0 = 0.0f, s1 = 0.0f;
-    for (int i = 0; i < 8; ++i) s0 += a0[m][i], s1 += a1[m][i];
-    for (std::int64_t r = k; r < K; ++r) s0 += x[m * K + r] * widen(w0[r]), s1 += x[m * K + r] * widen(w1[r]);
-    y[m * y_stride] = s0;
-    y[m * y_stride + 1] = s1;
-  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) {
+      f32x8 t = acc[r][m][0];
+      for (int u = 1; u < U; ++u) t += acc[r][m][u];
+      float s = 0.0f;
+      for (int i = 0; i < 8; ++i) s += t[i];
+      for (std::int64_t j = k; j < K; ++j) s += x[m * K + j] * widen(w[r * K + j]);
+      y[m * y_stride + r] = s;
+    }
 }
 
 /// x · w over K floats, vectorised: the kernel of the fast attention paths.
