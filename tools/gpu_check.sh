@@ -1,88 +1,203 @@
 #!/usr/bin/env bash
-# The one prepared check for a GPU machine (see docs/gpu.md): build with the CUDA backend
-# required, run every CUDA test and then the whole suite, run the benchmarks, and write a log
-# plus JSON under $OUT (or build/gpu-check when OUT is unset). The summary table prints last.
+# The one prepared check for a GPU machine (see docs/gpu.md). In order of value, each step under
+# its own time limit and all of them under one deadline: the CUDA tests of every test program
+# (stopping at once when they skip for want of a device), the GPU benchmarks, the chapters' GPU
+# measurements, compute-sanitizer's memcheck over the CUDA tests, and last the CPU tests. The
+# summary prints last; every detail (GoogleTest and Google Benchmark JSON, each step's output)
+# goes into one archive, so that the results are a handful of files:
+#   $OUT/summary.txt  $OUT/steps.txt  $OUT/machine.txt  $OUT/gpu_check.log  $OUT/results.tar.gz
 #
-# On a bare machine, first fill .deps/ here with tools/gpu_deps.sh and carry it along.
-# Fits in about 8 minutes on one H200 with 16 cores (most of it the first build).
+#   tools/gpu_check.sh              # builds here first (CUDA required; needs the C++ packages)
+#   tools/gpu_check.sh --prebuilt   # runs the binaries tools/gpu_pack.sh packed into .gpu/
+# Environment: OUT (default build/gpu-check), CUDA_ARCH (default 90, the H100/H200; 80 for an
+# A100), GPU_CHECK_SECONDS (the deadline, default 480: steps that cannot finish before it are cut
+# short or not started, and the results are still written).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 OUT=${OUT:-build/gpu-check}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+DEADLINE=$((SECONDS + ${GPU_CHECK_SECONDS:-480}))
+ARCH=${CUDA_ARCH:-90}
+RAW=$(mktemp -d)  # the details, archived at the end
 LOG="$OUT/gpu_check.log"
-BUILD=build/gpu
-ARCH=${CUDA_ARCH:-90}  # the H200/H100; sm_80 for an A100
-prefix=()
-[ -d .deps/root/usr ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
+: > "$LOG"
+: > "$OUT/steps.txt"
 status=0
-step() {  # step NAME COMMAND...: runs and logs one step, remembering failures
-  local name=$1
-  shift
-  echo "=== $name: $*" | tee -a "$LOG"
-  local t0=$(date +%s)
-  "$@" >> "$LOG" 2>&1
+no_device=0
+
+finish() {
+  tar -czf "$OUT/results.tar.gz" -C "$RAW" . 2> /dev/null
+  {
+    echo "==== summary (full log: gpu_check.log; details: results.tar.gz)"
+    cat "$OUT/machine.txt"
+    echo "--- steps (rc 124: cut at its time limit)"
+    cat "$OUT/steps.txt"
+    echo "--- tests"
+    for kind in cuda cpu; do
+      cat "$RAW"/${kind}_*.gtest.txt 2> /dev/null | awk -v k=$kind '
+        /^\[  PASSED  \] [0-9]+ test/ {p += $4} /^\[  SKIPPED \] [0-9]+ test/ {s += $4}
+        /^\[  FAILED  \] [A-Za-z]/ && !($4 in seen) {seen[$4]; f++; print "  failed: " $4}
+        END {if (p + s + f) printf "%s tests: %d passed, %d skipped, %d failed\n", k, p, s, f}'
+    done
+    grep -h "ERROR SUMMARY" "$RAW"/memcheck_*.txt 2> /dev/null | sort | uniq -c
+    echo "--- benchmarks and measurements"
+    grep -hE "^(BM_|Benchmark)" "$RAW"/bench_*.txt 2> /dev/null | cut -c1-200
+    for f in "$RAW"/ch*.txt; do [ -f "$f" ] && { echo "# $(basename "$f" .txt)"; tail -25 "$f"; }; done
+  } > "$OUT/summary.txt"
+  cat "$OUT/summary.txt"
+  rm -rf "$RAW"
+}
+
+# step NAME LIMIT COMMAND...: runs one step with its output in $RAW/NAME.txt, cut at LIMIT seconds
+# or at the deadline, whichever comes first; a step with under 10 s left is not started.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((DEADLINE - SECONDS - 10))
+  if [ "$left" -lt 10 ]; then
+    echo "$name not-run (deadline)" | tee -a "$OUT/steps.txt"
+    status=1
+    return 125
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "=== $name (limit ${limit}s): $*" >> "$LOG"
+  local t0=$SECONDS
+  timeout -k 5 "$limit" "$@" > "$RAW/$name.txt" 2>&1
   local rc=$?
-  echo "$name rc=$rc $(( $(date +%s) - t0 ))s" | tee -a "$OUT/steps.txt"
+  cat "$RAW/$name.txt" >> "$LOG"
+  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/steps.txt"
   [ $rc -eq 0 ] || status=1
   return $rc
 }
-: > "$LOG"
-: > "$OUT/steps.txt"
+
 {
-  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | grep -q . && echo '(with local changes)')"
+  echo "commit $(git rev-parse --short HEAD 2> /dev/null || cat .gpu/commit 2> /dev/null || echo unknown)" \
+    "$(git status --porcelain 2> /dev/null | grep -q . && echo '(with local changes)')"
   date -u +"%Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
-  nvcc --version | tail -1
-} | tee -a "$LOG" > "$OUT/machine.txt"
+  echo "nvcc: $(nvcc --version 2> /dev/null | tail -1) host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+} > "$OUT/machine.txt"
+cat "$OUT/machine.txt" >> "$LOG"
 
-step configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DINFERLAB_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${prefix[@]}" || { tail -30 "$LOG"; exit 1; }
-step build cmake --build "$BUILD" -j "$(nproc)" || { grep -E "error" "$LOG" | head -30; exit 1; }
-for t in "$BUILD"/bin/inferlab_tests "$BUILD"/bin/test_ch*; do  # the CUDA tests first, each binary's own
-  step "cuda_$(basename "$t")" "$t" --gtest_filter='Cuda*' --gtest_output=json:"$OUT/cuda_$(basename "$t").json"
-done
-step all_tests ctest --test-dir "$BUILD" --output-on-failure -j 8
-for b in "$BUILD"/bin/bench_*; do
-  name=$(basename "$b")
-  # The GPU benchmarks only: the CPU ones are measured on the development machine.
-  step "$name" "$b" --benchmark_filter=Cuda --benchmark_out="$OUT/$name.json" --benchmark_out_format=json \
+if [ "${1:-}" = --prebuilt ]; then
+  # Binaries from tools/gpu_pack.sh: unpack, make their compiled-in source folder (where data/ is
+  # read from) point here, and find the CUDA libraries they link.
+  [ -f .gpu/pack.tar.xz ] || { echo "gpu_check: no .gpu/pack.tar.xz (run tools/gpu_pack.sh first)" | tee -a "$LOG"; exit 1; }
+  BUILD=build/gpu-prebuilt
+  rm -rf "$BUILD" && mkdir -p "$BUILD" && tar -xJf .gpu/pack.tar.xz -C "$BUILD"
+  src=$(cat "$BUILD/source_dir")
+  if [ "$src" != "$ROOT" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$ROOT" "$src"; fi
+  [ "$(cd "$src" 2> /dev/null && pwd -P)" = "$(pwd -P)" ] ||
+    echo "gpu_check: warning: the binaries read data from $src, which is not this tree" | tee -a "$LOG"
+  libs="$ROOT/$BUILD/lib"
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do [ -d "$d" ] && libs="$libs:$d"; done
+  for d in $(python3 -c 'import nvidia, sys; print(*nvidia.__path__)' 2> /dev/null); do
+    for l in $(find "$d" -maxdepth 4 -name 'libcublas.so.*' -printf '%h\n' 2> /dev/null | sort -u); do libs="$libs:$l"; done
+  done
+  export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  missing=$(ldd "$BUILD"/bin/* | grep "not found" | sort -u)
+  [ -z "$missing" ] || { echo "gpu_check: libraries not found: $missing" | tee -a "$LOG"; exit 1; }
+else
+  BUILD=build/gpu
+  prefix=()
+  [ -d .deps/root/usr ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
+  step configure 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DINFERLAB_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${prefix[@]}" || { tail -30 "$RAW/configure.txt"; finish; exit 1; }
+  step build 900 cmake --build "$BUILD" -j "$(nproc)" || { grep -E "error" "$RAW/build.txt" | head -30; finish; exit 1; }
+fi
+B="$ROOT/$BUILD/bin"
+TESTS=("$B"/inferlab_tests "$B"/test_ch*)
+
+# 1. The CUDA tests, every test program's own, four programs at a time. A test that skips for want
+# of a device fails the check, and nothing after it runs.
+cuda_tests() {  # cuda_tests PROGRAM: its Cuda* tests, output and JSON in $RAW
+  local n
+  n=$(basename "$1")
+  "$1" --gtest_filter='Cuda*' --gtest_output=json:"$RAW/cuda_$n.json" > "$RAW/cuda_$n.gtest.txt" 2>&1
+}
+export -f cuda_tests
+export RAW
+step cuda_tests 150 bash -c 'printf "%s\n" "$@" | xargs -P 4 -I{} bash -c "cuda_tests {} || echo FAILED: {}"' _ "${TESTS[@]}"
+grep -l "FAILED" "$RAW"/cuda_*.gtest.txt 2> /dev/null | sed 's/^/failed: /' | tee -a "$OUT/steps.txt"
+grep -q "FAILED" "$RAW/cuda_tests.txt" && status=1
+if grep -qh "no CUDA device available" "$RAW"/cuda_*.gtest.txt 2> /dev/null; then
+  echo "cuda_tests: the CUDA tests skipped: $(grep -h -m1 -o 'no CUDA device available.*' "$RAW"/cuda_*.gtest.txt | head -1)" |
+    tee -a "$OUT/steps.txt"
+  status=1
+  no_device=1
+fi
+ran=$(cat "$RAW"/cuda_*.gtest.txt 2> /dev/null | grep -c "^\[       OK \]")
+echo "cuda_tests: $ran tests passed" | tee -a "$OUT/steps.txt"
+[ "$ran" -gt 0 ] || { status=1; no_device=1; }
+if [ $no_device -eq 1 ]; then finish; exit 1; fi
+
+# 2. The GPU benchmarks (the CPU ones are measured on the development machine), one at a time.
+for b in "$B"/bench_*; do
+  n=$(basename "$b")
+  step "$n" 120 "$b" --benchmark_filter=Cuda --benchmark_out="$RAW/$n.json" --benchmark_out_format=json \
     --benchmark_counters_tabular=true
 done
-# Chapter 05: decode at a fixed memory budget for caches, each sharing factor at the batch it fits.
-step ch05_throughput "$BUILD"/bin/ch05_cla throughput --device cuda --seq 4096 --memory-mb 2048 --layers 8 \
-  --shares 1,2,4 --json "$OUT/ch05_throughput.json"
-# Chapter 06: a decode step against position, every layer global against every layer local.
-step ch06_speed "$BUILD"/bin/ch06_local_attention speed --device cuda --layers 8 --window 4096 \
-  --positions 4096,16384,65536 --json "$OUT/ch06_speed.json"
-# Chapter 07: one layer's prefill scan (the chunked kernel against the step loop), and a decode step
-# against position for a Mamba beside a transformer of the same size.
-step ch07_scan "$BUILD"/bin/ch07_mamba scan --device cuda --tokens 1024,4096,16384 --json "$OUT/ch07_scan.json"
-step ch07_speed "$BUILD"/bin/ch07_mamba speed --device cuda --positions 1024,4096,16384,32768 --json "$OUT/ch07_speed.json"
-# Chapter 08: diffusion against autoregression, tokens/s and intensity against R.
-step ch08_speed "$BUILD"/bin/ch08_diffusion_lm speed --device cuda --gen-length 256 --steps 256,64,16,4 \
-  --json "$OUT/ch08_speed.json"
+
+# 3. The chapters' GPU measurements.
 # Chapter 10: int4 self-speculation on a random 100M-parameter target, both models on the GPU.
-step ch10_self "$BUILD"/bin/ch10_speculative_sampling self --random --device cuda --temperature 1 --gamma 4 \
-  --max-new-tokens 96 --json "$OUT/ch10_self.json"
+step ch10_self 60 "$B"/ch10_speculative_sampling self --random --device cuda --temperature 1 --gamma 4 \
+  --max-new-tokens 96 --json "$RAW/ch10_self.json"
+# Chapter 12: the paged kernel against the same kernel over blocks in order and the contiguous op.
+step ch12_speed_16k 45 "$B"/ch12_paged_attention speed --device cuda --context 16384 --json "$RAW/ch12_speed_16k.json"
+step ch12_speed_64k 45 "$B"/ch12_paged_attention speed --device cuda --context 65536 --json "$RAW/ch12_speed_64k.json"
 # Chapter 11: static against continuous batching on one trace (all requests at once, then two
 # arrival rates), tiny-mha and the random 100M Llama, at a cap of 32 sequences.
-step ch11_trace "$BUILD"/bin/ch11_continuous_batching trace --device cuda --requests 256 --max-running 32 \
-  --step-tokens 512 --budget-mib 4096 --json "$OUT/ch11_trace.json"
-step ch11_trace_random "$BUILD"/bin/ch11_continuous_batching trace --device cuda --random --requests 256 --rate 0 \
-  --prompt-median 64 --max-running 32 --step-tokens 512 --budget-mib 16384 --json "$OUT/ch11_trace_random.json"
-# Chapter 12: the paged kernel against the same kernel over blocks in order and the contiguous op
-# at 16K and 64K positions; chapter 11's trace on contiguous and paged caches on the GPU.
-step ch12_speed "$BUILD"/bin/ch12_paged_attention speed --device cuda --context 16384 --json "$OUT/ch12_speed_16k.json"
-step ch12_speed_64k "$BUILD"/bin/ch12_paged_attention speed --device cuda --context 65536 --json "$OUT/ch12_speed_64k.json"
-step ch12_memory "$BUILD"/bin/ch12_paged_attention memory --device cuda --requests 256 --max-running 64 \
-  --step-tokens 512 --budget-mib 16 --json "$OUT/ch12_memory.json"
+step ch11_trace 60 "$B"/ch11_continuous_batching trace --device cuda --requests 256 --max-running 32 \
+  --step-tokens 512 --budget-mib 4096 --json "$RAW/ch11_trace.json"
+step ch11_trace_random 60 "$B"/ch11_continuous_batching trace --device cuda --random --requests 256 --rate 0 \
+  --prompt-median 64 --max-running 32 --step-tokens 512 --budget-mib 16384 --json "$RAW/ch11_trace_random.json"
+step ch12_memory 45 "$B"/ch12_paged_attention memory --device cuda --requests 256 --max-running 64 \
+  --step-tokens 512 --budget-mib 16 --json "$RAW/ch12_memory.json"
+# Chapter 05: decode at a fixed memory budget for caches, each sharing factor at the batch it fits.
+step ch05_throughput 45 "$B"/ch05_cla throughput --device cuda --seq 4096 --memory-mb 2048 --layers 8 \
+  --shares 1,2,4 --json "$RAW/ch05_throughput.json"
+# Chapter 06: a decode step against position, every layer global against every layer local.
+step ch06_speed 45 "$B"/ch06_local_attention speed --device cuda --layers 8 --window 4096 \
+  --positions 4096,16384,65536 --json "$RAW/ch06_speed.json"
+# Chapter 07: one layer's prefill scan (the chunked kernel against the step loop), and a decode step
+# against position for a Mamba beside a transformer of the same size.
+step ch07_scan 45 "$B"/ch07_mamba scan --device cuda --tokens 1024,4096,16384 --json "$RAW/ch07_scan.json"
+step ch07_speed 45 "$B"/ch07_mamba speed --device cuda --positions 1024,4096,16384,32768 --json "$RAW/ch07_speed.json"
+# Chapter 08: diffusion against autoregression, tokens/s and intensity against R.
+step ch08_speed 45 "$B"/ch08_diffusion_lm speed --device cuda --gen-length 256 --steps 256,64,16,4 \
+  --json "$RAW/ch08_speed.json"
 
-echo
-echo "==== summary (full log: $LOG)"
-cat "$OUT/machine.txt"
-cat "$OUT/steps.txt"
-grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$LOG" | sort | uniq -c | head -20
-grep -E "tests passed|tests failed" "$LOG" | tail -2
-# The benchmark tables (name, time, counters).
-grep -E "^(BM_|-{10}|Benchmark)" "$LOG" | cut -c1-160
+# 4. compute-sanitizer's memcheck over each program's CUDA tests, four at a time (slow: a program
+# cut at the limit is reported, not failed).
+if command -v compute-sanitizer > /dev/null; then
+  memcheck() {
+    local n
+    n=$(basename "$1")
+    timeout -k 5 "$2" compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+      "$1" --gtest_filter='Cuda*' > "$RAW/memcheck_$n.txt" 2>&1
+    echo "memcheck $n rc=$?"
+  }
+  export -f memcheck
+  left=$((DEADLINE - SECONDS - 25))
+  [ "$left" -gt 150 ] && left=150
+  step memcheck $((left + 10)) bash -c 'printf "%s\n" "${@:2}" | xargs -P 4 -I{} bash -c "memcheck {} $1"' _ "$left" "${TESTS[@]}"
+  grep -q "rc=9" "$RAW/memcheck.txt" && status=1
+else
+  echo "memcheck not-run (no compute-sanitizer)" | tee -a "$OUT/steps.txt"
+fi
+
+# 5. The CPU tests on this host, every program in parallel (CI runs them too; here they meet another
+# CPU and the non-Cuda tests that use the device when it is there).
+cpu_tests() {
+  local n
+  n=$(basename "$1")
+  "$1" --gtest_filter='-Cuda*' --gtest_brief=1 > "$RAW/cpu_$n.gtest.txt" 2>&1 || echo "FAILED: $n"
+}
+export -f cpu_tests
+step cpu_tests 150 bash -c 'printf "%s\n" "$@" | xargs -P 16 -I{} bash -c "cpu_tests {}"' _ "${TESTS[@]}"
+grep -q "FAILED" "$RAW/cpu_tests.txt" && status=1
+
+finish
 exit $status

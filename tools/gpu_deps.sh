@@ -4,7 +4,7 @@
 # build InferLab: headers, CMake package files, static libraries, and the few shared ones
 # (Google Benchmark, PCRE2, utf8proc) with their run-time files. Paths keep their layout under
 # .deps/root/usr, so the packages' relocatable CMake files work from there.
-#   tools/gpu_deps.sh            # then carry .deps to the GPU machine (see docs/gpu.md)
+#   tools/gpu_deps.sh            # then copy the tree with .deps to the GPU machine (see docs/gpu.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PACKAGES=(libeigen3-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
