@@ -1589,5 +1589,31 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
   EXPECT_EQ(qmatmul(x32.to(Device::CUDA), q32.to(Device::CUDA)).to_float_vector(), qmatmul(x32, q32).to_float_vector());
 }
 
+// q8_0 over one block against identity rows: y_n = 127·q_n·d_w·d_x with q_n the n-th int8 of x's
+// block, exact on both sides, so the GPU's x block (its scale and its values) must equal the CPU's
+// bit for bit. A failure prints the block each side implies.
+TEST(CudaQuant, Q8_0BlockOfXEqualsTheCpusBitForBit) {
+  IL_REQUIRE_CUDA();
+  auto rng = test::rng_for_test();
+  Tensor eye = Tensor::zeros({32, 32}, DType::F32);
+  for (std::int64_t n = 0; n < 32; ++n) eye.at<float>({n, n}) = 1.0f;
+  const QMatrix q = quantize(eye, {Format::Q8_0});
+  for (const float amax : {1.0f, 0.99f, 9.5f, 1e-3f, 127.0f / 128.0f}) {
+    Tensor x = test::uniform(rng, {2, 32}, -amax, amax);
+    x.at<float>({0, 7}) = amax, x.at<float>({1, 30}) = -amax;
+    const auto cpu = qmatmul(x, q).to_float_vector();
+    const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_float_vector();
+    std::uint8_t block[34];
+    quantize_q8_0_block(x.data<float>(), block);
+    const float unit = 127.0f * from_half(q.data.data<std::uint8_t>());  // 127·d_w: y_n = unit·q_n·d_x
+    std::ostringstream why;
+    why << "amax " << amax << ": the CPU's block of row 0 has d_x " << from_half(block) << "; n, x, CPU's q, y_cpu / (127·d_w), y_gpu / (127·d_w):";
+    for (int n = 0; n < 32; ++n)
+      why << "\n  " << n << " " << x.at<float>({0, n}) << " " << int(static_cast<std::int8_t>(block[2 + n])) << " "
+          << cpu[static_cast<std::size_t>(n)] / unit << " " << gpu[static_cast<std::size_t>(n)] / unit;
+    EXPECT_EQ(gpu, cpu) << why.str();
+  }
+}
+
 }  // namespace
 }  // namespace inferlab::ch09
