@@ -74,8 +74,12 @@ step() {
 }
 
 {
-  echo "commit $(git rev-parse --short HEAD 2> /dev/null || cat .gpu/commit 2> /dev/null || echo unknown)" \
-    "$(git status --porcelain 2> /dev/null | grep -q . && echo '(with local changes)')"
+  if [ "${1:-}" = --prebuilt ]; then
+    echo "binaries of commit $(cat .gpu/commit 2> /dev/null || echo unknown) (tools/gpu_pack.sh)"
+  else
+    echo "commit $(git rev-parse --short HEAD 2> /dev/null || echo unknown)" \
+      "$(git status --porcelain 2> /dev/null | grep -q . && echo '(with local changes)')"
+  fi
   date -u +"%Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
   echo "nvcc: $(nvcc --version 2> /dev/null | tail -1) host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
@@ -179,6 +183,8 @@ if command -v compute-sanitizer > /dev/null; then
   memcheck() {
     local n
     n=$(basename "$1")
+    # compute-sanitizer fails a program that never calls CUDA: skip those with no CUDA tests
+    "$1" --gtest_list_tests --gtest_filter='Cuda*' | grep -q '^  ' || { echo "memcheck $n: no CUDA tests"; return; }
     timeout -k 5 "$2" compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
       "$1" --gtest_filter='Cuda*' > "$RAW/memcheck_$n.txt" 2>&1
     echo "memcheck $n rc=$?"

@@ -219,7 +219,11 @@ __global__ void quantize_q8_0(const float* __restrict__ x, long long blocks, std
   const float* p = x + b * 32;
   __half h;
   const float id = q8_0_scale(p, h);
-  memcpy(out + b * 34, &h, 2);
+  // One 16-bit store of the scale's bits (b * 34 is even, so it is aligned). Copying the __half
+  // byte by byte (memcpy) is miscompiled by nvcc 13.0's ptxas for sm_90: it turns the low byte's
+  // store into a conversion of the half's value to an unsigned byte (F2I.U8.F16), which writes 0
+  // for every scale below 1, so the block's scale loses its low 8 bits.
+  *reinterpret_cast<unsigned short*>(out + b * 34) = __half_as_ushort(h);
   for (int i = 0; i < 32; ++i) out[b * 34 + 2 + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(roundf(p[i] * id)));
 }
 
