@@ -9,6 +9,8 @@ setup) and a constant rate after 100 warm-up steps.  Prints the loss every 100 s
     tools/.venv/bin/python tools/induction_check.py --gap 80                  # content-addressed
     tools/.venv/bin/python tools/induction_check.py --name tiny-hybrid --row 160 --batch 64 \
         --span 24 --min-gap 48 --gap 100                                       # past every window
+    tools/.venv/bin/python tools/induction_check.py --name tiny-hybrid --row 160 --batch 64 \
+        --span 24 --gap 100 --window 64              # near and far copies mixed, each kind's loss
 
 With --fixed-start the first copy always starts right after BOS and, with --gap 0 (every row the
 same gap), the second copy sits at a fixed position too: an attention head that looks a fixed
@@ -49,6 +51,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--window", type=int, default=None,
+                    help="also print the loss of the rows whose copies lie --window or more tokens apart (span + gap: "
+                         "past a sliding window of that size) and of the others")
     a = ap.parse_args()
     assert 0 <= a.min_gap <= a.gap, "--min-gap must lie between 0 and --gap"
     assert 2 * a.span + a.gap + 1 <= a.row, "--row must hold BOS, both copies and the gap"
@@ -65,17 +70,20 @@ def main() -> None:
         x = torch.randint(2, zm.VOCAB, (a.batch, a.row + 1), generator=g)
         x[:, 0] = zm.BOS
         mask = torch.zeros(a.batch, a.row)
+        far = torch.zeros(a.batch, dtype=torch.bool)
         for r in range(a.batch):
             gap = a.gap if a.fixed_start else 0 if step < a.warm else int(torch.randint(a.min_gap, a.gap + 1, (1,), generator=g))
             first = 1 if a.fixed_start else int(torch.randint(1, a.row + 1 - 2 * a.span - gap, (1,), generator=g))
             second = first + a.span + gap
+            far[r] = a.window is not None and a.span + gap >= a.window
             x[r, second:second + a.span] = x[r, first:first + a.span]
             mask[r, second:second + a.span - 1] = 1  # target t + 1 is predicted at position t
         if family == "mdlm":  # the copy's tokens in place: the causal mask shifted by one
             scored = torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], 1)
-            loss = tr.mdlm_answer_loss(model, x[:, :-1], scored, masking).mean()
+            rows = tr.mdlm_answer_loss(model, x[:, :-1], scored, masking)
         else:
-            loss = tr.causal_loss(model, x, mask).mean()  # recipe v2's loss: each row's mean over its scored positions
+            rows = tr.causal_loss(model, x, mask)  # recipe v2's loss: each row's mean over its scored positions
+        loss = rows.mean()
         for group in opt.param_groups:
             group["lr"] = a.lr * min(1.0, (step + 1) / 100)
         opt.zero_grad(set_to_none=True)
@@ -83,7 +91,12 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 100 == 0 or step == a.steps - 1:
-            print(f"step {step} copy loss {loss.item():.3f} elapsed {time.time() - t0:.0f}s", flush=True)
+            split = ""
+            if a.window is not None:
+                parts = [f"{what} {rows[sel].mean().item():.3f} ({int(sel.sum())} rows)"
+                         for what, sel in ((f"apart >= {a.window}", far), ("nearer", ~far)) if sel.any()]
+                split = " [" + ", ".join(parts) + "]"
+            print(f"step {step} copy loss {loss.item():.3f}{split} elapsed {time.time() - t0:.0f}s", flush=True)
 
 
 if __name__ == "__main__":
