@@ -15,11 +15,14 @@ using ch02::kChunk;
 constexpr int kMaxGroupDims = 2048;  // G·H values of q kept in shared memory
 constexpr int kMaxGroup = 16;
 
+// kG: the group size rounded up to a power of two (1 … 16), so that the loops over the group have a
+// constant bound: their accumulators stay in registers, as many as the group needs.
+template <int kG>
 __global__ void gqa_partial(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
                             const int* __restrict__ pos_p, float* __restrict__ pm, float* __restrict__ pl,
                             float* __restrict__ pacc, int N, int Kh, int H, float scale) {
   __shared__ float qs[kMaxGroupDims];
-  __shared__ float sc[kMaxGroup][kChunk];
+  __shared__ float sc[kG][kChunk];
   const int kvh = blockIdx.x, c = blockIdx.y, splits = gridDim.y, G = N / Kh;
   const int len = *pos_p + 1, start = c * kChunk, end = min(start + kChunk, len), n = max(0, end - start);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -28,11 +31,14 @@ __global__ void gqa_partial(const float* __restrict__ q, const float* __restrict
   // Scores: a warp per key row, read once, dotted with all G queries.
   for (int j = warp; j < n; j += warps) {
     const float* kr = kc + (static_cast<long long>(start + j) * Kh + kvh) * H;
-    float kv[8];  // H/32 ≤ 8 values of the row per lane
-    for (int e = 0, d = lane; d < H; ++e, d += 32) kv[e] = kr[d];
+    float kv[8];  // H/32 ≤ 8 values of the row per lane; constant indices keep them in registers
+#pragma unroll
+    for (int e = 0; e < 8; ++e) kv[e] = lane + 32 * e < H ? kr[lane + 32 * e] : 0.0f;
     for (int g = 0; g < G; ++g) {
       float dot = 0.0f;
-      for (int e = 0, d = lane; d < H; ++e, d += 32) dot += qs[g * H + d] * kv[e];
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        if (lane + 32 * e < H) dot += qs[g * H + lane + 32 * e] * kv[e];
       for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
       if (lane == 0) sc[g][j] = dot;
     }
@@ -49,16 +55,43 @@ __global__ void gqa_partial(const float* __restrict__ q, const float* __restrict
     if (threadIdx.x == 0) pm[(kvh * G + g) * splits + c] = n > 0 ? mx : -INFINITY, pl[(kvh * G + g) * splits + c] = sum;
   }
   __syncthreads();
-  // Outputs: each value row read once, accumulated into all G query heads.
+  // Outputs: each value row read once, accumulated into all G query heads. The loops over the
+  // group run to the constant kG, guarded, so the accumulators stay in registers (with a loop
+  // bound of G they lived in local memory), and four value rows are loaded before they are used.
+  // The sums run in the same order as one row at a time.
   for (int d = threadIdx.x; d < H; d += blockDim.x) {
-    float acc[kMaxGroup];
-    for (int g = 0; g < G; ++g) acc[g] = 0.0f;
-    for (int j = 0; j < n; ++j) {
-      const float vv = vc[(static_cast<long long>(start + j) * Kh + kvh) * H + d];
-      for (int g = 0; g < G; ++g) acc[g] += sc[g][j] * vv;
+    float acc[kG] = {};
+    const float* vd = vc + static_cast<long long>(start) * Kh * H + kvh * H + d;
+    const long long row = static_cast<long long>(Kh) * H;
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+      float vv[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) vv[u] = vd[(j + u) * row];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int g = 0; g < kG; ++g)
+          if (g < G) acc[g] += sc[g][j + u] * vv[u];
     }
-    for (int g = 0; g < G; ++g) pacc[static_cast<long long>((kvh * G + g) * splits + c) * H + d] = acc[g];
+    for (; j < n; ++j) {
+      const float vv = vd[j * row];
+#pragma unroll
+      for (int g = 0; g < kG; ++g)
+        if (g < G) acc[g] += sc[g][j] * vv;
+    }
+#pragma unroll
+    for (int g = 0; g < kG; ++g)
+      if (g < G) pacc[static_cast<long long>((kvh * G + g) * splits + c) * H + d] = acc[g];
   }
+}
+
+// One launch of gqa_partial<kG>.
+template <int kG>
+void launch_partial(dim3 grid, const float* q, const float* k, const float* v, const ch02::SplitScratch& s, int N,
+                    int Kh, int H, float scale) {
+  gqa_partial<kG><<<grid, kAttnThreads, 0, cuda::stream()>>>(q, k, v, s.pos, s.m, s.l, s.acc, N, Kh, H, scale);
+  IL_CUDA_LAUNCHED();
 }
 
 }  // namespace
@@ -69,10 +102,11 @@ void gqa_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, std
   IL_CHECK(G <= kMaxGroup && G * H <= kMaxGroupDims && H <= 256, "gqa_decode_attention: groups of ", G,
            " heads of size ", H, " exceed the kernel's limits (", kMaxGroup, " heads, ", kMaxGroupDims, " values)");
   const ch02::SplitScratch s = ch02::split_scratch(N, H, len, cuda::stream());
-  gqa_partial<<<dim3(static_cast<unsigned>(Kh), static_cast<unsigned>(s.splits)), kAttnThreads, 0, cuda::stream()>>>(
-      q.data<float>(), k.data<float>(), v.data<float>(), s.pos, s.m, s.l, s.acc, static_cast<int>(N), static_cast<int>(Kh),
-      static_cast<int>(H), 1.0f / std::sqrt(static_cast<float>(H)));
-  IL_CUDA_LAUNCHED();
+  const auto launch = G <= 1 ? launch_partial<1> : G <= 2 ? launch_partial<2> : G <= 4 ? launch_partial<4>
+                    : G <= 8 ? launch_partial<8> : launch_partial<16>;  // the group size rounded up to a power of two
+  launch(dim3(static_cast<unsigned>(Kh), static_cast<unsigned>(s.splits)), q.data<float>(), k.data<float>(),
+         v.data<float>(), s, static_cast<int>(N), static_cast<int>(Kh), static_cast<int>(H),
+         1.0f / std::sqrt(static_cast<float>(H)));
   ch02::attention_merge<<<static_cast<unsigned>(N), kAttnThreads, 0, cuda::stream()>>>(s.m, s.l, s.acc, out.data<float>(),
                                                                                        s.splits, static_cast<int>(H));
   IL_CUDA_LAUNCHED();

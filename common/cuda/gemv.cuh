@@ -79,12 +79,18 @@ __global__ void gemv(GemvSegments<W> s, const float* __restrict__ x, float* y, l
   const long long row = static_cast<long long>(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= total) return;
-  int seg = 0;
+  // The segment holding this row, with constant indices only (indexing the parameter's arrays
+  // with a variable would copy them to local memory).
   long long r = row;
-  while (seg + 1 < s.count && r >= s.rows[seg]) r -= s.rows[seg++];
-  float v = warp_dot<W, kVec>(s.w[seg] + r * K, x, K, lane);
+  const W* w = s.w[0];
+  const float* bias = s.bias[0];
+  if (s.count > 1 && r >= s.rows[0]) {
+    r -= s.rows[0], w = s.w[1], bias = s.bias[1];
+    if (s.count > 2 && r >= s.rows[1]) r -= s.rows[1], w = s.w[2], bias = s.bias[2];
+  }
+  float v = warp_dot<W, kVec>(w + r * K, x, K, lane);
   if (lane == 0) {
-    if (s.bias[seg]) v += s.bias[seg][r];
+    if (bias) v += bias[r];
     y[row] = accumulate ? y[row] + v : v;
   }
 }

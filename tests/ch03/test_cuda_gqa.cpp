@@ -15,7 +15,12 @@ TEST(CudaGqa, GroupedAndPerHeadKernelsMatchTheCpu) {
   struct Case {
     std::int64_t N, K, H, len;
   };
-  for (const Case& c : {Case{32, 8, 128, 1000}, Case{8, 1, 64, 300}, Case{4, 4, 32, 5}, Case{16, 2, 256, 600}}) {
+  // Group sizes 1, 2, 3 (the grouped kernel's variant for 4 with one head unused), 4, 8 and 16; head
+  // sizes that are and are not multiples of the warp; lengths at and just past a 256-row chunk.
+  for (const Case& c : {Case{32, 8, 128, 1000}, Case{8, 1, 64, 300}, Case{4, 4, 32, 5}, Case{16, 2, 256, 600},
+                        Case{4, 2, 64, 256}, Case{6, 2, 40, 257}, Case{48, 3, 96, 700}}) {
+    SCOPED_TRACE("N " + std::to_string(c.N) + ", K " + std::to_string(c.K) + ", H " + std::to_string(c.H) + ", len " +
+                 std::to_string(c.len));
     const std::int64_t S = c.len + 7;
     Tensor q = test::uniform(rng, {1, c.N, c.H}, -2, 2), k = test::uniform(rng, {S, c.K, c.H}, -2, 2),
            v = test::uniform(rng, {S, c.K, c.H});
