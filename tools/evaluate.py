@@ -68,7 +68,9 @@ def probe_accuracy(name: str, model, probes: list[dict], tok) -> dict:
     if family == "mdlm":
         for kind, pids, ans, dis in items:
             x = torch.tensor([pids + [zm.MASK] * len(ans)])
-            pred = zm.logits_of(model, x)[0, len(pids):].argmax(-1).tolist()
+            logits = zm.logits_of(model, x)[0, len(pids):]
+            logits[:, zm.MASK] = float("-inf")  # a fill is a token, never the mask (as ch08::sample_llada)
+            pred = logits.argmax(-1).tolist()
             totals[kind] += 1
             right[kind] += int(pred == ans)
             dist_hits[kind] += int(dis is not None and pred[0] == dis)
