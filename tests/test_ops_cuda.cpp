@@ -128,7 +128,11 @@ TEST(Cuda, AttentionWithinTheFloat64BoundAndMatchesCpu) {
                         Case{17, 300, 8, 8, 64, 64, 0, true}, Case{40, 40, 4, 1, 256, 256, 16, true},
                         Case{6, 300, 4, 2, 64, 64, 130, true}, Case{9, 9, 2, 2, 80, 80, 0, false},
                         Case{5, 200, 4, 2, 32, 32, 0, false}, Case{7, 260, 8, 2, 192, 128, 0, true},
-                        Case{3, 20, 4, 4, 40, 72, 5, true}, Case{2, 150, 8, 1, 576, 512, 0, true}}) {
+                        Case{3, 20, 4, 4, 40, 72, 5, true}, Case{2, 150, 8, 1, 576, 512, 0, true},
+                        // one query row: the split-K decode path (chunks of 256 keys), with a window
+                        // that starts mid-sequence, bidirectional, and MLA's head sizes
+                        Case{1, 700, 8, 2, 64, 64, 300, true}, Case{1, 600, 4, 4, 32, 48, 0, false},
+                        Case{1, 520, 16, 1, 576, 512, 0, true}}) {
     Tensor q = test::uniform(rng, {c.T, c.Nq, c.Dqk}, -2, 2), k = test::uniform(rng, {c.S, c.Nk, c.Dqk}, -2, 2),
            v = test::uniform(rng, {c.S, c.Nk, c.Dv});
     AttentionParams p;
@@ -151,9 +155,10 @@ TEST(Cuda, AttentionRaggedEqualsOneCallPerSequence) {
   IL_REQUIRE_CUDA();
   auto rng = test::rng_for_test();
   const std::int64_t Nq = 8, Nk = 2, Dqk = 64, Dv = 48;
-  // 40 sequences, more than one launch takes: decode rows, prefill chunks, whole prompts and
-  // sequences with no queries, one of them longer than a chunk of 128 keys.
-  std::vector<std::pair<std::int64_t, std::int64_t>> lengths = {{3, 300}};
+  // 41 sequences, more than one launch takes: decode rows, prefill chunks, whole prompts and
+  // sequences with no queries, one of them longer than a chunk of 128 keys, and a decode row over
+  // three of the decode path's 256-key chunks (the short decode rows beside it get empty chunks).
+  std::vector<std::pair<std::int64_t, std::int64_t>> lengths = {{3, 300}, {1, 700}};
   for (int b = 0; b < 39; ++b) {
     const std::int64_t S = std::uniform_int_distribution<std::int64_t>(1, 60)(rng);
     const std::int64_t chunk = std::uniform_int_distribution<std::int64_t>(1, S)(rng);
