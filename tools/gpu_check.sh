@@ -125,7 +125,8 @@ cuda_tests() {  # cuda_tests PROGRAM: its Cuda* tests, output and JSON in $RAW
 export -f cuda_tests
 export RAW
 step cuda_tests 150 bash -c 'printf "%s\n" "$@" | xargs -P 4 -I{} bash -c "cuda_tests {} || echo FAILED: {}"' _ "${TESTS[@]}"
-grep -l "FAILED" "$RAW"/cuda_*.gtest.txt 2> /dev/null | sed 's/^/failed: /' | tee -a "$OUT/steps.txt"
+grep -l "FAILED" "$RAW"/cuda_*.gtest.txt 2> /dev/null | xargs -r -n1 basename | sed 's/^cuda_/failed: /; s/.gtest.txt$//' |
+  tee -a "$OUT/steps.txt"
 grep -q "FAILED" "$RAW/cuda_tests.txt" && status=1
 if grep -qh "no CUDA device available" "$RAW"/cuda_*.gtest.txt 2> /dev/null; then
   echo "cuda_tests: the CUDA tests skipped: $(grep -h -m1 -o 'no CUDA device available.*' "$RAW"/cuda_*.gtest.txt | head -1)" |
