@@ -333,7 +333,15 @@ step.
   0.42 with 4 and 8 pairs, and Mamba's recall falling as the pairs outgrow its state, from games
   alone on rows no longer than 64 tokens (the story probes stay at 0: these models saw no text).
   So a variant of the recipe for the SSMs that starts with games instead of induction rows is
-  the next zoo run for them.
+  the next zoo run for them.  It is running (2026-12-04: recipe v3-games of `tools/recipe.py`,
+  whose first phase is memory games for tiny-mamba and tiny-lti, then v3's text, random-copy and
+  game phases, one thread each; not landed).  Through the longer rows the games' loss held
+  apart: tiny-mamba's 1.25 at step 1,000, 0.85-0.90 at steps 2,000-2,100 and 1.0 at 2,475,
+  against 2.33 at the same steps of its plain v3 run; tiny-lti's 1.9-2.0 from step 1,000 to
+  the end.  tiny-lti's finished run recalls 0.39, 0.225, 0.19, 0.215 and 0.13 with 4 to 64
+  pairs (its committed model 0.28, 0.25, 0.185, 0.2 and 0.12) and its validation loss is 1.354
+  (1.373): for the time-invariant SSM, games first changed little, as the lecture predicts.
+  tiny-mamba's run was still in its last phase; the two land together once it finishes.
   The convolution equal to the scan, the bytes and the flat decode time of chapter 07 do not
   depend on it.
 * **The budget.**  The eleven v3 models took about 14.7 hours of one thread (the table's minutes;

@@ -35,7 +35,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("name", choices=zm.ORDER)
     ap.add_argument("--tokens", type=int, default=12_288_000, help="training tokens (the zoo's recipe)")
-    ap.add_argument("--recipe", choices=["v1", "v2", "v3"], default="v1",
+    ap.add_argument("--recipe", choices=["v1", "v2", "v3", "v3-games"], default="v1",
                     help="v1: the committed zoo's; v2, v3: tools/recipe.py's")
     ap.add_argument("--copy", choices=["corpus", "random"], default=None, help="v2, v3: what a copy row repeats (recipe.COPY_SOURCE)")
     ap.add_argument("--mix", default=None, help="v2, v3: every phase's row kinds, comma-separated (recipe.KINDS), e.g. text,rcopy,recall")

@@ -57,14 +57,19 @@ V2 = [Phase(5000, 128, 8, ("text", "copy", "recall")),
 V3 = [Phase(800, 64, 64, ("induct",)),
       Phase(1500, 256, 16, ("text", "rcopy", "recall")),
       Phase(1000, 512, 16, ("text", "rcopy", "recall"))]
-RECIPES = {"v2": V2, "v3": V3}
+# v3-games: v3 for every model but the two state-space ones, whose first phase is memory games
+# instead of induction rows (docs/model-zoo.md: on games alone Mamba recalls where the
+# time-invariant SSM cannot; neither learns from the induction rows).
+RECIPES = {"v2": V2, "v3": V3, "v3-games": V3}
 NAME = "v3"              # the recipe train.train_recipe follows (tools/probe_curve.py --recipe sets it)
 # Where one architecture needs its own hyper-parameter (the zoo table's recipe column then names
-# it): recipe -> model -> (what differs, its phases), e.g.
+# it): recipe -> model -> (what differs, its phases).  Another was
 #   {"v3": {"tiny-mdlm": ("2,400 induction steps", [V3[0]._replace(steps=2400), *V3[1:]])}}
 # which is the tiny-mdlm run docs/model-zoo.md describes (not landed: its probes did not improve).
-# Every committed model is plain v3, so there is none.
-VARIANTS: dict[str, dict[str, tuple[str, list[Phase]]]] = {}
+# Every committed model is plain v3.
+VARIANTS: dict[str, dict[str, tuple[str, list[Phase]]]] = {
+    "v3-games": {m: ("memory games in place of the induction rows", [V3[0]._replace(mix=("recall",)), *V3[1:]])
+                 for m in ("tiny-mamba", "tiny-lti")}}
 MODEL: str | None = None  # the model being trained (train.train_recipe sets it): picks its variant
 KINDS = ("text", "copy", "rcopy", "induct", "recall")
 

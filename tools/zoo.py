@@ -177,8 +177,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=TOKEN_BUDGET,
                     help="training tokens per model for recipe v1 (v2 and v3 fix theirs)")
     ap.add_argument("--device", default="cpu", help="training device (cpu, cuda); goldens always run on the CPU")
-    ap.add_argument("--recipe", default="v3", choices=["v1", "v2", "v3"],
-                    help="training recipe: v3 tools/recipe.py's (the zoo's), v2 its first try, "
+    ap.add_argument("--recipe", default="v3", choices=["v1", "v2", "v3", "v3-games"],
+                    help="training recipe: v3 tools/recipe.py's (the zoo's), v3-games v3 with memory games first "
+                         "for the state-space models, v2 its first try, "
                          "v1 train.py's train() (the first zoo: 1M tokens, no retrieval)")
     ap.add_argument("--models-dir", default=MODELS_DIR,
                     help="where `train`, `eval` and `card` put the models (default data/models; another folder stages a retraining)")
