@@ -53,19 +53,8 @@ __global__ void paged_partial(const float* __restrict__ q, const float* __restri
   l = cuda::block_sum(l);
   __syncthreads();
   float* out = part + ((static_cast<long long>(t) * N + h) * splits + r) * (H + 2);
-  for (int d = threadIdx.x; d < H; d += blockDim.x) {  // four value rows loaded before they are used
-    float acc = 0.0f;
-    int j = 0;
-    for (; j + 4 <= n; j += 4) {
-      float v[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) v[u] = vp[(slot_of(table, B, lo + j + u) * K + g) * H + d];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) acc += sc[j + u] * v[u];
-    }
-    for (; j < n; ++j) acc += sc[j] * vp[(slot_of(table, B, lo + j) * K + g) * H + d];
-    out[2 + d] = acc;
-  }
+  for (int d = threadIdx.x; d < H; d += blockDim.x)
+    out[2 + d] = cuda::weighted_rows(sc, n, [&](int j) { return vp[(slot_of(table, B, lo + j) * K + g) * H + d]; });
   if (threadIdx.x == 0) out[0] = n > 0 ? mx : -INFINITY, out[1] = n > 0 ? l : 0.0f;
 }
 

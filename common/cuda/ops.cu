@@ -254,17 +254,7 @@ __global__ void decode_partial(const float* __restrict__ q, const float* __restr
   const long long stride = Nk * Dv;
   for (long long d = threadIdx.x; d < Dv; d += blockDim.x) {
     const float* vd = vb + kvh * Dv + d;
-    float a = 0.0f;
-    int j = 0;
-    for (; j + 4 <= n; j += 4) {
-      float x[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) x[u] = vd[(j + u) * stride];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) a += sc[j + u] * x[u];
-    }
-    for (; j < n; ++j) a += sc[j] * vd[j * stride];
-    out[2 + d] = a;
+    out[2 + d] = weighted_rows(sc, n, [&](int j) { return vd[j * stride]; });
   }
   if (threadIdx.x == 0) out[0] = m, out[1] = l;
 }

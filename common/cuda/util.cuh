@@ -66,6 +66,24 @@ __device__ inline float block_max(float v) {
 }
 
 /// The argmax order: NaN largest, ties to the lower index; the same order as ops::argmax on the CPU.
+/// Σ_{j<n} w[j] · row(j), added in order of j, four values row(j) loaded before they are used: one
+/// thread's output dimension over a chunk's value rows in split-K attention (the loads, not the
+/// arithmetic, are the cost, so several are kept in flight).
+template <class Row>
+__device__ inline float weighted_rows(const float* w, int n, Row row) {
+  float a = 0.0f;
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    float x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) x[u] = row(j + u);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) a += w[j + u] * x[u];
+  }
+  for (; j < n; ++j) a += w[j] * row(j);
+  return a;
+}
+
 __device__ inline bool argmax_beats(float a, int ia, float b, int ib) {
   const bool na = isnan(a), nb = isnan(b);
   if (na || nb) return na && (!nb || ia < ib);
