@@ -205,10 +205,9 @@ which names are pets) and 1/10 for digits.
 
 ## The recipe
 
-Recipe v3 (`tools/recipe.py`, found by the measurements under "How the recipe was found"), the
-same for every model: the same data, rows, optimiser (AdamW, a constant rate of 3e-3 after 100
-warm-up steps, decaying over the last 15%) and seed 0, with no hyper-parameter of its own for
-any architecture.  3,300 steps, 17.6 M tokens, in three phases:
+Recipe v3 (`tools/recipe.py`, found by the measurements under "How the recipe was found"): the
+same data, rows, optimiser (AdamW, a constant rate of 3e-3 after 100 warm-up steps, decaying over
+the last 15%) and seed 0 for every model.  3,300 steps, 17.6 M tokens, in three phases:
 
 | steps | rows x tokens | what the rows hold (only the scored tokens count in the loss) |
 | --- | --- | --- |
@@ -217,6 +216,10 @@ any architecture.  3,300 steps, 17.6 M tokens, in three phases:
 | 1,000 | 16 x 512 | the same at 512 tokens |
 
 tiny-mdlm trains on the same rows with the masked-diffusion loss, its masks on the scored tokens.
+The two state-space models, tiny-mamba and tiny-lti, follow v3-games (the table's recipe column),
+the one change for an architecture: their first 800 steps are memory games (64 x 64, the queried
+values scored) in place of the induction rows, the same steps and tokens.  The induction rows are
+attention's way into copying, and on them neither SSM learnt anything (below, under tiny-mamba).
 The first zoo (recipe v1: 250 steps of 8 x 512 tokens of corpus text, 1 M tokens) left every model
 at chance on every probe.
 
@@ -311,47 +314,37 @@ step.
   and agrees with tiny-mha's greedy choice at 76% of validation positions; the overlap of their
   sampling distributions (the mean of sum min(p, q), speculative sampling's acceptance rate at
   temperature 1) is 0.92 (the card's `agreement_with_tiny-mha`, 8,192 positions).
-* **tiny-mamba misses its target: neither state-space model retrieves.**  Story facts are at
-  chance at every distance (0.05-0.105), associative recall at chance for tiny-mamba
-  (0.085-0.13) and for tiny-lti from 8 pairs on (0.28 with 4 pairs, about what guessing one of the
-  four digits in the context gives, falling to 0.12 with 64), so the lecture's gap
-  (selection lets Mamba recall where the time-invariant SSM cannot, by at least 0.3) does not show.
-  Neither formed the induction heads of the first phase: its random-token copies stayed at
-  ln 1024 = 6.93 nats for all 800 steps, and in the later phases tiny-mamba's copied spans were
-  still at 6.84 and its memory games at 2.31 (ln 10 = 2.30) at step 3,200, while tiny-mha had
-  copied by step 400.  Copying a 16-24-token span of random tokens means holding it in a state of
-  16 values per channel; the recipe's first phase, built around attention's induction head,
-  gives a selective state nothing easier to start from.  tiny-mamba also ends with a higher
-  validation loss than tiny-lti (1.530 against 1.373, and the first zoo's tiny-mamba had 1.408 on
-  1 M tokens), which one seed cannot explain; a shorter induction phase, a lower rate for the
-  selection's projections, or Zoology's smaller memory games first are the next things to try.
-  The last was measured (2026-12-04, `tools/probe_curve.py NAME --recipe v3 --mix recall --steps
-  800 --every 800`: the recipe's first phase, 64 rows of 64 tokens, with memory games in every
-  row instead of induction rows, one thread, seed 0): after those 800 steps tiny-mamba answers
-  associative recall 0.84, 0.685, 0.46, 0.31 and 0.22 with 4, 8, 16, 32 and 64 pairs, and
-  tiny-lti 0.35, 0.265, 0.20, 0.195 and 0.095.  That is the lecture's contrast, a gap of 0.49 and
-  0.42 with 4 and 8 pairs, and Mamba's recall falling as the pairs outgrow its state, from games
-  alone on rows no longer than 64 tokens (the story probes stay at 0: these models saw no text).
-  So a variant of the recipe for the SSMs that starts with games instead of induction rows is
-  the next zoo run for them.  It is running (2026-12-04: recipe v3-games of `tools/recipe.py`,
-  whose first phase is memory games for tiny-mamba and tiny-lti, then v3's text, random-copy and
-  game phases, one thread each; not landed).  Through the longer rows the games' loss held
-  apart: tiny-mamba's 1.25 at step 1,000, 0.85-0.90 at steps 2,000-2,100 and 1.0 at 2,475,
-  against 2.33 at the same steps of its plain v3 run; tiny-lti's 1.9-2.0 from step 1,000 to
-  the end.  tiny-lti's finished run recalls 0.39, 0.225, 0.19, 0.215 and 0.13 with 4 to 64
-  pairs (its committed model 0.28, 0.25, 0.185, 0.2 and 0.12) and its validation loss is 1.354
-  (1.373): for the time-invariant SSM, games first changed little, as the lecture predicts.
-  tiny-mamba's finished run (3,300 steps, 2.0 hours of one thread) recalls 0.96, 0.925, 0.83,
-  0.66 and 0.47 with 4 to 64 pairs, and its validation loss is 1.247 (the committed tiny-mamba
-  1.530, tiny-lti's run 1.354).  That is the lecture's contrast and this target's gap: 0.57 and
-  0.70 over tiny-lti with 4 and 8 pairs, and Mamba's recall falling as the pairs outgrow its
-  state.  Story facts stay at chance for both (0.05-0.09).  The two runs are not landed yet
-  (their goldens, cards and chapter 07's numbers change with them).
-  The convolution equal to the scan, the bytes and the flat decode time of chapter 07 do not
-  depend on it.
-* **The budget.**  The eleven v3 models took about 14.7 hours of one thread (the table's minutes;
-  tiny-mla's include a 13-minute pause and tiny-mamba's, a selective scan in PyTorch at 1.5-4 s a
-  step, pauses between sittings), nearly twice the 8 CPU-hours planned for the whole zoo.  Every number here is one seed; the differences of a few hundredths of a nat
+* **tiny-mamba meets its target: selection recalls where the time-invariant SSM cannot.**  On
+  recipe v3-games tiny-mamba answers associative recall 0.96, 0.925, 0.83, 0.66 and 0.47 with 4,
+  8, 16, 32 and 64 pairs, and tiny-lti 0.39, 0.225, 0.19, 0.215 and 0.13: a gap of 0.57 and 0.70
+  with 4 and 8 pairs (the target asks 0.3), and Mamba's recall falls as the pairs outgrow what 16
+  state values per channel hold, down to 0.47 with 64 pairs, past the training games' 48.
+  tiny-lti's Δ, B and C are the same for every token, so it cannot write a value when it sees its
+  key and leave it alone through the pairs that follow; it answers little better than guessing one of
+  the digits shown in the game would (1/n + 0.1(n-1)/n with n pairs: 0.33, 0.21, 0.16, 0.13 and
+  0.11).  Validation loss: tiny-mamba 1.246, tiny-lti 1.354.
+  Story facts stay at chance for both (0.05-0.095 at every distance): recalling one means finding a
+  name tens to hundreds of tokens back and copying what followed it, and neither SSM learnt to
+  copy a span of random tokens (its loss stayed at about ln 1024 = 6.93 nats in every phase).
+  How it was found.  On plain v3 neither SSM left chance on any set (tiny-mamba 0.085-0.13 on the
+  games, validation loss 1.530; tiny-lti 0.28 with 4 pairs, 1.373): in the first phase their
+  random-token copies stayed at 6.93 nats for all 800 steps, where tiny-mha had copied by step 400,
+  and at step 3,200 tiny-mamba's games were still at 2.31 (ln 10 = 2.30).  Copying a 16-24-token
+  span of random tokens means holding it in a state of 16 values per channel; the first phase,
+  built around attention's induction head, gave a selective state nothing easier to start from.
+  The recipe's first phase with memory games in every row instead (2026-12-04, `tools/probe_curve.py
+  NAME --recipe v3 --mix recall --steps 800 --every 800`, one thread, seed 0) gave tiny-mamba 0.84,
+  0.685, 0.46, 0.31 and 0.22 with 4 to 64 pairs after 800 steps and tiny-lti 0.35, 0.265, 0.20,
+  0.195 and 0.095, from games alone on rows no longer than 64 tokens; v3-games is that phase
+  followed by v3's.  Through the longer rows the games' loss held apart (tiny-mamba's 0.8-1.05
+  from step 2,000 on, against 2.33 in its plain v3 run; tiny-lti's 1.9-2.0), and a second run of
+  both on another machine of the same kind gave the same probes and losses to the last digit.
+  Chapter 07's convolution equal to the scan, its bytes and its flat decode time do not depend on
+  the weights.
+* **The budget.**  The eleven models took about 13.3 hours of one thread (the table's minutes;
+  tiny-mla's include a 13-minute pause, and tiny-mamba's 131 a selective scan in PyTorch at 1.7-3.9
+  s a step, slower while other work shared the machine), well over the 8 CPU-hours planned for the
+  whole zoo.  Every number here is one seed; the differences of a few hundredths of a nat
   between the attention variants are within what another seed could move.
 
 ## How the recipe was found
