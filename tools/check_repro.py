@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Retrain one zoo model from its seed into a temporary folder and compare the
-bytes of model.safetensors and config.json with the committed ones.
+"""Retrain one zoo model from its seed, with the recipe it was committed with (recipe.ZOO), into a
+temporary folder and compare the bytes of model.safetensors and config.json with the committed ones.
 
     tools/.venv/bin/python tools/check_repro.py tiny-draft [--threads N]
 
@@ -13,12 +13,11 @@ import os
 import sys
 import tempfile
 
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import train as tr  # noqa: E402
+import recipe  # noqa: E402
 import zoo  # noqa: E402
 import zoo_models as zm  # noqa: E402
 
@@ -28,10 +27,7 @@ def main() -> int:
     ap.add_argument("name")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
-    tokens = np.load(os.path.join(zoo.WORK, "train.npy"))
-    model, _ = tr.train(a.name, tokens, seed=zoo.TRAIN_SEED, token_budget=zoo.TOKEN_BUDGET,
-                        batch=zoo.BATCH, lr=zoo.LR,
-                        threads=a.threads, log=lambda s: None)
+    model, _ = zoo.train_model(a.name, a.threads, zoo.TOKEN_BUDGET, "cpu", recipe.zoo_recipe(a.name))
     ok = True
     with tempfile.TemporaryDirectory() as d:
         zm.save(a.name, model, d, zoo.TOKENIZER)

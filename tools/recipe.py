@@ -66,10 +66,19 @@ NAME = "v3"              # the recipe train.train_recipe follows (tools/probe_cu
 # it): recipe -> model -> (what differs, its phases).  Another was
 #   {"v3": {"tiny-mdlm": ("2,400 induction steps", [V3[0]._replace(steps=2400), *V3[1:]])}}
 # which is the tiny-mdlm run docs/model-zoo.md describes (not landed: its probes did not improve).
-# Every committed model is plain v3.
+# The committed tiny-mamba and tiny-lti are v3-games; every other committed model is plain v3.
 VARIANTS: dict[str, dict[str, tuple[str, list[Phase]]]] = {
     "v3-games": {m: ("memory games in place of the induction rows", [V3[0]._replace(mix=("recall",)), *V3[1:]])
                  for m in ("tiny-mamba", "tiny-lti")}}
+# The recipe each committed model was trained with: what `zoo.py all`, `zoo.py train` without
+# --recipe and check_repro.py follow, so that the pipeline regenerates the zoo as committed.
+ZOO = {"tiny-mamba": "v3-games", "tiny-lti": "v3-games"}
+
+
+def zoo_recipe(name: str) -> str:
+    return ZOO.get(name, "v3")
+
+
 MODEL: str | None = None  # the model being trained (train.train_recipe sets it): picks its variant
 KINDS = ("text", "copy", "rcopy", "induct", "recall")
 

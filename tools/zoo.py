@@ -9,7 +9,7 @@
     tools/.venv/bin/python tools/zoo.py land           # staged models (data/staging) into the zoo
 
 Options: --threads N (torch threads, default 1), --models a,b,c (subset for
-`all`), --recipe v3 (the zoo's, the default; v1 is the first zoo's 1M-token run and
+`all`), --recipe NAME (default: each model's committed recipe, recipe.ZOO; v1 is the first zoo's 1M-token run and
 --tokens N sets its budget), --device cuda (train on a GPU),
 --train-docs N (corpus size for `data`).  Same library versions (tools/requirements.txt) and the same thread
 count give the same bytes.
@@ -86,14 +86,12 @@ def info_path(name: str, models_dir: str) -> str:
     return os.path.join(WORK, f"train-{name}{tag}.json")
 
 
-def step_train(name: str, threads: int, tokens_budget: int = TOKEN_BUDGET, device: str = "cpu",
-               recipe_name: str = "v3", models_dir: str = MODELS_DIR) -> None:
-    """Trains one model and saves it, with its metrics and card, under models_dir/name.  Recipe
-    v1 is train.py's train(); v2 and v3 are tools/recipe.py's, checkpointed to tools/.work/ckpt/
-    as they go, so that an interrupted run resumes where it stopped."""
+def train_model(name: str, threads: int, tokens_budget: int, device: str, recipe_name: str,
+                checkpoint: str | None = None):
+    """Trains `name` from its seed with `recipe_name` and returns (model, training record): v1 is
+    train.py's train(), the others tools/recipe.py's (saved to and resumed from `checkpoint`)."""
     import numpy as np
     import train as tr
-    import zoo_models as zm
 
     tokens = np.load(os.path.join(WORK, "train.npy"))
     if recipe_name == "v1":
@@ -104,9 +102,20 @@ def step_train(name: str, threads: int, tokens_budget: int = TOKEN_BUDGET, devic
         from tokenizers import Tokenizer
         recipe.NAME = recipe_name
         tok = Tokenizer.from_file(TOKENIZER)
-        ckpt = os.path.join(WORK, "ckpt", f"{name}-{recipe_name}.pt")
         model, info = tr.train_recipe(name, tokens, lambda s: tok.encode(s, add_special_tokens=False).ids,
-                                      seed=TRAIN_SEED, threads=threads, device=device, checkpoint=ckpt, log=log)
+                                      seed=TRAIN_SEED, threads=threads, device=device, checkpoint=checkpoint, log=log)
+    return model, info
+
+
+def step_train(name: str, threads: int, tokens_budget: int = TOKEN_BUDGET, device: str = "cpu",
+               recipe_name: str = "v3", models_dir: str = MODELS_DIR) -> None:
+    """Trains one model and saves it, with its metrics and card, under models_dir/name.  Recipe
+    v1 is train.py's train(); v2 and v3 are tools/recipe.py's, checkpointed to tools/.work/ckpt/
+    as they go, so that an interrupted run resumes where it stopped."""
+    import zoo_models as zm
+
+    model, info = train_model(name, threads, tokens_budget, device, recipe_name,
+                              checkpoint=os.path.join(WORK, "ckpt", f"{name}-{recipe_name}.pt"))
     out = os.path.join(models_dir, name)
     zm.save(name, model, out, TOKENIZER)
     with open(info_path(name, models_dir), "w") as f:
@@ -168,6 +177,7 @@ def step_land(names: list[str]) -> None:
 
 
 def main() -> None:
+    import recipe
     import zoo_models as zm
     ap = argparse.ArgumentParser()
     ap.add_argument("step", choices=["all", "data", "train", "eval", "golden", "card", "docs", "land"])
@@ -177,8 +187,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=TOKEN_BUDGET,
                     help="training tokens per model for recipe v1 (v2 and v3 fix theirs)")
     ap.add_argument("--device", default="cpu", help="training device (cpu, cuda); goldens always run on the CPU")
-    ap.add_argument("--recipe", default="v3", choices=["v1", "v2", "v3", "v3-games"],
-                    help="training recipe: v3 tools/recipe.py's (the zoo's), v3-games v3 with memory games first "
+    ap.add_argument("--recipe", default=None, choices=["v1", "v2", "v3", "v3-games"],
+                    help="training recipe (default: each model's committed one, recipe.ZOO: v3, and v3-games "
+                         "for tiny-mamba and tiny-lti): v3 tools/recipe.py's, v3-games v3 with memory games first "
                          "for the state-space models, v2 its first try, "
                          "v1 train.py's train() (the first zoo: 1M tokens, no retrieval)")
     ap.add_argument("--models-dir", default=MODELS_DIR,
@@ -195,7 +206,7 @@ def main() -> None:
             sys.exit("sliding-window semantics changed: see tools/check_window.py")
     if a.step in ("all", "train"):
         for n in names:
-            step_train(n, a.threads, a.tokens, a.device, a.recipe, a.models_dir)
+            step_train(n, a.threads, a.tokens, a.device, a.recipe or recipe.zoo_recipe(n), a.models_dir)
     if a.step == "eval":
         for n in names:
             step_eval(n, a.threads, a.models_dir)

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Trains the named zoo models one after another with recipe v3 (or $RECIPE, e.g. v3-games) into
+# Trains the named zoo models one after another with each one's committed recipe (or $RECIPE) into
 # data/staging/, one CPU thread each; run one lane per core, in the background. Each model
 # checkpoints every 250 steps to tools/.work/ckpt/NAME-RECIPE.pt, so running the same lane again
 # resumes where it stopped. Logs go to tools/.work/logs/NAME.log, and one line per finished model
 # to tools/.work/logs/lanes.log.
 #   nohup tools/zoo_lane.sh tiny-mamba tiny-mla > /dev/null 2>&1 &
-#   RECIPE=v3-games nohup tools/zoo_lane.sh tiny-lti tiny-mamba > /dev/null 2>&1 &
+#   nohup tools/zoo_lane.sh tiny-lti tiny-mamba > /dev/null 2>&1 &   # v3-games, their recipe
 set -u
 cd "$(dirname "$0")/.."
 [ -x tools/.venv/bin/python ] || { echo "tools/.venv is missing: see tools/README.md" >&2; exit 1; }
 [ -f tools/.work/train.npy ] || { echo "tools/.work/train.npy is missing: run tools/.venv/bin/python tools/zoo.py data first" >&2; exit 1; }
 mkdir -p tools/.work/logs
 for m in "$@"; do
-  tools/.venv/bin/python tools/zoo.py train "$m" --recipe "${RECIPE:-v3}" --models-dir data/staging --threads 1 \
+  tools/.venv/bin/python tools/zoo.py train "$m" ${RECIPE:+--recipe "$RECIPE"} --models-dir data/staging --threads 1 \
       >> "tools/.work/logs/$m.log" 2>&1
   echo "$(date +%FT%T) $m exit $?" >> tools/.work/logs/lanes.log
 done
