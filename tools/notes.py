@@ -342,7 +342,7 @@ step.
   Chapter 07's convolution equal to the scan, its bytes and its flat decode time do not depend on
   the weights.
 * **The budget.**  The eleven models took about 13.3 hours of one thread (the table's minutes;
-  tiny-mla's include a 13-minute pause, and tiny-mamba's 131 a selective scan in PyTorch at 1.7-3.9
+  tiny-mla's include a 13-minute pause; tiny-mamba's 131 are a selective scan in PyTorch at 1.7-3.9
   s a step, slower while other work shared the machine), well over the 8 CPU-hours planned for the
   whole zoo.  Every number here is one seed; the differences of a few hundredths of a nat
   between the attention variants are within what another seed could move.
