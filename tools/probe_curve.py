@@ -5,6 +5,7 @@
     tools/.venv/bin/python tools/probe_curve.py tiny-mha --tokens 12288000 --every 250
     tools/.venv/bin/python tools/probe_curve.py tiny-mha --recipe v3 --every 500
     tools/.venv/bin/python tools/probe_curve.py tiny-gqa --evaluate ckpt-*.pt   # saved checkpoints
+    tools/.venv/bin/python tools/probe_curve.py tiny-swa --recipe relay --init   # fine-tune the committed model
 
 Trains with the zoo's recipe (tools/train.py, same seed, batch and peak learning rate; the
 cosine schedule stretched over --tokens), or with --recipe v2 or v3 a candidate of
@@ -26,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 import evaluate as ev  # noqa: E402
+import recipe  # noqa: E402
 import train as tr  # noqa: E402
 import zoo  # noqa: E402
 import zoo_models as zm  # noqa: E402
@@ -35,13 +37,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("name", choices=zm.ORDER)
     ap.add_argument("--tokens", type=int, default=12_288_000, help="training tokens (the zoo's recipe)")
-    ap.add_argument("--recipe", choices=["v1", "v2", "v3", "v3-games"], default="v1",
+    ap.add_argument("--recipe", choices=["v1", *recipe.RECIPES], default="v1",
                     help="v1: the committed zoo's; v2, v3: tools/recipe.py's")
     ap.add_argument("--copy", choices=["corpus", "random"], default=None, help="v2, v3: what a copy row repeats (recipe.COPY_SOURCE)")
     ap.add_argument("--mix", default=None, help="v2, v3: every phase's row kinds, comma-separated (recipe.KINDS), e.g. text,rcopy,recall")
     ap.add_argument("--steps", type=int, default=None, help="v2, v3: stop after this many steps")
     ap.add_argument("--every", type=int, default=250, help="steps between evaluations (a multiple of 25: train.py logs every 25)")
     ap.add_argument("--checkpoint", default=None, help="v2, v3: save the run there as it goes and resume from it")
+    ap.add_argument("--init", action="store_true",
+                    help="start from the committed weights (data/models/NAME) instead of the seed's initialisation")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--evaluate", nargs="+", metavar="CKPT", default=None,
@@ -74,6 +78,8 @@ def main() -> None:
 
     def keep(name, seed):  # train.train builds the model itself; keep a handle to evaluate it
         built["model"] = build(name, seed)
+        if a.init:
+            built["model"].load_state_dict(zm.load(name, os.path.join(zoo.MODELS_DIR, name)).state_dict())
         return built["model"]
     zm.build = keep
 

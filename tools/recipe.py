@@ -22,11 +22,14 @@ run resumes exactly where it stopped).  The kinds:
   only copying predicts;
 * induct: BOS and uniformly random tokens, a span of 8-16 of them repeated further on;
 * recall: memory games (corpus.make_game, the multi-query associative recall task of the
-  Zoology paper) packed into the row; only the queried values are scored.
+  Zoology paper) packed into the row; only the queried values are scored;
+* facts: stories (corpus.make_story) packed into the row; only the answers whose fact was last
+  told FACT_FAR or more tokens before are scored: the story probes' task past a sliding window.
 
 Every row's loss is the mean over its scored positions, and the step's loss is the mean over
 rows, so a copy row (a dozen scored tokens) weighs as much as a text row (hundreds).  Learning
-rate: linear warm-up, constant, linear decay over the last DECAY of the steps.
+rate: linear warm-up, constant, linear decay over the last DECAY of the steps (of a restart
+phase's steps, from its first, for the phases from one on).
 """
 from __future__ import annotations
 
@@ -43,6 +46,8 @@ class Phase(NamedTuple):
     rows: int              # tokens per row
     batch: int             # rows per step
     mix: tuple[str, ...]   # the row kinds, in turn
+    restart: bool = False  # begins with a fresh optimiser and its own warm-up and decay: it fine-tunes
+                           # what the phases before it made, which end with their own decay
 
 
 # Recipe v2: batches of 8, a third each of text, copy and recall rows, rows growing 128 -> 512.
@@ -60,7 +65,13 @@ V3 = [Phase(800, 64, 64, ("induct",)),
 # v3-games: v3 for every model but the two state-space ones, whose first phase is memory games
 # instead of induction rows (docs/model-zoo.md: on games alone Mamba recalls where the
 # time-invariant SSM cannot; neither learns from the induction rows).
-RECIPES = {"v2": V2, "v3": V3, "v3-games": V3}
+# The relay phase: half the rows stories scored only on the answers told FACT_FAR or more tokens
+# before.  A sliding window copies a fact inside its window after v3; beyond it, a fact must be
+# carried from window to window through the positions between, which nothing in v3 asks for.
+# "relay" alone is the calibration run (tools/probe_curve.py tiny-swa --recipe relay --init: the
+# committed model fine-tuned); v3-relay is v3 followed by it, with a fresh optimiser.
+RELAY = Phase(1500, 512, 16, ("facts", "text", "facts", "recall"), restart=True)
+RECIPES = {"v2": V2, "v3": V3, "v3-games": V3, "v3-relay": V3, "relay": [RELAY._replace(restart=False)]}
 NAME = "v3"              # the recipe train.train_recipe follows (tools/probe_curve.py --recipe sets it)
 # Where one architecture needs its own hyper-parameter (the zoo table's recipe column then names
 # it): recipe -> model -> (what differs, its phases).  Another was
@@ -69,7 +80,9 @@ NAME = "v3"              # the recipe train.train_recipe follows (tools/probe_cu
 # The committed tiny-mamba and tiny-lti are v3-games; every other committed model is plain v3.
 VARIANTS: dict[str, dict[str, tuple[str, list[Phase]]]] = {
     "v3-games": {m: ("memory games in place of the induction rows", [V3[0]._replace(mix=("recall",)), *V3[1:]])
-                 for m in ("tiny-mamba", "tiny-lti")}}
+                 for m in ("tiny-mamba", "tiny-lti")},
+    "v3-relay": {m: ("then 1,500 steps of far story answers", [*V3, RELAY])
+                 for m in ("tiny-swa", "tiny-hybrid")}}
 # The recipe each committed model was trained with: what `zoo.py all`, `zoo.py train` without
 # --recipe and check_repro.py follow, so that the pipeline regenerates the zoo as committed.
 ZOO = {"tiny-mamba": "v3-games", "tiny-lti": "v3-games"}
@@ -80,7 +93,7 @@ def zoo_recipe(name: str) -> str:
 
 
 MODEL: str | None = None  # the model being trained (train.train_recipe sets it): picks its variant
-KINDS = ("text", "copy", "rcopy", "induct", "recall")
+KINDS = ("text", "copy", "rcopy", "induct", "recall", "facts")
 
 LR = 3e-3
 WARMUP = 100
@@ -91,6 +104,7 @@ COPY_SOURCE = "corpus"
 COPY_LENGTH = {"corpus": (4, 16), "random": (8, 24)}
 INDUCT_SPAN = (16, 24)   # an induct row's span (tokens) ...
 INDUCT_GAP = 15          # ... and the most tokens between its two copies
+FACT_FAR = 48           # a facts row scores the answers whose fact was last told this far back
 FIRST_ORDINARY = max(zm.BOS, zm.MASK) + 1  # random spans draw from the ordinary tokens
 DATA_SEED = 1234
 
@@ -118,8 +132,30 @@ def override_mix(mix: tuple[str, ...]) -> None:
         VARIANTS[NAME][model] = (what, [p._replace(mix=mix) for p in ps])
 
 
+def describe() -> list[dict]:
+    """The phases as the training record and checkpoints write them (restart only where set)."""
+    return [{k: v for k, v in p._asdict().items() if k != "restart" or v} for p in phases()]
+
+
 def total_steps() -> int:
     return sum(p.steps for p in phases())
+
+
+def _stretch(step: int) -> tuple[int, int]:
+    """(first step, steps) of the run of phases that `step` lies in: a restart phase begins one."""
+    starts, at = [0], 0
+    for p in phases():
+        if p.restart and at > 0:
+            starts.append(at)
+        at += p.steps
+    first = max(s for s in starts if s <= step)
+    end = min([s for s in starts if s > step], default=at)
+    return first, end - first
+
+
+def restarts(step: int) -> bool:
+    """Whether `step` is the first of a restart phase (the optimiser starts afresh)."""
+    return step > 0 and _stretch(step)[0] == step
 
 
 def phase(step: int) -> Phase:
@@ -139,7 +175,8 @@ def total_tokens(steps: int) -> int:
 
 
 def learning_rate(step: int) -> float:
-    total = total_steps()
+    first, total = _stretch(step)
+    step -= first
     start_decay = int(total * (1 - DECAY))
     if step < WARMUP:
         return LR * (step + 1) / WARMUP
@@ -162,6 +199,8 @@ class Stream:
         self.encode = encode  # text -> ids (no BOS)
         self.colon = single(encode, ":")
         self.digits = {single(encode, f" {d}") for d in range(10)}
+        self.nouns = {single(encode, f" {w}") for w in corpus.OBJECTS + corpus.ANIMALS}
+        self.answers = {single(encode, f" {w}") for w in corpus.COLOURS + corpus.PET_NAMES}
 
     def _window(self, rng: random.Random, n: int) -> np.ndarray:
         start = rng.randrange(0, len(self.tokens) - n - 1)
@@ -223,6 +262,26 @@ class Stream:
                 mask[m - 1] = 1  # the value at index m is predicted at position m - 1
         return x, mask
 
+    def _facts(self, rng: random.Random, n: int) -> tuple[np.ndarray, np.ndarray]:
+        ids: list[int] = []
+        scored: list[int] = []
+        while len(ids) < n + 1:
+            story = [zm.BOS] + self.encode(corpus.make_story(rng))
+            told: dict[int, int] = {}  # noun -> where its answer last stood (every noun is told once a story)
+            for j in range(1, len(story)):
+                noun = story[j - 1]
+                if noun in self.nouns and story[j] in self.answers:
+                    if noun in told and j - told[noun] >= FACT_FAR:
+                        scored.append(len(ids) + j)
+                    told[noun] = j
+            ids += story
+        x = np.array(ids[:n + 1], dtype=np.int64)
+        mask = np.zeros(n, dtype=np.float32)
+        for m in scored:
+            if 1 <= m <= n:
+                mask[m - 1] = 1
+        return x, mask
+
     @staticmethod
     def kinds(step: int) -> list[str]:
         """The kind of each of the step's rows."""
@@ -242,6 +301,8 @@ class Stream:
                 x, m = self._copy(rng, n, "random")
             elif kind == "induct":
                 x, m = self._induct(rng, n)
+            elif kind == "facts":
+                x, m = self._facts(rng, n)
             else:
                 x, m = self._recall(rng, n)
             xs.append(x)

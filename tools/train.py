@@ -93,6 +93,10 @@ def setup(name: str, seed: int, threads: int, device: str, lr: float):
         fast_scan.install(model)
     elif hasattr(model, "config"):
         model.config._attn_implementation = "sdpa"  # fused attention while training
+    return model, family, optimiser(model, lr)
+
+
+def optimiser(model, lr: float):
     decay, no_decay = [], []
     seen = set()
     for n_, p in model.named_parameters():
@@ -100,10 +104,9 @@ def setup(name: str, seed: int, threads: int, device: str, lr: float):
             continue
         seen.add(id(p))
         (decay if p.dim() >= 2 else no_decay).append(p)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
-    return model, family, opt
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 
 def finish(model, family: str):
@@ -172,7 +175,7 @@ def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: i
     by_kind: dict[str, list[float]] = {k: [] for k in recipe.KINDS}  # the log's per-kind means
     if checkpoint and os.path.exists(checkpoint):
         state = torch.load(checkpoint, weights_only=False)
-        planned = [p._asdict() for p in recipe.phases()]
+        planned = recipe.describe()
         if state.get("phases", planned) != planned:
             raise SystemExit(f"{checkpoint} was saved by another schedule ({state['phases']}); move it away to "
                              f"train {name} with {recipe.label()} from the start")
@@ -182,6 +185,8 @@ def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: i
         log(f"{name}: resumed at step {first} ({elapsed:.0f}s trained)")
     t0 = time.time() - elapsed
     for step in range(first, steps):
+        if recipe.restarts(step):  # a phase that fine-tunes what the phases before made
+            opt = optimiser(model, recipe.LR)
         x_np, m_np = stream.batch(step)
         x = torch.from_numpy(x_np).to(device)
         mask = torch.from_numpy(m_np).to(device)
@@ -212,9 +217,9 @@ def train_recipe(name: str, tokens: np.ndarray, encode, *, seed: int, threads: i
             os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done,
                         "elapsed": time.time() - t0, "losses": losses,
-                        "phases": [p._asdict() for p in recipe.phases()]}, checkpoint + ".tmp")
+                        "phases": recipe.describe()}, checkpoint + ".tmp")
             os.replace(checkpoint + ".tmp", checkpoint)
-    info = {"recipe": recipe.label(), "steps": steps, "phases": [p._asdict() for p in recipe.phases()],
+    info = {"recipe": recipe.label(), "steps": steps, "phases": recipe.describe(),
             "tokens": recipe.total_tokens(steps),
             "lr": recipe.LR, "seed": seed, "threads": threads, "device": device,
             "train_seconds": round(time.time() - t0, 1), "final_train_loss": float(np.mean(losses[-50:]))}

@@ -107,15 +107,47 @@ def train_model(name: str, threads: int, tokens_budget: int, device: str, recipe
     return model, info
 
 
-def step_train(name: str, threads: int, tokens_budget: int = TOKEN_BUDGET, device: str = "cpu",
-               recipe_name: str = "v3", models_dir: str = MODELS_DIR) -> None:
-    """Trains one model and saves it, with its metrics and card, under models_dir/name.  Recipe
-    v1 is train.py's train(); v2 and v3 are tools/recipe.py's, checkpointed to tools/.work/ckpt/
-    as they go, so that an interrupted run resumes where it stopped."""
+def extend_checkpoint(name: str, recipe_name: str, checkpoint: str) -> None:
+    """Writes `checkpoint` as the state at the step where the committed model's training ended,
+    when its phases are the first of `recipe_name`'s for `name` and the next phase restarts
+    (a fresh optimiser, its own schedule): the committed weights are then exactly that state, so
+    the run goes on from there as a run from the seed would (v3-relay's first 3,300 steps are
+    v3's).  A checkpoint already there is left alone: its run resumes."""
+    import torch
+    import recipe
+    import train as tr
     import zoo_models as zm
 
-    model, info = train_model(name, threads, tokens_budget, device, recipe_name,
-                              checkpoint=os.path.join(WORK, "ckpt", f"{name}-{recipe_name}.pt"))
+    if os.path.exists(checkpoint):
+        return
+    with open(os.path.join(MODELS_DIR, name, "metrics.json")) as f:
+        done = json.load(f)["training"]
+    recipe.NAME, recipe.MODEL = recipe_name, name
+    planned = json.loads(json.dumps(recipe.describe()))
+    k = len(done["phases"])
+    if planned[:k] != done["phases"] or k >= len(planned) or not planned[k].get("restart"):
+        sys.exit(f"--extend: {name} was trained with {done['recipe']}, whose phases are not the first of "
+                 f"{recipe.label()}'s followed by a phase that restarts the optimiser")
+    model = zm.load(name, os.path.join(MODELS_DIR, name))
+    step = sum(p["steps"] for p in done["phases"])
+    os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
+    torch.save({"model": model.state_dict(), "opt": tr.optimiser(model, recipe.LR).state_dict(), "step": step,
+                "elapsed": done["train_seconds"], "losses": [], "phases": recipe.describe()}, checkpoint)
+    log(f"{name}: {recipe_name} starts at step {step} from the committed {done['recipe']} model")
+
+
+def step_train(name: str, threads: int, tokens_budget: int = TOKEN_BUDGET, device: str = "cpu",
+               recipe_name: str = "v3", models_dir: str = MODELS_DIR, extend: bool = False) -> None:
+    """Trains one model and saves it, with its metrics and card, under models_dir/name.  Recipe
+    v1 is train.py's train(); v2 and v3 are tools/recipe.py's, checkpointed to tools/.work/ckpt/
+    as they go, so that an interrupted run resumes where it stopped.  With `extend`, the run
+    starts where the committed model's training ended (extend_checkpoint)."""
+    import zoo_models as zm
+
+    checkpoint = os.path.join(WORK, "ckpt", f"{name}-{recipe_name}.pt")
+    if extend:
+        extend_checkpoint(name, recipe_name, checkpoint)
+    model, info = train_model(name, threads, tokens_budget, device, recipe_name, checkpoint=checkpoint)
     out = os.path.join(models_dir, name)
     zm.save(name, model, out, TOKENIZER)
     with open(info_path(name, models_dir), "w") as f:
@@ -187,11 +219,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=TOKEN_BUDGET,
                     help="training tokens per model for recipe v1 (v2 and v3 fix theirs)")
     ap.add_argument("--device", default="cpu", help="training device (cpu, cuda); goldens always run on the CPU")
-    ap.add_argument("--recipe", default=None, choices=["v1", "v2", "v3", "v3-games"],
+    ap.add_argument("--recipe", default=None, choices=["v1", *recipe.RECIPES],
                     help="training recipe (default: each model's committed one, recipe.ZOO: v3, and v3-games "
                          "for tiny-mamba and tiny-lti): v3 tools/recipe.py's, v3-games v3 with memory games first "
                          "for the state-space models, v2 its first try, "
                          "v1 train.py's train() (the first zoo: 1M tokens, no retrieval)")
+    ap.add_argument("--extend", action="store_true",
+                    help="train: start from the committed model where the recipe only adds phases after its own, "
+                         "the first of them restarting the optimiser (v3-relay after v3)")
     ap.add_argument("--models-dir", default=MODELS_DIR,
                     help="where `train`, `eval` and `card` put the models (default data/models; another folder stages a retraining)")
     ap.add_argument("--train-docs", type=int, default=N_TRAIN_DOCS,
@@ -206,7 +241,7 @@ def main() -> None:
             sys.exit("sliding-window semantics changed: see tools/check_window.py")
     if a.step in ("all", "train"):
         for n in names:
-            step_train(n, a.threads, a.tokens, a.device, a.recipe or recipe.zoo_recipe(n), a.models_dir)
+            step_train(n, a.threads, a.tokens, a.device, a.recipe or recipe.zoo_recipe(n), a.models_dir, a.extend)
     if a.step == "eval":
         for n in names:
             step_eval(n, a.threads, a.models_dir)
