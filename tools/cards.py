@@ -124,7 +124,8 @@ def _training_tokens(tr: dict) -> str:
     """The training budget in a card: v1's steps of 512-token sequences, or a recipe's phases."""
     if "phases" not in tr:
         return f"{tr['tokens']:,} ({tr['steps']} steps x {tr['batch']} sequences x {tr['seq_len']} tokens)"
-    parts = "; ".join(f"{p['steps']:,} steps x {p['batch']} rows x {p['rows']} tokens ({', '.join(p['mix'])})"
+    parts = "; ".join(f"{p['steps']:,} steps x {p['batch']} rows x {p['rows']} tokens ({', '.join(p['mix'])}"
+                      f"{'; a fresh optimiser and schedule' if p.get('restart') else ''})"
                       for p in tr["phases"])
     return f"{tr['tokens']:,}, recipe {tr['recipe']} (`tools/recipe.py`): {parts}"
 
