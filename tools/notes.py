@@ -292,7 +292,10 @@ step.
   --init --every 250`, its rows drawn with other seeds) went 0.06, 0.58, 0.975, 1.00, 1.00, 1.00 at 96
   tokens and 0.065, 0.155, 0.545, 0.61, 0.63, 0.655 at 128 after 250 to 1,500 steps, and stayed at
   chance from 192.  So tiny-swa meets half its target: at chance beyond the receptive field (at
-  most chance + 0.1 from 256 on) and at least 0.8 inside it only to 96 tokens, not to 253.
+  most chance + 0.1 from 256 on) and at least 0.8 inside it only to 96 tokens, not to 253.  The
+  fine-tune's recall at 128 had flattened (0.61, 0.63, 0.655 over its last 750 steps), so more of
+  the same phase would add little; why the relay stops near two windows was not measured.  Rows
+  scored only on answers told 128 or more tokens back, or a fifth layer, are what to try next.
 * **One global layer brings the far facts back: tiny-hybrid meets its target** (v3-relay).  It
   recalls a story fact at every distance the probes ask, 1.00 up to 320 tokens and 0.96 at 400
   (the distractor 0.02), and associative recall with up to 64 pairs (1.00), within 0.02 of
