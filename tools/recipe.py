@@ -77,16 +77,17 @@ NAME = "v3"              # the recipe train.train_recipe follows (tools/probe_cu
 # it): recipe -> model -> (what differs, its phases).  Another was
 #   {"v3": {"tiny-mdlm": ("2,400 induction steps", [V3[0]._replace(steps=2400), *V3[1:]])}}
 # which is the tiny-mdlm run docs/model-zoo.md describes (not landed: its probes did not improve).
-# The committed tiny-mamba and tiny-lti are v3-games, tiny-swa and tiny-hybrid v3-relay; every
-# other committed model is plain v3.
+# The committed tiny-mamba and tiny-lti are v3-games, tiny-swa, tiny-hybrid and tiny-mdlm
+# v3-relay; every other committed model is plain v3.
 VARIANTS: dict[str, dict[str, tuple[str, list[Phase]]]] = {
     "v3-games": {m: ("memory games in place of the induction rows", [V3[0]._replace(mix=("recall",)), *V3[1:]])
                  for m in ("tiny-mamba", "tiny-lti")},
     "v3-relay": {m: ("then 1,500 steps of far story answers", [*V3, RELAY])
-                 for m in ("tiny-swa", "tiny-hybrid")}}
+                 for m in ("tiny-swa", "tiny-hybrid", "tiny-mdlm")}}
 # The recipe each committed model was trained with: what `zoo.py all`, `zoo.py train` without
 # --recipe and check_repro.py follow, so that the pipeline regenerates the zoo as committed.
-ZOO = {"tiny-mamba": "v3-games", "tiny-lti": "v3-games", "tiny-swa": "v3-relay", "tiny-hybrid": "v3-relay"}
+ZOO = {"tiny-mamba": "v3-games", "tiny-lti": "v3-games", "tiny-swa": "v3-relay", "tiny-hybrid": "v3-relay",
+       "tiny-mdlm": "v3-relay"}
 
 
 def zoo_recipe(name: str) -> str:

@@ -221,9 +221,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="training device (cpu, cuda); goldens always run on the CPU")
     ap.add_argument("--recipe", default=None, choices=["v1", *recipe.RECIPES],
                     help="training recipe (default: each model's committed one, recipe.ZOO: v3; v3-games "
-                         "for tiny-mamba and tiny-lti; v3-relay for tiny-swa and tiny-hybrid): v3 tools/recipe.py's, "
+                         "for tiny-mamba and tiny-lti; v3-relay for tiny-swa, tiny-hybrid and tiny-mdlm): v3 tools/recipe.py's, "
                          "v3-games v3 with memory games first for the state-space models, v3-relay v3 then far "
-                         "story answers for the windowed ones, v2 its first try, "
+                         "story answers for the windowed ones and tiny-mdlm, v2 its first try, "
                          "v1 train.py's train() (the first zoo: 1M tokens, no retrieval)")
     ap.add_argument("--extend", action="store_true",
                     help="train: start from the committed model where the recipe only adds phases after its own, "
