@@ -44,6 +44,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="v2, v3: stop after this many steps")
     ap.add_argument("--every", type=int, default=250, help="steps between evaluations (a multiple of 25: train.py logs every 25)")
     ap.add_argument("--checkpoint", default=None, help="v2, v3: save the run there as it goes and resume from it")
+    ap.add_argument("--fact-far", type=int, default=None,
+                    help="facts rows: score the answers told at least this many tokens before (recipe.FACT_FAR, 48)")
     ap.add_argument("--init", action="store_true",
                     help="start from the committed weights (data/models/NAME) instead of the seed's initialisation")
     ap.add_argument("--threads", type=int, default=1)
@@ -100,10 +102,11 @@ def main() -> None:
             report(hit.group(1))
 
     if a.recipe != "v1":
-        import recipe
         recipe.NAME = a.recipe
         if a.copy:
             recipe.COPY_SOURCE = a.copy
+        if a.fact_far is not None:
+            recipe.FACT_FAR = a.fact_far
         if a.mix:
             recipe.override_mix(tuple(a.mix.split(",")))
         model, _ = tr.train_recipe(a.name, tokens, lambda s: tok.encode(s, add_special_tokens=False).ids,
