@@ -295,8 +295,13 @@ step.
   chance from 192.  So tiny-swa meets half its target: at chance beyond the receptive field (at
   most chance + 0.1 from 256 on) and at least 0.8 inside it only to 96 tokens, not to 253.  The
   fine-tune's recall at 128 had flattened (0.61, 0.63, 0.655 over its last 750 steps), so more of
-  the same phase would add little; why the relay stops near two windows was not measured.  Rows
-  scored only on answers told 128 or more tokens back, or a fifth layer, are what to try next.
+  the same phase would add little; why the relay stops near two windows was not measured.  Nor
+  does scoring only the farther answers move the limit: a further 1,000 steps from the committed
+  model with only the answers told 112 or more tokens back scored (`tools/probe_curve.py tiny-swa
+  --recipe relay --init --fact-far 112 --steps 1000 --every 250`, not landed) took recall at 128
+  to 0.59, 0.75, 0.82 and 0.845 after 250 to 1,000 steps, but at 96 it fell to 0.88 and at 192 it
+  stayed at chance (0.075, 0.115, 0.11, 0.07).  A fifth layer (another architecture) is what
+  to try next.
 * **One global layer brings the far facts back: tiny-hybrid meets its target** (v3-relay).  It
   recalls a story fact at every distance the probes ask, 1.00 up to 320 tokens and 0.96 at 400
   (the distractor 0.02), and associative recall with up to 64 pairs (1.00), within 0.02 of
