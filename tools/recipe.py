@@ -193,6 +193,16 @@ def single(encode, text: str) -> int:
     return ids[0]
 
 
+def _score(scored: list[int], n: int) -> np.ndarray:
+    """The score mask of a row of n positions for the tokens at the indices `scored` (the token
+    at index m is predicted at position m - 1; indices past the row are dropped)."""
+    mask = np.zeros(n, dtype=np.float32)
+    for m in scored:
+        if 1 <= m <= n:
+            mask[m - 1] = 1
+    return mask
+
+
 class Stream:
     """Rows of the recipe for any step: tokens [rows, n + 1] and score masks [rows, n]."""
 
@@ -258,11 +268,7 @@ class Stream:
                 break
         fill = self._window(rng, n)
         x = np.concatenate([np.array(ids[:n + 1], dtype=np.int64), fill])[:n + 1]
-        mask = np.zeros(n, dtype=np.float32)
-        for m in scored:
-            if 1 <= m <= n:
-                mask[m - 1] = 1  # the value at index m is predicted at position m - 1
-        return x, mask
+        return x, _score(scored, n)
 
     def _facts(self, rng: random.Random, n: int) -> tuple[np.ndarray, np.ndarray]:
         ids: list[int] = []
@@ -277,12 +283,7 @@ class Stream:
                         scored.append(len(ids) + j)
                     told[noun] = j
             ids += story
-        x = np.array(ids[:n + 1], dtype=np.int64)
-        mask = np.zeros(n, dtype=np.float32)
-        for m in scored:
-            if 1 <= m <= n:
-                mask[m - 1] = 1
-        return x, mask
+        return np.array(ids[:n + 1], dtype=np.int64), _score(scored, n)
 
     @staticmethod
     def kinds(step: int) -> list[str]:

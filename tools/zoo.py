@@ -120,7 +120,10 @@ def extend_checkpoint(name: str, recipe_name: str, checkpoint: str) -> None:
 
     if os.path.exists(checkpoint):
         return
-    with open(os.path.join(MODELS_DIR, name, "metrics.json")) as f:
+    record = os.path.join(MODELS_DIR, name, "metrics.json")
+    if not os.path.exists(record):
+        sys.exit(f"--extend: no committed {name} to start from ({record} is missing)")
+    with open(record) as f:
         done = json.load(f)["training"]
     recipe.NAME, recipe.MODEL = recipe_name, name
     planned = json.loads(json.dumps(recipe.describe()))
