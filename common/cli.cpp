@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -124,6 +125,13 @@ std::string filesystem_error_message(const std::filesystem::filesystem_error& e)
   return m + ": " + e.code().message();
 }
 }  // namespace
+
+void wait_passively(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
+  if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  execv("/proc/self/exe", argv);
+  // Still here: no /proc (or no exec). The policy stays OpenMP's default for this run.
+}
 
 int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
   try {

@@ -92,6 +92,16 @@ void bare_run_options_only(CLI::App& app);
 /// program reads along with.
 void help_footer(CLI::App& app, const std::string& bare_run, const std::string& readme, const std::string& lecture);
 
+/// The first line of every chapter's main(): makes OpenMP's waiting threads sleep instead of spin
+/// (OMP_WAIT_POLICY=passive), unless the environment already sets OMP_WAIT_POLICY or
+/// GOMP_SPINCOUNT. With the default policy, threads that finish a parallel region first spin
+/// for their next one, and on a machine whose cores other jobs are using they take the cores
+/// those jobs and the program's own threads need: a decode step measured 400 ms spinning and
+/// 11 ms passive (docs/performance.md). OpenMP reads the policy once, when the program loads,
+/// so this sets it and runs the program again (execv of /proc/self/exe with the same argv);
+/// where that cannot be done the program carries on as it is.
+void wait_passively(char** argv);
+
 /// Parses argv and runs `body`; returns the process exit status (0 ok, 1 error, 2 usage).
 int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
 

@@ -1,6 +1,8 @@
 // Work counting, the roofline arithmetic, the ceiling measurements' sanity, and the order of the
 // quality tables' probe columns.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -83,6 +85,85 @@ TEST(Metrics, CpuCeilingsAreMeasured) {
   EXPECT_GT(fl, 0);
   EXPECT_TRUE(std::isfinite(fl));
 }
+
+TEST(Metrics, SpreadIsBestMedianWorst) {
+  const auto s = metrics::spread_of({3, 1, 4, 1, 5});
+  EXPECT_EQ(s.best, 5);
+  EXPECT_EQ(s.median, 3);
+  EXPECT_EQ(s.worst, 1);
+  EXPECT_EQ(s.runs, 5);
+  EXPECT_EQ(metrics::spread_of({2, 4}).median, 3);
+  EXPECT_EQ(metrics::spread_of({}).runs, 0);
+  EXPECT_EQ(metrics::describe(metrics::spread_of({17.3e9, 16e9, 12.1e9}), "B"), "17.3 GB/s (best of 3; median 16, worst 12.1)");
+}
+
+TEST(Metrics, WorkingSetsAreSortedByTheLastLevelCache) {
+  const double llc = metrics::last_level_cache_bytes();
+  ASSERT_GT(llc, 0);
+  EXPECT_EQ(metrics::cache_kind(0.25 * llc), "in cache");
+  EXPECT_EQ(metrics::cache_kind(llc), "partly in cache");
+  EXPECT_EQ(metrics::cache_kind(3 * llc), "from memory");
+  EXPECT_GE(metrics::memory_ceiling_bytes(), std::size_t(256) << 20);
+}
+
+TEST(Metrics, AFigureIsComparedWithACeilingOfItsOwnKind) {
+  // A GPU's (or a datasheet's) ceiling is its memory bandwidth, whatever the working set.
+  metrics::Ceiling gpu{"gpu", 1e12, 1e14, "bf16", "made up"};
+  const auto g = metrics::read_ceiling_for(gpu, 1e6);
+  EXPECT_EQ(g.bytes_per_s(), 1e12);
+  EXPECT_EQ(g.kind, "from memory");
+  // On this CPU, a working set in cache is measured over as many bytes (within 10%), in cache.
+  const double small = std::min(1048576.0, metrics::last_level_cache_bytes() / 4);
+  const auto c = metrics::cpu_read_ceiling(small);
+  EXPECT_EQ(c.kind, "in cache");
+  EXPECT_NEAR(c.measured_bytes / std::max(small, 262144.0), 1.0, 0.1);
+  EXPECT_GT(c.bytes_per_s(), 0);
+  EXPECT_LT(c.bytes_per_s(), 1e14);
+  EXPECT_EQ(c.rate.runs, 5);
+  EXPECT_LE(c.rate.worst, c.rate.median);
+  EXPECT_LE(c.rate.median, c.rate.best);
+  // Measured once per size: the same size again is the same measurement.
+  EXPECT_EQ(metrics::cpu_read_ceiling(small).bytes_per_s(), c.bytes_per_s());
+}
+
+TEST(Metrics, AFigureAboveItsCeilingSaysWhy) {
+  metrics::ReadCeiling c;
+  c.rate = metrics::spread_of({100e9, 90e9, 80e9});
+  c.kind = "from memory";
+  EXPECT_EQ(metrics::above_ceiling_note(100e9, c), "");
+  EXPECT_EQ(metrics::against(50e9, c), "50 GB/s = 50% of 100 GB/s from memory (best of 3, worst 80)");
+  // Above the best run but within the spread of the runs: the machine moved.
+  EXPECT_NE(metrics::above_ceiling_note(110e9, c).find("spread"), std::string::npos);
+  EXPECT_NE(metrics::against(110e9, c).find("[above:"), std::string::npos);
+  // Far above, for a working set partly in cache, and far above anything else.
+  EXPECT_NE(metrics::above_ceiling_note(300e9, c).find("fewer bytes than it counts"), std::string::npos);
+  c.kind = "partly in cache";
+  EXPECT_NE(metrics::above_ceiling_note(300e9, c).find("partly in cache"), std::string::npos);
+  EXPECT_DOUBLE_EQ(metrics::percent_of(300e9, c), 300);
+}
+
+#ifdef INFERLAB_PASSIVE_PROBE
+// Runs the probe with `env` before it and returns what it printed.
+std::string run_probe(const std::string& env) {
+  const std::string cmd = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT " + env + " '" INFERLAB_PASSIVE_PROBE "' one 'two words'";
+  FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  if (!p) return "";
+  std::string out;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  EXPECT_EQ(pclose(p), 0);
+  return out;
+}
+
+TEST(Metrics, ExecutablesWaitPassivelyUnlessTheUserChose) {
+  // The program runs again with the policy set, before OpenMP loads it, and the same arguments.
+  EXPECT_EQ(run_probe(""), "policy=passive one two words\n");
+  // A policy the user set is kept, and so is a spin count they chose.
+  EXPECT_EQ(run_probe("OMP_WAIT_POLICY=active"), "policy=active one two words\n");
+  EXPECT_EQ(run_probe("GOMP_SPINCOUNT=1000"), "policy=(unset) one two words\n");
+}
+#endif
 
 TEST(Metrics, AcceleratorPresetsAreLabelledDatasheetFigures) {
   for (const auto& c : metrics::accelerator_presets()) {

@@ -2,6 +2,9 @@
 # Runs every benchmark program in the build's bin folder, printing their tables and writing
 # JSON next to them in build/bench-results/. Numbers, not pass/fail.
 set -euo pipefail
+# Waiting threads sleep instead of spinning, so that figures hold on a busy machine (the chapter
+# executables do the same themselves: common/cli.h, wait_passively). A policy you set is kept.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 bin=${1:-build/release/bin}
 out=${2:-build/bench-results}
 mkdir -p "$out"

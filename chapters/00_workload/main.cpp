@@ -174,16 +174,16 @@ int roofline(const Options& o) {
   const Device dev = o.common.resolved_device();
   std::printf("Measuring this machine's ceilings on %s ...\n", device_name(dev).data());
   const metrics::Ceiling measured = metrics::measure_ceiling(dev);
-  std::printf("  %s: read %s, %s %s (%s)\n  ridge %.1f FLOP/B\n", measured.name.c_str(),
-              metrics::human_rate(measured.bytes_per_s, "B").c_str(),
-              metrics::human_rate(measured.flops_per_s, "FLOP").c_str(), measured.flops_dtype.c_str(),
-              measured.source.c_str(), measured.ridge());
+  std::printf("  %s: read from memory %s, %s %s (%s)\n  ridge %.1f FLOP/B\n", measured.name.c_str(),
+              metrics::describe(measured.read, "B").c_str(), metrics::describe(measured.compute, "FLOP").c_str(),
+              measured.flops_dtype.c_str(), measured.source.c_str(), measured.ridge());
   auto points = measure_matmul_points(dev, measured);
   for (const auto& f : o.points) {
     auto more = load_points(f, measured);
     points.insert(points.end(), more.begin(), more.end());
   }
-  std::printf("\nPoints (each against the measured ceiling):\n");
+  std::printf("\nPoints (each against the measured ceiling of its kind: a working set in cache against a streaming read\n"
+              "of as many bytes in cache, a larger one against the read from memory):\n");
   for (const auto& p : points) std::printf("  %-28s %s\n", p.label.c_str(), metrics::describe(p).c_str());
   std::vector<metrics::Ceiling> roofs = {measured};
   for (const auto& c : metrics::accelerator_presets()) roofs.push_back(c);
@@ -236,10 +236,9 @@ int headline() {
               h100.ridge(), p1.latency_s * 1e3, p1.throughput);
   std::printf("  at B = 64 the same bytes serve 64 sequences: %.1f ms/token, %.0f tokens/s\n", p64.latency_s * 1e3,
               p64.throughput);
-  const auto cpu = metrics::measure_cpu_ceiling();
-  std::printf("  this CPU (measured): %s read, %s f32 GEMM: ridge %.1f FLOP/B\n",
-              metrics::human_rate(cpu.bytes_per_s, "B").c_str(), metrics::human_rate(cpu.flops_per_s, "FLOP").c_str(),
-              cpu.ridge());
+  const auto cpu = metrics::measure_cpu_ceiling(0, 1024, 3);
+  std::printf("  this CPU (measured): %s read from memory, %s f32 GEMM: ridge %.1f FLOP/B\n",
+              metrics::describe(cpu.read, "B").c_str(), metrics::describe(cpu.compute, "FLOP").c_str(), cpu.ridge());
   int dis = 0;
   for (const auto& cl : lecture_claims()) dis += cl.verdict == Claim::Disagree;
   std::printf("  %zu numbers in the lecture recomputed, %d disagree: ch00_workload lecture\n", lecture_claims().size(), dis);
@@ -249,6 +248,7 @@ int headline() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively(argv);  // timings that hold on a busy machine (common/cli.h)
   CLI::App app{"Chapter 00: the inference workload (arithmetic intensity, memory, latency, roofline)", "ch00_workload"};
   Options o;
   o.common.model = "Llama-2-13B";

@@ -34,7 +34,8 @@ std::vector<metrics::RooflinePoint> measure_matmul_points(Device device, const m
       if (device == Device::CUDA) cuda::synchronize();
     } while (t.seconds() < 0.3);
     const std::string label = M == 1 ? "decode-like GEMV (M=1)" : "prefill-like GEMM (M=256)";
-    points.push_back(metrics::roofline(label, scope.work(), t.seconds(), ceiling));
+    // The read roof of one product's kind: its bytes, read `reps` times (in cache when they fit).
+    points.push_back(metrics::roofline(label, scope.work(), t.seconds(), ceiling, scope.work().bytes / reps));
   }
   return points;
 }

@@ -28,6 +28,7 @@ double power_law_exponent(const std::vector<double>& x, const std::vector<double
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively(argv);  // timings that hold on a busy machine (common/cli.h)
   CLI::App app{"Chapter 01: naive decoding, re-running the whole sequence for every new token", "ch01_naive_decode"};
   CommonOptions o;
   std::string tokenizer_path, dtype = "f32";

@@ -34,6 +34,7 @@ double step_flops(const TransformerConfig& c, std::int64_t fed, std::int64_t end
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively(argv);  // timings that hold on a busy machine (common/cli.h)
   CLI::App app{"Chapter 02: the KV cache, against chapter 01's naive decoding", "ch02_kv_cache"};
   CommonOptions o;
   o.max_new_tokens = 64;

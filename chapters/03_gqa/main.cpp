@@ -71,31 +71,38 @@ int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_
               "D = %lld, L = %lld, N = 16, H = 64, f32, %s\n",
               static_cast<long long>(seq), static_cast<long long>(shape.hidden_size),
               static_cast<long long>(shape.num_layers), device_name(dev).data());
-  std::printf("measured: %.1f GB/s read, %.0f GFLOP/s (ridge %.1f FLOP/B)\n", roof.bytes_per_s / 1e9,
-              roof.flops_per_s / 1e9, roof.ridge());
-  std::printf("memory model = B × bandwidth / (weights + B × cache); roofline = B / max(bytes/bandwidth, FLOPs/peak)\n\n");
-  std::printf("%-4s %3s %5s %11s %13s %10s %9s %9s %8s\n", "", "K", "B", "tokens/s", "memory model", "roofline",
-              "GB/s", "FLOP/B", "vs MHA");
+  std::printf("measured: %s read from memory, %s (ridge %.1f FLOP/B)\n", metrics::describe(roof.read, "B").c_str(),
+              metrics::describe(roof.compute, "FLOP").c_str(), roof.ridge());
+  std::printf("memory model = B × bandwidth / (weights + B × cache); roofline = B / max(bytes/bandwidth, FLOPs/peak);\n"
+              "bandwidth = the read ceiling of each row's kind: a streaming read over as many bytes as its step reads\n\n");
+  std::printf("%-4s %3s %5s %11s %13s %10s %9s %6s %-16s %9s %8s\n", "", "K", "B", "tokens/s", "memory model", "roofline",
+              "GB/s", "%", "of ceiling", "FLOP/B", "vs MHA");
   json rows = json::array();
+  metrics::CeilingLegend legend;
   std::map<std::int64_t, double> mha;
   for (std::int64_t K : {16, 4, 1}) {
     const ch01::Llama m = ch01::random_llama(sweep_shape(K), 1).to(dev, DType::F32);
     for (std::int64_t B : batches) {
       const auto p = measure_decode(m, B, seq, steps);
+      const auto read = metrics::read_ceiling_for(roof, p.bytes_per_step);
+      const double bw = read.bytes_per_s();
       if (K == 16) mha[B] = p.tokens_per_s();
-      std::printf("%-4s %3lld %5lld %11.1f %13.1f %10.1f %9.2f %9.2f %7.2f×\n", variant_name(K, 16).c_str(),
+      std::printf("%-4s %3lld %5lld %11.1f %13.1f %10.1f %9.2f %5.0f%% %-16s %9.2f %7.2f×\n", variant_name(K, 16).c_str(),
                   static_cast<long long>(K), static_cast<long long>(B), p.tokens_per_s(),
-                  p.memory_bound_tokens_per_s(roof.bytes_per_s), p.roofline_tokens_per_s(roof.bytes_per_s, roof.flops_per_s),
-                  p.achieved_bytes_per_s() / 1e9, p.flops_per_step / p.bytes_per_step, p.tokens_per_s() / mha[B]);
+                  p.memory_bound_tokens_per_s(bw), p.roofline_tokens_per_s(bw, roof.flops_per_s),
+                  p.achieved_bytes_per_s() / 1e9,
+                  legend.percent(variant_name(K, 16) + " B = " + std::to_string(B), p.achieved_bytes_per_s(), read),
+                  read.kind.c_str(), p.flops_per_step / p.bytes_per_step, p.tokens_per_s() / mha[B]);
       rows.push_back({{"kv_heads", K}, {"batch", B}, {"tokens_per_s", p.tokens_per_s()},
-                      {"memory_model_tokens_per_s", p.memory_bound_tokens_per_s(roof.bytes_per_s)},
-                      {"roofline_tokens_per_s", p.roofline_tokens_per_s(roof.bytes_per_s, roof.flops_per_s)},
+                      {"memory_model_tokens_per_s", p.memory_bound_tokens_per_s(bw)},
+                      {"roofline_tokens_per_s", p.roofline_tokens_per_s(bw, roof.flops_per_s)},
                       {"bytes_per_step", p.bytes_per_step}, {"flops_per_step", p.flops_per_step},
-                      {"seconds_per_step", p.seconds_per_step}});
+                      {"seconds_per_step", p.seconds_per_step}, {"read_ceiling", metrics::to_json(read)}});
     }
     std::printf("\n");
   }
-  std::printf("GQA's cache is 4× and MQA's 16× smaller than MHA's. Their speed-up approaches that only where the cache\n"
+  legend.print("");
+  std::printf("\nGQA's cache is 4× and MQA's 16× smaller than MHA's. Their speed-up approaches that only where the cache\n"
               "dominates the bytes of a step (large B, long context) and the step is still memory-bound: once B×FLOP/B\n"
               "passes the ridge, the matmuls are compute-bound and fewer KV bytes no longer buy time.\n");
   if (!o.json.empty())
@@ -132,45 +139,46 @@ int headline(const std::string& json_path) {
                 static_cast<long long>(c.num_heads), static_cast<long long>(c.num_kv_heads),
                 static_cast<long long>(c.kv_cache_bytes(1, 4)), static_cast<long long>(c.num_parameters() * 4));
   }
-  // The ceilings, measured more briefly than `throughput` does (an array 16 times the development
-  // machine's last-level cache, a 1024³ GEMM), so that a bare run takes seconds.
-  metrics::Ceiling roof;
-  roof.bytes_per_s = metrics::measure_cpu_read_bandwidth(std::size_t(512) << 20, 0, 3);
-  roof.flops_per_s = metrics::measure_cpu_matmul_flops(1024, 3);
-  std::printf("  measured here: %.1f GB/s read (best of 3 sums over 512 MiB), %.0f GFLOP/s (f32 GEMM 1024³, best of 3)\n",
-              roof.bytes_per_s / 1e9, roof.flops_per_s / 1e9);
+  // The ceilings, measured more briefly than `throughput` does (a 1024³ GEMM, 3 runs each), so
+  // that a bare run takes seconds. Each row's GB/s is compared with the read rate over as many
+  // bytes as its step reads: in cache, partly or from memory, whatever its working set is here.
+  const metrics::Ceiling roof = metrics::measure_cpu_ceiling(0, 1024, 3);
+  std::printf("  measured here: %s read from memory, %s (f32 GEMM 1024³)\n",
+              metrics::describe(roof.read, "B").c_str(), metrics::describe(roof.compute, "FLOP").c_str());
   json rows = json::array();
   double mha = 0;
   for (std::int64_t K : {16, 4, 1}) {
-    // The sweep's layer shape with 4 layers instead of 8: still far beyond any cache (weights
-    // and the four caches are 0.2-0.4 GB in f32), and half the time to build.
+    // The sweep's layer shape with 4 layers instead of 8 (weights and the four caches are
+    // 0.2-0.4 GB in f32), and half the time to build.
     TransformerConfig shape = sweep_shape(K);
     shape.num_layers = 4;
     const ch01::Llama m = ch01::random_llama(shape, 1);
     const auto p = measure_decode(m, 4, 1024, 3);
+    const auto read = metrics::read_ceiling_for(roof, p.bytes_per_step);
     if (K == 16) mha = p.tokens_per_s();
     std::printf("  %s (K = %2lld), B = 4 at context 1024: %6.1f tokens/s measured (%.2f× MHA), %6.1f by the roofline, "
-                "%5.1f GB/s = %3.0f%% of the read ceiling\n",
+                "%s\n",
                 variant_name(K, 16).c_str(), static_cast<long long>(K), p.tokens_per_s(), p.tokens_per_s() / mha,
-                p.roofline_tokens_per_s(roof.bytes_per_s, roof.flops_per_s), p.achieved_bytes_per_s() / 1e9,
-                100 * p.achieved_bytes_per_s() / roof.bytes_per_s);
+                p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s),
+                metrics::against(p.achieved_bytes_per_s(), read).c_str());
     rows.push_back({{"kv_heads", K}, {"layers", shape.num_layers}, {"batch", 4}, {"context", 1024},
                     {"tokens_per_s", p.tokens_per_s()},
-                    {"roofline_tokens_per_s", p.roofline_tokens_per_s(roof.bytes_per_s, roof.flops_per_s)},
+                    {"roofline_tokens_per_s", p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s)},
                     {"achieved_bytes_per_s", p.achieved_bytes_per_s()}, {"bytes_per_step", p.bytes_per_step},
-                    {"flops_per_step", p.flops_per_step}, {"seconds_per_step", p.seconds_per_step}});
+                    {"flops_per_step", p.flops_per_step}, {"seconds_per_step", p.seconds_per_step},
+                    {"read_ceiling", metrics::to_json(read)}});
   }
   std::printf("  (random 16-head models, 4 layers, the best of 3 decode steps; the full sweep: ch03_gqa throughput)\n");
   std::printf("  more: ch03_gqa memory | throughput | convert\n");
   if (!json_path.empty())
-    write_json(json_path, {{"ceiling", {{"read_bytes_per_s", roof.bytes_per_s}, {"flops_per_s", roof.flops_per_s}}},
-                           {"decode", rows}});
+    write_json(json_path, {{"ceiling", metrics::to_json(roof)}, {"decode", rows}});
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively(argv);  // timings that hold on a busy machine (common/cli.h)
   CLI::App app{"Chapter 03: grouped-query and multi-query attention", "ch03_gqa"};
   CommonOptions o;
   add_json_option(app, o.json);  // the bare run's

@@ -128,25 +128,32 @@ json decode_steps(const metrics::Ceiling& roof) {
   const DecodeLayer L;
   std::printf("\nOne decode step of one MLA layer (N = 16 heads, D = 2048, r = 512, dr = 64, dn = dv = 128; random "
               "weights, f32), best of 3:\n");
-  std::printf("  %6s %-9s %12s %10s %10s %15s %13s %10s\n", "S", "path", "GFLOP", "MB moved", "ms", "GFLOP/s (peak)",
-              "GB/s (read)", "roofline");
+  std::printf("  (GB/s against a streaming read over as many bytes as the step moves: one layer's weights and cache are\n"
+              "   tens of MB, which a %s last-level cache holds between steps, and then its ceiling is the cache's)\n",
+              metrics::human_bytes(metrics::last_level_cache_bytes()).c_str());
+  std::printf("  %6s %-9s %12s %10s %10s %15s %22s %10s\n", "S", "path", "GFLOP", "MB moved", "ms", "GFLOP/s (peak)",
+              "GB/s (of the ceiling)", "roofline");
   json rows = json::array();
+  metrics::CeilingLegend legend;
   for (std::int64_t S : {256, 1024, 4096}) {
     double plain_s = 0;
     for (ch04::MlaPath path : {ch04::MlaPath::Plain, ch04::MlaPath::Absorbed}) {
       const Measured m = measure_block(L, S, 1, path, 3);
-      const double roofline = std::max(m.bytes / roof.bytes_per_s, m.flops / roof.flops_per_s);
+      const auto read = metrics::read_ceiling_for(roof, m.bytes);
+      const double roofline = std::max(m.bytes / read.bytes_per_s(), m.flops / roof.flops_per_s);
       if (path == ch04::MlaPath::Plain) plain_s = m.seconds;
-      std::printf("  %6lld %-9s %12.3f %10.1f %10.2f %8.1f (%3.0f%%) %6.1f (%3.0f%%) %7.2f ms", static_cast<long long>(S),
-                  path_name(path), m.flops / 1e9, m.bytes / 1e6, m.seconds * 1e3, m.flops / m.seconds / 1e9,
-                  100 * m.flops / m.seconds / roof.flops_per_s, m.bytes / m.seconds / 1e9,
-                  100 * m.bytes / m.seconds / roof.bytes_per_s, roofline * 1e3);
+      std::printf("  %6lld %-9s %12.3f %10.1f %10.2f %8.1f (%3.0f%%) %6.1f (%3.0f%% %-8s) %7.2f ms",
+                  static_cast<long long>(S), path_name(path), m.flops / 1e9, m.bytes / 1e6, m.seconds * 1e3,
+                  m.flops / m.seconds / 1e9, 100 * m.flops / m.seconds / roof.flops_per_s, m.bytes / m.seconds / 1e9,
+                  legend.percent(std::string(path_name(path)) + " at S = " + std::to_string(S), m.bytes / m.seconds, read),
+                  read.kind.c_str(), roofline * 1e3);
       if (path == ch04::MlaPath::Absorbed) std::printf("   %.1f× faster", plain_s / m.seconds);
       std::printf("\n");
       rows.push_back({{"context", S}, {"rows", 1}, {"path", path_name(path)}, {"flops", m.flops}, {"bytes", m.bytes},
-                      {"seconds", m.seconds}, {"roofline_seconds", roofline}});
+                      {"seconds", m.seconds}, {"roofline_seconds", roofline}, {"read_ceiling", metrics::to_json(read)}});
     }
   }
+  legend.print("  ");
   std::printf("  The plain path rebuilds every cached position's K and V (2·S·r·N·(dn + dv) FLOPs) and is compute-bound;\n"
               "  the absorbed path reads the same latent rows and multiplies only the new token's query into them.\n");
 
@@ -188,13 +195,11 @@ int headline(const std::string& json_path) {
               "   against %lld, %s; the lecture's 16384 → 512 counts only one of K and V and leaves out k_pe)\n",
               static_cast<long long>(paper_mha), static_cast<long long>(v2m.latent_dim()),
               ratio(paper_mha, v2m.latent_dim()).c_str());
-  // The ceilings, measured briefly (an array far beyond the last-level cache, a 1024³ GEMM).
-  metrics::Ceiling roof;
-  roof.bytes_per_s = metrics::measure_cpu_read_bandwidth(std::size_t(512) << 20, 0, 3);
-  roof.flops_per_s = metrics::measure_cpu_matmul_flops(1024, 3);
-  std::printf("\nMeasured here: %.1f GB/s read (best of 3 sums over 512 MiB), %.0f GFLOP/s (f32 GEMM 1024³, best of 3)\n",
-              roof.bytes_per_s / 1e9, roof.flops_per_s / 1e9);
-  out["ceiling"] = {{"read_bytes_per_s", roof.bytes_per_s}, {"flops_per_s", roof.flops_per_s}};
+  // The ceilings, measured briefly (3 runs, a 1024³ GEMM).
+  const metrics::Ceiling roof = metrics::measure_cpu_ceiling(0, 1024, 3);
+  std::printf("\nMeasured here: %s read from memory, %s (f32 GEMM 1024³)\n", metrics::describe(roof.read, "B").c_str(),
+              metrics::describe(roof.compute, "FLOP").c_str());
+  out["ceiling"] = metrics::to_json(roof);
   out["decode"] = decode_steps(roof);
   std::printf("\nMLA stores one row per token and layer for all heads, as MQA does, yet each head gets its own keys\n"
               "and values back from it (W_KVB). More: ch04_mla quality; chapters/04_mla/README.md.\n");
@@ -262,6 +267,7 @@ int generate(const CommonOptions& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively(argv);  // timings that hold on a busy machine (common/cli.h)
   CLI::App app{"Chapter 04: multi-head latent attention", "ch04_mla"};
   std::string json_path;
   add_json_option(app, json_path);

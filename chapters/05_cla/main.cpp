@@ -36,16 +36,6 @@ std::int64_t batch_in(double budget, std::int64_t per_sequence) {
   return static_cast<std::int64_t>(budget / static_cast<double>(per_sequence));
 }
 
-metrics::Ceiling quick_cpu_ceiling() {
-  // As chapter 03's bare run: an array 16 times the development machine's last-level cache, a
-  // 1024³ GEMM, best of 3, so that a bare run takes seconds.
-  metrics::Ceiling roof;
-  roof.name = "cpu";
-  roof.bytes_per_s = metrics::measure_cpu_read_bandwidth(std::size_t(512) << 20, 0, 3);
-  roof.flops_per_s = metrics::measure_cpu_matmul_flops(1024, 3);
-  return roof;
-}
-
 // Decode at a fixed memory budget for caches: every sharing factor at the largest batch it fits.
 json budget_sweep(const metrics::Ceiling& roof, const TransformerConfig& shape, std::int64_t seq, double budget,
                   const std::vector<std::int64_t>& shares, int steps, Device dev, bool indent) {
@@ -62,20 +52,22 @@ json budget_sweep(const metrics::Ceiling& roof, const TransformerConfig& shape, 
     IL_CHECK(B >= 1, "a budget of ", metrics::human_bytes(budget), " holds no cache of ", metrics::human_bytes(per_seq),
              " (s = ", s, ", context ", seq, "): raise --memory-mb or lower --seq");
     const auto p = measure_decode(m, B, seq - steps - 1, steps);
+    // The read ceiling of the step's own kind: a streaming read over as many bytes as it reads.
+    const auto read = metrics::read_ceiling_for(roof, p.bytes_per_step);
     if (rows.empty()) base = p.tokens_per_s();
-    std::printf("%ss = %lld: %3lld storage layers, B = %3lld fit: %8.1f tokens/s (%.2f× s = %lld), roofline %8.1f, "
-                "%5.1f GB/s = %3.0f%% of the read ceiling\n",
+    std::printf("%ss = %lld: %3lld storage layers, B = %3lld fit: %8.1f tokens/s (%.2f× s = %lld), roofline %8.1f, %s\n",
                 indent ? "  " : "", static_cast<ll>(s), static_cast<ll>(m.layout.storage_layers()), static_cast<ll>(B),
                 p.tokens_per_s(), p.tokens_per_s() / base, static_cast<ll>(shares.front()),
-                p.roofline_tokens_per_s(roof.bytes_per_s, roof.flops_per_s), p.achieved_bytes_per_s() / 1e9,
-                100 * p.achieved_bytes_per_s() / roof.bytes_per_s);
+                p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s),
+                metrics::against(p.achieved_bytes_per_s(), read).c_str());
     std::fflush(stdout);
     rows.push_back({{"share_factor", s}, {"storage_layers", m.layout.storage_layers()}, {"batch", B},
                     {"cache_bytes_per_sequence", per_seq}, {"tokens_per_s", p.tokens_per_s()},
-                    {"memory_model_tokens_per_s", p.memory_bound_tokens_per_s(roof.bytes_per_s)},
-                    {"roofline_tokens_per_s", p.roofline_tokens_per_s(roof.bytes_per_s, roof.flops_per_s)},
+                    {"memory_model_tokens_per_s", p.memory_bound_tokens_per_s(read.bytes_per_s())},
+                    {"roofline_tokens_per_s", p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s)},
                     {"achieved_bytes_per_s", p.achieved_bytes_per_s()}, {"bytes_per_step", p.bytes_per_step},
-                    {"flops_per_step", p.flops_per_step}, {"seconds_per_step", p.seconds_per_step}});
+                    {"flops_per_step", p.flops_per_step}, {"seconds_per_step", p.seconds_per_step},
+                    {"read_ceiling", metrics::to_json(read)}});
   }
   return rows;
 }
@@ -129,8 +121,8 @@ int throughput(const ModelOptions& o, std::int64_t seq, double memory_mb, std::v
   std::printf("Decode with %.0f MiB for KV caches of %lld positions, random weights (speed does not depend on their values): "
               "D = 1024, L = %d, N = K = 16, H = 64, f32, %s\n",
               memory_mb, static_cast<ll>(seq), layers, device_name(dev).data());
-  std::printf("measured: %.1f GB/s read, %.0f GFLOP/s (ridge %.1f FLOP/B)\n\n", roof.bytes_per_s / 1e9,
-              roof.flops_per_s / 1e9, roof.ridge());
+  std::printf("measured: %s read from memory, %s (ridge %.1f FLOP/B)\n\n", metrics::describe(roof.read, "B").c_str(),
+              metrics::describe(roof.compute, "FLOP").c_str(), roof.ridge());
   const json rows = budget_sweep(roof, shape, seq, memory_mb * (1 << 20), shares, steps, dev, false);
   std::printf("\nMore sequences fit, and one weight read serves all of them; each sequence's step still reads every\n"
               "layer's attention over its cached positions, so the gain shrinks as the cache reads dominate a step.\n");
@@ -245,9 +237,10 @@ int headline(const std::string& json_path) {
     big_rows.push_back({{"share_factor", s}, {"kv_bytes_per_sequence", per_seq}, {"weight_bytes", weights}, {"max_batch", B}});
   }
   std::printf("\n");
-  const metrics::Ceiling roof = quick_cpu_ceiling();
-  std::printf("  measured here: %.1f GB/s read (best of 3 sums over 512 MiB), %.0f GFLOP/s (f32 GEMM 1024³, best of 3)\n",
-              roof.bytes_per_s / 1e9, roof.flops_per_s / 1e9);
+  // As chapter 03's bare run: 3 runs, a 1024³ GEMM, so that a bare run takes seconds.
+  const metrics::Ceiling roof = metrics::measure_cpu_ceiling(0, 1024, 3);
+  std::printf("  measured here: %s read from memory, %s (f32 GEMM 1024³)\n", metrics::describe(roof.read, "B").c_str(),
+              metrics::describe(roof.compute, "FLOP").c_str());
   std::printf("  decode with 128 MiB for caches of 1024 positions (random 16-head models, 4 layers, best of 3 steps):\n");
   const json sweep = budget_sweep(roof, sweep_shape(4), 1024, 128.0 * (1 << 20), {1, 2, 4}, 3, Device::CPU, true);
   // Quality, briefly: 4 validation windows (ch05_cla quality runs them all, with the probes).
@@ -263,14 +256,14 @@ int headline(const std::string& json_path) {
   std::printf("\n  more: ch05_cla memory | throughput | quality | recipe | generate\n");
   if (!json_path.empty())
     write_json(json_path, {{"models", models}, {"llama_2_13b", big_rows},
-                           {"ceiling", {{"read_bytes_per_s", roof.bytes_per_s}, {"flops_per_s", roof.flops_per_s}}},
-                           {"decode_at_fixed_memory", sweep}, {"quality", quality}});
+                           {"ceiling", metrics::to_json(roof)}, {"decode_at_fixed_memory", sweep}, {"quality", quality}});
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively(argv);  // timings that hold on a busy machine (common/cli.h)
   CLI::App app{"Chapter 05: cross-layer attention", "ch05_cla"};
   std::string json_path;
   add_json_option(app, json_path);  // the bare run's

@@ -184,26 +184,27 @@ struct SpeedRow {
   std::int64_t matrix_bytes = 0;
   double seconds = 0;          // best of the timed steps
   double bytes = 0;            // bytes a step must read: matrices as stored, norms, embedding row, KV cache
+  metrics::ReadCeiling read{};  // a streaming read over as many bytes (in cache or from memory)
   double tokens_per_s() const { return 1 / seconds; }
   double bytes_per_s() const { return bytes / seconds; }
+  double percent_of_ceiling() const { return metrics::percent_of(bytes_per_s(), read); }
 };
 struct SpeedRun {
   std::string device;
   TransformerConfig shape;
-  double bandwidth = 0;  // the read ceiling, measured in the same run (common/ceiling.h)
+  metrics::Ceiling roof;  // the device's ceilings, measured in the same run (common/ceiling.h)
   int context = 0, steps = 0;
   std::vector<SpeedRow> rows;  // the unquantised base first
 };
 
 // Decode speed of each format at B = 1 after a prefill of `context` tokens, on a random model of
-// `shape`: the best of `steps` timed steps, against the read bandwidth measured in the same run
-// (on the CPU, the best of 5 sums over `bandwidth_bytes`).
+// `shape`: the best of `steps` timed steps, each against the read ceiling of its own kind measured
+// in the same run (on the CPU, a streaming read over as many bytes as its step reads: a 4-bit
+// model's weights may sit in a cache that an f32 model's overflow).
 SpeedRun measure_speed(Device dev, const TransformerConfig& c, const std::vector<QuantSpec>& specs, int context, int steps,
-                       std::size_t bandwidth_bytes,
                        const std::function<void(const SpeedRun&, const SpeedRow&)>& on_row = nullptr) {
-  SpeedRun run{std::string(device_name(dev)), c, 0, context, steps, {}};
-  run.bandwidth = dev == Device::CUDA ? cuda::measure_read_bandwidth(std::size_t(2) << 30)
-                                      : metrics::measure_cpu_read_bandwidth(bandwidth_bytes, 0, 5);
+  SpeedRun run{std::string(device_name(dev)), c, {}, context, steps, {}};
+  run.roof = metrics::measure_ceiling(dev);
   const ch01::Llama base = ch01::random_llama(c, 1, DType::F32);
   const DType base_dtype = dev == Device::CUDA ? DType::BF16 : DType::F32;
   auto time_steps = [&](const std::string& name, const ch01::Llama& model) {
@@ -218,6 +219,7 @@ SpeedRun measure_speed(Device dev, const TransformerConfig& c, const std::vector
     }
     r.bytes = static_cast<double>(model.matrix_bytes()) + 4.0 * c.hidden_size * (2 * c.num_layers + 2) +
               static_cast<double>(c.kv_cache_bytes(context + 1, 4));
+    r.read = metrics::read_ceiling_for(run.roof, r.bytes);
     run.rows.push_back(r);
   };
   time_steps(std::string(dtype_name(base_dtype)), base.to(dev, base_dtype));
@@ -235,32 +237,44 @@ json to_json(const SpeedRun& run) {
   for (const auto& r : run.rows)
     rows.push_back({{"format", r.name}, {"bits_per_weight", r.bits}, {"matrix_bytes", r.matrix_bytes},
                     {"seconds_per_token", r.seconds}, {"tokens_per_s", r.tokens_per_s()}, {"bytes_per_token", r.bytes},
-                    {"achieved_bytes_per_s", r.bytes_per_s()}, {"fraction_of_bandwidth", r.bytes_per_s() / run.bandwidth},
+                    {"achieved_bytes_per_s", r.bytes_per_s()}, {"fraction_of_ceiling", r.percent_of_ceiling() / 100},
+                    {"read_ceiling", metrics::to_json(r.read)},
                     {"vs_base", r.tokens_per_s() / run.rows.front().tokens_per_s()}});
-  return {{"device", run.device}, {"bandwidth", run.bandwidth}, {"parameters", run.shape.num_parameters()},
+  return {{"device", run.device}, {"ceiling", metrics::to_json(run.roof)}, {"parameters", run.shape.num_parameters()},
           {"context", run.context}, {"steps", run.steps}, {"rows", rows}};
 }
 
 void print_speed_header(const SpeedRun& run) {
   std::printf("Decode speed, B = 1, context %d, random weights (%.0f M parameters), %s, best of %d steps; "
-              "measured read bandwidth %.1f GB/s\n",
+              "read from memory %s\n",
               run.context, static_cast<double>(run.shape.num_parameters()) / 1e6, run.device.c_str(), run.steps,
-              run.bandwidth / 1e9);
-  std::printf("bytes per token = the matrices as stored + norms + embedding row + KV cache\n\n");
+              metrics::describe(run.roof.read, "B").c_str());
+  std::printf("bytes per token = the matrices as stored + norms + embedding row + KV cache; each row's GB/s against a\n"
+              "streaming read over as many bytes (cache: in the %s last-level cache, part: partly, mem: from memory)\n\n",
+              metrics::human_bytes(metrics::last_level_cache_bytes()).c_str());
+}
+
+// Under a speed table: the ceilings its rows were compared with, and why a row is above its own.
+void print_speed_legend(const SpeedRun& run) {
+  metrics::CeilingLegend legend;
+  for (const auto& r : run.rows) legend.percent(r.name, r.bytes_per_s(), r.read);
+  std::printf("\n");
+  legend.print("");
 }
 
 int speed(const CommonOptions& o, const std::vector<QuantSpec>& specs) {
-  const SpeedRun run = measure_speed(o.resolved_device(), speed_shape(), specs, 64, 8, std::size_t(1) << 30, [](const SpeedRun& run, const SpeedRow& r) {
+  const SpeedRun run = measure_speed(o.resolved_device(), speed_shape(), specs, 64, 8, [](const SpeedRun& run, const SpeedRow& r) {
     if (run.rows.size() == 1) {
       print_speed_header(run);
-      std::printf("%-18s %8s %14s %12s %10s %10s %9s\n", "format", "bits/w", "matrix bytes", "tokens/s", "GB/s", "of ceil",
-                  "vs base");
+      std::printf("%-18s %8s %14s %12s %10s %16s %9s\n", "format", "bits/w", "matrix bytes", "tokens/s", "GB/s",
+                  "of its ceiling", "vs base");
     }
-    std::printf("%-18s %8.2f %14lld %12.1f %10.2f %9.0f%% %8.2f×\n", r.name.c_str(), r.bits,
-                static_cast<long long>(r.matrix_bytes), r.tokens_per_s(), r.bytes_per_s() / 1e9,
-                100 * r.bytes_per_s() / run.bandwidth, r.tokens_per_s() / run.rows.front().tokens_per_s());
+    std::printf("%-18s %8.2f %14lld %12.1f %10.2f %9.0f%% %-5s %8.2f×\n", r.name.c_str(), r.bits,
+                static_cast<long long>(r.matrix_bytes), r.tokens_per_s(), r.bytes_per_s() / 1e9, r.percent_of_ceiling(),
+                r.read.abbrev(), r.tokens_per_s() / run.rows.front().tokens_per_s());
     std::fflush(stdout);
   });
+  print_speed_legend(run);
   if (!o.json.empty()) write_json(o.json, to_json(run));
   return 0;
 }
@@ -268,29 +282,30 @@ int speed(const CommonOptions& o, const std::vector<QuantSpec>& specs) {
 // The bare run: a few formats on the bundled model, quality and speed in one table, in seconds.
 // Quality is perplexity on 4 validation windows (no probes; AWQ calibrated on 512 tokens);
 // speed is the decode step of a random model of bare_speed_shape() in the same formats, at
-// context 16, the best of 8 steps, against a read ceiling summed over 512 MiB (16 times the
-// development machine's last-level cache). `table` and `speed` run the full versions.
+// context 16, the best of 8 steps, each against the read ceiling of its own kind. `table` and
+// `speed` run the full versions.
 int headline(const CommonOptions& o) {
   const std::vector<QuantSpec> specs = {QuantSpec{Format::Int8Row}, QuantSpec{Format::Int4Asym, 32}};
   const std::int64_t windows = 4;
   std::printf("Quantisation (lecture: 量化): bits per weight against quality and decode speed\n");
   const auto quality_rows = measure_quality(o, specs, windows, 0, {QuantSpec{Format::Int4Asym, 32}}, 512);
-  const SpeedRun run = measure_speed(Device::CPU, bare_speed_shape(), specs, 16, 8, std::size_t(512) << 20);
+  const SpeedRun run = measure_speed(Device::CPU, bare_speed_shape(), specs, 16, 8);
   std::printf("quality: %s, perplexity on %lld validation windows of 512 tokens\n", o.model.c_str(),
               static_cast<long long>(windows));
   print_speed_header(run);
-  std::printf("%-22s %8s %9s %9s %11s %10s %8s %8s\n", "format", "bits/w", "val ppl", "Δ ppl", "tokens/s", "GB/s",
-              "of ceil", "vs f32");
+  std::printf("%-22s %8s %9s %9s %11s %10s %14s %8s\n", "format", "bits/w", "val ppl", "Δ ppl", "tokens/s", "GB/s",
+              "of its ceiling", "vs f32");
   for (const auto& q : quality_rows) {
     // AWQ changes the values, not the layout: its speed is its format's.
     const std::string format = q.name.rfind("awq ", 0) == 0 ? q.name.substr(4) : q.name == "f32 (unquantised)" ? "f32" : q.name;
     std::printf("%-22s %8.2f %9.3f %+9.3f", q.name.c_str(), q.bits, q.ppl.ppl, q.ppl.ppl - quality_rows.front().ppl.ppl);
     for (const auto& r : run.rows)
       if (r.name == format)
-        std::printf(" %11.1f %10.2f %7.0f%% %7.2f×", r.tokens_per_s(), r.bytes_per_s() / 1e9,
-                    100 * r.bytes_per_s() / run.bandwidth, r.tokens_per_s() / run.rows.front().tokens_per_s());
+        std::printf(" %11.1f %10.2f %7.0f%% %-5s %7.2f×", r.tokens_per_s(), r.bytes_per_s() / 1e9,
+                    r.percent_of_ceiling(), r.read.abbrev(), r.tokens_per_s() / run.rows.front().tokens_per_s());
     std::printf("\n");
   }
+  print_speed_legend(run);
   std::printf("\nmore: ch09_quantization table (every format, all windows, probes) | speed (a 402 M model) | export | run\n");
   if (!o.json.empty()) {
     json q = json::array();
@@ -328,21 +343,24 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   const ch01::Generation g = ch02::generate_cached(m, ids, o.max_new_tokens, sampler, stops,
                                                    [&](const ch01::Generation& g) { stream.print(g.tokens); });
   std::printf("\n");
-  // Speed, against the read bandwidth measured here (a streaming sum over 256 MiB, best of 3: the
-  // one ceiling this line needs): a decode step reads every weight once.
+  // Speed, against the read ceiling of the step's kind measured here (on the CPU a streaming sum
+  // over as many bytes as a step reads, best of 5; on a GPU a streaming read over 1 GiB): a decode
+  // step reads every weight once.
   metrics::Ceiling roof;
-  roof.bytes_per_s = dev == Device::CUDA ? cuda::measure_read_bandwidth(std::size_t(1) << 30)
-                                         : metrics::measure_cpu_read_bandwidth(std::size_t(256) << 20, 0, 3);
   roof.name = device_name(dev);
-  roof.source = dev == Device::CUDA ? "measured: a streaming read over 1 GiB" : "measured: OpenMP sum over 256 MiB (best of 3)";
+  roof.cpu = dev == Device::CPU;
+  if (dev == Device::CUDA) {
+    roof.bytes_per_s = cuda::measure_read_bandwidth(std::size_t(1) << 30);
+    roof.source = "measured: a streaming read over 1 GiB";
+  }
   const double step_bytes = static_cast<double>(m.step_weight_bytes());
   const double tpot = g.tpot_s();
+  const metrics::ReadCeiling read = metrics::read_ceiling_for(roof, step_bytes);
   std::fprintf(stderr, "%zu prompt tokens, %zu generated%s; first token %.1f ms, then %.2f ms per token (%.1f tokens/s): "
-               "%s of weights a step, %s = %.0f%% of the measured %s\n",
+               "%s of weights a step, %s\n",
                ids.size(), g.generated.size(), g.stopped_at_eos ? " (stopped at an end token)" : "", g.ttft_s() * 1e3,
                tpot * 1e3, tpot > 0 ? 1 / tpot : 0.0, metrics::human_bytes(step_bytes).c_str(),
-               metrics::human_rate(tpot > 0 ? step_bytes / tpot : 0, "B").c_str(),
-               tpot > 0 ? 100 * step_bytes / tpot / roof.bytes_per_s : 0.0, metrics::human_rate(roof.bytes_per_s, "B").c_str());
+               metrics::against(tpot > 0 ? step_bytes / tpot : 0, read).c_str());
   if (!o.json.empty()) {
     nlohmann::json steps = nlohmann::json::array();
     for (const auto& s : g.steps)
@@ -350,7 +368,7 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
     write_json(o.json, {{"file", file}, {"tokenizer", tok->path()}, {"prompt_tokens", ids}, {"generated", g.generated},
                         {"text", tok->decode(g.generated)}, {"stopped_at_eos", g.stopped_at_eos}, {"stop_ids", stops},
                         {"ttft_s", g.ttft_s()}, {"tpot_s", tpot}, {"step_weight_bytes", step_bytes},
-                        {"achieved_bytes_per_s", tpot > 0 ? step_bytes / tpot : 0}, {"ceiling", metrics::to_json(roof)},
+                        {"achieved_bytes_per_s", tpot > 0 ? step_bytes / tpot : 0}, {"read_ceiling", metrics::to_json(read)},
                         {"steps", steps}},
                {file});
   }
@@ -360,6 +378,7 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively(argv);  // timings that hold on a busy machine (common/cli.h)
   CLI::App app{"Chapter 09: quantisation", "ch09_quantization"};
   CommonOptions o;
   add_model_option(app, o);  // the bare run: a short table on --model

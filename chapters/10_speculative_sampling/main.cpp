@@ -196,6 +196,7 @@ Setup setup(const std::string& target, const std::string& draft, const Generatio
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively(argv);  // timings that hold on a busy machine (common/cli.h)
   CLI::App app{"Chapter 10: speculative sampling", "ch10_speculative_sampling"};
   std::string json_path;
   add_json_option(app, json_path);  // the bare run's

@@ -94,27 +94,33 @@ void print_header(const char* pad, Clock clock) {
     return;
   }
   std::printf("%s%-14s %-10s %8s %9s %9s %9s %8s %8s %6s %6s %13s %15s\n", pad, "arrivals", "policy", "tok/s", "TTFT p50",
-              "TTFT p99", "TPOT p50", "e2e p50", "e2e p99", "batch", "preem", "GB/s (read)", "GFLOP/s (peak)");
+              "TTFT p99", "TPOT p50", "e2e p50", "e2e p99", "batch", "preem", "GB/s (of its ceiling)", "GFLOP/s (peak)");
 }
 
 json print_row(const char* pad, const std::string& arrivals, Policy p, const Served& s, const metrics::Ceiling& roof,
-               Clock clock) {
+               Clock clock, metrics::CeilingLegend& legend) {
   const Report& r = s.report;
   const bool timed = r.busy > 0 && clock == Clock::Measured;
   const double gbs = timed ? r.bytes_read / r.busy : 0, flops = timed ? r.flops / r.busy : 0;
+  // The read ceiling of the steps' kind: a streaming read over as many bytes as a mean step reads
+  // (the weights and the caches it attends over; a small model's stay in the last-level cache).
+  const metrics::ReadCeiling read =
+      metrics::read_ceiling_for(roof, r.steps > 0 ? r.bytes_read / static_cast<double>(r.steps) : 0);
   if (clock == Clock::Steps)  // times in steps: the lecture's model, where a step costs the same at any batch
     std::printf("%s%-14s %-10s %8.2f %9.1f %9.1f %9.2f %8.1f %8.1f %6.2f %6lld\n", pad, arrivals.c_str(),
                 policy_name(p), r.throughput, r.ttft.p50, r.ttft.p99, r.tpot.p50, r.e2e.p50, r.e2e.p99, r.mean_batch,
                 static_cast<ll>(r.preemptions));
   else
-    std::printf("%s%-14s %-10s %8.0f %7.1fms %7.1fms %7.2fms %7.2fs %7.2fs %6.2f %6lld %6.2f (%3.0f%%) %8.1f (%3.0f%%)\n",
+    std::printf("%s%-14s %-10s %8.0f %7.1fms %7.1fms %7.2fms %7.2fs %7.2fs %6.2f %6lld %6.2f (%3.0f%% %-5s) %8.1f (%3.0f%%)\n",
                 pad, arrivals.c_str(), policy_name(p), r.throughput, r.ttft.p50 * 1e3, r.ttft.p99 * 1e3,
                 r.tpot.p50 * 1e3, r.e2e.p50, r.e2e.p99, r.mean_batch, static_cast<ll>(r.preemptions), gbs / 1e9,
-                100 * gbs / roof.bytes_per_s, flops / 1e9, 100 * flops / roof.flops_per_s);
+                legend.percent(arrivals + ", " + policy_name(p), gbs, read), read.abbrev(), flops / 1e9,
+                100 * flops / roof.flops_per_s);
   std::fflush(stdout);
   json j = to_json(r);
   j["policy"] = policy_name(p), j["arrivals"] = arrivals;
-  if (clock == Clock::Measured) j["achieved_bytes_per_s"] = gbs, j["achieved_flops_per_s"] = flops;
+  if (clock == Clock::Measured)
+    j["achieved_bytes_per_s"] = gbs, j["achieved_flops_per_s"] = flops, j["read_ceiling"] = metrics::to_json(read);
   return j;
 }
 
@@ -128,6 +134,7 @@ json run_trace(const ch01::Llama& m, const std::vector<std::int32_t>& text, cons
   }
   std::vector<double> rates = t.rates;
   json rows = json::array();
+  metrics::CeilingLegend legend;
   print_header(pad, o.clock);
   double capacity = 0;
   std::vector<Served> at_once;
@@ -137,7 +144,7 @@ json run_trace(const ch01::Llama& m, const std::vector<std::int32_t>& text, cons
     const auto trace = make_trace(s, text);
     for (Policy p : t.policies) {
       at_once.push_back(serve(m, trace, o, p));
-      rows.push_back(print_row(pad, "all at once", p, at_once.back(), roof, o.clock));
+      rows.push_back(print_row(pad, "all at once", p, at_once.back(), roof, o.clock, legend));
       if (p == Policy::Continuous) capacity = static_cast<double>(at_once.back().report.requests) / at_once.back().report.makespan;
     }
     if (capacity == 0) capacity = static_cast<double>(at_once.back().report.requests) / at_once.back().report.makespan;
@@ -151,7 +158,7 @@ json run_trace(const ch01::Llama& m, const std::vector<std::int32_t>& text, cons
     std::snprintf(label, sizeof label, rate <= 0 ? "all at once" : o.clock == Clock::Steps ? "%.3f req/step" : "%.1f req/s", rate);
     for (Policy p : t.policies) {
       const Served r = serve(m, trace, o, p);
-      rows.push_back(print_row(pad, label, p, r, roof, o.clock));
+      rows.push_back(print_row(pad, label, p, r, roof, o.clock, legend));
       if (at_once.size() < t.policies.size()) at_once.push_back(r);
     }
   }
@@ -160,7 +167,8 @@ json run_trace(const ch01::Llama& m, const std::vector<std::int32_t>& text, cons
               pad, o.clock == Clock::Steps ? "; every time in steps"
                                            : "; GB/s: the fewest bytes each step must read (weights once, every cache), "
                                              "and GFLOP/s the FLOPs the ops counted, over the time in steps, against "
-                                             "the measured read ceiling and f32 GEMM peak");
+                                             "the measured read ceilings below and the f32 GEMM peak");
+  legend.print(pad);
   const double end = std::max(at_once.front().end, at_once.back().end);
   std::printf("%sslots in use over time, %s:\n", pad, t.rates.empty() ? "all at once" : "the first rate");
   for (std::size_t i = 0; i < at_once.size(); ++i)
@@ -217,6 +225,7 @@ std::string describe_spec(const TraceSpec& s, const ServeOptions& o, const std::
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively(argv);  // timings that hold on a busy machine (common/cli.h)
   CLI::App app{"Chapter 11: continuous batching", "ch11_continuous_batching"};
   std::string json_path;
   add_json_option(app, json_path);
@@ -289,8 +298,9 @@ int main(int argc, char** argv) {
     }
     std::printf("%s; KV budget %s\n", describe_spec(t.spec, o, name).c_str(),
                 metrics::human_bytes(o.budget_mib * (1 << 20)).c_str());
-    std::printf("%sthe read ceiling: %s (%s)\n", bare ? "  " : "", metrics::human_rate(roof.bytes_per_s, "B").c_str(),
-                roof.source.c_str());
+    std::printf("%sthe read ceiling from memory: %s (%s); each row's GB/s against a streaming read over as many\n"
+                "%sbytes as its mean step reads (cache: in the last-level cache, part: partly, mem: from memory)\n",
+                bare ? "  " : "", metrics::describe(roof.read, "B").c_str(), roof.source.c_str(), bare ? "  " : "");
     out["trace"] = run_trace(m, text, t, o, roof, bare);
     if (bare) {  // the same trace where every step costs the same, whatever its batch: the lecture's memory-bound model
       TraceSpec s = t.spec;

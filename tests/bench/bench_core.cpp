@@ -37,10 +37,10 @@ Tensor random(const Shape& shape, DType dtype, std::uint64_t seed) {
 
 void report(benchmark::State& state, const metrics::Work& per_iter, double seconds, const metrics::Ceiling& c) {
   const double n = static_cast<double>(state.iterations());
-  const auto p = metrics::roofline("bench", {per_iter.flops * n, per_iter.bytes * n}, seconds, c);
+  const auto p = metrics::roofline("bench", {per_iter.flops * n, per_iter.bytes * n}, seconds, c, per_iter.bytes);
   state.counters["GB/s"] = p.achieved_bytes_per_s() / 1e9;
   state.counters["GFLOP/s"] = p.achieved_flops_per_s() / 1e9;
-  state.counters["of_bw_ceiling"] = p.achieved_bytes_per_s() / c.bytes_per_s;
+  state.counters["of_bw_ceiling"] = p.achieved_bytes_per_s() / p.read_bytes_per_s();  // of its own kind
   state.counters["of_flop_ceiling"] = p.achieved_flops_per_s() / c.flops_per_s;
 }
 
