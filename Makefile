@@ -1,8 +1,8 @@
 # A thin wrapper over CMake presets (CMakePresets.json). The two commands of the quick start:
 #   make tour   set up, build (Release), run every chapter on the bundled model
 #   make test   set up, build, run the whole test suite with ctest
-# Others: make build | asan | fuzz | docs | bench | lab | lab-check | grade | clean.
-.PHONY: setup configure build tour test asan fuzz docs bench lab lab-check grade clean
+# Others: make build | asan | fuzz | docs | bench | lab | lab-check | grade | package | clean.
+.PHONY: setup configure build tour test asan fuzz docs bench lab lab-check grade package clean
 
 setup:
 	@tools/setup.sh
@@ -53,6 +53,10 @@ lab-check: build
 # A score per exercise for this tree (a student's), and lab.xml, a JUnit report for autograders.
 grade: build
 	@tools/lab.sh grade build/release lab.xml
+
+# The Debian package of the install tree (README.md, Install): build/release/inferlab_<version>_<arch>.deb.
+package: build
+	cmake --build --preset release --target package
 
 clean:
 	rm -rf build
