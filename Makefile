@@ -4,11 +4,17 @@
 # Others: make build | asan | fuzz | docs | bench | lab | lab-check | grade | package | clean.
 .PHONY: setup configure build tour test asan fuzz docs bench lab lab-check grade package clean
 
+# WERROR=ON builds with warnings as errors (INFERLAB_WERROR), as CI does (.ci/run): `make test
+# WERROR=ON`. Left out, the build folder keeps the value it was configured with (OFF at first),
+# so that a newer compiler's new warnings never stop a user's build.
+WERROR ?=
+WERROR_FLAG = $(if $(WERROR),-DINFERLAB_WERROR=$(WERROR))
+
 setup:
 	@tools/setup.sh
 
 configure: setup
-	@cmake --preset release > build-configure.log 2>&1 || (cat build-configure.log; exit 1)
+	@cmake --preset release $(WERROR_FLAG) > build-configure.log 2>&1 || (cat build-configure.log; exit 1)
 	@grep -E "InferLab CUDA backend" build-configure.log || true
 	@rm -f build-configure.log
 
@@ -23,7 +29,7 @@ test: build
 
 # The unit tests once more under AddressSanitizer + UndefinedBehaviorSanitizer (CPU only).
 asan: setup
-	cmake --preset asan
+	cmake --preset asan $(WERROR_FLAG)
 	cmake --build --preset asan
 	ctest --preset asan
 
