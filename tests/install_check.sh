@@ -34,22 +34,30 @@ others=$(find "$prefix/bin" -mindepth 1 ! -name 'ch[0-9][0-9]_*')
 cd "$tmp"  # neither the source nor the build tree
 unset INFERLAB_DATA
 exe=$prefix/bin/ch01_naive_decode
-run() { "$exe" --prompt "Once upon a time" --max-new-tokens 3 "$@"; }
+# A short generation; its first line names the model it loaded. In the labs' student tree the
+# forward pass is an exercise stub: there the run stops after that line with "exercise NN.N is not
+# done yet", which is all right here, since loading is what this checks.
+run() {
+  local status=0
+  "$exe" --prompt "Once upon a time" --max-new-tokens 3 2> "$tmp/stderr" || status=$?
+  [ "$status" -eq 0 ] || grep -q "exercise [0-9.]* is not done yet" "$tmp/stderr" ||
+    fail "ch01_naive_decode --max-new-tokens 3 failed (status $status): $(cat "$tmp/stderr")"
+}
 
 # The default model is the installed one, and the executable generates from it.
 help=$("$exe" --help) || fail "--help failed: $help"
 grep -qF "=$data/models/tiny-mha" <<< "$help" || fail "--help's default model is not $data/models/tiny-mha: $help"
-out=$(run) || fail "the installed ch01_naive_decode failed: $out"
+out=$(run)
 grep -qF "ch01_naive_decode: $data/models/tiny-mha" <<< "$out" || fail "it did not read $data/models/tiny-mha: $out"
 
 # INFERLAB_DATA overrides the folder beside bin/.
 ln -s "$data" "$tmp/elsewhere"
-out=$(INFERLAB_DATA=$tmp/elsewhere run) || fail "with INFERLAB_DATA set it failed: $out"
+out=$(INFERLAB_DATA=$tmp/elsewhere run)
 grep -qF "ch01_naive_decode: $tmp/elsewhere/models/tiny-mha" <<< "$out" || fail "INFERLAB_DATA was not used: $out"
 
 # A bad INFERLAB_DATA: a clear error, not a crash or a fallback.
 status=0
-err=$(INFERLAB_DATA=$tmp/nowhere run 2>&1 > /dev/null) || status=$?
+err=$(INFERLAB_DATA=$tmp/nowhere "$exe" 2>&1 > /dev/null) || status=$?
 [ "$status" -eq 1 ] || fail "a bad INFERLAB_DATA exits with $status, not 1: $err"
 grep -qF "ch01_naive_decode: error: INFERLAB_DATA is set to '$tmp/nowhere', which does not exist" <<< "$err" ||
   fail "a bad INFERLAB_DATA's message does not name it: $err"
