@@ -1,14 +1,20 @@
 # A thin wrapper over CMake presets (CMakePresets.json). The two commands of the quick start:
 #   make tour   set up, build (Release), run every chapter on the bundled model
 #   make test   set up, build, run the whole test suite with ctest
-# Others: make build | asan | fuzz | docs | bench | lab | lab-check | grade | clean.
-.PHONY: setup configure build tour test asan fuzz docs bench lab lab-check grade clean
+# Others: make build | asan | fuzz | docs | bench | lab | lab-check | grade | package | clean.
+.PHONY: setup configure build tour test asan fuzz docs bench lab lab-check grade package clean
+
+# WERROR=ON builds with warnings as errors (INFERLAB_WERROR), as CI does (.ci/run): `make test
+# WERROR=ON`. Left out, the build folder keeps the value it was configured with (OFF at first),
+# so that a newer compiler's new warnings never stop a user's build.
+WERROR ?=
+WERROR_FLAG = $(if $(WERROR),-DINFERLAB_WERROR=$(WERROR))
 
 setup:
 	@tools/setup.sh
 
 configure: setup
-	@cmake --preset release > build-configure.log 2>&1 || (cat build-configure.log; exit 1)
+	@cmake --preset release $(WERROR_FLAG) > build-configure.log 2>&1 || (cat build-configure.log; exit 1)
 	@grep -E "InferLab CUDA backend" build-configure.log || true
 	@rm -f build-configure.log
 
@@ -23,7 +29,7 @@ test: build
 
 # The unit tests once more under AddressSanitizer + UndefinedBehaviorSanitizer (CPU only).
 asan: setup
-	cmake --preset asan
+	cmake --preset asan $(WERROR_FLAG)
 	cmake --build --preset asan
 	ctest --preset asan
 
@@ -53,6 +59,10 @@ lab-check: build
 # A score per exercise for this tree (a student's), and lab.xml, a JUnit report for autograders.
 grade: build
 	@tools/lab.sh grade build/release lab.xml
+
+# The Debian package of the install tree (README.md, Install): build/release/inferlab_<version>_<arch>.deb.
+package: build
+	cmake --build --preset release --target package
 
 clean:
 	rm -rf build

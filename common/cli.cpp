@@ -23,10 +23,62 @@
 #ifndef INFERLAB_DATA_DIR
 #define INFERLAB_DATA_DIR "data"
 #endif
+#ifndef INFERLAB_DATA_FROM_BIN
+#define INFERLAB_DATA_FROM_BIN "../share/inferlab/data"
+#endif
 
 namespace inferlab {
 
-std::string data_dir() { return INFERLAB_DATA_DIR; }
+namespace fs = std::filesystem;
+
+std::vector<std::string> data_dir_candidates(const std::string& exe_dir) {
+  std::vector<std::string> out;
+  if (!exe_dir.empty()) out.push_back((fs::path(exe_dir) / INFERLAB_DATA_FROM_BIN).lexically_normal().string());
+  out.push_back(fs::path(INFERLAB_DATA_DIR).lexically_normal().string());
+  return out;
+}
+
+DataDirLookup find_data_dir(const char* env_value, const std::vector<std::string>& candidates) {
+  auto holds_data = [](const std::string& dir) {
+    std::error_code ec;
+    return fs::is_directory(fs::path(dir) / "models", ec);
+  };
+  DataDirLookup r;
+  if (env_value != nullptr && *env_value != '\0') {
+    r.tried.push_back(env_value);
+    std::error_code ec;
+    if (holds_data(env_value))
+      r.dir = env_value;
+    else
+      r.problem = detail::concat("INFERLAB_DATA is set to '", env_value, "', which ",
+                                 fs::exists(env_value, ec) ? "has no models/ folder" : "does not exist",
+                                 ": point it at the folder that holds models/ and corpus/, or unset it");
+    return r;
+  }
+  r.tried = candidates;
+  for (const std::string& c : candidates)
+    if (holds_data(c)) {
+      r.dir = c;
+      return r;
+    }
+  std::string places;
+  for (std::size_t i = 0; i < candidates.size(); ++i)
+    places += (i == 0 ? "" : i + 1 == candidates.size() ? " and " : ", ") + candidates[i];
+  r.problem = detail::concat("no data folder (models/, corpus/) found: looked in ", places,
+                             "; set INFERLAB_DATA to the folder that holds them");
+  return r;
+}
+
+DataDirLookup find_data_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return find_data_dir(std::getenv("INFERLAB_DATA"), data_dir_candidates(ec ? "" : exe.parent_path().string()));
+}
+
+std::string data_dir() {
+  DataDirLookup d = find_data_dir();
+  return d.problem.empty() ? d.dir : d.tried.front();
+}
 std::string bundled_model(const std::string& name) { return data_dir() + "/models/" + name; }
 std::string default_model_path() { return bundled_model("tiny-mha"); }
 
@@ -143,6 +195,12 @@ int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& bo
   } catch (const CLI::ParseError& e) {
     std::cerr << app.get_name() << ": error: " << e.what() << "\nRun with --help for the options.\n";
     return 2;
+  }
+  // The bundled data (the default models, the corpus): a bad INFERLAB_DATA or an install without
+  // its data is reported here, before a command runs into a missing file.
+  if (const DataDirLookup d = find_data_dir(); !d.problem.empty()) {
+    std::cerr << app.get_name() << ": error: " << d.problem << "\n";
+    return 1;
   }
   try {
     return body();

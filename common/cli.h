@@ -66,8 +66,30 @@ CLI::Validator number_in(double lo, double hi);
 std::string bundled_model(const std::string& name);
 /// The bundled default model: `data_dir()/models/tiny-mha`.
 std::string default_model_path();
-/// The folder holding the bundled models and goldens (set at configure time).
+/// The folder holding the bundled models and corpus: the first of data_dir_candidates() that
+/// exists (find_data_dir). When none does it returns the first place looked at, so that defaults
+/// still print, and run_cli() reports the problem before any command runs.
 std::string data_dir();
+
+/// Where the bundled data was looked for, and what was found (find_data_dir).
+struct DataDirLookup {
+  std::string dir;                 ///< the folder found, "" when there is none
+  std::vector<std::string> tried;  ///< every place looked at, in order
+  std::string problem;             ///< "" when found; else an error naming the places and INFERLAB_DATA
+};
+
+/// The places an executable looks for its data when INFERLAB_DATA is not set, in order:
+/// `exe_dir`/../share/inferlab/data (an installed executable: the install tree's data beside its
+/// bin/, from any prefix), then the source tree's data/ (an executable in the build tree).
+std::vector<std::string> data_dir_candidates(const std::string& exe_dir);
+
+/// The data folder: `env_value` ($INFERLAB_DATA) when it is set and not empty, and then nowhere
+/// else; otherwise the first of `candidates` that exists. A folder counts when it holds models/.
+DataDirLookup find_data_dir(const char* env_value, const std::vector<std::string>& candidates);
+
+/// find_data_dir for this process: $INFERLAB_DATA, and the candidates beside this executable
+/// (/proc/self/exe).
+DataDirLookup find_data_dir();
 
 /// --model (default: the bundled model, unless `o.model` already names another).
 void add_model_option(CLI::App& app, ModelOptions& o);

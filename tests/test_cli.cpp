@@ -1,5 +1,6 @@
 // The shared command line: defaults, validation, and errors that end in a clear message and
 // a non-zero exit status rather than a crash.
+#include <cstdlib>
 #include <filesystem>
 #include <new>
 #include <sstream>
@@ -190,6 +191,60 @@ TEST(Cli, AWriteThroughASymbolicLinkWritesTheFileItNames) {
   std::filesystem::create_symlink(loop, loop);
   test::expect_error([&] { write_text(loop, "x"); }, {"cannot write", loop});
   EXPECT_TRUE(std::filesystem::is_symlink(loop));
+}
+
+// Where an executable finds the bundled data: INFERLAB_DATA overrides everything (and a bad one is
+// an error, not a silent fallback); otherwise the install tree beside the executable's bin/, then
+// the source tree. With none of them, the error names every place looked at and INFERLAB_DATA.
+TEST(Cli, TheDataFolderIsFoundByInferlabDataThenBesideTheExecutableThenInTheSourceTree) {
+  test::TempDir dir;
+  const std::filesystem::path installed = dir.path() / "share" / "inferlab" / "data";
+  std::filesystem::create_directories(installed / "models");
+  std::filesystem::create_directories(dir.path() / "bin");
+  std::filesystem::create_directories(dir.path() / "empty");
+
+  const std::vector<std::string> places = data_dir_candidates((dir.path() / "bin").string());
+  ASSERT_EQ(places.size(), 2u);
+  EXPECT_EQ(places[0], installed.string());
+  EXPECT_EQ(places[1], std::filesystem::path(INFERLAB_DATA_DIR).lexically_normal().string());
+
+  DataDirLookup d = find_data_dir(nullptr, places);  // installed: beside bin/
+  EXPECT_EQ(d.dir, installed.string());
+  EXPECT_EQ(d.problem, "");
+  d = find_data_dir("", data_dir_candidates(dir.file("empty/bin")));  // in the build tree: the source's data/
+  EXPECT_EQ(d.dir, places[1]);
+  d = find_data_dir(INFERLAB_DATA_DIR, places);  // INFERLAB_DATA wins over the installed folder
+  EXPECT_EQ(d.dir, INFERLAB_DATA_DIR);
+  EXPECT_EQ(d.tried, std::vector<std::string>{INFERLAB_DATA_DIR});
+
+  for (const std::string& bad : {dir.file("missing"), dir.file("empty")}) {
+    d = find_data_dir(bad.c_str(), places);
+    EXPECT_EQ(d.dir, "");
+    for (const std::string& word : {std::string("INFERLAB_DATA"), bad, std::string("models/")})
+      EXPECT_NE(d.problem.find(word), std::string::npos) << d.problem;
+  }
+  const std::vector<std::string> nowhere{dir.file("a"), dir.file("empty")};
+  d = find_data_dir(nullptr, nowhere);
+  EXPECT_EQ(d.dir, "");
+  EXPECT_EQ(d.tried, nowhere);
+  for (const std::string& word : {std::string("INFERLAB_DATA"), nowhere[0], nowhere[1]})
+    EXPECT_NE(d.problem.find(word), std::string::npos) << d.problem;
+}
+
+// A bad INFERLAB_DATA ends a command with one line naming it and status 1; --help still works.
+TEST(Cli, ABadInferlabDataIsAnErrorBeforeTheCommandRuns) {
+  test::TempDir dir;
+  const std::string bad = dir.file("no-such-folder");
+  ::setenv("INFERLAB_DATA", bad.c_str(), 1);
+  bool ran = false;
+  const CliRun r = run({}, [&](const CommonOptions&) { return ran = true, 0; });
+  const CliRun help = run({"--help"});
+  ::unsetenv("INFERLAB_DATA");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_FALSE(ran);
+  EXPECT_NE(r.err.find("INFERLAB_DATA is set to '" + bad + "', which does not exist"), std::string::npos) << r.err;
+  EXPECT_EQ(help.status, 0);
+  EXPECT_EQ(run({}).status, 0);  // unset again: the source tree's data
 }
 
 }  // namespace
