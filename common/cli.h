@@ -62,6 +62,18 @@ struct CommonOptions : ModelOptions, GenerationOptions {
 /// ("0 is outside [1, 16777216]") instead of CLI11's default (which prints DBL_MAX in full).
 CLI::Validator number_in(double lo, double hi);
 
+/// A CLI11 check that an option names a file the command can write (unwritable_file_reason): its
+/// folder exists and is writable. "" passes (no output). It runs as the command line is parsed,
+/// so a mistyped path is a usage error naming the flag ("--json: cannot write /no/dir/x.json:
+/// folder /no/dir does not exist") before any work; run_cli checks a default the same way.
+CLI::Validator output_file();
+/// The same for a folder the command creates and fills (unwritable_folder_reason).
+CLI::Validator output_folder();
+/// A CLI11 check that an option names a regular file to read (require_regular_file), `what` it
+/// is in the message: "--points: cannot open roofline points /no/such.json: No such file or
+/// directory".
+CLI::Validator input_file(const std::string& what);
+
 /// A bundled model's folder: `data_dir()/models/<name>` (tiny-mha, tiny-mamba, ...).
 std::string bundled_model(const std::string& name);
 /// The bundled default model: `data_dir()/models/tiny-mha`.
@@ -75,7 +87,7 @@ void add_model_option(CLI::App& app, ModelOptions& o);
 void add_device_option(CLI::App& app, ModelOptions& o);
 /// --prompt, --max-new-tokens, --seed, --temperature, --top-k, --top-p.
 void add_generation_options(CLI::App& app, GenerationOptions& o);
-/// --json FILE.
+/// --json FILE, checked with output_file().
 void add_json_option(CLI::App& app, std::string& path);
 /// --windows N (validation windows of 512 tokens, 0: all) and --probes-per-kind N (0: all): what a
 /// quality table (eval::quality_table) measures.
@@ -92,7 +104,9 @@ void bare_run_options_only(CLI::App& app);
 /// program reads along with.
 void help_footer(CLI::App& app, const std::string& bare_run, const std::string& readme, const std::string& lecture);
 
-/// Parses argv and runs `body`; returns the process exit status (0 ok, 1 error, 2 usage).
+/// Parses argv and runs `body`; returns the process exit status (0 ok, 1 error, 2 usage). Before
+/// the body, the defaults of the output options (output_file, output_folder) of the commands
+/// given are checked as a given value is.
 int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
 
 /// Writes `j` (pretty-printed) to `path`; throws naming the path on failure, or when `path` is

@@ -273,16 +273,18 @@ int main(int argc, char** argv) {
   auto* sl = app.add_subcommand("latency", "The memory-bound latency/throughput model over batch sizes");
   add_model_opts(sl);
   sl->add_option("--batches", o.batches, "Batch sizes to sweep")->check(number_in(1, 1 << 20))->delimiter(',');
-  sl->add_option("--svg", o.svg, "Write the plot here");
+  sl->add_option("--svg", o.svg, "Write the plot here")->check(output_file());
   auto* sr = app.add_subcommand("roofline", "Measure this machine's roofline and draw it with presets and points");
   add_device_option(*sr, o.common);
   add_json_option(*sr, o.common.json);
-  sr->add_option("--points", o.points, "JSON files with roofline points written by the chapters");
-  sr->add_option("--svg", o.svg, "Write the plot here");
+  sr->add_option("--points", o.points, "JSON files with roofline points written by the chapters")
+      ->check(input_file("roofline points"));
+  sr->add_option("--svg", o.svg, "Write the plot here")->check(output_file());
   auto* sc = app.add_subcommand("lecture", "Every number in the lecture, recomputed");
   add_json_option(*sc, o.common.json);
-  sc->add_option("--markdown", o.markdown, "Write the table as Markdown (docs/lecture-numbers.md)");
+  sc->add_option("--markdown", o.markdown, "Write the table as Markdown (docs/lecture-numbers.md)")->check(output_file());
   app.require_subcommand(0, 1);
+  bare_run_options_only(app);
   return run_cli(app, argc, argv, [&] {
     if (*si) return intensity(o);
     if (*sm) return memory(o);

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   std::string conv_in, conv_out, conv_to;
   auto* conv = app.add_subcommand("convert", "Convert between a llama2.c checkpoint and a Hugging Face folder");
   conv->add_option("input", conv_in, "llama2.c .bin checkpoint, or Hugging Face model folder")->required();
-  conv->add_option("output", conv_out, "output folder (to hf) or .bin file (to llama2c)")->required();
+  conv->add_option("output", conv_out, "output folder (to hf) or .bin file (to llama2c)")->required()->check(output_folder());
   conv->add_option("--to", conv_to, "hf or llama2c")->required()->check(CLI::IsMember({"hf", "llama2c"}));
   conv->add_option("--tokenizer", tokenizer_path, "llama2.c tokenizer.bin (default: the one beside the checkpoint)");
   bare_run_options_only(app);

@@ -401,7 +401,7 @@ int main(int argc, char** argv) {
   ss->add_option("--formats", formats, "Comma-separated formats (default: all)")->delimiter(',')->check(known_format);
   auto* se = app.add_subcommand("export", "Write the model quantised as GGUF");
   add_model_option(*se, o);
-  se->add_option("output", out, "The .gguf file")->required();
+  se->add_option("output", out, "The .gguf file")->required()->check(output_file());
   se->add_option("--format", format, "q8_0, q4_0, or f32 / f16 (unquantised, for llama.cpp's llama-quantize)")
       ->check(CLI::IsMember({"q8_0", "q4_0", "f32", "f16"}))
       ->capture_default_str();

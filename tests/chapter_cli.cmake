@@ -1,0 +1,36 @@
+# The chapters' executables on command lines that used to go wrong: each test runs one and
+# matches its output (PASS: what it must say; FAIL: what it must never print, such as work done
+# before a refusal, or a NaN). Included from chapters/CMakeLists.txt when tests are built.
+#
+# inferlab_cli_test(<name> PASS <regex> [FAIL <regex>] COMMAND <executable> <args>...)
+function(inferlab_cli_test name)
+  cmake_parse_arguments(T "" "PASS;FAIL" "COMMAND" ${ARGN})
+  add_test(NAME ${name} COMMAND ${T_COMMAND})
+  set_tests_properties(${name} PROPERTIES LABELS "unit" PASS_REGULAR_EXPRESSION "${T_PASS}"
+    ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+  if(T_FAIL)
+    set_tests_properties(${name} PROPERTIES FAIL_REGULAR_EXPRESSION "${T_FAIL}")
+  endif()
+endfunction()
+
+set(out "${CMAKE_CURRENT_BINARY_DIR}/cli_test_output")
+file(MAKE_DIRECTORY "${out}")
+file(WRITE "${out}/a_file" "not a folder")
+
+# An output or input path is checked before any work: these used to fail after the whole run.
+inferlab_cli_test(ch00_workload.JsonPathIsCheckedBeforeMeasuring
+  PASS "--json: cannot write /nonexistent/dir/x.json: folder /nonexistent/dir does not exist" FAIL "Measuring"
+  COMMAND ch00_workload roofline --json /nonexistent/dir/x.json)
+inferlab_cli_test(ch00_workload.PointsAreCheckedBeforeMeasuring
+  PASS "--points: cannot open roofline points /nonexistent" FAIL "Measuring"
+  COMMAND ch00_workload roofline --points /nonexistent)
+inferlab_cli_test(ch00_workload.SvgPathIsCheckedFirst PASS "--svg: cannot write /nonexistent/p.svg" FAIL "Memory-bound"
+  COMMAND ch00_workload latency --svg /nonexistent/p.svg)
+inferlab_cli_test(ch08_diffusion_lm.JsonPathIsCheckedBeforeTheTable
+  PASS "--json: cannot write /nonexistent/x: folder /nonexistent does not exist" FAIL "steps R"
+  COMMAND ch08_diffusion_lm quality --json /nonexistent/x)
+inferlab_cli_test(ch09_quantization.ExportPathIsCheckedFirst PASS "output: cannot write /nonexistent/m.gguf"
+  COMMAND ch09_quantization export /nonexistent/m.gguf)
+inferlab_cli_test(ch01_naive_decode.ConvertFolderIsCheckedFirst
+  PASS "output: cannot write ${out}/a_file/hf: .*a_file is a file, not a folder"
+  COMMAND ch01_naive_decode convert "${PROJECT_SOURCE_DIR}/data/models/tiny-mha" "${out}/a_file/hf" --to hf)
