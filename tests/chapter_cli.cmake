@@ -17,6 +17,10 @@ set(out "${CMAKE_CURRENT_BINARY_DIR}/cli_test_output")
 file(MAKE_DIRECTORY "${out}")
 file(WRITE "${out}/a_file" "not a folder")
 
+# Every chapter's bare run takes --json (chapter 00's used to refuse it).
+inferlab_cli_test(ch00_workload.BareRunWritesJson PASS "numbers in the lecture recomputed"
+  COMMAND ch00_workload --json "${out}/ch00_bare.json")
+
 # An output or input path is checked before any work: these used to fail after the whole run.
 inferlab_cli_test(ch00_workload.JsonPathIsCheckedBeforeMeasuring
   PASS "--json: cannot write /nonexistent/dir/x.json: folder /nonexistent/dir does not exist" FAIL "Measuring"
@@ -34,3 +38,6 @@ inferlab_cli_test(ch09_quantization.ExportPathIsCheckedFirst PASS "output: canno
 inferlab_cli_test(ch01_naive_decode.ConvertFolderIsCheckedFirst
   PASS "output: cannot write ${out}/a_file/hf: .*a_file is a file, not a folder"
   COMMAND ch01_naive_decode convert "${PROJECT_SOURCE_DIR}/data/models/tiny-mha" "${out}/a_file/hf" --to hf)
+
+inferlab_cli_test(ch00_workload.DtypeIsCheckedAndListed PASS "--dtype: f64 not in" FAIL "Arithmetic"
+  COMMAND ch00_workload intensity --dtype f64)
