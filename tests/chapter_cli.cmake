@@ -39,5 +39,24 @@ inferlab_cli_test(ch01_naive_decode.ConvertFolderIsCheckedFirst
   PASS "output: cannot write ${out}/a_file/hf: .*a_file is a file, not a folder"
   COMMAND ch01_naive_decode convert "${PROJECT_SOURCE_DIR}/data/models/tiny-mha" "${out}/a_file/hf" --to hf)
 
+# An empty prompt starts from BOS: tokens are generated, and no exponent is fitted to one step.
+# (tiny-mha's greedy first token after BOS ends the text, and the run says so; sampled, it mostly
+# tells a story.) The empty argument goes to add_test itself: a list would drop it.
+add_test(NAME ch01_naive_decode.EmptyPromptStartsFromBos COMMAND ch01_naive_decode --prompt "" --max-new-tokens 6)
+add_test(NAME ch01_naive_decode.EmptyPromptStartsFromBosAndSamples
+  COMMAND ch01_naive_decode --prompt "" --max-new-tokens 12 --temperature 1 --seed 4)
+set_tests_properties(ch01_naive_decode.EmptyPromptStartsFromBos PROPERTIES LABELS "unit"
+  PASS_REGULAR_EXPRESSION "1 tokens in [0-9.]+ ms .*the model ended the text" FAIL_REGULAR_EXPRESSION "T\\^[-a-z]")
+set_tests_properties(ch01_naive_decode.EmptyPromptStartsFromBosAndSamples PROPERTIES LABELS "unit"
+  PASS_REGULAR_EXPRESSION "[0-9]+ tokens in [0-9.]+ ms" FAIL_REGULAR_EXPRESSION "T\\^[-a-z]")
+inferlab_cli_test(ch01_naive_decode.OneStepFitsNoExponent PASS "With 1 step there is no growth to fit" FAIL "T\\^[-a-z]"
+  COMMAND ch01_naive_decode --max-new-tokens 1)
+# A prompt longer than the context is refused before it is echoed.
+string(REPEAT "Once upon a time " 400 long_prompt)
+inferlab_cli_test(ch01_naive_decode.ALongPromptIsRefusedBeforeItIsEchoed
+  PASS "longer than the model's context of 512" FAIL "Once upon a time Once upon a time"
+  COMMAND ch01_naive_decode --prompt "${long_prompt}")
+inferlab_cli_test(ch01_naive_decode.HelpListsEveryDtype PASS "Weight dtype: f32, bf16 or f16"
+  COMMAND ch01_naive_decode --help)
 inferlab_cli_test(ch00_workload.DtypeIsCheckedAndListed PASS "--dtype: f64 not in" FAIL "Arithmetic"
   COMMAND ch00_workload intensity --dtype f64)

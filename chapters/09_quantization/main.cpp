@@ -319,6 +319,7 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   const auto tok = gguf_tokenizer(f, tokenizer, o.model);
   const SamplingParams sp = o.sampling(*tok, m.config.vocab_size);
   const auto ids = tok->encode(o.prompt);
+  ch01::check_context(m, ids.size(), o.max_new_tokens);  // before the prompt is echoed
   // It stops where llama.cpp would: the EOS id, and the end-of-turn tokens the file names.
   std::vector<std::int64_t> stops = gguf::stop_ids(f);
   for (std::int64_t e : m.config.eos_token_ids)
