@@ -85,6 +85,14 @@ TEST(Cli, ErrorsInTheBodyExitWithStatus1AndAMessage) {
   });
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("no CUDA device available: " + reason), std::string::npos) << r.err;
+  // The reason says what is missing in plain words first; the runtime's own message (for a
+  // machine without a GPU, "CUDA driver version is insufficient for CUDA runtime version") is
+  // only its detail.
+  bool plain = false;
+  for (const char* start : {"this machine has no NVIDIA GPU", "this build has no CUDA backend", "the NVIDIA driver supports",
+                            "the CUDA runtime cannot reach a GPU", "device 0 ("})
+    plain = plain || reason.rfind(start, 0) == 0;
+  EXPECT_TRUE(plain) << reason;
 }
 
 // What escapes a body without a better name still says what and where: a path the filesystem
