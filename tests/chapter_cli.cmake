@@ -60,3 +60,10 @@ inferlab_cli_test(ch01_naive_decode.HelpListsEveryDtype PASS "Weight dtype: f32,
   COMMAND ch01_naive_decode --help)
 inferlab_cli_test(ch00_workload.DtypeIsCheckedAndListed PASS "--dtype: f64 not in" FAIL "Arithmetic"
   COMMAND ch00_workload intensity --dtype f64)
+
+# Values outside what a command can do are usage errors naming the flag.
+inferlab_cli_test(ch10_speculative_sampling.GammaZeroIsRefused PASS "--gamma: 0 is outside \\[1, 64\\]" FAIL "speed-up"
+  COMMAND ch10_speculative_sampling sweep --gamma 0)
+inferlab_cli_test(ch08_diffusion_lm.StepsBeyondTheLengthAreRefusedFirst
+  PASS "--steps 16 is more than --gen-length 8" FAIL "autoregressive"
+  COMMAND ch08_diffusion_lm speed --gen-length 8 --steps 16)
