@@ -222,14 +222,12 @@ Progress::~Progress() { finish(); }
 
 void Progress::update(std::int64_t done) {
   const double t = timer_.seconds();
-  if (t < 2.0) return;
-  const int decile = total_ > 0 ? static_cast<int>(10 * done / total_) : 0;
   if (tty_) {
-    if (t - last_print_ < 0.1 && done < total_) return;
-  } else if (decile == last_decile_) {
+    if (t < 2.0 || (t - last_print_ < 0.1 && done < total_)) return;
+  } else if (t < 10.0 || (printed_ && t - last_print_ < 30.0)) {  // a log gets a line now and then, not a stream
     return;
   }
-  last_print_ = t, last_decile_ = decile, printed_ = true;
+  last_print_ = t, printed_ = true;
   std::fprintf(stderr, "%s%s %lld/%lld (%d%%), %.1f s%s", tty_ ? "\r" : "", label_.c_str(),
                static_cast<long long>(done), static_cast<long long>(total_),
                total_ > 0 ? static_cast<int>(100 * done / total_) : 0, t, tty_ ? "\033[K" : "\n");

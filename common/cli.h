@@ -116,9 +116,10 @@ void write_json(const std::string& path, const nlohmann::json& j, const std::vec
 /// path on failure.
 void write_text(const std::string& path, const std::string& text);
 
-/// A progress line on stderr for work that takes more than about two seconds: silent before
-/// that, then "label 37/120 (31%), 4.2 s" redrawn in place on a terminal, or a line every 10%
-/// when stderr is a file or pipe.
+/// A progress line on stderr for long work, its label saying what is measured ("tiny-mamba:
+/// probes"): on a terminal "label 37/120 (31%), 4.2 s" redrawn in place from two seconds on;
+/// when stderr is a file or pipe, a line after ten seconds and then one every thirty, so that a
+/// log holds a few lines, not one per step.
 class Progress {
  public:
   Progress(std::string label, std::int64_t total);
@@ -133,7 +134,6 @@ class Progress {
   std::int64_t total_;
   metrics::Timer timer_;
   double last_print_ = 0;
-  int last_decile_ = -1;
   bool printed_ = false, tty_;
 };
 

@@ -235,7 +235,7 @@ int recall(std::int64_t per_kind, const std::string& svg, const std::string& rea
       RingKVCache cache(m.config(), m.layout, static_cast<std::int64_t>(t.size()));
       return forward_cached(m, cache, t, true);
     };
-    const auto scores = eval::probe_accuracy(logits, *tok, probes, per_kind);
+    const auto scores = eval::probe_accuracy(logits, *tok, probes, per_kind, name + ": probes");
     plot::Series s;
     s.label = name;
     s.markers = true;

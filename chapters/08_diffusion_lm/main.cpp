@@ -152,7 +152,8 @@ json quality_table(const DiffusionModel& m, const Tokenizer& tok, const std::vec
         const auto at = r.tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size());
         return std::vector<std::int32_t>(at, at + static_cast<std::ptrdiff_t>(want.size()));
       };
-      const eval::ProbeScores scores = eval::probe_accuracy_of_answers(answer, tok, all, per_kind);
+      const eval::ProbeScores scores =
+          eval::probe_accuracy_of_answers(answer, tok, all, per_kind, "R = " + std::to_string(R) + ": probes");
       for (const auto& [kind, a] : scores.accuracy) mean += a / static_cast<double>(scores.accuracy.size());
       row["probe_accuracy"] = scores.accuracy, row["probe_accuracy_mean"] = mean;
     }

@@ -120,7 +120,7 @@ std::vector<QualityRow> measure_quality(const CommonOptions& o, const std::vecto
     const eval::LogitsFn f = [&r](const std::vector<std::int32_t>& t) { return ch01::forward(r.model, t, true); };
     QualityRow q{r.name, bits(r.model), matrix_bytes(r.model), {}, {}, r.kept_f32};
     q.ppl = eval::perplexity(f, val, 512, windows, o.model + " as " + r.name + ": validation perplexity");
-    if (per_kind > 0) q.probes = eval::probe_accuracy(f, *tok, probes, per_kind);
+    if (per_kind > 0) q.probes = eval::probe_accuracy(f, *tok, probes, per_kind, o.model + " as " + r.name + ": probes");
     if (on_row) on_row(q);
     out.push_back(std::move(q));
   }
