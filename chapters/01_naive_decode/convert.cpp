@@ -57,7 +57,8 @@ void convert_hf_to_llama2c(const std::string& folder, const std::string& out_fil
   check_not_input(out_file, {folder});
   require_writable_file(out_file, "output file");  // before the work
   const Llama m = load_llama(folder);
-  IL_CHECK(!m.layers.empty() && !m.layers[0].wq.bias.defined(), folder, ": llama2.c has no q/k/v biases");
+  for (const Linear* w : m.layers.at(0).linears())  // every layer alike: the config says which have biases
+    IL_CHECK(!w->bias.defined(), folder, ": its projections have biases, which a llama2.c checkpoint cannot hold");
   const auto& c = m.config;
   // A llama2.c header has no field for these; a reader assumes the values below, so any other
   // value would be written into a file that runs and computes something else.
