@@ -2,11 +2,17 @@
 # matches its output (PASS: what it must say; FAIL: what it must never print, such as work done
 # before a refusal, or a NaN). Included from chapters/CMakeLists.txt when tests are built.
 #
-# inferlab_cli_test(<name> PASS <regex> [FAIL <regex>] COMMAND <executable> <args>...)
+# inferlab_cli_test(<name> PASS <regex> [FAIL <regex>] [LAB <id>] COMMAND <executable> <args>...)
+# LAB: the last exercise the run needs (docs/labs.md), as tests/lab_tests.txt gives it for the
+# GoogleTest programs: in a student tree the test fails with that exercise's message.
 function(inferlab_cli_test name)
-  cmake_parse_arguments(T "" "PASS;FAIL" "COMMAND" ${ARGN})
+  cmake_parse_arguments(T "" "PASS;FAIL;LAB" "COMMAND" ${ARGN})
   add_test(NAME ${name} COMMAND ${T_COMMAND})
-  set_tests_properties(${name} PROPERTIES LABELS "unit" PASS_REGULAR_EXPRESSION "${T_PASS}"
+  set(labels "unit")
+  if(T_LAB)
+    set(labels "unit;lab;ex${T_LAB}")
+  endif()
+  set_tests_properties(${name} PROPERTIES LABELS "${labels}" PASS_REGULAR_EXPRESSION "${T_PASS}"
     ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
   if(T_FAIL)
     set_tests_properties(${name} PROPERTIES FAIL_REGULAR_EXPRESSION "${T_FAIL}")
@@ -18,7 +24,7 @@ file(MAKE_DIRECTORY "${out}")
 file(WRITE "${out}/a_file" "not a folder")
 
 # Every chapter's bare run takes --json (chapter 00's used to refuse it).
-inferlab_cli_test(ch00_workload.BareRunWritesJson PASS "numbers in the lecture recomputed"
+inferlab_cli_test(ch00_workload.BareRunWritesJson PASS "numbers in the lecture recomputed" LAB 00.4
   COMMAND ch00_workload --json "${out}/ch00_bare.json")
 
 # An output or input path is checked before any work: these used to fail after the whole run.
@@ -45,11 +51,11 @@ inferlab_cli_test(ch01_naive_decode.ConvertFolderIsCheckedFirst
 add_test(NAME ch01_naive_decode.EmptyPromptStartsFromBos COMMAND ch01_naive_decode --prompt "" --max-new-tokens 6)
 add_test(NAME ch01_naive_decode.EmptyPromptStartsFromBosAndSamples
   COMMAND ch01_naive_decode --prompt "" --max-new-tokens 12 --temperature 1 --seed 4)
-set_tests_properties(ch01_naive_decode.EmptyPromptStartsFromBos PROPERTIES LABELS "unit"
+set_tests_properties(ch01_naive_decode.EmptyPromptStartsFromBos PROPERTIES LABELS "unit;lab;ex01.2"
   PASS_REGULAR_EXPRESSION "1 tokens in [0-9.]+ ms .*the model ended the text" FAIL_REGULAR_EXPRESSION "T\\^[-a-z]")
-set_tests_properties(ch01_naive_decode.EmptyPromptStartsFromBosAndSamples PROPERTIES LABELS "unit"
+set_tests_properties(ch01_naive_decode.EmptyPromptStartsFromBosAndSamples PROPERTIES LABELS "unit;lab;ex01.2"
   PASS_REGULAR_EXPRESSION "[0-9]+ tokens in [0-9.]+ ms" FAIL_REGULAR_EXPRESSION "T\\^[-a-z]")
-inferlab_cli_test(ch01_naive_decode.OneStepFitsNoExponent PASS "With 1 step there is no growth to fit" FAIL "T\\^[-a-z]"
+inferlab_cli_test(ch01_naive_decode.OneStepFitsNoExponent PASS "With 1 step there is no growth to fit" FAIL "T\\^[-a-z]" LAB 01.2
   COMMAND ch01_naive_decode --max-new-tokens 1)
 # A prompt longer than the context is refused before it is echoed.
 string(REPEAT "Once upon a time " 400 long_prompt)
