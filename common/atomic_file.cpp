@@ -66,6 +66,68 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
   f.commit();
 }
 
+namespace {
+
+// "" when `dir` (an existing path) is a folder this process may create files in.
+std::string folder_problem(const fs::path& dir) {
+  std::error_code ec;
+  const auto st = fs::status(dir, ec);
+  if (ec) return "cannot access folder " + dir.string() + ": " + ec.message();
+  if (!fs::is_directory(st)) return dir.string() + " is not a folder";
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) return "folder " + dir.string() + " is not writable: " + std::strerror(errno);
+  return "";
+}
+
+// The folder a path's file lives in: "." for a bare name.
+fs::path folder_of(const fs::path& p) {
+  const fs::path parent = p.parent_path();
+  return parent.empty() ? fs::path(".") : parent;
+}
+
+}  // namespace
+
+std::string unwritable_file_reason(const std::string& path) {
+  if (path.empty()) return "the path is empty";
+  const fs::path p(path);
+  std::error_code ec;
+  // Through a link, the file it names is the one written (AtomicFile): a dangling link's target.
+  fs::path target = p;
+  if (fs::is_symlink(fs::symlink_status(p, ec))) {
+    target = fs::weakly_canonical(p, ec);
+    if (ec) return ec.message();
+  }
+  const auto st = fs::status(target, ec);
+  if (fs::is_directory(st)) return "it is a folder";
+  const fs::path dir = folder_of(target);
+  if (!fs::exists(dir, ec)) return "folder " + dir.string() + " does not exist";
+  return folder_problem(dir);
+}
+
+std::string unwritable_folder_reason(const std::string& path) {
+  if (path.empty()) return "the path is empty";
+  std::error_code ec;
+  fs::path p = fs::absolute(fs::path(path), ec);
+  if (ec) return ec.message();
+  // The nearest part of the path that exists: every part below it is created.
+  while (!fs::exists(p, ec)) {
+    if (ec) return ec.message();
+    if (p == p.parent_path()) break;
+    p = p.parent_path();
+  }
+  if (!fs::is_directory(p, ec)) return p.string() + " is a file, not a folder";
+  return folder_problem(p);
+}
+
+void require_writable_file(const std::string& path, const std::string& what) {
+  const std::string why = unwritable_file_reason(path);
+  IL_CHECK(why.empty(), "cannot write ", what, " ", path, ": ", why);
+}
+
+void require_writable_folder(const std::string& path, const std::string& what) {
+  const std::string why = unwritable_folder_reason(path);
+  IL_CHECK(why.empty(), "cannot write ", what, " ", path, ": ", why);
+}
+
 void check_not_input(const std::string& output, const std::vector<std::string>& inputs) {
   std::error_code ec;
   if (!fs::exists(output, ec)) return;

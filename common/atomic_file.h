@@ -43,6 +43,20 @@ class AtomicFile {
 /// Writes `bytes` to `path` through an AtomicFile.
 void write_file_atomically(const std::string& path, std::string_view bytes);
 
+/// Why an AtomicFile at `path` could not be written, in a few words ("folder /no/dir does not
+/// exist", "it is a folder", "folder /etc is not writable: Permission denied"), or "" when it
+/// can: its folder exists and is writable, and the path is not a folder. Commands check their
+/// outputs with it before any work, so that a mistyped path fails at once, not after the run.
+std::string unwritable_file_reason(const std::string& path);
+/// The same for a folder a writer creates (with any missing parents, as
+/// std::filesystem::create_directories does) and fills: "" when it is a writable folder, or
+/// when the nearest folder above it that exists is writable; otherwise why not.
+std::string unwritable_folder_reason(const std::string& path);
+/// Throws "cannot write <what> <path>: <reason>" where unwritable_file_reason gives one.
+void require_writable_file(const std::string& path, const std::string& what);
+/// Throws "cannot write <what> <path>: <reason>" where unwritable_folder_reason gives one.
+void require_writable_folder(const std::string& path, const std::string& what);
+
 /// Throws unless writing `output` leaves every one of `inputs` (files or folders; "" skipped)
 /// intact: `output` must not be an input, a file inside an input folder, or the folder holding
 /// an input file. Existing paths are compared with std::filesystem::equivalent (so links and

@@ -17,6 +17,7 @@
 #include "common/atomic_file.h"
 #include "common/cuda/backend.h"
 #include "common/error.h"
+#include "common/input_file.h"
 #include "common/lab.h"
 #include "common/tokenizer.h"
 
@@ -114,6 +115,53 @@ CLI::Validator number_in(double lo, double hi) {
       "in " + range);
 }
 
+namespace {
+constexpr const char* kOutputCheck = "output path";  // the name run_cli finds output options by
+
+CLI::Validator path_check(std::string (*reason)(const std::string&)) {
+  return CLI::Validator(
+      [reason](std::string& path) -> std::string {
+        if (path.empty()) return "";
+        const std::string why = reason(path);
+        return why.empty() ? "" : "cannot write " + path + ": " + why;
+      },
+      "", kOutputCheck);
+}
+
+// The defaults of the output options of `app` and of the subcommands given, checked as the
+// option's validator checks a value given on the command line.
+void check_default_outputs(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->count() > 0) continue;
+    CLI::Validator* check = nullptr;
+    try {
+      check = opt->get_validator(kOutputCheck);
+    } catch (const CLI::OptionNotFound&) {
+      continue;
+    }
+    std::string value = opt->get_default_str();
+    if (const std::string why = (*check)(value); !why.empty()) throw CLI::ValidationError(opt->get_name(), why);
+  }
+  for (CLI::App* sub : app.get_subcommands()) check_default_outputs(*sub);
+}
+}  // namespace
+
+CLI::Validator output_file() { return path_check(&unwritable_file_reason); }
+CLI::Validator output_folder() { return path_check(&unwritable_folder_reason); }
+
+CLI::Validator input_file(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& path) -> std::string {
+        try {
+          require_regular_file(path, what);
+          return "";
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      "");
+}
+
 void add_model_option(CLI::App& app, ModelOptions& o) {
   if (o.model.empty()) o.model = default_model_path();
   app.add_option("--model", o.model, "Model folder (config.json, *.safetensors, tokenizer.json) or file")
@@ -130,7 +178,7 @@ void add_quality_options(CLI::App& app, std::int64_t& windows, std::int64_t& per
 }
 
 void add_json_option(CLI::App& app, std::string& path) {
-  app.add_option("--json", path, "Write the results as JSON to this file");
+  app.add_option("--json", path, "Write the results as JSON to this file")->check(output_file());
 }
 
 void add_common_options(CLI::App& app, CommonOptions& o) {
@@ -188,6 +236,7 @@ void wait_passively(char** argv) {
 int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
   try {
     app.parse(argc, argv);
+    check_default_outputs(app);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -239,14 +288,12 @@ Progress::~Progress() { finish(); }
 
 void Progress::update(std::int64_t done) {
   const double t = timer_.seconds();
-  if (t < 2.0) return;
-  const int decile = total_ > 0 ? static_cast<int>(10 * done / total_) : 0;
   if (tty_) {
-    if (t - last_print_ < 0.1 && done < total_) return;
-  } else if (decile == last_decile_) {
+    if (t < 2.0 || (t - last_print_ < 0.1 && done < total_)) return;
+  } else if (t < 10.0 || (printed_ && t - last_print_ < 30.0)) {  // a log gets a line now and then, not a stream
     return;
   }
-  last_print_ = t, last_decile_ = decile, printed_ = true;
+  last_print_ = t, printed_ = true;
   std::fprintf(stderr, "%s%s %lld/%lld (%d%%), %.1f s%s", tty_ ? "\r" : "", label_.c_str(),
                static_cast<long long>(done), static_cast<long long>(total_),
                total_ > 0 ? static_cast<int>(100 * done / total_) : 0, t, tty_ ? "\033[K" : "\n");

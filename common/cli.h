@@ -62,6 +62,18 @@ struct CommonOptions : ModelOptions, GenerationOptions {
 /// ("0 is outside [1, 16777216]") instead of CLI11's default (which prints DBL_MAX in full).
 CLI::Validator number_in(double lo, double hi);
 
+/// A CLI11 check that an option names a file the command can write (unwritable_file_reason): its
+/// folder exists and is writable. "" passes (no output). It runs as the command line is parsed,
+/// so a mistyped path is a usage error naming the flag ("--json: cannot write /no/dir/x.json:
+/// folder /no/dir does not exist") before any work; run_cli checks a default the same way.
+CLI::Validator output_file();
+/// The same for a folder the command creates and fills (unwritable_folder_reason).
+CLI::Validator output_folder();
+/// A CLI11 check that an option names a regular file to read (require_regular_file), `what` it
+/// is in the message: "--points: cannot open roofline points /no/such.json: No such file or
+/// directory".
+CLI::Validator input_file(const std::string& what);
+
 /// A bundled model's folder: `data_dir()/models/<name>` (tiny-mha, tiny-mamba, ...).
 std::string bundled_model(const std::string& name);
 /// The bundled default model: `data_dir()/models/tiny-mha`.
@@ -97,7 +109,7 @@ void add_model_option(CLI::App& app, ModelOptions& o);
 void add_device_option(CLI::App& app, ModelOptions& o);
 /// --prompt, --max-new-tokens, --seed, --temperature, --top-k, --top-p.
 void add_generation_options(CLI::App& app, GenerationOptions& o);
-/// --json FILE.
+/// --json FILE, checked with output_file().
 void add_json_option(CLI::App& app, std::string& path);
 /// --windows N (validation windows of 512 tokens, 0: all) and --probes-per-kind N (0: all): what a
 /// quality table (eval::quality_table) measures.
@@ -124,7 +136,9 @@ void help_footer(CLI::App& app, const std::string& bare_run, const std::string& 
 /// where that cannot be done the program carries on as it is.
 void wait_passively(char** argv);
 
-/// Parses argv and runs `body`; returns the process exit status (0 ok, 1 error, 2 usage).
+/// Parses argv and runs `body`; returns the process exit status (0 ok, 1 error, 2 usage). Before
+/// the body, the defaults of the output options (output_file, output_folder) of the commands
+/// given are checked as a given value is.
 int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
 
 /// Writes `j` (pretty-printed) to `path`; throws naming the path on failure, or when `path` is
@@ -134,9 +148,10 @@ void write_json(const std::string& path, const nlohmann::json& j, const std::vec
 /// path on failure.
 void write_text(const std::string& path, const std::string& text);
 
-/// A progress line on stderr for work that takes more than about two seconds: silent before
-/// that, then "label 37/120 (31%), 4.2 s" redrawn in place on a terminal, or a line every 10%
-/// when stderr is a file or pipe.
+/// A progress line on stderr for long work, its label saying what is measured ("tiny-mamba:
+/// probes"): on a terminal "label 37/120 (31%), 4.2 s" redrawn in place from two seconds on;
+/// when stderr is a file or pipe, a line after ten seconds and then one every thirty, so that a
+/// log holds a few lines, not one per step.
 class Progress {
  public:
   Progress(std::string label, std::int64_t total);
@@ -151,7 +166,6 @@ class Progress {
   std::int64_t total_;
   metrics::Timer timer_;
   double last_print_ = 0;
-  int last_decile_ = -1;
   bool printed_ = false, tty_;
 };
 

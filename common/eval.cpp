@@ -48,7 +48,7 @@ Perplexity perplexity(const LogitsFn& logits, const std::vector<std::int32_t>& t
   IL_CHECK(n > 0, "perplexity: ", tokens.size(), " tokens are fewer than one window of ", window + 1);
   double total = 0;
   std::int64_t count = 0;
-  Progress progress("perplexity: windows", n);
+  Progress progress(what + ": windows", n);
   for (std::int64_t w = 0; w < n; ++w) {
     progress.update(w);
     const auto b = tokens.begin() + w * window;
@@ -91,13 +91,16 @@ std::vector<Probe> load_probes(const std::string& path) {
 }
 
 ProbeScores probe_accuracy_of_answers(const AnswerFn& answer, const Tokenizer& tok, const std::vector<Probe>& probes,
-                                      std::int64_t per_kind) {
+                                      std::int64_t per_kind, const std::string& what) {
   std::map<std::string, std::int64_t> right, dist, total;
-  Progress progress("probes", static_cast<std::int64_t>(probes.size()));
-  std::int64_t seen = 0;
+  std::int64_t to_score = 0;  // the probes scored: at most per_kind of each kind
+  for (const Probe& p : probes) to_score += per_kind <= 0 || total[p.kind]++ < per_kind;
+  total.clear();
+  Progress progress(what, to_score);
+  std::int64_t scored = 0;
   for (const Probe& p : probes) {
-    progress.update(seen++);
     if (per_kind > 0 && total[p.kind] >= per_kind) continue;
+    progress.update(scored++);
     const auto prompt = tok.encode(p.prompt, true), full = tok.encode(p.prompt + p.answer, true);
     IL_CHECK(full.size() > prompt.size() && std::equal(prompt.begin(), prompt.end(), full.begin()),
              "probe '", p.prompt.substr(0, 40), "...': its answer does not tokenize as a continuation of the prompt");
@@ -119,7 +122,7 @@ ProbeScores probe_accuracy_of_answers(const AnswerFn& answer, const Tokenizer& t
 }
 
 ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const std::vector<Probe>& probes,
-                           std::int64_t per_kind) {
+                           std::int64_t per_kind, const std::string& what) {
   // Teacher-forced: the prompt and the answer in one pass, the argmax at each answer position.
   const AnswerFn teacher_forced = [&](const std::vector<std::int32_t>& prompt, const std::vector<std::int32_t>& answer) {
     std::vector<std::int32_t> full = prompt;
@@ -133,7 +136,7 @@ ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const s
     }
     return pred;
   };
-  return probe_accuracy_of_answers(teacher_forced, tok, probes, per_kind);
+  return probe_accuracy_of_answers(teacher_forced, tok, probes, per_kind, what);
 }
 
 std::vector<std::int32_t> validation_tokens(const std::string& data_dir, std::int64_t n) {
@@ -172,8 +175,8 @@ nlohmann::json quality_table(const std::vector<Scored>& models, const std::strin
   std::vector<std::string> kinds;
   nlohmann::json out = nlohmann::json::array();
   for (const Scored& m : models) {
-    const auto ppl = perplexity(m.logits, val, 512, windows, m.name);
-    const auto pr = probe_accuracy(m.logits, *tok, probes, per_kind);
+    const auto ppl = perplexity(m.logits, val, 512, windows, m.name + ": validation perplexity");
+    const auto pr = probe_accuracy(m.logits, *tok, probes, per_kind, m.name + ": probes");
     if (kinds.empty()) {
       std::printf("%-*s %12s %8s", w, "model", "cache B/tok", "val ppl");
       kinds = kinds_in_reading_order(pr.accuracy);

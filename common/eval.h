@@ -39,7 +39,7 @@ std::vector<std::int32_t> validation_tokens(const std::string& data_dir, std::in
 /// Mean next-token cross-entropy over windows of window + 1 tokens (max_windows = 0: all).
 /// Throws "<what>: window w, position t: the logits hold NaN or infinity", or for a perplexity
 /// that overflows, rather than return one that is not a number (weights too large for their
-/// format overflow to infinity).
+/// format overflow to infinity). `what` (the model, say) also labels the progress line.
 Perplexity perplexity(const LogitsFn& logits, const std::vector<std::int32_t>& tokens, std::int64_t window,
                       std::int64_t max_windows = 0, const std::string& what = "perplexity");
 
@@ -62,9 +62,10 @@ struct ProbeScores {
 /// families last.
 std::vector<std::string> kinds_in_reading_order(const std::map<std::string, double>& scores);
 
-/// Probe accuracy, using at most `per_kind` probes of each kind (0: all).
+/// Probe accuracy, using at most `per_kind` probes of each kind (0: all); `what` (the model, say)
+/// labels the progress line.
 ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const std::vector<Probe>& probes,
-                           std::int64_t per_kind = 0);
+                           std::int64_t per_kind = 0, const std::string& what = "probes");
 /// A model's answer to a probe: from the prompt's ids and the answer's (tokenized as the prompt's
 /// continuation), the ids it puts at the answer's positions. probe_accuracy's is teacher-forced
 /// argmax; a model that cannot be teacher-forced (a bidirectional one, which would see the answer)
@@ -73,7 +74,7 @@ using AnswerFn = std::function<std::vector<std::int32_t>(const std::vector<std::
                                                          const std::vector<std::int32_t>& answer)>;
 /// probe_accuracy with the model's answers from `answer`.
 ProbeScores probe_accuracy_of_answers(const AnswerFn& answer, const Tokenizer& tok, const std::vector<Probe>& probes,
-                                      std::int64_t per_kind = 0);
+                                      std::int64_t per_kind = 0, const std::string& what = "probes");
 
 /// A model as a quality table sees it: a name, the bytes its cache keeps per token, its logits.
 struct Scored {

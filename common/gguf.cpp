@@ -41,24 +41,19 @@ std::int64_t block_values(Type t) {
   }
 }
 
-std::string type_name(Type t) {
-  switch (t) {
-    case Type::F32: return "F32";
-    case Type::F16: return "F16";
-    case Type::BF16: return "BF16";
-    case Type::Q8_0: return "Q8_0";
-    case Type::Q4_0: return "Q4_0";
-    case Type::Q4_1: return "Q4_1";
-    case Type::Q5_0: return "Q5_0";
-    case Type::Q5_1: return "Q5_1";
-    case Type::Q2_K: return "Q2_K";
-    case Type::Q3_K: return "Q3_K";
-    case Type::Q4_K: return "Q4_K";
-    case Type::Q5_K: return "Q5_K";
-    case Type::Q6_K: return "Q6_K";
-  }
-  return "?";
+std::string ggml_type_name(std::uint32_t t) {
+  // ggml.h's enum ggml_type, by number; "" where ggml has no type.
+  static const char* const names[] = {
+      "F32",     "F16",    "Q4_0",    "Q4_1",   "Q4_2 (retired)", "Q4_3 (retired)", "Q5_0",   "Q5_1",
+      "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",   "Q4_K",           "Q5_K",           "Q6_K",   "Q8_K",
+      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",  "IQ4_NL",         "IQ3_S",          "IQ2_S",  "IQ4_XS",
+      "I8",      "I16",    "I32",     "I64",    "F64",            "IQ1_M",          "BF16",   "Q4_0_4_4 (retired)",
+      "Q4_0_4_8 (retired)", "Q4_0_8_8 (retired)", "TQ1_0", "TQ2_0", "IQ4_NL_4_4 (retired)", "IQ4_NL_4_8 (retired)",
+      "IQ4_NL_8_8 (retired)", "MXFP4", "NVFP4", "Q1_0"};
+  return t < std::size(names) ? names[t] : "ggml type " + std::to_string(t) + " (unknown)";
 }
+
+std::string type_name(Type t) { return ggml_type_name(static_cast<std::uint32_t>(t)); }
 
 std::string kind_name(Value::Kind k) {
   static const char* const names[] = {"UINT8", "INT8",   "UINT16", "INT16",  "UINT32", "INT32", "FLOAT32",
@@ -180,8 +175,10 @@ File::File(const std::string& path) : path_(path), file_(std::make_shared<Mapped
     t.shape.assign(ne.rbegin(), ne.rend());
     const auto type = r.get<std::uint32_t>(t.name.c_str());
     IL_CHECK(type <= 3 || (type >= 6 && type <= 8) || (type >= 10 && type <= 14) || type == 30, path, ": tensor '",
-             t.name, "' has ggml type ", type,
-             " (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
+             t.name, "' is ", ggml_type_name(type),
+             ggml_type_name(type).find("unknown") == std::string::npos ? " (ggml type " + std::to_string(type) + ")" : "",
+             ", which this reader does not decode (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, "
+             "Q4_K, Q5_K and Q6_K)");
     t.type = static_cast<Type>(type);
     IL_CHECK(ne[0] % block_values(t.type) == 0, path, ": tensor '", t.name, "' rows of ",
              ne[0], " are not whole blocks of ", block_values(t.type));

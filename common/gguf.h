@@ -69,7 +69,12 @@ inline int scale_q3_k(int j, const std::uint8_t* s) {
 /// Bytes of n values of a tensor type (n a multiple of 32 for the block types); throws for a
 /// negative n or one whose byte count would not fit an int64.
 std::int64_t row_bytes(Type t, std::int64_t n);
+/// The name of a type this reader decodes ("Q4_K"): ggml_type_name of its number.
 std::string type_name(Type t);
+/// The name ggml gives type number `t` in its enum ggml_type ("IQ4_NL" for 20, "IQ4_XS" for 23),
+/// whether this reader decodes it or not, so that an error names a type as llama.cpp's tools do:
+/// the numbers ggml retired read "Q4_2 (retired)", one past them "ggml type 99 (unknown)".
+std::string ggml_type_name(std::uint32_t t);
 
 /// A metadata value: integers, floats, booleans and strings, or arrays of them.
 struct Value {

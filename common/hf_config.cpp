@@ -61,8 +61,11 @@ TransformerConfig parse_transformer_config(const HfConfig& cfg) {
   c.rope_theta = f.get_or<double>("rope_theta", 10000.0);
   if (f.has("rope_scaling")) c.rope_scaling = cfg.json["rope_scaling"];
   c.tie_word_embeddings = f.get_or<bool>("tie_word_embeddings", false);
-  // Qwen2's q/k/v biases are implied by its architecture rather than a config field.
+  // Qwen2's q/k/v biases are implied by its architecture rather than a config field. Llama's
+  // attention_bias puts a bias on all four attention projections, o_proj too (transformers'
+  // LlamaAttention: bias=config.attention_bias for q_proj, k_proj, v_proj and o_proj).
   c.attention_bias = f.get_or<bool>("attention_bias", cfg.model_type() == "qwen2");
+  c.attention_out_bias = c.attention_bias && c.architecture == "LlamaForCausalLM";
   c.mlp_bias = f.get_or<bool>("mlp_bias", false);
   c.torch_dtype = f.get_or<std::string>("torch_dtype", f.get_or<std::string>("dtype", ""));
   if (f.has("bos_token_id")) c.bos_token_id = f.get<std::int64_t>("bos_token_id");
@@ -171,7 +174,7 @@ YarnScaling parse_yarn_scaling(const TransformerConfig& c, const std::string& wh
 std::int64_t TransformerConfig::num_parameters() const {
   const std::int64_t D = hidden_size, F = intermediate_size, H = head_dim;
   const std::int64_t q = D * num_heads * H, kv = 2 * D * num_kv_heads * H, o = num_heads * H * D;
-  const std::int64_t bias = attention_bias ? (num_heads + 2 * num_kv_heads) * H : 0;
+  const std::int64_t bias = (attention_bias ? (num_heads + 2 * num_kv_heads) * H : 0) + (attention_out_bias ? D : 0);
   const std::int64_t mlp = 3 * D * F + (mlp_bias ? 2 * F + D : 0);
   const std::int64_t per_layer = q + kv + o + bias + mlp + 2 * D;  // two RMSNorm weights
   return vocab_size * D + num_layers * per_layer + D + (tie_word_embeddings ? 0 : vocab_size * D);

@@ -43,8 +43,9 @@ struct TransformerConfig {
   double rope_theta = 10000.0;
   nlohmann::json rope_scaling;      ///< null, or the config's rope_scaling object
   bool tie_word_embeddings = false; ///< lm_head shares the token embedding
-  bool attention_bias = false;      ///< q/k/v projections have biases (Qwen2)
-  bool mlp_bias = false;
+  bool attention_bias = false;      ///< q/k/v projections have biases (Qwen2; Llama's attention_bias)
+  bool attention_out_bias = false;  ///< so has the output projection (Llama's attention_bias, not Qwen2)
+  bool mlp_bias = false;            ///< gate, up and down projections have biases (Llama's mlp_bias)
   std::optional<std::int64_t> bos_token_id;
   std::vector<std::int64_t> eos_token_ids;
   std::string torch_dtype;          ///< the dtype the weights were saved in, e.g. "bfloat16"

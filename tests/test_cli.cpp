@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/atomic_file.h"
 #include "common/cli.h"
 #include "common/json_file.h"
 #include "common/tokenizer.h"
@@ -85,6 +86,14 @@ TEST(Cli, ErrorsInTheBodyExitWithStatus1AndAMessage) {
   });
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("no CUDA device available: " + reason), std::string::npos) << r.err;
+  // The reason says what is missing in plain words first; the runtime's own message (for a
+  // machine without a GPU, "CUDA driver version is insufficient for CUDA runtime version") is
+  // only its detail.
+  bool plain = false;
+  for (const char* start : {"this machine has no NVIDIA GPU", "this build has no CUDA backend", "the NVIDIA driver supports",
+                            "the CUDA runtime cannot reach a GPU", "device 0 ("})
+    plain = plain || reason.rfind(start, 0) == 0;
+  EXPECT_TRUE(plain) << reason;
 }
 
 // What escapes a body without a better name still says what and where: a path the filesystem
@@ -139,6 +148,81 @@ TEST(Cli, OptionsACommandDoesNotUseAreNotAccepted) {
   EXPECT_NE(help.find("Run bare: does a thing\nReads along with chapters/XX/README.md and the lecture's section 一节."),
             std::string::npos)
       << help;
+}
+
+// An output path is checked as the command line is parsed: a mistyped folder used to fail only
+// when the results were written, after the whole run.
+TEST(Cli, OutputPathsAreCheckedBeforeAnyWork) {
+  test::TempDir dir;
+  const std::string file = dir.file("plain.txt");
+  test::write_file(file, "x");
+  bool ran = false;
+  auto body = [&](const CommonOptions&) {
+    ran = true;
+    return 0;
+  };
+  for (const auto& [path, words] : std::vector<std::pair<std::string, std::string>>{
+           {"/no/such/dir/x.json", "--json: cannot write /no/such/dir/x.json: folder /no/such/dir does not exist"},
+           {dir.path().string(), "it is a folder"},
+           {file + "/x.json", file + " is not a folder"}}) {
+    ran = false;
+    const CliRun r = run({"--json", path}, body);
+    EXPECT_EQ(r.status, 2) << path;
+    EXPECT_FALSE(ran) << path;
+    EXPECT_NE(r.err.find(words), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(run({"--json", dir.file("new.json")}, body).status, 0);
+  EXPECT_EQ(run({"--json", "relative.json"}, body).status, 0);  // the working folder's
+  EXPECT_TRUE(ran);
+}
+
+// A default output path (a plot written unless told '') is checked as a given one, but only for
+// the command that runs; an input file must exist before the work that precedes reading it.
+TEST(Cli, DefaultOutputsAndInputFilesAreCheckedToo) {
+  test::TempDir dir;
+  auto status = [&](std::vector<std::string> args, std::string* err) {
+    CLI::App app{"test", "chXX_test"};
+    std::string svg = "/no/such/dir/plot.svg", other = "/no/such/dir/other.svg";
+    std::vector<std::string> points;
+    CLI::App* plot = app.add_subcommand("plot", "writes a plot");
+    plot->add_option("--svg", svg, "the plot ('' for none)")->check(output_file())->capture_default_str();
+    plot->add_option("--points", points, "inputs")->check(input_file("roofline points"));
+    CLI::App* calc = app.add_subcommand("calc", "writes nothing by default");
+    calc->add_option("--svg", other, "a plot")->check(output_file())->capture_default_str();
+    args.insert(args.begin(), "chXX_test");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    std::stringstream e;
+    auto* old = std::cerr.rdbuf(e.rdbuf());
+    const int st = run_cli(app, static_cast<int>(argv.size()), argv.data(), [] { return 0; });
+    std::cerr.rdbuf(old);
+    *err = e.str();
+    return st;
+  };
+  std::string err;
+  EXPECT_EQ(status({"plot"}, &err), 2);
+  EXPECT_NE(err.find("--svg: cannot write /no/such/dir/plot.svg: folder /no/such/dir does not exist"), std::string::npos) << err;
+  EXPECT_EQ(status({"plot", "--svg", ""}, &err), 0) << err;
+  EXPECT_EQ(status({"plot", "--svg", dir.file("p.svg")}, &err), 0) << err;
+  EXPECT_EQ(status({}, &err), 0) << err;  // neither subcommand runs: neither default matters
+  EXPECT_EQ(status({"plot", "--svg", "", "--points", "/no/such/points.json"}, &err), 2);
+  EXPECT_NE(err.find("--points: cannot open roofline points /no/such/points.json"), std::string::npos) << err;
+  EXPECT_EQ(status({"plot", "--svg", "", "--points", dir.path().string()}, &err), 2);
+  EXPECT_NE(err.find("it is a directory"), std::string::npos) << err;
+}
+
+// A folder a writer creates with its parents: what exists above it must be a writable folder.
+TEST(Cli, OutputFoldersMayBeNewButNotInsideAFile) {
+  test::TempDir dir;
+  EXPECT_EQ(unwritable_folder_reason(dir.file("a/b/c")), "");
+  EXPECT_EQ(unwritable_folder_reason(dir.path().string()), "");
+  test::write_file(dir.file("f"), "x");
+  EXPECT_NE(unwritable_folder_reason(dir.file("f/out")).find("is a file, not a folder"), std::string::npos);
+  EXPECT_NE(unwritable_folder_reason(dir.file("f")).find("is a file, not a folder"), std::string::npos);
+  test::expect_error([&] { require_writable_folder(dir.file("f/out"), "output folder"); },
+                     {"cannot write output folder", "f/out", "is a file, not a folder"});
+  test::expect_error([&] { require_writable_file("/no/such/dir/x.gguf", "GGUF"); },
+                     {"cannot write GGUF /no/such/dir/x.gguf: folder /no/such/dir does not exist"});
 }
 
 TEST(Cli, WriteTextNamesAnUnwritablePath) {

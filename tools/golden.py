@@ -114,6 +114,48 @@ def first_seed(name: str, seeds, attempt, min_margin: float):
     raise RuntimeError(f"{name}: no seed gives greedy margins above {min_margin}")
 
 
+@torch.no_grad()
+def greedy_reference(model, ids: list[int], greedy_tokens: int) -> tuple[dict, float]:
+    """A random golden model's reference run over `ids`: logits at every position, the last row
+    kept in float64, and `greedy_tokens` argmax tokens, each step recomputed from scratch (no cache
+    of transformers' involved). Returns the tensors and the smallest top-two logit gap of the
+    greedy steps (for first_seed)."""
+    logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+    seq, margin = list(ids), float("inf")
+    for _ in range(greedy_tokens):
+        top = model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1].topk(2)
+        margin = min(margin, float(top.values[0] - top.values[1]))
+        seq.append(int(top.indices[0]))
+    return {"input_ids": torch.tensor(ids, dtype=torch.int64), "logits": logits.clone(),
+            "last_logits_f64": logits[-1].clone(), "greedy_ids": torch.tensor(seq[len(ids):], dtype=torch.int64)}, margin
+
+
+def write_random_set(out, names, make, manifest) -> None:
+    """Makes a set of random golden models, `make(name)` each (one thread, deterministic
+    algorithms: the same files on every run), and writes the set's manifest.json, built by
+    `manifest(models)` from what the makes returned."""
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    out.mkdir(parents=True, exist_ok=True)
+    models = [make(name) for name in names]
+    (out / "manifest.json").write_text(json.dumps(manifest(models), indent=1) + "\n")
+    print("wrote", out)
+
+
+def random_manifest(what: str, tokens: int, greedy_tokens: int, meaning: dict, models: list) -> dict:
+    """The manifest of a set of random transformers models and their greedy_reference goldens;
+    `meaning` explains what a set adds to the shared tensors."""
+    return {
+        "what": what, "versions": _versions(), "compute_dtype": "float64", "attn_implementation": "eager",
+        "tokens": tokens, "greedy_tokens": greedy_tokens,
+        "meaning": {"input_ids": f"[{tokens}] uniform random ids (torch.Generator seeded with the seed)",
+                    "logits": f"[{tokens}, vocab] at every position", "last_logits_f64": "[vocab], float64",
+                    "greedy_ids": f"[{greedy_tokens}] argmax continuation, each step recomputed without a cache",
+                    **meaning},
+        "models": models,
+    }
+
+
 def _versions() -> dict:
     import safetensors
     import tokenizers

@@ -30,7 +30,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import golden  # noqa: E402  (float64_everywhere, randomize_weights, versions)
+import golden  # noqa: E402  (float64_everywhere, randomize_weights, greedy_reference, write_random_set, ...)
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "data" / "golden" / "window-random"
 
@@ -77,18 +77,6 @@ def load64(folder: pathlib.Path):
     return model.eval().to(torch.float64)
 
 
-@torch.no_grad()
-def reference(model, ids: list[int]) -> tuple[dict[str, torch.Tensor], float]:
-    logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
-    seq, margin = list(ids), float("inf")
-    for _ in range(GREEDY_TOKENS):  # recomputed from scratch each step: no cache of transformers' involved
-        top = model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1].topk(2)
-        margin = min(margin, float(top.values[0] - top.values[1]))
-        seq.append(int(top.indices[0]))
-    return {"input_ids": torch.tensor(ids, dtype=torch.int64), "logits": logits.clone(),
-            "last_logits_f64": logits[-1].clone(), "greedy_ids": torch.tensor(seq[len(ids):], dtype=torch.int64)}, margin
-
-
 def make(name: str) -> dict:
     cls, covers, fields, windows, seed0 = MODELS[name]
     folder = OUT / name
@@ -103,7 +91,7 @@ def make(name: str) -> dict:
             (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         ids = torch.randint(0, COMMON["vocab_size"], (TOKENS,), generator=torch.Generator().manual_seed(seed)).tolist()
         with golden.float64_everywhere():
-            return ids, *reference(load64(folder), ids)
+            return ids, *golden.greedy_reference(load64(folder), ids, GREEDY_TOKENS)
 
     seed, (ids, tensors, margin) = golden.first_seed(name, range(seed0 * 100, seed0 * 100 + 50), attempt, MIN_MARGIN)
     from transformers import AutoModelForCausalLM
@@ -130,25 +118,13 @@ def make(name: str) -> dict:
 
 
 def main() -> None:
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    models = [make(name) for name in MODELS]
-    manifest = {
-        "what": "tiny random Mistral, Ministral and Qwen2 models with sliding windows, and their float64 goldens "
-                "(tools/make_window_goldens.py)",
-        "versions": golden._versions(), "compute_dtype": "float64", "attn_implementation": "eager",
-        "tokens": TOKENS, "greedy_tokens": GREEDY_TOKENS,
-        "meaning": {"input_ids": f"[{TOKENS}] uniform random ids (torch.Generator seeded with the seed)",
-                    "logits": f"[{TOKENS}, vocab] at every position", "last_logits_f64": "[vocab], float64",
-                    "greedy_ids": f"[{GREEDY_TOKENS}] argmax continuation, each step recomputed without a cache",
-                    "windows": "per layer, the window transformers applies (0: global), as chapter 06 must read it",
-                    "max_abs_logit_diff_without_windows": "the same weights with a window longer than the "
-                                                          "sequence: a golden the windows do not change would check nothing"},
-        "models": models,
-    }
-    (OUT / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    print("wrote", OUT)
+    golden.write_random_set(OUT, MODELS, make, lambda models: golden.random_manifest(
+        "tiny random Mistral, Ministral and Qwen2 models with sliding windows, and their float64 goldens "
+        "(tools/make_window_goldens.py)", TOKENS, GREEDY_TOKENS,
+        {"windows": "per layer, the window transformers applies (0: global), as chapter 06 must read it",
+         "max_abs_logit_diff_without_windows": "the same weights with a window longer than the "
+                                               "sequence: a golden the windows do not change would check nothing"},
+        models))
 
 
 if __name__ == "__main__":

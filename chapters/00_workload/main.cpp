@@ -224,7 +224,7 @@ int lecture(const Options& o) {
 }
 
 // No subcommand: the tour's few lines.
-int headline() {
+int headline(const Options& o) {
   const TransformerConfig c = find_model("Llama-2-13B");
   const auto h100 = find_accelerator("h100");
   const Cost step = forward_cost(c, 1, 1024, 1);
@@ -242,6 +242,13 @@ int headline() {
   int dis = 0;
   for (const auto& cl : lecture_claims()) dis += cl.verdict == Claim::Disagree;
   std::printf("  %zu numbers in the lecture recomputed, %d disagree: ch00_workload lecture\n", lecture_claims().size(), dis);
+  auto point = [](const LatencyPoint& p) {
+    return json{{"latency_s", p.latency_s}, {"throughput_tokens_per_s", p.throughput}, {"memory_bytes", p.memory_bytes}};
+  };
+  emit_json(o, {{"model", "Llama-2-13B"}, {"seq", 1024}, {"dtype", "bf16"}, {"accelerator", metrics::to_json(h100)},
+                {"decode_step", {{"flops", step.flops}, {"bytes", step.bytes}, {"intensity", step.intensity()}}},
+                {"batch_1", point(p1)}, {"batch_64", point(p64)}, {"cpu_ceiling", metrics::to_json(cpu)},
+                {"lecture_numbers", lecture_claims().size()}, {"lecture_disagreements", dis}});
   return 0;
 }
 
@@ -252,13 +259,16 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 00: the inference workload (arithmetic intensity, memory, latency, roofline)", "ch00_workload"};
   Options o;
   o.common.model = "Llama-2-13B";
+  add_json_option(app, o.common.json);  // the bare run's
   help_footer(app, "the lecture's headline numbers for Llama-2-13B on an H100, and how to see more",
               "chapters/00_workload/README.md", "理解推理工作负载");
   auto add_model_opts = [&](CLI::App* s) {
     add_model_option(*s, o.common);
     s->get_option("--model")->description("A named model (Llama-2-7B/13B/70B, Llama-3-8B/70B, Llama-3.1-405B) or a config.json");
     add_json_option(*s, o.common.json);
-    s->add_option("--dtype", o.dtype, "Bytes per value: f32, bf16, f16, fp8, int8")->capture_default_str();
+    s->add_option("--dtype", o.dtype, "Bytes per value: f32, bf16, f16, fp8 or int8")
+        ->check(CLI::IsMember({"f32", "bf16", "f16", "fp8", "int8"}))
+        ->capture_default_str();
     s->add_option("--accelerator", o.accelerator, "Datasheet preset: h100, h200, a100")->capture_default_str();
     s->add_option("--memory-gb", o.memory_gb, "Override the accelerator's memory (GB)")->check(number_in(1e-3, 1e6));
     s->add_option("--seq", o.seq, "Context length S")->check(number_in(1, 1 << 24))->capture_default_str();
@@ -273,22 +283,24 @@ int main(int argc, char** argv) {
   auto* sl = app.add_subcommand("latency", "The memory-bound latency/throughput model over batch sizes");
   add_model_opts(sl);
   sl->add_option("--batches", o.batches, "Batch sizes to sweep")->check(number_in(1, 1 << 20))->delimiter(',');
-  sl->add_option("--svg", o.svg, "Write the plot here");
+  sl->add_option("--svg", o.svg, "Write the plot here")->check(output_file());
   auto* sr = app.add_subcommand("roofline", "Measure this machine's roofline and draw it with presets and points");
   add_device_option(*sr, o.common);
   add_json_option(*sr, o.common.json);
-  sr->add_option("--points", o.points, "JSON files with roofline points written by the chapters");
-  sr->add_option("--svg", o.svg, "Write the plot here");
+  sr->add_option("--points", o.points, "JSON files with roofline points written by the chapters")
+      ->check(input_file("roofline points"));
+  sr->add_option("--svg", o.svg, "Write the plot here")->check(output_file());
   auto* sc = app.add_subcommand("lecture", "Every number in the lecture, recomputed");
   add_json_option(*sc, o.common.json);
-  sc->add_option("--markdown", o.markdown, "Write the table as Markdown (docs/lecture-numbers.md)");
+  sc->add_option("--markdown", o.markdown, "Write the table as Markdown (docs/lecture-numbers.md)")->check(output_file());
   app.require_subcommand(0, 1);
+  bare_run_options_only(app);
   return run_cli(app, argc, argv, [&] {
     if (*si) return intensity(o);
     if (*sm) return memory(o);
     if (*sl) return latency(o);
     if (*sr) return roofline(o);
     if (*sc) return lecture(o);
-    return headline();
+    return headline(o);
   });
 }

@@ -15,6 +15,7 @@ namespace inferlab::ch01 {
 namespace fs = std::filesystem;
 
 void convert_llama2c_to_hf(const std::string& checkpoint, const std::string& tokenizer, const std::string& out_dir) {
+  require_writable_folder(out_dir, "output folder");  // before the work
   const Llama2cCheckpoint ck = load_llama2c(checkpoint);
   const auto& c = ck.config;
   // The tokenizer first, so that a wrong one fails before anything is written.
@@ -54,8 +55,10 @@ void convert_llama2c_to_hf(const std::string& checkpoint, const std::string& tok
 
 void convert_hf_to_llama2c(const std::string& folder, const std::string& out_file) {
   check_not_input(out_file, {folder});
+  require_writable_file(out_file, "output file");  // before the work
   const Llama m = load_llama(folder);
-  IL_CHECK(!m.layers.empty() && !m.layers[0].wq.bias.defined(), folder, ": llama2.c has no q/k/v biases");
+  for (const Linear* w : m.layers.at(0).linears())  // every layer alike: the config says which have biases
+    IL_CHECK(!w->bias.defined(), folder, ": its projections have biases, which a llama2.c checkpoint cannot hold");
   const auto& c = m.config;
   // A llama2.c header has no field for these; a reader assumes the values below, so any other
   // value would be written into a file that runs and computes something else.

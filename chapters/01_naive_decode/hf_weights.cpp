@@ -28,10 +28,14 @@ Tensor HfWeights::operator()(const std::string& n, const Shape& s) {
 void HfWeights::check_all_used(const std::string& hint) const {
   // A tensor the config does not account for means the two disagree (e.g. num_hidden_layers
   // smaller than the checkpoint's layers): running would silently use part of the model.
-  for (const std::string& n : ck_.names())
+  // A stray bias is a different disagreement: the config leaves out a bias the checkpoint has.
+  for (const std::string& n : ck_.names()) {
+    const bool bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
     IL_CHECK(used_.count(n) || n.find("rotary_emb.inv_freq") != std::string::npos ||
                  (n == "lm_head.weight" && tied_),  // tied: transformers ignores it too
-             ck_.file(n), ": tensor '", n, "' is not part of the model that ", config_path_, " describes (", hint, ")");
+             ck_.file(n), ": tensor '", n, "' is not part of the model that ", config_path_, " describes (",
+             bias ? "a bias the config's architecture and its attention_bias / mlp_bias fields do not declare" : hint, ")");
+  }
 }
 
 }  // namespace inferlab::ch01

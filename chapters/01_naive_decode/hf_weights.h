@@ -35,7 +35,8 @@ class HfWeights {
 
 /// A decoder under Hugging Face's tensor names, from a getter `get(name, shape)` (HfWeights, or
 /// random draws): model.embed_tokens; per layer input_layernorm, the attention, post_attention_
-/// layernorm and the SwiGLU MLP; model.norm; lm_head unless tied. The attention is the one part
+/// layernorm and the SwiGLU MLP (with biases where the config's mlp_bias says); model.norm;
+/// lm_head unless tied. The attention is the one part
 /// that differs between families: `attention(prefix, i, layer)` reads layer i's (prefix
 /// "model.layers.i."). RoPE frequencies are left to the caller.
 template <class Get, class Attention>
@@ -53,6 +54,11 @@ Llama read_decoder(const TransformerConfig& c, Get&& get, Attention&& attention)
     l.w_gate = get(p + "mlp.gate_proj.weight", Shape{F, D});
     l.w_up = get(p + "mlp.up_proj.weight", Shape{F, D});
     l.w_down = get(p + "mlp.down_proj.weight", Shape{D, F});
+    if (c.mlp_bias) {  // Llama's mlp_bias; kept in f32, as they are added to f32 activations
+      l.w_gate.bias = get(p + "mlp.gate_proj.bias", Shape{F}).to(DType::F32);
+      l.w_up.bias = get(p + "mlp.up_proj.bias", Shape{F}).to(DType::F32);
+      l.w_down.bias = get(p + "mlp.down_proj.bias", Shape{D}).to(DType::F32);
+    }
     m.layers.push_back(l);
   }
   m.final_norm = get("model.norm.weight", Shape{D});

@@ -116,6 +116,7 @@ Llama assemble(const TransformerConfig& c, Get get) {
       l.wk.bias = get(p + "self_attn.k_proj.bias", Shape{KV}).to(DType::F32);
       l.wv.bias = get(p + "self_attn.v_proj.bias", Shape{KV}).to(DType::F32);
     }
+    if (c.attention_out_bias) l.wo.bias = get(p + "self_attn.o_proj.bias", Shape{D}).to(DType::F32);
   });
   m.inv_freq = rope_frequencies(c);
   return m;
@@ -170,15 +171,21 @@ Llama load_llama(const std::string& path) {
 
 Llama load_hf_decoder(const HfConfig& hf, const TransformerConfig& c, const std::string& path) {
   const JsonFields fields(hf.json, hf.path);
-  IL_CHECK(!c.mlp_bias, hf.path, ": field 'mlp_bias' is true, and this chapter's MLP has no biases");
   HfWeights weights(hf, c, path);
   const Checkpoint& ck = weights.checkpoint();
-  for (std::int64_t i = 0; c.attention_bias && i < c.num_layers; ++i)
-    for (const char* p : {"q", "k", "v"}) {
-      const std::string n = "model.layers." + std::to_string(i) + ".self_attn." + p + "_proj.bias";
-      IL_CHECK(ck.contains(n), hf.path, ": field 'attention_bias' is true", fields.has("attention_bias") ? "" : " (for model_type qwen2)",
-               " but ", ck.path(), " has no tensor '", n, "'");
-    }
+  // Biases the config declares, missing from the checkpoint: refused by field, not by tensor.
+  auto require = [&](const std::string& n, const char* field) {
+    IL_CHECK(ck.contains(n), hf.path, ": field '", field, "' is true",
+             fields.has(field) ? "" : " (for model_type " + hf.model_type() + ")", " but ", ck.path(), " has no tensor '", n, "'");
+  };
+  for (std::int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    for (const char* proj : {"q", "k", "v"})
+      if (c.attention_bias) require(p + "self_attn." + proj + "_proj.bias", "attention_bias");
+    if (c.attention_out_bias) require(p + "self_attn.o_proj.bias", "attention_bias");
+    for (const char* proj : {"gate", "up", "down"})
+      if (c.mlp_bias) require(p + "mlp." + proj + "_proj.bias", "mlp_bias");
+  }
   Llama m = assemble(c, std::ref(weights));
   weights.check_all_used("does num_hidden_layers match the checkpoint?");
   m.source = path;
@@ -223,7 +230,9 @@ Llama random_llama(const TransformerConfig& c, std::uint64_t seed, DType dtype, 
     l.attn_norm = norm(D), l.mlp_norm = norm(D);
     l.wq = mat(Q, D), l.wk = mat(KV, D), l.wv = mat(KV, D), l.wo = mat(D, Q);
     if (c.attention_bias) l.wq.bias = bias(Q), l.wk.bias = bias(KV), l.wv.bias = bias(KV);
+    if (c.attention_out_bias) l.wo.bias = bias(D);
     l.w_gate = mat(F, D), l.w_up = mat(F, D), l.w_down = mat(D, F);
+    if (c.mlp_bias) l.w_gate.bias = bias(F), l.w_up.bias = bias(F), l.w_down.bias = bias(D);
     m.layers.push_back(l);
   }
   m.final_norm = norm(D);

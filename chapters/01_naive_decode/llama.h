@@ -22,9 +22,11 @@ namespace inferlab::ch01 {
 
 struct LlamaLayer {
   Tensor attn_norm;              ///< [D] RMSNorm before attention
-  Linear wq, wk, wv, wo;         ///< [N·H, D], [K·H, D], [K·H, D], [D, N·H]; q/k/v have biases in Qwen2
+  /// [N·H, D], [K·H, D], [K·H, D], [D, N·H]; biases on q/k/v in Qwen2, on all four with Llama's
+  /// attention_bias
+  Linear wq, wk, wv, wo;
   Tensor mlp_norm;               ///< [D] RMSNorm before the MLP
-  Linear w_gate, w_up, w_down;   ///< [F, D], [F, D], [D, F]
+  Linear w_gate, w_up, w_down;   ///< [F, D], [F, D], [D, F]; biases with Llama's mlp_bias
   /// The seven projections, for loops over all of them.
   std::array<Linear*, 7> linears() { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
   std::array<const Linear*, 7> linears() const { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }

@@ -2,6 +2,7 @@
 // step's time and counted FLOPs, so the cost's growth is there to see.
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "chapters/01_naive_decode/convert.h"
@@ -14,15 +15,18 @@ using namespace inferlab::ch01;
 
 namespace {
 
-// Least-squares slope of log(y) against log(x): the exponent of a power law.
-double power_law_exponent(const std::vector<double>& x, const std::vector<double>& y) {
+// Least-squares slope of log(y) against log(x): the exponent of a power law. None without two
+// distinct lengths to fit it over (a run that stopped after its first token).
+std::optional<double> power_law_exponent(const std::vector<double>& x, const std::vector<double>& y) {
   double sx = 0, sy = 0, sxx = 0, sxy = 0, n = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
     if (x[i] <= 0 || y[i] <= 0) continue;
     const double lx = std::log(x[i]), ly = std::log(y[i]);
     sx += lx, sy += ly, sxx += lx * lx, sxy += lx * ly, n += 1;
   }
-  return n > 1 ? (n * sxy - sx * sy) / (n * sxx - sx * sx) : NAN;
+  const double spread = n * sxx - sx * sx;
+  if (n < 2 || !(spread > 1e-12 * n * sxx)) return std::nullopt;
+  return (n * sxy - sx * sy) / spread;
 }
 
 }  // namespace
@@ -37,12 +41,12 @@ int main(int argc, char** argv) {
   help_footer(app, "tiny-mha continues \"Once upon a time\" for 32 tokens, re-running the whole sequence each step, "
               "with each step's time and FLOPs", "chapters/01_naive_decode/README.md", "朴素推理与 KV Cache");
   app.add_option("--tokenizer", tokenizer_path, "Tokenizer file (default: the one beside the model)");
-  app.add_option("--dtype", dtype, "Weight dtype: f32 or bf16")->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
+  app.add_option("--dtype", dtype, "Weight dtype: f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
   app.add_flag("--steps", all_steps, "Print every step (default: eight spread over the run)");
   std::string conv_in, conv_out, conv_to;
   auto* conv = app.add_subcommand("convert", "Convert between a llama2.c checkpoint and a Hugging Face folder");
   conv->add_option("input", conv_in, "llama2.c .bin checkpoint, or Hugging Face model folder")->required();
-  conv->add_option("output", conv_out, "output folder (to hf) or .bin file (to llama2c)")->required();
+  conv->add_option("output", conv_out, "output folder (to hf) or .bin file (to llama2c)")->required()->check(output_folder());
   conv->add_option("--to", conv_to, "hf or llama2c")->required()->check(CLI::IsMember({"hf", "llama2c"}));
   conv->add_option("--tokenizer", tokenizer_path, "llama2.c tokenizer.bin (default: the one beside the checkpoint)");
   bare_run_options_only(app);
@@ -57,7 +61,8 @@ int main(int argc, char** argv) {
     const DType wt = dtype == "bf16" ? DType::BF16 : dtype == "f16" ? DType::F16 : DType::F32;
     Llama m = load_llama(o.model).to(dev, wt);
     const auto tok = Tokenizer::for_model(o.model, tokenizer_path);
-    const auto prompt = tok->encode(o.prompt);
+    const auto prompt = tok->encode(o.prompt);  // an empty prompt is the BOS token alone
+    check_context(m, prompt.size(), o.max_new_tokens);  // before the prompt is echoed
     std::vector<std::int64_t> eos = m.config.eos_token_ids;
     if (m.rope_pairing == RopePairing::Adjacent) eos.push_back(1);  // llama2.c models end a story with BOS
     std::printf("%s: %s, %.2f M parameters, %s weights on %s\n", app.get_name().c_str(), m.source.c_str(),
@@ -83,12 +88,18 @@ int main(int argc, char** argv) {
         std::printf("%6zu %8lld %11.3f %14.3f %14.3f %10.2f\n", i + 1, static_cast<long long>(s.tokens_in),
                     s.seconds * 1e3, at / 1e6, rest / 1e6, s.work.bytes / 1e6);
     }
-    const double ea = power_law_exponent(len, attn), eo = power_law_exponent(len, other);
-    std::printf("\n%zu tokens in %.1f ms (%.1f tokens/s), %.3f GFLOP in all.\n", g.generated.size(), total_s * 1e3,
-                static_cast<double>(g.generated.size()) / total_s, total_flops / 1e9);
-    std::printf("Per step, attention FLOPs grow like T^%.2f and the rest like T^%.2f; summed over T steps, the\n"
-                "attention costs O(T^3) and the rest O(T^2). Chapter 02's KV cache makes each step O(T).\n",
-                ea, eo);
+    const std::optional<double> ea = power_law_exponent(len, attn), eo = power_law_exponent(len, other);
+    std::printf("\n%zu tokens in %.1f ms (%.1f tokens/s), %.3f GFLOP in all%s.\n", g.generated.size(), total_s * 1e3,
+                static_cast<double>(g.generated.size()) / total_s, total_flops / 1e9,
+                g.stopped_at_eos ? "; the model ended the text (an end-of-text token)" : "");
+    if (ea && eo)
+      std::printf("Per step, attention FLOPs grow like T^%.2f and the rest like T^%.2f; summed over T steps, the\n"
+                  "attention costs O(T^3) and the rest O(T^2). Chapter 02's KV cache makes each step O(T).\n",
+                  *ea, *eo);
+    else
+      std::printf("With %zu step%s there is no growth to fit (it takes two lengths or more; more --max-new-tokens, or\n"
+                  "a prompt the model does not end at once).\n",
+                  g.steps.size(), g.steps.size() == 1 ? "" : "s");
     if (!o.json.empty()) {
       nlohmann::json steps = nlohmann::json::array();
       for (const auto& s : g.steps)
@@ -97,7 +108,8 @@ int main(int argc, char** argv) {
       write_json(o.json, {{"model", m.source}, {"device", device_name(dev)}, {"weight_dtype", dtype_name(m.weight_dtype())},
                           {"prompt", o.prompt}, {"prompt_tokens", prompt}, {"generated_tokens", g.generated},
                           {"text", tok->decode(g.generated, true)}, {"steps", steps},
-                          {"attention_flops_exponent", ea}, {"other_flops_exponent", eo}},
+                          {"attention_flops_exponent", ea ? nlohmann::json(*ea) : nlohmann::json()},
+                          {"other_flops_exponent", eo ? nlohmann::json(*eo) : nlohmann::json()}},
                  {o.model, tokenizer_path});
     }
     return 0;

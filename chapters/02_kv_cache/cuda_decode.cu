@@ -89,6 +89,10 @@ struct CudaDecoder::Impl {
              "CudaDecoder: the model must be on CUDA with plain bf16 weights (Llama::to(Device::CUDA, DType::BF16))");
     N = c.num_heads, Kh = c.num_kv_heads, H = c.head_dim, D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
     IL_CHECK(H <= kMaxHead, "CudaDecoder: head dimension ", H, " is above the kernel's limit of ", kMaxHead);
+    for (const auto& l : m.layers)
+      IL_CHECK(!l.w_gate.bias.defined() && !l.w_up.bias.defined(),
+               "CudaDecoder: the fused gate/up kernel has no biases (mlp_bias); decode this model with the cached "
+               "forward pass (generate_cached)");
     splits = static_cast<int>((capacity + kChunk - 1) / kChunk);
     auto f32 = [](Shape s) { return Tensor::zeros(s, DType::F32, Device::CUDA); };
     token = Tensor::zeros({1}, DType::I32, Device::CUDA), pos = Tensor::zeros({1}, DType::I32, Device::CUDA);
@@ -102,11 +106,11 @@ struct CudaDecoder::Impl {
   }
 
   using Segments = cuda::GemvSegments<bf16>;
-  static Segments one(const Tensor& w, std::int64_t rows) {
-    return Segments{{static_cast<const bf16*>(w.raw_data()), nullptr, nullptr}, {nullptr, nullptr, nullptr},
+  static const float* bias(const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; }
+  static Segments one(const Linear& w, std::int64_t rows) {
+    return Segments{{static_cast<const bf16*>(w.weight.raw_data()), nullptr, nullptr}, {bias(w.bias), nullptr, nullptr},
                     {static_cast<int>(rows), 0, 0}, 1};
   }
-  static const float* bias(const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; }
 
   // The whole decode step, as a sequence of launches on stream(): captured once into a graph.
   void enqueue_step(bool greedy) {
@@ -141,7 +145,7 @@ struct CudaDecoder::Impl {
                                                                                pacc.data<float>(), attn.data<float>(),
                                                                                splits, static_cast<int>(H));
       IL_CUDA_LAUNCHED();
-      cuda::launch_gemv(one(l.wo.weight, D), attn.data<float>(), x.data<float>(), N * H, true);  // x += Wo·attn
+      cuda::launch_gemv(one(l.wo, D), attn.data<float>(), x.data<float>(), N * H, true);  // x += Wo·attn + bo
       cuda::rmsnorm_rows<float><<<1, 1024, 0, stream()>>>(x.data<float>(), l.mlp_norm.data<float>(), h.data<float>(), D, eps);
       IL_CUDA_LAUNCHED();
       const bf16* gate_up[2] = {static_cast<const bf16*>(l.w_gate.weight.raw_data()),
@@ -154,11 +158,11 @@ struct CudaDecoder::Impl {
         cuda::gemv_swiglu<bf16, false><<<gate_blocks, cuda::kGemvWarps * 32, 0, stream()>>>(
             gate_up[0], gate_up[1], h.data<float>(), hid.data<float>(), F, D);
       IL_CUDA_LAUNCHED();
-      cuda::launch_gemv(one(l.w_down.weight, D), hid.data<float>(), x.data<float>(), F, true);  // x += Wdown·hid
+      cuda::launch_gemv(one(l.w_down, D), hid.data<float>(), x.data<float>(), F, true);  // x += Wdown·hid
     }
     cuda::rmsnorm_rows<float><<<1, 1024, 0, stream()>>>(x.data<float>(), m.final_norm.data<float>(), h.data<float>(), D, eps);
     IL_CUDA_LAUNCHED();
-    cuda::launch_gemv(one(m.lm_head.weight, V), h.data<float>(), logits.data<float>(), D, false);
+    cuda::launch_gemv(one(m.lm_head, V), h.data<float>(), logits.data<float>(), D, false);
     // Greedy steps choose the next token and advance the position on the device; step() sets
     // both from the host before each launch instead.
     if (greedy) {

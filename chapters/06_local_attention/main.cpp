@@ -241,7 +241,7 @@ int recall(std::int64_t per_kind, const std::string& svg, const std::string& rea
       RingKVCache cache(m.config(), m.layout, static_cast<std::int64_t>(t.size()));
       return forward_cached(m, cache, t, true);
     };
-    const auto scores = eval::probe_accuracy(logits, *tok, probes, per_kind);
+    const auto scores = eval::probe_accuracy(logits, *tok, probes, per_kind, name + ": probes");
     plot::Series s;
     s.label = name;
     s.markers = true;
@@ -378,8 +378,8 @@ int main(int argc, char** argv) {
   auto* sr = app.add_subcommand("recall", "Probe accuracy and a token's influence against distance, plotted with the receptive field");
   add_json_option(*sr, json_path);
   sr->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->check(number_in(0, 1e9))->capture_default_str();
-  sr->add_option("--svg", svg, "Where to write the probe plot ('' for none)")->capture_default_str();
-  sr->add_option("--reach-svg", reach_svg, "Where to write the influence plot ('' for none)")->capture_default_str();
+  sr->add_option("--svg", svg, "Where to write the probe plot ('' for none)")->check(output_file())->capture_default_str();
+  sr->add_option("--reach-svg", reach_svg, "Where to write the influence plot ('' for none)")->check(output_file())->capture_default_str();
   std::string hybrid_model = "llama-3-8b";
   std::vector<std::int64_t> hybrid_contexts = {4096, 32768, 131072};
   std::int64_t hybrid_window = 1024, bytes_per_value = 2;

@@ -138,9 +138,12 @@ json quality_table(const DiffusionModel& m, const Tokenizer& tok, const std::vec
   const bool probes = per_kind >= 0;  // per_kind < 0: the ELBO alone
   const auto all = eval::load_probes(data_dir() + "/corpus/probes.jsonl");
   const auto val = eval::tokenize_documents(tok, data_dir() + "/corpus/val.txt");
-  std::printf("%s%-14s %14s %14s   (probes: %lld per kind; NELBO: %lld windows of 128 tokens)\n", pad, "steps R",
-              "probe accuracy", "NELBO nats/tok", static_cast<ll>(std::max<std::int64_t>(per_kind, 0)),
-              static_cast<ll>(windows));
+  if (probes)
+    std::printf("%s%-14s %14s %14s   (probes: %lld per kind; NELBO: %lld windows of 128 tokens)\n", pad, "steps R",
+                "probe accuracy", "NELBO nats/tok", static_cast<ll>(per_kind), static_cast<ll>(windows));
+  else  // the probes generate an answer per probe at every R: the quality subcommand's work
+    std::printf("%s%-14s %14s   (NELBO: %lld windows of 128 tokens)\n", pad, "steps R", "NELBO nats/tok",
+                static_cast<ll>(windows));
   json rows = json::array();
   for (std::int64_t R : steps) {
     json row = {{"steps", R}};
@@ -156,7 +159,8 @@ json quality_table(const DiffusionModel& m, const Tokenizer& tok, const std::vec
         const auto at = r.tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size());
         return std::vector<std::int32_t>(at, at + static_cast<std::ptrdiff_t>(want.size()));
       };
-      const eval::ProbeScores scores = eval::probe_accuracy_of_answers(answer, tok, all, per_kind);
+      const eval::ProbeScores scores =
+          eval::probe_accuracy_of_answers(answer, tok, all, per_kind, "R = " + std::to_string(R) + ": probes");
       for (const auto& [kind, a] : scores.accuracy) mean += a / static_cast<double>(scores.accuracy.size());
       row["probe_accuracy"] = scores.accuracy, row["probe_accuracy_mean"] = mean;
     }
@@ -167,7 +171,7 @@ json quality_table(const DiffusionModel& m, const Tokenizer& tok, const std::vec
     }
     row["nelbo"] = nelbo;
     if (probes) std::printf("%s%-14lld %14.3f %14.3f\n", pad, static_cast<ll>(R), mean, nelbo);
-    else std::printf("%s%-14lld %14s %14.3f\n", pad, static_cast<ll>(R), "-", nelbo);
+    else std::printf("%s%-14lld %14.3f\n", pad, static_cast<ll>(R), nelbo);
     std::fflush(stdout);
     rows.push_back(row);
   }
@@ -239,7 +243,10 @@ int main(int argc, char** argv) {
   add_device_option(*ss, dev);
   add_json_option(*ss, json_path);
   ss->add_option("--gen-length", gen, "New tokens")->check(number_in(1, 480))->capture_default_str();
-  ss->add_option("--steps", steps, "Values of R (each must divide the generation length)")->delimiter(',')->check(number_in(1, 480));
+  ss->add_option("--steps", steps, "Values of R, each at most the generation length L (when R does not divide L, the "
+                 "first L mod R steps commit one token more)")
+      ->delimiter(',')
+      ->check(number_in(1, 480));
   ss->add_option("--reps", reps, "Runs per row (best is kept)")->check(number_in(1, 100))->capture_default_str();
   std::vector<std::int64_t> q_steps = {8, 4, 2, 1};
   std::int64_t q_gen = 8, per_kind = 10, windows = 8;
@@ -264,6 +271,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*ss) {
+      for (std::int64_t R : steps)  // before any run: a step with nothing to commit
+        IL_CHECK(R <= gen, "--steps ", R, " is more than --gen-length ", gen, ": each step commits at least one token");
       const Device d = dev.resolved_device();
       DiffusionModel m = load_diffusion(bundled_model("tiny-mdlm"));
       m.base = m.base.to(d, DType::F32);

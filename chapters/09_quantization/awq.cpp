@@ -142,6 +142,7 @@ ch01::Llama awq_scale(const ch01::Llama& m_in, const std::vector<std::int32_t>& 
     s = search(rows_concat(in_down[l]), {o.w_down.weight}, spec, grid, e);
     o.w_down.weight = scale_columns(o.w_down.weight, s);
     o.w_up.weight = scale_rows(o.w_up.weight, s, true);
+    if (o.w_up.bias.defined()) o.w_up.bias = scale_rows(o.w_up.bias.view({-1, 1}), s, true).view({-1});
     if (report)
       for (auto* g : {&a, &b, &d, &e}) report->push_back(*g);
   }

@@ -131,6 +131,7 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
 
 void export_gguf(const std::string& model, const QuantSpec& spec, const std::string& out) {
   check_not_input(out, {model});  // before the work, and before the rename would replace the model
+  require_writable_file(out, "GGUF");
   const ch01::Llama m = ch01::load_llama(model).to(Device::CPU, DType::F32);
   save_gguf(out, quantize_model(m, spec), HfTokenizer::load(model));
 }
@@ -139,6 +140,7 @@ void export_gguf(const std::string& model, DType plain, const std::string& out) 
   IL_CHECK(plain == DType::F32 || plain == DType::F16, "export: plain matrices are written as f32 or f16, not ",
            dtype_name(plain));
   check_not_input(out, {model});
+  require_writable_file(out, "GGUF");
   save_gguf(out, ch01::load_llama(model).to(Device::CPU, plain), HfTokenizer::load(model));
 }
 

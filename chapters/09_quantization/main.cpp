@@ -120,7 +120,7 @@ std::vector<QualityRow> measure_quality(const CommonOptions& o, const std::vecto
     const eval::LogitsFn f = [&r](const std::vector<std::int32_t>& t) { return ch01::forward(r.model, t, true); };
     QualityRow q{r.name, bits(r.model), matrix_bytes(r.model), {}, {}, r.kept_f32};
     q.ppl = eval::perplexity(f, val, 512, windows, o.model + " as " + r.name + ": validation perplexity");
-    if (per_kind > 0) q.probes = eval::probe_accuracy(f, *tok, probes, per_kind);
+    if (per_kind > 0) q.probes = eval::probe_accuracy(f, *tok, probes, per_kind, o.model + " as " + r.name + ": probes");
     if (on_row) on_row(q);
     out.push_back(std::move(q));
   }
@@ -334,6 +334,7 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   const auto tok = gguf_tokenizer(f, tokenizer, o.model);
   const SamplingParams sp = o.sampling(*tok, m.config.vocab_size);
   const auto ids = tok->encode(o.prompt);
+  ch01::check_context(m, ids.size(), o.max_new_tokens);  // before the prompt is echoed
   // It stops where llama.cpp would: the EOS id, and the end-of-turn tokens the file names.
   std::vector<std::int64_t> stops = gguf::stop_ids(f);
   for (std::int64_t e : m.config.eos_token_ids)
@@ -420,7 +421,7 @@ int main(int argc, char** argv) {
   ss->add_option("--formats", formats, "Comma-separated formats (default: all)")->delimiter(',')->check(known_format);
   auto* se = app.add_subcommand("export", "Write the model quantised as GGUF");
   add_model_option(*se, o);
-  se->add_option("output", out, "The .gguf file")->required();
+  se->add_option("output", out, "The .gguf file")->required()->check(output_file());
   se->add_option("--format", format, "q8_0, q4_0, or f32 / f16 (unquantised, for llama.cpp's llama-quantize)")
       ->check(CLI::IsMember({"q8_0", "q4_0", "f32", "f16"}))
       ->capture_default_str();

@@ -216,7 +216,9 @@ int main(int argc, char** argv) {
   ss->add_option("--draft", draft, "The draft model folder (the same tokenizer)")->capture_default_str();
   add_generation_options(*ss, go);
   add_device_option(*ss, dev);
-  ss->add_option("--gamma", gammas, "Drafts per round")->delimiter(',')->check(number_in(0, 64));
+  ss->add_option("--gamma", gammas, "Drafts per round, 1 to 64 (the target alone is the baseline every row is measured against)")
+      ->delimiter(',')
+      ->check(number_in(1, 64));
   ss->add_option("--reps", reps, "Runs per row (best is kept)")->check(number_in(1, 100))->capture_default_str();
   add_json_option(*ss, json_path);
   std::string format = "int4_g32_sym";

@@ -262,7 +262,8 @@ int main(int argc, char** argv) {
   st->add_option("--policy", policy, "static, continuous or both")->check(CLI::IsMember({"static", "continuous", "both"}))->capture_default_str();
   st->add_option("--clock", clock, "measured (seconds) or steps (every step costs 1: the lecture's memory-bound model; rates in requests per step)")
       ->check(CLI::IsMember({"measured", "steps"}))->capture_default_str();
-  st->add_option("--svg", t.svg, "Also plot the sequences per step over time (the first rate) as SVG");
+  st->add_option("--svg", t.svg, "Also plot the sequences per step over time (the first rate) as SVG")
+      ->check(output_file());
   add_json_option(*st, json_path);
   auto* se = app.add_subcommand("example", "The lecture's example: 10, 50 and 100-token requests at batch 3, in steps");
   add_json_option(*se, json_path);

@@ -32,9 +32,22 @@ std::string unavailable_reason() {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
       cudaGetLastError();  // clear the sticky error so later calls are not confused by it
-      return std::string(cudaGetErrorString(e)) + " (" + cudaGetErrorName(e) + ")";
+      // The runtime's words for a machine without a GPU ("CUDA driver version is insufficient
+      // for CUDA runtime version") read like a version problem; say what it means first.
+      const std::string detail = std::string(" (CUDA: ") + cudaGetErrorString(e) + ", " + cudaGetErrorName(e) + ")";
+      int driver = 0, runtime = 0;
+      cudaDriverGetVersion(&driver);
+      cudaRuntimeGetVersion(&runtime);
+      auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+      if (e == cudaErrorNoDevice) return "this machine has no NVIDIA GPU" + detail;
+      if (e == cudaErrorInsufficientDriver && driver == 0)
+        return "this machine has no NVIDIA GPU driver, so no GPU it could use" + detail;
+      if (e == cudaErrorInsufficientDriver)
+        return "the NVIDIA driver supports CUDA " + version(driver) + ", older than the CUDA " + version(runtime) +
+               " this build needs; update the driver" + detail;
+      return "the CUDA runtime cannot reach a GPU" + detail;
     }
-    if (n == 0) return std::string("the CUDA driver reports no devices");
+    if (n == 0) return std::string("this machine has no NVIDIA GPU (the CUDA driver reports no devices)");
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return std::string("cannot read the properties of device 0");
     if (p.major < 8)

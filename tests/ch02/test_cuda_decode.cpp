@@ -102,6 +102,30 @@ TEST(CudaDecoder, SplitKAttentionOverLongContexts) {
     expect_close(dec.step(t), ch02::forward_cached(cpu, cache, {t}), c, false, "long-context decode step");
 }
 
+// Llama's attention_bias biases o_proj too: the decode step adds it with the output projection.
+// MLP biases (mlp_bias) the fused gate/up kernel does not add: refused by name, not dropped.
+TEST(CudaDecoder, LlamaAttentionBiasesIncludingOProj) {
+  IL_REQUIRE_CUDA();
+  TransformerConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.hidden_size = 256, c.intermediate_size = 512, c.num_layers = 2, c.num_heads = 8, c.num_kv_heads = 2;
+  c.head_dim = 32, c.vocab_size = 500, c.max_position_embeddings = 256, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
+  c.attention_bias = c.attention_out_bias = true;
+  const ch01::Llama cpu = ch01::random_llama(c, 11, DType::BF16);
+  ASSERT_TRUE(cpu.layers[0].wo.bias.defined());
+  const ch01::Llama gpu = cpu.to(Device::CUDA, DType::BF16);
+  const std::vector<std::int32_t> prompt = {3, 141, 59, 265, 35, 89, 79, 323};
+  ch02::CudaDecoder dec(gpu, 64);
+  ch02::ContiguousKVCache cache(c, 64);
+  expect_close(dec.prefill(prompt), ch02::forward_cached(cpu, cache, prompt), c, true, "prefill with o_proj bias");
+  adopt_cache(cache, dec);
+  for (std::int32_t t : {7, 8})
+    expect_close(dec.step(t), ch02::forward_cached(cpu, cache, {t}), c, false, "decode step with o_proj bias");
+  c.mlp_bias = true;
+  const ch01::Llama mlp = ch01::random_llama(c, 11, DType::BF16).to(Device::CUDA, DType::BF16);
+  test::expect_error([&] { ch02::CudaDecoder d(mlp, 16); }, {"CudaDecoder", "mlp_bias"});
+}
+
 TEST(CudaDecoder, WithoutADeviceItSaysSo) {
   const std::string reason = cuda::unavailable_reason();
   if (reason.empty()) GTEST_SKIP() << "a CUDA device is available";

@@ -84,5 +84,63 @@ TEST_P(Golden, LogitsCachesAndGreedyTokensMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Models, Golden, ::testing::Values("tiny-mha", "tiny-gqa", "tiny-mqa", "tiny-draft"));
 
+// Llama's attention_bias (biases on q_proj, k_proj, v_proj and o_proj) and mlp_bias (on gate_proj,
+// up_proj and down_proj), against tools/make_llama_bias_goldens.py's random models: logits at
+// every position through chapter 01's pass and chapter 02's cache (one prefill, then a token at a
+// time), and greedy tokens through both.
+const std::string kLlamaRandom = kData + "/golden/llama-random";
+const std::vector<std::string> kBiasModels = {"llama-attention-bias", "llama-all-bias"};
+
+TEST(LlamaRandomGolden, TheManifestListsTheModelsThisTestChecks) {
+  const auto manifest = load_json(kLlamaRandom + "/manifest.json");
+  std::vector<std::string> names;
+  for (const auto& e : manifest["models"]) {
+    names.push_back(e["name"].get<std::string>());
+    // Zeroing the biases moves the logits far beyond any rounding: the golden checks them.
+    EXPECT_GT(e["checks"]["max_abs_logit_diff_without_o_proj_bias"].get<double>(), 0.1) << names.back();
+  }
+  EXPECT_EQ(names, kBiasModels) << "tools/make_llama_bias_goldens.py and this test list different models";
+  EXPECT_EQ(manifest["compute_dtype"], "float64");
+}
+
+class LlamaRandomGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LlamaRandomGolden, BiasedLogitsAndGreedyTokensMatchTransformers) {
+  const std::string name = GetParam(), dir = kLlamaRandom + "/" + name;
+  ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors")) << dir << " is missing (tools/make_llama_bias_goldens.py)";
+  const ch01::Llama m = ch01::load_llama(dir);
+  const auto& c = m.config;
+  const bool mlp = name == "llama-all-bias";
+  ASSERT_TRUE(c.attention_bias && c.attention_out_bias);
+  ASSERT_EQ(c.mlp_bias, mlp);
+  for (const auto& l : m.layers) {
+    for (const Linear* w : {&l.wq, &l.wk, &l.wv, &l.wo}) EXPECT_TRUE(w->bias.defined());
+    for (const Linear* w : {&l.w_gate, &l.w_up, &l.w_down}) EXPECT_EQ(w->bias.defined(), mlp);
+  }
+  const SafetensorsFile g(dir + "/golden.safetensors");
+  const auto ids = ids_of(g.get("input_ids"));
+  const auto want = g.get("logits").to_double_vector();
+  const std::int64_t T = static_cast<std::int64_t>(ids.size()), V = c.vocab_size;
+  test::expect_golden(c, ch01::forward(m, ids, true).to_double_vector(), want, name + ": chapter 01 logits");
+  ch02::ContiguousKVCache whole(c, T);
+  test::expect_golden(c, ch02::forward_cached(m, whole, ids, true).to_double_vector(), want, name + ": prefill logits");
+  ch02::ContiguousKVCache steps(c, T);
+  test::expect_golden(c, ch02::forward_cached(m, steps, {ids.begin(), ids.begin() + 3}, true).to_double_vector(),
+                      test::rows_of(want, V, 0, 3), name + ": prefill of the first 3");
+  for (std::int64_t t = 3; t < T; ++t)
+    test::expect_golden(c, ch02::forward_cached(m, steps, {ids[static_cast<std::size_t>(t)]}).to_double_vector(),
+                        test::rows_of(want, V, t, t + 1), name + ": decode step at position " + std::to_string(t));
+  const auto greedy = ids_of(g.get("greedy_ids"));
+  Sampler s1({}), s2({});
+  EXPECT_EQ(ch01::generate_naive(m, ids, static_cast<int>(greedy.size()), s1, {}).generated, greedy);
+  EXPECT_EQ(ch02::generate_cached(m, ids, static_cast<int>(greedy.size()), s2, {}).generated, greedy);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, LlamaRandomGolden, ::testing::ValuesIn(kBiasModels), [](const auto& info) {
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+});
+
 }  // namespace
 }  // namespace inferlab

@@ -654,7 +654,24 @@ TEST(Loading, ConfigFieldsTheCheckpointDoesNotBackAreRefusedByName) {
                {config, "field 'attention_bias' is true", "no tensor 'model.layers.0.self_attn.q_proj.bias'"});
   // MLP biases would be missing from the computation (this one used to load and run).
   test::write_file(config, base + R"(,"tie_word_embeddings":true,"mlp_bias":true})");
-  expect_error([&] { ch01::load_llama(dir.path().string()); }, {config, "field 'mlp_bias' is true"});
+  expect_error([&] { ch01::load_llama(dir.path().string()); },
+               {config, "field 'mlp_bias' is true", "no tensor 'model.layers.0.mlp.gate_proj.bias'"});
+  // Llama's attention_bias biases o_proj as well: q, k and v alone are not its checkpoint.
+  {
+    auto with_qkv = ts;
+    with_qkv.emplace_back("model.layers.0.self_attn.q_proj.bias", Tensor::zeros({64}, DType::F32));
+    with_qkv.emplace_back("model.layers.0.self_attn.k_proj.bias", Tensor::zeros({16}, DType::F32));
+    with_qkv.emplace_back("model.layers.0.self_attn.v_proj.bias", Tensor::zeros({16}, DType::F32));
+    save_safetensors(dir.file("model.safetensors"), with_qkv);
+    test::write_file(config, base + R"(,"tie_word_embeddings":true,"attention_bias":true})");
+    expect_error([&] { ch01::load_llama(dir.path().string()); },
+                 {config, "field 'attention_bias' is true", "no tensor 'model.layers.0.self_attn.o_proj.bias'"});
+    // Biases the config leaves out are named as biases, not as a layer count that disagrees.
+    test::write_file(config, base + R"(,"tie_word_embeddings":true})");
+    expect_error([&] { ch01::load_llama(dir.path().string()); },
+                 {"self_attn.", "_proj.bias' is not part of the model", "attention_bias / mlp_bias"});
+    save_safetensors(dir.file("model.safetensors"), ts);
+  }
   std::string qwen = base;
   qwen.replace(qwen.find("LlamaForCausalLM"), 16, "Qwen2ForCausalLM");
   test::write_file(config, qwen + R"(,"model_type":"qwen2","attention_bias":false,"tie_word_embeddings":true,

@@ -732,13 +732,13 @@ TEST(Gguf, BadLlamaMetadataNamesTheKeyAndTheFile) {
 }
 
 // A GGUF of one F32 tensor "t" with dimensions `ne` (innermost first) at `offset`, and 64 data bytes.
-std::string one_tensor_gguf(const std::vector<std::uint64_t>& ne, std::uint64_t offset) {
+std::string one_tensor_gguf(const std::vector<std::uint64_t>& ne, std::uint64_t offset, std::uint32_t type = 0) {
   std::string b = "GGUF";
   auto put = [&](auto v) { b.append(reinterpret_cast<const char*>(&v), sizeof v); };
   put(std::uint32_t{3}), put(std::uint64_t{1}), put(std::uint64_t{0});
   put(std::uint64_t{1}), b += "t", put(static_cast<std::uint32_t>(ne.size()));
   for (auto d : ne) put(d);
-  put(std::uint32_t{0}), put(offset);
+  put(type), put(offset);
   b.append((32 - b.size() % 32) % 32, '\0');
   return b + std::string(64, '\0');
 }
@@ -840,9 +840,40 @@ TEST(Gguf, BadTensorTablesAreClearErrorsNotCrashes) {
   test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "'general.alignment' is STRING"});
   gguf::write(path, {{"general.alignment", gguf::Value::u32(4)}}, {});
   test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "general.alignment 4", "at least 8"});
+  // A type this reader does not decode is named as ggml names it, not by its number alone.
+  for (const auto& [type, words] : std::vector<std::pair<std::uint32_t, std::string>>{
+           {20, "is IQ4_NL (ggml type 20), which this reader does not decode"},
+           {23, "is IQ4_XS (ggml type 23)"},
+           {9, "is Q8_1 (ggml type 9)"},
+           {15, "is Q8_K (ggml type 15)"},
+           {39, "is MXFP4 (ggml type 39)"},
+           {4, "is Q4_2 (retired) (ggml type 4)"},
+           {99, "is ggml type 99 (unknown), which"}}) {
+    test::write_file(path, one_tensor_gguf({256}, 0, type));
+    test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "tensor 't'", words});
+  }
   test::expect_error([] { gguf::row_bytes(gguf::Type::F32, std::int64_t{1} << 62); }, {"out of range"});
   test::expect_error([] { gguf::row_bytes(gguf::Type::F16, -32); }, {"out of range"});
   EXPECT_EQ(gguf::row_bytes(gguf::Type::Q4_0, 64), 36);
+}
+
+// Every number the gguf package names (tools/make_ggml_type_names.py) has that name here; the
+// numbers between them are the types ggml retired, and past them none is known.
+TEST(Gguf, TypeNamesAreGgmlsNames) {
+  const auto golden = load_json(kData + "/golden/quant/ggml_type_names.json");
+  std::uint32_t last = 0;
+  for (const auto& [number, name] : golden["names"].items()) {
+    const auto t = static_cast<std::uint32_t>(std::stoul(number));
+    EXPECT_EQ(gguf::ggml_type_name(t), name.get<std::string>()) << "ggml type " << t;
+    last = std::max(last, t);
+  }
+  EXPECT_EQ(gguf::ggml_type_name(20), "IQ4_NL");
+  for (std::uint32_t t = 0; t < last; ++t) {
+    if (golden["names"].contains(std::to_string(t))) continue;
+    EXPECT_NE(gguf::ggml_type_name(t).find("(retired)"), std::string::npos) << t;
+  }
+  EXPECT_EQ(gguf::ggml_type_name(last + 1), "ggml type " + std::to_string(last + 1) + " (unknown)");
+  EXPECT_EQ(gguf::type_name(gguf::Type::Q6_K), "Q6_K");
 }
 
 // A GGUF of two F32 tensors of 16 values, `a` at offset 0 and `b` at `offset_b`, with 128 data

@@ -1,0 +1,75 @@
+# The chapters' executables on command lines that used to go wrong: each test runs one and
+# matches its output (PASS: what it must say; FAIL: what it must never print, such as work done
+# before a refusal, or a NaN). Included from chapters/CMakeLists.txt when tests are built.
+#
+# inferlab_cli_test(<name> PASS <regex> [FAIL <regex>] [LAB <id>] COMMAND <executable> <args>...)
+# LAB: the last exercise the run needs (docs/labs.md), as tests/lab_tests.txt gives it for the
+# GoogleTest programs: in a student tree the test fails with that exercise's message.
+function(inferlab_cli_test name)
+  cmake_parse_arguments(T "" "PASS;FAIL;LAB" "COMMAND" ${ARGN})
+  add_test(NAME ${name} COMMAND ${T_COMMAND})
+  set(labels "unit")
+  if(T_LAB)
+    set(labels "unit;lab;ex${T_LAB}")
+  endif()
+  set_tests_properties(${name} PROPERTIES LABELS "${labels}" PASS_REGULAR_EXPRESSION "${T_PASS}"
+    ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+  if(T_FAIL)
+    set_tests_properties(${name} PROPERTIES FAIL_REGULAR_EXPRESSION "${T_FAIL}")
+  endif()
+endfunction()
+
+set(out "${CMAKE_CURRENT_BINARY_DIR}/cli_test_output")
+file(MAKE_DIRECTORY "${out}")
+file(WRITE "${out}/a_file" "not a folder")
+
+# Every chapter's bare run takes --json (chapter 00's used to refuse it).
+inferlab_cli_test(ch00_workload.BareRunWritesJson PASS "numbers in the lecture recomputed" LAB 00.4
+  COMMAND ch00_workload --json "${out}/ch00_bare.json")
+
+# An output or input path is checked before any work: these used to fail after the whole run.
+inferlab_cli_test(ch00_workload.JsonPathIsCheckedBeforeMeasuring
+  PASS "--json: cannot write /nonexistent/dir/x.json: folder /nonexistent/dir does not exist" FAIL "Measuring"
+  COMMAND ch00_workload roofline --json /nonexistent/dir/x.json)
+inferlab_cli_test(ch00_workload.PointsAreCheckedBeforeMeasuring
+  PASS "--points: cannot open roofline points /nonexistent" FAIL "Measuring"
+  COMMAND ch00_workload roofline --points /nonexistent)
+inferlab_cli_test(ch00_workload.SvgPathIsCheckedFirst PASS "--svg: cannot write /nonexistent/p.svg" FAIL "Memory-bound"
+  COMMAND ch00_workload latency --svg /nonexistent/p.svg)
+inferlab_cli_test(ch08_diffusion_lm.JsonPathIsCheckedBeforeTheTable
+  PASS "--json: cannot write /nonexistent/x: folder /nonexistent does not exist" FAIL "steps R"
+  COMMAND ch08_diffusion_lm quality --json /nonexistent/x)
+inferlab_cli_test(ch09_quantization.ExportPathIsCheckedFirst PASS "output: cannot write /nonexistent/m.gguf"
+  COMMAND ch09_quantization export /nonexistent/m.gguf)
+inferlab_cli_test(ch01_naive_decode.ConvertFolderIsCheckedFirst
+  PASS "output: cannot write ${out}/a_file/hf: .*a_file is a file, not a folder"
+  COMMAND ch01_naive_decode convert "${PROJECT_SOURCE_DIR}/data/models/tiny-mha" "${out}/a_file/hf" --to hf)
+
+# An empty prompt starts from BOS: tokens are generated, and no exponent is fitted to one step.
+# (tiny-mha's greedy first token after BOS ends the text, and the run says so; sampled, it mostly
+# tells a story.) The empty argument goes to add_test itself: a list would drop it.
+add_test(NAME ch01_naive_decode.EmptyPromptStartsFromBos COMMAND ch01_naive_decode --prompt "" --max-new-tokens 6)
+add_test(NAME ch01_naive_decode.EmptyPromptStartsFromBosAndSamples
+  COMMAND ch01_naive_decode --prompt "" --max-new-tokens 12 --temperature 1 --seed 4)
+set_tests_properties(ch01_naive_decode.EmptyPromptStartsFromBos PROPERTIES LABELS "unit;lab;ex01.2"
+  PASS_REGULAR_EXPRESSION "1 tokens in [0-9.]+ ms .*the model ended the text" FAIL_REGULAR_EXPRESSION "T\\^[-a-z]")
+set_tests_properties(ch01_naive_decode.EmptyPromptStartsFromBosAndSamples PROPERTIES LABELS "unit;lab;ex01.2"
+  PASS_REGULAR_EXPRESSION "[0-9]+ tokens in [0-9.]+ ms" FAIL_REGULAR_EXPRESSION "T\\^[-a-z]")
+inferlab_cli_test(ch01_naive_decode.OneStepFitsNoExponent PASS "With 1 step there is no growth to fit" FAIL "T\\^[-a-z]" LAB 01.2
+  COMMAND ch01_naive_decode --max-new-tokens 1)
+# A prompt longer than the context is refused before it is echoed.
+string(REPEAT "Once upon a time " 400 long_prompt)
+inferlab_cli_test(ch01_naive_decode.ALongPromptIsRefusedBeforeItIsEchoed
+  PASS "longer than the model's context of 512" FAIL "Once upon a time Once upon a time"
+  COMMAND ch01_naive_decode --prompt "${long_prompt}")
+inferlab_cli_test(ch01_naive_decode.HelpListsEveryDtype PASS "Weight dtype: f32, bf16 or f16"
+  COMMAND ch01_naive_decode --help)
+inferlab_cli_test(ch00_workload.DtypeIsCheckedAndListed PASS "--dtype: f64 not in" FAIL "Arithmetic"
+  COMMAND ch00_workload intensity --dtype f64)
+
+# Values outside what a command can do are usage errors naming the flag.
+inferlab_cli_test(ch10_speculative_sampling.GammaZeroIsRefused PASS "--gamma: 0 is outside \\[1, 64\\]" FAIL "speed-up"
+  COMMAND ch10_speculative_sampling sweep --gamma 0)
+inferlab_cli_test(ch08_diffusion_lm.StepsBeyondTheLengthAreRefusedFirst
+  PASS "--steps 16 is more than --gen-length 8" FAIL "autoregressive"
+  COMMAND ch08_diffusion_lm speed --gen-length 8 --steps 16)
