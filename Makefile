@@ -52,11 +52,13 @@ DEST ?= build/lab/student
 lab:
 	@tools/lab.sh student $(DEST)
 
-# Builds the student tree and checks it: exactly the exercise tests fail, each with its message.
+# Builds the student tree and checks it: it builds without warnings, exactly the exercise tests
+# fail, each with its message, and `make grade` there counts them all (and prints docs/labs.md's sample).
 lab-check: build
 	@tools/lab.sh check
 
-# A score per exercise for this tree (a student's), and lab.xml, a JUnit report for autograders.
+# A score per exercise for this tree (a student's or the reference), and lab.xml, a JUnit report
+# for autograders.
 grade: build
 	@tools/lab.sh grade build/release lab.xml
 

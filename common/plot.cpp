@@ -34,6 +34,27 @@ std::string num(double v) {
   return b;
 }
 
+// The legend: its column is the right margin; a label wider than the column wraps at spaces onto
+// further lines (a word wider than the column keeps a line to itself). Widths are estimated at
+// 7 px a character of the 12 px sans-serif font (its average advance is about 0.55 em).
+constexpr double kLegendMargin = 250, kLegendInset = 14, kLegendText = 28, kCharPx = 7, kLinePx = 15;
+
+std::size_t glyphs(const std::string& s) {
+  return static_cast<std::size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+std::vector<std::string> wrap(const std::string& label, std::size_t width) {
+  std::vector<std::string> lines;
+  std::istringstream words(label);
+  std::string w;
+  while (words >> w) {
+    if (!lines.empty() && glyphs(lines.back()) + 1 + glyphs(w) <= width) lines.back() += " " + w;
+    else lines.push_back(w);
+  }
+  if (lines.empty()) lines.push_back("");
+  return lines;
+}
+
 struct Scale {
   double lo, hi;
   bool log;
@@ -81,7 +102,9 @@ void range(const Figure& f, bool xaxis, double& lo, double& hi) {
 }  // namespace
 
 std::string to_svg(const Figure& f) {
-  const double L = 90, R = 250, T = 50, B = 60;  // margins; the legend sits on the right
+  const double L = 90, R = kLegendMargin, T = 50, B = 60;  // margins; the legend sits on the right
+  const auto legend_width = static_cast<std::size_t>((R - kLegendInset - kLegendText - 8) / kCharPx);
+  double ly = T + 14;  // the next legend entry's baseline
   double xlo, xhi, ylo, yhi;
   range(f, true, xlo, xhi);
   range(f, false, ylo, yhi);
@@ -134,13 +157,18 @@ std::string to_svg(const Figure& f) {
         }
     o << "</g>\n";
     // Legend entry.
-    const double ly = T + 14 + 20 * k, lx = f.width - R + 14;
+    const double lx = f.width - R + kLegendInset;
     if (s.line)
       o << "<line x1=\"" << lx << "\" y1=\"" << ly << "\" x2=\"" << lx + 22 << "\" y2=\"" << ly << "\" stroke=\""
         << color << "\" stroke-width=\"3\"" << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << "/>";
     else
       o << "<circle cx=\"" << lx + 11 << "\" cy=\"" << ly << "\" r=\"4\" fill=\"" << color << "\"/>";
-    o << "<text x=\"" << lx + 28 << "\" y=\"" << ly + 4 << "\">" << esc(s.label) << "</text>\n";
+    const std::vector<std::string> lines = wrap(s.label, legend_width);
+    o << "<text x=\"" << lx + kLegendText << "\" y=\"" << ly + 4 << "\">" << esc(lines[0]);
+    for (std::size_t i = 1; i < lines.size(); ++i)
+      o << "<tspan x=\"" << lx + kLegendText << "\" dy=\"" << kLinePx << "\">" << esc(lines[i]) << "</tspan>";
+    o << "</text>\n";
+    ly += 20 + kLinePx * static_cast<double>(lines.size() - 1);
     ++k;
   }
   o << "</svg>\n";

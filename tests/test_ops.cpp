@@ -467,6 +467,33 @@ TEST(Attention, GqaEqualsMhaOnRepeatedKv) {
   EXPECT_EQ(ops::attention(q, k, v).to_float_vector(), ops::attention(q, kr, vr).to_float_vector());
 }
 
+// Scores past float's exp range: exp(89) overflows float32, so a softmax that does not subtract
+// the row's largest score first gets inf / inf = NaN. Subtracting it, every weight is exp of a
+// score at most 0, and the result is as close to float64 as ever (the bound grows with |score|).
+TEST(Attention, ScoresBeyondFloatsExpRangeStayWithinTheBound) {
+  auto rng = test::rng_for_test();
+  const std::int64_t T = 4, S = 12, N = 2, D = 8;
+  Tensor q = test::uniform(rng, {T, N, D}, -2, 2), k = test::uniform(rng, {S, N, D}, -2, 2), v = test::uniform(rng, {S, N, D});
+  for (const bool causal : {true, false}) {
+    AttentionParams p;
+    p.causal = causal, p.scale = 30.0f;  // scores of several hundred
+    double top = -INFINITY;
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t j = 0; j < S; ++j) {
+        double dot = 0;
+        for (std::int64_t d = 0; d < D; ++d) dot += q.at<float>({t, 0, d}) * k.at<float>({j, 0, d});
+        top = std::max(top, dot * p.scale);
+      }
+    ASSERT_GT(top, 89.0) << "the test needs a score whose exp overflows float32";
+    const AttnRef e = attention_exact(q, k, v, p);
+    Tensor r = Tensor::empty({T, N, D}, DType::F32);
+    ref::attention(q, k, v, r, p);
+    expect_within(r.to_double_vector(), e.out, e.bound, causal ? "ref::attention, causal" : "ref::attention, bidirectional");
+    expect_within(ops::attention(q, k, v, p).to_double_vector(), e.out, e.bound,
+                  causal ? "ops::attention, causal" : "ops::attention, bidirectional");
+  }
+}
+
 TEST(Attention, OneRowAtATimeEqualsAllRowsAtOnce) {
   // Decoding's view (one query against the keys so far) and prefill's view (all queries,
   // causal mask) compute the same thing.

@@ -205,7 +205,7 @@ void SharedKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k,
   p.q_offset = start;  // query t sits at position start + t, as in the layer that stored
   ops::attention(q, store_.k(s).slice(0, 0, end), store_.v(s).slice(0, 0, end), out, p);
   // EXERCISE 05.2 STUB
-  // (void)start, (void)end;
+  // (void)s, (void)start, (void)end;
   // lab::not_done("05.2", "if `first`, let the storage (store_, a ContiguousKVCache) keep and attend over layer "
   //                       "s's rows with store_.attend and record in stored_[s] that rows up to `end` are in; "
   //                       "otherwise run ops::attention of q over rows 0 .. end of store_.k(s) and store_.v(s), "

@@ -56,24 +56,35 @@ double acceptance(const Distribution& p, const Distribution& q) {
   return a;
 }
 
+bool accepts(double q_d, double p_d, double u) {
+  bool accept = false;
+  // EXERCISE 10.2 BEGIN: accept or reject a draft
+  accept = u < std::min(1.0, q_d / p_d);
+  // EXERCISE 10.2 STUB
+  // lab::not_done("10.2", "set accept: whether a draft the target gives probability q_d and the draft p_d is "
+  //                       "kept, given u, a uniform number in [0, 1): with probability min(1, q_d/p_d)");
+  // EXERCISE 10.2 END
+  return accept;
+}
+
 Verdict verify(const std::vector<std::int32_t>& drafts, const std::vector<Distribution>& p, const std::vector<Distribution>& q,
                Sampler& rng, const Residual& residual_of) {
   const std::size_t gamma = drafts.size();
   IL_CHECK(p.size() == gamma && q.size() == gamma + 1, "verify: ", gamma, " drafts need as many draft and one more target "
            "distributions; got ", p.size(), " and ", q.size());
-  Verdict v;
   for (std::size_t i = 0; i < gamma; ++i) {
     const auto d = static_cast<std::size_t>(drafts[i]);
     IL_CHECK(d < p[i].size() && d < q[i].size(), "verify: draft token ", drafts[i], " outside the vocabulary");
     IL_CHECK(p[i][d] > 0, "verify: draft ", i, " (token ", drafts[i], ") has probability 0 under the draft that proposed it");
-    bool accept = false;
-    // EXERCISE 10.2 BEGIN: accept or reject a draft
-    accept = rng.uniform() < std::min(1.0, q[i][d] / p[i][d]);
-    // EXERCISE 10.2 STUB
-    // lab::not_done("10.2", "set accept with probability min(1, q(d)/p(d)) for the draft token d (q[i][d], p[i][d]), "
-    //                       "drawing the uniform number from rng.uniform()");
-    // EXERCISE 10.2 END
-    if (!accept) {
+  }
+  Verdict v;
+  // EXERCISE 10.3 BEGIN: the accept/reject walk over the drafts
+  // In order: draw u, keep the draft if accepts(q(d), p(d), u); at the first rejection the round
+  // ends with a token from the residual; when every draft is kept, the target's last
+  // distribution gives one more token for free.
+  for (std::size_t i = 0; i < gamma; ++i) {
+    const auto d = static_cast<std::size_t>(drafts[i]);
+    if (!accepts(q[i][d], p[i][d], rng.uniform())) {
       v.next = rng.draw(residual_of(q[i], p[i]));
       return v;
     }
@@ -81,6 +92,11 @@ Verdict verify(const std::vector<std::int32_t>& drafts, const std::vector<Distri
   }
   v.next = rng.draw(q[gamma]);
   v.bonus = true;
+  // EXERCISE 10.3 STUB
+  // lab::not_done("10.3", "walk the drafts in order: keep draft i while accepts(q[i][d], p[i][d], rng.uniform()) "
+  //                       "(counting v.accepted); at the first rejection set v.next = rng.draw(residual_of(q[i], "
+  //                       "p[i])) and return; after all gamma, v.next = rng.draw(q[gamma]) and v.bonus = true");
+  // EXERCISE 10.3 END
   return v;
 }
 

@@ -83,6 +83,11 @@ class CachedModel : public Model {
 Distribution residual(const Distribution& q, const Distribution& p);
 using Residual = std::function<Distribution(const Distribution& q, const Distribution& p)>;
 
+/// Whether a draft is kept, given the target's probability q_d of it, the draft's p_d (> 0) and u,
+/// a uniform number in [0, 1): with probability min(1, q_d/p_d), so a draft the target likes at
+/// least as much as the draft did is always kept.
+bool accepts(double q_d, double p_d, double u);
+
 /// One round's verdict over drafts d₁ … d_γ with draft distributions p₁ … p_γ and target
 /// distributions q₁ … q_{γ+1}: how many drafts were accepted and the token emitted after them
 /// (drawn from residual(q_{k+1}, p_{k+1}) at a rejection, from q_{γ+1} when all were accepted).
@@ -91,6 +96,8 @@ struct Verdict {
   std::int32_t next = 0;
   bool bonus = false;  ///< `next` came from q_{γ+1}
 };
+/// The walk: one uniform number per draft considered, in order (accepts), then one draw, from the
+/// residual at the first rejection or from q_{γ+1}; the GPU round consumes the same numbers.
 Verdict verify(const std::vector<std::int32_t>& drafts, const std::vector<Distribution>& p, const std::vector<Distribution>& q,
                Sampler& rng, const Residual& residual_of = residual);
 

@@ -19,8 +19,37 @@ Scheduler::Scheduler(const SchedulerConfig& c, KVPool& pool) : c_(c), pool_(pool
 
 void Scheduler::add(std::unique_ptr<Sequence> s) { waiting_.push_back(std::move(s)); }
 
+std::int64_t step_share(std::int64_t pending, std::int64_t spare) {
+  std::int64_t n = 0;
+  // EXERCISE 11.1 BEGIN: a running sequence's share of the step
+  n = 1 + std::min(pending - 1, spare);
+  // EXERCISE 11.1 STUB
+  // lab::not_done("11.1", "set n: the one token a running sequence is owed, plus as many more of its pending "
+  //                       "tokens as the step's spare budget allows (at most pending in all)");
+  // EXERCISE 11.1 END
+  return n;
+}
+
+// Preemption by recomputation: the newest running sequence gives its cache back and returns to
+// the front of the queue with all its tokens pending; its K and V are recomputed when it is
+// admitted again. Its sampler keeps its state, so it continues exactly as it would have.
+void preempt_newest(std::vector<std::unique_ptr<Sequence>>& running, std::deque<std::unique_ptr<Sequence>>& waiting,
+                    KVPool& pool) {
+  IL_CHECK(!running.empty(), "scheduler: preemption with no running sequence");
+  // EXERCISE 11.2 BEGIN: preempt the newest running sequence by recomputation
+  pool.free(*running.back());
+  running.back()->preemptions++;
+  waiting.push_front(std::move(running.back()));
+  running.pop_back();
+  // EXERCISE 11.2 STUB
+  // lab::not_done("11.2", "give the newest running sequence's cache back to the pool (pool.free), count the "
+  //                       "preemption on it, and move it from the back of running to the front of waiting");
+  // EXERCISE 11.2 END
+}
+
 std::vector<Scheduled> Scheduler::schedule() {
   std::vector<Scheduled> plan;
+  // EXERCISE 11.3 BEGIN: one iteration's plan: the running sequences, preemption, admissions
   const bool is_static = c_.policy == Policy::Static;
   // Tokens this step may still take beyond the one every running sequence is owed.
   std::int64_t spare = is_static ? std::numeric_limits<std::int64_t>::max() / 2
@@ -30,20 +59,14 @@ std::vector<Scheduled> Scheduler::schedule() {
   // 1. The running sequences, oldest first: a decode token each, or the next chunk of a prefill.
   for (std::size_t i = 0; i < running_.size(); ++i) {
     Sequence& s = *running_[i];
-    // EXERCISE 11.1 BEGIN: a running sequence's share of the step
-    const std::int64_t extra = std::min(s.pending() - 1, spare);
-    const std::int64_t n = 1 + extra;
-    // EXERCISE 11.1 STUB
-    // lab::not_done("11.1", "set extra (the tokens s takes beyond the one it is owed: the rest of its pending "
-    //                       "tokens, at most `spare`) and n = 1 + extra");
-    // std::int64_t extra = 0, n = 0;
-    // EXERCISE 11.1 END
+    const std::int64_t n = step_share(s.pending(), spare);
     while (!pool_.reserve(s, n)) {  // out of KV memory: the newest goes, never an older one for it
-      preempt_newest();
+      preempt_newest(running_, waiting_, pool_);
+      ++preemptions_;
       preempted = true;
       if (i >= running_.size()) return plan;  // s itself was the newest
     }
-    spare -= extra;
+    spare -= n - 1;
     plan.push_back({&s, n});
   }
 
@@ -61,23 +84,14 @@ std::vector<Scheduled> Scheduler::schedule() {
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
+  // EXERCISE 11.3 STUB
+  // lab::not_done("11.3", "plan the step: each running sequence, oldest first, gets step_share(pending, spare) "
+  //                       "tokens, reserved in the pool (while that fails, preempt_newest and count it; stop if "
+  //                       "the sequence itself went); then, unless a preemption happened, admit waiting "
+  //                       "sequences in order while the cap, the spare budget and the pool allow (static "
+  //                       "batching: only into an empty batch)");
+  // EXERCISE 11.3 END
   return plan;
-}
-
-// Preemption by recomputation: the newest running sequence gives its cache back and returns to
-// the front of the queue with all its tokens pending; its K and V are recomputed when it is
-// admitted again. Its sampler keeps its state, so it continues exactly as it would have.
-void Scheduler::preempt_newest() {
-  // EXERCISE 11.2 BEGIN: preempt the newest running sequence by recomputation
-  pool_.free(*running_.back());
-  running_.back()->preemptions++;
-  waiting_.push_front(std::move(running_.back()));
-  running_.pop_back();
-  // EXERCISE 11.2 STUB
-  // lab::not_done("11.2", "give the newest running sequence's cache back to the pool (pool_.free), count the "
-  //                       "preemption on it, and move it from the back of running_ to the front of waiting_");
-  // EXERCISE 11.2 END
-  ++preemptions_;
 }
 
 std::unique_ptr<Sequence> Scheduler::finish(Sequence* s) {

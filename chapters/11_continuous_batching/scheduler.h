@@ -38,6 +38,18 @@ struct Scheduled {
   std::int64_t tokens = 0;
 };
 
+/// The tokens a running sequence with `pending` tokens not yet through the model takes this step,
+/// when the step has `spare` tokens of budget left beyond the one each running sequence is owed:
+/// that one, plus as many more of its pending tokens as the spare allows. A decoding sequence
+/// (one pending token) takes one whatever the budget; a prefill takes a chunk.
+std::int64_t step_share(std::int64_t pending, std::int64_t spare);
+
+/// Preemption by recomputation: the newest running sequence (the back of `running`) gives its
+/// cache back to `pool`, counts the preemption, and waits at the front of `waiting` with all its
+/// tokens pending again.
+void preempt_newest(std::vector<std::unique_ptr<Sequence>>& running, std::deque<std::unique_ptr<Sequence>>& waiting,
+                    KVPool& pool);
+
 /// First come, first served: sequences leave the queue in arrival order, and an older sequence
 /// is never preempted for a younger one.
 class Scheduler {
@@ -56,7 +68,6 @@ class Scheduler {
   std::int64_t preemptions() const { return preemptions_; }
 
  private:
-  void preempt_newest();
   SchedulerConfig c_;
   KVPool& pool_;
   std::deque<std::unique_ptr<Sequence>> waiting_;   // arrival order

@@ -38,29 +38,45 @@ void PagedKVCache::release() {
   length_ = 0;
 }
 
-bool PagedKVCache::reserve(std::int64_t n) {
-  const std::int64_t B = pool_.block_size(), have = static_cast<std::int64_t>(table_.size());
-  const std::int64_t want = (length_ + n + B - 1) / B;
-  const std::size_t next = static_cast<std::size_t>(length_ / B);  // the block the next token goes into
+bool must_copy_before_writing(const BlockPool& pool, const std::vector<std::int32_t>& table, std::int64_t length,
+                              std::int64_t n) {
+  const std::int64_t B = pool.block_size();
+  const std::size_t next = static_cast<std::size_t>(length / B);  // the block the next position goes into
+  bool cow = false;
   // EXERCISE 12.2 BEGIN: the copy-on-write rule
-  // The block the next token goes into is written, so it must be this cache's alone and not in
-  // the prefix cache. That is only ever a partly filled block: a full one is never written.
-  const bool cow = n > 0 && length_ % B != 0 && (pool_.refs(table_[next]) > 1 || pool_.hashed(table_[next]));
+  // The block the next position goes into is written, so it must be this cache's alone and not
+  // in the prefix cache. That is only ever a partly filled block: a full one is never written.
+  cow = n > 0 && length % B != 0 && (pool.refs(table[next]) > 1 || pool.hashed(table[next]));
   // EXERCISE 12.2 STUB
-  // lab::not_done("12.2", "set cow: whether the block the next token is written into must be copied first "
+  // lab::not_done("12.2", "set cow: whether the block the next position is written into must be copied first "
   //                       "(a partly filled last block that another holder shares or the prefix cache holds)");
-  // const bool cow = false;
-  // (void)next;
+  // (void)table, (void)length, (void)n, (void)next;
   // EXERCISE 12.2 END
+  return cow;
+}
+
+bool PagedKVCache::reserve(std::int64_t n) {
+  const bool cow = must_copy_before_writing(pool_, table_, length_, n);
+  // EXERCISE 12.3 BEGIN: room for n more positions: new blocks, and a copy of a shared one
+  const std::int64_t B = pool_.block_size(), have = static_cast<std::int64_t>(table_.size());
+  const std::int64_t want = (length_ + n + B - 1) / B;  // blocks the table needs
   const std::int64_t needed = std::max<std::int64_t>(0, want - have) + (cow ? 1 : 0);
-  if (needed > pool_.free()) return false;
-  if (cow) {
+  if (needed > pool_.free()) return false;  // all or nothing: a refused reserve changes nothing
+  if (cow) {  // this cache's own copy of the block, and one reference less on the shared one
+    const std::size_t next = static_cast<std::size_t>(length_ / B);
     const std::int32_t mine = pool_.allocate();
     pool_.copy(table_[next], mine);
     pool_.release(table_[next]);
     table_[next] = mine;
   }
   while (static_cast<std::int64_t>(table_.size()) < want) table_.push_back(pool_.allocate());
+  // EXERCISE 12.3 STUB
+  // lab::not_done("12.3", "make room for n more positions: count the blocks the table needs beyond those it "
+  //                       "has, plus one if cow; return false, changing nothing, if the pool has fewer free; "
+  //                       "if cow, allocate a block, copy the shared one into it, release the shared one and "
+  //                       "put yours in its place in table_; then allocate blocks until the table is long enough");
+  // (void)cow;
+  // EXERCISE 12.3 END
   return true;
 }
 

@@ -18,6 +18,13 @@
 
 namespace inferlab::ch12 {
 
+/// The copy-on-write rule: whether writing `n` more positions after the first `length` of a
+/// cache whose block table is `table` must first copy the block the next position goes into.
+/// Only a partly filled block is ever written again; it needs a copy when another holder shares
+/// it (a fork) or the prefix cache holds it.
+bool must_copy_before_writing(const BlockPool& pool, const std::vector<std::int32_t>& table, std::int64_t length,
+                              std::int64_t n);
+
 class PagedKVCache : public ch02::KVCache {
  public:
   explicit PagedKVCache(BlockPool& pool);

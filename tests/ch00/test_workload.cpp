@@ -157,5 +157,39 @@ TEST(Ch00Roofline, PointsFromJsonAndTheFigure) {
   expect_error([&] { load_points(dir.file("bad.json"), c); }, {"bad.json", "'work'"});
 }
 
+// A legend label wider than the legend's column wraps onto further lines instead of running off
+// the figure's right edge (at the 7 px a character the plot assumes), and the next entry moves
+// down to make room.
+TEST(Ch00Roofline, LongLegendLabelsWrapInsideTheFigure) {
+  plot::Figure f;
+  for (const char* label : {"tiny-swa's receptive field, 4 × 63 + 1 = 253", "short"}) {
+    plot::Series s;
+    s.label = label, s.x = {0, 1}, s.y = {0, 1};
+    f.series.push_back(s);
+  }
+  const std::string svg = plot::to_svg(f);
+  std::vector<double> baselines;
+  for (std::size_t at = 0; (at = svg.find("<text x=\"", at)) != std::string::npos;) {
+    const std::size_t open_end = svg.find('>', at), end = svg.find("</text>", at);
+    const std::string tag = svg.substr(at, open_end - at);
+    std::string text = svg.substr(open_end + 1, end - open_end - 1);
+    at = end;
+    if (tag.find("text-anchor") != std::string::npos) continue;  // centred or right-aligned: ticks, titles
+    const double x = std::stod(tag.substr(9));
+    baselines.push_back(std::stod(tag.substr(tag.find("y=\"") + 3)));
+    for (std::size_t t; (t = text.find("</tspan>")) != std::string::npos;) text.erase(t, 8);
+    for (std::size_t t; (t = text.find("<tspan")) != std::string::npos;) text.replace(t, text.find('>', t) - t + 1, "\n");
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      double glyphs = 0;
+      for (char c : line) glyphs += (c & 0xC0) != 0x80;
+      EXPECT_LE(x + 7.0 * glyphs, f.width) << "legend line '" << line << "' runs off the figure";
+    }
+  }
+  EXPECT_NE(svg.find("<tspan"), std::string::npos) << "the long label wraps";
+  ASSERT_EQ(baselines.size(), 2u);
+  EXPECT_GE(baselines[1] - baselines[0], 20.0 + 15.0) << "the next entry leaves room for the wrapped line";
+}
+
 }  // namespace
 }  // namespace inferlab::ch00

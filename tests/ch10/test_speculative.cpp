@@ -147,6 +147,66 @@ TEST(Speculative, ResidualIsTheTargetsUnderProposedMass) {
   test::expect_error([] { ch10::residual({0.5, 0.5}, {1.0}); }, {"distributions over 2 and 1"});
 }
 
+// The acceptance rule alone: u < min(1, q/p). A draft the target likes at least as much is kept
+// at every u; otherwise exactly the u below q/p keep it.
+TEST(Speculative, AcceptsWithProbabilityMinOfOneAndQOverP) {
+  for (const double u : {0.0, 0.3, 0.999999}) {
+    EXPECT_TRUE(ch10::accepts(0.5, 0.25, u)) << "q > p, u " << u;
+    EXPECT_TRUE(ch10::accepts(0.2, 0.2, u)) << "q = p, u " << u;
+    EXPECT_FALSE(ch10::accepts(0.0, 0.4, u)) << "q = 0, u " << u;
+  }
+  EXPECT_TRUE(ch10::accepts(0.125, 0.5, 0.249));  // q/p = 0.25
+  EXPECT_FALSE(ch10::accepts(0.125, 0.5, 0.251));
+  EXPECT_FALSE(ch10::accepts(0.125, 0.5, 0.25));  // kept for u in [0, 0.25): probability exactly 0.25
+  // Over a grid of u, the share kept is q/p.
+  int kept = 0;
+  for (int i = 0; i < 1000; ++i) kept += ch10::accepts(0.3, 0.5, (i + 0.5) / 1000);
+  EXPECT_EQ(kept, 600);
+}
+
+// The walk on distributions that leave nothing to chance: every draft the target likes more is
+// kept, the first it cannot emit is rejected and the round ends with the residual's only token,
+// and when all are kept the bonus comes from the last target distribution. The random numbers
+// are consumed as the GPU round assumes: one per draft considered, then one draw.
+TEST(Speculative, TheWalkStopsAtTheFirstRejectionAndAddsABonusOtherwise) {
+  const Distribution p = {0.25, 0.25, 0.25, 0.25};
+  const Distribution likes0 = {1, 0, 0, 0}, likes2 = {0, 0, 1, 0}, likes3 = {0, 0, 0, 1};
+  SamplingParams sp;
+  sp.temperature = 1, sp.seed = 7;
+  for (const int reject_at : {0, 1, 2, 3}) {  // 3: every draft kept
+    std::vector<std::int32_t> drafts;
+    std::vector<Distribution> ps, qs;
+    for (int i = 0; i < 3; ++i) {
+      drafts.push_back(0);
+      ps.push_back(p);
+      qs.push_back(i == reject_at ? likes2 : likes0);  // the target never emits token 0 at the rejected draft
+    }
+    qs.push_back(likes3);
+    Sampler rng(sp), replay(sp);
+    const ch10::Verdict v = ch10::verify(drafts, ps, qs, rng);
+    if (reject_at < 3) {
+      EXPECT_EQ(v.accepted, reject_at);
+      EXPECT_EQ(v.next, 2) << "the residual of a rejection is where the target exceeds the draft";
+      EXPECT_FALSE(v.bonus);
+      for (int i = 0; i <= reject_at; ++i) replay.uniform();
+      replay.draw(ch10::residual(likes2, p));
+    } else {
+      EXPECT_EQ(v.accepted, 3);
+      EXPECT_EQ(v.next, 3) << "the bonus token comes from the target's last distribution";
+      EXPECT_TRUE(v.bonus);
+      for (int i = 0; i < 3; ++i) replay.uniform();
+      replay.draw(likes3);
+    }
+    EXPECT_EQ(rng.uniform(), replay.uniform()) << "random numbers consumed, rejection at " << reject_at;
+  }
+  // No drafts: only the bonus, drawn from q₁.
+  Sampler rng(sp);
+  const ch10::Verdict v = ch10::verify({}, {}, {likes3}, rng);
+  EXPECT_EQ(v.accepted, 0);
+  EXPECT_EQ(v.next, 3);
+  EXPECT_TRUE(v.bonus);
+}
+
 const std::string kData = INFERLAB_DATA_DIR;
 
 TEST(Speculative, GreedyIsTheTargetsGreedyDecodingTokenForToken) {

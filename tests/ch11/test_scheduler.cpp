@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <random>
 #include <set>
@@ -250,6 +251,49 @@ TEST(Scheduler, PreemptionFreesTheNewestAndRequeuesItFirst) {
   EXPECT_EQ(s.waiting().front()->cache, nullptr);
   EXPECT_EQ(s.waiting().front()->pending(), 2) << "its prompt and its one generated token, to recompute";
   EXPECT_EQ(s.waiting().front()->preemptions, 1);
+}
+
+// A running sequence's share of a step, alone: one decode token whatever the budget; a prefill
+// takes the rest of its prompt or as much of it as the spare budget allows.
+TEST(Scheduler, AStepShareIsTheOwedTokenPlusWhatTheSpareBudgetAllows) {
+  EXPECT_EQ(step_share(1, 0), 1);
+  EXPECT_EQ(step_share(1, 100), 1);   // decoding: one pending token
+  EXPECT_EQ(step_share(21, 6), 7);    // a prefill chunk: the owed token and 6 spare
+  EXPECT_EQ(step_share(21, 0), 1);    // no spare: it still advances by one
+  EXPECT_EQ(step_share(5, 100), 5);   // the whole rest of its prompt, never more
+  EXPECT_EQ(step_share(5, 4), 5);
+  EXPECT_EQ(step_share(5, 3), 4);
+}
+
+// Preemption alone, without a schedule: the newest running sequence loses its cache, counts the
+// preemption and waits first; the others keep theirs.
+TEST(Scheduler, PreemptingTheNewestFreesItsCacheAndQueuesItFirst) {
+  CountingPool pool(100);
+  std::vector<std::unique_ptr<Sequence>> running;
+  std::deque<std::unique_ptr<Sequence>> waiting;
+  for (std::int64_t id = 0; id < 3; ++id) {
+    running.push_back(sequence(id, 4, 8));
+    ASSERT_TRUE(pool.reserve(*running.back(), 4));
+    running.back()->cache->commit(4);
+  }
+  waiting.push_back(sequence(3, 2, 8));
+  preempt_newest(running, waiting, pool);
+  ASSERT_EQ(running.size(), 2u);
+  EXPECT_EQ(running[0]->request.id, 0);
+  EXPECT_EQ(running[1]->request.id, 1);
+  ASSERT_EQ(waiting.size(), 2u);
+  EXPECT_EQ(waiting[0]->request.id, 2) << "the preempted sequence is admitted again first";
+  EXPECT_EQ(waiting[1]->request.id, 3);
+  EXPECT_EQ(waiting[0]->cache, nullptr);
+  EXPECT_EQ(waiting[0]->preemptions, 1);
+  EXPECT_EQ(waiting[0]->pending(), 4) << "its whole prompt, to recompute";
+  EXPECT_EQ(pool.used_bytes(), 8) << "the two older sequences keep their 4 positions each";
+  EXPECT_NE(running[1]->cache, nullptr);
+  preempt_newest(running, waiting, pool);
+  EXPECT_EQ(waiting[0]->request.id, 1);
+  EXPECT_EQ(pool.used_bytes(), 4);
+  running.clear();
+  test::expect_error([&] { preempt_newest(running, waiting, pool); }, {"no running sequence"});
 }
 
 TEST(Scheduler, ConfigurationErrors) {

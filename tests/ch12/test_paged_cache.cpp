@@ -120,6 +120,26 @@ TEST(BlockPool, ConservationUnderTenThousandRandomOperations) {
 
 // Copy-on-write: a fork shares every block; the first write of either side into the shared,
 // partly filled last block copies that block alone, and the other side's rows stay as they were.
+// The copy-on-write rule alone, on a pool's blocks and a table made by hand (no reserve): only a
+// partly filled block that another holder shares or the prefix cache holds is copied.
+TEST(PagedCache, TheCopyOnWriteRule) {
+  BlockPool pool(one_layer(), 4, 4);
+  const std::vector<std::int32_t> table = {pool.allocate(), pool.allocate()};  // positions 0 .. 7
+  EXPECT_FALSE(must_copy_before_writing(pool, table, 6, 1)) << "its own block";
+  pool.retain(table[1]);  // a fork shares it
+  EXPECT_TRUE(must_copy_before_writing(pool, table, 6, 1)) << "a shared, partly filled block";
+  EXPECT_TRUE(must_copy_before_writing(pool, table, 5, 3));
+  EXPECT_FALSE(must_copy_before_writing(pool, table, 6, 0)) << "nothing written";
+  EXPECT_FALSE(must_copy_before_writing(pool, table, 8, 1)) << "full: the next position starts a new block";
+  EXPECT_FALSE(must_copy_before_writing(pool, table, 4, 2)) << "at a block boundary nothing is copied";
+  EXPECT_FALSE(must_copy_before_writing(pool, table, 2, 1)) << "block 0 is not shared";
+  pool.release(table[1]);
+  const std::vector<std::int32_t> tokens = {1, 2, 3, 4};
+  pool.publish(table[0], 0, -1, tokens.data());  // the prefix cache holds block 0
+  EXPECT_TRUE(must_copy_before_writing(pool, table, 2, 1)) << "a block in the prefix cache is never written again";
+  EXPECT_FALSE(must_copy_before_writing(pool, table, 6, 1));
+}
+
 TEST(PagedCache, CopyOnWriteCopiesOnlyThePartlyFilledLastBlock) {
   auto rng = test::rng_for_test();
   const auto c = one_layer();
