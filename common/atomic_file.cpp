@@ -142,8 +142,8 @@ void check_not_input(const std::string& output, const std::vector<std::string>& 
       IL_CHECK(out_is_dir || !fs::equivalent(out_dir, in), "output ", output, " is a file of ", in,
                ", the folder this command reads; write it somewhere else");
     } else {
-      IL_CHECK(!out_is_dir || !fs::equivalent(out, fs::absolute(in).parent_path()), "output folder ", output,
-               " holds ", in, ", which this command reads; write to another folder");
+      IL_CHECK(!out_is_dir || !fs::equivalent(out, fs::absolute(in).parent_path()), "output folder ", output, " holds ", in,
+               ", which this command reads; write to another folder");
     }
   }
 }

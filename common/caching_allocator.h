@@ -39,8 +39,8 @@ class CachingAllocator {
   static std::size_t rounded(std::size_t bytes);
 
   struct Stats {
-    std::size_t in_use_bytes = 0;   ///< handed out and not released
-    std::size_t cached_bytes = 0;   ///< free, kept for reuse
+    std::size_t in_use_bytes = 0;        ///< handed out and not released
+    std::size_t cached_bytes = 0;        ///< free, kept for reuse
     std::size_t device_allocations = 0;  ///< calls to the device's malloc so far
   };
   Stats stats() const;

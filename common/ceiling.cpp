@@ -3,7 +3,6 @@
 #include <omp.h>
 #include <unistd.h>
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,16 +10,15 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <sstream>
+#include <Eigen/Core>
+#include <nlohmann/json.hpp>
 
 #include "common/cuda/backend.h"
 
 namespace inferlab::metrics {
 
-double RooflinePoint::read_bytes_per_s() const {
-  return read.bytes_per_s() > 0 ? read.bytes_per_s() : ceiling.bytes_per_s;
-}
+double RooflinePoint::read_bytes_per_s() const { return read.bytes_per_s() > 0 ? read.bytes_per_s() : ceiling.bytes_per_s; }
 
 double RooflinePoint::attainable_flops_per_s() const {
   return std::min(ceiling.flops_per_s, read_bytes_per_s() * intensity());
@@ -90,16 +88,20 @@ std::string describe(const RooflinePoint& p) {
      << static_cast<int>(std::lround(100 * p.achieved_flops_per_s() / c.flops_per_s)) << "% of "
      << human_rate(c.flops_per_s, "FLOP") << " (" << c.flops_dtype << "); intensity "
      << std::lround(p.intensity() * 100) / 100.0 << " FLOP/B vs ridge "
-     << std::lround(c.flops_per_s / read.bytes_per_s() * 10) / 10.0
-     << ": " << p.bound() << "-bound [" << c.name << ", " << c.source << "]";
+     << std::lround(c.flops_per_s / read.bytes_per_s() * 10) / 10.0 << ": " << p.bound() << "-bound [" << c.name << ", "
+     << c.source << "]";
   return os.str();
 }
 
-
 nlohmann::json to_json(const Ceiling& c) {
-  return {{"name", c.name},           {"bytes_per_s", c.bytes_per_s}, {"flops_per_s", c.flops_per_s},
-          {"flops_dtype", c.flops_dtype}, {"source", c.source},       {"ridge_flops_per_byte", c.ridge()},
-          {"memory_bytes", c.memory_bytes}, {"read_spread", to_json(c.read)},
+  return {{"name", c.name},
+          {"bytes_per_s", c.bytes_per_s},
+          {"flops_per_s", c.flops_per_s},
+          {"flops_dtype", c.flops_dtype},
+          {"source", c.source},
+          {"ridge_flops_per_byte", c.ridge()},
+          {"memory_bytes", c.memory_bytes},
+          {"read_spread", to_json(c.read)},
           {"compute_spread", to_json(c.compute)}};
 }
 
@@ -208,7 +210,8 @@ double last_level_cache_bytes() {
       x *= u == 'K' ? 1024.0 : u == 'M' ? 1048576.0 : u == 'G' ? 1073741824.0 : 1.0;
       best = std::max(best, x);
     }
-    if (best <= 0) best = static_cast<double>(std::max<long>(sysconf(_SC_LEVEL3_CACHE_SIZE), sysconf(_SC_LEVEL2_CACHE_SIZE)));
+    if (best <= 0)
+      best = static_cast<double>(std::max<long>(sysconf(_SC_LEVEL3_CACHE_SIZE), sysconf(_SC_LEVEL2_CACHE_SIZE)));
     return best > 0 ? best : 32.0 * 1048576;
   }();
   return llc;
@@ -266,7 +269,8 @@ double percent_of(double achieved, const ReadCeiling& c) {
 std::string above_ceiling_note(double achieved, const ReadCeiling& c) {
   if (achieved <= c.bytes_per_s()) return "";
   if (c.kind == "partly in cache")
-    return "above: the figure's working set is partly in cache, and the cache keeps more of a step's reuse than of a plain sum";
+    return "above: the figure's working set is partly in cache, and the cache keeps more of a step's reuse than of a plain "
+           "sum";
   if (achieved <= c.bytes_per_s() * (1 + (c.rate.best - c.rate.worst) / std::max(c.rate.best, 1e-30)))
     return "above: within the ceiling's spread; the machine moved between the two measurements";
   return "above: the figure reads fewer bytes than it counts (part of them stay in a faster cache level)";
@@ -307,8 +311,11 @@ void CeilingLegend::print(const char* pad) const {
 }
 
 nlohmann::json to_json(const ReadCeiling& c) {
-  return {{"working_set_bytes", c.working_set_bytes}, {"measured_bytes", c.measured_bytes},
-          {"bytes_per_s", c.bytes_per_s()}, {"spread", to_json(c.rate)}, {"kind", c.kind},
+  return {{"working_set_bytes", c.working_set_bytes},
+          {"measured_bytes", c.measured_bytes},
+          {"bytes_per_s", c.bytes_per_s()},
+          {"spread", to_json(c.rate)},
+          {"kind", c.kind},
           {"last_level_cache_bytes", last_level_cache_bytes()}};
 }
 
@@ -343,8 +350,8 @@ Ceiling measure_cpu_ceiling(int threads, int gemm_n, int reps) {
   char src[200];
   std::snprintf(src, sizeof src,
                 "measured: OpenMP sum over %s, 4x the %s last-level cache (best of %d); Eigen f32 GEMM %d^3 (best of %d)",
-                human_bytes(static_cast<double>(bytes)).c_str(), human_bytes(last_level_cache_bytes()).c_str(), reps,
-                gemm_n, reps);
+                human_bytes(static_cast<double>(bytes)).c_str(), human_bytes(last_level_cache_bytes()).c_str(), reps, gemm_n,
+                reps);
   c.source = src;
   c.memory_bytes = physical_memory_bytes();
   return c;
@@ -374,8 +381,6 @@ std::vector<Ceiling> accelerator_presets() {
   };
 }
 
-Ceiling measure_ceiling(Device device) {
-  return device == Device::CUDA ? measure_cuda_ceiling() : measure_cpu_ceiling();
-}
+Ceiling measure_ceiling(Device device) { return device == Device::CUDA ? measure_cuda_ceiling() : measure_cpu_ceiling(); }
 
 }  // namespace inferlab::metrics

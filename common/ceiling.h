@@ -31,15 +31,15 @@ std::string describe(const Spread& s, const char* unit);
 
 /// A machine's two ceilings: memory read bandwidth and arithmetic throughput.
 struct Ceiling {
-  std::string name;        ///< "cpu (2 threads)", "NVIDIA H200", "H100 SXM"
-  double bytes_per_s = 0;  ///< memory bandwidth (read from memory: a working set beyond every cache)
-  double flops_per_s = 0;  ///< peak arithmetic rate for the dtype in `flops_dtype`
-  std::string flops_dtype; ///< "f32", "bf16"
-  std::string source;      ///< how it was obtained: "measured: ..." or "datasheet"
-  double memory_bytes = 0; ///< memory capacity (0 when not known)
-  Spread read{};           ///< the runs behind bytes_per_s (empty for datasheet figures)
-  Spread compute{};        ///< the runs behind flops_per_s (empty for datasheet figures)
-  bool cpu = false;        ///< measured on this CPU: read_ceiling_for() can measure cache-sized ceilings
+  std::string name;         ///< "cpu (2 threads)", "NVIDIA H200", "H100 SXM"
+  double bytes_per_s = 0;   ///< memory bandwidth (read from memory: a working set beyond every cache)
+  double flops_per_s = 0;   ///< peak arithmetic rate for the dtype in `flops_dtype`
+  std::string flops_dtype;  ///< "f32", "bf16"
+  std::string source;       ///< how it was obtained: "measured: ..." or "datasheet"
+  double memory_bytes = 0;  ///< memory capacity (0 when not known)
+  Spread read{};            ///< the runs behind bytes_per_s (empty for datasheet figures)
+  Spread compute{};         ///< the runs behind flops_per_s (empty for datasheet figures)
+  bool cpu = false;         ///< measured on this CPU: read_ceiling_for() can measure cache-sized ceilings
   /// FLOPs per byte where the two roofs meet (the lecture's "accelerator intensity").
   double ridge() const { return bytes_per_s > 0 ? flops_per_s / bytes_per_s : 0; }
 };

@@ -48,8 +48,7 @@ DataDirLookup find_data_dir(const char* env_value, const std::vector<std::string
   if (env_value != nullptr && *env_value != '\0') {
     r.tried.push_back(env_value);
     std::error_code ec;
-    if (holds_data(env_value))
-      r.dir = env_value;
+    if (holds_data(env_value)) r.dir = env_value;
     else
       r.problem = detail::concat("INFERLAB_DATA is set to '", env_value, "', which ",
                                  fs::exists(env_value, ec) ? "has no models/ folder" : "does not exist",
@@ -173,8 +172,12 @@ void add_device_option(CLI::App& app, ModelOptions& o) {
 }
 
 void add_quality_options(CLI::App& app, std::int64_t& windows, std::int64_t& per_kind) {
-  app.add_option("--windows", windows, "Validation windows of 512 tokens (0: all)")->check(number_in(0, 1e9))->capture_default_str();
-  app.add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->check(number_in(0, 1e9))->capture_default_str();
+  app.add_option("--windows", windows, "Validation windows of 512 tokens (0: all)")
+      ->check(number_in(0, 1e9))
+      ->capture_default_str();
+  app.add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")
+      ->check(number_in(0, 1e9))
+      ->capture_default_str();
 }
 
 void add_json_option(CLI::App& app, std::string& path) {
@@ -212,9 +215,7 @@ void add_generation_options(CLI::App& app, GenerationOptions& o) {
   app.add_option("--top-k", o.top_k, "Keep the k most likely tokens (0 = all)")
       ->check(number_in(0, 1 << 24))
       ->capture_default_str();
-  app.add_option("--top-p", o.top_p, "Nucleus sampling mass, in (0, 1]")
-      ->check(number_in(1e-6, 1))
-      ->capture_default_str();
+  app.add_option("--top-p", o.top_p, "Nucleus sampling mass, in (0, 1]")->check(number_in(1e-6, 1))->capture_default_str();
 }
 
 namespace {
@@ -294,9 +295,9 @@ void Progress::update(std::int64_t done) {
     return;
   }
   last_print_ = t, printed_ = true;
-  std::fprintf(stderr, "%s%s %lld/%lld (%d%%), %.1f s%s", tty_ ? "\r" : "", label_.c_str(),
-               static_cast<long long>(done), static_cast<long long>(total_),
-               total_ > 0 ? static_cast<int>(100 * done / total_) : 0, t, tty_ ? "\033[K" : "\n");
+  std::fprintf(stderr, "%s%s %lld/%lld (%d%%), %.1f s%s", tty_ ? "\r" : "", label_.c_str(), static_cast<long long>(done),
+               static_cast<long long>(total_), total_ > 0 ? static_cast<int>(100 * done / total_) : 0, t,
+               tty_ ? "\033[K" : "\n");
   std::fflush(stderr);
 }
 

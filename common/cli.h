@@ -11,13 +11,13 @@
 /// Each program runs its body through run_cli(), which turns any inferlab::Error into one clear
 /// line on stderr and exit status 1 (2 for a bad command line), so that nothing ends in a crash.
 
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
-#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include "common/dtype.h"
 #include "common/metrics.h"

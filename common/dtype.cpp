@@ -36,9 +36,7 @@ std::string_view dtype_name(DType t) {
 
 std::string_view device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
 
-bool is_float(DType t) {
-  return t == DType::F32 || t == DType::F64 || t == DType::F16 || t == DType::BF16;
-}
+bool is_float(DType t) { return t == DType::F32 || t == DType::F64 || t == DType::F16 || t == DType::BF16; }
 
 // Eigen's half and bfloat16 types implement the IEEE round-to-nearest-even conversions; we use
 // them rather than re-deriving the bit manipulation.

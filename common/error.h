@@ -100,7 +100,7 @@ decltype(auto) with_context(const Where& where, F&& f) {
 }  // namespace inferlab
 
 /// Checks a condition that depends on user input; throws inferlab::Error with the message.
-#define IL_CHECK(cond, ...)                   \
-  do {                                        \
+#define IL_CHECK(cond, ...)                     \
+  do {                                          \
     if (!(cond)) ::inferlab::fail(__VA_ARGS__); \
   } while (0)

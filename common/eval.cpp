@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
+#include <nlohmann/json.hpp>
 
 #include "common/cli.h"
 #include "common/input_file.h"
@@ -102,8 +102,8 @@ ProbeScores probe_accuracy_of_answers(const AnswerFn& answer, const Tokenizer& t
     if (per_kind > 0 && total[p.kind] >= per_kind) continue;
     progress.update(scored++);
     const auto prompt = tok.encode(p.prompt, true), full = tok.encode(p.prompt + p.answer, true);
-    IL_CHECK(full.size() > prompt.size() && std::equal(prompt.begin(), prompt.end(), full.begin()),
-             "probe '", p.prompt.substr(0, 40), "...': its answer does not tokenize as a continuation of the prompt");
+    IL_CHECK(full.size() > prompt.size() && std::equal(prompt.begin(), prompt.end(), full.begin()), "probe '",
+             p.prompt.substr(0, 40), "...': its answer does not tokenize as a continuation of the prompt");
     const std::vector<std::int32_t> want(full.begin() + static_cast<std::ptrdiff_t>(prompt.size()), full.end());
     const auto got = answer(prompt, want);
     IL_CHECK(got.size() == want.size(), "probe '", p.prompt.substr(0, 40), "...': the model gave ", got.size(),
@@ -142,8 +142,8 @@ ProbeScores probe_accuracy(const LogitsFn& logits, const Tokenizer& tok, const s
 std::vector<std::int32_t> validation_tokens(const std::string& data_dir, std::int64_t n) {
   const auto tok = Tokenizer::for_model(data_dir + "/models/tiny-mha");  // the zoo's one tokenizer
   auto val = tokenize_documents(*tok, data_dir + "/corpus/val.txt");
-  IL_CHECK(static_cast<std::int64_t>(val.size()) >= n, data_dir, "/corpus/val.txt has ", val.size(),
-           " tokens, fewer than ", n);
+  IL_CHECK(static_cast<std::int64_t>(val.size()) >= n, data_dir, "/corpus/val.txt has ", val.size(), " tokens, fewer than ",
+           n);
   val.resize(static_cast<std::size_t>(n));
   return val;
 }
@@ -155,8 +155,10 @@ std::vector<std::string> kinds_in_reading_order(const std::map<std::string, doub
     const std::string digits = cut == std::string::npos ? "" : k.substr(cut + 1);
     const bool numeric = !digits.empty() && digits.size() <= 18 &&
                          std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
-    return std::make_tuple(family == "recall" ? 0 : family == "ar" ? 1 : 2, family, numeric ? 0 : 1,
-                           numeric ? std::stoll(digits) : 0LL, k);
+    return std::make_tuple(family == "recall" ? 0
+                           : family == "ar"   ? 1
+                                              : 2,
+                           family, numeric ? 0 : 1, numeric ? std::stoll(digits) : 0LL, k);
   };
   std::vector<std::string> kinds;
   for (const auto& [k, v] : scores) kinds.push_back(k);
@@ -187,8 +189,12 @@ nlohmann::json quality_table(const std::vector<Scored>& models, const std::strin
     for (const auto& k : kinds) std::printf(" %11.3f", pr.accuracy.at(k));
     std::printf("\n");
     std::fflush(stdout);
-    out.push_back({{"model", m.name}, {"cache_bytes_per_token", m.cache_bytes_per_token}, {"val_loss", ppl.loss},
-                   {"val_ppl", ppl.ppl}, {"val_tokens", ppl.tokens}, {"probes", pr.accuracy}});
+    out.push_back({{"model", m.name},
+                   {"cache_bytes_per_token", m.cache_bytes_per_token},
+                   {"val_loss", ppl.loss},
+                   {"val_ppl", ppl.ppl},
+                   {"val_tokens", ppl.tokens},
+                   {"probes", pr.accuracy}});
   }
   return out;
 }

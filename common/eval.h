@@ -11,9 +11,9 @@
 
 #include <functional>
 #include <map>
-#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
+#include <nlohmann/json_fwd.hpp>
 
 #include "common/tensor.h"
 #include "common/tokenizer.h"

@@ -35,28 +35,69 @@ std::int64_t row_bytes(Type t, std::int64_t n) {
 
 std::int64_t block_values(Type t) {
   switch (t) {
-    case Type::F32: case Type::F16: case Type::BF16: return 1;
-    case Type::Q2_K: case Type::Q3_K: case Type::Q4_K: case Type::Q5_K: case Type::Q6_K: return 256;
+    case Type::F32:
+    case Type::F16:
+    case Type::BF16: return 1;
+    case Type::Q2_K:
+    case Type::Q3_K:
+    case Type::Q4_K:
+    case Type::Q5_K:
+    case Type::Q6_K: return 256;
     default: return 32;
   }
 }
 
 std::string ggml_type_name(std::uint32_t t) {
   // ggml.h's enum ggml_type, by number; "" where ggml has no type.
-  static const char* const names[] = {
-      "F32",     "F16",    "Q4_0",    "Q4_1",   "Q4_2 (retired)", "Q4_3 (retired)", "Q5_0",   "Q5_1",
-      "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",   "Q4_K",           "Q5_K",           "Q6_K",   "Q8_K",
-      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",  "IQ4_NL",         "IQ3_S",          "IQ2_S",  "IQ4_XS",
-      "I8",      "I16",    "I32",     "I64",    "F64",            "IQ1_M",          "BF16",   "Q4_0_4_4 (retired)",
-      "Q4_0_4_8 (retired)", "Q4_0_8_8 (retired)", "TQ1_0", "TQ2_0", "IQ4_NL_4_4 (retired)", "IQ4_NL_4_8 (retired)",
-      "IQ4_NL_8_8 (retired)", "MXFP4", "NVFP4", "Q1_0"};
+  static const char* const names[] = {"F32",
+                                      "F16",
+                                      "Q4_0",
+                                      "Q4_1",
+                                      "Q4_2 (retired)",
+                                      "Q4_3 (retired)",
+                                      "Q5_0",
+                                      "Q5_1",
+                                      "Q8_0",
+                                      "Q8_1",
+                                      "Q2_K",
+                                      "Q3_K",
+                                      "Q4_K",
+                                      "Q5_K",
+                                      "Q6_K",
+                                      "Q8_K",
+                                      "IQ2_XXS",
+                                      "IQ2_XS",
+                                      "IQ3_XXS",
+                                      "IQ1_S",
+                                      "IQ4_NL",
+                                      "IQ3_S",
+                                      "IQ2_S",
+                                      "IQ4_XS",
+                                      "I8",
+                                      "I16",
+                                      "I32",
+                                      "I64",
+                                      "F64",
+                                      "IQ1_M",
+                                      "BF16",
+                                      "Q4_0_4_4 (retired)",
+                                      "Q4_0_4_8 (retired)",
+                                      "Q4_0_8_8 (retired)",
+                                      "TQ1_0",
+                                      "TQ2_0",
+                                      "IQ4_NL_4_4 (retired)",
+                                      "IQ4_NL_4_8 (retired)",
+                                      "IQ4_NL_8_8 (retired)",
+                                      "MXFP4",
+                                      "NVFP4",
+                                      "Q1_0"};
   return t < std::size(names) ? names[t] : "ggml type " + std::to_string(t) + " (unknown)";
 }
 
 std::string type_name(Type t) { return ggml_type_name(static_cast<std::uint32_t>(t)); }
 
 std::string kind_name(Value::Kind k) {
-  static const char* const names[] = {"UINT8", "INT8",   "UINT16", "INT16",  "UINT32", "INT32", "FLOAT32",
+  static const char* const names[] = {"UINT8", "INT8",   "UINT16", "INT16",  "UINT32", "INT32",  "FLOAT32",
                                       "BOOL",  "STRING", "ARRAY",  "UINT64", "INT64",  "FLOAT64"};
   const auto i = static_cast<std::uint32_t>(k);
   return i < std::size(names) ? names[i] : "type " + std::to_string(i);
@@ -160,8 +201,7 @@ File::File(const std::string& path) : path_(path), file_(std::make_shared<Mapped
     TensorInfo t;
     t.name = r.str("a tensor name");
     IL_CHECK(!t.name.empty(), path, ": tensor ", i, " of ", n_tensors, " has an empty name (is the tensor count right?)");
-    for (const auto& other : tensors_)
-      IL_CHECK(other.name != t.name, path, ": tensor '", t.name, "' appears twice");
+    for (const auto& other : tensors_) IL_CHECK(other.name != t.name, path, ": tensor '", t.name, "' appears twice");
     const auto dims = r.get<std::uint32_t>(t.name.c_str());
     IL_CHECK(dims >= 1 && dims <= 4, path, ": tensor '", t.name, "' has ", dims, " dimensions");
     std::vector<std::int64_t> ne(dims);
@@ -174,14 +214,14 @@ File::File(const std::string& path) : path_(path), file_(std::make_shared<Mapped
     }
     t.shape.assign(ne.rbegin(), ne.rend());
     const auto type = r.get<std::uint32_t>(t.name.c_str());
-    IL_CHECK(type <= 3 || (type >= 6 && type <= 8) || (type >= 10 && type <= 14) || type == 30, path, ": tensor '",
-             t.name, "' is ", ggml_type_name(type),
+    IL_CHECK(type <= 3 || (type >= 6 && type <= 8) || (type >= 10 && type <= 14) || type == 30, path, ": tensor '", t.name,
+             "' is ", ggml_type_name(type),
              ggml_type_name(type).find("unknown") == std::string::npos ? " (ggml type " + std::to_string(type) + ")" : "",
              ", which this reader does not decode (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, "
              "Q4_K, Q5_K and Q6_K)");
     t.type = static_cast<Type>(type);
-    IL_CHECK(ne[0] % block_values(t.type) == 0, path, ": tensor '", t.name, "' rows of ",
-             ne[0], " are not whole blocks of ", block_values(t.type));
+    IL_CHECK(ne[0] % block_values(t.type) == 0, path, ": tensor '", t.name, "' rows of ", ne[0], " are not whole blocks of ",
+             block_values(t.type));
     t.offset = r.get<std::uint64_t>(t.name.c_str());
     // Misaligned F32/F16 data would be read through misaligned pointers.
     IL_CHECK(t.offset % alignment == 0, path, ": tensor '", t.name, "' has offset ", t.offset,
@@ -197,9 +237,9 @@ File::File(const std::string& path) : path_(path), file_(std::make_shared<Mapped
   for (const auto& t : tensors_) {
     const std::int64_t bytes = tensor_bytes(t);
     IL_CHECK(bytes >= 0, path, ": tensor '", t.name, "' of shape ", shape_str(t.shape), " is implausibly large");
-    IL_CHECK(t.offset <= room && static_cast<std::uint64_t>(bytes) <= room - t.offset, path, ": tensor '", t.name,
-             "' (", bytes, " bytes at offset ", t.offset, ") runs past the end of the file (", size,
-             " bytes, data from byte ", data_start_, ")");
+    IL_CHECK(t.offset <= room && static_cast<std::uint64_t>(bytes) <= room - t.offset, path, ": tensor '", t.name, "' (",
+             bytes, " bytes at offset ", t.offset, ") runs past the end of the file (", size, " bytes, data from byte ",
+             data_start_, ")");
   }
   if (tensors_.empty()) return;
   // What follows the entries is zero padding, then the tensors, apart, up to the end of the file.
@@ -356,8 +396,10 @@ void block_256(Type t, const std::uint8_t* b, float* y) {
     for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8, y += 128)
       for (int l = 0; l < 32; ++l) {
         const int is = l / 16;
-        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32, q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32, q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32,
+                  q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32,
+                  q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
         y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
         y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
         y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
@@ -472,8 +514,7 @@ void write(const std::string& path, const std::vector<std::pair<std::string, Val
   for (const auto& t : tensors) {
     IL_CHECK(!t.shape.empty(), "gguf::write: tensor '", t.name, "' has no shape");
     for (auto d : t.shape)  // what the reader accepts
-      IL_CHECK(d > 0, "gguf::write: tensor '", t.name, "' has shape ", shape_str(t.shape),
-               " (dimensions must be positive)");
+      IL_CHECK(d > 0, "gguf::write: tensor '", t.name, "' has shape ", shape_str(t.shape), " (dimensions must be positive)");
     const std::int64_t rows = shape_numel(t.shape) / t.shape.back(), bytes = rows * row_bytes(t.type, t.shape.back());
     IL_CHECK(static_cast<std::int64_t>(t.bytes.nbytes()) == bytes, "gguf::write: tensor '", t.name, "' holds ",
              t.bytes.nbytes(), " bytes, ", type_name(t.type), shape_str(t.shape), " needs ", bytes);

@@ -27,8 +27,19 @@ class MappedFile;
 namespace gguf {
 
 enum class Type : std::uint32_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13,
-  Q6_K = 14, BF16 = 30
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  BF16 = 30
 };
 
 /// Values per block of a type (1 for the float types, 32 for Q4_0 … Q8_0, 256 for the k-quants).
@@ -79,17 +90,40 @@ std::string ggml_type_name(std::uint32_t t);
 /// A metadata value: integers, floats, booleans and strings, or arrays of them.
 struct Value {
   enum class Kind : std::uint32_t {
-    U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, Bool = 7, String = 8, Array = 9, U64 = 10, I64 = 11,
+    U8 = 0,
+    I8 = 1,
+    U16 = 2,
+    I16 = 3,
+    U32 = 4,
+    I32 = 5,
+    F32 = 6,
+    Bool = 7,
+    String = 8,
+    Array = 9,
+    U64 = 10,
+    I64 = 11,
     F64 = 12
   } kind = Kind::U32;
-  std::int64_t i = 0;  ///< integers and booleans (a u64 of 2^63 or more is an error)
-  double f = 0;        ///< floats
-  std::string s;       ///< strings
-  Kind element = Kind::U32;     ///< arrays: the element kind
-  std::vector<Value> items;     ///< arrays: the elements
-  static Value u32(std::uint32_t v) { Value x; x.kind = Kind::U32, x.i = v; return x; }
-  static Value f32(float v) { Value x; x.kind = Kind::F32, x.f = v; return x; }
-  static Value str(std::string v) { Value x; x.kind = Kind::String, x.s = std::move(v); return x; }
+  std::int64_t i = 0;        ///< integers and booleans (a u64 of 2^63 or more is an error)
+  double f = 0;              ///< floats
+  std::string s;             ///< strings
+  Kind element = Kind::U32;  ///< arrays: the element kind
+  std::vector<Value> items;  ///< arrays: the elements
+  static Value u32(std::uint32_t v) {
+    Value x;
+    x.kind = Kind::U32, x.i = v;
+    return x;
+  }
+  static Value f32(float v) {
+    Value x;
+    x.kind = Kind::F32, x.f = v;
+    return x;
+  }
+  static Value str(std::string v) {
+    Value x;
+    x.kind = Kind::String, x.s = std::move(v);
+    return x;
+  }
   static Value array(Kind element, std::vector<Value> items) {
     Value x;
     x.kind = Kind::Array, x.element = element, x.items = std::move(items);
@@ -105,8 +139,8 @@ std::string kind_name(Value::Kind k);
 struct TensorInfo {
   std::string name;
   Type type;
-  Shape shape;          ///< outermost first, as a Tensor's (GGUF stores innermost first)
-  std::uint64_t offset; ///< into the data section
+  Shape shape;           ///< outermost first, as a Tensor's (GGUF stores innermost first)
+  std::uint64_t offset;  ///< into the data section
 };
 
 class File {

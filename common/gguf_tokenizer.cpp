@@ -38,8 +38,7 @@ json byte_level(bool use_regex) {
 std::pair<json, bool> pre_tokenizer(const std::string& pre, const std::string& where) {
   if (pre == "gpt-2" || pre == "gpt2") return {byte_level(true), false};
   if (pre == "smollm")
-    return {{{"type", "Sequence"},
-             {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level(true)}}},
+    return {{{"type", "Sequence"}, {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level(true)}}},
             false};
   if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3")
     return {{{"type", "Sequence"}, {"pretokenizers", {split(kLlama3Regex), byte_level(false)}}}, true};
@@ -49,16 +48,17 @@ std::pair<json, bool> pre_tokenizer(const std::string& pre, const std::string& w
   if (pre == "default")  // llama.cpp's own default: four splits in a row
     return {{{"type", "Sequence"},
              {"pretokenizers",
-              {split(R"([\p{P}\$\+<=>\^~\|]+)"), split(R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))"),
-               split(R"(\p{N}+)"), split("[0-9][0-9][0-9]"), byte_level(false)}}},
+              {split(R"([\p{P}\$\+<=>\^~\|]+)"),
+               split(R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))"), split(R"(\p{N}+)"),
+               split("[0-9][0-9][0-9]"), byte_level(false)}}},
             false};
   fail(where, ": tokenizer.ggml.pre '", pre,
        "' is not a pre-tokenizer this reader implements (default, gpt-2, llama-bpe, smaug-bpe, qwen2, smollm)");
 }
 
 json added(std::int64_t id, const std::string& content, bool special) {
-  return {{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-          {"normalized", false}, {"special", special}};
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", special}};
 }
 
 json bos_template(const std::string& bos, std::int64_t id) {
@@ -119,11 +119,20 @@ json tokenizer_json(const File& f) {
     if (types[i] == Control || types[i] == UserDefined || (spm && types[i] == Unknown))
       added_tokens.push_back(added(static_cast<std::int64_t>(i), tokens[i], types[i] != UserDefined));
   }
-  json j = {{"version", "1.0"}, {"added_tokens", added_tokens}, {"normalizer", nullptr}, {"pre_tokenizer", nullptr},
+  json j = {{"version", "1.0"},
+            {"added_tokens", added_tokens},
+            {"normalizer", nullptr},
+            {"pre_tokenizer", nullptr},
             {"post_processor", add_bos ? bos_template(tokens[static_cast<std::size_t>(bos)], bos) : json(nullptr)}};
-  json model = {{"type", "BPE"},        {"dropout", nullptr},    {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab}};
+  json model = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", vocab}};
   if (!spm) {
     const auto [pre, ignore_merges] =
         pre_tokenizer(f.has("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "default", f.path());
@@ -171,7 +180,8 @@ json tokenizer_json(const File& f) {
     if (prefix) dec.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
     j["decoder"] = {{"type", "Sequence"}, {"decoders", dec}};
     const auto unk = std::find(types.begin(), types.begin() + static_cast<long>(n), Unknown);
-    if (unk != types.begin() + static_cast<long>(n)) model["unk_token"] = tokens[static_cast<std::size_t>(unk - types.begin())];
+    if (unk != types.begin() + static_cast<long>(n))
+      model["unk_token"] = tokens[static_cast<std::size_t>(unk - types.begin())];
     model["fuse_unk"] = true, model["byte_fallback"] = true, model["merges"] = jm;
   }
   j["model"] = model;
@@ -211,13 +221,14 @@ std::vector<std::pair<std::string, Value>> tokenizer_metadata(const json& tj, co
   // The family: SentencePiece-style (spaces as ▁, byte fallback) or byte-level BPE.
   const bool metaspace_pre = pres.size() == 1 && is(pres[0], "Metaspace") && !pres[0].value("split", true);
   const json norms = norm.is_null() ? json::array() : seq(norm, "normalizers");
-  const bool metaspace_norm = pre.is_null() && !norms.empty() && is(norms.back(), "Replace") &&
-                              norms.back().at("content") == kMeta;
+  const bool metaspace_norm =
+      pre.is_null() && !norms.empty() && is(norms.back(), "Replace") && norms.back().at("content") == kMeta;
   const bool spm = metaspace_pre || metaspace_norm;
   // llama.cpp's SentencePiece always prepends "▁" (add_space_prefix); a Metaspace that prepends
   // only where the text does not start with one ("first", "always") tokenizes a leading space
   // differently, so it has no exact GGUF equivalent.
-  IL_CHECK(!metaspace_pre, path, ": its Metaspace pre-tokenizer adds \"▁\" only where the text does not start "
+  IL_CHECK(!metaspace_pre, path,
+           ": its Metaspace pre-tokenizer adds \"▁\" only where the text does not start "
            "with one, which llama.cpp's SentencePiece (always adding it) does not reproduce: texts that start with a "
            "space would tokenize differently");
   std::string pre_name;
@@ -244,7 +255,8 @@ std::vector<std::pair<std::string, Value>> tokenizer_metadata(const json& tj, co
 
   // Tokens by id: the BPE vocabulary and the added tokens.
   std::map<std::int64_t, std::string> by_id;
-  for (auto it = model.at("vocab").begin(); it != model.at("vocab").end(); ++it) by_id[it.value().get<std::int64_t>()] = it.key();
+  for (auto it = model.at("vocab").begin(); it != model.at("vocab").end(); ++it)
+    by_id[it.value().get<std::int64_t>()] = it.key();
   std::map<std::int64_t, bool> added_special;
   if (tj.contains("added_tokens"))
     for (const json& a : tj["added_tokens"]) {
@@ -254,14 +266,17 @@ std::vector<std::pair<std::string, Value>> tokenizer_metadata(const json& tj, co
   const std::int64_t count = by_id.empty() ? 0 : by_id.rbegin()->first + 1;
   IL_CHECK(count == static_cast<std::int64_t>(by_id.size()), path, ": its ids are not 0 .. ", count - 1, " without gaps");
   IL_CHECK(count <= rows, path, ": ", count, " tokens but the model has ", rows, " embedding rows");
-  const std::string unk = model.contains("unk_token") && model["unk_token"].is_string() ? model["unk_token"].get<std::string>() : "";
+  const std::string unk =
+      model.contains("unk_token") && model["unk_token"].is_string() ? model["unk_token"].get<std::string>() : "";
   // Merge ranks: a merged piece's SentencePiece score is minus the rank of the merge making it.
   std::map<std::string, std::int64_t> made_at;
   std::vector<Value> merges;
   std::int64_t rank = 0;
   for (const json& mg : model.at("merges")) {
-    const std::string a = mg.is_string() ? mg.get<std::string>().substr(0, mg.get<std::string>().find(' ')) : mg[0].get<std::string>();
-    const std::string b = mg.is_string() ? mg.get<std::string>().substr(mg.get<std::string>().find(' ') + 1) : mg[1].get<std::string>();
+    const std::string a =
+        mg.is_string() ? mg.get<std::string>().substr(0, mg.get<std::string>().find(' ')) : mg[0].get<std::string>();
+    const std::string b =
+        mg.is_string() ? mg.get<std::string>().substr(mg.get<std::string>().find(' ') + 1) : mg[1].get<std::string>();
     made_at.emplace(a + b, rank++);
     merges.push_back(Value::str(a + " " + b));
   }
@@ -291,10 +306,12 @@ std::vector<std::pair<std::string, Value>> tokenizer_metadata(const json& tj, co
   // BOS: the special token a TemplateProcessing post-processor puts first.
   std::int64_t bos = -1;
   std::function<void(const json&)> find_bos = [&](const json& p) {
-    if (is(p, "Sequence")) for (const json& q : p.at("processors")) find_bos(q);
+    if (is(p, "Sequence"))
+      for (const json& q : p.at("processors")) find_bos(q);
     if (is(p, "TemplateProcessing") && !p.at("single").empty() && p["single"][0].contains("SpecialToken")) {
       const std::string s = p["single"][0]["SpecialToken"]["id"];
-      for (const auto& [id, t] : by_id) if (t == s) bos = id;
+      for (const auto& [id, t] : by_id)
+        if (t == s) bos = id;
     }
   };
   if (tj.contains("post_processor") && !tj["post_processor"].is_null()) find_bos(tj["post_processor"]);

@@ -96,11 +96,11 @@ void TransformerConfig::validate(const std::string& where) const {
     const char* name;
     std::int64_t value, limit;
   };
-  for (const Field& f : {Field{"hidden_size", hidden_size, 1 << 20}, Field{"intermediate_size", intermediate_size, 1 << 20},
-                         Field{"num_hidden_layers", num_layers, 1 << 12}, Field{"num_attention_heads", num_heads, 1 << 12},
-                         Field{"num_key_value_heads", num_kv_heads, 1 << 12}, Field{"head_dim", head_dim, 1 << 12},
-                         Field{"vocab_size", vocab_size, kMaxVocabSize},
-                         Field{"max_position_embeddings", max_position_embeddings, 1 << 30}})
+  for (const Field& f :
+       {Field{"hidden_size", hidden_size, 1 << 20}, Field{"intermediate_size", intermediate_size, 1 << 20},
+        Field{"num_hidden_layers", num_layers, 1 << 12}, Field{"num_attention_heads", num_heads, 1 << 12},
+        Field{"num_key_value_heads", num_kv_heads, 1 << 12}, Field{"head_dim", head_dim, 1 << 12},
+        Field{"vocab_size", vocab_size, kMaxVocabSize}, Field{"max_position_embeddings", max_position_embeddings, 1 << 30}})
     IL_CHECK(f.value > 0 && f.value <= f.limit, where, ": field '", f.name, "' must be in [1, ", f.limit, "], got ",
              f.value);
   IL_CHECK(num_heads % num_kv_heads == 0, where, ": num_attention_heads ", num_heads,
@@ -115,8 +115,8 @@ void TransformerConfig::validate(const std::string& where) const {
   if (bos_token_id) ids.emplace_back("bos_token_id", *bos_token_id);
   for (auto id : eos_token_ids) ids.emplace_back("eos_token_id", id);
   for (auto [name, id] : ids)
-    IL_CHECK(id >= 0 && id < vocab_size, where, ": field '", name, "' = ", id, " is outside the vocabulary [0, ",
-             vocab_size, ")");
+    IL_CHECK(id >= 0 && id < vocab_size, where, ": field '", name, "' = ", id, " is outside the vocabulary [0, ", vocab_size,
+             ")");
   if (!rope_scaling.is_null()) {
     const JsonFields s(rope_scaling, where + ": field 'rope_scaling'");
     const std::string type = s.get_or<std::string>("rope_type", s.get_or<std::string>("type", ""));
@@ -139,7 +139,8 @@ void TransformerConfig::validate(const std::string& where) const {
       // rope_frequencies) do not apply it yet, so only chapter 04's DeepSeek models take it.
       IL_CHECK(architecture == "DeepseekV3ForCausalLM" || architecture == "DeepseekV2ForCausalLM", s.context(),
                ": type 'yarn' is implemented for DeepseekV3ForCausalLM and DeepseekV2ForCausalLM (chapter 04) only, "
-               "not for architecture '", architecture, "'");
+               "not for architecture '",
+               architecture, "'");
     }
   }
 }
@@ -167,7 +168,8 @@ YarnScaling parse_yarn_scaling(const TransformerConfig& c, const std::string& wh
   y.mscale = number("mscale", 0, false);
   y.mscale_all_dim = number("mscale_all_dim", 0, false);
   y.attention_factor = number("attention_factor", 0, false);
-  IL_CHECK(!s.has("attention_factor") || y.attention_factor > 0, s.context(), ": 'attention_factor' must be positive, got 0");
+  IL_CHECK(!s.has("attention_factor") || y.attention_factor > 0, s.context(),
+           ": 'attention_factor' must be positive, got 0");
   return y;
 }
 

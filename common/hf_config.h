@@ -3,10 +3,10 @@
 /// @brief A Hugging Face `config.json`, and the hyper-parameters of a Llama-family decoder.
 
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
+#include <nlohmann/json.hpp>
 
 namespace inferlab {
 
@@ -30,25 +30,25 @@ HfConfig load_hf_config(const std::string& path);
 
 /// The shape of a Llama-family decoder, in the lecture's letters where it has them.
 struct TransformerConfig {
-  std::string architecture;         ///< e.g. "LlamaForCausalLM"
-  std::int64_t hidden_size = 0;     ///< D
-  std::int64_t intermediate_size = 0; ///< F
-  std::int64_t num_layers = 0;      ///< L
-  std::int64_t num_heads = 0;       ///< N (query heads)
-  std::int64_t num_kv_heads = 0;    ///< K (key/value heads; = N for MHA)
-  std::int64_t head_dim = 0;        ///< H (hidden_size / num_heads unless given)
-  std::int64_t vocab_size = 0;      ///< V
+  std::string architecture;                  ///< e.g. "LlamaForCausalLM"
+  std::int64_t hidden_size = 0;              ///< D
+  std::int64_t intermediate_size = 0;        ///< F
+  std::int64_t num_layers = 0;               ///< L
+  std::int64_t num_heads = 0;                ///< N (query heads)
+  std::int64_t num_kv_heads = 0;             ///< K (key/value heads; = N for MHA)
+  std::int64_t head_dim = 0;                 ///< H (hidden_size / num_heads unless given)
+  std::int64_t vocab_size = 0;               ///< V
   std::int64_t max_position_embeddings = 0;  ///< the context length the model was trained for
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
-  nlohmann::json rope_scaling;      ///< null, or the config's rope_scaling object
-  bool tie_word_embeddings = false; ///< lm_head shares the token embedding
-  bool attention_bias = false;      ///< q/k/v projections have biases (Qwen2; Llama's attention_bias)
-  bool attention_out_bias = false;  ///< so has the output projection (Llama's attention_bias, not Qwen2)
-  bool mlp_bias = false;            ///< gate, up and down projections have biases (Llama's mlp_bias)
+  nlohmann::json rope_scaling;       ///< null, or the config's rope_scaling object
+  bool tie_word_embeddings = false;  ///< lm_head shares the token embedding
+  bool attention_bias = false;       ///< q/k/v projections have biases (Qwen2; Llama's attention_bias)
+  bool attention_out_bias = false;   ///< so has the output projection (Llama's attention_bias, not Qwen2)
+  bool mlp_bias = false;             ///< gate, up and down projections have biases (Llama's mlp_bias)
   std::optional<std::int64_t> bos_token_id;
   std::vector<std::int64_t> eos_token_ids;
-  std::string torch_dtype;          ///< the dtype the weights were saved in, e.g. "bfloat16"
+  std::string torch_dtype;  ///< the dtype the weights were saved in, e.g. "bfloat16"
 
   /// Checks that the fields agree and are in range (every count positive and below a limit that
   /// keeps sizes far from overflowing, KV heads dividing query heads, an even head_dim, positive
@@ -65,14 +65,14 @@ struct TransformerConfig {
 /// The fields of a rope_scaling of type "yarn", with transformers' defaults filled in
 /// (see yarn_inv_freq in common/ops.h for what they do).
 struct YarnScaling {
-  double factor = 1;           ///< s: the context extension ('factor')
-  double original_context = 0; ///< L: 'original_max_position_embeddings', else max_position_embeddings
-  double beta_fast = 32;       ///< turns over L above which a pair keeps its frequency ('beta_fast', 32 when absent or 0)
-  double beta_slow = 1;        ///< turns over L below which a pair is interpolated ('beta_slow', 1 when absent or 0)
-  bool truncate = true;        ///< round the ramp's ends to whole pair indices ('truncate')
-  double mscale = 0;           ///< 'mscale', 0 when absent
-  double mscale_all_dim = 0;   ///< 'mscale_all_dim', 0 when absent (DeepSeek's softmax correction)
-  double attention_factor = 0; ///< 'attention_factor' when given, 0 when it is derived
+  double factor = 1;            ///< s: the context extension ('factor')
+  double original_context = 0;  ///< L: 'original_max_position_embeddings', else max_position_embeddings
+  double beta_fast = 32;        ///< turns over L above which a pair keeps its frequency ('beta_fast', 32 when absent or 0)
+  double beta_slow = 1;         ///< turns over L below which a pair is interpolated ('beta_slow', 1 when absent or 0)
+  bool truncate = true;         ///< round the ramp's ends to whole pair indices ('truncate')
+  double mscale = 0;            ///< 'mscale', 0 when absent
+  double mscale_all_dim = 0;    ///< 'mscale_all_dim', 0 when absent (DeepSeek's softmax correction)
+  double attention_factor = 0;  ///< 'attention_factor' when given, 0 when it is derived
 };
 
 /// The YaRN fields of c.rope_scaling, which must have type "yarn" ('rope_type' or 'type');

@@ -3,9 +3,9 @@
 /// @brief Reading JSON files (nlohmann_json) with errors that name the file and the field.
 
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <type_traits>
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 

@@ -23,8 +23,13 @@ struct Header {
 std::string layer_name(std::int64_t l, const char* rest) { return "model.layers." + std::to_string(l) + "." + rest; }
 
 TransformerConfig config_of(const Header& h, bool shared, const std::string& path) {
-  for (auto [name, v] : {std::pair{"dim", h.dim}, {"hidden_dim", h.hidden}, {"n_layers", h.layers}, {"n_heads", h.heads},
-                         {"n_kv_heads", h.kv_heads}, {"vocab_size", h.vocab}, {"seq_len", h.seq_len}})
+  for (auto [name, v] : {std::pair{"dim", h.dim},
+                         {"hidden_dim", h.hidden},
+                         {"n_layers", h.layers},
+                         {"n_heads", h.heads},
+                         {"n_kv_heads", h.kv_heads},
+                         {"vocab_size", h.vocab},
+                         {"seq_len", h.seq_len}})
     IL_CHECK(v > 0 && v < (1 << 24), path, ": header field ", name, " = ", v,
              " is not plausible (is this a llama2.c checkpoint?)");
   IL_CHECK(h.dim % h.heads == 0, path, ": dim ", h.dim, " is not a multiple of n_heads ", h.heads);
@@ -180,8 +185,11 @@ void save_llama2c(const std::string& path, const TransformerConfig& c, const std
     return static_cast<std::int32_t>(v);
   };
   IL_CHECK(c.head_dim * c.num_heads == c.hidden_size, "save_llama2c: llama2.c needs head_dim × heads = dim");
-  const Header h{narrow(c.hidden_size, "dim"), narrow(c.intermediate_size, "hidden_dim"), narrow(c.num_layers, "n_layers"),
-                 narrow(c.num_heads, "n_heads"), narrow(c.num_kv_heads, "n_kv_heads"),
+  const Header h{narrow(c.hidden_size, "dim"),
+                 narrow(c.intermediate_size, "hidden_dim"),
+                 narrow(c.num_layers, "n_layers"),
+                 narrow(c.num_heads, "n_heads"),
+                 narrow(c.num_kv_heads, "n_kv_heads"),
                  narrow(c.vocab_size, "vocab_size") * (c.tie_word_embeddings ? 1 : -1),
                  narrow(c.max_position_embeddings, "seq_len")};
   AtomicFile out(path);  // nothing at `path` unless every tensor below is written
@@ -200,7 +208,8 @@ void save_llama2c(const std::string& path, const TransformerConfig& c, const std
   for (int part = 0; part < 2; ++part)
     for (std::int64_t p = 0; p < c.max_position_embeddings; ++p)
       for (std::int64_t j = 0; j < half; ++j) {
-        const double a = static_cast<double>(p) * std::pow(c.rope_theta, -2.0 * static_cast<double>(j) / static_cast<double>(c.head_dim));
+        const double a =
+            static_cast<double>(p) * std::pow(c.rope_theta, -2.0 * static_cast<double>(j) / static_cast<double>(c.head_dim));
         const float v = static_cast<float>(part == 0 ? std::cos(a) : std::sin(a));
         out.write(&v, 4);
       }
@@ -242,10 +251,11 @@ Llama2cTokenizer Llama2cTokenizer::load(const std::string& path) {
     float score;
     std::int32_t len;
     const auto id = checked_cast<std::int32_t>(t.pieces_.size(), path + ": token count");
-    IL_CHECK(in.read(reinterpret_cast<char*>(&score), 4) && in.read(reinterpret_cast<char*>(&len), 4), path, ": token ",
-             id, " is truncated");
+    IL_CHECK(in.read(reinterpret_cast<char*>(&score), 4) && in.read(reinterpret_cast<char*>(&len), 4), path, ": token ", id,
+             " is truncated");
     IL_CHECK(len >= 0 && len <= max_len, path, ": token ", id, " has length ", len, " (max_token_length ", max_len, ")");
-    IL_CHECK(std::isfinite(score), path, ": token ", id, " has score ", score, " (merges are ranked by score: it must be finite)");
+    IL_CHECK(std::isfinite(score), path, ": token ", id, " has score ", score,
+             " (merges are ranked by score: it must be finite)");
     std::string piece(static_cast<std::size_t>(len), '\0');
     IL_CHECK(in.read(piece.data(), len), path, ": token ", id, " is truncated");
     t.lookup_.emplace(piece, id);  // the first of duplicates wins, as in run.c
@@ -330,7 +340,8 @@ std::vector<std::int32_t> Llama2cTokenizer::encode(std::string_view text, bool a
     for (std::size_t i = first; i + 1 < ids.size(); ++i) {
       const std::string merged = pieces_[static_cast<std::size_t>(ids[i])] + pieces_[static_cast<std::size_t>(ids[i + 1])];
       auto id = token_to_id(merged);
-      if (id && scores_[static_cast<std::size_t>(*id)] > best) best = scores_[static_cast<std::size_t>(*id)], best_id = *id, at = i;
+      if (id && scores_[static_cast<std::size_t>(*id)] > best)
+        best = scores_[static_cast<std::size_t>(*id)], best_id = *id, at = i;
     }
     if (best_id < 0) break;
     ids[at] = best_id;
@@ -347,7 +358,8 @@ std::string Llama2cTokenizer::decode(const std::vector<std::int32_t>& ids, bool 
     if (!(skip_special_tokens && is_special(id))) {
       if (prev == 1 && !piece.empty() && piece[0] == ' ') piece.remove_prefix(1);
       unsigned int byte;
-      if (piece.size() == 6 && std::sscanf(std::string(piece).c_str(), "<0x%02X>", &byte) == 1) out += static_cast<char>(byte);
+      if (piece.size() == 6 && std::sscanf(std::string(piece).c_str(), "<0x%02X>", &byte) == 1)
+        out += static_cast<char>(byte);
       else out += piece;
     }
     prev = id;
@@ -381,23 +393,25 @@ std::string Llama2cTokenizer::to_tokenizer_json() const {
     for (std::size_t k = 0; k + 1 < chars.size(); ++k) {
       left += chars[k];
       const std::string right = p.substr(left.size());
-      if (vocab.contains(left) && vocab.contains(right)) merges.push_back({scores_[i], left, right, left.size(), right.size()});
+      if (vocab.contains(left) && vocab.contains(right))
+        merges.push_back({scores_[i], left, right, left.size(), right.size()});
     }
   }
   std::stable_sort(merges.begin(), merges.end(), [](const M& x, const M& y) { return x.score > y.score; });
   json jm = json::array();
   for (const auto& m : merges) jm.push_back(json::array({m.a, m.b}));
   auto special = [](int id, const char* s) {
-    return json{{"id", id}, {"content", s}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                {"normalized", false}, {"special", true}};
+    return json{{"id", id},        {"content", s},        {"single_word", false}, {"lstrip", false},
+                {"rstrip", false}, {"normalized", false}, {"special", true}};
   };
   json j = {
       {"version", "1.0"},
       {"added_tokens", {special(0, "<unk>"), special(1, "<s>"), special(2, "</s>")}},
       {"normalizer",
        {{"type", "Sequence"},
-        {"normalizers", {{{"type", "Prepend"}, {"prepend", meta}},
-                         {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", meta}}}}}},
+        {"normalizers",
+         {{{"type", "Prepend"}, {"prepend", meta}},
+          {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", meta}}}}}},
       {"pre_tokenizer", nullptr},
       {"post_processor",
        {{"type", "TemplateProcessing"},
@@ -406,14 +420,22 @@ std::string Llama2cTokenizer::to_tokenizer_json() const {
         {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
       {"decoder",
        {{"type", "Sequence"},
-        {"decoders", {{{"type", "Replace"}, {"pattern", {{"String", meta}}}, {"content", " "}},
-                      {{"type", "ByteFallback"}},
-                      {{"type", "Fuse"}},
-                      {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+        {"decoders",
+         {{{"type", "Replace"}, {"pattern", {{"String", meta}}}, {"content", " "}},
+          {{"type", "ByteFallback"}},
+          {{"type", "Fuse"}},
+          {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", "<unk>"}, {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr}, {"fuse_unk", true}, {"byte_fallback", true}, {"ignore_merges", false},
-        {"vocab", vocab}, {"merges", jm}}}};
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", "<unk>"},
+        {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr},
+        {"fuse_unk", true},
+        {"byte_fallback", true},
+        {"ignore_merges", false},
+        {"vocab", vocab},
+        {"merges", jm}}}};
   return j.dump(1);
 }
 

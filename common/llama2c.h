@@ -43,8 +43,7 @@ Llama2cCheckpoint load_llama2c(const std::string& path);
 
 /// Writes a v0 ("legacy") checkpoint from tensors under Hugging Face names whose q/k rows are in
 /// adjacent-pair order (the classifier is shared when config.tie_word_embeddings).
-void save_llama2c(const std::string& path, const TransformerConfig& config,
-                  const std::map<std::string, Tensor>& tensors);
+void save_llama2c(const std::string& path, const TransformerConfig& config, const std::map<std::string, Tensor>& tensors);
 
 /// Reorders the rows of a q or k projection [heads·H, D] for the other RoPE pairing:
 /// to_half_split moves row 2j of every head to j and 2j+1 to j + H/2 (what Hugging Face's

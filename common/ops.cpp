@@ -33,8 +33,8 @@ void want_ndim(const Tensor& t, int n, const char* op, const char* name) {
 void same_device(const char* op, std::initializer_list<const Tensor*> ts) {
   Device d = (*ts.begin())->device();
   for (const Tensor* t : ts)
-    IL_CHECK(t->device() == d, op, ": all tensors must be on one device, got ", t->describe(), " and a ",
-             device_name(d), " tensor");
+    IL_CHECK(t->device() == d, op, ": all tensors must be on one device, got ", t->describe(), " and a ", device_name(d),
+             " tensor");
 }
 void same_shape(const Tensor& a, const Tensor& b, const char* op, const char* na, const char* nb) {
   IL_CHECK(a.shape() == b.shape(), op, ": ", na, " ", a.describe(), " and ", nb, " ", b.describe(),
@@ -52,10 +52,9 @@ void matmul(const Tensor& x, const Tensor& w, const Tensor& out) {
   want_dtype(x, DType::F32, "matmul", "x"), want_weight_dtype(w, "matmul", "w");
   want_dtype(out, DType::F32, "matmul", "out");
   same_device("matmul", {&x, &w, &out});
-  IL_CHECK(x.size(1) == w.size(1), "matmul: x ", x.describe(), " and w ", w.describe(),
-           " disagree on the inner dimension");
-  IL_CHECK(out.size(0) == x.size(0) && out.size(1) == w.size(0), "matmul: out ", out.describe(), " should be [",
-           x.size(0), ", ", w.size(0), "]");
+  IL_CHECK(x.size(1) == w.size(1), "matmul: x ", x.describe(), " and w ", w.describe(), " disagree on the inner dimension");
+  IL_CHECK(out.size(0) == x.size(0) && out.size(1) == w.size(0), "matmul: out ", out.describe(), " should be [", x.size(0),
+           ", ", w.size(0), "]");
   metrics::count("matmul", 2.0 * x.size(0) * w.size(0) * x.size(1), bytes(x) + bytes(w) + bytes(out));
 }
 
@@ -91,8 +90,8 @@ void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, std:
   IL_CHECK(positions.size(0) == x.size(0), "rope: ", positions.size(0), " positions for ", x.size(0), " rows of x ",
            x.describe());
   IL_CHECK(begin >= 0 && begin + 2 * inv_freq.size(0) <= x.size(2), "rope: ", inv_freq.size(0),
-           " frequencies rotate dimensions ", begin, "..", begin + 2 * inv_freq.size(0) - 1,
-           ", but the head dimension is ", x.size(2));
+           " frequencies rotate dimensions ", begin, "..", begin + 2 * inv_freq.size(0) - 1, ", but the head dimension is ",
+           x.size(2));
   const double pairs = static_cast<double>(x.size(0) * x.size(1) * inv_freq.size(0));
   metrics::count("rope", 6.0 * pairs, 2.0 * pairs * 2 * 4 + bytes(positions) + bytes(inv_freq));
 }
@@ -121,15 +120,16 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
   want_weight_dtype(table, "embedding", "table"), want_dtype(ids, DType::I32, "embedding", "ids");
   want_dtype(out, DType::F32, "embedding", "out");
   same_device("embedding", {&table, &ids, &out});
-  IL_CHECK(out.size(0) == ids.size(0) && out.size(1) == table.size(1), "embedding: out ", out.describe(),
-           " should be [", ids.size(0), ", ", table.size(1), "]");
+  IL_CHECK(out.size(0) == ids.size(0) && out.size(1) == table.size(1), "embedding: out ", out.describe(), " should be [",
+           ids.size(0), ", ", table.size(1), "]");
   // Token ids come from users and tokenizers: check every one (on the host; T is small).
   Tensor host_ids = ids.is_cuda() ? ids.to(Device::CPU) : ids;
   const std::int32_t* p = host_ids.data<std::int32_t>();
   for (std::int64_t t = 0; t < ids.size(0); ++t)
     IL_CHECK(p[t] >= 0 && p[t] < table.size(0), "embedding: token id ", p[t], " at position ", t,
              " is outside the vocabulary [0, ", table.size(0), ")");
-  metrics::count("embedding", 0, bytes(ids) + bytes(out) + static_cast<double>(ids.size(0) * table.size(1)) * dtype_size(table.dtype()));
+  metrics::count("embedding", 0,
+                 bytes(ids) + bytes(out) + static_cast<double>(ids.size(0) * table.size(1)) * dtype_size(table.dtype()));
 }
 
 namespace {
@@ -148,8 +148,8 @@ AttentionParams attention_common(const char* op, const Tensor& q, const Tensor& 
   IL_CHECK(k.size(2) == Dqk, op, ": q ", q.describe(), " and k ", k.describe(), " disagree on the head dimension");
   IL_CHECK(v.size(0) == S && v.size(1) == Nk, op, ": v ", v.describe(), " should have k's ", S, " rows and ", Nk,
            " heads (k is ", k.describe(), ")");
-  IL_CHECK(out.size(0) == T && out.size(1) == Nq && out.size(2) == Dv, op, ": out ", out.describe(), " should be [",
-           T, ", ", Nq, ", ", Dv, "] (q's rows and heads, v's head dimension)");
+  IL_CHECK(out.size(0) == T && out.size(1) == Nq && out.size(2) == Dv, op, ": out ", out.describe(), " should be [", T, ", ",
+           Nq, ", ", Dv, "] (q's rows and heads, v's head dimension)");
   IL_CHECK(Nk > 0 && Nq % Nk == 0, op, ": ", Nq, " query heads cannot be grouped over ", Nk, " KV heads");
   IL_CHECK(p.window >= 0, op, ": negative window ", p.window);
   IL_CHECK(p.causal || p.window == 0, op, ": a sliding window needs causal attention");
@@ -177,8 +177,7 @@ void count_attention(double visible, const Tensor& q, const Tensor& k, const Ten
 
 }  // namespace
 
-AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                          const AttentionParams& p) {
+AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const AttentionParams& p) {
   AttentionParams r = attention_common("attention", q, k, v, out, p);
   const std::int64_t T = q.size(0), S = k.size(0);
   IL_CHECK(S > 0, "attention: no keys (k is ", k.describe(), ")");
@@ -203,18 +202,18 @@ RaggedAttention attention_ragged(const Tensor& q, const Tensor& k, const Tensor&
   const std::size_t B = qs.size() - 1;
   IL_CHECK(batch.q_offsets.empty() || batch.q_offsets.size() == B, op, ": q_offsets has ", batch.q_offsets.size(),
            " entries for ", B, " sequences (give one per sequence, or none for the default)");
-  IL_CHECK(qs.front() == 0 && qs.back() == q.size(0), op, ": q_starts must run from 0 to q's ", q.size(0),
-           " rows, got ", qs.front(), " .. ", qs.back());
-  IL_CHECK(ks.front() == 0 && ks.back() == k.size(0), op, ": kv_starts must run from 0 to k's ", k.size(0),
-           " rows, got ", ks.front(), " .. ", ks.back());
+  IL_CHECK(qs.front() == 0 && qs.back() == q.size(0), op, ": q_starts must run from 0 to q's ", q.size(0), " rows, got ",
+           qs.front(), " .. ", qs.back());
+  IL_CHECK(ks.front() == 0 && ks.back() == k.size(0), op, ": kv_starts must run from 0 to k's ", k.size(0), " rows, got ",
+           ks.front(), " .. ", ks.back());
   r.batch.q_offsets.resize(B);
   double visible = 0;
   for (std::size_t b = 0; b < B; ++b) {
     const std::int64_t T = qs[b + 1] - qs[b], S = ks[b + 1] - ks[b];
     IL_CHECK(T >= 0, op, ": q_starts must not decrease, but q_starts[", b + 1, "] = ", qs[b + 1], " < q_starts[", b,
              "] = ", qs[b]);
-    IL_CHECK(S > 0, op, ": kv_starts must increase (every sequence needs keys), but kv_starts[", b + 1, "] = ",
-             ks[b + 1], " <= kv_starts[", b, "] = ", ks[b]);
+    IL_CHECK(S > 0, op, ": kv_starts must increase (every sequence needs keys), but kv_starts[", b + 1, "] = ", ks[b + 1],
+             " <= kv_starts[", b, "] = ", ks[b]);
     const std::int64_t off = batch.q_offsets.empty() ? S - T : batch.q_offsets[b];
     if (r.params.causal)
       IL_CHECK(off >= 0 && off + T <= S, op, ": sequence ", b, "'s queries at positions ", off, "..", off + T - 1,
@@ -251,15 +250,16 @@ double yarn_mscale(double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * std::lo
 
 double yarn_attention_factor(const YarnScaling& y) {
   if (y.attention_factor != 0) return y.attention_factor;
-  if (y.mscale != 0 && y.mscale_all_dim != 0) return yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim);
+  if (y.mscale != 0 && y.mscale_all_dim != 0)
+    return yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim);
   return yarn_mscale(y.factor, 1.0);
 }
 
 Tensor yarn_inv_freq(std::int64_t rot_dim, double theta, const YarnScaling& y) {
   IL_CHECK(theta > 1, "yarn_inv_freq: theta ", theta, " must be above 1 (the ramp divides by ln theta)");
-  IL_CHECK(y.factor > 0 && y.original_context > 0 && y.beta_fast > 0 && y.beta_slow > 0, "yarn_inv_freq: factor (",
-           y.factor, "), original context (", y.original_context, "), beta_fast (", y.beta_fast, ") and beta_slow (",
-           y.beta_slow, ") must be positive");
+  IL_CHECK(y.factor > 0 && y.original_context > 0 && y.beta_fast > 0 && y.beta_slow > 0, "yarn_inv_freq: factor (", y.factor,
+           "), original context (", y.original_context, "), beta_fast (", y.beta_fast, ") and beta_slow (", y.beta_slow,
+           ") must be positive");
   Tensor f = rope_inv_freq(rot_dim, theta);
   const double d = static_cast<double>(rot_dim);
   // The pair index whose wavelength fits `turns` times into the original context.

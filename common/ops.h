@@ -162,8 +162,7 @@ void softmax(const Tensor& x, const Tensor& out);
 void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out);
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
 /// Returns the resolved parameters (q_offset, scale filled in).
-AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                          const AttentionParams& p);
+AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const AttentionParams& p);
 /// A ragged batch with its defaults resolved: every q_offset, and the scale, filled in.
 struct RaggedAttention {
   RaggedBatch batch;

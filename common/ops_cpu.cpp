@@ -1,12 +1,12 @@
 // The fast CPU paths: a threaded GEMV for decode, Eigen GEMM for prefill, threaded attention.
 #include <omp.h>
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <vector>
+#include <Eigen/Core>
 
 #include "common/ops_cpu.h"
 

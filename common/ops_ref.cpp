@@ -6,8 +6,8 @@
 #include <limits>
 #include <vector>
 
-#include "common/ops.h"
 #include "common/lab.h"
+#include "common/ops.h"
 #include "common/ops_cpu.h"  // weight_at
 
 namespace inferlab {
@@ -19,8 +19,8 @@ void cpu_only(const Tensor& t, const char* op) { IL_CHECK(!t.is_cuda(), op, " ru
 
 // One query row t of one head h:  out = sum_j softmax_j(scale * q·k_j) v_j over the visible keys.
 // `scratch` holds at least S floats.
-void attention_row(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p,
-                   std::int64_t t, std::int64_t h, float* scratch) {
+void attention_row(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p, std::int64_t t,
+                   std::int64_t h, float* scratch) {
   const std::int64_t Nq = q.size(1), Dqk = q.size(2), S = k.size(0), Nk = k.size(1), Dv = v.size(2);
   const std::int64_t kvh = h / (Nq / Nk);  // the KV head this query head reads (GQA grouping)
   const std::int64_t hi = p.causal ? p.q_offset + t : S - 1;

@@ -72,7 +72,8 @@ struct Scale {
     }
     const double raw = (hi - lo) / 6, mag = std::pow(10, std::floor(std::log10(raw)));
     const double step = raw / mag < 2 ? 2 * mag : raw / mag < 5 ? 5 * mag : 10 * mag;
-    for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(std::fabs(v) < step * 1e-9 ? 0 : v);
+    for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step)
+      t.push_back(std::fabs(v) < step * 1e-9 ? 0 : v);
     return t;
   }
 };
@@ -111,28 +112,30 @@ std::string to_svg(const Figure& f) {
   const Scale sx{xlo, xhi, f.x.log, L, f.width - R}, sy{ylo, yhi, f.y.log, f.height - B, T};
   std::ostringstream o;
   o << R"(<svg xmlns="http://www.w3.org/2000/svg" width=")" << f.width << "\" height=\"" << f.height
-    << R"(" font-family="sans-serif" font-size="12">)" << "\n"
-    << R"(<rect width="100%" height="100%" fill="white"/>)" << "\n"
-    << "<text x=\"" << f.width / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">" << esc(f.title)
-    << "</text>\n";
+    << R"(" font-family="sans-serif" font-size="12">)"
+    << "\n"
+    << R"(<rect width="100%" height="100%" fill="white"/>)"
+    << "\n"
+    << "<text x=\"" << f.width / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">" << esc(f.title) << "</text>\n";
   // Grid and ticks.
   for (double t : sx.ticks())
     o << "<line x1=\"" << sx(t) << "\" y1=\"" << T << "\" x2=\"" << sx(t) << "\" y2=\"" << f.height - B
-      << R"(" stroke="#ddd"/><text x=")" << sx(t) << "\" y=\"" << f.height - B + 16 << R"(" text-anchor="middle">)"
-      << num(t) << "</text>\n";
+      << R"(" stroke="#ddd"/><text x=")" << sx(t) << "\" y=\"" << f.height - B + 16 << R"(" text-anchor="middle">)" << num(t)
+      << "</text>\n";
   for (double t : sy.ticks())
     o << "<line x1=\"" << L << "\" y1=\"" << sy(t) << "\" x2=\"" << f.width - R << "\" y2=\"" << sy(t)
       << R"(" stroke="#ddd"/><text x=")" << L - 6 << "\" y=\"" << sy(t) + 4 << R"(" text-anchor="end">)" << num(t)
       << "</text>\n";
   o << "<rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << f.width - R - L << "\" height=\"" << f.height - B - T
-    << R"(" fill="none" stroke="#333"/>)" << "\n";
-  o << "<text x=\"" << (L + f.width - R) / 2 << "\" y=\"" << f.height - 18 << R"(" text-anchor="middle">)"
-    << esc(f.x.label) << "</text>\n";
+    << R"(" fill="none" stroke="#333"/>)"
+    << "\n";
+  o << "<text x=\"" << (L + f.width - R) / 2 << "\" y=\"" << f.height - 18 << R"(" text-anchor="middle">)" << esc(f.x.label)
+    << "</text>\n";
   o << "<text transform=\"translate(22," << (T + f.height - B) / 2 << R"svg() rotate(-90)" text-anchor="middle">)svg"
     << esc(f.y.label) << "</text>\n";
   // Series, clipped to the plot area.
-  o << "<clipPath id=\"area\"><rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << f.width - R - L
-    << "\" height=\"" << f.height - B - T << "\"/></clipPath>\n";
+  o << "<clipPath id=\"area\"><rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << f.width - R - L << "\" height=\""
+    << f.height - B - T << "\"/></clipPath>\n";
   int k = 0;
   for (const auto& s : f.series) {
     const std::string color = s.color.empty() ? kPalette[k % 8] : s.color;
@@ -159,10 +162,9 @@ std::string to_svg(const Figure& f) {
     // Legend entry.
     const double lx = f.width - R + kLegendInset;
     if (s.line)
-      o << "<line x1=\"" << lx << "\" y1=\"" << ly << "\" x2=\"" << lx + 22 << "\" y2=\"" << ly << "\" stroke=\""
-        << color << "\" stroke-width=\"3\"" << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << "/>";
-    else
-      o << "<circle cx=\"" << lx + 11 << "\" cy=\"" << ly << "\" r=\"4\" fill=\"" << color << "\"/>";
+      o << "<line x1=\"" << lx << "\" y1=\"" << ly << "\" x2=\"" << lx + 22 << "\" y2=\"" << ly << "\" stroke=\"" << color
+        << "\" stroke-width=\"3\"" << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << "/>";
+    else o << "<circle cx=\"" << lx + 11 << "\" cy=\"" << ly << "\" r=\"4\" fill=\"" << color << "\"/>";
     const std::vector<std::string> lines = wrap(s.label, legend_width);
     o << "<text x=\"" << lx + kLegendText << "\" y=\"" << ly + 4 << "\">" << esc(lines[0]);
     for (std::size_t i = 1; i < lines.size(); ++i)

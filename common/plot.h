@@ -13,10 +13,10 @@ namespace inferlab::plot {
 struct Series {
   std::string label;
   std::vector<double> x, y;
-  std::string color;         ///< any SVG colour; empty picks from a palette
-  bool line = true;          ///< join the points
-  bool markers = false;      ///< draw a dot at each point
-  bool label_points = false; ///< write `point_labels[i]` beside point i
+  std::string color;          ///< any SVG colour; empty picks from a palette
+  bool line = true;           ///< join the points
+  bool markers = false;       ///< draw a dot at each point
+  bool label_points = false;  ///< write `point_labels[i]` beside point i
   std::vector<std::string> point_labels;
   bool dashed = false;
 };

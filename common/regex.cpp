@@ -75,8 +75,7 @@ void validate_utf8(std::string_view s, const std::string& context) {
       cp = (cp << 6) | (cc & 0x3F);
     }
     const bool overlong = (n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000);
-    IL_CHECK(!overlong && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF), context, ": not valid UTF-8 at byte ",
-             i);
+    IL_CHECK(!overlong && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF), context, ": not valid UTF-8 at byte ", i);
     i += n;
   }
 }

@@ -1,9 +1,9 @@
 #include "common/safetensors.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -25,7 +25,7 @@ MappedFile::MappedFile(const std::string& path, const std::string& what) : path_
   require_regular_file(path, what);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   IL_CHECK(fd >= 0, "cannot open ", what, " ", path, ": ", std::strerror(errno));
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     fail("cannot open ", what, " ", path, ": not a regular file");  // replaced since the check above
@@ -127,10 +127,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_shar
     IL_CHECK(info.begin <= info.end, ctx, ": data_offsets [", info.begin, ", ", info.end, "] run backwards");
     IL_CHECK(info.end <= data_size, ctx, ": data_offsets end ", info.end, " is past the end of the data section (",
              data_size, " bytes); the file is truncated or corrupt");
-    const auto want = static_cast<std::size_t>(
-        checked_mul(numel, static_cast<std::int64_t>(dtype_size(info.dtype)), shape_ctx.c_str()));
-    IL_CHECK(info.end - info.begin == want, ctx, ": data_offsets hold ", info.end - info.begin, " bytes but ",
-             dtype, shape_str(info.shape), " needs ", want);
+    const auto want =
+        static_cast<std::size_t>(checked_mul(numel, static_cast<std::int64_t>(dtype_size(info.dtype)), shape_ctx.c_str()));
+    IL_CHECK(info.end - info.begin == want, ctx, ": data_offsets hold ", info.end - info.begin, " bytes but ", dtype,
+             shape_str(info.shape), " needs ", want);
     infos_[name] = info;
     names_.push_back(name);
   }
@@ -138,8 +138,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_shar
     return infos_[a].begin < infos_[b].begin || (infos_[a].begin == infos_[b].begin && a < b);
   });
   for (std::size_t i = 1; i < names_.size(); ++i)
-    IL_CHECK(infos_[names_[i]].begin >= infos_[names_[i - 1]].end, path, ": tensors '", names_[i - 1], "' and '",
-             names_[i], "' overlap");
+    IL_CHECK(infos_[names_[i]].begin >= infos_[names_[i - 1]].end, path, ": tensors '", names_[i - 1], "' and '", names_[i],
+             "' overlap");
 }
 
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
@@ -173,9 +173,8 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     IL_CHECK(name != "__metadata__", path, ": '__metadata__' is not a valid tensor name");
     IL_CHECK(!header.contains(name), path, ": tensor name '", name, "' appears twice");
     Tensor h = t.is_cuda() ? t.to(Device::CPU) : t.contiguous();
-    header[name] = {{"dtype", safetensors_dtype_name(h.dtype())},
-                    {"shape", h.shape()},
-                    {"data_offsets", {offset, offset + h.nbytes()}}};
+    header[name] = {
+        {"dtype", safetensors_dtype_name(h.dtype())}, {"shape", h.shape()}, {"data_offsets", {offset, offset + h.nbytes()}}};
     offset += h.nbytes();
     host.push_back(h);
   }

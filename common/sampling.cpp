@@ -10,8 +10,7 @@
 namespace inferlab {
 
 void validate(const SamplingParams& p) {
-  IL_CHECK(std::isfinite(p.temperature) && p.temperature >= 0, "sampling: temperature must be >= 0, got ",
-           p.temperature);
+  IL_CHECK(std::isfinite(p.temperature) && p.temperature >= 0, "sampling: temperature must be >= 0, got ", p.temperature);
   IL_CHECK(p.top_k >= 0, "sampling: top-k must be >= 0 (0 keeps every token), got ", p.top_k);
   IL_CHECK(p.top_p > 0 && p.top_p <= 1, "sampling: top-p must be in (0, 1], got ", p.top_p);
   IL_CHECK(p.vocab >= 0, "sampling: vocabulary size must be >= 0 (0: every id), got ", p.vocab);
@@ -116,7 +115,9 @@ std::int64_t Sampler::kept(const float* logits, std::int64_t V) {
   std::iota(order_.begin(), order_.end(), 0);
   if (truncate) {
     // Most likely first; equal probabilities by index, so the order is fully determined.
-    auto by_prob = [&](std::int32_t a, std::int32_t b) { return probs_[a] > probs_[b] || (probs_[a] == probs_[b] && a < b); };
+    auto by_prob = [&](std::int32_t a, std::int32_t b) {
+      return probs_[a] > probs_[b] || (probs_[a] == probs_[b] && a < b);
+    };
     if (p_.top_k > 0 && p_.top_k < V) {
       keep = p_.top_k;
       std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), by_prob);

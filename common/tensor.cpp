@@ -41,10 +41,18 @@ const Tensor& check_finite(const Tensor& t, const std::string& what) {
   const Tensor h = t.to(Device::CPU).contiguous();
   std::int64_t bad = -1;
   switch (h.dtype()) {
-    case DType::F32: bad = first_nonfinite(static_cast<const std::uint32_t*>(h.raw_data()), h.numel(), std::uint32_t{0x7F800000}); break;
-    case DType::F64: bad = first_nonfinite(static_cast<const std::uint64_t*>(h.raw_data()), h.numel(), std::uint64_t{0x7FF0000000000000}); break;
-    case DType::F16: bad = first_nonfinite(static_cast<const std::uint16_t*>(h.raw_data()), h.numel(), std::uint16_t{0x7C00}); break;
-    case DType::BF16: bad = first_nonfinite(static_cast<const std::uint16_t*>(h.raw_data()), h.numel(), std::uint16_t{0x7F80}); break;
+    case DType::F32:
+      bad = first_nonfinite(static_cast<const std::uint32_t*>(h.raw_data()), h.numel(), std::uint32_t{0x7F800000});
+      break;
+    case DType::F64:
+      bad = first_nonfinite(static_cast<const std::uint64_t*>(h.raw_data()), h.numel(), std::uint64_t{0x7FF0000000000000});
+      break;
+    case DType::F16:
+      bad = first_nonfinite(static_cast<const std::uint16_t*>(h.raw_data()), h.numel(), std::uint16_t{0x7C00});
+      break;
+    case DType::BF16:
+      bad = first_nonfinite(static_cast<const std::uint16_t*>(h.raw_data()), h.numel(), std::uint16_t{0x7F80});
+      break;
     default: break;
   }
   if (bad < 0) return t;
@@ -113,8 +121,7 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device,
-                    std::shared_ptr<const void> owner) {
+Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device, std::shared_ptr<const void> owner) {
   check_shape(shape);
   Tensor t;
   t.shape_ = shape;
@@ -130,13 +137,11 @@ std::int64_t Tensor::size(int d) const { return shape_[static_cast<std::size_t>(
 
 bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_) || numel() <= 1; }
 
-void Tensor::type_mismatch(const char* cpp_type) const {
-  fail("tensor ", describe(), " accessed as C++ type ", cpp_type);
-}
+void Tensor::type_mismatch(const char* cpp_type) const { fail("tensor ", describe(), " accessed as C++ type ", cpp_type); }
 
 void Tensor::check_index(std::initializer_list<std::int64_t> index) const {
-  IL_CHECK(static_cast<int>(index.size()) == ndim(), "at(): ", index.size(),
-           " indices for a tensor of shape ", shape_str(shape_));
+  IL_CHECK(static_cast<int>(index.size()) == ndim(), "at(): ", index.size(), " indices for a tensor of shape ",
+           shape_str(shape_));
   IL_CHECK(device_ == Device::CPU, "at(): element access on a ", device_name(device_), " tensor");
   int d = 0;
   for (auto i : index) {
@@ -176,7 +181,8 @@ Tensor Tensor::slice(int d, std::int64_t begin, std::int64_t end) const {
            " of ", describe());
   Tensor t = *this;
   t.shape_[static_cast<std::size_t>(dd)] = end - begin;
-  t.data_ = static_cast<char*>(data_) + begin * strides_[static_cast<std::size_t>(dd)] * static_cast<std::int64_t>(dtype_size(dtype_));
+  t.data_ = static_cast<char*>(data_) +
+            begin * strides_[static_cast<std::size_t>(dd)] * static_cast<std::int64_t>(dtype_size(dtype_));
   return t;
 }
 
@@ -263,14 +269,18 @@ Tensor Tensor::to(DType dtype) const {
   if (device_ == Device::CUDA) return to(Device::CPU).to(dtype).to(Device::CUDA);
   Tensor src = contiguous();
   if (dtype == dtype_) return src.clone();
-  IL_CHECK(is_float(dtype) == is_float(dtype_), "to(): cannot convert ", dtype_name(dtype_), " to ",
-           dtype_name(dtype), " (float and integer types do not mix)");
+  IL_CHECK(is_float(dtype) == is_float(dtype_), "to(): cannot convert ", dtype_name(dtype_), " to ", dtype_name(dtype),
+           " (float and integer types do not mix)");
   Tensor t = empty(shape_, dtype, Device::CPU);
   const std::int64_t n = numel();
   const void* s = src.data_;
   switch (dtype) {
-    case DType::F32: for (std::int64_t i = 0; i < n; ++i) t.data<float>()[i] = load_elem<float>(s, dtype_, i); break;
-    case DType::F64: for (std::int64_t i = 0; i < n; ++i) t.data<double>()[i] = load_elem<double>(s, dtype_, i); break;
+    case DType::F32:
+      for (std::int64_t i = 0; i < n; ++i) t.data<float>()[i] = load_elem<float>(s, dtype_, i);
+      break;
+    case DType::F64:
+      for (std::int64_t i = 0; i < n; ++i) t.data<double>()[i] = load_elem<double>(s, dtype_, i);
+      break;
     case DType::F16:
       for (std::int64_t i = 0; i < n; ++i) t.data<std::uint16_t>()[i] = f32_to_f16(load_elem<float>(s, dtype_, i));
       break;

@@ -7,13 +7,13 @@
 /// somebody else keeps alive, such as an mmap-ed safetensors file). Strides are in elements.
 /// Ops in ops.h want contiguous row-major tensors and say so when they get something else.
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <typeinfo>
-#include <algorithm>
 #include <vector>
 
 #include "common/dtype.h"
@@ -55,8 +55,7 @@ class Tensor {
   template <class T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
   /// A contiguous view over memory that `owner` keeps alive (no copy).
-  static Tensor wrap(void* data, const Shape& shape, DType dtype, Device device,
-                     std::shared_ptr<const void> owner);
+  static Tensor wrap(void* data, const Shape& shape, DType dtype, Device device, std::shared_ptr<const void> owner);
 
   bool defined() const { return data_ != nullptr || numel() == 0; }
   const Shape& shape() const { return shape_; }
@@ -158,8 +157,8 @@ const Tensor& check_finite(const Tensor& t, const std::string& what);
 
 template <class T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
-  IL_CHECK(static_cast<std::int64_t>(values.size()) == shape_numel(shape), "from_vector: ",
-           values.size(), " values for shape ", shape_str(shape));
+  IL_CHECK(static_cast<std::int64_t>(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
+           " values for shape ", shape_str(shape));
   DType d;
   if constexpr (std::is_same_v<T, float>) d = DType::F32;
   else if constexpr (std::is_same_v<T, double>) d = DType::F64;

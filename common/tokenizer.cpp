@@ -5,8 +5,8 @@
 #include <utf8proc.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <array>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <queue>
@@ -24,8 +24,7 @@ namespace {
 using nlohmann::json;
 
 const std::string kMetaspace = "\xE2\x96\x81";  // "▁" U+2581
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 // --- byte-level alphabet -------------------------------------------------------------------
 // GPT-2 maps each byte to a printable character: the printable Latin-1 bytes to themselves,
@@ -165,8 +164,8 @@ Behavior parse_behavior(const std::string& s, const std::string& ctx) {
 
 // Splits one piece at `matches` (sorted, non-overlapping byte ranges) the way the tokenizers
 // library's NormalizedString::split does for each behavior.
-void split_piece(const Piece& piece, const std::vector<std::pair<std::size_t, std::size_t>>& matches,
-                 Behavior behavior, bool invert, Pieces& out) {
+void split_piece(const Piece& piece, const std::vector<std::pair<std::size_t, std::size_t>>& matches, Behavior behavior,
+                 bool invert, Pieces& out) {
   struct Seg {
     std::size_t b, e;
     bool match;
@@ -224,9 +223,9 @@ using Normalizer = std::function<std::string(std::string)>;
 
 std::string utf8proc_map(const std::string& s, int options, const char* what) {
   utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                                          static_cast<utf8proc_ssize_t>(s.size()), &out,
-                                          static_cast<utf8proc_option_t>(options | UTF8PROC_STABLE));
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()), &out,
+                   static_cast<utf8proc_option_t>(options | UTF8PROC_STABLE));
   IL_CHECK(n >= 0, "tokenizer ", what, " normalisation failed: ", utf8proc_errmsg(n));
   std::string r(reinterpret_cast<char*>(out), static_cast<std::size_t>(n));
   std::free(out);
@@ -242,7 +241,8 @@ Normalizer parse_normalizer(const json& j, const std::string& ctx) {
   if (type == "Sequence") {
     std::vector<Normalizer> steps;
     const json& list = f.array("normalizers");
-    for (std::size_t i = 0; i < list.size(); ++i) steps.push_back(parse_normalizer(list[i], item_context(ctx, "normalizers", i)));
+    for (std::size_t i = 0; i < list.size(); ++i)
+      steps.push_back(parse_normalizer(list[i], item_context(ctx, "normalizers", i)));
     return [steps](std::string s) {
       for (const auto& f : steps)
         if (f) s = f(std::move(s));
@@ -271,10 +271,8 @@ Normalizer parse_normalizer(const json& j, const std::string& ctx) {
   }
   if (type == "NFC") return [](std::string s) { return utf8proc_map(s, UTF8PROC_COMPOSE, "NFC"); };
   if (type == "NFD") return [](std::string s) { return utf8proc_map(s, UTF8PROC_DECOMPOSE, "NFD"); };
-  if (type == "NFKC")
-    return [](std::string s) { return utf8proc_map(s, UTF8PROC_COMPOSE | UTF8PROC_COMPAT, "NFKC"); };
-  if (type == "NFKD")
-    return [](std::string s) { return utf8proc_map(s, UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT, "NFKD"); };
+  if (type == "NFKC") return [](std::string s) { return utf8proc_map(s, UTF8PROC_COMPOSE | UTF8PROC_COMPAT, "NFKC"); };
+  if (type == "NFKD") return [](std::string s) { return utf8proc_map(s, UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT, "NFKD"); };
   if (type == "Lowercase") {
     return [](std::string s) {
       std::string out;
@@ -315,7 +313,8 @@ PreTokenizer parse_pre_tokenizer(const json& j, const std::string& ctx) {
   if (type == "Sequence") {
     std::vector<PreTokenizer> steps;
     const json& list = f.array("pretokenizers");
-    for (std::size_t i = 0; i < list.size(); ++i) steps.push_back(parse_pre_tokenizer(list[i], item_context(ctx, "pretokenizers", i)));
+    for (std::size_t i = 0; i < list.size(); ++i)
+      steps.push_back(parse_pre_tokenizer(list[i], item_context(ctx, "pretokenizers", i)));
     return [steps](Pieces& ps) {
       for (const auto& f : steps)
         if (f) f(ps);
@@ -380,13 +379,15 @@ PreTokenizer parse_pre_tokenizer(const json& j, const std::string& ctx) {
   if (type == "Whitespace") {
     auto re = std::make_shared<Regex>(R"(\w+|[^\w\s]+)");
     return [re](Pieces& ps) {
-      for_each_piece(ps, [&](const Piece& p, Pieces& out) { split_piece(p, re->find_all(p.text), Behavior::Removed, true, out); });
+      for_each_piece(
+          ps, [&](const Piece& p, Pieces& out) { split_piece(p, re->find_all(p.text), Behavior::Removed, true, out); });
     };
   }
   if (type == "WhitespaceSplit") {
     auto re = std::make_shared<Regex>(R"(\s+)");
     return [re](Pieces& ps) {
-      for_each_piece(ps, [&](const Piece& p, Pieces& out) { split_piece(p, re->find_all(p.text), Behavior::Removed, false, out); });
+      for_each_piece(
+          ps, [&](const Piece& p, Pieces& out) { split_piece(p, re->find_all(p.text), Behavior::Removed, false, out); });
     };
   }
   fail(ctx, " type '", type, "' is not supported");
@@ -495,7 +496,8 @@ Decoder parse_decoder(const json& j, const std::string& ctx) {
     return [rep, scheme](std::vector<std::string> toks) {
       // As the tokenizers library does: in the first token every replacement character is
       // dropped (not only a leading one); elsewhere each becomes a space.
-      for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = replace_all(toks[i], rep, i == 0 && scheme != "never" ? "" : " ");
+      for (std::size_t i = 0; i < toks.size(); ++i)
+        toks[i] = replace_all(toks[i], rep, i == 0 && scheme != "never" ? "" : " ");
       return toks;
     };
   }
@@ -592,9 +594,7 @@ void HfTokenizer::Impl::bpe(const std::string& word, std::vector<std::int32_t>& 
     int rank;
     int left, right;
     std::size_t left_len, right_len;
-    bool operator>(const Cand& o) const {
-      return rank > o.rank || (rank == o.rank && left > o.left);
-    }
+    bool operator>(const Cand& o) const { return rank > o.rank || (rank == o.rank && left > o.left); }
   };
   std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
   auto view = [&](int i) { return std::string_view(word).substr(sym[i].begin, sym[i].len); };
@@ -871,8 +871,8 @@ void TextStream::print(const std::vector<std::int32_t>& tokens) {
 }
 
 void Tokenizer::check_vocab(std::int64_t model_vocab, const std::string& model) const {
-  IL_CHECK(vocab_size() <= model_vocab, path(), ": ", vocab_size(), " tokens do not fit the vocabulary of ",
-           model_vocab, " of ", model);
+  IL_CHECK(vocab_size() <= model_vocab, path(), ": ", vocab_size(), " tokens do not fit the vocabulary of ", model_vocab,
+           " of ", model);
 }
 
 void check_tokenizer_vocab(const Tokenizer& tok, std::int64_t vocab_size, const std::string& model) {

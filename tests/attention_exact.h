@@ -20,8 +20,7 @@ struct AttnRef {
 /// of them, or (causal) those at positions ≤ q_offset + t, and with a window only the last
 /// `window` of those. q[T,Nq,Dqk], k[S,Nk,Dqk], v[S,Nk,Dv]. `extra_eta` widens the bound by a
 /// further relative error on each softmax weight, for kernels that rescale as they go.
-inline AttnRef attention_exact(const Tensor& q, const Tensor& k, const Tensor& v, AttentionParams p,
-                               double extra_eta = 0) {
+inline AttnRef attention_exact(const Tensor& q, const Tensor& k, const Tensor& v, AttentionParams p, double extra_eta = 0) {
   constexpr double u = 0x1p-24;
   const std::int64_t T = q.size(0), Nq = q.size(1), Dqk = q.size(2), S = k.size(0), Nk = k.size(1), Dv = v.size(2);
   if (p.q_offset < 0) p.q_offset = S - T;
@@ -55,7 +54,8 @@ inline AttnRef attention_exact(const Tensor& q, const Tensor& k, const Tensor& v
       for (std::int64_t d = 0; d < Dv; ++d) {
         double o = 0, vmax = 0;
         for (std::int64_t j = lo; j <= hi; ++j)
-          o += std::exp(s[j] - mx) / sum * V[(j * Nk + kvh) * Dv + d], vmax = std::max(vmax, std::fabs(V[(j * Nk + kvh) * Dv + d]));
+          o += std::exp(s[j] - mx) / sum * V[(j * Nk + kvh) * Dv + d],
+              vmax = std::max(vmax, std::fabs(V[(j * Nk + kvh) * Dv + d]));
         r.out[(t * Nq + h) * Dv + d] = o;
         r.bound[(t * Nq + h) * Dv + d] = (2 * eta + 2 * gamma(n) + 3 * u) * vmax;
       }
@@ -70,7 +70,7 @@ struct Packed {
 };
 
 inline Packed pack(std::mt19937_64& rng, const std::vector<std::pair<std::int64_t, std::int64_t>>& lengths, std::int64_t Nq,
-            std::int64_t Nk, std::int64_t Dqk, std::int64_t Dv) {
+                   std::int64_t Nk, std::int64_t Dqk, std::int64_t Dv) {
   Packed p;
   p.batch.q_starts = {0}, p.batch.kv_starts = {0};
   for (auto [T, S] : lengths) {

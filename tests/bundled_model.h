@@ -10,7 +10,8 @@ namespace inferlab::test {
 inline const ch01::Llama& bundled_llama(const std::string& name) {
   static std::map<std::string, ch01::Llama> loaded;
   auto it = loaded.find(name);
-  if (it == loaded.end()) it = loaded.emplace(name, ch01::load_llama(std::string(INFERLAB_DATA_DIR) + "/models/" + name)).first;
+  if (it == loaded.end())
+    it = loaded.emplace(name, ch01::load_llama(std::string(INFERLAB_DATA_DIR) + "/models/" + name)).first;
   return it->second;
 }
 

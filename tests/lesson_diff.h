@@ -76,7 +76,8 @@ inline void expect_readme_shows(const std::string& readme, const std::string& si
     std::sort(v.begin(), v.end());
     return v;
   };
-  EXPECT_EQ(sorted(shown), sorted(changes)) << readme << "'s diff is not the diff of the sources; regenerate it "
+  EXPECT_EQ(sorted(shown), sorted(changes)) << readme
+                                            << "'s diff is not the diff of the sources; regenerate it "
                                                "with the command the README gives";
 }
 

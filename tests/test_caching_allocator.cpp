@@ -24,8 +24,8 @@ struct CountingDevice {
                                return p;
                              },
                              [this](void* p) {
-                               live.erase(p), used -= sizes[p], sizes.erase(p);
-                               std::free(p);
+    live.erase(p), used -= sizes[p], sizes.erase(p);
+    std::free(p);
                              }};
   ~CountingDevice() { allocator.empty_cache(); }
 };
@@ -55,7 +55,7 @@ TEST(CachingAllocator, SizesRoundUpAndOutOfMemoryGivesTheCacheBackFirst) {
   CountingDevice dev;
   dev.limit = 8 << 20;
   void* a = dev.allocator.allocate(6 << 20);
-  dev.allocator.release(a);  // cached: 6 MiB held, 2 MiB left on the "device"
+  dev.allocator.release(a);                   // cached: 6 MiB held, 2 MiB left on the "device"
   void* b = dev.allocator.allocate(4 << 20);  // does not fit beside the cache: the cache goes back
   EXPECT_EQ(dev.allocator.stats().cached_bytes, 0u);
   EXPECT_EQ(dev.used, std::size_t(4) << 20);

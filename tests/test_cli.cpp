@@ -42,8 +42,8 @@ TEST(Cli, DefaultsAndParsing) {
   EXPECT_EQ(r.status, 0);
   EXPECT_EQ(r.opts.model, default_model_path());
   EXPECT_EQ(r.opts.device, "cpu");
-  r = run({"--prompt", "Hi there", "--max-new-tokens", "5", "--temperature", "0.7", "--top-k", "40", "--top-p",
-           "0.9", "--seed", "3", "--json", "out.json"});
+  r = run({"--prompt", "Hi there", "--max-new-tokens", "5", "--temperature", "0.7", "--top-k", "40", "--top-p", "0.9",
+           "--seed", "3", "--json", "out.json"});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.opts.prompt, "Hi there");
   EXPECT_EQ(r.opts.max_new_tokens, 5);
@@ -201,7 +201,8 @@ TEST(Cli, DefaultOutputsAndInputFilesAreCheckedToo) {
   };
   std::string err;
   EXPECT_EQ(status({"plot"}, &err), 2);
-  EXPECT_NE(err.find("--svg: cannot write /no/such/dir/plot.svg: folder /no/such/dir does not exist"), std::string::npos) << err;
+  EXPECT_NE(err.find("--svg: cannot write /no/such/dir/plot.svg: folder /no/such/dir does not exist"), std::string::npos)
+      << err;
   EXPECT_EQ(status({"plot", "--svg", ""}, &err), 0) << err;
   EXPECT_EQ(status({"plot", "--svg", dir.file("p.svg")}, &err), 0) << err;
   EXPECT_EQ(status({}, &err), 0) << err;  // neither subcommand runs: neither default matters

@@ -64,8 +64,11 @@ TEST(GgufTokenizer, WritesTheNamesLlamaCppReads) {
     ADD_FAILURE() << "no " << key;
     return gguf::Value{};
   };
-  for (const auto& [family, model, pre] : std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"gpt2", "gpt2", "gpt-2"}, {"llama3", "gpt2", "llama-bpe"}, {"smollm", "gpt2", "smollm"}, {"llama2", "llama", ""}}) {
+  for (const auto& [family, model, pre] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{{"gpt2", "gpt2", "gpt-2"},
+                                                                      {"llama3", "gpt2", "llama-bpe"},
+                                                                      {"smollm", "gpt2", "smollm"},
+                                                                      {"llama2", "llama", ""}}) {
     const std::string path = kGolden + "/" + family + "/tokenizer.json";
     const auto meta = gguf::tokenizer_metadata(load_json(path), path, 1000);
     EXPECT_EQ(value(meta, "tokenizer.ggml.model").s, model) << family;
@@ -94,7 +97,8 @@ TEST(GgufTokenizer, SentencePieceScoresTokenizeAsLlama2cDoes) {
   std::vector<gguf::Value> tokens, types, scores;
   for (std::int32_t i = 0; i < ref.vocab_size(); ++i) {
     std::string p = ref.id_to_token(i);
-    for (std::size_t k = 0; (k = p.find(' ', k)) != std::string::npos;) p.replace(k, 1, "\xE2\x96\x81");  // llama2.c stores ▁ as a space
+    for (std::size_t k = 0; (k = p.find(' ', k)) != std::string::npos;)
+      p.replace(k, 1, "\xE2\x96\x81");  // llama2.c stores ▁ as a space
     tokens.push_back(gguf::Value::str(p));
     gguf::Value t;
     t.kind = gguf::Value::Kind::I32;
@@ -103,14 +107,13 @@ TEST(GgufTokenizer, SentencePieceScoresTokenizeAsLlama2cDoes) {
     scores.push_back(gguf::Value::f32(ref.score(i)));
   }
   test::TempDir tmp;
-  const gguf::File f(write_metadata(
-      tmp, "spm",
-      {{"tokenizer.ggml.model", gguf::Value::str("llama")},
-       {"tokenizer.ggml.tokens", gguf::Value::array(gguf::Value::Kind::String, tokens)},
-       {"tokenizer.ggml.token_type", gguf::Value::array(gguf::Value::Kind::I32, types)},
-       {"tokenizer.ggml.scores", gguf::Value::array(gguf::Value::Kind::F32, scores)},
-       {"tokenizer.ggml.bos_token_id", gguf::Value::u32(1)},
-       {"tokenizer.ggml.eos_token_id", gguf::Value::u32(2)}}));
+  const gguf::File f(write_metadata(tmp, "spm",
+                                    {{"tokenizer.ggml.model", gguf::Value::str("llama")},
+                                     {"tokenizer.ggml.tokens", gguf::Value::array(gguf::Value::Kind::String, tokens)},
+                                     {"tokenizer.ggml.token_type", gguf::Value::array(gguf::Value::Kind::I32, types)},
+                                     {"tokenizer.ggml.scores", gguf::Value::array(gguf::Value::Kind::F32, scores)},
+                                     {"tokenizer.ggml.bos_token_id", gguf::Value::u32(1)},
+                                     {"tokenizer.ggml.eos_token_id", gguf::Value::u32(2)}}));
   const auto tok = gguf::tokenizer(f);
   std::string text = test::read_file(std::string(INFERLAB_DATA_DIR) + "/corpus/val.txt").substr(0, 20000);
   std::size_t lines = 0;
@@ -132,7 +135,8 @@ TEST(GgufTokenizer, SentencePieceScoresTokenizeAsLlama2cDoes) {
 TEST(GgufTokenizer, RefusalsNameTheFileAndTheKey) {
   test::TempDir tmp;
   auto tokens = gguf::Value::array(gguf::Value::Kind::String, {gguf::Value::str("a"), gguf::Value::str("b")});
-  const gguf::File wpm(write_metadata(tmp, "wpm", {{"tokenizer.ggml.model", gguf::Value::str("bert")}, {"tokenizer.ggml.tokens", tokens}}));
+  const gguf::File wpm(
+      write_metadata(tmp, "wpm", {{"tokenizer.ggml.model", gguf::Value::str("bert")}, {"tokenizer.ggml.tokens", tokens}}));
   test::expect_error([&] { gguf::tokenizer(wpm); }, {"wpm.gguf", "tokenizer.ggml.model 'bert'"});
   const gguf::File pre(write_metadata(tmp, "pre",
                                       {{"tokenizer.ggml.model", gguf::Value::str("gpt2")},
@@ -157,7 +161,8 @@ TEST(GgufTokenizer, RefusalsNameTheFileAndTheKey) {
 TEST(GgufTokenizer, StopIds) {
   test::TempDir tmp;
   std::vector<gguf::Value> tokens, types;
-  for (const char* t : {"<|endoftext|>", "a", "<|im_end|>", "<|im_end|>", "<|eot_id|>"}) tokens.push_back(gguf::Value::str(t));
+  for (const char* t : {"<|endoftext|>", "a", "<|im_end|>", "<|im_end|>", "<|eot_id|>"})
+    tokens.push_back(gguf::Value::str(t));
   for (int t : {3, 1, 3, 1, 3}) {
     gguf::Value v;
     v.kind = gguf::Value::Kind::I32, v.i = t;

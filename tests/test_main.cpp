@@ -2,9 +2,9 @@
 // INFERLAB_TEST_SEED=<seed>.
 #include <fcntl.h>
 #include <omp.h>
+#include <unistd.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -62,9 +62,9 @@ void expect_within(const std::vector<double>& got, const std::vector<double>& wa
     if (!(err <= bound[i])) ++bad;  // also catches NaN
     if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
   }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements outside the bound; worst at "
-                     << worst << ": got " << got[worst] << ", want " << want[worst] << ", bound " << bound[worst]
-                     << " (seed " << run_seed() << ")";
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements outside the bound; worst at " << worst
+                     << ": got " << got[worst] << ", want " << want[worst] << ", bound " << bound[worst] << " (seed "
+                     << run_seed() << ")";
 }
 
 TempDir::TempDir() {

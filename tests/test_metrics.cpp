@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+#include <nlohmann/json.hpp>
 
 #include "common/ceiling.h"
 #include "common/eval.h"
@@ -46,8 +46,8 @@ TEST(EvalTables, ProbeColumnsReadByDistanceThenPairs) {
   // an unknown family comes last, and nothing throws
   const std::map<std::string, double> odd = {
       {"recall_x", 0}, {"recall_123456789012345678901234567890", 0}, {"recall_400", 0}, {"zz_1", 0}, {"ar_8", 0}};
-  const std::vector<std::string> odd_want = {"recall_400", "recall_123456789012345678901234567890", "recall_x",
-                                             "ar_8", "zz_1"};
+  const std::vector<std::string> odd_want = {"recall_400", "recall_123456789012345678901234567890", "recall_x", "ar_8",
+                                             "zz_1"};
   EXPECT_EQ(eval::kinds_in_reading_order(odd), odd_want);
 }
 
@@ -94,7 +94,8 @@ TEST(Metrics, SpreadIsBestMedianWorst) {
   EXPECT_EQ(s.runs, 5);
   EXPECT_EQ(metrics::spread_of({2, 4}).median, 3);
   EXPECT_EQ(metrics::spread_of({}).runs, 0);
-  EXPECT_EQ(metrics::describe(metrics::spread_of({17.3e9, 16e9, 12.1e9}), "B"), "17.3 GB/s (best of 3; median 16, worst 12.1)");
+  EXPECT_EQ(metrics::describe(metrics::spread_of({17.3e9, 16e9, 12.1e9}), "B"),
+            "17.3 GB/s (best of 3; median 16, worst 12.1)");
 }
 
 TEST(Metrics, WorkingSetsAreSortedByTheLastLevelCache) {
@@ -145,7 +146,8 @@ TEST(Metrics, AFigureAboveItsCeilingSaysWhy) {
 #ifdef INFERLAB_PASSIVE_PROBE
 // Runs the probe with `env` before it and returns what it printed.
 std::string run_probe(const std::string& env) {
-  const std::string cmd = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT " + env + " '" INFERLAB_PASSIVE_PROBE "' one 'two words'";
+  const std::string cmd =
+      "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT " + env + " '" INFERLAB_PASSIVE_PROBE "' one 'two words'";
   FILE* p = popen(cmd.c_str(), "r");
   EXPECT_NE(p, nullptr);
   if (!p) return "";

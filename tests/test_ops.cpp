@@ -7,9 +7,9 @@
 #include <random>
 #include <utility>
 
-#include "common/metrics.h"
 #include "attention_exact.h"
 #include "common/hf_config.h"
+#include "common/metrics.h"
 #include "common/ops.h"
 #include "common/ops_cpu.h"
 #include "test_util.h"
@@ -19,11 +19,11 @@ namespace {
 
 using test::attention_exact;
 using test::AttnRef;
-using test::pack;
-using test::Packed;
 using test::expect_error;
 using test::expect_within;
 using test::gamma;
+using test::pack;
+using test::Packed;
 constexpr double u = 0x1p-24;  // float32 unit roundoff
 
 // ---------------------------------------------------------------------------------------------
@@ -62,20 +62,19 @@ TEST_P(MatmulTest, ReferenceAndFastPathWithinTheDotProductBound) {
   expect_within(f.to_double_vector(), r.to_double_vector(), both, "ops::matmul vs ref::matmul");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, MatmulTest,
-    ::testing::Values(MatmulCase{1, 64, 48, DType::F32}, MatmulCase{1, 257, 33, DType::BF16},
-                      MatmulCase{1, 1024, 515, DType::F32}, MatmulCase{2, 1027, 300, DType::BF16},
-                      MatmulCase{1, 1000, 130, DType::F16}, MatmulCase{3, 128, 64, DType::BF16},
-                      MatmulCase{4, 77, 19, DType::F32}, MatmulCase{17, 300, 65, DType::F32},
-                      MatmulCase{33, 128, 300, DType::BF16}, MatmulCase{9, 64, 40, DType::F16},
-                      MatmulCase{5, 300, 37, DType::F32}, MatmulCase{6, 130, 21, DType::BF16},
-                      MatmulCase{3, 1031, 515, DType::F32}, MatmulCase{5, 96, 2, DType::F16},
-                      MatmulCase{5, 1031, 64, DType::BF16}, MatmulCase{6, 64, 40, DType::F32}),
-    [](const auto& info) {
-      return "M" + std::to_string(info.param.M) + "_K" + std::to_string(info.param.K) + "_N" +
-             std::to_string(info.param.N) + "_" + std::string(dtype_name(info.param.wt));
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
+                         ::testing::Values(MatmulCase{1, 64, 48, DType::F32}, MatmulCase{1, 257, 33, DType::BF16},
+                                           MatmulCase{1, 1024, 515, DType::F32}, MatmulCase{2, 1027, 300, DType::BF16},
+                                           MatmulCase{1, 1000, 130, DType::F16}, MatmulCase{3, 128, 64, DType::BF16},
+                                           MatmulCase{4, 77, 19, DType::F32}, MatmulCase{17, 300, 65, DType::F32},
+                                           MatmulCase{33, 128, 300, DType::BF16}, MatmulCase{9, 64, 40, DType::F16},
+                                           MatmulCase{5, 300, 37, DType::F32}, MatmulCase{6, 130, 21, DType::BF16},
+                                           MatmulCase{3, 1031, 515, DType::F32}, MatmulCase{5, 96, 2, DType::F16},
+                                           MatmulCase{5, 1031, 64, DType::BF16}, MatmulCase{6, 64, 40, DType::F32}),
+                         [](const auto& info) {
+  return "M" + std::to_string(info.param.M) + "_K" + std::to_string(info.param.K) + "_N" + std::to_string(info.param.N) +
+         "_" + std::string(dtype_name(info.param.wt));
+});
 
 // With 5 or 6 rows of x the fast path dots two weight rows at a time (a verification pass). Each
 // output must be what the one-weight-row kernel of the same library gives, bit for bit: the same
@@ -113,8 +112,11 @@ TEST(Matmul, ShapeAndDtypeErrors) {
   Tensor x = Tensor::zeros({2, 8}, DType::F32);
   expect_error([&] { ops::matmul(x, Tensor::zeros({4, 7}, DType::F32)); }, {"matmul", "inner dimension"});
   expect_error([&] { ops::matmul(x, Tensor::zeros({4, 8}, DType::I8)); }, {"matmul", "w must be f32, f16 or bf16"});
-  expect_error([&] { ops::matmul(Tensor::zeros({2, 8}, DType::BF16), Tensor::zeros({4, 8}, DType::F32)); },
-               {"matmul", "x must be f32"});
+  expect_error(
+      [&] {
+    ops::matmul(Tensor::zeros({2, 8}, DType::BF16), Tensor::zeros({4, 8}, DType::F32));
+      },
+      {"matmul", "x must be f32"});
   Tensor out = Tensor::zeros({2, 5}, DType::F32);
   expect_error([&] { ops::matmul(x, Tensor::zeros({4, 8}, DType::F32), out); }, {"matmul", "out", "[2, 4]"});
   Tensor wide = Tensor::zeros({4, 16}, DType::F32);
@@ -162,8 +164,11 @@ TEST(RmsNorm, WithinItsBound) {
     expect_within(out.to_double_vector(), exact, bound, "ref::rmsnorm");
     expect_within(ops::rmsnorm(x, w, eps).to_double_vector(), exact, bound, "ops::rmsnorm");
   }
-  expect_error([] { ops::rmsnorm(Tensor::zeros({2, 8}, DType::F32), Tensor::zeros({7}, DType::F32), 1e-5f); },
-               {"rmsnorm", "last dimension"});
+  expect_error(
+      [] {
+    ops::rmsnorm(Tensor::zeros({2, 8}, DType::F32), Tensor::zeros({7}, DType::F32), 1e-5f);
+      },
+      {"rmsnorm", "last dimension"});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -292,13 +297,24 @@ TEST(Rope, YarnFrequenciesAndAttentionFactorMatchTransformers) {
     return y;
   };
   const Case cases[] = {
-      {"A", 16, 10000, yarn(4, 128, 32, 1, true, 1, 1, 0),
+      {"A",
+       16,
+       10000,
+       yarn(4, 128, 32, 1, true, 1, 1, 0),
        {1.0, 0.237170822156548, 0.04999999850988388, 0.007905694150420948, 0.0025, 0.0007905694150420947, 0.00025,
         7.905694150420948e-05},
        1.0},
-      {"B", 8, 100, yarn(4, 64, 4, 1, false, 1, 0.5, 0), {1.0, 0.2791745498060977, 0.02599659711122513, 0.007905694150420948},
+      {"B",
+       8,
+       100,
+       yarn(4, 64, 4, 1, false, 1, 0.5, 0),
+       {1.0, 0.2791745498060977, 0.02599659711122513, 0.007905694150420948},
        1.0648216253695715},
-      {"C", 8, 500, yarn(8, 64, 32, 1, true, 0, 0, 0.9), {1.0, 0.11895426713706346, 0.005590169943749474, 0.0011821770112539697},
+      {"C",
+       8,
+       500,
+       yarn(8, 64, 32, 1, true, 0, 0, 0.9),
+       {1.0, 0.11895426713706346, 0.005590169943749474, 0.0011821770112539697},
        0.9},
       {"D", 8, 10000, yarn(2, 4096, 2, 2, false, 0, 0, 0), {1.0, 0.1, 0.01, 0.0005}, 1.0693147180559945},
   };
@@ -392,8 +408,11 @@ TEST(Embedding, ExactRowsForEveryTableDtype) {
         EXPECT_EQ(out.at<float>({t, i}), T[ids.data<std::int32_t>()[t] * 6 + i]) << dtype_name(d);
   }
   Tensor table = Tensor::zeros({10, 6}, DType::F32);
-  expect_error([&] { ops::embedding(table, Tensor::from_vector(std::vector<std::int32_t>{2, 10}, {2})); },
-               {"token id 10", "position 1", "[0, 10)"});
+  expect_error(
+      [&] {
+    ops::embedding(table, Tensor::from_vector(std::vector<std::int32_t>{2, 10}, {2}));
+      },
+      {"token id 10", "position 1", "[0, 10)"});
   expect_error([&] { ops::embedding(table, Tensor::from_vector(std::vector<std::int32_t>{-1}, {1})); }, {"token id -1"});
 }
 
@@ -426,28 +445,27 @@ TEST_P(AttentionTest, ReferenceAndFastPathWithinTheirBound) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
-                         ::testing::Values(AttnCase{1, 1, 4, 4, 8, 8, 0, true},      // first token
-                                           AttnCase{9, 9, 4, 4, 16, 16, 0, true},    // prefill, MHA
-                                           AttnCase{1, 40, 8, 2, 32, 32, 0, true},   // decode, GQA
-                                           AttnCase{5, 33, 6, 1, 8, 8, 0, true},     // MQA, queries at the end
-                                           AttnCase{12, 12, 4, 2, 8, 8, 4, true},    // sliding window
-                                           AttnCase{6, 20, 4, 2, 16, 16, 5, true},   // window, queries at the end
-                                           AttnCase{1, 30, 4, 1, 8, 8, 7, true},     // window, decode
-                                           AttnCase{7, 7, 2, 2, 8, 8, 0, false},     // bidirectional
-                                           AttnCase{3, 11, 4, 2, 8, 8, 0, false},    // bidirectional, T < S
-                                           AttnCase{8, 5, 2, 1, 8, 8, 0, false},     // bidirectional, T > S
-                                           AttnCase{4, 10, 4, 2, 24, 16, 0, true},   // MLA-like: Dv < Dqk
-                                           AttnCase{3, 8, 2, 2, 8, 20, 3, true},     // Dv > Dqk, window
-                                           AttnCase{5, 9, 4, 4, 12, 6, 0, false},    // Dv < Dqk, bidirectional
-                                           AttnCase{32, 64, 8, 2, 32, 32, 0, true},  // large enough to thread
-                                           AttnCase{32, 64, 8, 2, 48, 16, 9, true}), // the same, MLA-like, window
+                         ::testing::Values(AttnCase{1, 1, 4, 4, 8, 8, 0, true},       // first token
+                                           AttnCase{9, 9, 4, 4, 16, 16, 0, true},     // prefill, MHA
+                                           AttnCase{1, 40, 8, 2, 32, 32, 0, true},    // decode, GQA
+                                           AttnCase{5, 33, 6, 1, 8, 8, 0, true},      // MQA, queries at the end
+                                           AttnCase{12, 12, 4, 2, 8, 8, 4, true},     // sliding window
+                                           AttnCase{6, 20, 4, 2, 16, 16, 5, true},    // window, queries at the end
+                                           AttnCase{1, 30, 4, 1, 8, 8, 7, true},      // window, decode
+                                           AttnCase{7, 7, 2, 2, 8, 8, 0, false},      // bidirectional
+                                           AttnCase{3, 11, 4, 2, 8, 8, 0, false},     // bidirectional, T < S
+                                           AttnCase{8, 5, 2, 1, 8, 8, 0, false},      // bidirectional, T > S
+                                           AttnCase{4, 10, 4, 2, 24, 16, 0, true},    // MLA-like: Dv < Dqk
+                                           AttnCase{3, 8, 2, 2, 8, 20, 3, true},      // Dv > Dqk, window
+                                           AttnCase{5, 9, 4, 4, 12, 6, 0, false},     // Dv < Dqk, bidirectional
+                                           AttnCase{32, 64, 8, 2, 32, 32, 0, true},   // large enough to thread
+                                           AttnCase{32, 64, 8, 2, 48, 16, 9, true}),  // the same, MLA-like, window
                          [](const auto& info) {
-                           const auto& c = info.param;
-                           return "T" + std::to_string(c.T) + "_S" + std::to_string(c.S) + "_N" + std::to_string(c.Nq) +
-                                  "_K" + std::to_string(c.Nk) + "_D" + std::to_string(c.Dqk) + "_V" +
-                                  std::to_string(c.Dv) + "_W" + std::to_string(c.window) +
-                                  (c.causal ? "_causal" : "_bidir");
-                         });
+  const auto& c = info.param;
+  return "T" + std::to_string(c.T) + "_S" + std::to_string(c.S) + "_N" + std::to_string(c.Nq) + "_K" + std::to_string(c.Nk) +
+         "_D" + std::to_string(c.Dqk) + "_V" + std::to_string(c.Dv) + "_W" + std::to_string(c.window) +
+         (c.causal ? "_causal" : "_bidir");
+});
 
 TEST(Attention, GqaEqualsMhaOnRepeatedKv) {
   auto rng = test::rng_for_test();
@@ -473,7 +491,8 @@ TEST(Attention, GqaEqualsMhaOnRepeatedKv) {
 TEST(Attention, ScoresBeyondFloatsExpRangeStayWithinTheBound) {
   auto rng = test::rng_for_test();
   const std::int64_t T = 4, S = 12, N = 2, D = 8;
-  Tensor q = test::uniform(rng, {T, N, D}, -2, 2), k = test::uniform(rng, {S, N, D}, -2, 2), v = test::uniform(rng, {S, N, D});
+  Tensor q = test::uniform(rng, {T, N, D}, -2, 2), k = test::uniform(rng, {S, N, D}, -2, 2),
+         v = test::uniform(rng, {S, N, D});
   for (const bool causal : {true, false}) {
     AttentionParams p;
     p.causal = causal, p.scale = 30.0f;  // scores of several hundred
@@ -542,10 +561,21 @@ TEST(Attention, Errors) {
   Tensor q = Tensor::zeros({3, 4, 8}, DType::F32), k = Tensor::zeros({2, 4, 8}, DType::F32);
   expect_error([&] { ops::attention(q, k, k); }, {"attention", "only 2 keys"});
   Tensor k5 = Tensor::zeros({5, 4, 8}, DType::F32), v6 = Tensor::zeros({5, 4, 6}, DType::F32);
-  expect_error([&] { ops::attention(q, Tensor::zeros({5, 4, 7}, DType::F32), v6); },
-               {"attention", "q f32[3, 4, 8]", "k f32[5, 4, 7]", "head dimension"});
-  expect_error([&] { ops::attention(q, k5, Tensor::zeros({4, 4, 6}, DType::F32)); }, {"attention", "v f32[4, 4, 6]", "5 rows"});
-  expect_error([&] { ops::attention(q, k5, Tensor::zeros({5, 2, 6}, DType::F32)); }, {"attention", "v f32[5, 2, 6]", "4 heads"});
+  expect_error(
+      [&] {
+    ops::attention(q, Tensor::zeros({5, 4, 7}, DType::F32), v6);
+      },
+      {"attention", "q f32[3, 4, 8]", "k f32[5, 4, 7]", "head dimension"});
+  expect_error(
+      [&] {
+    ops::attention(q, k5, Tensor::zeros({4, 4, 6}, DType::F32));
+      },
+      {"attention", "v f32[4, 4, 6]", "5 rows"});
+  expect_error(
+      [&] {
+    ops::attention(q, k5, Tensor::zeros({5, 2, 6}, DType::F32));
+      },
+      {"attention", "v f32[5, 2, 6]", "4 heads"});
   Tensor out8 = Tensor::zeros({3, 4, 8}, DType::F32);
   expect_error([&] { ops::attention(q, k5, v6, out8); }, {"attention", "out f32[3, 4, 8]", "[3, 4, 6]"});
   expect_error([&] { ops::attention(q, k5, Tensor::zeros({5, 4}, DType::F32)); }, {"attention", "v must be 3-d"});
@@ -647,15 +677,26 @@ TEST(AttentionRagged, Errors) {
   expect_error([&] { call({0, 1, 3}, {0, 5, 8}); }, {"attention_ragged", "q_starts must run from 0 to q's 4 rows"});
   expect_error([&] { call({1, 1, 4}, {0, 5, 8}); }, {"attention_ragged", "q_starts must run from 0"});
   expect_error([&] { call({0, 1, 4}, {0, 5, 9}); }, {"attention_ragged", "kv_starts must run from 0 to k's 8 rows"});
-  expect_error([&] { call({0, 3, 2, 4}, {0, 3, 5, 8}); }, {"attention_ragged", "q_starts must not decrease", "q_starts[2] = 2"});
+  expect_error(
+      [&] {
+    call({0, 3, 2, 4}, {0, 3, 5, 8});
+      },
+      {"attention_ragged", "q_starts must not decrease", "q_starts[2] = 2"});
   expect_error([&] { call({0, 1, 4}, {0, 8, 8}); }, {"attention_ragged", "kv_starts must increase", "kv_starts[2] = 8"});
   expect_error([&] { call({0, 1, 4}, {0, 6, 8}); }, {"attention_ragged", "sequence 1", "only 2 keys"});
-  expect_error([&] { call({0, 1, 4}, {0, 5, 8}, {5, 0}); }, {"attention_ragged", "sequence 0", "q_offsets[0] = 5", "only 5 keys"});
+  expect_error(
+      [&] {
+    call({0, 1, 4}, {0, 5, 8}, {5, 0});
+      },
+      {"attention_ragged", "sequence 0", "q_offsets[0] = 5", "only 5 keys"});
   expect_error([&] { call({0, 1, 4}, {0, 5, 8}, {0, -1}); }, {"attention_ragged", "q_offsets[1] = -1"});
   AttentionParams single;
   single.q_offset = 2;
-  expect_error([&] { call({0, 1, 4}, {0, 5, 8}, {}, single); },
-               {"attention_ragged", "AttentionParams::q_offset", "RaggedBatch::q_offsets"});
+  expect_error(
+      [&] {
+    call({0, 1, 4}, {0, 5, 8}, {}, single);
+      },
+      {"attention_ragged", "AttentionParams::q_offset", "RaggedBatch::q_offsets"});
   AttentionParams bidir;
   bidir.causal = false;
   call({0, 1, 4}, {0, 6, 8}, {}, bidir);  // without the causal mask, 3 queries may share 2 keys

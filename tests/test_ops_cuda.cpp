@@ -124,15 +124,15 @@ TEST(Cuda, AttentionWithinTheFloat64BoundAndMatchesCpu) {
     std::int64_t T, S, Nq, Nk, Dqk, Dv, window;
     bool causal;
   };
-  for (const Case& c : {Case{1, 1, 4, 4, 64, 64, 0, true}, Case{1, 1000, 32, 8, 128, 128, 0, true},
-                        Case{17, 300, 8, 8, 64, 64, 0, true}, Case{40, 40, 4, 1, 256, 256, 16, true},
-                        Case{6, 300, 4, 2, 64, 64, 130, true}, Case{9, 9, 2, 2, 80, 80, 0, false},
-                        Case{5, 200, 4, 2, 32, 32, 0, false}, Case{7, 260, 8, 2, 192, 128, 0, true},
-                        Case{3, 20, 4, 4, 40, 72, 5, true}, Case{2, 150, 8, 1, 576, 512, 0, true},
-                        // one query row: the split-K decode path (chunks of 256 keys), with a window
-                        // that starts mid-sequence, bidirectional, and MLA's head sizes
-                        Case{1, 700, 8, 2, 64, 64, 300, true}, Case{1, 600, 4, 4, 32, 48, 0, false},
-                        Case{1, 520, 16, 1, 576, 512, 0, true}}) {
+  for (const Case& c :
+       {Case{1, 1, 4, 4, 64, 64, 0, true}, Case{1, 1000, 32, 8, 128, 128, 0, true}, Case{17, 300, 8, 8, 64, 64, 0, true},
+        Case{40, 40, 4, 1, 256, 256, 16, true}, Case{6, 300, 4, 2, 64, 64, 130, true}, Case{9, 9, 2, 2, 80, 80, 0, false},
+        Case{5, 200, 4, 2, 32, 32, 0, false}, Case{7, 260, 8, 2, 192, 128, 0, true}, Case{3, 20, 4, 4, 40, 72, 5, true},
+        Case{2, 150, 8, 1, 576, 512, 0, true},
+        // one query row: the split-K decode path (chunks of 256 keys), with a window
+        // that starts mid-sequence, bidirectional, and MLA's head sizes
+        Case{1, 700, 8, 2, 64, 64, 300, true}, Case{1, 600, 4, 4, 32, 48, 0, false},
+        Case{1, 520, 16, 1, 576, 512, 0, true}}) {
     Tensor q = test::uniform(rng, {c.T, c.Nq, c.Dqk}, -2, 2), k = test::uniform(rng, {c.S, c.Nk, c.Dqk}, -2, 2),
            v = test::uniform(rng, {c.S, c.Nk, c.Dv});
     AttentionParams p;
@@ -182,8 +182,8 @@ TEST(Cuda, AttentionRaggedEqualsOneCallPerSequence) {
       EXPECT_EQ(got, ops::attention(gq.slice(0, q0, q1), gk.slice(0, k0, k1), gv.slice(0, k0, k1), p).to_double_vector())
           << "cuda attention_ragged, " << what;
       const double chunks = std::ceil(static_cast<double>(k1 - k0) / 128.0);
-      const test::AttnRef e = test::attention_exact(in.q.slice(0, q0, q1), in.k.slice(0, k0, k1),
-                                                    in.v.slice(0, k0, k1), p, (2 * chunks + 4) * u);
+      const test::AttnRef e = test::attention_exact(in.q.slice(0, q0, q1), in.k.slice(0, k0, k1), in.v.slice(0, k0, k1), p,
+                                                    (2 * chunks + 4) * u);
       expect_within(got, e.out, e.bound, "cuda attention_ragged vs float64, " + what);
     }
   }
@@ -192,11 +192,17 @@ TEST(Cuda, AttentionRaggedEqualsOneCallPerSequence) {
 TEST(Cuda, AttentionRefusesHeadsAboveItsLimits) {
   IL_REQUIRE_CUDA();
   Tensor q = on_gpu(Tensor::zeros({1, 1, 8}, DType::F32)), k = on_gpu(Tensor::zeros({2, 1, 8}, DType::F32));
-  test::expect_error([&] { ops::attention(q, k, on_gpu(Tensor::zeros({2, 1, 513}, DType::F32))); },
-                     {"attention (CUDA)", "value head dimension 513", "512"});
+  test::expect_error(
+      [&] {
+    ops::attention(q, k, on_gpu(Tensor::zeros({2, 1, 513}, DType::F32)));
+      },
+      {"attention (CUDA)", "value head dimension 513", "512"});
   Tensor wide = on_gpu(Tensor::zeros({2, 1, 1025}, DType::F32));
-  test::expect_error([&] { ops::attention(on_gpu(Tensor::zeros({1, 1, 1025}, DType::F32)), wide, k); },
-                     {"attention (CUDA)", "query/key head dimension 1025", "1024"});
+  test::expect_error(
+      [&] {
+    ops::attention(on_gpu(Tensor::zeros({1, 1, 1025}, DType::F32)), wide, k);
+      },
+      {"attention (CUDA)", "query/key head dimension 1025", "1024"});
 }
 
 TEST(Cuda, ArgmaxAndSamplingAgreeWithCpu) {

@@ -71,9 +71,9 @@ TEST(AtomicFile, AWriterThatThrowsHalfwayLeavesNothing) {
   const std::string path = dir.file("out.bin");
   expect_error(
       [&] {
-        AtomicFile f(path);
-        f.write("the first half");
-        fail("the writer failed halfway");
+    AtomicFile f(path);
+    f.write("the first half");
+    fail("the writer failed halfway");
       },
       {"halfway"});
   EXPECT_TRUE(test::list_folder(dir.path().string()).empty());
@@ -133,8 +133,8 @@ TEST(Checkpoint, BrokenIndexAndMissingFiles) {
   expect_error([&] { Checkpoint c(dir.path().string()); }, {"no model.safetensors"});
   test::write_file(dir.file("model.safetensors.index.json"), R"({"weight_map": {"w": "shard.safetensors"}})");
   expect_error([&] { Checkpoint c(dir.path().string()); }, {"shard.safetensors"});
-  test::write_file(dir.file("shard.safetensors"), make_file(R"({"v":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
-                                                            floats({1.0f})));
+  test::write_file(dir.file("shard.safetensors"),
+                   make_file(R"({"v":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", floats({1.0f})));
   expect_error([&] { Checkpoint c(dir.path().string()); }, {"weight_map puts 'w'", "no such tensor"});
   test::write_file(dir.file("model.safetensors.index.json"), R"({"metadata": {}})");
   expect_error([&] { Checkpoint c(dir.path().string()); }, {"model.safetensors.index.json", "weight_map"});
@@ -157,32 +157,44 @@ TEST(Safetensors, MalformedFilesNameTheFileAndTheField) {
       {"empty", "", {"too short"}},
       {"short", "abc", {"too short"}},
       {"header past end", long_header, {"header length", "runs past the end"}},
-      {"truncated data", make_file("{" + ok_entry + "}", data.substr(0, 5)), {"tensor 'w'", "data_offsets end 8", "truncated"}},
+      {"truncated data",
+       make_file("{" + ok_entry + "}", data.substr(0, 5)),
+       {"tensor 'w'", "data_offsets end 8", "truncated"}},
       {"bad json", make_file(R"({"w": {"dtype": )", data), {"not valid JSON"}},
       {"not an object", make_file("[1, 2]", data), {"JSON object"}},
       {"missing dtype", make_file(R"({"w":{"shape":[2],"data_offsets":[0,8]}})", data), {"tensor 'w'", "'dtype'"}},
       {"missing shape", make_file(R"({"w":{"dtype":"F32","data_offsets":[0,8]}})", data), {"tensor 'w'", "'shape'"}},
       {"missing offsets", make_file(R"({"w":{"dtype":"F32","shape":[2]}})", data), {"tensor 'w'", "'data_offsets'"}},
       // Present but of the wrong type: named with the value, not called missing.
-      {"dtype a number", make_file(R"({"w":{"dtype":5,"shape":[2],"data_offsets":[0,8]}})", data),
+      {"dtype a number",
+       make_file(R"({"w":{"dtype":5,"shape":[2],"data_offsets":[0,8]}})", data),
        {"tensor 'w'", "field 'dtype' must be a string, got 5"}},
-      {"shape a string", make_file(R"({"w":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", data),
+      {"shape a string",
+       make_file(R"({"w":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", data),
        {"tensor 'w'", "field 'shape' must be a list, got \"2\""}},
-      {"three offsets", make_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4,8]}})", data),
+      {"three offsets",
+       make_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4,8]}})", data),
        {"tensor 'w'", "field 'data_offsets' must be [begin, end], got [0,4,8]"}},
-      {"unknown dtype", make_file(R"({"w":{"dtype":"I16","shape":[4],"data_offsets":[0,8]}})", data),
+      {"unknown dtype",
+       make_file(R"({"w":{"dtype":"I16","shape":[4],"data_offsets":[0,8]}})", data),
        {"tensor 'w'", "dtype 'I16' is not supported"}},
-      {"wrong byte count", make_file(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", data),
+      {"wrong byte count",
+       make_file(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", data),
        {"tensor 'w'", "hold 8 bytes", "needs 12"}},
-      {"negative shape", make_file(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", data),
+      {"negative shape",
+       make_file(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", data),
        {"tensor 'w'", "'shape'"}},
-      {"huge dimension", make_file(R"({"w":{"dtype":"F32","shape":[18446744073709551615,2],"data_offsets":[0,8]}})", data),
+      {"huge dimension",
+       make_file(R"({"w":{"dtype":"F32","shape":[18446744073709551615,2],"data_offsets":[0,8]}})", data),
        {"tensor 'w'", "64-bit integers", "18446744073709551615"}},
-      {"overflowing size", make_file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", data),
+      {"overflowing size",
+       make_file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", data),
        {"tensor 'w'", "overflows 64 bits"}},
       {"backwards", make_file(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", data), {"run backwards"}},
-      {"overlap", make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                            R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data),
+      {"overlap",
+       make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                 R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                 data),
        {"'a' and 'b' overlap"}},
       {"bad metadata", make_file(R"({"__metadata__":{"x":1},)" + ok_entry + "}", data), {"__metadata__", "'x'"}},
   };

@@ -83,10 +83,11 @@ TEST(Sampling, ProbabilitiesAreTheDistributionThatSampleDrawsFrom) {
   const double z2 = std::pow(0.5, 0.5) + std::pow(0.3, 0.5) + std::pow(0.15, 0.5) + std::pow(0.05, 0.5);
   for (const Case& c : std::vector<Case>{
            {{1.0f, 0, 1.0f, 3}, {0.5, 0.3, 0.15, 0.05}},
-           {{2.0f, 0, 1.0f, 3}, {std::pow(0.5, 0.5) / z2, std::pow(0.3, 0.5) / z2, std::pow(0.15, 0.5) / z2, std::pow(0.05, 0.5) / z2}},
-           {{1.0f, 2, 1.0f, 3}, {0.5 / 0.8, 0.3 / 0.8, 0, 0}},          // top-k 2
-           {{1.0f, 0, 0.9f, 3}, {0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0}},  // top-p: 0.95 is the first prefix >= 0.9
-           {{0.0f, 0, 1.0f, 3}, {1, 0, 0, 0}},                          // greedy
+           {{2.0f, 0, 1.0f, 3},
+            {std::pow(0.5, 0.5) / z2, std::pow(0.3, 0.5) / z2, std::pow(0.15, 0.5) / z2, std::pow(0.05, 0.5) / z2}},
+           {{1.0f, 2, 1.0f, 3}, {0.5 / 0.8, 0.3 / 0.8, 0, 0}},                 // top-k 2
+           {{1.0f, 0, 0.9f, 3}, {0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0}},     // top-p: 0.95 is the first prefix >= 0.9
+           {{0.0f, 0, 1.0f, 3}, {1, 0, 0, 0}},                                 // greedy
            {{1.0f, 0, 1.0f, 3, 3}, {0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0}},  // only the first 3 ids exist
        }) {
     Sampler s(c.sp);
@@ -130,8 +131,8 @@ TEST(Sampling, TopKAndTopPRestrictTheSupport) {
   };
   EXPECT_EQ(support({1.0f, 1, 1.0f, 1}), (std::set<int>{1}));  // top-1 is greedy
   EXPECT_EQ(support({1.0f, 2, 1.0f, 1}), (std::set<int>{1, 3}));
-  EXPECT_EQ(support({1.0f, 0, 0.7f, 1}), (std::set<int>{1, 3}));       // 0.4 + 0.3 reaches 0.7
-  EXPECT_EQ(support({1.0f, 0, 0.71f, 1}), (std::set<int>{1, 3, 4}));   // needs the third
+  EXPECT_EQ(support({1.0f, 0, 0.7f, 1}), (std::set<int>{1, 3}));      // 0.4 + 0.3 reaches 0.7
+  EXPECT_EQ(support({1.0f, 0, 0.71f, 1}), (std::set<int>{1, 3, 4}));  // needs the third
   EXPECT_EQ(support({1.0f, 0, 0.01f, 1}), (std::set<int>{1}));
   EXPECT_EQ(support({1.0f, 0, 1.0f, 1}), (std::set<int>{0, 1, 2, 3, 4}));
   EXPECT_EQ(support({1.0f, 3, 0.5f, 1}), (std::set<int>{1, 3}));  // top-p within the top-k mass

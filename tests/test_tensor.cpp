@@ -139,16 +139,22 @@ TEST(Errors, WithContextSaysWhereAndTurnsRunningOutOfMemoryIntoAnError) {
   }
   // `where` may be a callable, called only when something fails; the result passes through.
   int calls = 0;
-  EXPECT_EQ(with_context([&] { ++calls; return std::string("never"); }, [] { return 7; }), 7);
+  EXPECT_EQ(with_context(
+                [&] {
+    ++calls;
+    return std::string("never");
+                },
+                [] { return 7; }),
+            7);
   EXPECT_EQ(calls, 0);
   expect_error([] { with_context("KV cache of 9 positions", []() -> int { throw std::bad_alloc(); }); },
                {"KV cache of 9 positions: out of host memory"});
   expect_error(
       [] {
-        with_context("tokenizer.bin", [] {
-          std::vector<char> v;
-          v.reserve(v.max_size() + 1);  // std::length_error, without allocating anything
-        });
+    with_context("tokenizer.bin", [] {
+      std::vector<char> v;
+      v.reserve(v.max_size() + 1);  // std::length_error, without allocating anything
+    });
       },
       {"tokenizer.bin: out of host memory"});
 }

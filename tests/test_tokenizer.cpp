@@ -34,8 +34,8 @@ INSTANTIATE_TEST_SUITE_P(Families, TokenizerGolden,
 
 TEST(Tokenizer, ByteLevelRoundTripsAnyUnicode) {
   const HfTokenizer tok = HfTokenizer::load(kGolden + "/gpt2");
-  for (const std::string s : {"Grüße aus Köln 🚀\n", "日本語のテキスト、句読点。", "a\u0301\u0302 \t\r\n x",
-                              "مرحبا بالعالم", "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9", "   ", ""}) {
+  for (const std::string s : {"Grüße aus Köln 🚀\n", "日本語のテキスト、句読点。", "a\u0301\u0302 \t\r\n x", "مرحبا بالعالم",
+                              "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9", "   ", ""}) {
     EXPECT_EQ(tok.decode(tok.encode(s)), s);
   }
   EXPECT_TRUE(tok.is_special(*tok.token_to_id("<|endoftext|>")));
@@ -96,7 +96,8 @@ TEST(Tokenizer, FieldsOfTheWrongTypeAreNamedWithTheirComponent) {
       HfTokenizer::load(path);
       ADD_FAILURE() << field << ": expected an error";
     } catch (const Error& e) {
-      for (const auto& p : want) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << field << "\nmessage: " << e.what();
+      for (const auto& p : want)
+        EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << field << "\nmessage: " << e.what();
     }
   }
   test::write_file(path, R"({"model": {"type": "BPE", "vocab": [1, 2], "merges": []}})");

@@ -86,9 +86,9 @@ void expect_error(F&& f, std::initializer_list<std::string> parts) {
 }
 
 /// Skips the current test unless a CUDA device is usable, printing why.
-#define IL_REQUIRE_CUDA()                                                            \
-  do {                                                                               \
-    const std::string il_reason_ = ::inferlab::cuda::unavailable_reason();           \
+#define IL_REQUIRE_CUDA()                                                                \
+  do {                                                                                   \
+    const std::string il_reason_ = ::inferlab::cuda::unavailable_reason();               \
     if (!il_reason_.empty()) GTEST_SKIP() << "no CUDA device available: " << il_reason_; \
   } while (0)
 

@@ -11,12 +11,10 @@
 
 namespace inferlab::ch00 {
 
-double speculative_expected_tokens(double alpha, int gamma) {
-  return (1 - std::pow(alpha, gamma + 1)) / (1 - alpha);
-}
+double speculative_expected_tokens(double alpha, int gamma) { return (1 - std::pow(alpha, gamma + 1)) / (1 - alpha); }
 
 double e4m3_max(bool ieee_like) {
-  const int max_exponent_field = ieee_like ? 14 : 15;       // 15 is all ones
+  const int max_exponent_field = ieee_like ? 14 : 15;         // 15 is all ones
   const double max_mantissa = ieee_like ? 7.0 / 8 : 6.0 / 8;  // E4M3FN: 1111.111 is NaN
   return (1 + max_mantissa) * std::ldexp(1.0, max_exponent_field - 7);
 }
@@ -50,8 +48,8 @@ std::vector<Claim> lecture_claims() {
   std::vector<Claim> c;
   auto add = [&](std::string sec, std::string claim, std::string lec, std::string comp, bool agree, double value,
                  std::string why = "") {
-    c.push_back({std::move(sec), std::move(claim), std::move(lec), std::move(comp),
-                 agree ? Claim::Agree : Claim::Disagree, std::move(why), value});
+    c.push_back({std::move(sec), std::move(claim), std::move(lec), std::move(comp), agree ? Claim::Agree : Claim::Disagree,
+                 std::move(why), value});
   };
   auto external = [&](std::string sec, std::string claim, std::string lec, std::string source) {
     c.push_back({std::move(sec), std::move(claim), std::move(lec), "", Claim::External, std::move(source), NAN});
@@ -129,8 +127,8 @@ std::vector<Claim> lecture_claims() {
   add(s2, "…in MB", "≈ 640 MB", fmt("%.0f MiB", kv70 / MiB), false, kv70 / MiB, "follows from the row above");
   add(s2, "B = 16", "10,240 MB ≈ 10 GB", with_commas(16 * kv70 / MiB) + " MiB", false, 16 * kv70 / MiB,
       "follows from the per-sequence size");
-  add(s2, "B = 128 (fills an H100's HBM)", "81,920 MB ≈ 80 GB", with_commas(128 * kv70 / MiB) + " MiB = " +
-      fmt("%.0f GB", 128 * kv70 / GB), false, 128 * kv70 / MiB,
+  add(s2, "B = 128 (fills an H100's HBM)", "81,920 MB ≈ 80 GB",
+      with_commas(128 * kv70 / MiB) + " MiB = " + fmt("%.0f GB", 128 * kv70 / GB), false, 128 * kv70 / MiB,
       "follows from the per-sequence size: the caches alone need about two H100s, not one");
   const double p70 = static_cast<double>(param_bytes(l70));
   add(s2, "Llama 2 70B parameters in bf16", "≈ 140 GB", fmt("%.1f GB", p70 / GB), close(p70 / GB, 140, 0.02), p70 / GB);
@@ -165,9 +163,9 @@ std::vector<Claim> lecture_claims() {
   const std::string s4 = "Latency and throughput (延迟与吞吐量的理论分析), Llama 2 13B on an H100, S = 1024";
   const auto h100 = find_accelerator("h100");
   add(s4, "Llama 2 13B: D, F, N, K, H, L, V", "5120, 13824, 40, 40, 128, 40, 32000",
-      std::to_string(l13.hidden_size) + ", " + std::to_string(l13.intermediate_size) + ", " +
-          std::to_string(l13.num_heads) + ", " + std::to_string(l13.num_kv_heads) + ", " + std::to_string(l13.head_dim) +
-          ", " + std::to_string(l13.num_layers) + ", " + std::to_string(l13.vocab_size),
+      std::to_string(l13.hidden_size) + ", " + std::to_string(l13.intermediate_size) + ", " + std::to_string(l13.num_heads) +
+          ", " + std::to_string(l13.num_kv_heads) + ", " + std::to_string(l13.head_dim) + ", " +
+          std::to_string(l13.num_layers) + ", " + std::to_string(l13.vocab_size),
       l13.hidden_size == 5120 && l13.num_kv_heads == 40, 0);
   add(s4, "Parameters", "≈ 13 billion", with_commas(static_cast<double>(l13.num_parameters())),
       close(static_cast<double>(l13.num_parameters()), 13e9, 0.04), static_cast<double>(l13.num_parameters()));
@@ -194,8 +192,10 @@ std::vector<Claim> lecture_claims() {
         fmt("%.1f GB, ", q64.memory_bytes / GB) + fmt("%.1f ms, ", q64.latency_s * 1e3) +
             fmt("%.0f tokens/s", q64.throughput),
         q64.memory_bytes < 79e9, q64.throughput);
-    add(s4, "With GQA (K = 8), B = 256 now fits in an H100", "fits", fmt("%.1f GB: ", q256.memory_bytes / GB) +
-        (q256.fits ? "fits, " : "does not fit, ") + fmt("%.0f tokens/s", q256.throughput), q256.fits, q256.throughput);
+    add(s4, "With GQA (K = 8), B = 256 now fits in an H100", "fits",
+        fmt("%.1f GB: ", q256.memory_bytes / GB) + (q256.fits ? "fits, " : "does not fit, ") +
+            fmt("%.0f tokens/s", q256.throughput),
+        q256.fits, q256.throughput);
   }
 
   // --- GQA table --------------------------------------------------------------------------------
@@ -225,11 +225,12 @@ std::vector<Claim> lecture_claims() {
       add(s5, name + ": largest batch on one H100", "—", comp, bmax < 0, bmax);
     } else {
       add(s5, name + ": largest batch on one H100", fmt("≈ %.0f", r.bmax), comp, false, bmax,
-          bmax < 0 ? fmt("the bf16 weights (%.0f GB) are larger than the 80 GB of one H100, so no batch fits", 
-                         static_cast<double>(param_bytes(m)) / GB)
-                   : fmt("(80 GB − %.1f GB of weights) / the per-sequence cache; even with the table's halved cache it ", 
-                         static_cast<double>(param_bytes(m)) / GB) +
-                         fmt("would be %.0f", std::floor((h100.memory_bytes - static_cast<double>(param_bytes(m))) / (kv / 2))));
+          bmax < 0
+              ? fmt("the bf16 weights (%.0f GB) are larger than the 80 GB of one H100, so no batch fits",
+                    static_cast<double>(param_bytes(m)) / GB)
+              : fmt("(80 GB − %.1f GB of weights) / the per-sequence cache; even with the table's halved cache it ",
+                    static_cast<double>(param_bytes(m)) / GB) +
+                    fmt("would be %.0f", std::floor((h100.memory_bytes - static_cast<double>(param_bytes(m))) / (kv / 2))));
     }
   }
 
@@ -285,8 +286,7 @@ std::vector<Claim> lecture_claims() {
         close(16 / awq_bits, 4, 0.125), 16 / awq_bits,
         "4.25 bits per weight, not 4: the lecture's 4× rounds the group scales away");
     add(s8, "AWQ fp16 → int3: memory reduction", "4× (said of int3/int4)",
-        fmt("%.1f×", 16.0 / 3) + fmt(", %.1f× with group scales", 16 / (3 + 32.0 / 128)),
-        false, 16.0 / 3,
+        fmt("%.1f×", 16.0 / 3) + fmt(", %.1f× with group scales", 16 / (3 + 32.0 / 128)), false, 16.0 / 3,
         "4× is int4's ratio; int3 stores 3 bits per weight (3.25 with the scales of groups of 128), so it saves more. "
         "Chapter 09 has no 3-bit format");
     add(s8, "AWQ keeps the most salient 0.1–1% of weights in high precision", "0.1–1% in fp16",
@@ -296,8 +296,8 @@ std::vector<Claim> lecture_claims() {
         "hardware. What it ships, and chapter 09 implements (awq.h), quantises every weight: each input channel c is "
         "scaled up by s_c = mean|x_c|^α before rounding and its input divided by s_c, with α searched per layer group "
         "on calibration text");
-    add(s8, "AWQ: 3.2× faster inference than fp16", "3.2×", fmt("≤ %.2f× (fp16 bytes / int4 bytes)", 16 / awq_bits),
-        true, 16 / awq_bits,
+    add(s8, "AWQ: 3.2× faster inference than fp16", "3.2×", fmt("≤ %.2f× (fp16 bytes / int4 bytes)", 16 / awq_bits), true,
+        16 / awq_bits,
         "decoding reads every weight once per token, so the bytes bound the speed-up; the paper's 3.2× (its GPU "
         "kernels, Lin et al. 2023) is 85% of that bound. Chapter 09's `ch09_quantization speed` measures its formats "
         "against the same bound on the machine it runs on");

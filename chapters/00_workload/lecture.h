@@ -14,8 +14,8 @@ struct Claim {
   std::string lecture;   ///< the lecture's value, as it prints it
   std::string computed;  ///< our value, formatted; "" when it cannot be computed here
   enum Verdict { Agree, Disagree, External } verdict = Agree;
-  std::string why;       ///< for a disagreement: why; for an external figure: its source
-  double value = 0;      ///< the computed number (for tests), NaN when there is none
+  std::string why;   ///< for a disagreement: why; for an external figure: its source
+  double value = 0;  ///< the computed number (for tests), NaN when there is none
 };
 
 /// All claims, in lecture order.

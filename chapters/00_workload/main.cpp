@@ -77,24 +77,33 @@ int intensity(const Options& o) {
     char a[32] = "—";
     if (!std::isnan(approx)) std::snprintf(a, sizeof a, "%.3g", approx);
     std::printf("%-40s %14.4g %14.4g %11.3f %9s  %s\n", name.c_str(), k.flops, k.bytes, k.intensity(), a, bound);
-    rows.push_back({{"name", name}, {"flops", k.flops}, {"bytes", k.bytes}, {"intensity", k.intensity()},
-                    {"approximation", approx}, {"bound", bound}});
+    rows.push_back({{"name", name},
+                    {"flops", k.flops},
+                    {"bytes", k.bytes},
+                    {"intensity", k.intensity()},
+                    {"approximation", approx},
+                    {"bound", bound}});
   };
   row("matmul (B×D)(D×F), W_up", matmul_cost(B, D, F, w), B);
   for (auto [name, T] : {std::pair{"prefill (T = S)", S}, std::pair{"generation (T = 1)", 1.0}}) {
     std::printf("%s\n", name);
     row("  gated MLP, one layer", mlp_cost(B, T, D, F, w), B * T);
-    row("  attention (FlashAttention), one layer",
-        attention_cost(B, S, T, c.num_heads, c.num_kv_heads, c.head_dim, w), S * T / (S + T));
+    row("  attention (FlashAttention), one layer", attention_cost(B, S, T, c.num_heads, c.num_kv_heads, c.head_dim, w),
+        S * T / (S + T));
     row("  whole forward pass", forward_cost(c, B, S, T, w), NAN);
   }
   if (c.num_kv_heads != c.num_heads)
-    std::printf("\nWith K = %lld KV heads for N = %lld query heads, generation attention tends to N/K = %.0f FLOP/B "
-                "instead of the lecture's S/(S+1) < 1.\n",
-                static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.num_heads),
-                static_cast<double>(c.num_heads) / static_cast<double>(c.num_kv_heads));
-  emit_json(o, {{"model", o.common.model}, {"batch", o.batch}, {"seq", o.seq}, {"dtype", o.dtype},
-                {"accelerator", metrics::to_json(acc)}, {"rows", rows}});
+    std::printf(
+        "\nWith K = %lld KV heads for N = %lld query heads, generation attention tends to N/K = %.0f FLOP/B "
+        "instead of the lecture's S/(S+1) < 1.\n",
+        static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.num_heads),
+        static_cast<double>(c.num_heads) / static_cast<double>(c.num_kv_heads));
+  emit_json(o, {{"model", o.common.model},
+                {"batch", o.batch},
+                {"seq", o.seq},
+                {"dtype", o.dtype},
+                {"accelerator", metrics::to_json(acc)},
+                {"rows", rows}});
   return 0;
 }
 
@@ -121,10 +130,17 @@ int memory(const Options& o) {
   else
     std::printf("  on %s (%.0f GB): the largest batch at S = %lld is %lld\n", acc.name.c_str(), acc.memory_bytes / 1e9,
                 static_cast<long long>(o.seq), static_cast<long long>(mb));
-  emit_json(o, {{"model", o.common.model}, {"dtype", o.dtype}, {"seq", o.seq}, {"batch", o.batch},
-                {"parameters", c.num_parameters()}, {"kv_bytes_per_token", per_token}, {"kv_bytes_per_sequence", per_seq},
-                {"kv_bytes_batch", per_batch}, {"param_bytes", params},
-                {"accelerator", metrics::to_json(acc)}, {"max_batch", mb}});
+  emit_json(o, {{"model", o.common.model},
+                {"dtype", o.dtype},
+                {"seq", o.seq},
+                {"batch", o.batch},
+                {"parameters", c.num_parameters()},
+                {"kv_bytes_per_token", per_token},
+                {"kv_bytes_per_sequence", per_seq},
+                {"kv_bytes_batch", per_batch},
+                {"param_bytes", params},
+                {"accelerator", metrics::to_json(acc)},
+                {"max_batch", mb}});
   return 0;
 }
 
@@ -132,9 +148,9 @@ int latency(const Options& o) {
   const TransformerConfig c = model_of(o);
   const auto acc = accelerator_of(o);
   const std::int64_t w = bytes_per_value(o.dtype);
-  std::printf("Memory-bound decoding: %s (K = %lld), S = %lld, %s on %s (%.2f TB/s, %.0f GB, %s)\n",
-              o.common.model.c_str(), static_cast<long long>(c.num_kv_heads), static_cast<long long>(o.seq),
-              o.dtype.c_str(), acc.name.c_str(), acc.bytes_per_s / 1e12, acc.memory_bytes / 1e9, acc.source.c_str());
+  std::printf("Memory-bound decoding: %s (K = %lld), S = %lld, %s on %s (%.2f TB/s, %.0f GB, %s)\n", o.common.model.c_str(),
+              static_cast<long long>(c.num_kv_heads), static_cast<long long>(o.seq), o.dtype.c_str(), acc.name.c_str(),
+              acc.bytes_per_s / 1e12, acc.memory_bytes / 1e9, acc.source.c_str());
   std::printf("latency = (parameters + B × KV cache) / bandwidth; throughput = B / latency\n\n");
   std::printf("%6s %12s %14s %16s %16s  %s\n", "B", "memory (GB)", "latency (ms)", "throughput (t/s)", "compute (ms)", "");
   json rows = json::array();
@@ -150,23 +166,32 @@ int latency(const Options& o) {
     const auto p = memory_bound_latency(c, o.seq, B, acc, w);
     std::printf("%6lld %12.1f %14.2f %16.0f %16.3f  %s\n", static_cast<long long>(B), p.memory_bytes / 1e9,
                 p.latency_s * 1e3, p.throughput, p.compute_s * 1e3, p.fits ? "" : "does not fit");
-    rows.push_back({{"batch", B}, {"memory_bytes", p.memory_bytes}, {"latency_s", p.latency_s},
-                    {"throughput_tokens_per_s", p.throughput}, {"compute_s", p.compute_s}, {"fits", p.fits}});
+    rows.push_back({{"batch", B},
+                    {"memory_bytes", p.memory_bytes},
+                    {"latency_s", p.latency_s},
+                    {"throughput_tokens_per_s", p.throughput},
+                    {"compute_s", p.compute_s},
+                    {"fits", p.fits}});
     if (p.fits) {
       thr.x.push_back(static_cast<double>(B)), thr.y.push_back(p.throughput);
       lat.x.push_back(static_cast<double>(B)), lat.y.push_back(p.latency_s * 1e3);
     }
   }
-  std::printf("\n'compute' is the forward pass's FLOPs over the %s peak: while it is below the latency, the step is\n"
-              "memory-bound, as the lecture says.\n",
-              acc.name.c_str());
+  std::printf(
+      "\n'compute' is the forward pass's FLOPs over the %s peak: while it is below the latency, the step is\n"
+      "memory-bound, as the lecture says.\n",
+      acc.name.c_str());
   fig.series = {thr, lat};
   if (!o.svg.empty()) {
     plot::save_svg(fig, o.svg);
     std::printf("plot: %s\n", o.svg.c_str());
   }
-  emit_json(o, {{"model", o.common.model}, {"seq", o.seq}, {"dtype", o.dtype}, {"kv_heads", c.num_kv_heads},
-                {"accelerator", metrics::to_json(acc)}, {"rows", rows}});
+  emit_json(o, {{"model", o.common.model},
+                {"seq", o.seq},
+                {"dtype", o.dtype},
+                {"kv_heads", c.num_kv_heads},
+                {"accelerator", metrics::to_json(acc)},
+                {"rows", rows}});
   return 0;
 }
 
@@ -182,8 +207,9 @@ int roofline(const Options& o) {
     auto more = load_points(f, measured);
     points.insert(points.end(), more.begin(), more.end());
   }
-  std::printf("\nPoints (each against the measured ceiling of its kind: a working set in cache against a streaming read\n"
-              "of as many bytes in cache, a larger one against the read from memory):\n");
+  std::printf(
+      "\nPoints (each against the measured ceiling of its kind: a working set in cache against a streaming read\n"
+      "of as many bytes in cache, a larger one against the read from memory):\n");
   for (const auto& p : points) std::printf("  %-28s %s\n", p.label.c_str(), metrics::describe(p).c_str());
   std::vector<metrics::Ceiling> roofs = {measured};
   for (const auto& c : metrics::accelerator_presets()) roofs.push_back(c);
@@ -205,19 +231,24 @@ int lecture(const Options& o) {
   for (const auto& c : claims) {
     if (c.verdict != Claim::Disagree) continue;
     ++dis;
-    std::printf("✗ %s\n    lecture: %s   computed: %s\n    %s\n", c.claim.c_str(), c.lecture.c_str(),
-                c.computed.c_str(), c.why.c_str());
+    std::printf("✗ %s\n    lecture: %s   computed: %s\n    %s\n", c.claim.c_str(), c.lecture.c_str(), c.computed.c_str(),
+                c.why.c_str());
   }
-  std::printf("\n%zu numbers checked; %d disagree (listed above). The full table: docs/lecture-numbers.md\n",
-              claims.size(), dis);
+  std::printf("\n%zu numbers checked; %d disagree (listed above). The full table: docs/lecture-numbers.md\n", claims.size(),
+              dis);
   if (!o.markdown.empty()) {
     write_text(o.markdown, lecture_markdown());
     std::printf("wrote %s\n", o.markdown.c_str());
   }
   json j = json::array();
   for (const auto& c : claims)
-    j.push_back({{"section", c.section}, {"claim", c.claim}, {"lecture", c.lecture}, {"computed", c.computed},
-                 {"verdict", c.verdict == Claim::Agree ? "agree" : c.verdict == Claim::Disagree ? "disagree" : "external"},
+    j.push_back({{"section", c.section},
+                 {"claim", c.claim},
+                 {"lecture", c.lecture},
+                 {"computed", c.computed},
+                 {"verdict", c.verdict == Claim::Agree      ? "agree"
+                             : c.verdict == Claim::Disagree ? "disagree"
+                                                            : "external"},
                  {"why", c.why}});
   emit_json(o, j);
   return 0;
@@ -245,10 +276,16 @@ int headline(const Options& o) {
   auto point = [](const LatencyPoint& p) {
     return json{{"latency_s", p.latency_s}, {"throughput_tokens_per_s", p.throughput}, {"memory_bytes", p.memory_bytes}};
   };
-  emit_json(o, {{"model", "Llama-2-13B"}, {"seq", 1024}, {"dtype", "bf16"}, {"accelerator", metrics::to_json(h100)},
+  emit_json(o, {{"model", "Llama-2-13B"},
+                {"seq", 1024},
+                {"dtype", "bf16"},
+                {"accelerator", metrics::to_json(h100)},
                 {"decode_step", {{"flops", step.flops}, {"bytes", step.bytes}, {"intensity", step.intensity()}}},
-                {"batch_1", point(p1)}, {"batch_64", point(p64)}, {"cpu_ceiling", metrics::to_json(cpu)},
-                {"lecture_numbers", lecture_claims().size()}, {"lecture_disagreements", dis}});
+                {"batch_1", point(p1)},
+                {"batch_64", point(p64)},
+                {"cpu_ceiling", metrics::to_json(cpu)},
+                {"lecture_numbers", lecture_claims().size()},
+                {"lecture_disagreements", dis}});
   return 0;
 }
 
@@ -264,7 +301,8 @@ int main(int argc, char** argv) {
               "chapters/00_workload/README.md", "理解推理工作负载");
   auto add_model_opts = [&](CLI::App* s) {
     add_model_option(*s, o.common);
-    s->get_option("--model")->description("A named model (Llama-2-7B/13B/70B, Llama-3-8B/70B, Llama-3.1-405B) or a config.json");
+    s->get_option("--model")->description(
+        "A named model (Llama-2-7B/13B/70B, Llama-3-8B/70B, Llama-3.1-405B) or a config.json");
     add_json_option(*s, o.common.json);
     s->add_option("--dtype", o.dtype, "Bytes per value: f32, bf16, f16, fp8 or int8")
         ->check(CLI::IsMember({"f32", "bf16", "f16", "fp8", "int8"}))

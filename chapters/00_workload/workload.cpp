@@ -47,7 +47,7 @@ Cost forward_cost(const TransformerConfig& c, double B, double S, double T, doub
   // Each step also writes the new tokens' K and V into the cache.
   total.bytes += static_cast<double>(c.kv_cache_bytes(1, 1)) * w * tokens;
   total += matmul_cost(tokens, D, c.vocab_size, w);  // the output head
-  total.bytes += w * tokens * D;  // the embedding rows of the new tokens
+  total.bytes += w * tokens * D;                     // the embedding rows of the new tokens
   return total;
 }
 
@@ -59,8 +59,8 @@ std::int64_t max_batch(const TransformerConfig& c, std::int64_t S, double memory
   return static_cast<std::int64_t>(std::floor(free / static_cast<double>(c.kv_cache_bytes(S, w))));
 }
 
-LatencyPoint memory_bound_latency(const TransformerConfig& c, std::int64_t S, std::int64_t B,
-                                  const metrics::Ceiling& acc, std::int64_t w) {
+LatencyPoint memory_bound_latency(const TransformerConfig& c, std::int64_t S, std::int64_t B, const metrics::Ceiling& acc,
+                                  std::int64_t w) {
   LatencyPoint p;
   p.batch = B;
   // EXERCISE 00.4 BEGIN: a memory-bound step's latency and throughput
@@ -71,8 +71,8 @@ LatencyPoint memory_bound_latency(const TransformerConfig& c, std::int64_t S, st
   // lab::not_done("00.4", "set p.memory_bytes (the weights once, plus B caches of S positions), p.latency_s "
   //                       "(those bytes at the accelerator's bandwidth) and p.throughput (tokens per second)");
   // EXERCISE 00.4 END
-  p.compute_s = forward_cost(c, static_cast<double>(B), static_cast<double>(S), 1, static_cast<double>(w)).flops /
-                acc.flops_per_s;
+  p.compute_s =
+      forward_cost(c, static_cast<double>(B), static_cast<double>(S), 1, static_cast<double>(w)).flops / acc.flops_per_s;
   p.fits = acc.memory_bytes <= 0 || p.memory_bytes <= acc.memory_bytes;
   return p;
 }
@@ -103,8 +103,7 @@ const std::vector<NamedModel>& named_models() {
       {"Llama-2-70B", llama(8192, 28672, 80, 64, 8, 32000, 4096, 1e4), "meta-llama/Llama-2-70b-hf config.json"},
       {"Llama-3-8B", llama(4096, 14336, 32, 32, 8, 128256, 8192, 5e5), "meta-llama/Meta-Llama-3-8B config.json"},
       {"Llama-3-70B", llama(8192, 28672, 80, 64, 8, 128256, 8192, 5e5), "meta-llama/Meta-Llama-3-70B config.json"},
-      {"Llama-3.1-405B", llama(16384, 53248, 126, 128, 8, 128256, 131072, 5e5),
-       "meta-llama/Llama-3.1-405B config.json"},
+      {"Llama-3.1-405B", llama(16384, 53248, 126, 128, 8, 128256, 131072, 5e5), "meta-llama/Llama-3.1-405B config.json"},
   };
   return models;
 }

@@ -55,14 +55,14 @@ std::int64_t max_batch(const TransformerConfig& c, std::int64_t S, double memory
 /// sequence's KV cache is read once per generated token.
 struct LatencyPoint {
   std::int64_t batch = 0;
-  double memory_bytes = 0;      ///< params + B · KV(S)
-  double latency_s = 0;         ///< memory / bandwidth
-  double throughput = 0;        ///< B / latency, tokens per second
-  double compute_s = 0;         ///< forward FLOPs / peak: the other roof, for comparison
-  bool fits = true;             ///< memory_bytes ≤ the accelerator's capacity
+  double memory_bytes = 0;  ///< params + B · KV(S)
+  double latency_s = 0;     ///< memory / bandwidth
+  double throughput = 0;    ///< B / latency, tokens per second
+  double compute_s = 0;     ///< forward FLOPs / peak: the other roof, for comparison
+  bool fits = true;         ///< memory_bytes ≤ the accelerator's capacity
 };
-LatencyPoint memory_bound_latency(const TransformerConfig& c, std::int64_t S, std::int64_t B,
-                                  const metrics::Ceiling& acc, std::int64_t w = 2);
+LatencyPoint memory_bound_latency(const TransformerConfig& c, std::int64_t S, std::int64_t B, const metrics::Ceiling& acc,
+                                  std::int64_t w = 2);
 
 /// A named model with its published dimensions.
 struct NamedModel {

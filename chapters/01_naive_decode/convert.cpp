@@ -62,12 +62,15 @@ void convert_hf_to_llama2c(const std::string& folder, const std::string& out_fil
   const auto& c = m.config;
   // A llama2.c header has no field for these; a reader assumes the values below, so any other
   // value would be written into a file that runs and computes something else.
-  IL_CHECK(m.rope_pairing == RopePairing::HalfSplit, folder, " is already a llama2.c checkpoint; convert a Hugging Face folder");
+  IL_CHECK(m.rope_pairing == RopePairing::HalfSplit, folder,
+           " is already a llama2.c checkpoint; convert a Hugging Face folder");
   IL_CHECK(c.rope_theta == 10000.0 && c.rms_norm_eps == 1e-5 && c.rope_scaling.is_null() &&
                c.head_dim * c.num_heads == c.hidden_size,
            folder, ": llama2.c's header cannot express rope_theta ", c.rope_theta, ", rms_norm_eps ", c.rms_norm_eps,
-           c.rope_scaling.is_null() ? "" : ", rope_scaling", " or a head_dim other than hidden_size / heads (it assumes "
-           "10000, 1e-05, no scaling and ", c.hidden_size / c.num_heads, ")");
+           c.rope_scaling.is_null() ? "" : ", rope_scaling",
+           " or a head_dim other than hidden_size / heads (it assumes "
+           "10000, 1e-05, no scaling and ",
+           c.hidden_size / c.num_heads, ")");
   std::map<std::string, Tensor> t;
   auto f32 = [](const Tensor& x) { return x.to(DType::F32); };
   t["model.embed_tokens.weight"] = f32(m.embed);

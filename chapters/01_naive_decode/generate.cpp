@@ -22,8 +22,8 @@ double Generation::tpot_s() const {
 }
 
 Generation generate(const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                    const std::vector<std::int64_t>& eos_ids, Device device, Feed feed,
-                    const NextLogits& next_logits, const OnToken& on_token) {
+                    const std::vector<std::int64_t>& eos_ids, Device device, Feed feed, const NextLogits& next_logits,
+                    const OnToken& on_token) {
   Generation g;
   g.tokens = prompt;
   std::vector<std::int32_t> input = prompt;  // the first step feeds the prompt either way
@@ -34,14 +34,15 @@ Generation generate(const std::vector<std::int32_t>& prompt, int max_new, Sample
     metrics::Timer timer;
     // Anything that fails in this step (the forward pass, the sampler, the device) says which
     // token it was making and at which position it sits.
-    with_context([&] { return "generating token " + std::to_string(i + 1) + " (position " + std::to_string(g.tokens.size()) + ")"; },
-                 [&] {
-                   metrics::CountScope scope;
-                   s.token = sampler.sample(next_logits(input));
-                   s.work = scope.work();
-                   if (auto it = scope.by_op().find("attention"); it != scope.by_op().end()) s.attention_flops = it->second.flops;
-                   if (device == Device::CUDA) cuda::synchronize();
-                 });
+    with_context(
+        [&] { return "generating token " + std::to_string(i + 1) + " (position " + std::to_string(g.tokens.size()) + ")"; },
+        [&] {
+      metrics::CountScope scope;
+      s.token = sampler.sample(next_logits(input));
+      s.work = scope.work();
+      if (auto it = scope.by_op().find("attention"); it != scope.by_op().end()) s.attention_flops = it->second.flops;
+      if (device == Device::CUDA) cuda::synchronize();
+        });
     s.seconds = timer.seconds();
     g.steps.push_back(s);
     g.tokens.push_back(s.token);
@@ -60,8 +61,9 @@ Generation generate(const std::vector<std::int32_t>& prompt, int max_new, Sample
 Generation generate_naive(const Llama& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
                           const std::vector<std::int64_t>& eos_ids, const OnToken& on_token) {
   check_context(m, prompt.size(), max_new);
-  return generate(prompt, max_new, sampler, eos_ids, m.device(), Feed::WholeSequence,
-                  [&](const std::vector<std::int32_t>& tokens) { return forward(m, tokens); }, on_token);
+  return generate(
+      prompt, max_new, sampler, eos_ids, m.device(), Feed::WholeSequence,
+      [&](const std::vector<std::int32_t>& tokens) { return forward(m, tokens); }, on_token);
 }
 
 }  // namespace inferlab::ch01

@@ -22,11 +22,11 @@ struct Step {
 };
 
 struct Generation {
-  std::vector<std::int32_t> tokens;     ///< prompt followed by the generated tokens
+  std::vector<std::int32_t> tokens;  ///< prompt followed by the generated tokens
   std::vector<std::int32_t> generated;
   std::vector<Step> steps;
   bool stopped_at_eos = false;
-  double total_s = 0;                   ///< wall-clock time of the whole loop
+  double total_s = 0;  ///< wall-clock time of the whole loop
 
   /// The lecture's serving metrics. Time to first token: the first step (for a cached model,
   /// the prefill) with its sample.
@@ -52,8 +52,8 @@ enum class Feed { WholeSequence, NewTokens };
 /// `device` is where the model runs (its queue is drained before a step's clock stops). An error
 /// in a step names it: "generating token 3 (position 17): sample: logit 0 is NaN …".
 Generation generate(const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                    const std::vector<std::int64_t>& eos_ids, Device device, Feed feed,
-                    const NextLogits& next_logits, const OnToken& on_token = nullptr);
+                    const std::vector<std::int64_t>& eos_ids, Device device, Feed feed, const NextLogits& next_logits,
+                    const OnToken& on_token = nullptr);
 
 /// Naive decoding: every step runs the forward pass over the whole sequence so far and keeps
 /// only its last row of logits. Throws when the prompt plus max_new would not fit the context.

@@ -9,7 +9,8 @@ namespace inferlab::ch01 {
 namespace fs = std::filesystem;
 
 HfWeights::HfWeights(const HfConfig& hf, const TransformerConfig& c, const std::string& path)
-    : config_path_(hf.path), tied_(c.tie_word_embeddings),
+    : config_path_(hf.path),
+      tied_(c.tie_word_embeddings),
       ck_(fs::is_directory(path) ? path : fs::path(path).parent_path().string()) {
   // Said by the config, missing from the checkpoint: refused by field rather than run without.
   IL_CHECK(c.tie_word_embeddings || ck_.contains("lm_head.weight"), hf.path, ": field 'tie_word_embeddings' is false",

@@ -45,7 +45,7 @@ Tensor head(const Llama& m, const Tensor& x) { return linear(norm(m, x, m.final_
 // The forward pass: embed, then per layer attention and MLP with residuals, then the head.
 Tensor forward(const Llama& m, const std::vector<std::int32_t>& tokens, bool all_positions) {
   const Tensor pos = positions(m, 0, static_cast<std::int64_t>(tokens.size()));  // token t sits at position t
-  Tensor x = embed(m, tokens);  // [T, D], the residual stream
+  Tensor x = embed(m, tokens);                                                   // [T, D], the residual stream
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
     const LlamaLayer& l = m.layers[i];
     ops::add(x, attention_block(m, l, norm(m, x, l.attn_norm), pos), x);
@@ -147,11 +147,15 @@ Llama load_llama(const std::string& path) {
   }
   const HfConfig hf = load_hf_config(path);
   const std::string arch = hf.architecture();
-  IL_CHECK(!arch.empty(), hf.path, ": field 'architectures' must be a list whose first entry names the model class "
-           "(e.g. [\"LlamaForCausalLM\"]), got ", hf.json.contains("architectures") ? hf.json["architectures"].dump() : "nothing");
-  IL_CHECK(arch != "MinistralForCausalLM", hf.path, ": MinistralForCausalLM has sliding-window layers, which chapter 06 "
+  IL_CHECK(!arch.empty(), hf.path,
+           ": field 'architectures' must be a list whose first entry names the model class "
+           "(e.g. [\"LlamaForCausalLM\"]), got ",
+           hf.json.contains("architectures") ? hf.json["architectures"].dump() : "nothing");
+  IL_CHECK(arch != "MinistralForCausalLM", hf.path,
+           ": MinistralForCausalLM has sliding-window layers, which chapter 06 "
            "implements (ch06_local_attention); chapter 01 would attend to everything");
-  IL_CHECK(arch != "InferLabMDLMForMaskedDiffusion", hf.path, ": a masked-diffusion denoiser (bidirectional, no causal "
+  IL_CHECK(arch != "InferLabMDLMForMaskedDiffusion", hf.path,
+           ": a masked-diffusion denoiser (bidirectional, no causal "
            "mask), which chapter 08 runs (ch08_diffusion_lm); chapter 01 would decode it left to right");
   IL_CHECK(llama_family(arch), hf.path, ": architecture '", arch,
            "' is not a Llama-family decoder this chapter can run (LlamaForCausalLM, MistralForCausalLM, "
@@ -176,7 +180,8 @@ Llama load_hf_decoder(const HfConfig& hf, const TransformerConfig& c, const std:
   // Biases the config declares, missing from the checkpoint: refused by field, not by tensor.
   auto require = [&](const std::string& n, const char* field) {
     IL_CHECK(ck.contains(n), hf.path, ": field '", field, "' is true",
-             fields.has(field) ? "" : " (for model_type " + hf.model_type() + ")", " but ", ck.path(), " has no tensor '", n, "'");
+             fields.has(field) ? "" : " (for model_type " + hf.model_type() + ")", " but ", ck.path(), " has no tensor '", n,
+             "'");
   };
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -263,7 +268,9 @@ Llama Llama::to(Device device, DType dtype) const {
   auto f32 = [&](const Tensor& t) { return t.defined() ? t.to(DType::F32).to(device) : t; };
   // A failure (out of device memory, a value a 16-bit type cannot hold) names the part it hit.
   auto at = [&](const std::string& part) {
-    return [&, part] { return "converting " + part + " to " + std::string(dtype_name(dtype)) + " on " + std::string(device_name(device)); };
+    return [&, part] {
+      return "converting " + part + " to " + std::string(dtype_name(dtype)) + " on " + std::string(device_name(device));
+    };
   };
   Llama m = *this;
   with_context(at("the embedding, final norm and head"), [&] {

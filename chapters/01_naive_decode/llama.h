@@ -21,12 +21,12 @@
 namespace inferlab::ch01 {
 
 struct LlamaLayer {
-  Tensor attn_norm;              ///< [D] RMSNorm before attention
+  Tensor attn_norm;  ///< [D] RMSNorm before attention
   /// [N·H, D], [K·H, D], [K·H, D], [D, N·H]; biases on q/k/v in Qwen2, on all four with Llama's
   /// attention_bias
   Linear wq, wk, wv, wo;
-  Tensor mlp_norm;               ///< [D] RMSNorm before the MLP
-  Linear w_gate, w_up, w_down;   ///< [F, D], [F, D], [D, F]; biases with Llama's mlp_bias
+  Tensor mlp_norm;              ///< [D] RMSNorm before the MLP
+  Linear w_gate, w_up, w_down;  ///< [F, D], [F, D], [D, F]; biases with Llama's mlp_bias
   /// The seven projections, for loops over all of them.
   std::array<Linear*, 7> linears() { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
   std::array<const Linear*, 7> linears() const { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
@@ -35,8 +35,8 @@ struct LlamaLayer {
 struct Llama {
   TransformerConfig config;
   RopePairing rope_pairing = RopePairing::HalfSplit;  ///< Adjacent for llama2.c checkpoints
-  Tensor inv_freq;     ///< [H/2] RoPE frequencies (with the config's rope_scaling applied)
-  Tensor embed;        ///< [V, D]
+  Tensor inv_freq;                                    ///< [H/2] RoPE frequencies (with the config's rope_scaling applied)
+  Tensor embed;                                       ///< [V, D]
   std::vector<LlamaLayer> layers;
   Tensor final_norm;   ///< [D]
   Linear lm_head;      ///< [V, D]; its weight is the embed tensor when the embeddings are tied

@@ -38,15 +38,21 @@ int main(int argc, char** argv) {
   std::string tokenizer_path, dtype = "f32";
   bool all_steps = false;
   add_common_options(app, o);
-  help_footer(app, "tiny-mha continues \"Once upon a time\" for 32 tokens, re-running the whole sequence each step, "
-              "with each step's time and FLOPs", "chapters/01_naive_decode/README.md", "朴素推理与 KV Cache");
+  help_footer(app,
+              "tiny-mha continues \"Once upon a time\" for 32 tokens, re-running the whole sequence each step, "
+              "with each step's time and FLOPs",
+              "chapters/01_naive_decode/README.md", "朴素推理与 KV Cache");
   app.add_option("--tokenizer", tokenizer_path, "Tokenizer file (default: the one beside the model)");
-  app.add_option("--dtype", dtype, "Weight dtype: f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
+  app.add_option("--dtype", dtype, "Weight dtype: f32, bf16 or f16")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
   app.add_flag("--steps", all_steps, "Print every step (default: eight spread over the run)");
   std::string conv_in, conv_out, conv_to;
   auto* conv = app.add_subcommand("convert", "Convert between a llama2.c checkpoint and a Hugging Face folder");
   conv->add_option("input", conv_in, "llama2.c .bin checkpoint, or Hugging Face model folder")->required();
-  conv->add_option("output", conv_out, "output folder (to hf) or .bin file (to llama2c)")->required()->check(output_folder());
+  conv->add_option("output", conv_out, "output folder (to hf) or .bin file (to llama2c)")
+      ->required()
+      ->check(output_folder());
   conv->add_option("--to", conv_to, "hf or llama2c")->required()->check(CLI::IsMember({"hf", "llama2c"}));
   conv->add_option("--tokenizer", tokenizer_path, "llama2.c tokenizer.bin (default: the one beside the checkpoint)");
   bare_run_options_only(app);
@@ -61,7 +67,7 @@ int main(int argc, char** argv) {
     const DType wt = dtype == "bf16" ? DType::BF16 : dtype == "f16" ? DType::F16 : DType::F32;
     Llama m = load_llama(o.model).to(dev, wt);
     const auto tok = Tokenizer::for_model(o.model, tokenizer_path);
-    const auto prompt = tok->encode(o.prompt);  // an empty prompt is the BOS token alone
+    const auto prompt = tok->encode(o.prompt);          // an empty prompt is the BOS token alone
     check_context(m, prompt.size(), o.max_new_tokens);  // before the prompt is echoed
     std::vector<std::int64_t> eos = m.config.eos_token_ids;
     if (m.rope_pairing == RopePairing::Adjacent) eos.push_back(1);  // llama2.c models end a story with BOS
@@ -71,8 +77,8 @@ int main(int argc, char** argv) {
     std::printf("naive decoding: each step runs the forward pass over the whole sequence so far\n\n");
     Sampler sampler(o.sampling(*tok, m.config.vocab_size));
     TextStream stream(*tok, prompt);
-    const Generation g = generate_naive(m, prompt, o.max_new_tokens, sampler, eos,
-                                        [&](const Generation& gen) { stream.print(gen.tokens); });
+    const Generation g =
+        generate_naive(m, prompt, o.max_new_tokens, sampler, eos, [&](const Generation& gen) { stream.print(gen.tokens); });
     std::printf("\n\n%6s %8s %11s %14s %14s %10s\n", "step", "tokens", "time (ms)", "attn MFLOP", "other MFLOP", "MB moved");
     std::vector<double> len, attn, other, secs;
     double total_s = 0, total_flops = 0;
@@ -85,31 +91,43 @@ int main(int argc, char** argv) {
       const std::size_t n = g.steps.size();
       const bool show = all_steps || n <= 8 || i == 0 || i + 1 == n || i % std::max<std::size_t>(1, n / 6) == 0;
       if (show)
-        std::printf("%6zu %8lld %11.3f %14.3f %14.3f %10.2f\n", i + 1, static_cast<long long>(s.tokens_in),
-                    s.seconds * 1e3, at / 1e6, rest / 1e6, s.work.bytes / 1e6);
+        std::printf("%6zu %8lld %11.3f %14.3f %14.3f %10.2f\n", i + 1, static_cast<long long>(s.tokens_in), s.seconds * 1e3,
+                    at / 1e6, rest / 1e6, s.work.bytes / 1e6);
     }
     const std::optional<double> ea = power_law_exponent(len, attn), eo = power_law_exponent(len, other);
     std::printf("\n%zu tokens in %.1f ms (%.1f tokens/s), %.3f GFLOP in all%s.\n", g.generated.size(), total_s * 1e3,
                 static_cast<double>(g.generated.size()) / total_s, total_flops / 1e9,
                 g.stopped_at_eos ? "; the model ended the text (an end-of-text token)" : "");
     if (ea && eo)
-      std::printf("Per step, attention FLOPs grow like T^%.2f and the rest like T^%.2f; summed over T steps, the\n"
-                  "attention costs O(T^3) and the rest O(T^2). Chapter 02's KV cache makes each step O(T).\n",
-                  *ea, *eo);
+      std::printf(
+          "Per step, attention FLOPs grow like T^%.2f and the rest like T^%.2f; summed over T steps, the\n"
+          "attention costs O(T^3) and the rest O(T^2). Chapter 02's KV cache makes each step O(T).\n",
+          *ea, *eo);
     else
-      std::printf("With %zu step%s there is no growth to fit (it takes two lengths or more; more --max-new-tokens, or\n"
-                  "a prompt the model does not end at once).\n",
-                  g.steps.size(), g.steps.size() == 1 ? "" : "s");
+      std::printf(
+          "With %zu step%s there is no growth to fit (it takes two lengths or more; more --max-new-tokens, or\n"
+          "a prompt the model does not end at once).\n",
+          g.steps.size(), g.steps.size() == 1 ? "" : "s");
     if (!o.json.empty()) {
       nlohmann::json steps = nlohmann::json::array();
       for (const auto& s : g.steps)
-        steps.push_back({{"tokens_in", s.tokens_in}, {"seconds", s.seconds}, {"flops", s.work.flops},
-                         {"attention_flops", s.attention_flops}, {"bytes", s.work.bytes}, {"token", s.token}});
-      write_json(o.json, {{"model", m.source}, {"device", device_name(dev)}, {"weight_dtype", dtype_name(m.weight_dtype())},
-                          {"prompt", o.prompt}, {"prompt_tokens", prompt}, {"generated_tokens", g.generated},
-                          {"text", tok->decode(g.generated, true)}, {"steps", steps},
-                          {"attention_flops_exponent", ea ? nlohmann::json(*ea) : nlohmann::json()},
-                          {"other_flops_exponent", eo ? nlohmann::json(*eo) : nlohmann::json()}},
+        steps.push_back({{"tokens_in", s.tokens_in},
+                         {"seconds", s.seconds},
+                         {"flops", s.work.flops},
+                         {"attention_flops", s.attention_flops},
+                         {"bytes", s.work.bytes},
+                         {"token", s.token}});
+      write_json(o.json,
+                 {{"model", m.source},
+                  {"device", device_name(dev)},
+                  {"weight_dtype", dtype_name(m.weight_dtype())},
+                  {"prompt", o.prompt},
+                  {"prompt_tokens", prompt},
+                  {"generated_tokens", g.generated},
+                  {"text", tok->decode(g.generated, true)},
+                  {"steps", steps},
+                  {"attention_flops_exponent", ea ? nlohmann::json(*ea) : nlohmann::json()},
+                  {"other_flops_exponent", eo ? nlohmann::json(*eo) : nlohmann::json()}},
                  {o.model, tokenizer_path});
     }
     return 0;

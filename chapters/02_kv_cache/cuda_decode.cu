@@ -6,10 +6,10 @@
 #include <cstdint>
 
 #include "chapters/02_kv_cache/cuda_decode.h"
+#include "chapters/02_kv_cache/decode_attention.cuh"
 #include "common/cuda/backend.h"
 #include "common/cuda/gemv.cuh"
 #include "common/cuda/util.cuh"
-#include "chapters/02_kv_cache/decode_attention.cuh"
 
 namespace inferlab::ch02 {
 
@@ -108,8 +108,10 @@ struct CudaDecoder::Impl {
   using Segments = cuda::GemvSegments<bf16>;
   static const float* bias(const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; }
   static Segments one(const Linear& w, std::int64_t rows) {
-    return Segments{{static_cast<const bf16*>(w.weight.raw_data()), nullptr, nullptr}, {bias(w.bias), nullptr, nullptr},
-                    {static_cast<int>(rows), 0, 0}, 1};
+    return Segments{{static_cast<const bf16*>(w.weight.raw_data()), nullptr, nullptr},
+                    {bias(w.bias), nullptr, nullptr},
+                    {static_cast<int>(rows), 0, 0},
+                    1};
   }
 
   // The whole decode step, as a sequence of launches on stream(): captured once into a graph.
@@ -122,9 +124,11 @@ struct CudaDecoder::Impl {
     IL_CUDA_LAUNCHED();
     for (std::size_t li = 0; li < m.layers.size(); ++li) {
       const auto& l = m.layers[li];
-      cuda::rmsnorm_rows<float><<<1, 1024, 0, stream()>>>(x.data<float>(), l.attn_norm.data<float>(), h.data<float>(), D, eps);
+      cuda::rmsnorm_rows<float>
+          <<<1, 1024, 0, stream()>>>(x.data<float>(), l.attn_norm.data<float>(), h.data<float>(), D, eps);
       IL_CUDA_LAUNCHED();
-      const Segments qkv_s{{static_cast<const bf16*>(l.wq.weight.raw_data()), static_cast<const bf16*>(l.wk.weight.raw_data()),
+      const Segments qkv_s{{static_cast<const bf16*>(l.wq.weight.raw_data()),
+                            static_cast<const bf16*>(l.wk.weight.raw_data()),
                             static_cast<const bf16*>(l.wv.weight.raw_data())},
                            {bias(l.wq.bias), bias(l.wk.bias), bias(l.wv.bias)},
                            {static_cast<int>(N * H), static_cast<int>(Kh * H), static_cast<int>(Kh * H)},
@@ -141,12 +145,12 @@ struct CudaDecoder::Impl {
           pm.data<float>(), pl.data<float>(), pacc.data<float>(), static_cast<int>(N), static_cast<int>(Kh),
           static_cast<int>(H), scale);
       IL_CUDA_LAUNCHED();
-      attention_merge<<<static_cast<unsigned>(N), kAttnThreads, 0, stream()>>>(pm.data<float>(), pl.data<float>(),
-                                                                               pacc.data<float>(), attn.data<float>(),
-                                                                               splits, static_cast<int>(H));
+      attention_merge<<<static_cast<unsigned>(N), kAttnThreads, 0, stream()>>>(
+          pm.data<float>(), pl.data<float>(), pacc.data<float>(), attn.data<float>(), splits, static_cast<int>(H));
       IL_CUDA_LAUNCHED();
       cuda::launch_gemv(one(l.wo, D), attn.data<float>(), x.data<float>(), N * H, true);  // x += Wo·attn + bo
-      cuda::rmsnorm_rows<float><<<1, 1024, 0, stream()>>>(x.data<float>(), l.mlp_norm.data<float>(), h.data<float>(), D, eps);
+      cuda::rmsnorm_rows<float>
+          <<<1, 1024, 0, stream()>>>(x.data<float>(), l.mlp_norm.data<float>(), h.data<float>(), D, eps);
       IL_CUDA_LAUNCHED();
       const bf16* gate_up[2] = {static_cast<const bf16*>(l.w_gate.weight.raw_data()),
                                 static_cast<const bf16*>(l.w_up.weight.raw_data())};
@@ -160,7 +164,8 @@ struct CudaDecoder::Impl {
       IL_CUDA_LAUNCHED();
       cuda::launch_gemv(one(l.w_down, D), hid.data<float>(), x.data<float>(), F, true);  // x += Wdown·hid
     }
-    cuda::rmsnorm_rows<float><<<1, 1024, 0, stream()>>>(x.data<float>(), m.final_norm.data<float>(), h.data<float>(), D, eps);
+    cuda::rmsnorm_rows<float>
+        <<<1, 1024, 0, stream()>>>(x.data<float>(), m.final_norm.data<float>(), h.data<float>(), D, eps);
     IL_CUDA_LAUNCHED();
     cuda::launch_gemv(one(m.lm_head, V), h.data<float>(), logits.data<float>(), D, false);
     // Greedy steps choose the next token and advance the position on the device; step() sets

@@ -6,9 +6,18 @@ namespace inferlab::ch02 {
 struct CudaDecoder::Impl {};
 CudaDecoder::CudaDecoder(const ch01::Llama&, std::int64_t, bool) { cuda::require_device(); }
 CudaDecoder::~CudaDecoder() = default;
-Tensor CudaDecoder::prefill(const std::vector<std::int32_t>&) { cuda::require_device(); return {}; }
-Tensor CudaDecoder::step(std::int32_t) { cuda::require_device(); return {}; }
-std::vector<std::int32_t> CudaDecoder::greedy(std::int32_t, int) { cuda::require_device(); return {}; }
+Tensor CudaDecoder::prefill(const std::vector<std::int32_t>&) {
+  cuda::require_device();
+  return {};
+}
+Tensor CudaDecoder::step(std::int32_t) {
+  cuda::require_device();
+  return {};
+}
+std::vector<std::int32_t> CudaDecoder::greedy(std::int32_t, int) {
+  cuda::require_device();
+  return {};
+}
 std::int64_t CudaDecoder::length() const { return 0; }
 const ContiguousKVCache& CudaDecoder::cache() const {
   cuda::require_device();

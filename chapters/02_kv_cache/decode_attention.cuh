@@ -55,8 +55,8 @@ __global__ void attention_partial(const float* __restrict__ q, const float* __re
 }
 
 // Flash-decoding, part 2: rescale each chunk by e^(m_c − M) and normalise by the total sum.
-__global__ void attention_merge(const float* __restrict__ pm, const float* __restrict__ pl,
-                                const float* __restrict__ pacc, float* __restrict__ out, int splits, int H) {
+__global__ void attention_merge(const float* __restrict__ pm, const float* __restrict__ pl, const float* __restrict__ pacc,
+                                float* __restrict__ out, int splits, int H) {
   const int h = blockIdx.x;
   float M = -INFINITY;
   for (int c = 0; c < splits; ++c) M = fmaxf(M, pm[h * splits + c]);
@@ -64,7 +64,8 @@ __global__ void attention_merge(const float* __restrict__ pm, const float* __res
   for (int c = 0; c < splits; ++c) L += pl[h * splits + c] * expf(pm[h * splits + c] - M);
   for (int d = threadIdx.x; d < H; d += blockDim.x) {
     float o = 0.0f;
-    for (int c = 0; c < splits; ++c) o += pacc[static_cast<long long>(h * splits + c) * H + d] * expf(pm[h * splits + c] - M);
+    for (int c = 0; c < splits; ++c)
+      o += pacc[static_cast<long long>(h * splits + c) * H + d] * expf(pm[h * splits + c] - M);
     out[h * H + d] = o / L;
   }
 }

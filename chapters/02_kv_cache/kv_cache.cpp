@@ -61,17 +61,20 @@ void RowCache::truncate(std::int64_t n) {
 ContiguousKVCache::ContiguousKVCache(const TransformerConfig& c, std::int64_t capacity, Device device, DType dtype)
     : RowCache("KV cache", capacity), config_(c), dtype_(dtype) {
   const std::int64_t total = bytes();  // the size first: an overflowing capacity is an error, not a failed allocation
-  with_context([&] { return "KV cache of " + std::to_string(capacity) + " positions (" + std::to_string(total) + " bytes)"; }, [&] {
+  with_context(
+      [&] { return "KV cache of " + std::to_string(capacity) + " positions (" + std::to_string(total) + " bytes)"; },
+      [&] {
     for (std::int64_t l = 0; l < c.num_layers; ++l) {
       k_.push_back(Tensor::zeros({capacity, c.num_kv_heads, c.head_dim}, dtype, device));
       v_.push_back(Tensor::zeros({capacity, c.num_kv_heads, c.head_dim}, dtype, device));
     }
-  });
+      });
 }
 
 void ContiguousKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
   IL_CHECK(layer >= 0 && layer < static_cast<std::int64_t>(k_.size()), "KV cache: no layer ", layer);
-  IL_CHECK(k.defined() && v.defined(), "KV cache: layer ", layer, " brings no keys and values to keep (a layer that "
+  IL_CHECK(k.defined() && v.defined(), "KV cache: layer ", layer,
+           " brings no keys and values to keep (a layer that "
            "reads another layer's needs a cache that shares them, chapter 05's SharedKVCache)");
   const std::int64_t start = length_, end = end_of_step(k.size(0));
   // EXERCISE 02.1 BEGIN: keep the new keys and values, attend over the whole cache
@@ -117,8 +120,8 @@ Batch::Batch(const Llama& m, const std::vector<SequenceStep>& seqs) {
     IL_CHECK(s.cache != nullptr, "forward: sequence ", b, " of the batch has no cache");
     IL_CHECK(!s.tokens.empty(), "forward: sequence ", b, " of the batch has no tokens");
     const std::int64_t start = s.cache->length(), T = static_cast<std::int64_t>(s.tokens.size());
-    IL_CHECK(start + T <= m.config.max_position_embeddings, "forward: sequence ", b, " would reach position ",
-             start + T, ", beyond the model's context of ", m.config.max_position_embeddings);
+    IL_CHECK(start + T <= m.config.max_position_embeddings, "forward: sequence ", b, " would reach position ", start + T,
+             ", beyond the model's context of ", m.config.max_position_embeddings);
     for (std::int64_t t = 0; t < T; ++t) {
       tokens.push_back(s.tokens[static_cast<std::size_t>(t)]);
       // EXERCISE 02.2 BEGIN: the position of a new token
@@ -168,13 +171,13 @@ Tensor forward_cached(const Llama& m, KVCache& cache, const std::vector<std::int
   return forward(m, one);
 }
 
-ch01::Generation generate_cached(const Llama& m, const std::vector<std::int32_t>& prompt, int max_new,
-                                 Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
-                                 const ch01::OnToken& on_token) {
+ch01::Generation generate_cached(const Llama& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                                 const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token) {
   ch01::check_context(m, prompt.size(), max_new);
   ContiguousKVCache cache(m.config, static_cast<std::int64_t>(prompt.size()) + max_new, m.device());
-  return ch01::generate(prompt, max_new, sampler, eos_ids, m.device(), ch01::Feed::NewTokens,
-                        [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); }, on_token);
+  return ch01::generate(
+      prompt, max_new, sampler, eos_ids, m.device(), ch01::Feed::NewTokens,
+      [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); }, on_token);
 }
 
 }  // namespace inferlab::ch02

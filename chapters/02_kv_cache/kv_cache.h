@@ -103,9 +103,9 @@ struct SequenceStep {
 
 /// A batch as the model sees it: every sequence's new tokens one after the other, as rows.
 struct Batch {
-  std::vector<std::int32_t> tokens;    ///< all new tokens, sequence after sequence
-  Tensor pos;                          ///< I32: each row's position in its own sequence
-  std::vector<std::int64_t> begin;     ///< sequence b owns rows begin[b] .. begin[b+1] - 1
+  std::vector<std::int32_t> tokens;  ///< all new tokens, sequence after sequence
+  Tensor pos;                        ///< I32: each row's position in its own sequence
+  std::vector<std::int64_t> begin;   ///< sequence b owns rows begin[b] .. begin[b+1] - 1
   std::vector<KVCache*> caches;
   std::vector<std::int64_t> logit_rows;  ///< the rows whose logits the forward pass returns
 

@@ -42,12 +42,15 @@ int main(int argc, char** argv) {
   bool cached_only = false;
   int repeats = 3;
   add_common_options(app, o);
-  help_footer(app, "tiny-mha with chapter 01's naive decoding and the KV cache side by side, 64 new tokens, "
+  help_footer(app,
+              "tiny-mha with chapter 01's naive decoding and the KV cache side by side, 64 new tokens, "
               "3 runs of each: the same tokens, time per token against position, TTFT (best of 20) and TPOT, and the "
               "speed-up in FLOPs computed from the model's shape beside the measured speed-up in time",
               "chapters/02_kv_cache/README.md", "朴素推理与 KV Cache and 推理的两个阶段");
   app.add_option("--tokenizer", tokenizer_path, "Tokenizer file (default: the one beside the model)");
-  app.add_option("--dtype", dtype, "Weight dtype: f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
+  app.add_option("--dtype", dtype, "Weight dtype: f32, bf16 or f16")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
   app.add_flag("--cached-only", cached_only, "Skip the naive run (for long generations)");
   app.add_option("--repeats", repeats, "Runs of each method; each step's time is the fastest of them")
       ->check(number_in(1, 1000))
@@ -131,7 +134,8 @@ int main(int argc, char** argv) {
       else std::printf("%9lld %16.3f %16.3f\n", pos, naive.steps[i].seconds * 1e3, g.steps[i].seconds * 1e3);
     }
     double naive_flops = 0, cached_flops = 0, naive_shape_flops = 0, cached_shape_flops = 0;
-    for (const auto& st : naive.steps) naive_flops += st.work.flops, naive_shape_flops += step_flops(c, st.tokens_in, st.tokens_in);
+    for (const auto& st : naive.steps)
+      naive_flops += st.work.flops, naive_shape_flops += step_flops(c, st.tokens_in, st.tokens_in);
     for (std::size_t i = 0; i < n; ++i) {
       cached_flops += g.steps[i].work.flops;
       cached_shape_flops += step_flops(c, g.steps[i].tokens_in, static_cast<std::int64_t>(prompt.size() + i));
@@ -153,10 +157,10 @@ int main(int argc, char** argv) {
       const auto [cached_min, cached_max] = std::minmax_element(cached_runs.begin(), cached_runs.end());
       std::printf("\nspeed-up in FLOPs: %.1f× computed from the model's shape (%.1f× as the ops counted them)\n",
                   naive_shape_flops / cached_shape_flops, naive_flops / cached_flops);
-      std::printf("speed-up in time:  %.1f×, fastest step of %d runs each (whole runs: naive %.1f–%.1f ms, cached "
-                  "%.2f–%.2f ms)\n",
-                  naive.total_s / g.total_s, repeats, *naive_min * 1e3, *naive_max * 1e3, *cached_min * 1e3,
-                  *cached_max * 1e3);
+      std::printf(
+          "speed-up in time:  %.1f×, fastest step of %d runs each (whole runs: naive %.1f–%.1f ms, cached "
+          "%.2f–%.2f ms)\n",
+          naive.total_s / g.total_s, repeats, *naive_min * 1e3, *naive_max * 1e3, *cached_min * 1e3, *cached_max * 1e3);
       const bool same = naive.generated == g.generated;
       std::printf("the same %zu tokens: %s\n", g.generated.size(),
                   same ? "yes" : "NO (fp32 rounding flipped a near-tie; see the tests for the logit agreement)");
@@ -164,25 +168,40 @@ int main(int argc, char** argv) {
     if (!o.json.empty()) {
       json steps = json::array(), points = json::array();
       for (std::size_t i = 0; i < n; ++i) {
-        steps.push_back({{"position", prompt.size() + i}, {"cached_seconds", g.steps[i].seconds},
-                         {"cached_flops", g.steps[i].work.flops}, {"cached_bytes", g.steps[i].work.bytes},
+        steps.push_back({{"position", prompt.size() + i},
+                         {"cached_seconds", g.steps[i].seconds},
+                         {"cached_flops", g.steps[i].work.flops},
+                         {"cached_bytes", g.steps[i].work.bytes},
                          {"naive_seconds", cached_only ? 0.0 : naive.steps[i].seconds}});
       }
       // Two roofline points for ch00_workload roofline --points: the prefill step and a decode step.
       points.push_back({{"label", "ch02 prefill"}, {"work", metrics::to_json(g.steps[0].work)}, {"seconds", g.ttft_s()}});
       if (n > 1)
-        points.push_back({{"label", "ch02 decode"}, {"work", metrics::to_json(g.steps[n - 1].work)},
+        points.push_back({{"label", "ch02 decode"},
+                          {"work", metrics::to_json(g.steps[n - 1].work)},
                           {"seconds", g.steps[n - 1].seconds}});
-      write_json(o.json, {{"model", m.source}, {"device", device_name(dev)}, {"prompt_tokens", prompt},
-                          {"generated_tokens", g.generated}, {"naive_generated_tokens", naive.generated},
-                          {"repeats", repeats}, {"ttft_runs", ttft_runs}, {"cold_first_forward_s", cold_s},
-                          {"ttft_s", cached_ttft}, {"naive_ttft_s", cached_only ? 0.0 : naive_ttft},
-                          {"tpot_s", g.tpot_s()}, {"total_s", g.total_s}, {"naive_total_s", naive.total_s},
-                          {"cached_runs_s", cached_runs}, {"naive_runs_s", naive_runs},
-                          {"flops_ratio_shape", cached_only ? 0.0 : naive_shape_flops / cached_shape_flops},
-                          {"flops_ratio_counted", cached_only ? 0.0 : naive_flops / cached_flops},
-                          {"time_ratio", cached_only ? 0.0 : naive.total_s / g.total_s},
-                          {"kv_cache_bytes", probe.bytes()}, {"steps", steps}, {"roofline_points", points}},
+      write_json(o.json,
+                 {{"model", m.source},
+                  {"device", device_name(dev)},
+                  {"prompt_tokens", prompt},
+                  {"generated_tokens", g.generated},
+                  {"naive_generated_tokens", naive.generated},
+                  {"repeats", repeats},
+                  {"ttft_runs", ttft_runs},
+                  {"cold_first_forward_s", cold_s},
+                  {"ttft_s", cached_ttft},
+                  {"naive_ttft_s", cached_only ? 0.0 : naive_ttft},
+                  {"tpot_s", g.tpot_s()},
+                  {"total_s", g.total_s},
+                  {"naive_total_s", naive.total_s},
+                  {"cached_runs_s", cached_runs},
+                  {"naive_runs_s", naive_runs},
+                  {"flops_ratio_shape", cached_only ? 0.0 : naive_shape_flops / cached_shape_flops},
+                  {"flops_ratio_counted", cached_only ? 0.0 : naive_flops / cached_flops},
+                  {"time_ratio", cached_only ? 0.0 : naive.total_s / g.total_s},
+                  {"kv_cache_bytes", probe.bytes()},
+                  {"steps", steps},
+                  {"roofline_points", points}},
                  {o.model, tokenizer_path});
     }
     return 0;

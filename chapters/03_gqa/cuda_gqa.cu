@@ -88,8 +88,8 @@ __global__ void gqa_partial(const float* __restrict__ q, const float* __restrict
 
 // One launch of gqa_partial<kG>.
 template <int kG>
-void launch_partial(dim3 grid, const float* q, const float* k, const float* v, const ch02::SplitScratch& s, int N,
-                    int Kh, int H, float scale) {
+void launch_partial(dim3 grid, const float* q, const float* k, const float* v, const ch02::SplitScratch& s, int N, int Kh,
+                    int H, float scale) {
   gqa_partial<kG><<<grid, kAttnThreads, 0, cuda::stream()>>>(q, k, v, s.pos, s.m, s.l, s.acc, N, Kh, H, scale);
   IL_CUDA_LAUNCHED();
 }
@@ -99,14 +99,16 @@ void launch_partial(dim3 grid, const float* q, const float* k, const float* v, c
 void gqa_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t len, Tensor& out) {
   ch02::check_decode_inputs("gqa_decode_attention", q, k, v, len, out);
   const std::int64_t N = q.size(1), H = q.size(2), Kh = k.size(1), G = N / Kh;
-  IL_CHECK(G <= kMaxGroup && G * H <= kMaxGroupDims && H <= 256, "gqa_decode_attention: groups of ", G,
-           " heads of size ", H, " exceed the kernel's limits (", kMaxGroup, " heads, ", kMaxGroupDims, " values)");
+  IL_CHECK(G <= kMaxGroup && G * H <= kMaxGroupDims && H <= 256, "gqa_decode_attention: groups of ", G, " heads of size ", H,
+           " exceed the kernel's limits (", kMaxGroup, " heads, ", kMaxGroupDims, " values)");
   const ch02::SplitScratch s = ch02::split_scratch(N, H, len, cuda::stream());
-  const auto launch = G <= 1 ? launch_partial<1> : G <= 2 ? launch_partial<2> : G <= 4 ? launch_partial<4>
-                    : G <= 8 ? launch_partial<8> : launch_partial<16>;  // the group size rounded up to a power of two
-  launch(dim3(static_cast<unsigned>(Kh), static_cast<unsigned>(s.splits)), q.data<float>(), k.data<float>(),
-         v.data<float>(), s, static_cast<int>(N), static_cast<int>(Kh), static_cast<int>(H),
-         1.0f / std::sqrt(static_cast<float>(H)));
+  const auto launch = G <= 1   ? launch_partial<1>
+                      : G <= 2 ? launch_partial<2>
+                      : G <= 4 ? launch_partial<4>
+                      : G <= 8 ? launch_partial<8>
+                               : launch_partial<16>;  // the group size rounded up to a power of two
+  launch(dim3(static_cast<unsigned>(Kh), static_cast<unsigned>(s.splits)), q.data<float>(), k.data<float>(), v.data<float>(),
+         s, static_cast<int>(N), static_cast<int>(Kh), static_cast<int>(H), 1.0f / std::sqrt(static_cast<float>(H)));
   ch02::attention_merge<<<static_cast<unsigned>(N), kAttnThreads, 0, cuda::stream()>>>(s.m, s.l, s.acc, out.data<float>(),
                                                                                        s.splits, static_cast<int>(H));
   IL_CUDA_LAUNCHED();

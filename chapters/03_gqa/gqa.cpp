@@ -33,8 +33,8 @@ Tensor pool_heads(const Tensor& w, std::int64_t heads, std::int64_t H, std::int6
 
 Tensor repeat_heads(const Tensor& w, std::int64_t kv_heads, std::int64_t H, std::int64_t group) {
   const Tensor src = w.to(Device::CPU).contiguous();
-  const std::size_t block = static_cast<std::size_t>(H) * static_cast<std::size_t>(src.numel() / src.size(0)) *
-                            dtype_size(src.dtype());
+  const std::size_t block =
+      static_cast<std::size_t>(H) * static_cast<std::size_t>(src.numel() / src.size(0)) * dtype_size(src.dtype());
   Shape shape = src.shape();
   shape[0] *= group;
   Tensor out = Tensor::empty(shape, src.dtype());
@@ -66,7 +66,8 @@ ch01::Llama mean_pool_kv_heads(const ch01::Llama& m, std::int64_t kv_heads) {
       if (w->bias.defined()) w->bias = pool_heads(w->bias.view({-1, 1}), c.num_kv_heads, c.head_dim, kv_heads).view({-1});
     }
   }
-  out.source = m.source + " (KV heads mean-pooled " + std::to_string(c.num_kv_heads) + " -> " + std::to_string(kv_heads) + ")";
+  out.source =
+      m.source + " (KV heads mean-pooled " + std::to_string(c.num_kv_heads) + " -> " + std::to_string(kv_heads) + ")";
   return out;
 }
 
@@ -85,9 +86,10 @@ ch01::Llama repeat_kv_heads(const ch01::Llama& m) {
   return out;
 }
 
-Tensor decode_step(const ch01::Llama& m, const std::vector<ch02::KVCache*>& caches, const std::vector<std::int32_t>& tokens) {
-  IL_CHECK(!tokens.empty() && caches.size() == tokens.size(), "decode_step: ", tokens.size(), " tokens for ",
-           caches.size(), " caches");
+Tensor decode_step(const ch01::Llama& m, const std::vector<ch02::KVCache*>& caches,
+                   const std::vector<std::int32_t>& tokens) {
+  IL_CHECK(!tokens.empty() && caches.size() == tokens.size(), "decode_step: ", tokens.size(), " tokens for ", caches.size(),
+           " caches");
   std::vector<ch02::SequenceStep> batch;
   for (std::size_t b = 0; b < tokens.size(); ++b) batch.push_back({{tokens[b]}, caches[b]});
   return ch02::forward(m, batch);
@@ -136,8 +138,8 @@ ThroughputPoint measure_decode(const ch01::Llama& m, std::int64_t batch, std::in
     views.push_back(caches.back().get());
   }
   const std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch), 3);
-  return time_decode(batch, decode_step_bytes(m, std::vector<std::int64_t>(static_cast<std::size_t>(batch), context)),
-                     steps, m.device(), [&] { decode_step(m, views, tokens); });
+  return time_decode(batch, decode_step_bytes(m, std::vector<std::int64_t>(static_cast<std::size_t>(batch), context)), steps,
+                     m.device(), [&] { decode_step(m, views, tokens); });
 }
 
 ThroughputPoint time_decode(std::int64_t batch, double bytes_per_step, int steps, Device device,

@@ -47,11 +47,15 @@ int memory(const CommonOptions& o, std::int64_t seq, double memory_gb) {
     std::printf("%-5s %4lld %16lld %18lld %12lld %10lld\n", variant_name(K, N).c_str(), static_cast<long long>(K),
                 static_cast<long long>(per_token), static_cast<long long>(per_seq), static_cast<long long>(weights),
                 static_cast<long long>(max_b));
-    rows.push_back({{"kv_heads", K}, {"kv_bytes_per_token", per_token}, {"kv_bytes_per_sequence", per_seq},
-                    {"weight_bytes", weights}, {"max_batch", max_b}});
+    rows.push_back({{"kv_heads", K},
+                    {"kv_bytes_per_token", per_token},
+                    {"kv_bytes_per_sequence", per_seq},
+                    {"weight_bytes", weights},
+                    {"max_batch", max_b}});
   }
   std::printf("\nThe cache shrinks by K/N; the weights barely move (only the k and v projections shrink).\n");
-  if (!o.json.empty()) write_json(o.json, {{"model", o.model}, {"seq", seq}, {"memory_gb", memory_gb}, {"rows", rows}}, {o.model});
+  if (!o.json.empty())
+    write_json(o.json, {{"model", o.model}, {"seq", seq}, {"memory_gb", memory_gb}, {"rows", rows}}, {o.model});
   return 0;
 }
 
@@ -61,20 +65,22 @@ int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_
   const auto shape = sweep_shape(16);
   // The largest batch of MHA caches must fit, or the sweep ends in an allocation failure minutes in.
   const std::int64_t max_b = *std::max_element(batches.begin(), batches.end());
-  const double need = static_cast<double>(shape.num_parameters()) * 4 +
-                      static_cast<double>(max_b) * static_cast<double>(seq + steps + 1) *
-                          static_cast<double>(shape.kv_cache_bytes(1, 4));
+  const double need = static_cast<double>(shape.num_parameters()) * 4 + static_cast<double>(max_b) *
+                                                                            static_cast<double>(seq + steps + 1) *
+                                                                            static_cast<double>(shape.kv_cache_bytes(1, 4));
   IL_CHECK(roof.memory_bytes <= 0 || need <= 0.8 * roof.memory_bytes, "B = ", max_b, " at context ", seq, " needs ",
            metrics::human_bytes(need), " of weights and KV caches; ", roof.name, " has ",
            metrics::human_bytes(roof.memory_bytes), " (use smaller --batches or --seq)");
-  std::printf("Decode throughput at context %lld, random weights (speed does not depend on their values), "
-              "D = %lld, L = %lld, N = 16, H = 64, f32, %s\n",
-              static_cast<long long>(seq), static_cast<long long>(shape.hidden_size),
-              static_cast<long long>(shape.num_layers), device_name(dev).data());
+  std::printf(
+      "Decode throughput at context %lld, random weights (speed does not depend on their values), "
+      "D = %lld, L = %lld, N = 16, H = 64, f32, %s\n",
+      static_cast<long long>(seq), static_cast<long long>(shape.hidden_size), static_cast<long long>(shape.num_layers),
+      device_name(dev).data());
   std::printf("measured: %s read from memory, %s (ridge %.1f FLOP/B)\n", metrics::describe(roof.read, "B").c_str(),
               metrics::describe(roof.compute, "FLOP").c_str(), roof.ridge());
-  std::printf("memory model = B × bandwidth / (weights + B × cache); roofline = B / max(bytes/bandwidth, FLOPs/peak);\n"
-              "bandwidth = the read ceiling of each row's kind: a streaming read over as many bytes as its step reads\n\n");
+  std::printf(
+      "memory model = B × bandwidth / (weights + B × cache); roofline = B / max(bytes/bandwidth, FLOPs/peak);\n"
+      "bandwidth = the read ceiling of each row's kind: a streaming read over as many bytes as its step reads\n\n");
   std::printf("%-4s %3s %5s %11s %13s %10s %9s %6s %-16s %9s %8s\n", "", "K", "B", "tokens/s", "memory model", "roofline",
               "GB/s", "%", "of ceiling", "FLOP/B", "vs MHA");
   json rows = json::array();
@@ -88,23 +94,27 @@ int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_
       const double bw = read.bytes_per_s();
       if (K == 16) mha[B] = p.tokens_per_s();
       std::printf("%-4s %3lld %5lld %11.1f %13.1f %10.1f %9.2f %5.0f%% %-16s %9.2f %7.2f×\n", variant_name(K, 16).c_str(),
-                  static_cast<long long>(K), static_cast<long long>(B), p.tokens_per_s(),
-                  p.memory_bound_tokens_per_s(bw), p.roofline_tokens_per_s(bw, roof.flops_per_s),
-                  p.achieved_bytes_per_s() / 1e9,
+                  static_cast<long long>(K), static_cast<long long>(B), p.tokens_per_s(), p.memory_bound_tokens_per_s(bw),
+                  p.roofline_tokens_per_s(bw, roof.flops_per_s), p.achieved_bytes_per_s() / 1e9,
                   legend.percent(variant_name(K, 16) + " B = " + std::to_string(B), p.achieved_bytes_per_s(), read),
                   read.kind.c_str(), p.flops_per_step / p.bytes_per_step, p.tokens_per_s() / mha[B]);
-      rows.push_back({{"kv_heads", K}, {"batch", B}, {"tokens_per_s", p.tokens_per_s()},
+      rows.push_back({{"kv_heads", K},
+                      {"batch", B},
+                      {"tokens_per_s", p.tokens_per_s()},
                       {"memory_model_tokens_per_s", p.memory_bound_tokens_per_s(bw)},
                       {"roofline_tokens_per_s", p.roofline_tokens_per_s(bw, roof.flops_per_s)},
-                      {"bytes_per_step", p.bytes_per_step}, {"flops_per_step", p.flops_per_step},
-                      {"seconds_per_step", p.seconds_per_step}, {"read_ceiling", metrics::to_json(read)}});
+                      {"bytes_per_step", p.bytes_per_step},
+                      {"flops_per_step", p.flops_per_step},
+                      {"seconds_per_step", p.seconds_per_step},
+                      {"read_ceiling", metrics::to_json(read)}});
     }
     std::printf("\n");
   }
   legend.print("");
-  std::printf("\nGQA's cache is 4× and MQA's 16× smaller than MHA's. Their speed-up approaches that only where the cache\n"
-              "dominates the bytes of a step (large B, long context) and the step is still memory-bound: once B×FLOP/B\n"
-              "passes the ridge, the matmuls are compute-bound and fewer KV bytes no longer buy time.\n");
+  std::printf(
+      "\nGQA's cache is 4× and MQA's 16× smaller than MHA's. Their speed-up approaches that only where the cache\n"
+      "dominates the bytes of a step (large B, long context) and the step is still memory-bound: once B×FLOP/B\n"
+      "passes the ridge, the matmuls are compute-bound and fewer KV bytes no longer buy time.\n");
   if (!o.json.empty())
     write_json(o.json, {{"device", device_name(dev)}, {"seq", seq}, {"ceiling", metrics::to_json(roof)}, {"rows", rows}});
   return 0;
@@ -123,10 +133,12 @@ int convert(const CommonOptions& o, std::int64_t windows, std::int64_t per_kind)
               windows ? std::to_string(windows).c_str() : "all", static_cast<long long>(per_kind));
   std::vector<eval::Scored> rows;
   for (const auto& [name, m] : models)
-    rows.push_back({name, m.config.kv_cache_bytes(1, 4), [&m](const std::vector<std::int32_t>& t) { return ch01::forward(m, t, true); }});
+    rows.push_back({name, m.config.kv_cache_bytes(1, 4),
+                    [&m](const std::vector<std::int32_t>& t) { return ch01::forward(m, t, true); }});
   const json out = eval::quality_table(rows, data, windows, per_kind);
-  if (!o.json.empty()) write_json(o.json, {{"rows", out}, {"probes_per_kind", per_kind}},
-                                 {data + "/models/tiny-mha", data + "/models/tiny-gqa", data + "/models/tiny-mqa"});
+  if (!o.json.empty())
+    write_json(o.json, {{"rows", out}, {"probes_per_kind", per_kind}},
+               {data + "/models/tiny-mha", data + "/models/tiny-gqa", data + "/models/tiny-mqa"});
   return 0;
 }
 
@@ -143,8 +155,8 @@ int headline(const std::string& json_path) {
   // that a bare run takes seconds. Each row's GB/s is compared with the read rate over as many
   // bytes as its step reads: in cache, partly or from memory, whatever its working set is here.
   const metrics::Ceiling roof = metrics::measure_cpu_ceiling(0, 1024, 3);
-  std::printf("  measured here: %s read from memory, %s (f32 GEMM 1024³)\n",
-              metrics::describe(roof.read, "B").c_str(), metrics::describe(roof.compute, "FLOP").c_str());
+  std::printf("  measured here: %s read from memory, %s (f32 GEMM 1024³)\n", metrics::describe(roof.read, "B").c_str(),
+              metrics::describe(roof.compute, "FLOP").c_str());
   json rows = json::array();
   double mha = 0;
   for (std::int64_t K : {16, 4, 1}) {
@@ -156,22 +168,27 @@ int headline(const std::string& json_path) {
     const auto p = measure_decode(m, 4, 1024, 3);
     const auto read = metrics::read_ceiling_for(roof, p.bytes_per_step);
     if (K == 16) mha = p.tokens_per_s();
-    std::printf("  %s (K = %2lld), B = 4 at context 1024: %6.1f tokens/s measured (%.2f× MHA), %6.1f by the roofline, "
-                "%s\n",
-                variant_name(K, 16).c_str(), static_cast<long long>(K), p.tokens_per_s(), p.tokens_per_s() / mha,
-                p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s),
-                metrics::against(p.achieved_bytes_per_s(), read).c_str());
-    rows.push_back({{"kv_heads", K}, {"layers", shape.num_layers}, {"batch", 4}, {"context", 1024},
+    std::printf(
+        "  %s (K = %2lld), B = 4 at context 1024: %6.1f tokens/s measured (%.2f× MHA), %6.1f by the roofline, "
+        "%s\n",
+        variant_name(K, 16).c_str(), static_cast<long long>(K), p.tokens_per_s(), p.tokens_per_s() / mha,
+        p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s),
+        metrics::against(p.achieved_bytes_per_s(), read).c_str());
+    rows.push_back({{"kv_heads", K},
+                    {"layers", shape.num_layers},
+                    {"batch", 4},
+                    {"context", 1024},
                     {"tokens_per_s", p.tokens_per_s()},
                     {"roofline_tokens_per_s", p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s)},
-                    {"achieved_bytes_per_s", p.achieved_bytes_per_s()}, {"bytes_per_step", p.bytes_per_step},
-                    {"flops_per_step", p.flops_per_step}, {"seconds_per_step", p.seconds_per_step},
+                    {"achieved_bytes_per_s", p.achieved_bytes_per_s()},
+                    {"bytes_per_step", p.bytes_per_step},
+                    {"flops_per_step", p.flops_per_step},
+                    {"seconds_per_step", p.seconds_per_step},
                     {"read_ceiling", metrics::to_json(read)}});
   }
   std::printf("  (random 16-head models, 4 layers, the best of 3 decode steps; the full sweep: ch03_gqa throughput)\n");
   std::printf("  more: ch03_gqa memory | throughput | convert\n");
-  if (!json_path.empty())
-    write_json(json_path, {{"ceiling", metrics::to_json(roof)}, {"decode", rows}});
+  if (!json_path.empty()) write_json(json_path, {{"ceiling", metrics::to_json(roof)}, {"decode", rows}});
   return 0;
 }
 
@@ -182,7 +199,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 03: grouped-query and multi-query attention", "ch03_gqa"};
   CommonOptions o;
   add_json_option(app, o.json);  // the bare run's
-  help_footer(app, "the KV bytes per token of tiny-mha, tiny-gqa and tiny-mqa, then MHA, GQA and MQA decoding at B = 4, "
+  help_footer(app,
+              "the KV bytes per token of tiny-mha, tiny-gqa and tiny-mqa, then MHA, GQA and MQA decoding at B = 4, "
               "context 1024 (random 4-layer models): tokens/s beside the roofline and GB/s against the read ceiling, "
               "both measured in the same run",
               "chapters/03_gqa/README.md", "分组查询注意力（GQA）");

@@ -16,7 +16,7 @@ namespace {
 using ch02::kChunk;
 constexpr int kHeadsPerBlock = 16;
 constexpr int kThreads = 256;
-constexpr int kMaxLatent = 1024;                 // r + dr: a row is at most 8 float4 per lane
+constexpr int kMaxLatent = 1024;                  // r + dr: a row is at most 8 float4 per lane
 constexpr int kRowVectors = kMaxLatent / 4 / 32;  // float4 of a row held by each lane
 static_assert(kChunk % 4 == 0, "the value loop reads the weights four positions at a time");
 
@@ -35,8 +35,8 @@ __device__ inline float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y 
 // Shared memory: w [kHeadsPerBlock][kChunk] (scores, then softmax weights), then the group's
 // scaled queries qs [heads][R]. R = r + dr.
 __global__ void mla_partial(const float* __restrict__ q, const float* __restrict__ rows, const int* __restrict__ pos_p,
-                            float* __restrict__ pm, float* __restrict__ pl, float* __restrict__ pacc, int N, int R,
-                            int r, float scale) {
+                            float* __restrict__ pm, float* __restrict__ pl, float* __restrict__ pacc, int N, int R, int r,
+                            float scale) {
   extern __shared__ float4 smem[];
   float* w = reinterpret_cast<float*>(smem);
   float* qs = w + kHeadsPerBlock * kChunk;
@@ -143,8 +143,8 @@ void mla_decode_attention(const Tensor& q, const Tensor& latent, std::int64_t le
            latent.describe());
   const std::int64_t N = q.size(1), R = q.size(2);
   IL_CHECK(r > 0 && r <= R, who, ": the value width r = ", r, " must be in [1, r + dr = ", R, "]");
-  IL_CHECK(out.ndim() == 3 && out.size(0) == 1 && out.size(1) == N && out.size(2) == r, who, ": out must be [1, ", N,
-           ", ", r, "] (one row of N heads of r values); got ", out.describe());
+  IL_CHECK(out.ndim() == 3 && out.size(0) == 1 && out.size(1) == N && out.size(2) == r, who, ": out must be [1, ", N, ", ",
+           r, "] (one row of N heads of r values); got ", out.describe());
   IL_CHECK(len > 0 && len <= latent.size(0), who, ": length ", len, " outside the cache of ", latent.size(0), " positions");
   IL_CHECK(R % 4 == 0 && R <= kMaxLatent, who, ": r + dr = ", R, " must be a multiple of 4 and at most ", kMaxLatent,
            " (rows are read as 16-byte vectors, held in registers)");
@@ -164,8 +164,7 @@ void mla_decode_attention(const Tensor& q, const Tensor& latent, std::int64_t le
   IL_CUDA_LAUNCHED();
 }
 
-void mla_rebuild_kv(const Tensor& latent, std::int64_t len, const Tensor& w_kvb, std::int64_t dn, Tensor& k,
-                    Tensor& v) {
+void mla_rebuild_kv(const Tensor& latent, std::int64_t len, const Tensor& w_kvb, std::int64_t dn, Tensor& k, Tensor& v) {
   const char* who = "mla_rebuild_kv";
   IL_CHECK(latent.is_cuda() && w_kvb.is_cuda() && k.is_cuda() && v.is_cuda(), who, ": tensors must be on CUDA");
   for (const Tensor* t : std::initializer_list<const Tensor*>{&latent, &w_kvb, &k, &v})

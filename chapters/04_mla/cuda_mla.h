@@ -53,8 +53,7 @@ namespace inferlab::ch04 {
 /// rows are attended, each row its own key and its first r values its value; out [1, N, r].
 /// `scale` multiplies the scores (the model's 1/sqrt(dn + dr), MlaConfig::softmax_scale, not
 /// 1/sqrt(r + dr)). Needs r + dr a multiple of 4 (16-byte row loads) and at most 1024.
-void mla_decode_attention(const Tensor& q, const Tensor& latent, std::int64_t len, float scale, std::int64_t r,
-                          Tensor& out);
+void mla_decode_attention(const Tensor& q, const Tensor& latent, std::int64_t len, float scale, std::int64_t r, Tensor& out);
 
 /// The plain path's rebuild on the GPU (for comparison with the absorbed kernel): from the first
 /// `len` rows of latent [S, 1, r + dr] and kv_b_proj's weight w_kvb [N·(dn + dv), r] (f32),
@@ -62,7 +61,6 @@ void mla_decode_attention(const Tensor& q, const Tensor& latent, std::int64_t le
 /// v [len, N, dv] (W_UV c). Two strided-batched cuBLAS GEMMs over the heads read c in place and
 /// write straight into k and v; a copy puts k_pe into every head. This is the MHA cache,
 /// recomputed: len·N·(dn + dr + dv) values written per step, and 2·len·r·N·(dn + dv) FLOPs.
-void mla_rebuild_kv(const Tensor& latent, std::int64_t len, const Tensor& w_kvb, std::int64_t dn, Tensor& k,
-                    Tensor& v);
+void mla_rebuild_kv(const Tensor& latent, std::int64_t len, const Tensor& w_kvb, std::int64_t dn, Tensor& k, Tensor& v);
 
 }  // namespace inferlab::ch04

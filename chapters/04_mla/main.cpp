@@ -47,10 +47,10 @@ json table(const char* name, const TransformerConfig& c, const ch04::MlaConfig& 
            const char* dtype) {
   const std::int64_t N = c.num_heads;
   const std::int64_t mla_bytes = mla.latent_dim() * c.num_layers * bytes_per_value;
-  std::printf("%s: L = %lld, N = %lld, dn = %lld, dr = %lld, dv = %lld, r = %lld; %s cache, per token (all layers)\n",
-              name, static_cast<long long>(c.num_layers), static_cast<long long>(N),
-              static_cast<long long>(mla.qk_nope_head_dim), static_cast<long long>(mla.qk_rope_head_dim),
-              static_cast<long long>(mla.v_head_dim), static_cast<long long>(mla.kv_lora_rank), dtype);
+  std::printf("%s: L = %lld, N = %lld, dn = %lld, dr = %lld, dv = %lld, r = %lld; %s cache, per token (all layers)\n", name,
+              static_cast<long long>(c.num_layers), static_cast<long long>(N), static_cast<long long>(mla.qk_nope_head_dim),
+              static_cast<long long>(mla.qk_rope_head_dim), static_cast<long long>(mla.v_head_dim),
+              static_cast<long long>(mla.kv_lora_rank), dtype);
   std::printf("  %-22s %14s   %s\n", "cache", "bytes/token", "MLA is smaller by");
   std::printf("  %-22s %14lld\n", "MLA [c ‖ k_pe]", static_cast<long long>(mla_bytes));
   json rows = json::array();
@@ -83,7 +83,8 @@ struct DecodeLayer {
   // The attention weights one step reads (W_UK and W_UV are W_KVB's values, read once either way).
   double weight_bytes() const {
     const ch04::MlaAttention& a = m.attn[0];
-    return static_cast<double>(a.wq.weight.nbytes() + a.wkv_a.weight.nbytes() + a.wkv_b.weight.nbytes() + a.wo.weight.nbytes());
+    return static_cast<double>(a.wq.weight.nbytes() + a.wkv_a.weight.nbytes() + a.wkv_b.weight.nbytes() +
+                               a.wo.weight.nbytes());
   }
 };
 
@@ -126,11 +127,13 @@ const char* path_name(ch04::MlaPath p) { return p == ch04::MlaPath::Plain ? "pla
 
 json decode_steps(const metrics::Ceiling& roof) {
   const DecodeLayer L;
-  std::printf("\nOne decode step of one MLA layer (N = 16 heads, D = 2048, r = 512, dr = 64, dn = dv = 128; random "
-              "weights, f32), best of 3:\n");
-  std::printf("  (GB/s against a streaming read over as many bytes as the step moves: one layer's weights and cache are\n"
-              "   tens of MB, which a %s last-level cache holds between steps, and then its ceiling is the cache's)\n",
-              metrics::human_bytes(metrics::last_level_cache_bytes()).c_str());
+  std::printf(
+      "\nOne decode step of one MLA layer (N = 16 heads, D = 2048, r = 512, dr = 64, dn = dv = 128; random "
+      "weights, f32), best of 3:\n");
+  std::printf(
+      "  (GB/s against a streaming read over as many bytes as the step moves: one layer's weights and cache are\n"
+      "   tens of MB, which a %s last-level cache holds between steps, and then its ceiling is the cache's)\n",
+      metrics::human_bytes(metrics::last_level_cache_bytes()).c_str());
   std::printf("  %6s %-9s %12s %10s %10s %15s %22s %10s\n", "S", "path", "GFLOP", "MB moved", "ms", "GFLOP/s (peak)",
               "GB/s (of the ceiling)", "roofline");
   json rows = json::array();
@@ -149,28 +152,38 @@ json decode_steps(const metrics::Ceiling& roof) {
                   read.kind.c_str(), roofline * 1e3);
       if (path == ch04::MlaPath::Absorbed) std::printf("   %.1f× faster", plain_s / m.seconds);
       std::printf("\n");
-      rows.push_back({{"context", S}, {"rows", 1}, {"path", path_name(path)}, {"flops", m.flops}, {"bytes", m.bytes},
-                      {"seconds", m.seconds}, {"roofline_seconds", roofline}, {"read_ceiling", metrics::to_json(read)}});
+      rows.push_back({{"context", S},
+                      {"rows", 1},
+                      {"path", path_name(path)},
+                      {"flops", m.flops},
+                      {"bytes", m.bytes},
+                      {"seconds", m.seconds},
+                      {"roofline_seconds", roofline},
+                      {"read_ceiling", metrics::to_json(read)}});
     }
   }
   legend.print("  ");
-  std::printf("  The plain path rebuilds every cached position's K and V (2·S·r·N·(dn + dv) FLOPs) and is compute-bound;\n"
-              "  the absorbed path reads the same latent rows and multiplies only the new token's query into them.\n");
+  std::printf(
+      "  The plain path rebuilds every cached position's K and V (2·S·r·N·(dn + dv) FLOPs) and is compute-bound;\n"
+      "  the absorbed path reads the same latent rows and multiplies only the new token's query into them.\n");
 
   const std::int64_t S = 1024;
   const double cross = ch04::crossover_rows(L.mla);
-  std::printf("\nRows per step (a prefill chunk, or speculative verification) at S = %lld cached positions: the "
-              "absorbed path's\nattention works in r + dr = 576 dims instead of dn + dr = 192, so above r·(dn + dv) / "
-              "(2r − dn − dv) = %.1f rows\nthe plain path, whose rebuild is paid once for all rows, needs fewer FLOPs:\n",
-              static_cast<long long>(S), cross);
-  std::printf("  %5s %16s %16s %12s %12s %10s\n", "T", "plain GFLOP", "absorbed GFLOP", "plain ms", "absorbed ms",
-              "faster");
+  std::printf(
+      "\nRows per step (a prefill chunk, or speculative verification) at S = %lld cached positions: the "
+      "absorbed path's\nattention works in r + dr = 576 dims instead of dn + dr = 192, so above r·(dn + dv) / "
+      "(2r − dn − dv) = %.1f rows\nthe plain path, whose rebuild is paid once for all rows, needs fewer FLOPs:\n",
+      static_cast<long long>(S), cross);
+  std::printf("  %5s %16s %16s %12s %12s %10s\n", "T", "plain GFLOP", "absorbed GFLOP", "plain ms", "absorbed ms", "faster");
   for (std::int64_t T : {1, 16, 64, 256, 512}) {
-    const Measured p = measure_block(L, S, T, ch04::MlaPath::Plain, 2), a = measure_block(L, S, T, ch04::MlaPath::Absorbed, 2);
+    const Measured p = measure_block(L, S, T, ch04::MlaPath::Plain, 2),
+                   a = measure_block(L, S, T, ch04::MlaPath::Absorbed, 2);
     std::printf("  %5lld %16.3f %16.3f %12.2f %12.2f %10s\n", static_cast<long long>(T), p.flops / 1e9, a.flops / 1e9,
                 p.seconds * 1e3, a.seconds * 1e3, p.seconds < a.seconds ? "plain" : "absorbed");
-    rows.push_back({{"context", S}, {"rows", T}, {"path", "plain"}, {"flops", p.flops}, {"bytes", p.bytes}, {"seconds", p.seconds}});
-    rows.push_back({{"context", S}, {"rows", T}, {"path", "absorbed"}, {"flops", a.flops}, {"bytes", a.bytes}, {"seconds", a.seconds}});
+    rows.push_back(
+        {{"context", S}, {"rows", T}, {"path", "plain"}, {"flops", p.flops}, {"bytes", p.bytes}, {"seconds", p.seconds}});
+    rows.push_back(
+        {{"context", S}, {"rows", T}, {"path", "absorbed"}, {"flops", a.flops}, {"bytes", a.bytes}, {"seconds", a.seconds}});
   }
   std::printf("  Decode (T = 1) absorbs, prefill of long chunks rebuilds: what DeepSeek's inference code does too.\n");
   return {{"steps", rows}, {"crossover_rows", cross}};
@@ -187,22 +200,25 @@ int headline(const std::string& json_path) {
   TransformerConfig v2 = c;
   v2.num_layers = 60, v2.num_heads = 128, v2.num_kv_heads = 128, v2.hidden_size = 5120;
   ch04::MlaConfig v2m;
-  v2m.kv_lora_rank = 512, v2m.qk_nope_head_dim = 128, v2m.qk_rope_head_dim = 64, v2m.v_head_dim = 128, v2m.q_lora_rank = 1536;
+  v2m.kv_lora_rank = 512, v2m.qk_nope_head_dim = 128, v2m.qk_rope_head_dim = 64, v2m.v_head_dim = 128,
+  v2m.q_lora_rank = 1536;
   std::printf("\n");
   out["DeepSeek-V2"] = table("DeepSeek-V2", v2, v2m, 2, "bf16");
   const std::int64_t paper_mha = 2 * 128 * 128;  // the paper's MHA: 2·N·d_h values per layer, d_h = 128
-  std::printf("  (the paper compares with MHA of d_h = 128 for keys and values: 2·N·d_h = %lld values per layer\n"
-              "   against %lld, %s; the lecture's 16384 → 512 counts only one of K and V and leaves out k_pe)\n",
-              static_cast<long long>(paper_mha), static_cast<long long>(v2m.latent_dim()),
-              ratio(paper_mha, v2m.latent_dim()).c_str());
+  std::printf(
+      "  (the paper compares with MHA of d_h = 128 for keys and values: 2·N·d_h = %lld values per layer\n"
+      "   against %lld, %s; the lecture's 16384 → 512 counts only one of K and V and leaves out k_pe)\n",
+      static_cast<long long>(paper_mha), static_cast<long long>(v2m.latent_dim()),
+      ratio(paper_mha, v2m.latent_dim()).c_str());
   // The ceilings, measured briefly (3 runs, a 1024³ GEMM).
   const metrics::Ceiling roof = metrics::measure_cpu_ceiling(0, 1024, 3);
   std::printf("\nMeasured here: %s read from memory, %s (f32 GEMM 1024³)\n", metrics::describe(roof.read, "B").c_str(),
               metrics::describe(roof.compute, "FLOP").c_str());
   out["ceiling"] = metrics::to_json(roof);
   out["decode"] = decode_steps(roof);
-  std::printf("\nMLA stores one row per token and layer for all heads, as MQA does, yet each head gets its own keys\n"
-              "and values back from it (W_KVB). More: ch04_mla quality; chapters/04_mla/README.md.\n");
+  std::printf(
+      "\nMLA stores one row per token and layer for all heads, as MQA does, yet each head gets its own keys\n"
+      "and values back from it (W_KVB). More: ch04_mla quality; chapters/04_mla/README.md.\n");
   if (!json_path.empty()) write_json(json_path, out);
   return 0;
 }
@@ -237,11 +253,12 @@ int generate(const CommonOptions& o) {
   ch01::check_context(m.base, prompt.size(), o.max_new_tokens);
   const std::int64_t S = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
   const ch04::LatentCache cache(c, m.mla, S);
-  std::printf("%s, %.2f M parameters; latent cache for S = %lld: %lld bytes (r + dr = %lld values per token and "
-              "layer), an MHA cache of the same heads: %lld\n\n",
-              m.base.source.c_str(), static_cast<double>(c.num_parameters()) / 1e6, static_cast<long long>(S),
-              static_cast<long long>(cache.bytes()), static_cast<long long>(m.mla.latent_dim()),
-              static_cast<long long>(S * c.num_layers * c.num_heads * (m.mla.qk_head_dim() + m.mla.v_head_dim) * 4));
+  std::printf(
+      "%s, %.2f M parameters; latent cache for S = %lld: %lld bytes (r + dr = %lld values per token and "
+      "layer), an MHA cache of the same heads: %lld\n\n",
+      m.base.source.c_str(), static_cast<double>(c.num_parameters()) / 1e6, static_cast<long long>(S),
+      static_cast<long long>(cache.bytes()), static_cast<long long>(m.mla.latent_dim()),
+      static_cast<long long>(S * c.num_layers * c.num_heads * (m.mla.qk_head_dim() + m.mla.v_head_dim) * 4));
   const SamplingParams sp = o.sampling(*tok, c.vocab_size);
   json runs = json::array();
   std::vector<std::int32_t> first;
@@ -250,17 +267,23 @@ int generate(const CommonOptions& o) {
     const bool show = path == ch04::MlaPath::Absorbed;  // the text once; the plain path's tokens are compared
     std::optional<TextStream> stream;
     if (show) stream.emplace(*tok, prompt);
-    const ch01::Generation g = ch04::generate_cached(m, prompt, o.max_new_tokens, sampler, c.eos_token_ids, path,
-                                                     [&](const ch01::Generation& gen) { if (stream) stream->print(gen.tokens); });
+    const ch01::Generation g =
+        ch04::generate_cached(m, prompt, o.max_new_tokens, sampler, c.eos_token_ids, path, [&](const ch01::Generation& gen) {
+          if (stream) stream->print(gen.tokens);
+        });
     if (show) std::printf("\n\n"), first = g.generated;
     std::printf("%-9s %3zu tokens: time to first token %7.2f ms, %7.2f ms per later token, %7.1f tokens/s%s\n",
                 path_name(path), g.generated.size(), g.ttft_s() * 1e3, g.tpot_s() * 1e3, g.tokens_per_s(),
                 show ? "" : (g.generated == first ? "  (the same tokens)" : "  (different tokens)"));
-    runs.push_back({{"path", path_name(path)}, {"generated", g.generated}, {"ttft_s", g.ttft_s()}, {"tpot_s", g.tpot_s()},
+    runs.push_back({{"path", path_name(path)},
+                    {"generated", g.generated},
+                    {"ttft_s", g.ttft_s()},
+                    {"tpot_s", g.tpot_s()},
                     {"tokens_per_s", g.tokens_per_s()}});
   }
   if (!o.json.empty())
-    write_json(o.json, {{"model", o.model}, {"prompt", o.prompt}, {"cache_bytes", cache.bytes()}, {"runs", runs}}, {o.model});
+    write_json(o.json, {{"model", o.model}, {"prompt", o.prompt}, {"cache_bytes", cache.bytes()}, {"runs", runs}},
+               {o.model});
   return 0;
 }
 
@@ -271,7 +294,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 04: multi-head latent attention", "ch04_mla"};
   std::string json_path;
   add_json_option(app, json_path);
-  help_footer(app, "the cache bytes per token of tiny-mla's latent rows against an MHA, GQA and MQA cache of the same "
+  help_footer(app,
+              "the cache bytes per token of tiny-mla's latent rows against an MHA, GQA and MQA cache of the same "
               "heads (and for DeepSeek-V2's dimensions, with the exact ratios), then one MLA layer's decode step by "
               "the plain and the absorbed path against context length and rows per step, beside the measured ceilings",
               "chapters/04_mla/README.md", "多头潜在注意力（MLA）");

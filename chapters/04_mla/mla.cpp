@@ -20,8 +20,9 @@ float MlaConfig::softmax_scale() const {
 MlaCost mla_cost(const MlaConfig& c, std::int64_t D, std::int64_t N, std::int64_t T, std::int64_t S, MlaPath path,
                  std::int64_t cache_value_bytes) {
   const double dn = static_cast<double>(c.qk_nope_head_dim), dr = static_cast<double>(c.qk_rope_head_dim),
-               dv = static_cast<double>(c.v_head_dim), r = static_cast<double>(c.kv_lora_rank), rq = static_cast<double>(c.q_lora_rank),
-               d = static_cast<double>(D), n = static_cast<double>(N), t = static_cast<double>(T);
+               dv = static_cast<double>(c.v_head_dim), r = static_cast<double>(c.kv_lora_rank),
+               rq = static_cast<double>(c.q_lora_rank), d = static_cast<double>(D), n = static_cast<double>(N),
+               t = static_cast<double>(T);
   const double rows = static_cast<double>(S + T);  // every cached row, the new ones included
   // Causal: new row i (position S + i) sees S + i + 1 keys.
   const double visible = t * static_cast<double>(S) + t * (t + 1) / 2;
@@ -31,7 +32,7 @@ MlaCost mla_cost(const MlaConfig& c, std::int64_t D, std::int64_t N, std::int64_
   cost.cache_bytes = rows * (r + dr) * static_cast<double>(cache_value_bytes);
   // EXERCISE 04.3 BEGIN: the FLOPs that read the cache, plain and absorbed
   if (path == MlaPath::Plain) {
-    cost.cache_flops = 2 * rows * r * n * (dn + dv)       // rebuild k_nope and v of every row
+    cost.cache_flops = 2 * rows * r * n * (dn + dv)         // rebuild k_nope and v of every row
                        + 2 * visible * n * (dn + dr + dv);  // attention with Dqk = dn + dr, Dv = dv
     cost.rebuilt_bytes = 2 * rows * n * (dn + dr + dv) * 4;
   } else {
@@ -61,7 +62,8 @@ namespace {
 // q [T, N, dn + dr] from the normed rows h.
 Tensor project_q(const MlaModel& m, const MlaAttention& a, const Tensor& h) {
   const std::int64_t T = h.size(0), N = m.config().num_heads;
-  const Tensor q = a.wq.defined() ? linear(h, a.wq) : linear(ops::rmsnorm(linear(h, a.wq_a), a.q_a_norm, MlaConfig::kLatentNormEps), a.wq_b);
+  const Tensor q = a.wq.defined() ? linear(h, a.wq)
+                                  : linear(ops::rmsnorm(linear(h, a.wq_a), a.q_a_norm, MlaConfig::kLatentNormEps), a.wq_b);
   return q.view({T, N, m.mla.qk_head_dim()});
 }
 
@@ -112,13 +114,13 @@ LatentCache& latent(ch02::KVCache* c, std::size_t b) {
 Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h, const ch02::Batch& batch,
                        std::int64_t layer, MlaPath path) {
   const MlaConfig& c = m.mla;
-  const std::int64_t T = h.size(0), N = m.config().num_heads, dn = c.qk_nope_head_dim, dv = c.v_head_dim,
-                     r = c.kv_lora_rank, R = c.latent_dim();
+  const std::int64_t T = h.size(0), N = m.config().num_heads, dn = c.qk_nope_head_dim, dv = c.v_head_dim, r = c.kv_lora_rank,
+                     R = c.latent_dim();
   IL_CHECK(h.device() == Device::CPU, "MLA attention block: runs on the CPU only (chapter 04 has no CUDA path yet)");
-  Tensor q = project_q(m, a, h);                                   // MLA: [T, N, dn + dr]
-  const Tensor kv = linear(h, a.wkv_a);                            // MLA: [T, r + dr], one row per token, all heads
+  Tensor q = project_q(m, a, h);         // MLA: [T, N, dn + dr]
+  const Tensor kv = linear(h, a.wkv_a);  // MLA: [T, r + dr], one row per token, all heads
   const Tensor c_kv = ops::rmsnorm(kv.slice(1, 0, r).contiguous(), a.kv_a_norm, MlaConfig::kLatentNormEps);  // MLA: [T, r]
-  Tensor k_pe = kv.slice(1, r, R).contiguous().view({T, 1, R - r});                      // MLA: [T, 1, dr]
+  Tensor k_pe = kv.slice(1, r, R).contiguous().view({T, 1, R - r});   // MLA: [T, 1, dr]
   ops::rope(q, batch.pos, m.base.inv_freq, m.base.rope_pairing, dn);  // MLA: only the trailing dr dims rotate
   ops::rope(k_pe, batch.pos, m.base.inv_freq, m.base.rope_pairing);
   const Tensor latent_rows = cat_last(c_kv, k_pe.view({T, R - r}));  // [T, r + dr]: what the cache keeps
@@ -134,7 +136,7 @@ Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h
       const std::int64_t S = rows.size(0);
       const Tensor up = linear(rows.slice(1, 0, r).contiguous(), a.wkv_b).view({S, N, dn + dv});  // [k_nope ‖ v] per head
       const Tensor k = cat_last(up.slice(2, 0, dn), repeat_heads(rows.slice(1, r, R), N));        // [S, N, dn + dr]
-      const Tensor v = up.slice(2, dn, dn + dv).contiguous();                                      // [S, N, dv]
+      const Tensor v = up.slice(2, dn, dn + dv).contiguous();                                     // [S, N, dv]
       AttentionParams p;
       p.q_offset = S - Tb;
       p.scale = c.softmax_scale();
@@ -142,7 +144,8 @@ Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h
     } else {
       // EXERCISE 04.2 BEGIN: absorbed attention: fold W_UK into the query, W_UV into the output
       // q_lat = q_nope · W_UK per head, next to q_pe: a query in the latent rows' own space.
-      const Tensor ql = cat_last(per_head(qb.slice(2, 0, dn), a.uk_t, r), qb.slice(2, dn, c.qk_head_dim()));  // [Tb, N, r + dr]
+      const Tensor ql =
+          cat_last(per_head(qb.slice(2, 0, dn), a.uk_t, r), qb.slice(2, dn, c.qk_head_dim()));  // [Tb, N, r + dr]
       const Tensor kb = latent_rows.slice(0, r0, r1).view({Tb, 1, R});
       Tensor ol = Tensor::empty({Tb, N, r}, DType::F32);
       cache.attend(layer, ql, kb, kb.slice(2, 0, r), ol);  // one KV head: the rows are keys, their c part values
@@ -161,10 +164,11 @@ Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h
 
 // Chapter 02's batch step, with the MLA block in each layer's attention.
 Tensor forward(const MlaModel& m, std::vector<ch02::SequenceStep>& seqs, MlaPath path) {
-  return ch02::forward(m.base, seqs, [&](const ch01::Llama&, const ch01::LlamaLayer&, const Tensor& h,
-                                         const ch02::Batch& batch, std::int64_t layer) {
+  return ch02::forward(
+      m.base, seqs,
+      [&](const ch01::Llama&, const ch01::LlamaLayer&, const Tensor& h, const ch02::Batch& batch, std::int64_t layer) {
     return attention_block(m, m.attn[static_cast<std::size_t>(layer)], h, batch, layer, path);
-  });
+      });
 }
 
 Tensor forward_cached(const MlaModel& m, LatentCache& cache, const std::vector<std::int32_t>& tokens, bool all_positions,
@@ -173,27 +177,26 @@ Tensor forward_cached(const MlaModel& m, LatentCache& cache, const std::vector<s
   return forward(m, one, path);
 }
 
-ch01::Generation generate_cached(const MlaModel& m, const std::vector<std::int32_t>& prompt, int max_new,
-                                 Sampler& sampler, const std::vector<std::int64_t>& eos_ids, MlaPath path,
-                                 const ch01::OnToken& on_token) {
+ch01::Generation generate_cached(const MlaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                                 const std::vector<std::int64_t>& eos_ids, MlaPath path, const ch01::OnToken& on_token) {
   ch01::check_context(m.base, prompt.size(), max_new);
   LatentCache cache(m.config(), m.mla, static_cast<std::int64_t>(prompt.size()) + max_new, m.base.device());
-  return ch01::generate(prompt, max_new, sampler, eos_ids, m.base.device(), ch01::Feed::NewTokens,
-                        [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed, false, path); },
-                        on_token);
+  return ch01::generate(
+      prompt, max_new, sampler, eos_ids, m.base.device(), ch01::Feed::NewTokens,
+      [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed, false, path); }, on_token);
 }
 
 // ---------------------------------------------------------------------------------------------
 // The latent cache.
-LatentCache::LatentCache(const TransformerConfig& c, const MlaConfig& mla, std::int64_t capacity, Device device,
-                         DType dtype)
+LatentCache::LatentCache(const TransformerConfig& c, const MlaConfig& mla, std::int64_t capacity, Device device, DType dtype)
     : RowCache("latent cache", capacity), mla_(mla), layers_(c.num_layers), dtype_(dtype) {
   const std::int64_t total = bytes();
-  with_context([&] { return "latent cache of " + std::to_string(capacity) + " positions (" + std::to_string(total) + " bytes)"; },
-               [&] {
-                 for (std::int64_t l = 0; l < c.num_layers; ++l)
-                   rows_.push_back(Tensor::zeros({capacity, 1, mla.latent_dim()}, dtype, device));
-               });
+  with_context(
+      [&] { return "latent cache of " + std::to_string(capacity) + " positions (" + std::to_string(total) + " bytes)"; },
+      [&] {
+    for (std::int64_t l = 0; l < c.num_layers; ++l)
+      rows_.push_back(Tensor::zeros({capacity, 1, mla.latent_dim()}, dtype, device));
+      });
 }
 
 Tensor LatentCache::store(std::int64_t layer, const Tensor& rows) {
@@ -212,7 +215,8 @@ Tensor LatentCache::append(std::int64_t layer, const Tensor& rows) {
 
 void LatentCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
   const std::int64_t r = mla_.kv_lora_rank;
-  IL_CHECK(k.ndim() == 3 && k.size(1) == 1, "latent cache: k must be the new latent rows [T, 1, r + dr], got ", k.describe());
+  IL_CHECK(k.ndim() == 3 && k.size(1) == 1, "latent cache: k must be the new latent rows [T, 1, r + dr], got ",
+           k.describe());
   IL_CHECK(v.ndim() == 3 && v.size(0) == k.size(0) && v.size(1) == 1 && v.size(2) == r,
            "latent cache: v must be the first r = ", r, " columns of k's rows [T, 1, r], got ", v.describe());
   const std::int64_t start = length_;
@@ -230,9 +234,10 @@ void LatentCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, c
 }
 
 std::int64_t LatentCache::bytes() const {
-  return checked_mul(capacity_, checked_mul(mla_.latent_dim() * layers_, static_cast<std::int64_t>(dtype_size(dtype_)),
-                                            "latent-cache bytes"),
-                     "latent-cache bytes");
+  return checked_mul(
+      capacity_,
+      checked_mul(mla_.latent_dim() * layers_, static_cast<std::int64_t>(dtype_size(dtype_)), "latent-cache bytes"),
+      "latent-cache bytes");
 }
 
 void LatentCache::release() {
@@ -280,12 +285,14 @@ MlaConfig parse_mla_config(const HfConfig& hf, const TransformerConfig& c) {
   // numbers) and has no such field.
   m.rope_interleave = v2 || f.get_or<bool>("rope_interleave", true);
   for (auto [name, v] : {std::pair<const char*, std::int64_t>{"kv_lora_rank", m.kv_lora_rank},
-                         {"qk_nope_head_dim", m.qk_nope_head_dim}, {"qk_rope_head_dim", m.qk_rope_head_dim},
+                         {"qk_nope_head_dim", m.qk_nope_head_dim},
+                         {"qk_rope_head_dim", m.qk_rope_head_dim},
                          {"v_head_dim", m.v_head_dim}})
     IL_CHECK(v > 0 && v <= (1 << 16), hf.path, ": field '", name, "' must be in [1, 65536], got ", v);
   IL_CHECK(f.get_or<std::int64_t>("q_lora_rank", 1) > 0 && m.q_lora_rank <= (1 << 16), hf.path,
            ": field 'q_lora_rank' must be null or in [1, 65536], got ", hf.json["q_lora_rank"].dump());
-  IL_CHECK(m.qk_rope_head_dim % 2 == 0, hf.path, ": field 'qk_rope_head_dim' (", m.qk_rope_head_dim, ") must be even for RoPE");
+  IL_CHECK(m.qk_rope_head_dim % 2 == 0, hf.path, ": field 'qk_rope_head_dim' (", m.qk_rope_head_dim,
+           ") must be even for RoPE");
   if (f.has("qk_head_dim"))
     IL_CHECK(f.get<std::int64_t>("qk_head_dim") == m.qk_head_dim(), hf.path, ": field 'qk_head_dim' (",
              f.get<std::int64_t>("qk_head_dim"), ") is not qk_nope_head_dim + qk_rope_head_dim (", m.qk_head_dim(), ")");
@@ -297,7 +304,8 @@ MlaConfig parse_mla_config(const HfConfig& hf, const TransformerConfig& c) {
   if (!c.rope_scaling.is_null()) {
     const JsonFields s(c.rope_scaling, hf.path + ": field 'rope_scaling'");
     const std::string type = s.get_or<std::string>("rope_type", s.get_or<std::string>("type", ""));
-    IL_CHECK(type == "yarn", s.context(), ": type '", type, "' is not implemented in chapter 04 (only 'yarn', as DeepSeek uses)");
+    IL_CHECK(type == "yarn", s.context(), ": type '", type,
+             "' is not implemented in chapter 04 (only 'yarn', as DeepSeek uses)");
     m.yarn = parse_yarn_scaling(c, hf.path);
     m.rope_attention_factor = yarn_attention_factor(*m.yarn);
     // DeepseekV3Attention: scale · yarn_mscale(factor, mscale_all_dim)² when mscale_all_dim is set.
@@ -317,9 +325,8 @@ MlaConfig parse_mla_config(const HfConfig& hf, const TransformerConfig& c) {
   // transformers builds an MoE block in every layer from first_k_dense_replace on (class
   // defaults: 3 for DeepseekV3, 0 for DeepseekV2), whatever n_routed_experts says.
   const std::int64_t dense = f.get_or<std::int64_t>("first_k_dense_replace", v2 ? 0 : 3);
-  IL_CHECK(dense >= c.num_layers, hf.path, ": field 'first_k_dense_replace' is ", dense,
-           " < num_hidden_layers ", c.num_layers, ": layers ", dense,
-           " on are mixture-of-experts layers, which chapter 04 does not implement");
+  IL_CHECK(dense >= c.num_layers, hf.path, ": field 'first_k_dense_replace' is ", dense, " < num_hidden_layers ",
+           c.num_layers, ": layers ", dense, " on are mixture-of-experts layers, which chapter 04 does not implement");
   IL_CHECK(f.get_or<std::int64_t>("pretraining_tp", 1) == 1, hf.path, ": field 'pretraining_tp' is not 1");
   return m;
 }

@@ -100,8 +100,8 @@ namespace inferlab::ch04 {
 
 /// The MLA fields of a DeepseekV3 config.json, in the note's letters.
 struct MlaConfig {
-  std::int64_t q_lora_rank = 0;   ///< rq; 0 when the query is projected directly (q_lora_rank null)
-  std::int64_t kv_lora_rank = 0;  ///< r: the latent c
+  std::int64_t q_lora_rank = 0;       ///< rq; 0 when the query is projected directly (q_lora_rank null)
+  std::int64_t kv_lora_rank = 0;      ///< r: the latent c
   std::int64_t qk_nope_head_dim = 0;  ///< dn
   std::int64_t qk_rope_head_dim = 0;  ///< dr
   std::int64_t v_head_dim = 0;        ///< dv
@@ -128,14 +128,14 @@ struct MlaConfig {
 
 /// One layer's MLA weights ([out, in] as torch stores them).
 struct MlaAttention {
-  Linear wq;        ///< [N·(dn+dr), D] (q_proj), or undefined when q_lora_rank is set
-  Linear wq_a;      ///< [rq, D] (q_a_proj)
-  Tensor q_a_norm;  ///< [rq] (q_a_layernorm)
-  Linear wq_b;      ///< [N·(dn+dr), rq] (q_b_proj)
-  Linear wkv_a;     ///< [r + dr, D] (kv_a_proj_with_mqa): the joint down-projection
-  Tensor kv_a_norm; ///< [r] (kv_a_layernorm)
-  Linear wkv_b;     ///< [N·(dn+dv), r] (kv_b_proj): head h's rows are its W_UK [dn, r], then its W_UV [dv, r]
-  Linear wo;        ///< [D, N·dv] (o_proj)
+  Linear wq;         ///< [N·(dn+dr), D] (q_proj), or undefined when q_lora_rank is set
+  Linear wq_a;       ///< [rq, D] (q_a_proj)
+  Tensor q_a_norm;   ///< [rq] (q_a_layernorm)
+  Linear wq_b;       ///< [N·(dn+dr), rq] (q_b_proj)
+  Linear wkv_a;      ///< [r + dr, D] (kv_a_proj_with_mqa): the joint down-projection
+  Tensor kv_a_norm;  ///< [r] (kv_a_layernorm)
+  Linear wkv_b;      ///< [N·(dn+dv), r] (kv_b_proj): head h's rows are its W_UK [dn, r], then its W_UV [dv, r]
+  Linear wo;         ///< [D, N·dv] (o_proj)
   // The absorbed path's weights, taken from wkv_b when the model is built (f32):
   std::vector<Tensor> uk_t;  ///< per head W_UKᵀ [r, dn]: q_lat = q_nope · W_UK, as ops::matmul(q_nope, uk_t)
   std::vector<Tensor> uv;    ///< per head W_UV [dv, r]: out_h = o_lat · W_UVᵀ
@@ -230,8 +230,8 @@ Tensor forward_cached(const MlaModel& m, LatentCache& cache, const std::vector<s
                       bool all_positions = false, MlaPath path = MlaPath::Absorbed);
 
 /// Greedy (or sampled) generation through the latent cache.
-ch01::Generation generate_cached(const MlaModel& m, const std::vector<std::int32_t>& prompt, int max_new,
-                                 Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
-                                 MlaPath path = MlaPath::Absorbed, const ch01::OnToken& on_token = nullptr);
+ch01::Generation generate_cached(const MlaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                                 const std::vector<std::int64_t>& eos_ids, MlaPath path = MlaPath::Absorbed,
+                                 const ch01::OnToken& on_token = nullptr);
 
 }  // namespace inferlab::ch04

@@ -48,8 +48,9 @@ std::string ClaLayout::describe() const {
   for (std::int64_t i = 0; i < layers();) {
     std::int64_t j = i;
     while (j + 1 < layers() && !stores(j + 1)) ++j;
-    os << (i ? ", " : "") << (i == j ? "layer " + std::to_string(i) : "layers " + std::to_string(i) + "-" + std::to_string(j))
-       << " read " << storage[static_cast<std::size_t>(i)];
+    os << (i ? ", " : "")
+       << (i == j ? "layer " + std::to_string(i) : "layers " + std::to_string(i) + "-" + std::to_string(j)) << " read "
+       << storage[static_cast<std::size_t>(i)];
     i = j + 1;
   }
   return os.str();
@@ -103,10 +104,11 @@ ClaLayout parse_layout(const HfConfig& hf, const TransformerConfig& c) {
       if (layout.stores(i)) want.push_back(i);
     const auto got = f.get<std::vector<std::int64_t>>("kv_producer_layers");
     IL_CHECK(got == want, hf.path, ": field 'kv_producer_layers' is ", hf.json["kv_producer_layers"].dump(),
-             ", but kv_share_factor ", s, " makes the first layer of each group of ", s, " the producer: ",
-             nlohmann::json(want).dump(), " (other layouts are not implemented)");
+             ", but kv_share_factor ", s, " makes the first layer of each group of ", s,
+             " the producer: ", nlohmann::json(want).dump(), " (other layouts are not implemented)");
   }
-  if (f.has("causal")) IL_CHECK(f.get<bool>("causal"), hf.path, ": field 'causal' is false: not a decoder (chapter 08 runs those)");
+  if (f.has("causal"))
+    IL_CHECK(f.get<bool>("causal"), hf.path, ": field 'causal' is false: not a decoder (chapter 08 runs those)");
   return layout;
 }
 
@@ -128,8 +130,10 @@ ClaModel load_cla(const std::string& path) {
   }
   TransformerConfig c = parse_transformer_config(hf);
   const ClaLayout layout = parse_layout(hf, c);
-  IL_CHECK(!c.attention_bias && !c.mlp_bias, hf.path, ": InferLabCLAForCausalLM has no biases, but the config asks for them");
-  IL_CHECK(c.rope_scaling.is_null(), hf.path, ": field 'rope_scaling' is set; tools/ref_transformer.py, this model's "
+  IL_CHECK(!c.attention_bias && !c.mlp_bias, hf.path,
+           ": InferLabCLAForCausalLM has no biases, but the config asks for them");
+  IL_CHECK(c.rope_scaling.is_null(), hf.path,
+           ": field 'rope_scaling' is set; tools/ref_transformer.py, this model's "
            "definition, has none");
   ch01::HfWeights weights(hf, c, path);
   const Checkpoint& ck = weights.checkpoint();
@@ -143,8 +147,8 @@ ClaModel load_cla(const std::string& path) {
     } else {
       for (const char* kv : {"k", "v"})
         IL_CHECK(!ck.contains(p + "self_attn." + kv + "_proj.weight"), hf.path, ": layer ", i, " has a ", kv,
-                 "_proj, but with kv_share_factor ", layout.share_factor, " it reads layer ",
-                 i - i % layout.share_factor, "'s keys and values and has none");
+                 "_proj, but with kv_share_factor ", layout.share_factor, " it reads layer ", i - i % layout.share_factor,
+                 "'s keys and values and has none");
     }
   });
   weights.check_all_used("do num_hidden_layers and kv_share_factor match the checkpoint?");
@@ -170,8 +174,7 @@ ClaModel random_cla(const TransformerConfig& c, std::int64_t share_factor, std::
 
 // ---------------------------------------------------------------------------------------------
 // The shared cache: a contiguous cache of the storage layers, read through the layout.
-SharedKVCache::SharedKVCache(const TransformerConfig& c, ClaLayout layout, std::int64_t capacity, Device device,
-                             DType dtype)
+SharedKVCache::SharedKVCache(const TransformerConfig& c, ClaLayout layout, std::int64_t capacity, Device device, DType dtype)
     : layout_(std::move(layout)),
       store_(storage_config(c, layout_), capacity, device, dtype),
       stored_(static_cast<std::size_t>(layout_.storage_layers()), 0) {}
@@ -187,7 +190,8 @@ void SharedKVCache::release() {
 }
 
 void SharedKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
-  IL_CHECK(layer >= 0 && layer < layout_.layers(), "shared KV cache: no layer ", layer, " in a layout of ", layout_.layers());
+  IL_CHECK(layer >= 0 && layer < layout_.layers(), "shared KV cache: no layer ", layer, " in a layout of ",
+           layout_.layers());
   const std::int64_t s = layout_.storage[static_cast<std::size_t>(layer)], start = length(), end = start + q.size(0);
   const bool first = layout_.stores(layer);
   IL_CHECK(first == k.defined() && first == v.defined(), "shared KV cache: layer ", layer,
@@ -239,8 +243,7 @@ Tensor forward(const ClaModel& m, std::vector<ch02::SequenceStep>& seqs) {
   return ch02::forward(m.base, seqs, attention_block);
 }
 
-Tensor forward_cached(const ClaModel& m, SharedKVCache& cache, const std::vector<std::int32_t>& tokens,
-                      bool all_positions) {
+Tensor forward_cached(const ClaModel& m, SharedKVCache& cache, const std::vector<std::int32_t>& tokens, bool all_positions) {
   std::vector<ch02::SequenceStep> one{{tokens, &cache, all_positions}};
   return forward(m, one);
 }
@@ -257,20 +260,20 @@ Tensor forward_recomputed(const ClaModel& m, const std::vector<std::int32_t>& to
   return out;
 }
 
-ch01::Generation generate_cached(const ClaModel& m, const std::vector<std::int32_t>& prompt, int max_new,
-                                 Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
-                                 const ch01::OnToken& on_token) {
+ch01::Generation generate_cached(const ClaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                                 const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token) {
   ch01::check_context(m.base, prompt.size(), max_new);
   SharedKVCache cache(m.config(), m.layout, static_cast<std::int64_t>(prompt.size()) + max_new, m.base.device());
-  return ch01::generate(prompt, max_new, sampler, eos_ids, m.base.device(), ch01::Feed::NewTokens,
-                        [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); }, on_token);
+  return ch01::generate(
+      prompt, max_new, sampler, eos_ids, m.base.device(), ch01::Feed::NewTokens,
+      [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); }, on_token);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Batched decode, measured.
 Tensor decode_step(const ClaModel& m, const std::vector<SharedKVCache*>& caches, const std::vector<std::int32_t>& tokens) {
-  IL_CHECK(!tokens.empty() && caches.size() == tokens.size(), "decode_step: ", tokens.size(), " tokens for ",
-           caches.size(), " caches");
+  IL_CHECK(!tokens.empty() && caches.size() == tokens.size(), "decode_step: ", tokens.size(), " tokens for ", caches.size(),
+           " caches");
   std::vector<ch02::SequenceStep> batch;
   for (std::size_t b = 0; b < tokens.size(); ++b) batch.push_back({{tokens[b]}, caches[b]});
   return forward(m, batch);
@@ -325,11 +328,11 @@ std::vector<RecipeStep> character_ai_recipe(const TransformerConfig& c, std::int
   out.push_back({"the model as given (K = " + std::to_string(c.num_kv_heads) + " KV heads, every layer global)",
                  L * layer_bytes(c.num_kv_heads, context)});
   out.push_back({"+ MQA (K = 1)", L * layer_bytes(1, context)});
-  out.push_back({"+ local attention: " + std::to_string(locals) + " layers keep a window of " + std::to_string(W) +
-                     ", " + std::to_string(globals) + " global (1 in " + std::to_string(global_every) + ")",
+  out.push_back({"+ local attention: " + std::to_string(locals) + " layers keep a window of " + std::to_string(W) + ", " +
+                     std::to_string(globals) + " global (1 in " + std::to_string(global_every) + ")",
                  globals * layer_bytes(1, context) + locals * layer_bytes(1, W)});
-  out.push_back({"+ K/V shared by " + std::to_string(share_factor) + " adjacent layers: " +
-                     std::to_string(global_storage) + " global and " + std::to_string(local_storage) + " local storage layers",
+  out.push_back({"+ K/V shared by " + std::to_string(share_factor) + " adjacent layers: " + std::to_string(global_storage) +
+                     " global and " + std::to_string(local_storage) + " local storage layers",
                  global_storage * layer_bytes(1, context) + local_storage * layer_bytes(1, W)});
   return out;
 }

@@ -44,7 +44,7 @@ namespace inferlab::ch05 {
 
 /// Which layers keep their own keys and values, and which storage layer every layer reads.
 struct ClaLayout {
-  std::int64_t share_factor = 1;     ///< s: layers per group (1 = no sharing, the plain model)
+  std::int64_t share_factor = 1;      ///< s: layers per group (1 = no sharing, the plain model)
   std::vector<std::int64_t> storage;  ///< storage[i]: the storage layer layer i reads, i / s
   /// Groups of s consecutive layers, the first of each storing: `layers` = L, `share_factor` = s.
   static ClaLayout groups_of(std::int64_t layers, std::int64_t share_factor);
@@ -132,9 +132,8 @@ Tensor forward_cached(const ClaModel& m, SharedKVCache& cache, const std::vector
 Tensor forward_recomputed(const ClaModel& m, const std::vector<std::int32_t>& tokens);
 
 /// Greedy (or sampled) generation through the shared cache.
-ch01::Generation generate_cached(const ClaModel& m, const std::vector<std::int32_t>& prompt, int max_new,
-                                 Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
-                                 const ch01::OnToken& on_token = nullptr);
+ch01::Generation generate_cached(const ClaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                                 const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token = nullptr);
 
 /// One batched decode step: sequence b feeds tokens[b] through *caches[b]. Returns logits [B, V].
 Tensor decode_step(const ClaModel& m, const std::vector<SharedKVCache*>& caches, const std::vector<std::int32_t>& tokens);

@@ -61,12 +61,17 @@ json budget_sweep(const metrics::Ceiling& roof, const TransformerConfig& shape, 
                 p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s),
                 metrics::against(p.achieved_bytes_per_s(), read).c_str());
     std::fflush(stdout);
-    rows.push_back({{"share_factor", s}, {"storage_layers", m.layout.storage_layers()}, {"batch", B},
-                    {"cache_bytes_per_sequence", per_seq}, {"tokens_per_s", p.tokens_per_s()},
+    rows.push_back({{"share_factor", s},
+                    {"storage_layers", m.layout.storage_layers()},
+                    {"batch", B},
+                    {"cache_bytes_per_sequence", per_seq},
+                    {"tokens_per_s", p.tokens_per_s()},
                     {"memory_model_tokens_per_s", p.memory_bound_tokens_per_s(read.bytes_per_s())},
                     {"roofline_tokens_per_s", p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s)},
-                    {"achieved_bytes_per_s", p.achieved_bytes_per_s()}, {"bytes_per_step", p.bytes_per_step},
-                    {"flops_per_step", p.flops_per_step}, {"seconds_per_step", p.seconds_per_step},
+                    {"achieved_bytes_per_s", p.achieved_bytes_per_s()},
+                    {"bytes_per_step", p.bytes_per_step},
+                    {"flops_per_step", p.flops_per_step},
+                    {"seconds_per_step", p.seconds_per_step},
                     {"read_ceiling", metrics::to_json(read)}});
   }
   return rows;
@@ -76,9 +81,10 @@ int memory(const std::string& model, std::int64_t seq, double memory_gb, std::in
            const std::string& json_path) {
   const TransformerConfig base = ch00::find_model(model);
   const std::int64_t N = base.num_heads, L = base.num_layers;
-  std::printf("%s: L = %lld, N = %lld, K = %lld, H = %lld; S = %lld, %lld bytes per value, %.1f GB for weights and caches\n\n",
-              model.c_str(), static_cast<ll>(L), static_cast<ll>(N), static_cast<ll>(base.num_kv_heads),
-              static_cast<ll>(base.head_dim), static_cast<ll>(seq), static_cast<ll>(bytes_per_value), memory_gb);
+  std::printf(
+      "%s: L = %lld, N = %lld, K = %lld, H = %lld; S = %lld, %lld bytes per value, %.1f GB for weights and caches\n\n",
+      model.c_str(), static_cast<ll>(L), static_cast<ll>(N), static_cast<ll>(base.num_kv_heads),
+      static_cast<ll>(base.head_dim), static_cast<ll>(seq), static_cast<ll>(bytes_per_value), memory_gb);
   std::printf("%4s %4s %8s %15s %18s %16s %10s\n", "K", "s", "storing", "KV bytes/token", "KV bytes/sequence",
               "weight bytes", "max batch");
   json rows = json::array();
@@ -99,16 +105,22 @@ int memory(const std::string& model, std::int64_t seq, double memory_gb, std::in
       std::printf("%4lld %4lld %8lld %15lld %18lld %16lld %10s\n", static_cast<ll>(K), static_cast<ll>(s),
                   static_cast<ll>(layout.storage_layers()), static_cast<ll>(per_token), static_cast<ll>(per_seq),
                   static_cast<ll>(weights), max_b < 0 ? "no fit" : std::to_string(max_b).c_str());
-      rows.push_back({{"kv_heads", K}, {"share_factor", s}, {"storage_layers", layout.storage_layers()},
-                      {"kv_bytes_per_token", per_token}, {"kv_bytes_per_sequence", per_seq}, {"weight_bytes", weights},
+      rows.push_back({{"kv_heads", K},
+                      {"share_factor", s},
+                      {"storage_layers", layout.storage_layers()},
+                      {"kv_bytes_per_token", per_token},
+                      {"kv_bytes_per_sequence", per_seq},
+                      {"weight_bytes", weights},
                       {"max_batch", max_b}});
     }
   }
-  std::printf("\nThe cache shrinks by ceil(L/s)/L and composes with GQA's K/N; the weights lose only the sharing layers'\n"
-              "K and V projections. What a decode step reads per sequence does not shrink: every layer still attends.\n");
+  std::printf(
+      "\nThe cache shrinks by ceil(L/s)/L and composes with GQA's K/N; the weights lose only the sharing layers'\n"
+      "K and V projections. What a decode step reads per sequence does not shrink: every layer still attends.\n");
   if (!json_path.empty())
-    write_json(json_path, {{"model", model}, {"seq", seq}, {"memory_gb", memory_gb}, {"bytes_per_value", bytes_per_value},
-                           {"rows", rows}});
+    write_json(
+        json_path,
+        {{"model", model}, {"seq", seq}, {"memory_gb", memory_gb}, {"bytes_per_value", bytes_per_value}, {"rows", rows}});
   return 0;
 }
 
@@ -118,17 +130,22 @@ int throughput(const ModelOptions& o, std::int64_t seq, double memory_mb, std::v
   const auto roof = metrics::measure_ceiling(dev);
   const TransformerConfig shape = sweep_shape(layers);
   std::sort(shares.begin(), shares.end());
-  std::printf("Decode with %.0f MiB for KV caches of %lld positions, random weights (speed does not depend on their values): "
-              "D = 1024, L = %d, N = K = 16, H = 64, f32, %s\n",
-              memory_mb, static_cast<ll>(seq), layers, device_name(dev).data());
+  std::printf(
+      "Decode with %.0f MiB for KV caches of %lld positions, random weights (speed does not depend on their values): "
+      "D = 1024, L = %d, N = K = 16, H = 64, f32, %s\n",
+      memory_mb, static_cast<ll>(seq), layers, device_name(dev).data());
   std::printf("measured: %s read from memory, %s (ridge %.1f FLOP/B)\n\n", metrics::describe(roof.read, "B").c_str(),
               metrics::describe(roof.compute, "FLOP").c_str(), roof.ridge());
   const json rows = budget_sweep(roof, shape, seq, memory_mb * (1 << 20), shares, steps, dev, false);
-  std::printf("\nMore sequences fit, and one weight read serves all of them; each sequence's step still reads every\n"
-              "layer's attention over its cached positions, so the gain shrinks as the cache reads dominate a step.\n");
+  std::printf(
+      "\nMore sequences fit, and one weight read serves all of them; each sequence's step still reads every\n"
+      "layer's attention over its cached positions, so the gain shrinks as the cache reads dominate a step.\n");
   if (!json_path.empty())
-    write_json(json_path, {{"device", device_name(dev)}, {"seq", seq}, {"memory_bytes", memory_mb * (1 << 20)},
-                           {"ceiling", metrics::to_json(roof)}, {"rows", rows}});
+    write_json(json_path, {{"device", device_name(dev)},
+                           {"seq", seq},
+                           {"memory_bytes", memory_mb * (1 << 20)},
+                           {"ceiling", metrics::to_json(roof)},
+                           {"rows", rows}});
   return 0;
 }
 
@@ -153,9 +170,10 @@ std::vector<eval::Scored> zoo_rows(const std::vector<std::pair<std::string, ClaM
 
 int quality(std::int64_t windows, std::int64_t per_kind, const std::string& json_path) {
   const auto models = zoo({"tiny-mha", "tiny-gqa", "tiny-mqa", "tiny-cla"});
-  std::printf("Validation perplexity (%s windows of 512) and probe accuracy (%lld per kind); the last row is tiny-mha\n"
-              "with layers 1 and 3 reading layers 0 and 2's K and V, without retraining\n\n",
-              windows ? std::to_string(windows).c_str() : "all", static_cast<ll>(per_kind));
+  std::printf(
+      "Validation perplexity (%s windows of 512) and probe accuracy (%lld per kind); the last row is tiny-mha\n"
+      "with layers 1 and 3 reading layers 0 and 2's K and V, without retraining\n\n",
+      windows ? std::to_string(windows).c_str() : "all", static_cast<ll>(per_kind));
   const json out = eval::quality_table(zoo_rows(models), data_dir(), windows, per_kind);
   if (!json_path.empty()) write_json(json_path, {{"rows", out}, {"probes_per_kind", per_kind}});
   return 0;
@@ -164,10 +182,11 @@ int quality(std::int64_t windows, std::int64_t per_kind, const std::string& json
 int recipe(const std::string& model, std::int64_t seq, std::int64_t window, std::int64_t global_every,
            std::int64_t share_factor, std::int64_t bytes_per_value, const std::string& json_path) {
   const TransformerConfig c = ch00::find_model(model);
-  std::printf("Character.AI's recipe (\"Optimizing AI Inference at Character.AI\", 2024) on %s: L = %lld, N = %lld, "
-              "K = %lld, H = %lld; one sequence of %lld tokens, %lld bytes per value\n\n",
-              model.c_str(), static_cast<ll>(c.num_layers), static_cast<ll>(c.num_heads), static_cast<ll>(c.num_kv_heads),
-              static_cast<ll>(c.head_dim), static_cast<ll>(seq), static_cast<ll>(bytes_per_value));
+  std::printf(
+      "Character.AI's recipe (\"Optimizing AI Inference at Character.AI\", 2024) on %s: L = %lld, N = %lld, "
+      "K = %lld, H = %lld; one sequence of %lld tokens, %lld bytes per value\n\n",
+      model.c_str(), static_cast<ll>(c.num_layers), static_cast<ll>(c.num_heads), static_cast<ll>(c.num_kv_heads),
+      static_cast<ll>(c.head_dim), static_cast<ll>(seq), static_cast<ll>(bytes_per_value));
   const auto steps = character_ai_recipe(c, seq, window, global_every, share_factor, bytes_per_value);
   json rows = json::array();
   for (const RecipeStep& s : steps) {
@@ -175,12 +194,18 @@ int recipe(const std::string& model, std::int64_t seq, std::int64_t window, std:
                 static_cast<double>(steps.front().bytes) / static_cast<double>(s.bytes));
     rows.push_back({{"step", s.what}, {"bytes", s.bytes}});
   }
-  std::printf("\nEach step is the one formula, S × K × H × (layers that store) × 2 × bytes, with a local layer's S capped\n"
-              "at its window. Character.AI report more than 20× from the three together against the GQA models most\n"
-              "open checkpoints are (their MQA step alone: 8×, K = 8 → 1); how much more depends on S against W.\n");
+  std::printf(
+      "\nEach step is the one formula, S × K × H × (layers that store) × 2 × bytes, with a local layer's S capped\n"
+      "at its window. Character.AI report more than 20× from the three together against the GQA models most\n"
+      "open checkpoints are (their MQA step alone: 8×, K = 8 → 1); how much more depends on S against W.\n");
   if (!json_path.empty())
-    write_json(json_path, {{"model", model}, {"seq", seq}, {"window", window}, {"global_every", global_every},
-                           {"share_factor", share_factor}, {"bytes_per_value", bytes_per_value}, {"steps", rows}});
+    write_json(json_path, {{"model", model},
+                           {"seq", seq},
+                           {"window", window},
+                           {"global_every", global_every},
+                           {"share_factor", share_factor},
+                           {"bytes_per_value", bytes_per_value},
+                           {"steps", rows}});
   return 0;
 }
 
@@ -203,9 +228,15 @@ int generate(const CommonOptions& o) {
   std::printf("\n\n%zu tokens: time to first token %.2f ms, %.2f ms per later token, %.1f tokens/s\n", g.generated.size(),
               g.ttft_s() * 1e3, g.tpot_s() * 1e3, g.tokens_per_s());
   if (!o.json.empty())
-    write_json(o.json, {{"model", o.model}, {"prompt", o.prompt}, {"layout", m.layout.describe()}, {"cache_bytes", cache.bytes()},
-                        {"generated", g.generated}, {"ttft_s", g.ttft_s()}, {"tpot_s", g.tpot_s()},
-                        {"tokens_per_s", g.tokens_per_s()}},
+    write_json(o.json,
+               {{"model", o.model},
+                {"prompt", o.prompt},
+                {"layout", m.layout.describe()},
+                {"cache_bytes", cache.bytes()},
+                {"generated", g.generated},
+                {"ttft_s", g.ttft_s()},
+                {"tpot_s", g.tpot_s()},
+                {"tokens_per_s", g.tokens_per_s()}},
                {o.model});
   return 0;
 }
@@ -221,7 +252,9 @@ int headline(const std::string& json_path) {
     std::printf("  %-8s s = %lld (%s): %5lld KV bytes per token (f32), %s at 512 tokens, %lld parameters\n", name.c_str(),
                 static_cast<ll>(m.layout.share_factor), m.layout.describe().c_str(), static_cast<ll>(per_token),
                 metrics::human_bytes(static_cast<double>(per_token * 512)).c_str(), static_cast<ll>(params));
-    models.push_back({{"model", name}, {"share_factor", m.layout.share_factor}, {"kv_bytes_per_token", per_token},
+    models.push_back({{"model", name},
+                      {"share_factor", m.layout.share_factor},
+                      {"kv_bytes_per_token", per_token},
                       {"parameters", params}});
   }
   // A real model's size: Llama 2 13B (the lecture's GQA example) in bf16 on one 80 GB accelerator.
@@ -234,7 +267,8 @@ int headline(const std::string& json_path) {
     const std::int64_t B = batch_in(80e9 - static_cast<double>(weights), per_seq);
     std::printf("%s s = %lld: %s per sequence, B = %lld fit", s == 1 ? "" : ";", static_cast<ll>(s),
                 metrics::human_bytes(static_cast<double>(per_seq)).c_str(), static_cast<ll>(B));
-    big_rows.push_back({{"share_factor", s}, {"kv_bytes_per_sequence", per_seq}, {"weight_bytes", weights}, {"max_batch", B}});
+    big_rows.push_back(
+        {{"share_factor", s}, {"kv_bytes_per_sequence", per_seq}, {"weight_bytes", weights}, {"max_batch", B}});
   }
   std::printf("\n");
   // As chapter 03's bare run: 3 runs, a 1024³ GEMM, so that a bare run takes seconds.
@@ -255,8 +289,11 @@ int headline(const std::string& json_path) {
   }
   std::printf("\n  more: ch05_cla memory | throughput | quality | recipe | generate\n");
   if (!json_path.empty())
-    write_json(json_path, {{"models", models}, {"llama_2_13b", big_rows},
-                           {"ceiling", metrics::to_json(roof)}, {"decode_at_fixed_memory", sweep}, {"quality", quality}});
+    write_json(json_path, {{"models", models},
+                           {"llama_2_13b", big_rows},
+                           {"ceiling", metrics::to_json(roof)},
+                           {"decode_at_fixed_memory", sweep},
+                           {"quality", quality}});
   return 0;
 }
 
@@ -267,7 +304,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 05: cross-layer attention", "ch05_cla"};
   std::string json_path;
   add_json_option(app, json_path);  // the bare run's
-  help_footer(app, "tiny-cla's cache bytes per token against tiny-mha's, the batch a shared cache fits for Llama 2 13B, "
+  help_footer(app,
+              "tiny-cla's cache bytes per token against tiny-mha's, the batch a shared cache fits for Llama 2 13B, "
               "then decode measured at a fixed memory budget for caches (s = 1, 2, 4 at the batch each fits: tokens/s "
               "beside the roofline and GB/s against the read ceiling), and the perplexity of tiny-mha, tiny-cla and "
               "tiny-mha shared without retraining",
@@ -292,9 +330,13 @@ int main(int argc, char** argv) {
         ->check(number_in(1, 8))
         ->capture_default_str();
   }
-  sm->add_option("--memory-gb", memory_gb, "Memory for weights and caches, in GB")->check(number_in(1e-3, 1e6))->capture_default_str();
+  sm->add_option("--memory-gb", memory_gb, "Memory for weights and caches, in GB")
+      ->check(number_in(1e-3, 1e6))
+      ->capture_default_str();
   sr->add_option("--window", window, "Local layers' window W")->check(number_in(1, 1 << 24))->capture_default_str();
-  sr->add_option("--global-every", global_every, "One global layer in this many")->check(number_in(1, 4096))->capture_default_str();
+  sr->add_option("--global-every", global_every, "One global layer in this many")
+      ->check(number_in(1, 4096))
+      ->capture_default_str();
   sr->add_option("--share", share, "Layers sharing one K/V")->check(number_in(1, 4096))->capture_default_str();
   ModelOptions dev;
   std::int64_t tp_seq = 1024;
@@ -302,7 +344,9 @@ int main(int argc, char** argv) {
   add_device_option(*st, dev);
   add_json_option(*st, json_path);
   st->add_option("--seq", tp_seq, "Context length")->check(number_in(1, 1 << 16))->capture_default_str();
-  st->add_option("--memory-mb", memory_mb, "Memory for the KV caches, in MiB")->check(number_in(1, 1 << 24))->capture_default_str();
+  st->add_option("--memory-mb", memory_mb, "Memory for the KV caches, in MiB")
+      ->check(number_in(1, 1 << 24))
+      ->capture_default_str();
   st->add_option("--shares", shares, "Sharing factors")->delimiter(',')->check(number_in(1, 64));
   st->add_option("--layers", layers, "Layers of the random model")->check(number_in(1, 64))->capture_default_str();
   st->add_option("--steps", steps, "Timed steps per point (best is kept)")->check(number_in(1, 1000))->capture_default_str();

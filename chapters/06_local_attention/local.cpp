@@ -67,7 +67,8 @@ std::string LocalLayout::describe() const {
     std::int64_t j = i;
     while (j + 1 < layers() && window[static_cast<std::size_t>(j + 1)] == window[static_cast<std::size_t>(i)]) ++j;
     const std::int64_t w = window[static_cast<std::size_t>(i)];
-    os << (i ? ", " : "") << (i == j ? "layer " + std::to_string(i) : "layers " + std::to_string(i) + "-" + std::to_string(j))
+    os << (i ? ", " : "")
+       << (i == j ? "layer " + std::to_string(i) : "layers " + std::to_string(i) + "-" + std::to_string(j))
        << (w > 0 ? " local (W = " + std::to_string(w) + ")" : " global");
     i = j + 1;
   }
@@ -106,8 +107,8 @@ LocalLayout parse_local_layout(const HfConfig& hf, std::int64_t layers) {
              " entries for ", layers, " layers (num_hidden_layers)");
     LocalLayout l = LocalLayout::global(layers);
     for (std::size_t i = 0; i < types.size(); ++i) {
-      IL_CHECK(types[i] == "sliding_attention" || types[i] == "full_attention", hf.path, ": field 'layer_types' entry ",
-               i, " is '", types[i], "' (sliding_attention or full_attention)");
+      IL_CHECK(types[i] == "sliding_attention" || types[i] == "full_attention", hf.path, ": field 'layer_types' entry ", i,
+               " is '", types[i], "' (sliding_attention or full_attention)");
       if (types[i] == "full_attention") continue;
       IL_CHECK(W > 0, hf.path, ": layer ", i, " is 'sliding_attention' but the config sets no sliding_window",
                arch == "Qwen2ForCausalLM" ? " (Qwen2 uses sliding_window only when use_sliding_window is true)" : "");
@@ -155,21 +156,21 @@ LocalModel load_local(const std::string& path) {
 
 // ---------------------------------------------------------------------------------------------
 // The ring cache.
-RingKVCache::RingKVCache(const TransformerConfig& c, LocalLayout layout, std::int64_t capacity, Device device,
-                         DType dtype)
+RingKVCache::RingKVCache(const TransformerConfig& c, LocalLayout layout, std::int64_t capacity, Device device, DType dtype)
     : RowCache("ring KV cache", capacity), config_(c), layout_(std::move(layout)), dtype_(dtype) {
   IL_CHECK(layout_.layers() == c.num_layers, "ring KV cache: a layout of ", layout_.layers(), " layers for a model of ",
            c.num_layers);
   IL_CHECK(layout_.sinks >= 0, "ring KV cache: a negative number of sink positions, ", layout_.sinks);
   const std::int64_t total = bytes();
-  with_context([&] { return "ring KV cache of " + std::to_string(capacity) + " positions (" + std::to_string(total) + " bytes)"; },
-               [&] {
-                 for (std::int64_t l = 0; l < c.num_layers; ++l) {
-                   const std::int64_t rows = layout_.rows(l, capacity);
-                   k_.push_back(Tensor::zeros({rows, c.num_kv_heads, c.head_dim}, dtype, device));
-                   v_.push_back(Tensor::zeros({rows, c.num_kv_heads, c.head_dim}, dtype, device));
-                 }
-               });
+  with_context(
+      [&] { return "ring KV cache of " + std::to_string(capacity) + " positions (" + std::to_string(total) + " bytes)"; },
+      [&] {
+    for (std::int64_t l = 0; l < c.num_layers; ++l) {
+      const std::int64_t rows = layout_.rows(l, capacity);
+      k_.push_back(Tensor::zeros({rows, c.num_kv_heads, c.head_dim}, dtype, device));
+      v_.push_back(Tensor::zeros({rows, c.num_kv_heads, c.head_dim}, dtype, device));
+    }
+      });
 }
 
 std::int64_t RingKVCache::slot(std::int64_t layer, std::int64_t p) const {
@@ -222,7 +223,8 @@ void RingKVCache::truncate(std::int64_t n) {
   for (std::int64_t l = 0; l < layout_.layers(); ++l) {
     const std::int64_t W = layout_.window[static_cast<std::size_t>(l)], ns = layout_.sinks;
     if (W == 0 || length_ <= ns + W) continue;  // a global layer, or a ring that never wrapped
-    const std::int64_t lost_from = std::max(n - W + 1, ns), lost_to = std::min(length_ - 1 - W, n - 1);  // overwritten, needed
+    const std::int64_t lost_from = std::max(n - W + 1, ns),
+                       lost_to = std::min(length_ - 1 - W, n - 1);  // overwritten, needed
     IL_CHECK(lost_to < lost_from, name_, ": layer ", l, " keeps only its last ", W, " positions; rolling back from ",
              length_, " to ", n, " needs positions ", lost_from, " .. ", lost_to,
              ", already overwritten (a full ring rolls back one position at most)");
@@ -294,13 +296,13 @@ Tensor forward_cached(const LocalModel& m, ch02::KVCache& cache, const std::vect
   return ch02::forward_cached(m.base, cache, tokens, all_positions);
 }
 
-ch01::Generation generate_cached(const LocalModel& m, const std::vector<std::int32_t>& prompt, int max_new,
-                                 Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
-                                 const ch01::OnToken& on_token) {
+ch01::Generation generate_cached(const LocalModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                                 const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token) {
   ch01::check_context(m.base, prompt.size(), max_new);
   RingKVCache cache(m.config(), m.layout, static_cast<std::int64_t>(prompt.size()) + max_new, m.base.device());
-  return ch01::generate(prompt, max_new, sampler, eos_ids, m.base.device(), ch01::Feed::NewTokens,
-                        [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); }, on_token);
+  return ch01::generate(
+      prompt, max_new, sampler, eos_ids, m.base.device(), ch01::Feed::NewTokens,
+      [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); }, on_token);
 }
 
 }  // namespace inferlab::ch06

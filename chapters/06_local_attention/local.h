@@ -142,8 +142,7 @@ Tensor forward_cached(const LocalModel& m, ch02::KVCache& cache, const std::vect
                       bool all_positions = false);
 
 /// Greedy (or sampled) generation through a ring cache of prompt + max_new positions.
-ch01::Generation generate_cached(const LocalModel& m, const std::vector<std::int32_t>& prompt, int max_new,
-                                 Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
-                                 const ch01::OnToken& on_token = nullptr);
+ch01::Generation generate_cached(const LocalModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                                 const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token = nullptr);
 
 }  // namespace inferlab::ch06

@@ -89,8 +89,8 @@ std::vector<double> influence(const LocalModel& m, const std::vector<std::int32_
   return out;
 }
 
-json influence_table(const std::vector<std::pair<std::string, LocalModel>>& models, const std::vector<std::int64_t>& distances,
-                     bool indent) {
+json influence_table(const std::vector<std::pair<std::string, LocalModel>>& models,
+                     const std::vector<std::int64_t>& distances, bool indent) {
   const auto tokens = eval::validation_tokens(data_dir(), 512);
   std::printf("%s%-12s", indent ? "  " : "", "distance d");
   for (std::int64_t d : distances) std::printf(" %9lld", static_cast<ll>(d));
@@ -104,12 +104,16 @@ json influence_table(const std::vector<std::pair<std::string, LocalModel>>& mode
     for (std::size_t i = 0; i < w.size(); ++i) std::printf(" %8.2g%s", w[i], reached[i] ? "*" : " ");
     std::printf("   %s\n", field(m.layout.receptive_field()).c_str());
     std::fflush(stdout);
-    rows.push_back({{"model", name}, {"distances", distances}, {"max_abs_logit_change", w}, {"reaches", reached},
+    rows.push_back({{"model", name},
+                    {"distances", distances},
+                    {"max_abs_logit_change", w},
+                    {"reaches", reached},
                     {"receptive_field", m.layout.receptive_field()}});
   }
-  std::printf("%s(* the token reaches the last logits at all: a NaN put in its place turns them NaN; a change too small\n"
-              "%s for float32 shows as 0 with a *, beyond the receptive field there is no * and no path)\n",
-              indent ? "  " : "", indent ? "  " : "");
+  std::printf(
+      "%s(* the token reaches the last logits at all: a NaN put in its place turns them NaN; a change too small\n"
+      "%s for float32 shows as 0 with a *, beyond the receptive field there is no * and no path)\n",
+      indent ? "  " : "", indent ? "  " : "");
   return rows;
 }
 
@@ -135,7 +139,8 @@ json speed_table(const metrics::Ceiling& roof, std::int64_t layers, std::int64_t
                  const std::vector<std::int64_t>& positions, int steps, Device dev, bool indent) {
   const ch01::Llama base = ch01::random_llama(speed_shape(layers), 1).to(dev, DType::F32);
   const std::vector<std::pair<std::string, LocalModel>> models = {
-      {"global", {base, LocalLayout::global(layers)}}, {"local W=" + std::to_string(window), {base, LocalLayout::local(layers, window)}}};
+      {"global", {base, LocalLayout::global(layers)}},
+      {"local W=" + std::to_string(window), {base, LocalLayout::local(layers, window)}}};
   json rows = json::array();
   metrics::CeilingLegend legend;
   for (const auto& [name, m] : models) {
@@ -148,7 +153,9 @@ json speed_table(const metrics::Ceiling& roof, std::int64_t layers, std::int64_t
       std::printf("  %6.2f ms (%4.1f GB/s, %3.0f%% %-5s)", s.seconds_per_step * 1e3, s.achieved_bytes_per_s() / 1e9,
                   legend.percent(name + " at " + std::to_string(p), s.achieved_bytes_per_s(), read), read.abbrev());
       std::fflush(stdout);
-      points.push_back({{"position", p}, {"seconds", s.seconds_per_step}, {"bytes", s.bytes_per_step},
+      points.push_back({{"position", p},
+                        {"seconds", s.seconds_per_step},
+                        {"bytes", s.bytes_per_step},
                         {"read_ceiling", metrics::to_json(read)}});
     }
     std::printf("\n");
@@ -177,17 +184,19 @@ int speed(const ModelOptions& o, std::int64_t layers, std::int64_t window, const
           int steps, const std::string& json_path) {
   const Device dev = o.resolved_device();
   const auto roof = metrics::measure_ceiling(dev);
-  std::printf("One decode step against position, random weights: D = 1024, L = %lld, N = K = 16, H = 64, f32, %s; "
-              "best of %d steps; GB/s = bytes the step reads (weights + the rows attention sees) / time, %% of a "
-              "streaming read over as many bytes (cache: in the last-level cache, part: partly, mem: from memory, "
-              "%s)\n\n",
-              static_cast<ll>(layers), device_name(dev).data(), steps, metrics::describe(roof.read, "B").c_str());
+  std::printf(
+      "One decode step against position, random weights: D = 1024, L = %lld, N = K = 16, H = 64, f32, %s; "
+      "best of %d steps; GB/s = bytes the step reads (weights + the rows attention sees) / time, %% of a "
+      "streaming read over as many bytes (cache: in the last-level cache, part: partly, mem: from memory, "
+      "%s)\n\n",
+      static_cast<ll>(layers), device_name(dev).data(), steps, metrics::describe(roof.read, "B").c_str());
   std::printf("%-12s", "position");
   for (std::int64_t p : positions) std::printf("  %35lld", static_cast<ll>(p));
   std::printf("\n");
   const json rows = speed_table(roof, layers, window, positions, steps, dev, false);
   if (!json_path.empty())
-    write_json(json_path, {{"device", device_name(dev)}, {"ceiling", metrics::to_json(roof)}, {"window", window}, {"rows", rows}});
+    write_json(json_path,
+               {{"device", device_name(dev)}, {"ceiling", metrics::to_json(roof)}, {"window", window}, {"rows", rows}});
   return 0;
 }
 
@@ -204,10 +213,11 @@ plot::Series field_line(std::int64_t rf, double y0, double y1) {
 int recall(std::int64_t per_kind, const std::string& svg, const std::string& reach_svg, const std::string& json_path) {
   const auto models = zoo();
   const std::int64_t rf = models[1].second.layout.receptive_field();
-  const std::vector<std::int64_t> distances = {1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 240, 248, 252, 253, 256, 300,
-                                               400, 500};
-  std::printf("A token's influence: max |Δ logit| at the last of 512 validation tokens when the token d positions before "
-              "it is replaced\n\n");
+  const std::vector<std::int64_t> distances = {1,   2,   4,   8,   16,  32,  64,  96,  128, 160,
+                                               192, 224, 240, 248, 252, 253, 256, 300, 400, 500};
+  std::printf(
+      "A token's influence: max |Δ logit| at the last of 512 validation tokens when the token d positions before "
+      "it is replaced\n\n");
   const json infl = influence_table(models, distances, false);
   plot::Figure reach;
   reach.title = "A token's influence on the last logits against its distance (0 is not drawn: below float32, or no path)";
@@ -293,10 +303,11 @@ int hybrids(const std::string& model, const std::vector<std::int64_t>& contexts,
     rows.push_back({{"layout", name}, {"globals", layout.globals()}, {"contexts", contexts}, {"bytes", bytes}});
   }
   const std::int64_t g = layouts[1].second.globals();
-  std::printf("\nA local layer's share is fixed at W; the global layers' grows with T and soon is all there is:\n"
-              "at long contexts the saving tends to L / (global layers), whatever W: %lld/%lld = %.1f× for one in six.\n"
-              "(Where in each group of six the global layer sits changes no byte.)\n",
-              static_cast<ll>(L), static_cast<ll>(g), static_cast<double>(L) / static_cast<double>(g));
+  std::printf(
+      "\nA local layer's share is fixed at W; the global layers' grows with T and soon is all there is:\n"
+      "at long contexts the saving tends to L / (global layers), whatever W: %lld/%lld = %.1f× for one in six.\n"
+      "(Where in each group of six the global layer sits changes no byte.)\n",
+      static_cast<ll>(L), static_cast<ll>(g), static_cast<double>(L) / static_cast<double>(g));
   if (!json_path.empty())
     write_json(json_path, {{"model", model}, {"window", window}, {"bytes_per_value", bytes_per_value}, {"rows", rows}});
   return 0;
@@ -319,22 +330,31 @@ int generate(const CommonOptions& o) {
   std::printf("\n\n%zu tokens: time to first token %.2f ms, %.2f ms per later token, %.1f tokens/s\n", g.generated.size(),
               g.ttft_s() * 1e3, g.tpot_s() * 1e3, g.tokens_per_s());
   if (!o.json.empty())
-    write_json(o.json, {{"model", o.model}, {"prompt", o.prompt}, {"layout", m.layout.describe()}, {"cache_bytes", cache.bytes()},
-                        {"generated", g.generated}, {"ttft_s", g.ttft_s()}, {"tpot_s", g.tpot_s()}},
+    write_json(o.json,
+               {{"model", o.model},
+                {"prompt", o.prompt},
+                {"layout", m.layout.describe()},
+                {"cache_bytes", cache.bytes()},
+                {"generated", g.generated},
+                {"ttft_s", g.ttft_s()},
+                {"tpot_s", g.tpot_s()}},
                {o.model});
   return 0;
 }
 
 int headline(const std::string& json_path) {
-  std::printf("Local attention (lecture: 局部注意力): a layer sees only its last W positions, so its cache is a ring of W slots\n");
+  std::printf(
+      "Local attention (lecture: 局部注意力): a layer sees only its last W positions, so its cache is a ring of W slots\n");
   const auto models = zoo();
   const json bytes = bytes_table(models, {64, 128, 256, 512}, true);
-  std::printf("  a token's influence on the last of 512 positions, max |Δ logit| when the token d positions back changes:\n");
+  std::printf(
+      "  a token's influence on the last of 512 positions, max |Δ logit| when the token d positions back changes:\n");
   const json infl = influence_table(models, {32, 128, 252, 253, 400}, true);
   const metrics::Ceiling roof = metrics::measure_cpu_ceiling(0, 1024, 3);
-  std::printf("  one decode step against position (random 4-layer 16-head models, best of 3; GB/s against a streaming\n"
-              "  read over as many bytes, cache: in the last-level cache, mem: from memory at %s):\n",
-              metrics::describe(roof.read, "B").c_str());
+  std::printf(
+      "  one decode step against position (random 4-layer 16-head models, best of 3; GB/s against a streaming\n"
+      "  read over as many bytes, cache: in the last-level cache, mem: from memory at %s):\n",
+      metrics::describe(roof.read, "B").c_str());
   std::printf("  %-12s", "position");
   for (std::int64_t p : {512, 2048, 8192}) std::printf("  %35lld", static_cast<ll>(p));
   std::printf("\n");
@@ -352,7 +372,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 06: local attention, ring caches and hybrid stacks", "ch06_local_attention"};
   std::string json_path;
   add_json_option(app, json_path);  // the bare run's
-  help_footer(app, "the cache bytes of tiny-mha, tiny-swa and tiny-hybrid against context, how much a token d positions "
+  help_footer(app,
+              "the cache bytes of tiny-mha, tiny-swa and tiny-hybrid against context, how much a token d positions "
               "back moves the last logits (exactly nothing beyond tiny-swa's receptive field of 253), and one decode step "
               "against position for a global and a local stack, with GB/s against the measured read ceiling",
               "chapters/06_local_attention/README.md", "局部注意力");
@@ -375,11 +396,16 @@ int main(int argc, char** argv) {
   ss->add_option("--steps", steps, "Timed steps per point (best is kept)")->check(number_in(1, 1000))->capture_default_str();
   std::int64_t per_kind = 200;
   std::string svg = "recall.svg", reach_svg = "reach.svg";
-  auto* sr = app.add_subcommand("recall", "Probe accuracy and a token's influence against distance, plotted with the receptive field");
+  auto* sr = app.add_subcommand("recall",
+                                "Probe accuracy and a token's influence against distance, plotted with the receptive field");
   add_json_option(*sr, json_path);
-  sr->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->check(number_in(0, 1e9))->capture_default_str();
+  sr->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")
+      ->check(number_in(0, 1e9))
+      ->capture_default_str();
   sr->add_option("--svg", svg, "Where to write the probe plot ('' for none)")->check(output_file())->capture_default_str();
-  sr->add_option("--reach-svg", reach_svg, "Where to write the influence plot ('' for none)")->check(output_file())->capture_default_str();
+  sr->add_option("--reach-svg", reach_svg, "Where to write the influence plot ('' for none)")
+      ->check(output_file())
+      ->capture_default_str();
   std::string hybrid_model = "llama-3-8b";
   std::vector<std::int64_t> hybrid_contexts = {4096, 32768, 131072};
   std::int64_t hybrid_window = 1024, bytes_per_value = 2;
@@ -389,10 +415,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   sh->add_option("--contexts", hybrid_contexts, "Sequence lengths")->delimiter(',')->check(number_in(1, 1 << 24));
   sh->add_option("--window", hybrid_window, "The local layers' window")->check(number_in(1, 1 << 24))->capture_default_str();
-  sh->add_option("--bytes-per-value", bytes_per_value, "Bytes per cached value (2: bf16)")->check(number_in(1, 8))->capture_default_str();
+  sh->add_option("--bytes-per-value", bytes_per_value, "Bytes per cached value (2: bf16)")
+      ->check(number_in(1, 8))
+      ->capture_default_str();
   CommonOptions go;
   go.model = data_dir() + "/models/tiny-swa";
-  auto* sg = app.add_subcommand("generate", "Text through the ring cache (tiny-swa, tiny-hybrid, or a Mistral/Ministral/Qwen2 folder)");
+  auto* sg = app.add_subcommand("generate",
+                                "Text through the ring cache (tiny-swa, tiny-hybrid, or a Mistral/Ministral/Qwen2 folder)");
   add_model_option(*sg, go);
   add_generation_options(*sg, go);
   add_json_option(*sg, go.json);

@@ -25,7 +25,7 @@ __device__ float half_warp_sum(float v) {
 }
 
 // One block per channel c; thread = (chunk, lane), lane handling states lane, lane + 16, ...
-__global__ void __launch_bounds__(kLanes * kChunks) scan_chunked(ScanView v, float* __restrict__ h) {
+__global__ void __launch_bounds__(kLanes* kChunks) scan_chunked(ScanView v, float* __restrict__ h) {
   __shared__ float prod_s[kChunks][kMaxN], end_s[kChunks][kMaxN], start_s[kChunks][kMaxN];
   const long long c = blockIdx.x;
   const int lane = threadIdx.x % kLanes, chunk = threadIdx.x / kLanes;
@@ -125,8 +125,8 @@ __global__ void conv_out(const float* __restrict__ x, long long x_t, const float
 
 // Row r of the new state is input T - (K - 1) + r; a row taken from the old state is row T + r,
 // which this thread overwrites only later (rows ascend), so the update is in place.
-__global__ void conv_advance(const float* __restrict__ x, long long x_t, float* __restrict__ state, long long T,
-                             long long E, int K) {
+__global__ void conv_advance(const float* __restrict__ x, long long x_t, float* __restrict__ state, long long T, long long E,
+                             int K) {
   const long long c = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
   if (c >= E) return;
   for (int r = 0; r < K - 1; ++r) {

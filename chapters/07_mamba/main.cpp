@@ -51,11 +51,14 @@ json memory_table(const MambaConfig& mamba, const std::string& mamba_name, const
     st.push_back(mamba.state_bytes(4));
     std::printf(" %12lld", static_cast<ll>(mamba.state_bytes(4)));
   }
-  std::printf("\n%s(KV: T × K × H × L × 2 × 4 B, growing; state: L × E × ((K_conv − 1) + N) × 4 B = %lld × %lld × (%lld + %lld) × 4, "
-              "the same at every T)\n",
-              pad, static_cast<ll>(mamba.num_layers), static_cast<ll>(mamba.inner_size), static_cast<ll>(mamba.conv_kernel - 1),
-              static_cast<ll>(mamba.state_size));
-  return {{"contexts", contexts}, {"kv_model", llama_name}, {"kv_bytes", kv}, {"state_model", mamba_name}, {"state_bytes", st}};
+  std::printf(
+      "\n%s(KV: T × K × H × L × 2 × 4 B, growing; state: L × E × ((K_conv − 1) + N) × 4 B = %lld × %lld × (%lld + %lld) × "
+      "4, "
+      "the same at every T)\n",
+      pad, static_cast<ll>(mamba.num_layers), static_cast<ll>(mamba.inner_size), static_cast<ll>(mamba.conv_kernel - 1),
+      static_cast<ll>(mamba.state_size));
+  return {
+      {"contexts", contexts}, {"kv_model", llama_name}, {"kv_bytes", kv}, {"state_model", mamba_name}, {"state_bytes", st}};
 }
 
 // --- time per decode token against position ------------------------------------------------
@@ -76,7 +79,8 @@ MambaConfig mamba_shape(std::int64_t layers) {
 ch03::ThroughputPoint mamba_step(const MambaModel& m, std::int64_t position, int steps) {
   MambaState state(m.config, m.device());
   for (std::int64_t l = 0; l < m.config.num_layers; ++l)
-    ch03::fill_random(state.ssm(l), static_cast<std::uint64_t>(l + 1)), ch03::fill_random(state.conv(l), static_cast<std::uint64_t>(l + 100));
+    ch03::fill_random(state.ssm(l), static_cast<std::uint64_t>(l + 1)),
+        ch03::fill_random(state.conv(l), static_cast<std::uint64_t>(l + 100));
   state.commit(position);
   const double bytes = static_cast<double>(m.step_weight_bytes()) + 2.0 * static_cast<double>(state.bytes());
   return ch03::time_decode(1, bytes, steps, m.device(), [&] { forward_cached(m, state, {3}); });
@@ -93,7 +97,8 @@ json speed_table(const metrics::Ceiling& roof, std::int64_t layers, const std::v
   json rows = json::array();
   metrics::CeilingLegend legend;
   for (const bool is_mamba : {false, true}) {
-    const std::string name = is_mamba ? "Mamba, " + std::to_string(2 * layers) + " layers" : "transformer, " + std::to_string(layers) + " layers";
+    const std::string name =
+        is_mamba ? "Mamba, " + std::to_string(2 * layers) + " layers" : "transformer, " + std::to_string(layers) + " layers";
     std::printf("%s%-22s", pad, name.c_str());
     json points = json::array();
     for (std::int64_t p : positions) {
@@ -103,12 +108,15 @@ json speed_table(const metrics::Ceiling& roof, std::int64_t layers, const std::v
       std::printf("  %6.2f ms %5.1f GB/s (%3.0f%% %-5s)", s.seconds_per_step * 1e3, s.achieved_bytes_per_s() / 1e9,
                   legend.percent(name + " at " + std::to_string(p), s.achieved_bytes_per_s(), read), read.abbrev());
       std::fflush(stdout);
-      points.push_back({{"position", p}, {"seconds", s.seconds_per_step}, {"bytes", s.bytes_per_step},
+      points.push_back({{"position", p},
+                        {"seconds", s.seconds_per_step},
+                        {"bytes", s.bytes_per_step},
                         {"read_ceiling", metrics::to_json(read)}});
     }
     std::printf("\n");
     std::fflush(stdout);
-    rows.push_back({{"model", name}, {"parameters", is_mamba ? mamba.config.num_parameters() : llama.config.num_parameters()},
+    rows.push_back({{"model", name},
+                    {"parameters", is_mamba ? mamba.config.num_parameters() : llama.config.num_parameters()},
                     {"points", points}});
   }
   legend.print(pad);
@@ -147,21 +155,22 @@ json scan_table(const metrics::Ceiling& roof, const std::vector<std::int64_t>& l
   };
   std::vector<Way> ways;
   if (dev == Device::CPU) {
-    ways.push_back({"ref:: loop, 1 thread", [](const ScanInputs& in, Tensor& h, Tensor& y) { ch07::ref::selective_scan(in, h, y); }});
+    ways.push_back(
+        {"ref:: loop, 1 thread", [](const ScanInputs& in, Tensor& h, Tensor& y) { ch07::ref::selective_scan(in, h, y); }});
     ways.push_back({"threads over channels", [](const ScanInputs& in, Tensor& h, Tensor& y) { selective_scan(in, h, y); }});
     ways.push_back({"chunked (associative)", [](const ScanInputs& in, Tensor& h, Tensor& y) { parallel_scan(in, h, y); }});
   } else {
     ways.push_back({"chunked kernel", [](const ScanInputs& in, Tensor& h, Tensor& y) { selective_scan(in, h, y); }});
   }
   ways.push_back({"token by token (step)", [](const ScanInputs& in, Tensor& h, Tensor& y) {
-    for (std::int64_t t = 0; t < in.T(); ++t) {
-      ScanInputs r = in;
-      r.u = in.u.slice(0, t, t + 1), r.z = in.z.slice(0, t, t + 1), r.dt = in.dt.slice(0, t, t + 1);
-      r.B = in.B.slice(0, t, t + 1), r.C = in.C.slice(0, t, t + 1);
-      Tensor y_t = y.slice(0, t, t + 1);
-      selective_scan(r, h, y_t);
-    }
-  }});
+                    for (std::int64_t t = 0; t < in.T(); ++t) {
+                      ScanInputs r = in;
+                      r.u = in.u.slice(0, t, t + 1), r.z = in.z.slice(0, t, t + 1), r.dt = in.dt.slice(0, t, t + 1);
+                      r.B = in.B.slice(0, t, t + 1), r.C = in.C.slice(0, t, t + 1);
+                      Tensor y_t = y.slice(0, t, t + 1);
+                      selective_scan(r, h, y_t);
+                    }
+                  }});
   std::printf("%s%-24s", pad, "tokens T");
   for (std::int64_t T : lengths) std::printf("  %48lld", static_cast<ll>(T));
   std::printf("\n");
@@ -177,11 +186,11 @@ json scan_table(const metrics::Ceiling& roof, const std::vector<std::int64_t>& l
       const double bytes = scan_bytes(T, E, N, false), flops = 7.0 * static_cast<double>(T * E * N);
       const auto read = metrics::read_ceiling_for(roof, bytes);
       std::printf("  %8.2f ms %5.1f GB/s %3.0f%% %-5s %6.1f GFLOP/s %3.0f%%", s * 1e3, bytes / s / 1e9,
-                  legend.percent(way.name + " at T = " + std::to_string(T), bytes / s, read), read.abbrev(),
-                  flops / s / 1e9, 100 * flops / s / roof.flops_per_s);
+                  legend.percent(way.name + " at T = " + std::to_string(T), bytes / s, read), read.abbrev(), flops / s / 1e9,
+                  100 * flops / s / roof.flops_per_s);
       std::fflush(stdout);
-      points.push_back({{"tokens", T}, {"seconds", s}, {"bytes", bytes}, {"flops", flops},
-                        {"read_ceiling", metrics::to_json(read)}});
+      points.push_back(
+          {{"tokens", T}, {"seconds", s}, {"bytes", bytes}, {"flops", flops}, {"read_ceiling", metrics::to_json(read)}});
     }
     std::printf("\n");
     rows.push_back({{"way", way.name}, {"points", points}});
@@ -196,17 +205,20 @@ json lti_report(bool indent) {
   const MambaModel m = load_mamba(bundled_model("tiny-lti"));
   const auto tokens = eval::validation_tokens(data_dir(), 512);
   std::vector<double> scan, conv;
-  const double t_scan =
-      ch03::time_decode(1, 0, 2, Device::CPU, [&] { scan = forward_sequence(m, tokens, true).to_double_vector(); }).seconds_per_step;
+  const double t_scan = ch03::time_decode(1, 0, 2, Device::CPU, [&] {
+                          scan = forward_sequence(m, tokens, true).to_double_vector();
+                        }).seconds_per_step;
   const double t_conv = ch03::time_decode(1, 0, 2, Device::CPU, [&] {
                           conv = forward_sequence(m, tokens, true, ScanPath::Convolution).to_double_vector();
                         }).seconds_per_step;
   double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < scan.size(); ++i) diff = std::max(diff, std::fabs(scan[i] - conv[i])), scale = std::max(scale, std::fabs(scan[i]));
-  std::printf("%stiny-lti over 512 validation tokens: the scan and the convolution y = K * u give the same logits "
-              "(max |Δ| %.2g of logits up to %.1f); %.1f ms by scan, %.1f ms by direct convolution (O(T²); an FFT "
-              "makes it O(T log T))\n",
-              pad, diff, scale, t_scan * 1e3, t_conv * 1e3);
+  for (std::size_t i = 0; i < scan.size(); ++i)
+    diff = std::max(diff, std::fabs(scan[i] - conv[i])), scale = std::max(scale, std::fabs(scan[i]));
+  std::printf(
+      "%stiny-lti over 512 validation tokens: the scan and the convolution y = K * u give the same logits "
+      "(max |Δ| %.2g of logits up to %.1f); %.1f ms by scan, %.1f ms by direct convolution (O(T²); an FFT "
+      "makes it O(T log T))\n",
+      pad, diff, scale, t_scan * 1e3, t_conv * 1e3);
   const MambaLayer& l = m.layers[0];
   const std::vector<std::int64_t> lags = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 511};
   const Tensor K = lti_kernel(l.dt, l.A, l.B, l.C, 512);
@@ -221,8 +233,8 @@ json lti_report(bool indent) {
     std::printf("  k=%lld %.2g", static_cast<ll>(k), s);
   }
   std::printf("\n%s(the same kernel for every input: an LTI layer cannot decide, token by token, what to keep)\n", pad);
-  return {{"max_abs_logit_diff", diff}, {"max_abs_logit", scale}, {"scan_seconds", t_scan}, {"conv_seconds", t_conv},
-          {"lags", lags}, {"kernel_mean_abs", mean_abs}};
+  return {{"max_abs_logit_diff", diff}, {"max_abs_logit", scale}, {"scan_seconds", t_scan},
+          {"conv_seconds", t_conv},     {"lags", lags},           {"kernel_mean_abs", mean_abs}};
 }
 
 // --- quality: perplexity and probes --------------------------------------------------------
@@ -238,9 +250,10 @@ json recall_table(std::int64_t windows, std::int64_t per_kind) {
       {"tiny-mha", mha.config.kv_cache_bytes(1, 4),
        [&mha](const std::vector<std::int32_t>& t) { return ch01::forward(mha, t, true); }}};
   json rows = eval::quality_table(models, data_dir(), windows, per_kind);
-  std::printf("(cache B/tok 0: a fixed state of %lld bytes whatever the length; recall@N: a fact N tokens back, "
-              "AR: associative recall; chance is 1/16 to 1/12 for a fact and 1/10 for a digit, see docs/model-zoo.md)\n",
-              static_cast<ll>(mamba.config.state_bytes(4)));
+  std::printf(
+      "(cache B/tok 0: a fixed state of %lld bytes whatever the length; recall@N: a fact N tokens back, "
+      "AR: associative recall; chance is 1/16 to 1/12 for a fact and 1/10 for a digit, see docs/model-zoo.md)\n",
+      static_cast<ll>(mamba.config.state_bytes(4)));
   return rows;
 }
 
@@ -260,12 +273,13 @@ json jamba_table(const std::vector<std::int64_t>& contexts, std::int64_t bytes_p
   const std::int64_t jamba_per_token = attn.kv_cache_bytes(1, bytes_per_value);
   attn.num_layers = layers;
   const std::int64_t dense_per_token = attn.kv_cache_bytes(1, bytes_per_value);
-  std::printf("%sJamba-v0.1: %lld layers, 1 attention layer in %lld (%lld of them; GQA 32 query / 8 KV heads of 128), the "
-              "other %lld Mamba (E = 8192, N = 16, K = 4); %lld bytes per value\n",
-              pad, static_cast<ll>(layers), static_cast<ll>(period), static_cast<ll>(attention_layers),
-              static_cast<ll>(ssm.num_layers), static_cast<ll>(bytes_per_value));
-  std::printf("%sKV per token: %lld attention layers × 2 × 8 × 128 × %lld B = %lld B (all 32 layers attention: %lld B)\n", pad,
-              static_cast<ll>(attention_layers), static_cast<ll>(bytes_per_value), static_cast<ll>(jamba_per_token),
+  std::printf(
+      "%sJamba-v0.1: %lld layers, 1 attention layer in %lld (%lld of them; GQA 32 query / 8 KV heads of 128), the "
+      "other %lld Mamba (E = 8192, N = 16, K = 4); %lld bytes per value\n",
+      pad, static_cast<ll>(layers), static_cast<ll>(period), static_cast<ll>(attention_layers),
+      static_cast<ll>(ssm.num_layers), static_cast<ll>(bytes_per_value));
+  std::printf("%sKV per token: %lld attention layers × 2 × 8 × 128 × %lld B = %lld B (all 32 layers attention: %lld B)\n",
+              pad, static_cast<ll>(attention_layers), static_cast<ll>(bytes_per_value), static_cast<ll>(jamba_per_token),
               static_cast<ll>(dense_per_token));
   std::printf("%s%-34s", pad, "context");
   for (std::int64_t T : contexts) std::printf(" %12lld", static_cast<ll>(T));
@@ -273,7 +287,8 @@ json jamba_table(const std::vector<std::int64_t>& contexts, std::int64_t bytes_p
   json dense = json::array(), hybrid = json::array();
   const std::int64_t state = ssm.state_bytes(bytes_per_value);
   for (std::int64_t T : contexts) dense.push_back(checked_mul(dense_per_token, T, "KV bytes"));
-  for (std::int64_t T : contexts) hybrid.push_back(checked_add(checked_mul(jamba_per_token, T, "KV bytes"), state, "KV bytes"));
+  for (std::int64_t T : contexts)
+    hybrid.push_back(checked_add(checked_mul(jamba_per_token, T, "KV bytes"), state, "KV bytes"));
   auto row = [&](const char* name, const json& v) {
     std::printf("%s%-34s", pad, name);
     for (const auto& b : v) std::printf(" %12s", metrics::human_bytes(b.get<double>()).c_str());
@@ -281,11 +296,16 @@ json jamba_table(const std::vector<std::int64_t>& contexts, std::int64_t bytes_p
   };
   row("32 attention layers (KV)", dense);
   row("Jamba: 4 attention + 28 Mamba", hybrid);
-  std::printf("%s(the 28 Mamba layers' state: 28 × 8192 × (3 + 16) × %lld B = %s at every context; the hybrid's KV is 1/8 "
-              "of the dense one's, the lecture's \"about 8×\")\n",
-              pad, static_cast<ll>(bytes_per_value), metrics::human_bytes(static_cast<double>(state)).c_str());
-  return {{"contexts", contexts}, {"bytes_per_value", bytes_per_value}, {"dense_kv_bytes", dense}, {"jamba_bytes", hybrid},
-          {"jamba_kv_bytes_per_token", jamba_per_token}, {"dense_kv_bytes_per_token", dense_per_token},
+  std::printf(
+      "%s(the 28 Mamba layers' state: 28 × 8192 × (3 + 16) × %lld B = %s at every context; the hybrid's KV is 1/8 "
+      "of the dense one's, the lecture's \"about 8×\")\n",
+      pad, static_cast<ll>(bytes_per_value), metrics::human_bytes(static_cast<double>(state)).c_str());
+  return {{"contexts", contexts},
+          {"bytes_per_value", bytes_per_value},
+          {"dense_kv_bytes", dense},
+          {"jamba_bytes", hybrid},
+          {"jamba_kv_bytes_per_token", jamba_per_token},
+          {"dense_kv_bytes_per_token", dense_per_token},
           {"mamba_state_bytes", state}};
 }
 
@@ -293,9 +313,11 @@ json jamba_table(const std::vector<std::int64_t>& contexts, std::int64_t bytes_p
 int memory(const std::string& model, const std::vector<std::int64_t>& contexts, const std::string& json_path) {
   const MambaModel m = load_mamba(model.empty() ? bundled_model("tiny-mamba") : model);
   const ch01::Llama mha = ch01::load_llama(bundled_model("tiny-mha"));
-  std::printf("One sequence's memory against its length (f32): attention keeps every position, a state-space layer a "
-              "summary of fixed size\n\n");
-  const json t = memory_table(m.config, model.empty() ? "tiny-mamba" : folder_name(model), mha.config, "tiny-mha", contexts, false);
+  std::printf(
+      "One sequence's memory against its length (f32): attention keeps every position, a state-space layer a "
+      "summary of fixed size\n\n");
+  const json t =
+      memory_table(m.config, model.empty() ? "tiny-mamba" : folder_name(model), mha.config, "tiny-mha", contexts, false);
   if (!json_path.empty()) write_json(json_path, t);
   return 0;
 }
@@ -304,11 +326,12 @@ int speed(const ModelOptions& o, std::int64_t layers, const std::vector<std::int
           const std::string& json_path) {
   const Device dev = o.resolved_device();
   const auto roof = metrics::measure_ceiling(dev);
-  std::printf("One decode step against position, random weights, f32, %s, best of %d: a transformer (D = 1024, 16 heads "
-              "of 64, F = 2816) and a Mamba of about the same parameters (D = 1024, E = 2048, N = 16); GB/s = bytes "
-              "the step reads (weights + KV cache, or weights + state read and written) / time, %% of a streaming read "
-              "over as many bytes (cache: in the last-level cache, part: partly, mem: from memory, %s)\n\n",
-              device_name(dev).data(), steps, metrics::describe(roof.read, "B").c_str());
+  std::printf(
+      "One decode step against position, random weights, f32, %s, best of %d: a transformer (D = 1024, 16 heads "
+      "of 64, F = 2816) and a Mamba of about the same parameters (D = 1024, E = 2048, N = 16); GB/s = bytes "
+      "the step reads (weights + KV cache, or weights + state read and written) / time, %% of a streaming read "
+      "over as many bytes (cache: in the last-level cache, part: partly, mem: from memory, %s)\n\n",
+      device_name(dev).data(), steps, metrics::describe(roof.read, "B").c_str());
   const json rows = speed_table(roof, layers, positions, steps, dev, false);
   if (!json_path.empty())
     write_json(json_path, {{"device", device_name(dev)}, {"ceiling", metrics::to_json(roof)}, {"rows", rows}});
@@ -318,12 +341,12 @@ int speed(const ModelOptions& o, std::int64_t layers, const std::vector<std::int
 int scan(const ModelOptions& o, const std::vector<std::int64_t>& lengths, const std::string& json_path) {
   const Device dev = o.resolved_device();
   const auto roof = metrics::measure_ceiling(dev);
-  std::printf("One layer's selective scan (E = 2048 channels, N = 16 states, random inputs) over a prefill of T tokens, "
-              "%s, best of 2; GB/s = the bytes a scan must move (u, Δ, z, y, B, C, the state) / time, %% of a streaming "
-              "read over as many bytes (cache, part or mem as above; from memory %s); GFLOP/s = 7 per token, channel "
-              "and state (an exp counted as one) / time, %% of the %s peak %.1f GFLOP/s\n\n",
-              device_name(dev).data(), metrics::describe(roof.read, "B").c_str(), roof.flops_dtype.c_str(),
-              roof.flops_per_s / 1e9);
+  std::printf(
+      "One layer's selective scan (E = 2048 channels, N = 16 states, random inputs) over a prefill of T tokens, "
+      "%s, best of 2; GB/s = the bytes a scan must move (u, Δ, z, y, B, C, the state) / time, %% of a streaming "
+      "read over as many bytes (cache, part or mem as above; from memory %s); GFLOP/s = 7 per token, channel "
+      "and state (an exp counted as one) / time, %% of the %s peak %.1f GFLOP/s\n\n",
+      device_name(dev).data(), metrics::describe(roof.read, "B").c_str(), roof.flops_dtype.c_str(), roof.flops_per_s / 1e9);
   const json rows = scan_table(roof, lengths, dev, false);
   if (!json_path.empty())
     write_json(json_path, {{"device", device_name(dev)}, {"ceiling", metrics::to_json(roof)}, {"rows", rows}});
@@ -338,9 +361,10 @@ int lti(const std::string& json_path) {
 }
 
 int recall(std::int64_t windows, std::int64_t per_kind, const std::string& json_path) {
-  std::printf("Quality of the zoo's LTI SSM, Mamba and attention models (same data, tokenizer and budget): validation "
-              "perplexity over %lld windows of 512 and probe accuracy, %lld probes per kind\n\n",
-              static_cast<ll>(windows), static_cast<ll>(per_kind));
+  std::printf(
+      "Quality of the zoo's LTI SSM, Mamba and attention models (same data, tokenizer and budget): validation "
+      "perplexity over %lld windows of 512 and probe accuracy, %lld probes per kind\n\n",
+      static_cast<ll>(windows), static_cast<ll>(per_kind));
   const json rows = recall_table(windows, per_kind);
   if (!json_path.empty()) write_json(json_path, {{"rows", rows}});
   return 0;
@@ -363,26 +387,34 @@ int generate(const CommonOptions& o) {
   TextStream stream(*tok, prompt);
   const ch01::Generation g = ch07::generate(m, prompt, o.max_new_tokens, sampler, m.config.eos_token_ids,
                                             [&](const ch01::Generation& gen) { stream.print(gen.tokens); });
-  std::printf("\n\n%zu tokens: time to first token %.2f ms, %.2f ms per later token, %.1f tokens/s; the state stayed at "
-              "%lld bytes\n",
-              g.generated.size(), g.ttft_s() * 1e3, g.tpot_s() * 1e3, g.tokens_per_s(), static_cast<ll>(state.bytes()));
+  std::printf(
+      "\n\n%zu tokens: time to first token %.2f ms, %.2f ms per later token, %.1f tokens/s; the state stayed at "
+      "%lld bytes\n",
+      g.generated.size(), g.ttft_s() * 1e3, g.tpot_s() * 1e3, g.tokens_per_s(), static_cast<ll>(state.bytes()));
   if (!o.json.empty())
-    write_json(o.json, {{"model", o.model}, {"prompt", o.prompt}, {"state_bytes", state.bytes()}, {"generated", g.generated},
-                        {"ttft_s", g.ttft_s()}, {"tpot_s", g.tpot_s()}},
+    write_json(o.json,
+               {{"model", o.model},
+                {"prompt", o.prompt},
+                {"state_bytes", state.bytes()},
+                {"generated", g.generated},
+                {"ttft_s", g.ttft_s()},
+                {"tpot_s", g.tpot_s()}},
                {o.model});
   return 0;
 }
 
 int headline(const std::string& json_path) {
-  std::printf("State-space models (lecture: 状态空间模型): a layer keeps a fixed-size state instead of every position's "
-              "keys and values\n");
+  std::printf(
+      "State-space models (lecture: 状态空间模型): a layer keeps a fixed-size state instead of every position's "
+      "keys and values\n");
   const MambaModel tiny = load_mamba(bundled_model("tiny-mamba"));
   const ch01::Llama mha = ch01::load_llama(bundled_model("tiny-mha"));
   const json bytes = memory_table(tiny.config, "tiny-mamba", mha.config, "tiny-mha", {64, 512, 4096, 32768, 1 << 20}, true);
   const metrics::Ceiling roof = metrics::measure_cpu_ceiling(0, 1024, 3);
-  std::printf("  one decode step against position (random models of about 60M parameters, best of 3; GB/s against a\n"
-              "  streaming read over as many bytes, cache: in the last-level cache, mem: from memory at %s):\n",
-              metrics::describe(roof.read, "B").c_str());
+  std::printf(
+      "  one decode step against position (random models of about 60M parameters, best of 3; GB/s against a\n"
+      "  streaming read over as many bytes, cache: in the last-level cache, mem: from memory at %s):\n",
+      metrics::describe(roof.read, "B").c_str());
   const json speed = speed_table(roof, 4, {512, 2048, 8192}, 3, Device::CPU, true);
   std::printf("  the lecture's reason for selection, on the zoo (20 probes per kind, 2 validation windows):\n");
   const json quality = recall_table(2, 20);
@@ -390,8 +422,9 @@ int headline(const std::string& json_path) {
   const json jam = jamba_table({4096, 262144}, 2, true);
   std::printf("  more: ch07_mamba memory | speed | scan | lti | recall | jamba | generate\n");
   if (!json_path.empty())
-    write_json(json_path, {{"bytes", bytes}, {"ceiling", metrics::to_json(roof)}, {"speed", speed}, {"quality", quality},
-                           {"jamba", jam}});
+    write_json(
+        json_path,
+        {{"bytes", bytes}, {"ceiling", metrics::to_json(roof)}, {"speed", speed}, {"quality", quality}, {"jamba", jam}});
   return 0;
 }
 
@@ -402,7 +435,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 07: Mamba, selective state spaces", "ch07_mamba"};
   std::string json_path;
   add_json_option(app, json_path);  // the bare run's
-  help_footer(app, "tiny-mamba's fixed state against tiny-mha's growing KV cache, one decode step against position for a "
+  help_footer(app,
+              "tiny-mamba's fixed state against tiny-mha's growing KV cache, one decode step against position for a "
               "Mamba and a transformer of the same size (GB/s against the measured read ceiling), perplexity and probe "
               "accuracy of tiny-lti, tiny-mamba and tiny-mha, and Jamba's 1:7 hybrid at 256K tokens",
               "chapters/07_mamba/README.md", "状态空间模型");
@@ -419,7 +453,9 @@ int main(int argc, char** argv) {
   auto* ss = app.add_subcommand("speed", "Time per decode token against position: Mamba beside a transformer");
   add_device_option(*ss, dev);
   add_json_option(*ss, json_path);
-  ss->add_option("--layers", layers, "The transformer's layers (the Mamba has twice as many)")->check(number_in(1, 32))->capture_default_str();
+  ss->add_option("--layers", layers, "The transformer's layers (the Mamba has twice as many)")
+      ->check(number_in(1, 32))
+      ->capture_default_str();
   ss->add_option("--positions", positions, "Cached positions")->delimiter(',')->check(number_in(1, 1 << 17));
   ss->add_option("--steps", steps, "Timed steps per point (best is kept)")->check(number_in(1, 1000))->capture_default_str();
   std::vector<std::int64_t> lengths = {256, 1024, 4096};
@@ -438,7 +474,9 @@ int main(int argc, char** argv) {
   auto* sj = app.add_subcommand("jamba", "Jamba-v0.1's 1:7 hybrid as a worked KV-size calculation");
   add_json_option(*sj, json_path);
   sj->add_option("--contexts", jamba_contexts, "Sequence lengths")->delimiter(',')->check(number_in(1, 1 << 30));
-  sj->add_option("--bytes-per-value", bytes_per_value, "Bytes per cached value (2: bf16)")->check(number_in(1, 8))->capture_default_str();
+  sj->add_option("--bytes-per-value", bytes_per_value, "Bytes per cached value (2: bf16)")
+      ->check(number_in(1, 8))
+      ->capture_default_str();
   CommonOptions go;
   go.model = bundled_model("tiny-mamba");
   auto* sg = app.add_subcommand("generate", "Text from tiny-mamba, tiny-lti or a MambaForCausalLM folder");

@@ -80,7 +80,8 @@ Linear on(const Linear& l, Device d) { return l.defined() ? l.to(d, DType::F32) 
 // --- config ----------------------------------------------------------------------------------
 std::int64_t MambaConfig::state_bytes(std::int64_t bytes_per_value) const {
   const char* what = "Mamba state bytes";
-  return checked_mul(checked_mul(num_layers, inner_size, what), checked_mul(conv_kernel - 1 + state_size, bytes_per_value, what), what);
+  return checked_mul(checked_mul(num_layers, inner_size, what),
+                     checked_mul(conv_kernel - 1 + state_size, bytes_per_value, what), what);
 }
 
 std::int64_t MambaConfig::num_parameters() const {
@@ -91,10 +92,14 @@ std::int64_t MambaConfig::num_parameters() const {
 }
 
 void MambaConfig::validate(const std::string& where) const {
-  for (const auto& [name, v] : std::initializer_list<std::pair<const char*, std::int64_t>>{
-           {"hidden_size", hidden_size}, {"intermediate size (expand · hidden_size)", inner_size},
-           {"state_size", state_size}, {"conv_kernel", conv_kernel}, {"time_step_rank", dt_rank},
-           {"num_hidden_layers", num_layers}, {"vocab_size", vocab_size}})
+  for (const auto& [name, v] :
+       std::initializer_list<std::pair<const char*, std::int64_t>>{{"hidden_size", hidden_size},
+                                                                   {"intermediate size (expand · hidden_size)", inner_size},
+                                                                   {"state_size", state_size},
+                                                                   {"conv_kernel", conv_kernel},
+                                                                   {"time_step_rank", dt_rank},
+                                                                   {"num_hidden_layers", num_layers},
+                                                                   {"vocab_size", vocab_size}})
     IL_CHECK(v >= 1 && v <= kMaxSize, where, ": ", name, " is ", v, "; it must be in [1, ", kMaxSize, "]");
   IL_CHECK(eps > 0 && std::isfinite(eps), where, ": layer_norm_epsilon must be positive; got ", eps);
   for (auto id : eos_token_ids)
@@ -103,12 +108,15 @@ void MambaConfig::validate(const std::string& where) const {
 
 MambaConfig parse_mamba_config(const HfConfig& hf) {
   const std::string arch = hf.architecture(), type = hf.model_type();
-  IL_CHECK(arch != "Mamba2ForCausalLM" && type != "mamba2", hf.path, ": a Mamba-2 model (SSD: scalar A per head, "
+  IL_CHECK(arch != "Mamba2ForCausalLM" && type != "mamba2", hf.path,
+           ": a Mamba-2 model (SSD: scalar A per head, "
            "multi-head state); this chapter runs Mamba (MambaForCausalLM)");
-  IL_CHECK(arch != "JambaForCausalLM" && type != "jamba", hf.path, ": a Jamba model (attention, Mamba and MoE "
+  IL_CHECK(arch != "JambaForCausalLM" && type != "jamba", hf.path,
+           ": a Jamba model (attention, Mamba and MoE "
            "layers); this chapter runs pure Mamba (MambaForCausalLM); its KV arithmetic is `ch07_mamba jamba`");
-  IL_CHECK(arch == "MambaForCausalLM" || lti_arch(arch) || (arch.empty() && type == "mamba"), hf.path,
-           ": architecture '", arch, "' (model_type '", type, "') is not a Mamba model; chapter 07 runs "
+  IL_CHECK(arch == "MambaForCausalLM" || lti_arch(arch) || (arch.empty() && type == "mamba"), hf.path, ": architecture '",
+           arch, "' (model_type '", type,
+           "') is not a Mamba model; chapter 07 runs "
            "MambaForCausalLM (and tiny-lti's InferLabLTIMambaForCausalLM)");
   const JsonFields f(hf.json, hf.path);
   MambaConfig c;
@@ -181,7 +189,8 @@ MambaModel load_mamba(const std::string& path) {
   m.skeleton.embed = f32(get("backbone.embeddings.weight", Shape{c.vocab_size, c.hidden_size}));
   for (std::int64_t i = 0; i < c.num_layers; ++i) m.layers.push_back(read_layer(c, i, get));
   m.skeleton.final_norm = f32(get("backbone.norm_f.weight", Shape{c.hidden_size}));
-  m.skeleton.lm_head = c.tie_word_embeddings ? m.skeleton.embed : f32(get("lm_head.weight", Shape{c.vocab_size, c.hidden_size}));
+  m.skeleton.lm_head =
+      c.tie_word_embeddings ? m.skeleton.embed : f32(get("lm_head.weight", Shape{c.vocab_size, c.hidden_size}));
   get.check_all_used("its num_hidden_layers, use_bias, use_conv_bias and architecture say which tensors a Mamba has");
   m.skeleton.source = path;
   return m;
@@ -211,8 +220,10 @@ MambaModel random_mamba(const MambaConfig& c, std::uint64_t seed) {
   };
   const std::int64_t D = c.hidden_size, E = c.inner_size, N = c.state_size, K = c.conv_kernel;
   auto get = [&](const std::string& name, const Shape& s) -> Tensor {
-    auto ends = [&](const char* suffix) { return name.size() >= std::string(suffix).size() &&
-                                                 name.compare(name.size() - std::string(suffix).size(), std::string::npos, suffix) == 0; };
+    auto ends = [&](const char* suffix) {
+      return name.size() >= std::string(suffix).size() &&
+             name.compare(name.size() - std::string(suffix).size(), std::string::npos, suffix) == 0;
+    };
     if (ends("norm.weight") || ends("norm_f.weight")) return uniform(s, 0.8f, 1.2f);
     if (ends("A_log")) {  // S4D-real: A = −(1, 2, ..., N) in every channel
       Tensor t = Tensor::empty(s, DType::F32);
@@ -221,9 +232,11 @@ MambaModel random_mamba(const MambaConfig& c, std::uint64_t seed) {
       return t;
     }
     if (ends("mixer.D")) return uniform(s, 1.0f, 1.0f);
-    if (ends("conv1d.weight")) return uniform(s, -1.0f / std::sqrt(static_cast<float>(K)), 1.0f / std::sqrt(static_cast<float>(K)));
+    if (ends("conv1d.weight"))
+      return uniform(s, -1.0f / std::sqrt(static_cast<float>(K)), 1.0f / std::sqrt(static_cast<float>(K)));
     if (ends("dt_proj.bias") || ends("mixer.dt")) return step_sizes(E);
-    if (ends("mixer.B") || ends("mixer.C")) return uniform(s, -1.0f / std::sqrt(static_cast<float>(N)), 1.0f / std::sqrt(static_cast<float>(N)));
+    if (ends("mixer.B") || ends("mixer.C"))
+      return uniform(s, -1.0f / std::sqrt(static_cast<float>(N)), 1.0f / std::sqrt(static_cast<float>(N)));
     if (ends(".bias")) return uniform(s, -0.1f, 0.1f);
     if (s.size() == 2) return matrix(s[0], s[1]);
     return uniform(s, -0.1f, 0.1f);
@@ -348,8 +361,10 @@ Tensor forward(const MambaModel& m, std::vector<SequenceStep>& seqs, ScanPath pa
     IL_CHECK(!s.tokens.empty(), "forward: sequence ", b, " has no new tokens");
     IL_CHECK(s.state->device() == m.device(), "forward: sequence ", b, "'s state is on ", device_name(s.state->device()),
              ", the model on ", device_name(m.device()));
-    IL_CHECK(path != ScanPath::Convolution || s.state->length() == 0, "forward: the convolution path runs from an empty "
-             "state; sequence ", b, " has ", s.state->length(), " positions (decode with the scan)");
+    IL_CHECK(path != ScanPath::Convolution || s.state->length() == 0,
+             "forward: the convolution path runs from an empty "
+             "state; sequence ",
+             b, " has ", s.state->length(), " positions (decode with the scan)");
     tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
     const std::int64_t end = begin.back() + static_cast<std::int64_t>(s.tokens.size());
     for (std::int64_t r = s.all_logits ? begin.back() : end - 1; r < end; ++r) logit_rows.push_back(r);
@@ -384,8 +399,9 @@ Tensor forward_sequence(const MambaModel& m, const std::vector<std::int32_t>& to
 ch01::Generation generate(const MambaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
                           const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token) {
   MambaState state(m.config, m.device());
-  return ch01::generate(prompt, max_new, sampler, eos_ids, m.device(), ch01::Feed::NewTokens,
-                        [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, state, feed); }, on_token);
+  return ch01::generate(
+      prompt, max_new, sampler, eos_ids, m.device(), ch01::Feed::NewTokens,
+      [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, state, feed); }, on_token);
 }
 
 }  // namespace inferlab::ch07

@@ -33,18 +33,18 @@ namespace inferlab::ch07 {
 
 /// MambaConfig as transformers reads it (every field defaulted as there).
 struct MambaConfig {
-  std::string architecture;          ///< MambaForCausalLM, or InferLabLTIMambaForCausalLM (tiny-lti)
-  std::int64_t hidden_size = 0;      ///< D
-  std::int64_t inner_size = 0;       ///< E: intermediate_size, or int(expand · D) without one
-  std::int64_t state_size = 0;       ///< N
-  std::int64_t conv_kernel = 0;      ///< K
-  std::int64_t dt_rank = 0;          ///< R (time_step_rank; "auto" is ceil(D / 16))
-  std::int64_t num_layers = 0;       ///< L
-  std::int64_t vocab_size = 0;       ///< V
-  double eps = 1e-5;                 ///< layer_norm_epsilon (the RMSNorms')
-  bool lti = false;                  ///< Δ, B, C per channel (tiny-lti) instead of per token
-  bool use_bias = false;             ///< in_proj and out_proj have biases
-  bool conv_bias = true;             ///< use_conv_bias
+  std::string architecture;      ///< MambaForCausalLM, or InferLabLTIMambaForCausalLM (tiny-lti)
+  std::int64_t hidden_size = 0;  ///< D
+  std::int64_t inner_size = 0;   ///< E: intermediate_size, or int(expand · D) without one
+  std::int64_t state_size = 0;   ///< N
+  std::int64_t conv_kernel = 0;  ///< K
+  std::int64_t dt_rank = 0;      ///< R (time_step_rank; "auto" is ceil(D / 16))
+  std::int64_t num_layers = 0;   ///< L
+  std::int64_t vocab_size = 0;   ///< V
+  double eps = 1e-5;             ///< layer_norm_epsilon (the RMSNorms')
+  bool lti = false;              ///< Δ, B, C per channel (tiny-lti) instead of per token
+  bool use_bias = false;         ///< in_proj and out_proj have biases
+  bool conv_bias = true;         ///< use_conv_bias
   bool tie_word_embeddings = true;
   std::optional<std::int64_t> bos_token_id;
   std::vector<std::int64_t> eos_token_ids;
@@ -62,17 +62,17 @@ struct MambaConfig {
 MambaConfig parse_mamba_config(const HfConfig& hf);
 
 struct MambaLayer {
-  Tensor norm;       ///< [D] the block's RMSNorm
-  Linear in_proj;    ///< [2E, D]: rows 0..E−1 the input branch x, rows E..2E−1 the gate z
-  Tensor conv_w;     ///< [E, K] (conv1d.weight [E, 1, K])
-  Tensor conv_b;     ///< [E], or undefined without use_conv_bias
-  Linear x_dt;       ///< x_proj's first R rows [R, E]: Δ at rank R; selective only
-  Linear x_bc;       ///< x_proj's last 2N rows [2N, E]: B, then C; selective only
-  Linear dt_proj;    ///< [E, R] with bias; selective only
-  Tensor dt, B, C;   ///< LTI only: Δ before softplus [E], B and C [E, N]
-  Tensor A;          ///< [E, N] = −exp(A_log), computed once at load
-  Tensor D;          ///< [E]
-  Linear out_proj;   ///< [D, E]
+  Tensor norm;      ///< [D] the block's RMSNorm
+  Linear in_proj;   ///< [2E, D]: rows 0..E−1 the input branch x, rows E..2E−1 the gate z
+  Tensor conv_w;    ///< [E, K] (conv1d.weight [E, 1, K])
+  Tensor conv_b;    ///< [E], or undefined without use_conv_bias
+  Linear x_dt;      ///< x_proj's first R rows [R, E]: Δ at rank R; selective only
+  Linear x_bc;      ///< x_proj's last 2N rows [2N, E]: B, then C; selective only
+  Linear dt_proj;   ///< [E, R] with bias; selective only
+  Tensor dt, B, C;  ///< LTI only: Δ before softplus [E], B and C [E, N]
+  Tensor A;         ///< [E, N] = −exp(A_log), computed once at load
+  Tensor D;         ///< [E]
+  Linear out_proj;  ///< [D, E]
 };
 
 struct MambaModel {

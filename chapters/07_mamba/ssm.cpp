@@ -19,8 +19,8 @@ namespace {
 void check_rows(const Tensor& t, std::int64_t rows, std::int64_t cols, Device dev, const char* who, const char* name) {
   IL_CHECK(t.defined() && t.ndim() == 2 && t.size(0) == rows && t.size(1) == cols && t.dtype() == DType::F32 &&
                t.device() == dev && t.strides()[1] == 1,
-           who, ": ", name, " must be f32 [", rows, ", ", cols, "] on ", device_name(dev),
-           " with contiguous rows; got ", t.describe());
+           who, ": ", name, " must be f32 [", rows, ", ", cols, "] on ", device_name(dev), " with contiguous rows; got ",
+           t.describe());
 }
 
 void check_vector(const Tensor& t, std::int64_t n, Device dev, const char* who, const char* name) {
@@ -72,10 +72,10 @@ void scan_channel(const ScanView& v, std::int64_t c, std::int64_t t0, std::int64
     // EXERCISE 07.1 BEGIN: the selective state update
 #pragma omp simd reduction(+ : out)
     for (std::int64_t n = 0; n < v.N; ++n) {
-      const float a = exp(delta * A[n]);          // Ā = exp(Δ·A)
+      const float a = exp(delta * A[n]);              // Ā = exp(Δ·A)
       s[n] = a * s[n] + delta * v.B_at(t, c, n) * u;  // h = Ā·h + B̄·u, B̄ = Δ·B
       if (prod) prod[n] *= a;
-      out += v.C_at(t, c, n) * s[n];               // y = C·h
+      out += v.C_at(t, c, n) * s[n];  // y = C·h
     }
     // EXERCISE 07.1 STUB
     // (void)A, (void)s, (void)prod, (void)delta, (void)exp;
@@ -94,8 +94,8 @@ std::int64_t check_conv(const Tensor& x, const Tensor& w, const Tensor& b, const
   IL_CHECK(x.defined() && x.ndim() == 2 && x.size(0) > 0, who, ": x must be [T, E] with T > 0; got ", x.describe());
   const Device dev = x.device();
   const std::int64_t T = x.size(0), E = x.size(1);
-  IL_CHECK(w.defined() && w.ndim() == 2 && w.size(0) == E && w.size(1) >= 1, who, ": w must be [E = ", E,
-           ", K]; got ", w.describe());
+  IL_CHECK(w.defined() && w.ndim() == 2 && w.size(0) == E && w.size(1) >= 1, who, ": w must be [E = ", E, ", K]; got ",
+           w.describe());
   const std::int64_t K = w.size(1);
   check_rows(x, T, E, dev, who, "x");
   check_rows(w, E, K, dev, who, "w");
@@ -194,7 +194,7 @@ void causal_conv(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& stat
   if (!x.is_cuda()) return ref::causal_conv(x, w, b, state, out);  // K multiply-adds per value: the loop is fast enough
   const std::int64_t K = check_conv(x, w, b, state, out, "causal_conv");
   cuda_causal_conv(x.data<float>(), x.strides()[0], w.data<float>(), b.defined() ? b.data<float>() : nullptr,
-                    state.data<float>(), out.data<float>(), out.strides()[0], x.size(0), x.size(1), K);
+                   state.data<float>(), out.data<float>(), out.strides()[0], x.size(0), x.size(1), K);
 }
 
 void parallel_scan(const ScanInputs& in, Tensor& h, Tensor& y, std::int64_t chunk) {
@@ -223,7 +223,7 @@ void parallel_scan(const ScanInputs& in, Tensor& h, Tensor& y, std::int64_t chun
       const auto at = static_cast<std::size_t>(k * per + i);
       start[at + static_cast<std::size_t>(per)] = prod[at] * start[at] + end[at];
     }
-  // 3. Every chunk again from its true start state, all at once, writing y.
+    // 3. Every chunk again from its true start state, all at once, writing y.
 #pragma omp parallel for schedule(static)
   for (std::int64_t k = 0; k < chunks; ++k) {
     const auto [t0, t1] = range(k);
@@ -264,7 +264,8 @@ Tensor lti_kernel(const Tensor& dt, const Tensor& A, const Tensor& B, const Tens
 void lti_convolution(const ScanInputs& in, Tensor& h, Tensor& y) {
   const char* who = "lti_convolution";
   in.check(h, y, who);
-  IL_CHECK(in.lti, who, ": the convolution needs Δ, B and C that do not depend on the token (an LTI layer); a "
+  IL_CHECK(in.lti, who,
+           ": the convolution needs Δ, B and C that do not depend on the token (an LTI layer); a "
            "selective layer's change with every token, which is why Mamba scans");
   IL_CHECK(!h.is_cuda(), who, ": CPU tensors only");
   const auto hv = h.to_float_vector();

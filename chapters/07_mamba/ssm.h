@@ -38,13 +38,13 @@ namespace inferlab::ch07 {
 /// One sequence's inputs to the scan, all f32 on one device. Rows may be strided (columns of a
 /// wider projection output are passed as views), the last dimension must be contiguous.
 struct ScanInputs {
-  Tensor u;   ///< [T, E] the convolution's output after SiLU
-  Tensor dt;  ///< [T, E] Δ before the softplus (dt_proj's output); LTI: [E], the same for every token
-  Tensor A;   ///< [E, N], A = −exp(A_log)
-  Tensor B;   ///< [T, N] (selective: from x_proj); LTI: [E, N]
-  Tensor C;   ///< [T, N] (selective); LTI: [E, N]
-  Tensor D;   ///< [E] the skip connection
-  Tensor z;   ///< [T, E] the gate (the second half of in_proj's output)
+  Tensor u;          ///< [T, E] the convolution's output after SiLU
+  Tensor dt;         ///< [T, E] Δ before the softplus (dt_proj's output); LTI: [E], the same for every token
+  Tensor A;          ///< [E, N], A = −exp(A_log)
+  Tensor B;          ///< [T, N] (selective: from x_proj); LTI: [E, N]
+  Tensor C;          ///< [T, N] (selective); LTI: [E, N]
+  Tensor D;          ///< [E] the skip connection
+  Tensor z;          ///< [T, E] the gate (the second half of in_proj's output)
   bool lti = false;  ///< dt, B and C per channel (tiny-lti) rather than per token
 
   std::int64_t T() const { return u.size(0); }

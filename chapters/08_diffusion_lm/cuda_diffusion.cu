@@ -58,7 +58,7 @@ void cuda_argmax_probability(const Tensor& logits, std::int64_t row0, std::int64
   int* d_tokens = reinterpret_cast<int*>(scratch);
   float* d_probs = reinterpret_cast<float*>(scratch + n * 4);
   argmax_probability<<<static_cast<unsigned>(n), kThreads, 0, cuda::stream()>>>(logits.data<float>(), logits.size(1), row0,
-                                                                               exclude, d_tokens, d_probs);
+                                                                                exclude, d_tokens, d_probs);
   IL_CUDA_LAUNCHED();
   std::vector<float> p(static_cast<std::size_t>(n));
   IL_CUDA(cudaMemcpyAsync(tokens.data(), d_tokens, static_cast<std::size_t>(n) * 4, cudaMemcpyDeviceToHost, cuda::stream()));

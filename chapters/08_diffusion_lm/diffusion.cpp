@@ -13,9 +13,7 @@
 namespace inferlab::ch08 {
 
 // --- the denoiser ----------------------------------------------------------------------------
-void NoCache::truncate(std::int64_t n) {
-  IL_CHECK(n == 0, "denoiser cache: keeps no positions, so it cannot keep ", n);
-}
+void NoCache::truncate(std::int64_t n) { IL_CHECK(n == 0, "denoiser cache: keeps no positions, so it cannot keep ", n); }
 
 void NoCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
   IL_CHECK(k.defined() && v.defined(), "denoiser cache: layer ", layer, " brings no keys and values");
@@ -28,9 +26,11 @@ DiffusionModel load_diffusion(const std::string& path) {
   const HfConfig hf = load_hf_config(path);
   const JsonFields f(hf.json, hf.path);
   IL_CHECK(f.has("causal") && !f.get<bool>("causal"), hf.path, ": not a bidirectional denoiser (field 'causal' ",
-           f.has("causal") ? "is true" : "is missing", "); chapter 08 runs masked-diffusion models such as tiny-mdlm, "
+           f.has("causal") ? "is true" : "is missing",
+           "); chapter 08 runs masked-diffusion models such as tiny-mdlm, "
            "chapters 01-06 causal ones");
-  IL_CHECK(f.has("mask_token_id"), hf.path, ": field 'mask_token_id' is missing: a masked-diffusion model needs the "
+  IL_CHECK(f.has("mask_token_id"), hf.path,
+           ": field 'mask_token_id' is missing: a masked-diffusion model needs the "
            "token its canvas starts as");
   const TransformerConfig c = parse_transformer_config(hf);
   DiffusionModel m;
@@ -132,7 +132,8 @@ std::vector<Draw> draw_masked(const Denoiser& denoise, const std::vector<std::in
   const std::vector<float> rows = l.slice(0, static_cast<std::int64_t>(lo), static_cast<std::int64_t>(hi)).to_float_vector();
   for (float x : rows) IL_CHECK(!std::isnan(x), "diffusion sampler: the denoiser's logits hold NaN");
   for (std::size_t i = 0; i < out.size(); ++i)
-    if (canvas[lo + i] == mask_id) out[i] = gumbel_draw(&rows[i * static_cast<std::size_t>(V)], V, temperature, mask_id, rng);
+    if (canvas[lo + i] == mask_id)
+      out[i] = gumbel_draw(&rows[i * static_cast<std::size_t>(V)], V, temperature, mask_id, rng);
   return out;
 }
 
@@ -168,7 +169,8 @@ DiffusionRun sample_llada(const Denoiser& denoise, const std::vector<std::int32_
   metrics::Timer clock;
   std::int64_t step = 0;
   for (std::int64_t b = 0; b < blocks; ++b) {
-    const std::size_t lo = P + static_cast<std::size_t>(b * o.block_length), hi = lo + static_cast<std::size_t>(o.block_length);
+    const std::size_t lo = P + static_cast<std::size_t>(b * o.block_length),
+                      hi = lo + static_cast<std::size_t>(o.block_length);
     const auto k = commit_counts(o.block_length, per_block);  // a block starts all masks
     for (std::int64_t i = 0; i < per_block; ++i, ++step) {
       // x₀ and a confidence at every masked position of the block; later blocks wait their turn.

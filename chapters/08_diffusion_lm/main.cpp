@@ -41,8 +41,8 @@ std::string picture(const Tokenizer& tok, const Frame& f, std::size_t prompt_len
   return s;
 }
 
-json run_canvas(const DiffusionModel& m, const Tokenizer& tok, const std::string& text, const SamplerOptions& o,
-                bool mdlm, bool indent) {
+json run_canvas(const DiffusionModel& m, const Tokenizer& tok, const std::string& text, const SamplerOptions& o, bool mdlm,
+                bool indent) {
   const char* pad = indent ? "  " : "";
   const auto prompt = tok.encode(text);
   std::printf("%sprompt: %s\n", pad, text.c_str());
@@ -52,13 +52,13 @@ json run_canvas(const DiffusionModel& m, const Tokenizer& tok, const std::string
     std::fflush(stdout);
     frames.push_back({{"step", f.step}, {"canvas", f.canvas}, {"committed", f.committed}});
   };
-  const DiffusionRun r = mdlm ? sample_mdlm(denoiser(m), prompt, m.mask_id, o, show)
-                              : sample_llada(denoiser(m), prompt, m.mask_id, o, show);
+  const DiffusionRun r =
+      mdlm ? sample_mdlm(denoiser(m), prompt, m.mask_id, o, show) : sample_llada(denoiser(m), prompt, m.mask_id, o, show);
   const std::vector<std::int32_t> gen(r.tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size()), r.tokens.end());
   std::printf("%s%lld tokens in %lld forward passes (%.1f per pass), %.1f ms: %s\n", pad, static_cast<ll>(o.gen_length),
-              static_cast<ll>(r.forwards), static_cast<double>(o.gen_length) / static_cast<double>(r.forwards), r.seconds * 1e3,
-              tok.decode(gen).c_str());
-  return {{"prompt", text}, {"prompt_ids", prompt}, {"tokens", r.tokens}, {"commit_step", r.commit_step},
+              static_cast<ll>(r.forwards), static_cast<double>(o.gen_length) / static_cast<double>(r.forwards),
+              r.seconds * 1e3, tok.decode(gen).c_str());
+  return {{"prompt", text},         {"prompt_ids", prompt}, {"tokens", r.tokens}, {"commit_step", r.commit_step},
           {"forwards", r.forwards}, {"seconds", r.seconds}, {"frames", frames}};
 }
 
@@ -86,14 +86,16 @@ Timing autoregressive(const ch01::Llama& m, const std::vector<std::int32_t>& pro
   return best;
 }
 
-Timing diffusion(const DiffusionModel& m, const std::vector<std::int32_t>& prompt, std::int64_t n, std::int64_t R, int reps) {
+Timing diffusion(const DiffusionModel& m, const std::vector<std::int32_t>& prompt, std::int64_t n, std::int64_t R,
+                 int reps) {
   Timing best;
   SamplerOptions o;
   o.gen_length = n, o.steps = R, o.block_length = n;
   for (int i = 0; i < reps; ++i) {
     const DiffusionRun r = sample_llada(denoiser(m), prompt, m.mask_id, o);
     if (i == 0 || r.seconds < best.seconds)
-      best = {"diffusion R = " + std::to_string(R), r.seconds, static_cast<double>(n), static_cast<double>(r.forwards), r.work};
+      best = {"diffusion R = " + std::to_string(R), r.seconds, static_cast<double>(n), static_cast<double>(r.forwards),
+              r.work};
   }
   return best;
 }
@@ -101,8 +103,8 @@ Timing diffusion(const DiffusionModel& m, const std::vector<std::int32_t>& promp
 json speed_table(const DiffusionModel& m, const ch01::Llama& ar, const std::vector<std::int32_t>& prompt, std::int64_t n,
                  const std::vector<std::int64_t>& steps, int reps, const metrics::Ceiling& roof, bool indent) {
   const char* pad = indent ? "  " : "";
-  std::printf("%s%-26s %9s %8s %9s %9s %10s %22s %16s\n", pad, "", "time", "tokens/s", "forwards", "tok/pass",
-              "FLOP/byte", "GB/s (of the ceiling)", "GFLOP/s (peak)");
+  std::printf("%s%-26s %9s %8s %9s %9s %10s %22s %16s\n", pad, "", "time", "tokens/s", "forwards", "tok/pass", "FLOP/byte",
+              "GB/s (of the ceiling)", "GFLOP/s (peak)");
   std::vector<Timing> rows = {autoregressive(ar, prompt, n, reps)};
   for (std::int64_t R : steps) rows.push_back(diffusion(m, prompt, n, R, reps));
   json out = json::array();
@@ -113,19 +115,25 @@ json speed_table(const DiffusionModel& m, const ch01::Llama& ar, const std::vect
     // model this small stays in the last-level cache from pass to pass).
     const auto read = metrics::read_ceiling_for(roof, t.work.bytes / std::max(t.forwards, 1.0));
     const double bps = t.work.bytes / t.seconds;
-    std::printf("%s%-26s %7.1f ms %8.0f %9.0f %9.1f %10.1f %7.2f (%4.1f%% %-5s) %7.2f (%4.1f%%)\n", pad,
-                t.name.c_str(), t.seconds * 1e3, t.tokens / t.seconds, t.forwards, t.tokens / t.forwards, intensity,
-                bps / 1e9, legend.percent(t.name, bps, read), read.abbrev(), t.work.flops / t.seconds / 1e9,
+    std::printf("%s%-26s %7.1f ms %8.0f %9.0f %9.1f %10.1f %7.2f (%4.1f%% %-5s) %7.2f (%4.1f%%)\n", pad, t.name.c_str(),
+                t.seconds * 1e3, t.tokens / t.seconds, t.forwards, t.tokens / t.forwards, intensity, bps / 1e9,
+                legend.percent(t.name, bps, read), read.abbrev(), t.work.flops / t.seconds / 1e9,
                 100 * t.work.flops / t.seconds / roof.flops_per_s);
     std::fflush(stdout);
-    out.push_back({{"name", t.name}, {"seconds", t.seconds}, {"tokens", t.tokens}, {"forwards", t.forwards},
-                   {"flops", t.work.flops}, {"bytes", t.work.bytes}, {"flop_per_byte", intensity},
+    out.push_back({{"name", t.name},
+                   {"seconds", t.seconds},
+                   {"tokens", t.tokens},
+                   {"forwards", t.forwards},
+                   {"flops", t.work.flops},
+                   {"bytes", t.work.bytes},
+                   {"flop_per_byte", intensity},
                    {"read_ceiling", metrics::to_json(read)}});
   }
   legend.print(pad);
-  std::printf("%s(FLOPs and bytes as the ops count them: every weight read once per pass, the canvas's activations; "
-              "the ridge of this machine is %.1f FLOP/byte)\n",
-              pad, roof.ridge());
+  std::printf(
+      "%s(FLOPs and bytes as the ops count them: every weight read once per pass, the canvas's activations; "
+      "the ridge of this machine is %.1f FLOP/byte)\n",
+      pad, roof.ridge());
   return out;
 }
 
@@ -176,8 +184,10 @@ json quality_table(const DiffusionModel& m, const Tokenizer& tok, const std::vec
     rows.push_back(row);
   }
   std::printf("%s(%sNELBO: the R-level discretisation of the bound tiny-mdlm was trained on, one random mask per level)\n",
-              pad, probes ? "probe accuracy: the mean over the probe kinds of the answer generated exactly; chance is "
-                            "1/16 to 1/10 per kind. " : "");
+              pad,
+              probes ? "probe accuracy: the mean over the probe kinds of the answer generated exactly; chance is "
+                       "1/16 to 1/10 per kind. "
+                     : "");
   return rows;
 }
 
@@ -188,15 +198,17 @@ SamplerOptions canvas_options() {
 }
 
 int headline(const std::string& json_path) {
-  std::printf("Diffusion language models (lecture: 扩散模型): a canvas of masks, filled in over R steps by a "
-              "bidirectional denoiser\n");
+  std::printf(
+      "Diffusion language models (lecture: 扩散模型): a canvas of masks, filled in over R steps by a "
+      "bidirectional denoiser\n");
   const DiffusionModel m = load_diffusion(bundled_model("tiny-mdlm"));
   const auto tok = Tokenizer::for_model(bundled_model("tiny-mdlm"));
   const json canvas = run_canvas(m, *tok, "Once upon a time there were", canvas_options(), false, true);
   const auto roof = metrics::measure_cpu_ceiling(0, 1024, 3);
-  std::printf("  64 new tokens after a 7-token prompt, one run each; GB/s against a streaming read over as many bytes as a\n"
-              "  pass reads (cache: in the last-level cache), GFLOP/s against %s (f32 GEMM):\n",
-              metrics::describe(roof.compute, "FLOP").c_str());
+  std::printf(
+      "  64 new tokens after a 7-token prompt, one run each; GB/s against a streaming read over as many bytes as a\n"
+      "  pass reads (cache: in the last-level cache), GFLOP/s against %s (f32 GEMM):\n",
+      metrics::describe(roof.compute, "FLOP").c_str());
   const auto prompt = tok->encode("Once upon a time there were");
   const json speed = speed_table(m, ch01::load_llama(bundled_model("tiny-mha")), prompt, 64, {64, 16, 4}, 1, roof, true);
   std::printf("  the validation ELBO against R (2 windows; probe accuracy against R: ch08_diffusion_lm quality):\n");
@@ -214,25 +226,34 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 08: diffusion language models", "ch08_diffusion_lm"};
   std::string json_path;
   add_json_option(app, json_path);  // the bare run's
-  help_footer(app, "tiny-mdlm filling a canvas of 32 masks in 16 steps, shown step by step; tokens/s, tokens per forward "
+  help_footer(app,
+              "tiny-mdlm filling a canvas of 32 masks in 16 steps, shown step by step; tokens/s, tokens per forward "
               "pass and arithmetic intensity of diffusion at R = 64, 16, 4 beside chapter 02's autoregressive decoding "
               "of the same-size tiny-mha (GB/s and GFLOP/s against the measured ceilings); the validation ELBO "
               "against R",
               "chapters/08_diffusion_lm/README.md", "扩散模型");
-  std::string model = bundled_model("tiny-mdlm"), prompt = "Once upon a time there were", sampler = "llada", remasking = "low-confidence";
+  std::string model = bundled_model("tiny-mdlm"), prompt = "Once upon a time there were", sampler = "llada",
+              remasking = "low-confidence";
   SamplerOptions o = canvas_options();
   auto* sc = app.add_subcommand("canvas", "The canvas step by step (--json: every frame)");
   sc->add_option("--model", model, "A masked-diffusion model folder")->capture_default_str();
   sc->add_option("--prompt", prompt, "The text before the canvas")->capture_default_str();
-  sc->add_option("--gen-length", o.gen_length, "Masks after the prompt (L)")->check(number_in(1, 4096))->capture_default_str();
+  sc->add_option("--gen-length", o.gen_length, "Masks after the prompt (L)")
+      ->check(number_in(1, 4096))
+      ->capture_default_str();
   sc->add_option("--steps", o.steps, "Denoiser calls (R)")->check(number_in(1, 4096))->capture_default_str();
   sc->add_option("--block-length", o.block_length, "Semi-autoregressive blocks, filled left to right")
-      ->check(number_in(1, 4096))->capture_default_str();
-  sc->add_option("--temperature", o.temperature, "Gumbel-max temperature (0: argmax)")->check(number_in(0, 100))->capture_default_str();
+      ->check(number_in(1, 4096))
+      ->capture_default_str();
+  sc->add_option("--temperature", o.temperature, "Gumbel-max temperature (0: argmax)")
+      ->check(number_in(0, 100))
+      ->capture_default_str();
   sc->add_option("--remasking", remasking, "low-confidence or random")
-      ->check(CLI::IsMember({"low-confidence", "random"}))->capture_default_str();
+      ->check(CLI::IsMember({"low-confidence", "random"}))
+      ->capture_default_str();
   sc->add_option("--sampler", sampler, "llada (blocks and commit counts) or mdlm (the reverse process)")
-      ->check(CLI::IsMember({"llada", "mdlm"}))->capture_default_str();
+      ->check(CLI::IsMember({"llada", "mdlm"}))
+      ->capture_default_str();
   sc->add_option("--seed", o.seed, "Seed of the Gumbel noise and of random remasking")->capture_default_str();
   add_json_option(*sc, json_path);
   ModelOptions dev;
@@ -243,7 +264,8 @@ int main(int argc, char** argv) {
   add_device_option(*ss, dev);
   add_json_option(*ss, json_path);
   ss->add_option("--gen-length", gen, "New tokens")->check(number_in(1, 480))->capture_default_str();
-  ss->add_option("--steps", steps, "Values of R, each at most the generation length L (when R does not divide L, the "
+  ss->add_option("--steps", steps,
+                 "Values of R, each at most the generation length L (when R does not divide L, the "
                  "first L mod R steps commit one token more)")
       ->delimiter(',')
       ->check(number_in(1, 480));
@@ -254,8 +276,12 @@ int main(int argc, char** argv) {
   add_json_option(*sq, json_path);
   sq->add_option("--steps", q_steps, "Values of R")->delimiter(',')->check(number_in(1, 4096));
   sq->add_option("--gen-length", q_gen, "Tokens generated per probe")->check(number_in(1, 256))->capture_default_str();
-  sq->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")->check(number_in(0, 1e9))->capture_default_str();
-  sq->add_option("--windows", windows, "Validation windows of 128 tokens for the ELBO")->check(number_in(1, 1000))->capture_default_str();
+  sq->add_option("--probes-per-kind", per_kind, "Probes of each kind (0: all)")
+      ->check(number_in(0, 1e9))
+      ->capture_default_str();
+  sq->add_option("--windows", windows, "Validation windows of 128 tokens for the ELBO")
+      ->check(number_in(1, 1000))
+      ->capture_default_str();
   app.require_subcommand(0, 1);
   bare_run_options_only(app);
   return run_cli(app, argc, argv, [&] {
@@ -279,11 +305,12 @@ int main(int argc, char** argv) {
       const ch01::Llama ar = ch01::load_llama(bundled_model("tiny-mha")).to(d, DType::F32);
       const auto tok = Tokenizer::for_model(bundled_model("tiny-mdlm"));
       const auto roof = metrics::measure_ceiling(d);
-      std::printf("%lld new tokens after a 7-token prompt on %s, best of %d; GB/s against a streaming read over as many "
-                  "bytes as a pass reads (cache: in the last-level cache, mem: from memory at %s), GFLOP/s against %s "
-                  "(%s)\n\n",
-                  static_cast<ll>(gen), device_name(d).data(), reps, metrics::describe(roof.read, "B").c_str(),
-                  metrics::describe(roof.compute, "FLOP").c_str(), roof.flops_dtype.c_str());
+      std::printf(
+          "%lld new tokens after a 7-token prompt on %s, best of %d; GB/s against a streaming read over as many "
+          "bytes as a pass reads (cache: in the last-level cache, mem: from memory at %s), GFLOP/s against %s "
+          "(%s)\n\n",
+          static_cast<ll>(gen), device_name(d).data(), reps, metrics::describe(roof.read, "B").c_str(),
+          metrics::describe(roof.compute, "FLOP").c_str(), roof.flops_dtype.c_str());
       const json rows = speed_table(m, ar, tok->encode("Once upon a time there were"), gen, steps, reps, roof, false);
       if (!json_path.empty())
         write_json(json_path, {{"device", device_name(d)}, {"ceiling", metrics::to_json(roof)}, {"rows", rows}});

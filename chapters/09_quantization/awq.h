@@ -21,10 +21,10 @@
 namespace inferlab::ch09 {
 
 struct AwqGroup {
-  std::string name;      ///< "layer 0 q/k/v", ...
-  double alpha = 0;      ///< the chosen exponent
-  double loss_rtn = 0;   ///< mean squared output error of round-to-nearest (α = 0)
-  double loss_awq = 0;   ///< the same at the chosen α (≤ loss_rtn)
+  std::string name;     ///< "layer 0 q/k/v", ...
+  double alpha = 0;     ///< the chosen exponent
+  double loss_rtn = 0;  ///< mean squared output error of round-to-nearest (α = 0)
+  double loss_awq = 0;  ///< the same at the chosen α (≤ loss_rtn)
 };
 
 /// Returns `m` with AWQ's scales applied (the same function up to float rounding; quantise it

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <nlohmann/json.hpp>
 
 #include "chapters/09_quantization/quant_impl.h"
 #include "common/atomic_file.h"
@@ -44,8 +44,10 @@ gguf::Output output(const std::string& name, const Tensor& t) {
 gguf::Output plain_output(const std::string& name, const Tensor& w) {
   if (w.dtype() == DType::F32) return output(name, w);
   const Tensor h = w.to(Device::CPU).to(DType::F32).to(DType::F16);
-  return {name, gguf::Type::F16, h.shape(), Tensor::wrap(const_cast<void*>(h.raw_data()), {static_cast<std::int64_t>(h.nbytes())},
-                                                         DType::U8, Device::CPU, nullptr).clone()};
+  return {
+      name, gguf::Type::F16, h.shape(),
+      Tensor::wrap(const_cast<void*>(h.raw_data()), {static_cast<std::int64_t>(h.nbytes())}, DType::U8, Device::CPU, nullptr)
+          .clone()};
 }
 
 // A projection, packed or plain; q and k rows in llama.cpp's order when `heads` > 0.
@@ -64,7 +66,7 @@ gguf::Output output(const std::string& name, const Linear& w, std::int64_t heads
 namespace {
 // llama.cpp's llama_ftype of a file whose matrices are all like the head.
 std::uint32_t file_type(const Linear& head) {
-  if (!head.packed) return head.weight.dtype() == DType::F32 ? 0 : 1;  // ALL_F32, MOSTLY_F16
+  if (!head.packed) return head.weight.dtype() == DType::F32 ? 0 : 1;          // ALL_F32, MOSTLY_F16
   return qmatrix(head, "GGUF: the head").spec.format == Format::Q8_0 ? 7 : 2;  // MOSTLY_Q8_0, MOSTLY_Q4_0
 }
 }  // namespace
@@ -77,7 +79,8 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
   // RoPE over the halves of a head, rows as trained); any other as llama, whose q and k rows
   // llama.cpp expects in adjacent-pair order.
   const bool qwen2 = m.layers.empty() ? false : m.layers[0].wq.bias.defined();
-  IL_CHECK(!qwen2 || m.rope_pairing == RopePairing::HalfSplit, "GGUF: a model with q/k/v biases is written as qwen2, "
+  IL_CHECK(!qwen2 || m.rope_pairing == RopePairing::HalfSplit,
+           "GGUF: a model with q/k/v biases is written as qwen2, "
            "whose RoPE rotates the halves of each head; this one pairs adjacent dimensions");
   const std::string arch = qwen2 ? "qwen2" : "llama";
   const bool permute = !qwen2 && m.rope_pairing == RopePairing::HalfSplit;
@@ -98,7 +101,8 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
   // The tokenizer, as llama.cpp reads it: tokens, types, merges or scores, the pre-tokenizer's
   // name, BOS (common/gguf_tokenizer.h).
   for (auto& kv : gguf::tokenizer_metadata(load_json(tok.path()), tok.path(), c.vocab_size)) meta.push_back(std::move(kv));
-  const bool has_bos = std::any_of(meta.begin(), meta.end(), [](const auto& kv) { return kv.first == "tokenizer.ggml.bos_token_id"; });
+  const bool has_bos =
+      std::any_of(meta.begin(), meta.end(), [](const auto& kv) { return kv.first == "tokenizer.ggml.bos_token_id"; });
   if (c.bos_token_id && !has_bos)
     meta.emplace_back("tokenizer.ggml.bos_token_id", Value::u32(static_cast<std::uint32_t>(*c.bos_token_id)));
   if (!c.eos_token_ids.empty())
@@ -116,7 +120,8 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
     ts.push_back(output(b + "attn_k.weight", l.wk, c.num_kv_heads, permute));
     ts.push_back(output(b + "attn_v.weight", l.wv));
     if (qwen2)
-      for (const auto& [n, w] : {std::pair{"attn_q.bias", &l.wq}, std::pair{"attn_k.bias", &l.wk}, std::pair{"attn_v.bias", &l.wv}})
+      for (const auto& [n, w] :
+           {std::pair{"attn_q.bias", &l.wq}, std::pair{"attn_k.bias", &l.wk}, std::pair{"attn_v.bias", &l.wv}})
         ts.push_back(output(b + n, w->bias));
     ts.push_back(output(b + "attn_output.weight", l.wo));
     ts.push_back(output(b + "ffn_norm.weight", l.mlp_norm));
@@ -181,8 +186,8 @@ TransformerConfig gguf_config(const gguf::File& f) {
   }
   // RoPE here rotates the whole head; a model rotating part of it would run silently wrong.
   if (f.has(k + "rope.dimension_count"))
-    IL_CHECK(count(k + "rope.dimension_count") == c.head_dim, f.path(), ": metadata '", k, "rope.dimension_count' = ",
-             f.get_int(k + "rope.dimension_count"), " but the heads have ", c.head_dim,
+    IL_CHECK(count(k + "rope.dimension_count") == c.head_dim, f.path(), ": metadata '", k,
+             "rope.dimension_count' = ", f.get_int(k + "rope.dimension_count"), " but the heads have ", c.head_dim,
              " dimensions (partial RoPE is not supported)");
   c.max_position_embeddings = count(k + "context_length");
   c.rms_norm_eps = positive(k + "attention.layer_norm_rms_epsilon");
@@ -202,9 +207,10 @@ TransformerConfig gguf_config(const gguf::File& f) {
   if (f.has("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {token("tokenizer.ggml.eos_token_id")};
   // Scaled RoPE (Llama 3.1's frequency factors, linear or YaRN scaling) would run with the wrong
   // frequencies here: refuse it rather than generate from a different model.
-  const bool scaled = (f.has(k + "rope.scaling.type") && f.get_string(k + "rope.scaling.type") != "none") ||
-                      f.contains("rope_freqs.weight");
-  IL_CHECK(!scaled, f.path(), ": the model scales its RoPE frequencies (", k, "rope.scaling.* or rope_freqs.weight), "
+  const bool scaled =
+      (f.has(k + "rope.scaling.type") && f.get_string(k + "rope.scaling.type") != "none") || f.contains("rope_freqs.weight");
+  IL_CHECK(!scaled, f.path(), ": the model scales its RoPE frequencies (", k,
+           "rope.scaling.* or rope_freqs.weight), "
            "which this loader does not implement");
   // The project's shared rules (KV heads dividing heads, an even head_dim, size limits), whose
   // messages use config.json's field names.
@@ -230,8 +236,8 @@ ch01::Llama load_gguf(const gguf::File& f) {
     check_block_scales(f.raw(name), fmt, path + ": tensor " + name);
     return std::make_shared<QMatrix>(QuantSpec{fmt}, rows, cols, f.raw(name).clone());
   };
-  IL_CHECK(plain || packed_format(qt), path, ": projections are ",
-           gguf::type_name(qt), "; this loader reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K-Q6_K models");
+  IL_CHECK(plain || packed_format(qt), path, ": projections are ", gguf::type_name(qt),
+           "; this loader reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K-Q6_K models");
   std::set<std::string> used;
   // Anything failing while a tensor is read (a conversion, an allocation) names the file and it.
   auto dense = [&](const std::string& name, const Shape& s) {
@@ -253,9 +259,8 @@ ch01::Llama load_gguf(const gguf::File& f) {
       // Q4_K_M and its kin mix types across tensors (Q6_K for some, Q4_K for the rest; Q8_0 in
       // small ones): each matrix runs in its own type.
       const bool plain_type = i.type == gguf::Type::F32 || i.type == gguf::Type::F16 || i.type == gguf::Type::BF16;
-      IL_CHECK(i.shape == Shape({rows, cols}) && (plain_type || packed_format(i.type)), path,
-               ": tensor ", name, " is ", gguf::type_name(i.type), shape_str(i.shape), ", expected a matrix ",
-               shape_str(Shape{rows, cols}));
+      IL_CHECK(i.shape == Shape({rows, cols}) && (plain_type || packed_format(i.type)), path, ": tensor ", name, " is ",
+               gguf::type_name(i.type), shape_str(i.shape), ", expected a matrix ", shape_str(Shape{rows, cols}));
       // A plain matrix runs in its stored type (the products widen 16-bit weights as they read them).
       if (plain_type) return Linear(check_finite(f.tensor(name).clone(), path + ": tensor " + name));
       return Linear(packed(name, *packed_format(i.type), rows, cols));
@@ -320,8 +325,8 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const gguf::File& f, const std::string
     return tok;
   }
   auto tok = Tokenizer::for_model(default_model);
-  IL_CHECK(tok->vocab_size() == c.vocab_size, f.path(), " has no tokenizer of its own (tokenizer.ggml.*) and ",
-           c.vocab_size, " embedding rows, not the ", tok->vocab_size(), " tokens of ", tok->path(),
+  IL_CHECK(tok->vocab_size() == c.vocab_size, f.path(), " has no tokenizer of its own (tokenizer.ggml.*) and ", c.vocab_size,
+           " embedding rows, not the ", tok->vocab_size(), " tokens of ", tok->path(),
            "; pass the model's own tokenizer with --tokenizer");
   return tok;
 }

@@ -51,8 +51,8 @@ double bits(const ch01::Llama& m) {
   return 8.0 * static_cast<double>(matrix_bytes(m)) / static_cast<double>(matrix_weights(m));
 }
 
-std::vector<Row> rows_for(const ch01::Llama& m, const std::vector<QuantSpec>& specs,
-                          const std::vector<QuantSpec>& awq_specs, const std::vector<std::int32_t>& calibration) {
+std::vector<Row> rows_for(const ch01::Llama& m, const std::vector<QuantSpec>& specs, const std::vector<QuantSpec>& awq_specs,
+                          const std::vector<std::int32_t>& calibration) {
   std::vector<Row> rows;
   rows.push_back({"f32 (unquantised)", m, {}});
   // A format that cannot hold every matrix (an input width not whole blocks or groups, as
@@ -73,8 +73,9 @@ std::vector<Row> rows_for(const ch01::Llama& m, const std::vector<QuantSpec>& sp
       int better = 0;
       double rtn = 0, awq = 0;
       for (const auto& g : report) better += g.loss_awq < g.loss_rtn, rtn += g.loss_rtn, awq += g.loss_awq;
-      std::printf("(AWQ for %s: %d of %zu layer groups found scales better than round-to-nearest; calibration error %.3g -> %.3g)\n",
-                  s.name().c_str(), better, report.size(), rtn, awq);
+      std::printf(
+          "(AWQ for %s: %d of %zu layer groups found scales better than round-to-nearest; calibration error %.3g -> %.3g)\n",
+          s.name().c_str(), better, report.size(), rtn, awq);
       rows.push_back({"awq " + s.name(), q, {}});
     } else {
       std::printf("(awq %s skipped: a matrix width is not a multiple of its group)\n", s.name().c_str());
@@ -128,7 +129,7 @@ std::vector<QualityRow> measure_quality(const CommonOptions& o, const std::vecto
 }
 
 json to_json(const QualityRow& r) {
-  return {{"format", r.name}, {"bits_per_weight", r.bits}, {"matrix_bytes", r.matrix_bytes}, {"val_ppl", r.ppl.ppl},
+  return {{"format", r.name},       {"bits_per_weight", r.bits},   {"matrix_bytes", r.matrix_bytes}, {"val_ppl", r.ppl.ppl},
           {"val_loss", r.ppl.loss}, {"probes", r.probes.accuracy}, {"kept_f32", r.kept_f32}};
 }
 
@@ -137,24 +138,28 @@ int quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::in
   std::vector<std::string> kinds;
   double base = 0;
   json out = json::array();
-  measure_quality(o, specs, windows, per_kind, awq, 2048, [&](const QualityRow& r) {
+  measure_quality(
+      o, specs, windows, per_kind, awq, 2048,
+      [&](const QualityRow& r) {
     if (out.empty()) {
-      std::printf("%s: the projections and head quantised; perplexity on %s validation windows of 512, probes %lld per kind\n\n",
-                  o.model.c_str(), windows ? std::to_string(windows).c_str() : "all", static_cast<long long>(per_kind));
+      std::printf(
+          "%s: the projections and head quantised; perplexity on %s validation windows of 512, probes %lld per kind\n\n",
+          o.model.c_str(), windows ? std::to_string(windows).c_str() : "all", static_cast<long long>(per_kind));
       std::printf("%-22s %8s %12s %9s %9s", "format", "bits/w", "matrix bytes", "val ppl", "Δ ppl");
       kinds = eval::kinds_in_reading_order(r.probes.accuracy);
       for (const auto& k : kinds) std::printf(" %10s", k.c_str());
       std::printf("\n");
       base = r.ppl.ppl;
     }
-    std::printf("%-22s %8.2f %12lld %9.3f %+9.3f", r.name.c_str(), r.bits, static_cast<long long>(r.matrix_bytes),
-                r.ppl.ppl, r.ppl.ppl - base);
+    std::printf("%-22s %8.2f %12lld %9.3f %+9.3f", r.name.c_str(), r.bits, static_cast<long long>(r.matrix_bytes), r.ppl.ppl,
+                r.ppl.ppl - base);
     for (const auto& k : kinds) std::printf(" %10.3f", r.probes.accuracy.count(k) ? r.probes.accuracy.at(k) : 0.0);
     for (std::size_t i = 0; i < r.kept_f32.size(); ++i) std::printf("%s%s", i ? ", " : "   f32: ", r.kept_f32[i].c_str());
     std::printf("\n");
     std::fflush(stdout);
     out.push_back(to_json(r));
-  }, tokenizer);
+      },
+      tokenizer);
   if (!o.json.empty()) write_json(o.json, {{"model", o.model}, {"rows", out}}, {o.model});
   return 0;
 }
@@ -182,8 +187,8 @@ struct SpeedRow {
   std::string name;
   double bits = 0;
   std::int64_t matrix_bytes = 0;
-  double seconds = 0;          // best of the timed steps
-  double bytes = 0;            // bytes a step must read: matrices as stored, norms, embedding row, KV cache
+  double seconds = 0;           // best of the timed steps
+  double bytes = 0;             // bytes a step must read: matrices as stored, norms, embedding row, KV cache
   metrics::ReadCeiling read{};  // a streaming read over as many bytes (in cache or from memory)
   double tokens_per_s() const { return 1 / seconds; }
   double bytes_per_s() const { return bytes / seconds; }
@@ -235,23 +240,34 @@ SpeedRun measure_speed(Device dev, const TransformerConfig& c, const std::vector
 json to_json(const SpeedRun& run) {
   json rows = json::array();
   for (const auto& r : run.rows)
-    rows.push_back({{"format", r.name}, {"bits_per_weight", r.bits}, {"matrix_bytes", r.matrix_bytes},
-                    {"seconds_per_token", r.seconds}, {"tokens_per_s", r.tokens_per_s()}, {"bytes_per_token", r.bytes},
-                    {"achieved_bytes_per_s", r.bytes_per_s()}, {"fraction_of_ceiling", r.percent_of_ceiling() / 100},
+    rows.push_back({{"format", r.name},
+                    {"bits_per_weight", r.bits},
+                    {"matrix_bytes", r.matrix_bytes},
+                    {"seconds_per_token", r.seconds},
+                    {"tokens_per_s", r.tokens_per_s()},
+                    {"bytes_per_token", r.bytes},
+                    {"achieved_bytes_per_s", r.bytes_per_s()},
+                    {"fraction_of_ceiling", r.percent_of_ceiling() / 100},
                     {"read_ceiling", metrics::to_json(r.read)},
                     {"vs_base", r.tokens_per_s() / run.rows.front().tokens_per_s()}});
-  return {{"device", run.device}, {"ceiling", metrics::to_json(run.roof)}, {"parameters", run.shape.num_parameters()},
-          {"context", run.context}, {"steps", run.steps}, {"rows", rows}};
+  return {{"device", run.device},
+          {"ceiling", metrics::to_json(run.roof)},
+          {"parameters", run.shape.num_parameters()},
+          {"context", run.context},
+          {"steps", run.steps},
+          {"rows", rows}};
 }
 
 void print_speed_header(const SpeedRun& run) {
-  std::printf("Decode speed, B = 1, context %d, random weights (%.0f M parameters), %s, best of %d steps; "
-              "read from memory %s\n",
-              run.context, static_cast<double>(run.shape.num_parameters()) / 1e6, run.device.c_str(), run.steps,
-              metrics::describe(run.roof.read, "B").c_str());
-  std::printf("bytes per token = the matrices as stored + norms + embedding row + KV cache; each row's GB/s against a\n"
-              "streaming read over as many bytes (cache: in the %s last-level cache, part: partly, mem: from memory)\n\n",
-              metrics::human_bytes(metrics::last_level_cache_bytes()).c_str());
+  std::printf(
+      "Decode speed, B = 1, context %d, random weights (%.0f M parameters), %s, best of %d steps; "
+      "read from memory %s\n",
+      run.context, static_cast<double>(run.shape.num_parameters()) / 1e6, run.device.c_str(), run.steps,
+      metrics::describe(run.roof.read, "B").c_str());
+  std::printf(
+      "bytes per token = the matrices as stored + norms + embedding row + KV cache; each row's GB/s against a\n"
+      "streaming read over as many bytes (cache: in the %s last-level cache, part: partly, mem: from memory)\n\n",
+      metrics::human_bytes(metrics::last_level_cache_bytes()).c_str());
 }
 
 // Under a speed table: the ceilings its rows were compared with, and why a row is above its own.
@@ -263,17 +279,18 @@ void print_speed_legend(const SpeedRun& run) {
 }
 
 int speed(const CommonOptions& o, const std::vector<QuantSpec>& specs) {
-  const SpeedRun run = measure_speed(o.resolved_device(), speed_shape(), specs, 64, 8, [](const SpeedRun& run, const SpeedRow& r) {
-    if (run.rows.size() == 1) {
-      print_speed_header(run);
-      std::printf("%-18s %8s %14s %12s %10s %16s %9s\n", "format", "bits/w", "matrix bytes", "tokens/s", "GB/s",
-                  "of its ceiling", "vs base");
-    }
-    std::printf("%-18s %8.2f %14lld %12.1f %10.2f %9.0f%% %-5s %8.2f×\n", r.name.c_str(), r.bits,
-                static_cast<long long>(r.matrix_bytes), r.tokens_per_s(), r.bytes_per_s() / 1e9, r.percent_of_ceiling(),
-                r.read.abbrev(), r.tokens_per_s() / run.rows.front().tokens_per_s());
-    std::fflush(stdout);
-  });
+  const SpeedRun run =
+      measure_speed(o.resolved_device(), speed_shape(), specs, 64, 8, [](const SpeedRun& run, const SpeedRow& r) {
+        if (run.rows.size() == 1) {
+          print_speed_header(run);
+          std::printf("%-18s %8s %14s %12s %10s %16s %9s\n", "format", "bits/w", "matrix bytes", "tokens/s", "GB/s",
+                      "of its ceiling", "vs base");
+        }
+        std::printf("%-18s %8.2f %14lld %12.1f %10.2f %9.0f%% %-5s %8.2f×\n", r.name.c_str(), r.bits,
+                    static_cast<long long>(r.matrix_bytes), r.tokens_per_s(), r.bytes_per_s() / 1e9, r.percent_of_ceiling(),
+                    r.read.abbrev(), r.tokens_per_s() / run.rows.front().tokens_per_s());
+        std::fflush(stdout);
+      });
   print_speed_legend(run);
   if (!o.json.empty()) write_json(o.json, to_json(run));
   return 0;
@@ -297,16 +314,19 @@ int headline(const CommonOptions& o) {
               "of its ceiling", "vs f32");
   for (const auto& q : quality_rows) {
     // AWQ changes the values, not the layout: its speed is its format's.
-    const std::string format = q.name.rfind("awq ", 0) == 0 ? q.name.substr(4) : q.name == "f32 (unquantised)" ? "f32" : q.name;
+    const std::string format = q.name.rfind("awq ", 0) == 0    ? q.name.substr(4)
+                               : q.name == "f32 (unquantised)" ? "f32"
+                                                               : q.name;
     std::printf("%-22s %8.2f %9.3f %+9.3f", q.name.c_str(), q.bits, q.ppl.ppl, q.ppl.ppl - quality_rows.front().ppl.ppl);
     for (const auto& r : run.rows)
       if (r.name == format)
-        std::printf(" %11.1f %10.2f %7.0f%% %-5s %7.2f×", r.tokens_per_s(), r.bytes_per_s() / 1e9,
-                    r.percent_of_ceiling(), r.read.abbrev(), r.tokens_per_s() / run.rows.front().tokens_per_s());
+        std::printf(" %11.1f %10.2f %7.0f%% %-5s %7.2f×", r.tokens_per_s(), r.bytes_per_s() / 1e9, r.percent_of_ceiling(),
+                    r.read.abbrev(), r.tokens_per_s() / run.rows.front().tokens_per_s());
     std::printf("\n");
   }
   print_speed_legend(run);
-  std::printf("\nmore: ch09_quantization table (every format, all windows, probes) | speed (a 402 M model) | export | run\n");
+  std::printf(
+      "\nmore: ch09_quantization table (every format, all windows, probes) | speed (a 402 M model) | export | run\n");
   if (!o.json.empty()) {
     json q = json::array();
     for (const auto& r : quality_rows) q.push_back(to_json(r));
@@ -330,7 +350,9 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   // plain matrices as f32.
   ch01::Llama m = load_gguf(f);
   if (dev != Device::CPU) m = m.to(dev, DType::F32);
-  else interleave_blocks(m);  // q4_0, q8_0, q4_k and q6_k matrices eight rows at a time, for the CPU's decode product (repack.h)
+  else
+    interleave_blocks(
+        m);  // q4_0, q8_0, q4_k and q6_k matrices eight rows at a time, for the CPU's decode product (repack.h)
   const auto tok = gguf_tokenizer(f, tokenizer, o.model);
   const SamplingParams sp = o.sampling(*tok, m.config.vocab_size);
   const auto ids = tok->encode(o.prompt);
@@ -357,7 +379,8 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   const double step_bytes = static_cast<double>(m.step_weight_bytes());
   const double tpot = g.tpot_s();
   const metrics::ReadCeiling read = metrics::read_ceiling_for(roof, step_bytes);
-  std::fprintf(stderr, "%zu prompt tokens, %zu generated%s; first token %.1f ms, then %.2f ms per token (%.1f tokens/s): "
+  std::fprintf(stderr,
+               "%zu prompt tokens, %zu generated%s; first token %.1f ms, then %.2f ms per token (%.1f tokens/s): "
                "%s of weights a step, %s\n",
                ids.size(), g.generated.size(), g.stopped_at_eos ? " (stopped at an end token)" : "", g.ttft_s() * 1e3,
                tpot * 1e3, tpot > 0 ? 1 / tpot : 0.0, metrics::human_bytes(step_bytes).c_str(),
@@ -365,12 +388,22 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   if (!o.json.empty()) {
     nlohmann::json steps = nlohmann::json::array();
     for (const auto& s : g.steps)
-      steps.push_back({{"tokens_in", s.tokens_in}, {"seconds", s.seconds}, {"token", s.token}, {"work", metrics::to_json(s.work)}});
-    write_json(o.json, {{"file", file}, {"tokenizer", tok->path()}, {"prompt_tokens", ids}, {"generated", g.generated},
-                        {"text", tok->decode(g.generated)}, {"stopped_at_eos", g.stopped_at_eos}, {"stop_ids", stops},
-                        {"ttft_s", g.ttft_s()}, {"tpot_s", tpot}, {"step_weight_bytes", step_bytes},
-                        {"achieved_bytes_per_s", tpot > 0 ? step_bytes / tpot : 0}, {"read_ceiling", metrics::to_json(read)},
-                        {"steps", steps}},
+      steps.push_back(
+          {{"tokens_in", s.tokens_in}, {"seconds", s.seconds}, {"token", s.token}, {"work", metrics::to_json(s.work)}});
+    write_json(o.json,
+               {{"file", file},
+                {"tokenizer", tok->path()},
+                {"prompt_tokens", ids},
+                {"generated", g.generated},
+                {"text", tok->decode(g.generated)},
+                {"stopped_at_eos", g.stopped_at_eos},
+                {"stop_ids", stops},
+                {"ttft_s", g.ttft_s()},
+                {"tpot_s", tpot},
+                {"step_weight_bytes", step_bytes},
+                {"achieved_bytes_per_s", tpot > 0 ? step_bytes / tpot : 0},
+                {"read_ceiling", metrics::to_json(read)},
+                {"steps", steps}},
                {file});
   }
   return 0;
@@ -384,7 +417,8 @@ int main(int argc, char** argv) {
   CommonOptions o;
   add_model_option(app, o);  // the bare run: a short table on --model
   add_json_option(app, o.json);
-  help_footer(app, "int8_row, int4_g32_asym and AWQ on tiny-mha: bits per weight and perplexity on 4 validation "
+  help_footer(app,
+              "int8_row, int4_g32_asym and AWQ on tiny-mha: bits per weight and perplexity on 4 validation "
               "windows, beside decode tokens/s and GB/s against the measured read bandwidth on a 101 M random model",
               "chapters/09_quantization/README.md", "量化与模型剪枝");
   std::int64_t windows = 0, per_kind = 200;
@@ -403,12 +437,12 @@ int main(int argc, char** argv) {
   // A format name is checked where it is given, so that a typo is a usage error naming --formats.
   const CLI::Validator known_format(
       [](std::string& name) {
-        try {
-          QuantSpec::parse(name);
-          return std::string();
-        } catch (const Error& e) {
-          return std::string(e.what());
-        }
+    try {
+      QuantSpec::parse(name);
+      return std::string();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
       },
       "FORMAT");
   st->add_option("--formats", formats, "Comma-separated formats (default: all)")->delimiter(',')->check(known_format);
@@ -444,7 +478,8 @@ int main(int argc, char** argv) {
     if (specs.empty()) specs = all_specs();
     if (*st)
       return quality(o, specs, windows, per_kind,
-                     no_awq ? std::vector<QuantSpec>{} : std::vector<QuantSpec>{{Format::Int4Asym, 32}, {Format::Int4Asym, 64}, {Format::Int4Sym, 32}},
+                     no_awq ? std::vector<QuantSpec>{}
+                            : std::vector<QuantSpec>{{Format::Int4Asym, 32}, {Format::Int4Asym, 64}, {Format::Int4Sym, 32}},
                      tokenizer);
     if (*ss) return speed(o, specs);
     if (*se) return export_to(o, format, out);

@@ -24,9 +24,13 @@ ch01::Llama quantize_model(const ch01::Llama& m, const QuantSpec& spec, std::vec
     for (std::size_t j = 0; j < 7; ++j) {
       Linear& w = *q.layers[i].linears()[j];
       if (keep(w, names[j])) continue;
-      w = quantize(w, spec, m.source + ": " + spec.name() + " of model.layers." + std::to_string(i) + "." + names[j] + ".weight");
+      w = quantize(w, spec,
+                   m.source + ": " + spec.name() + " of model.layers." + std::to_string(i) + "." + names[j] + ".weight");
     }
-  if (!keep(m.lm_head, "lm_head")) q.lm_head = quantize(m.lm_head, spec, m.source + ": " + spec.name() + " of lm_head.weight");  // a tied head becomes its own quantised copy
+  if (!keep(m.lm_head, "lm_head"))
+    q.lm_head =
+        quantize(m.lm_head, spec,
+                 m.source + ": " + spec.name() + " of lm_head.weight");  // a tied head becomes its own quantised copy
   return q;
 }
 

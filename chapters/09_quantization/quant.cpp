@@ -46,7 +46,8 @@ QuantSpec QuantSpec::parse(const std::string& n) {
       if (s.name() == n) return s;
     }
   for (const auto& [f, type] : gguf_formats())  // the ones all_specs() does not list
-    IL_CHECK(n != QuantSpec{f}.name(), "quantisation format '", n, "' is read from GGUF files (llama.cpp's quantiser "
+    IL_CHECK(n != QuantSpec{f}.name(), "quantisation format '", n,
+             "' is read from GGUF files (llama.cpp's quantiser "
              "makes it), not produced here");
   std::string names;
   for (const QuantSpec& s : all_specs()) names += (names.empty() ? "" : ", ") + s.name();
@@ -54,9 +55,9 @@ QuantSpec QuantSpec::parse(const std::string& n) {
 }
 
 std::vector<QuantSpec> all_specs() {
-  return {{Format::Int8Tensor},    {Format::Int8Row},       {Format::LlmInt8},      {Format::Q8_0},
-          {Format::Fp8E4M3},       {Format::Int4Sym, 32},   {Format::Int4Sym, 128}, {Format::Int4Asym, 32},
-          {Format::Int4Asym, 64},  {Format::Int4Asym, 128}, {Format::Q4_0}};
+  return {{Format::Int8Tensor},   {Format::Int8Row},       {Format::LlmInt8},      {Format::Q8_0},
+          {Format::Fp8E4M3},      {Format::Int4Sym, 32},   {Format::Int4Sym, 128}, {Format::Int4Asym, 32},
+          {Format::Int4Asym, 64}, {Format::Int4Asym, 128}, {Format::Q4_0}};
 }
 
 // --- fp8 E4M3FN ------------------------------------------------------------------------------
@@ -174,7 +175,8 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
   // A NaN or infinity would poison a whole scale (or, in fp8, become the NaN byte that the fast
   // decoder does not look for): refuse it and name it.
   for (std::int64_t i = 0; i < n_out * n_in; ++i)
-    IL_CHECK(std::isfinite(W[i]), what, ": weight (", i / n_in, ", ", i % n_in, ") is ", W[i], "; only finite weights can be quantised");
+    IL_CHECK(std::isfinite(W[i]), what, ": weight (", i / n_in, ", ", i % n_in, ") is ", W[i],
+             "; only finite weights can be quantised");
   QMatrix q;
   q.spec = spec, q.rows = n_out, q.cols = n_in;
   switch (spec.format) {
@@ -196,7 +198,8 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
         const float s = scale_for(a, 127.0f);  // absmax: the largest magnitude maps to ±127
         if (per_row || n == 0) q.scales.data<float>()[per_row ? n : 0] = s;
         for (std::int64_t k = 0; k < n_in; ++k)
-          q.data.data<std::int8_t>()[n * n_in + k] = static_cast<std::int8_t>(std::clamp(std::round(W[n * n_in + k] / s), -127.0f, 127.0f));
+          q.data.data<std::int8_t>()[n * n_in + k] =
+              static_cast<std::int8_t>(std::clamp(std::round(W[n * n_in + k] / s), -127.0f, 127.0f));
         // EXERCISE 09.1 STUB
         // (void)a;
         // lab::not_done("09.1", "row n's scale s (its largest magnitude a maps to 127; scale_for avoids a zero "
@@ -219,7 +222,8 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
         for (std::int64_t g = 0; g < n_in / G; ++g) {
           const float* x = W + n * n_in + g * G;
           float mn = x[0], mx = x[0], amax = 0;
-          for (std::int64_t i = 0; i < G; ++i) mn = std::min(mn, x[i]), mx = std::max(mx, x[i]), amax = std::max(amax, std::fabs(x[i]));
+          for (std::int64_t i = 0; i < G; ++i)
+            mn = std::min(mn, x[i]), mx = std::max(mx, x[i]), amax = std::max(amax, std::fabs(x[i]));
           // The range always holds 0, so that z = round(−min/s) lies in [0, 15]: a group of
           // one sign would otherwise get a clamped zero point and collapse to one value.
           mn = std::min(mn, 0.0f), mx = std::max(mx, 0.0f);
@@ -307,7 +311,8 @@ float weight_value(const QMatrix& q, std::int64_t n, std::int64_t k) {
     case Format::Int4Sym:
     case Format::Int4Asym: {
       const std::int64_t G = q.spec.group, g = n * (n_in / G) + k / G, i = k % G;
-      const int v = (q.data.data<std::uint8_t>()[n * (n_in / 2) + (k / G) * (G / 2) + i % (G / 2)] >> (i < G / 2 ? 0 : 4)) & 15;
+      const int v =
+          (q.data.data<std::uint8_t>()[n * (n_in / 2) + (k / G) * (G / 2) + i % (G / 2)] >> (i < G / 2 ? 0 : 4)) & 15;
       const int z = q.spec.format == Format::Int4Sym ? 8 : q.zeros.data<std::uint8_t>()[g];
       return static_cast<float>(v - z) * q.scales.data<float>()[g];
     }
@@ -418,8 +423,8 @@ QMatrix QMatrix::to(Device d) const {
 namespace {
 
 void check_product(const Tensor& x, const QMatrix& w, const Tensor& out) {
-  IL_CHECK(x.ndim() == 2 && x.dtype() == DType::F32 && x.is_contiguous(), "qmatmul: x must be contiguous f32 [M, n_in], got ",
-           x.describe());
+  IL_CHECK(x.ndim() == 2 && x.dtype() == DType::F32 && x.is_contiguous(),
+           "qmatmul: x must be contiguous f32 [M, n_in], got ", x.describe());
   IL_CHECK(x.size(1) == w.cols, "qmatmul: x ", x.describe(), " and a ", w.rows, " × ", w.cols,
            " weight disagree on the input width n_in");
   IL_CHECK(out.ndim() == 2 && out.size(0) == x.size(0) && out.size(1) == w.rows && out.dtype() == DType::F32 &&
@@ -512,7 +517,8 @@ std::vector<char> outlier_columns(const Tensor& x, float threshold) {
   const std::int64_t M = x.size(0), n_in = x.size(1);
   std::vector<char> out(static_cast<std::size_t>(n_in), 0);
   for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t k = 0; k < n_in; ++k) out[static_cast<std::size_t>(k)] |= std::fabs(x.data<float>()[m * n_in + k]) >= threshold;
+    for (std::int64_t k = 0; k < n_in; ++k)
+      out[static_cast<std::size_t>(k)] |= std::fabs(x.data<float>()[m * n_in + k]) >= threshold;
   return out;
 }
 
@@ -529,7 +535,8 @@ void quantize_rows_int8(const Tensor& x, const std::vector<char>& skip, std::vec
     s[static_cast<std::size_t>(m)] = sc;
     for (std::int64_t k = 0; k < n_in; ++k)
       if (!skip[static_cast<std::size_t>(k)])
-        q[static_cast<std::size_t>(m * n_in + k)] = static_cast<std::int8_t>(std::clamp(std::round(r[k] / sc), -127.0f, 127.0f));
+        q[static_cast<std::size_t>(m * n_in + k)] =
+            static_cast<std::int8_t>(std::clamp(std::round(r[k] / sc), -127.0f, 127.0f));
   }
 }
 
@@ -553,7 +560,8 @@ void qmatmul_ref(const Tensor& x, const QMatrix& w, Tensor& out) {
           if (O[static_cast<std::size_t>(k)])
             hi += f16_to_f32(f32_to_f16(X[m * n_in + k])) * f16_to_f32(f32_to_f16(weight_value(w, n, k)));
           else
-            acc += static_cast<std::int32_t>(xq[static_cast<std::size_t>(m * n_in + k)]) * w.data.data<std::int8_t>()[n * n_in + k];
+            acc += static_cast<std::int32_t>(xq[static_cast<std::size_t>(m * n_in + k)]) *
+                   w.data.data<std::int8_t>()[n * n_in + k];
         }
         Y[m * n_out + n] = static_cast<float>(acc) * sx[static_cast<std::size_t>(m)] * w.scales.data<float>()[n] + hi;
       }

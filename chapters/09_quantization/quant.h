@@ -53,12 +53,29 @@
 
 namespace inferlab::ch09 {
 
-enum class Format { Int8Tensor, Int8Row, LlmInt8, Int4Sym, Int4Asym, Q8_0, Q4_0, Fp8E4M3, Q4_K, Q6_K, Q4_1, Q5_0, Q5_1, Q5_K, Q2_K, Q3_K };
+enum class Format {
+  Int8Tensor,
+  Int8Row,
+  LlmInt8,
+  Int4Sym,
+  Int4Asym,
+  Q8_0,
+  Q4_0,
+  Fp8E4M3,
+  Q4_K,
+  Q6_K,
+  Q4_1,
+  Q5_0,
+  Q5_1,
+  Q5_K,
+  Q2_K,
+  Q3_K
+};
 
 struct QuantSpec {
   Format format = Format::Int8Row;
-  int group = 32;              ///< int4 group size along the input width n_in (32, 64, 128)
-  float threshold = 6.0f;      ///< LLM.int8(): activation magnitude that makes a column an outlier
+  int group = 32;          ///< int4 group size along the input width n_in (32, 64, 128)
+  float threshold = 6.0f;  ///< LLM.int8(): activation magnitude that makes a column an outlier
   /// "int8_row", "int4_g64_asym", "q4_0", ... (and parse() reads the same names).
   std::string name() const;
   static QuantSpec parse(const std::string& name);
@@ -81,7 +98,12 @@ struct QMatrix : PackedMatrix {
 
   QMatrix() = default;
   QMatrix(QuantSpec spec_, std::int64_t rows_, std::int64_t cols_, Tensor data_, Tensor scales_ = {}, Tensor zeros_ = {})
-      : spec(spec_), rows(rows_), cols(cols_), data(std::move(data_)), scales(std::move(scales_)), zeros(std::move(zeros_)) {}
+      : spec(spec_),
+        rows(rows_),
+        cols(cols_),
+        data(std::move(data_)),
+        scales(std::move(scales_)),
+        zeros(std::move(zeros_)) {}
   Device device() const override { return data.device(); }
   /// Bytes read by a product: the packed data plus scales and zero points.
   std::int64_t bytes() const override;

@@ -100,7 +100,8 @@ __device__ inline void unpack8(const View& v, long long n, int k, float* w) {
     const std::uint8_t* b = v.data + n * (K / 256 * 210) + (k / 256) * 210;
     const int i = k % 256, half = i / 128, r = (i % 128) / 32, l = i % 32;
     const std::uint8_t *ql = b + 64 * half + 32 * (r % 2), *qh = b + 128 + 32 * half;
-    const float d = half_at(b + 208) * static_cast<float>(reinterpret_cast<const std::int8_t*>(b + 192 + 8 * half)[l / 16 + 2 * r]);
+    const float d =
+        half_at(b + 208) * static_cast<float>(reinterpret_cast<const std::int8_t*>(b + 192 + 8 * half)[l / 16 + 2 * r]);
 #pragma unroll
     for (int t = 0; t < 8; ++t)
       w[t] = d * static_cast<float>((((ql[l + t] >> (4 * (r / 2))) & 15) | (((qh[l + t] >> (2 * r)) & 3) << 4)) - 32);
@@ -165,8 +166,8 @@ __global__ void mark_outliers(const float* __restrict__ x, int M, int K, float t
 }
 
 // Each row of x to int8 by its absmax over the non-outlier columns (outlier columns get 0).
-__global__ void quantize_rows(const float* __restrict__ x, const int* __restrict__ flag, int K,
-                              std::int8_t* __restrict__ xq, float* __restrict__ sx) {
+__global__ void quantize_rows(const float* __restrict__ x, const int* __restrict__ flag, int K, std::int8_t* __restrict__ xq,
+                              float* __restrict__ sx) {
   const float* r = x + (long long)blockIdx.x * K;
   float a = 0.0f;
   for (int k = threadIdx.x; k < K; k += blockDim.x)
@@ -174,7 +175,8 @@ __global__ void quantize_rows(const float* __restrict__ x, const int* __restrict
   a = cuda::block_max(a);
   const float s = a > 0 ? a / 127.0f : 1.0f;
   for (int k = threadIdx.x; k < K; k += blockDim.x)
-    xq[(long long)blockIdx.x * K + k] = flag[k] ? 0 : static_cast<std::int8_t>(fminf(fmaxf(roundf(r[k] / s), -127.0f), 127.0f));  // half away, as std::round
+    xq[(long long)blockIdx.x * K + k] =
+        flag[k] ? 0 : static_cast<std::int8_t>(fminf(fmaxf(roundf(r[k] / s), -127.0f), 127.0f));  // half away, as std::round
   if (threadIdx.x == 0) sx[blockIdx.x] = s;
 }
 
@@ -321,17 +323,19 @@ void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
     case Format::Q2_K: return launch_blocked<Format::Q2_K>(v, x, out, N);
     case Format::Q3_K: return launch_blocked<Format::Q3_K>(v, x, out, N);
     case Format::LlmInt8: {
-      char* base = static_cast<char*>(cuda::scratch(static_cast<std::size_t>(K) * 4 + static_cast<std::size_t>(M) * K + M * 4 + 512));
+      char* base =
+          static_cast<char*>(cuda::scratch(static_cast<std::size_t>(K) * 4 + static_cast<std::size_t>(M) * K + M * 4 + 512));
       int* flag = reinterpret_cast<int*>(base);
       std::int8_t* xq = reinterpret_cast<std::int8_t*>(base + static_cast<std::size_t>(K) * 4);
-      float* sx = reinterpret_cast<float*>(base + ((static_cast<std::size_t>(K) * 4 + static_cast<std::size_t>(M) * K + 255) / 256) * 256);
+      float* sx = reinterpret_cast<float*>(
+          base + ((static_cast<std::size_t>(K) * 4 + static_cast<std::size_t>(M) * K + 255) / 256) * 256);
       mark_outliers<<<blocks_for(K, 256), 256, 0, stream()>>>(x.data<float>(), M, K, w.spec.threshold, flag);
       quantize_rows<<<M, 256, 0, stream()>>>(x.data<float>(), flag, K, xq, sx);
       for (int m0 = 0; m0 < M; m0 += kMaxRows) {
         const int rows = std::min(kMaxRows, M - m0);
-        llm_int8_gemv<<<blocks_for(N, kWarps), kWarps * 32, 0, stream()>>>(
-            v, x.data<float>() + (long long)m0 * K, xq + (long long)m0 * K, sx + m0, flag,
-            out.data<float>() + (long long)m0 * N, rows, N);
+        llm_int8_gemv<<<blocks_for(N, kWarps), kWarps * 32, 0, stream()>>>(v, x.data<float>() + (long long)m0 * K,
+                                                                           xq + (long long)m0 * K, sx + m0, flag,
+                                                                           out.data<float>() + (long long)m0 * N, rows, N);
       }
       IL_CUDA_LAUNCHED();
       return;

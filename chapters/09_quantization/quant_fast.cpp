@@ -36,7 +36,6 @@ namespace inferlab::ch09 {
 
 namespace {
 
-
 // The fp8 table: decoding a byte is a lookup in the unpacking path.
 const std::vector<float>& fp8_table() {
   static const std::vector<float> t = [] {
@@ -259,7 +258,8 @@ float q32_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, 
     const __m128 dw = _mm_setr_ps(half(blk), half(blk + kBytes), half(blk + 2 * kBytes), half(blk + 3 * kBytes));
     y = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(dw, dx4), y);
     if constexpr (kMin) {
-      const __m128 m = _mm_setr_ps(half(blk + 2), half(blk + kBytes + 2), half(blk + 2 * kBytes + 2), half(blk + 3 * kBytes + 2));
+      const __m128 m =
+          _mm_setr_ps(half(blk + 2), half(blk + kBytes + 2), half(blk + 2 * kBytes + 2), half(blk + 3 * kBytes + 2));
       y = _mm_fmadd_ps(_mm_mul_ps(m, dx4), _mm_cvtepi32_ps(s4), y);
     }
   }
@@ -356,7 +356,8 @@ float q6_k_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx,
         const int g = 8 * h + 2 * r4;  // block 4h + r4's first group
         s[r4] = _mm256_madd_epi16(_mm256_maddubs_epi16(q[r4], load32(xq + 128 * h + 32 * r4)), halves16(sc[g], sc[g + 1]));
       }
-      y = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(s[0], s[1], s[2], s[3])), _mm_mul_ps(_mm_set1_ps(d), _mm_loadu_ps(dx + 4 * h)), y);
+      y = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(s[0], s[1], s[2], s[3])), _mm_mul_ps(_mm_set1_ps(d), _mm_loadu_ps(dx + 4 * h)),
+                       y);
     }
   }
   return hsum(y) - hsum(yc);
@@ -392,7 +393,8 @@ float k23_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, 
       u[0] = (u[0] & 0x0F0F0F0Fu) | ((t & 0x03030303u) << 4);
       u[1] = (u[1] & 0x0F0F0F0Fu) | (((t >> 2) & 0x03030303u) << 4);
       std::memcpy(sc, u, 16);
-      side = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))), _mm256_set1_epi16(32));
+      side = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))),
+                              _mm256_set1_epi16(32));
     }
     const __m256i by_s = _mm256_madd_epi16(side, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs16)));  // per block
     const float side_scale = kTwo ? half(r + 82) : 4 * d;  // dmin, or the 4 of q − 4
@@ -408,7 +410,8 @@ float k23_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, 
         const int s0 = kTwo ? sc[2 * b] : sc[2 * b] - 32, s1 = kTwo ? sc[2 * b + 1] : sc[2 * b + 1] - 32;
         p[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load32(xq + 32 * b)), halves16(s0, s1));
       }
-      y = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(p[0], p[1], p[2], p[3])), _mm_mul_ps(_mm_set1_ps(d), _mm_loadu_ps(dx + 4 * h)), y);
+      y = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(p[0], p[1], p[2], p[3])), _mm_mul_ps(_mm_set1_ps(d), _mm_loadu_ps(dx + 4 * h)),
+                       y);
     }
   }
   return hsum(y) - hsum(yc);
@@ -483,7 +486,8 @@ float q8_0_dot(const std::uint8_t* w, const std::int8_t* xq, const float* dx, st
   float r = hsum(y);
   for (; b < nb; ++b) {
     const std::uint8_t* blk = w + b * 34;
-    r += static_cast<float>(dot_i8(reinterpret_cast<const std::int8_t*>(blk + 2), xq + b * 32, 32)) * (from_half(blk) * dx[b]);
+    r += static_cast<float>(dot_i8(reinterpret_cast<const std::int8_t*>(blk + 2), xq + b * 32, 32)) *
+         (from_half(blk) * dx[b]);
   }
   return r;
 }
@@ -518,7 +522,8 @@ void llm_int8(const Tensor& x, const QMatrix& w, Tensor& out) {
       float hi = 0.0f;
       for (std::int64_t k : cols)
         hi += f16_to_f32(f32_to_f16(X[m * n_in + k])) * f16_to_f32(f32_to_f16(static_cast<float>(wr[k]) * sw));
-      Y[m * n_out + n] = static_cast<float>(dot_i8(wr, xq.data() + m * n_in, n_in)) * sx[static_cast<std::size_t>(m)] * sw + hi;
+      Y[m * n_out + n] =
+          static_cast<float>(dot_i8(wr, xq.data() + m * n_in, n_in)) * sx[static_cast<std::size_t>(m)] * sw + hi;
     }
   }
 }

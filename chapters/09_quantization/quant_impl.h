@@ -36,16 +36,17 @@ void quantize_q4_0_block(const float* x, std::uint8_t* out);
 /// q8_0_activations().
 struct BlockedActivations {
   std::int64_t rows = 0, cols = 0;
-  std::vector<std::int8_t> q;     ///< [M, n_in]
-  std::vector<float> d;           ///< [M, n_in / 32]
-  std::vector<std::int32_t> sum;  ///< [M, n_in / 32]
+  std::vector<std::int8_t> q;       ///< [M, n_in]
+  std::vector<float> d;             ///< [M, n_in / 32]
+  std::vector<std::int32_t> sum;    ///< [M, n_in / 32]
   std::vector<std::int16_t> sum16;  ///< [M, n_in / 16]: Σ q over each half block (the k-quants' 16-value groups)
   /// x quantised block by block with quantize_q8_0_block (the reference).
   explicit BlockedActivations(const Tensor& x);
   /// Sized for M × n_in, unfilled (blocked_activations_fast fills it).
   BlockedActivations(std::int64_t m, std::int64_t n_in);
   float value(std::int64_t m, std::int64_t k) const {
-    return d[static_cast<std::size_t>(m * (cols / 32) + k / 32)] * static_cast<float>(q[static_cast<std::size_t>(m * cols + k)]);
+    return d[static_cast<std::size_t>(m * (cols / 32) + k / 32)] *
+           static_cast<float>(q[static_cast<std::size_t>(m * cols + k)]);
   }
   /// Every value() [M, n_in], row-major: x as the blocks round it (the prefill products' input).
   std::vector<float> rounded() const;

@@ -45,7 +45,9 @@ constexpr std::int64_t quant_byte(std::int64_t i, std::int64_t t) { return 16 + 
 // 32c + l holds value l of sub-block 2c in its low nibble, of sub-block 2c + 1 in its high one)
 // sits in chunk c's 256 bytes in pieces of 4 as the 32-blocks' do.
 constexpr std::int64_t kQ4kUnit = 1184;
-constexpr std::int64_t q4k_quant_byte(std::int64_t i, std::int64_t t) { return 160 + 256 * (t / 32) + quant_byte(i, t % 32) - 16; }
+constexpr std::int64_t q4k_quant_byte(std::int64_t i, std::int64_t t) {
+  return 160 + 256 * (t / 32) + quant_byte(i, t % 32) - 16;
+}
 
 // q6_k: a super-block of eight rows is one unit of 1680 bytes (8 · 210): the eight d (f16), each
 // 16-value group g's eight int8 scales (at 16 + 8g + i), the values' low four bits as q4_k's quants
@@ -147,11 +149,14 @@ void group_dot_q4k(const std::uint8_t* group, const BlockedActivations& a, std::
       for (int p = 0; p < 8; ++p) {  // low nibbles: sub-block 2c, high: 2c + 1; two sums each
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 160 + 256 * c + 32 * p));
         s[p & 1] = dot4_acc(s[p & 1], _mm256_and_si256(v, low), broadcast4(x + 4 * p));
-        s[2 + (p & 1)] = dot4_acc(s[2 + (p & 1)], _mm256_and_si256(_mm256_srli_epi16(v, 4), low), broadcast4(x + 32 + 4 * p));
+        s[2 + (p & 1)] =
+            dot4_acc(s[2 + (p & 1)], _mm256_and_si256(_mm256_srli_epi16(v, 4), low), broadcast4(x + 32 + 4 * p));
       }
       for (int h = 0; h < 2; ++h) {
         const __m256i sum = _mm256_add_epi32(s[2 * h], s[2 * h + 1]);
-        auto bytes8 = [&](std::int64_t at) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + at))); };
+        auto bytes8 = [&](std::int64_t at) {
+          return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + at)));
+        };
         const __m256i sc = bytes8(32 + 8 * (2 * c + h)), mn = bytes8(96 + 8 * (2 * c + h));
         acc_d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(sum, sc)), _mm256_set1_ps(dx[j + h]), acc_d);
         acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mn), _mm256_set1_ps(dx[j + h] * static_cast<float>(xs[j + h])), acc_m);
@@ -179,7 +184,8 @@ void group_dot_q6k(const std::uint8_t* group, const BlockedActivations& a, std::
       __m256i s[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()}, {_mm256_setzero_si256(), _mm256_setzero_si256()}};
       for (int j = 0; j < 4; ++j) {  // pieces 2j and 2j + 1 share a byte of top bits; pieces 0-3 are group 0, 4-7 group 1
         const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + kQ6kHigh + 128 * c + 32 * j));
-        const __m256i top_of[2][2] = {  // [piece parity][nibble]: the two top bits, moved to bits 4-5
+        const __m256i top_of[2][2] = {
+            // [piece parity][nibble]: the two top bits, moved to bits 4-5
             {_mm256_slli_epi16(_mm256_and_si256(h, bits01), 4), _mm256_and_si256(_mm256_slli_epi16(h, 2), top)},
             {_mm256_and_si256(h, top), _mm256_and_si256(_mm256_srli_epi16(h, 2), top)}};
         for (int e = 0; e < 2; ++e) {
@@ -195,7 +201,8 @@ void group_dot_q6k(const std::uint8_t* group, const BlockedActivations& a, std::
         __m256i sum = _mm256_setzero_si256();
         for (int g = 0; g < 2; ++g) {
           const std::int64_t group_of_sb = 2 * (2 * c + b) + g;  // 0-15
-          const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + 16 + 8 * group_of_sb)));
+          const __m256i sc =
+              _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + 16 + 8 * group_of_sb)));
           const __m256i centred = _mm256_sub_epi32(s[b][g], _mm256_set1_epi32(32 * xs16[16 * sb + group_of_sb]));
           sum = _mm256_add_epi32(sum, _mm256_mullo_epi32(centred, sc));
         }
@@ -231,7 +238,8 @@ void unpack_q4k(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
   std::memcpy(blk + 2, u + 16 + 2 * i, 2);
   std::uint8_t* sc = blk + 4;  // scale_min_k4's packing undone: 6-bit values, j ≥ 4 split over three bytes
   for (int j = 0; j < 4; ++j) {
-    const std::uint8_t s0 = u[32 + 8 * j + i], m0 = u[96 + 8 * j + i], s1 = u[32 + 8 * (j + 4) + i], m1 = u[96 + 8 * (j + 4) + i];
+    const std::uint8_t s0 = u[32 + 8 * j + i], m0 = u[96 + 8 * j + i], s1 = u[32 + 8 * (j + 4) + i],
+                       m1 = u[96 + 8 * (j + 4) + i];
     sc[j] = static_cast<std::uint8_t>(s0 | (s1 >> 4) << 6);
     sc[j + 4] = static_cast<std::uint8_t>(m0 | (m1 >> 4) << 6);
     sc[j + 8] = static_cast<std::uint8_t>((s1 & 15) | (m1 & 15) << 4);
@@ -271,7 +279,8 @@ void each_block(const Codec& c, std::int64_t rows, std::int64_t cols, U* units, 
   const std::int64_t nb = cols / c.values;
   for (std::int64_t g = 0; g < rows / 8; ++g)
     for (std::int64_t b = 0; b < nb; ++b)
-      for (std::int64_t i = 0; i < 8; ++i) fn(units + (g * nb + b) * c.unit, row_bytes + ((8 * g + i) * nb + b) * c.block, i);
+      for (std::int64_t i = 0; i < 8; ++i)
+        fn(units + (g * nb + b) * c.unit, row_bytes + ((8 * g + i) * nb + b) * c.block, i);
 }
 
 }  // namespace
@@ -287,7 +296,8 @@ Interleaved8::Interleaved8(const QMatrix& q) : spec_(q.spec), rows_(q.rows), col
   IL_CHECK(interleavable(q), "interleaved blocks: need a CPU q4_0, q8_0, q4_k or q6_k matrix with rows a multiple of 8 ",
            "(and a CPU with AVX2), got ", q.spec.name(), " ", q.rows, " × ", q.cols, " on ", device_name(q.device()));
   const Codec& c = *codec_of(spec_.format);
-  data_ = Tensor::zeros({rows_ / 8 * (cols_ / c.values) * c.unit}, DType::U8);  // zeros: q6_k's codec writes a few bits at a time
+  data_ = Tensor::zeros({rows_ / 8 * (cols_ / c.values) * c.unit},
+                        DType::U8);  // zeros: q6_k's codec writes a few bits at a time
   each_block(c, rows_, cols_, data_.data<std::uint8_t>(), q.data.data<std::uint8_t>(),
              [&](std::uint8_t* u, const std::uint8_t* blk, std::int64_t i) { c.pack(blk, u, i); });
 }

@@ -96,8 +96,8 @@ __device__ int block_draw(const double* __restrict__ w, long long n, double u) {
 // beyond; at T = 0 all mass on the argmax. error[0] gets the first NaN / +inf logit (row-major
 // index + 1), error[1] the first row whose usable logits are all −inf (+ 1).
 __global__ void __launch_bounds__(kThreads)
-distribution_rows(const float* __restrict__ logits, long long V, long long usable, float temperature,
-                  double* __restrict__ out, unsigned long long* __restrict__ error) {
+    distribution_rows(const float* __restrict__ logits, long long V, long long usable, float temperature,
+                      double* __restrict__ out, unsigned long long* __restrict__ error) {
   const float* l = logits + blockIdx.x * V;
   double* o = out + blockIdx.x * V;
   for (long long i = threadIdx.x; i < usable; i += blockDim.x)
@@ -116,14 +116,12 @@ distribution_rows(const float* __restrict__ logits, long long V, long long usabl
 }
 
 // ids[t][i] = i: the values the sort carries along with the probabilities.
-__global__ void __launch_bounds__(kThreads)
-iota_rows(int* __restrict__ ids, long long V) {
+__global__ void __launch_bounds__(kThreads) iota_rows(int* __restrict__ ids, long long V) {
   for (long long i = threadIdx.x; i < V; i += blockDim.x) ids[blockIdx.x * V + i] = static_cast<int>(i);
 }
 
 // Normalises row t over all ids (no top-k / top-p).
-__global__ void __launch_bounds__(kThreads)
-normalise_rows(double* __restrict__ out, long long V) {
+__global__ void __launch_bounds__(kThreads) normalise_rows(double* __restrict__ out, long long V) {
   double* o = out + blockIdx.x * V;
   double mine = 0;
   const Chunk c = chunk_of(V);
@@ -136,8 +134,8 @@ normalise_rows(double* __restrict__ out, long long V) {
 // index: the radix sort is stable) with their ids: keep the first k, then the smallest prefix whose
 // mass reaches top_p of theirs; zero the rest and normalise over what is kept.
 __global__ void __launch_bounds__(kThreads)
-truncate_rows(double* __restrict__ out, const double* __restrict__ sorted, const int* __restrict__ ids,
-              long long V, long long usable, long long top_k, double top_p) {
+    truncate_rows(double* __restrict__ out, const double* __restrict__ sorted, const int* __restrict__ ids, long long V,
+                  long long usable, long long top_k, double top_p) {
   __shared__ long long keep;
   double* o = out + blockIdx.x * V;
   const double* s = sorted + blockIdx.x * V;
@@ -171,7 +169,7 @@ truncate_rows(double* __restrict__ out, const double* __restrict__ sorted, const
 }
 
 __global__ void __launch_bounds__(kThreads)
-draw_row(const double* __restrict__ w, long long n, double u, int* __restrict__ token) {
+    draw_row(const double* __restrict__ w, long long n, double u, int* __restrict__ token) {
   const int t = block_draw(w, n, u);
   if (threadIdx.x == 0) *token = t;
 }
@@ -185,9 +183,8 @@ struct WalkResult {
 // rejection draw from norm(max(q_i − p_i, 0)) (q_i when nothing is left over) with u[i + 1]; when
 // all γ are accepted, the bonus token from q_γ with u[γ]. `residual` is V doubles of scratch.
 __global__ void __launch_bounds__(kThreads)
-verify_walk(const int* __restrict__ drafts, int gamma, const double* __restrict__ p,
-            const double* __restrict__ q, long long V, const double* __restrict__ u,
-            double* __restrict__ residual, WalkResult* __restrict__ res) {
+    verify_walk(const int* __restrict__ drafts, int gamma, const double* __restrict__ p, const double* __restrict__ q,
+                long long V, const double* __restrict__ u, double* __restrict__ residual, WalkResult* __restrict__ res) {
   double alpha = 0;
   const Chunk c = chunk_of(V);
   for (int i = 0; i < gamma; ++i) {  // α of every drafted position, as the host loop sums it
@@ -230,12 +227,14 @@ Tensor distributions(const Tensor& logits, const SamplingParams& params) {
   check_row_tensor(logits, DType::F32, "distributions");
   const std::int64_t T = logits.size(0), V = logits.size(1);
   IL_CHECK(T > 0 && V > 0, "distributions: empty logits ", logits.describe());
-  IL_CHECK(T * V < INT_MAX, "distributions: ", T, " rows of ", V, " ids are too many for one call (sort only the rows "
+  IL_CHECK(T * V < INT_MAX, "distributions: ", T, " rows of ", V,
+           " ids are too many for one call (sort only the rows "
            "you draw from)");
   IL_CHECK(params.vocab <= V, "sample: ", V, " logits for a vocabulary of ", params.vocab);
   const std::int64_t usable = params.vocab > 0 ? params.vocab : V;
   Tensor out = Tensor::empty({T, V}, DType::F64, Device::CUDA);
-  const std::vector<std::int64_t> none = {std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::max()};
+  const std::vector<std::int64_t> none = {std::numeric_limits<std::int64_t>::max(),
+                                          std::numeric_limits<std::int64_t>::max()};
   Tensor error = Tensor::from_vector(none, {2}).to(Device::CUDA);
   distribution_rows<<<static_cast<unsigned>(T), kThreads, 0, stream()>>>(
       logits.data<float>(), V, usable, params.temperature, out.data<double>(),
@@ -269,9 +268,9 @@ Tensor distributions(const Tensor& logits, const SamplingParams& params) {
   IL_CUDA(cub::DeviceSegmentedRadixSort::SortPairsDescending(nullptr, bytes, out.data<double>(), sorted.data<double>(),
                                                              ids_in.data<std::int32_t>(), ids.data<std::int32_t>(), n, rows,
                                                              begin, begin + 1, 0, 64, stream()));
-  IL_CUDA(cub::DeviceSegmentedRadixSort::SortPairsDescending(inferlab::cuda::scratch(bytes), bytes, out.data<double>(),
-                                                             sorted.data<double>(), ids_in.data<std::int32_t>(),
-                                                             ids.data<std::int32_t>(), n, rows, begin, begin + 1, 0, 64, stream()));
+  IL_CUDA(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+      inferlab::cuda::scratch(bytes), bytes, out.data<double>(), sorted.data<double>(), ids_in.data<std::int32_t>(),
+      ids.data<std::int32_t>(), n, rows, begin, begin + 1, 0, 64, stream()));
   truncate_rows<<<static_cast<unsigned>(T), kThreads, 0, stream()>>>(out.data<double>(), sorted.data<double>(),
                                                                      ids.data<std::int32_t>(), V, usable, params.top_k,
                                                                      static_cast<double>(params.top_p));
@@ -292,14 +291,16 @@ std::int32_t draw(const Tensor& weights, std::int64_t row, double u) {
   return t;
 }
 
-DeviceVerdict verify(const std::vector<std::int32_t>& drafts, const Tensor& p, const Tensor& q, const std::vector<double>& u) {
+DeviceVerdict verify(const std::vector<std::int32_t>& drafts, const Tensor& p, const Tensor& q,
+                     const std::vector<double>& u) {
   const auto gamma = static_cast<std::int64_t>(drafts.size());
   check_row_tensor(q, DType::F64, "verify (target)");
   if (gamma > 0) check_row_tensor(p, DType::F64, "verify (draft)");
   IL_CHECK(q.size(0) == gamma + 1 && (gamma == 0 || (p.size(0) == gamma && p.size(1) == q.size(1))), "verify: ", gamma,
            " drafts need as many draft and one more target distributions; got ", gamma > 0 ? p.describe() : "none", " and ",
            q.describe());
-  IL_CHECK(static_cast<std::int64_t>(u.size()) == gamma + 1, "verify: ", gamma + 1, " uniform numbers needed, got ", u.size());
+  IL_CHECK(static_cast<std::int64_t>(u.size()) == gamma + 1, "verify: ", gamma + 1, " uniform numbers needed, got ",
+           u.size());
   const std::int64_t V = q.size(1);
   for (std::int32_t d : drafts) IL_CHECK(d >= 0 && d < V, "verify: draft token ", d, " outside the vocabulary");
   std::vector<std::int32_t> d_host = drafts.empty() ? std::vector<std::int32_t>{0} : drafts;
@@ -307,14 +308,14 @@ DeviceVerdict verify(const std::vector<std::int32_t>& drafts, const Tensor& p, c
   const Tensor u_dev = Tensor::from_vector(u, {gamma + 1}).to(Device::CUDA);
   Tensor residual = Tensor::empty({V}, DType::F64, Device::CUDA);
   Tensor res = Tensor::empty({static_cast<std::int64_t>(sizeof(WalkResult))}, DType::U8, Device::CUDA);
-  verify_walk<<<1, kThreads, 0, stream()>>>(d_dev.data<std::int32_t>(), static_cast<int>(gamma),
-                                            gamma > 0 ? p.data<double>() : nullptr, q.data<double>(), V,
-                                            u_dev.data<double>(), residual.data<double>(),
-                                            static_cast<WalkResult*>(res.raw_data()));
+  verify_walk<<<1, kThreads, 0, stream()>>>(
+      d_dev.data<std::int32_t>(), static_cast<int>(gamma), gamma > 0 ? p.data<double>() : nullptr, q.data<double>(), V,
+      u_dev.data<double>(), residual.data<double>(), static_cast<WalkResult*>(res.raw_data()));
   IL_CUDA_LAUNCHED();
   WalkResult r{};
   inferlab::cuda::memcpy(&r, res.raw_data(), sizeof r);
-  IL_CHECK(r.error == 0, "verify: draft ", r.error - 1, " (token ", r.error > 0 ? drafts[static_cast<std::size_t>(r.error - 1)] : 0,
+  IL_CHECK(r.error == 0, "verify: draft ", r.error - 1, " (token ",
+           r.error > 0 ? drafts[static_cast<std::size_t>(r.error - 1)] : 0,
            ") has probability 0 under the draft that proposed it");
   IL_CHECK(r.next >= 0, "verify: the distribution to draw from sums to 0, there is no token to choose");
   return {{r.accepted, r.next, r.bonus != 0}, r.used, r.alpha_sum};

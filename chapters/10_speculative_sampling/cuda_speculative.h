@@ -34,6 +34,7 @@ struct DeviceVerdict {
   int used = 0;
   double alpha_sum = 0;
 };
-DeviceVerdict verify(const std::vector<std::int32_t>& drafts, const Tensor& p, const Tensor& q, const std::vector<double>& u);
+DeviceVerdict verify(const std::vector<std::int32_t>& drafts, const Tensor& p, const Tensor& q,
+                     const std::vector<double>& u);
 
 }  // namespace inferlab::ch10::cuda

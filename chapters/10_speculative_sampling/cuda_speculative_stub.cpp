@@ -11,5 +11,7 @@ namespace {
 }  // namespace
 Tensor distributions(const Tensor&, const SamplingParams&) { no_backend(); }
 std::int32_t draw(const Tensor&, std::int64_t, double) { no_backend(); }
-DeviceVerdict verify(const std::vector<std::int32_t>&, const Tensor&, const Tensor&, const std::vector<double>&) { no_backend(); }
+DeviceVerdict verify(const std::vector<std::int32_t>&, const Tensor&, const Tensor&, const std::vector<double>&) {
+  no_backend();
+}
 }  // namespace inferlab::ch10::cuda

@@ -10,8 +10,8 @@
 
 #include "chapters/09_quantization/qmodel.h"
 #include "chapters/10_speculative_sampling/speculative.h"
-#include "common/metrics.h"
 #include "common/cli.h"
+#include "common/metrics.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
@@ -81,7 +81,9 @@ double verify_cost(const Setup& s, std::int64_t rows) {
   return many / one;
 }
 
-double per_token(const SpeculativeRun& r) { return r.generated.empty() ? 0 : r.seconds / static_cast<double>(r.generated.size()); }
+double per_token(const SpeculativeRun& r) {
+  return r.generated.empty() ? 0 : r.seconds / static_cast<double>(r.generated.size());
+}
 
 // The output, each token marked by who produced it: plain = a draft the target accepted,
 // [bracketed] = the target's own (a resample after a rejection, or the bonus token).
@@ -100,8 +102,9 @@ json sweep(const Setup& s, const ch01::Llama& draft, const std::string& draft_na
   const Runs runs = fastest_runs(s, draft, gammas, reps);
   const SpeculativeRun &alone = runs.target, &draft_alone = runs.draft;
   const double c = per_token(draft_alone) / per_token(alone);
-  std::printf("%starget alone: %.2f ms per token; %s alone: %.2f ms per token, so c = %.3f (a draft pass over a target pass)\n",
-              pad, per_token(alone) * 1e3, draft_name.c_str(), per_token(draft_alone) * 1e3, c);
+  std::printf(
+      "%starget alone: %.2f ms per token; %s alone: %.2f ms per token, so c = %.3f (a draft pass over a target pass)\n", pad,
+      per_token(alone) * 1e3, draft_name.c_str(), per_token(draft_alone) * 1e3, c);
   std::printf("%s%-6s %8s %10s %12s %12s %10s %10s %12s %12s\n", pad, "gamma", "alpha", "accepted", "tok/target", "formula",
               "speed-up", "predicted", "verify cost", "with it");
   json rows = json::array();
@@ -111,23 +114,34 @@ json sweep(const Setup& s, const ch01::Llama& draft, const std::string& draft_na
     const double measured = per_token(alone) / per_token(r), predicted = expected_speedup(r.alpha(), g, c);
     const double v = verify_cost(s, g + 1), with_v = r.tokens_per_round() / (static_cast<double>(g) * c + v);
     std::printf("%s%-6lld %8.3f %9.1f%% %12.2f %12.2f %9.2fx %9.2fx %11.2f %11.2fx\n", pad, static_cast<ll>(g), r.alpha(),
-                r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0, r.tokens_per_round(),
-                expected_tokens_per_round(r.alpha(), g), measured, predicted, v, with_v);
+                r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,
+                r.tokens_per_round(), expected_tokens_per_round(r.alpha(), g), measured, predicted, v, with_v);
     std::fflush(stdout);
-    rows.push_back({{"gamma", g}, {"alpha", r.alpha()}, {"drafted", r.drafted}, {"accepted", r.accepted}, {"rounds", r.rounds},
-                    {"generated", r.generated.size()}, {"tokens_per_target_pass", r.tokens_per_round()},
-                    {"formula_tokens_per_pass", expected_tokens_per_round(r.alpha(), g)}, {"seconds", r.seconds},
-                    {"speedup", measured}, {"predicted_speedup", predicted}, {"verify_cost", v},
-                    {"predicted_with_verify_cost", with_v}, {"draft_seconds", r.draft_seconds},
+    rows.push_back({{"gamma", g},
+                    {"alpha", r.alpha()},
+                    {"drafted", r.drafted},
+                    {"accepted", r.accepted},
+                    {"rounds", r.rounds},
+                    {"generated", r.generated.size()},
+                    {"tokens_per_target_pass", r.tokens_per_round()},
+                    {"formula_tokens_per_pass", expected_tokens_per_round(r.alpha(), g)},
+                    {"seconds", r.seconds},
+                    {"speedup", measured},
+                    {"predicted_speedup", predicted},
+                    {"verify_cost", v},
+                    {"predicted_with_verify_cost", with_v},
+                    {"draft_seconds", r.draft_seconds},
                     {"target_seconds", r.target_seconds}});
   }
-  std::printf("%s(alpha: Σ min(p, q) averaged over the drafted positions; formula: (1 − α^(γ+1)) / (1 − α); predicted: "
-              "that over γc + 1, with the measured α and c; verify cost: the target's pass over γ + 1 tokens over its pass "
-              "over one, which the formula takes as 1; with it: the measured tokens per pass over γc + that cost)\n",
-              pad);
+  std::printf(
+      "%s(alpha: Σ min(p, q) averaged over the drafted positions; formula: (1 − α^(γ+1)) / (1 − α); predicted: "
+      "that over γc + 1, with the measured α and c; verify cost: the target's pass over γ + 1 tokens over its pass "
+      "over one, which the formula takes as 1; with it: the measured tokens per pass over γc + that cost)\n",
+      pad);
   if (!gammas.empty() && runs.speculative.front().target_seconds > 0) {  // host rounds: the time split by who spent it
-    std::printf("%swhere a round's time goes, in target passes (the formula's γc + 1 beside it):\n%s%-6s %10s %10s %10s %10s %10s\n",
-                pad, pad, "gamma", "drafting", "verifying", "the rest", "round", "γc + 1");
+    std::printf(
+        "%swhere a round's time goes, in target passes (the formula's γc + 1 beside it):\n%s%-6s %10s %10s %10s %10s %10s\n",
+        pad, pad, "gamma", "drafting", "verifying", "the rest", "round", "γc + 1");
     for (std::size_t i = 0; i < gammas.size(); ++i) {
       const SpeculativeRun& r = runs.speculative[i];
       const double unit = per_token(alone) * static_cast<double>(r.rounds);  // one target pass per round
@@ -136,7 +150,9 @@ json sweep(const Setup& s, const ch01::Llama& draft, const std::string& draft_na
                   r.target_seconds / unit, rest / unit, r.seconds / unit, static_cast<double>(gammas[i]) * c + 1);
     }
   }
-  return {{"target_seconds_per_token", per_token(alone)}, {"draft_seconds_per_token", per_token(draft_alone)}, {"c", c},
+  return {{"target_seconds_per_token", per_token(alone)},
+          {"draft_seconds_per_token", per_token(draft_alone)},
+          {"c", c},
           {"rows", rows}};
 }
 
@@ -147,13 +163,15 @@ json example(bool indent) {
   json rows = json::array();
   for (const double a : {0.8, 0.5}) {
     const double tokens = expected_tokens_per_round(a, 4), speedup = tokens * tv / (4 * td + tv);
-    std::printf("%s  alpha = %.1f: %.4f tokens per round, speed-up %.4f × 30 / 38 = %.2fx\n", pad, a, tokens, tokens, speedup);
+    std::printf("%s  alpha = %.1f: %.4f tokens per round, speed-up %.4f × 30 / 38 = %.2fx\n", pad, a, tokens, tokens,
+                speedup);
     rows.push_back({{"alpha", a}, {"tokens_per_round", tokens}, {"speedup", speedup}});
   }
-  std::printf("%s  (the lecture writes 3.54 tokens and 2.8x at alpha = 0.8: its sum 1 + α + α² + α³ + (1 − α⁴) counts the "
-              "last term differently; the expectation is Σ_{i=0..γ} α^i = (1 − α^5) / (1 − α) = 3.3616, and 1.94 at 0.5 "
-              "agrees with it)\n",
-              pad);
+  std::printf(
+      "%s  (the lecture writes 3.54 tokens and 2.8x at alpha = 0.8: its sum 1 + α + α² + α³ + (1 − α⁴) counts the "
+      "last term differently; the expectation is Σ_{i=0..γ} α^i = (1 − α^5) / (1 − α) = 3.3616, and 1.94 at 0.5 "
+      "agrees with it)\n",
+      pad);
   return rows;
 }
 
@@ -200,7 +218,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 10: speculative sampling", "ch10_speculative_sampling"};
   std::string json_path;
   add_json_option(app, json_path);  // the bare run's
-  help_footer(app, "tiny-draft drafting for tiny-mha at temperature 0.8: the output with the target's own tokens marked, "
+  help_footer(app,
+              "tiny-draft drafting for tiny-mha at temperature 0.8: the output with the target's own tokens marked, "
               "acceptance, tokens per target pass, the measured cost ratio c, predicted and measured speed-up for "
               "γ = 1 … 6; the lecture's worked example recomputed",
               "chapters/10_speculative_sampling/README.md", "无损加速：投机采样");
@@ -216,7 +235,8 @@ int main(int argc, char** argv) {
   ss->add_option("--draft", draft, "The draft model folder (the same tokenizer)")->capture_default_str();
   add_generation_options(*ss, go);
   add_device_option(*ss, dev);
-  ss->add_option("--gamma", gammas, "Drafts per round, 1 to 64 (the target alone is the baseline every row is measured against)")
+  ss->add_option("--gamma", gammas,
+                 "Drafts per round, 1 to 64 (the target alone is the baseline every row is measured against)")
       ->delimiter(',')
       ->check(number_in(1, 64));
   ss->add_option("--reps", reps, "Runs per row (best is kept)")->check(number_in(1, 100))->capture_default_str();
@@ -257,13 +277,16 @@ int main(int argc, char** argv) {
     }
     const bool bare = !*ss;
     Setup s = setup(target, draft, go);
-    if (*ss) s.target = s.target.to(dev.resolved_device(), DType::F32), s.draft = s.draft.to(dev.resolved_device(), DType::F32);
+    if (*ss)
+      s.target = s.target.to(dev.resolved_device(), DType::F32), s.draft = s.draft.to(dev.resolved_device(), DType::F32);
     if (bare) {
-      std::printf("Speculative sampling (lecture: 无损加速：投机采样): tiny-draft (2 layers, D = 64) drafts, tiny-mha (the "
-                  "target) verifies; temperature %g, %d tokens, best of %d runs\n",
-                  s.params.temperature, s.max_new, reps);
+      std::printf(
+          "Speculative sampling (lecture: 无损加速：投机采样): tiny-draft (2 layers, D = 64) drafts, tiny-mha (the "
+          "target) verifies; temperature %g, %d tokens, best of %d runs\n",
+          s.params.temperature, s.max_new, reps);
       const SpeculativeRun r = run_once(s, s.target, s.draft, 4);
-      std::printf("  γ = 4, the target's own tokens [bracketed]: %s%s\n", s.tok->decode(s.prompt).c_str(), marked(*s.tok, r).c_str());
+      std::printf("  γ = 4, the target's own tokens [bracketed]: %s%s\n", s.tok->decode(s.prompt).c_str(),
+                  marked(*s.tok, r).c_str());
     } else {
       std::printf("%s drafting for %s, temperature %g, %d tokens, best of %d runs\n\n", draft.c_str(), target.c_str(),
                   s.params.temperature, s.max_new, reps);

@@ -67,15 +67,18 @@ bool accepts(double q_d, double p_d, double u) {
   return accept;
 }
 
-Verdict verify(const std::vector<std::int32_t>& drafts, const std::vector<Distribution>& p, const std::vector<Distribution>& q,
-               Sampler& rng, const Residual& residual_of) {
+Verdict verify(const std::vector<std::int32_t>& drafts, const std::vector<Distribution>& p,
+               const std::vector<Distribution>& q, Sampler& rng, const Residual& residual_of) {
   const std::size_t gamma = drafts.size();
-  IL_CHECK(p.size() == gamma && q.size() == gamma + 1, "verify: ", gamma, " drafts need as many draft and one more target "
-           "distributions; got ", p.size(), " and ", q.size());
+  IL_CHECK(p.size() == gamma && q.size() == gamma + 1, "verify: ", gamma,
+           " drafts need as many draft and one more target "
+           "distributions; got ",
+           p.size(), " and ", q.size());
   for (std::size_t i = 0; i < gamma; ++i) {
     const auto d = static_cast<std::size_t>(drafts[i]);
     IL_CHECK(d < p[i].size() && d < q[i].size(), "verify: draft token ", drafts[i], " outside the vocabulary");
-    IL_CHECK(p[i][d] > 0, "verify: draft ", i, " (token ", drafts[i], ") has probability 0 under the draft that proposed it");
+    IL_CHECK(p[i][d] > 0, "verify: draft ", i, " (token ", drafts[i],
+             ") has probability 0 under the draft that proposed it");
   }
   Verdict v;
   // EXERCISE 10.3 BEGIN: the accept/reject walk over the drafts
@@ -145,7 +148,8 @@ Round host_round(Model& target, Model& draft, const std::vector<std::int32_t>& t
   const std::vector<Distribution> all =
       timed(r.target_seconds, [&] { return target.feed(target_feed(target, tokens, r.drafts)); });
   const std::vector<Distribution> q(all.end() - (g + 1), all.end());
-  for (std::int64_t i = 0; i < g; ++i) r.alpha_sum += acceptance(p[static_cast<std::size_t>(i)], q[static_cast<std::size_t>(i)]);
+  for (std::int64_t i = 0; i < g; ++i)
+    r.alpha_sum += acceptance(p[static_cast<std::size_t>(i)], q[static_cast<std::size_t>(i)]);
   r.verdict = verify(r.drafts, p, q, rng, residual_of);
   return r;
 }

@@ -98,8 +98,8 @@ struct Verdict {
 };
 /// The walk: one uniform number per draft considered, in order (accepts), then one draw, from the
 /// residual at the first rejection or from q_{γ+1}; the GPU round consumes the same numbers.
-Verdict verify(const std::vector<std::int32_t>& drafts, const std::vector<Distribution>& p, const std::vector<Distribution>& q,
-               Sampler& rng, const Residual& residual_of = residual);
+Verdict verify(const std::vector<std::int32_t>& drafts, const std::vector<Distribution>& p,
+               const std::vector<Distribution>& q, Sampler& rng, const Residual& residual_of = residual);
 
 /// α of one position: Σ_x min(p(x), q(x)), the probability that a draft from p is accepted.
 double acceptance(const Distribution& p, const Distribution& q);
@@ -108,19 +108,21 @@ double acceptance(const Distribution& p, const Distribution& q);
 enum class Origin { Draft, Resampled, Bonus, Target };
 
 struct SpeculativeRun {
-  std::vector<std::int32_t> tokens;     ///< prompt + generated
+  std::vector<std::int32_t> tokens;  ///< prompt + generated
   std::vector<std::int32_t> generated;
-  std::vector<Origin> origin;           ///< per generated token
-  std::int64_t rounds = 0;              ///< target passes (verification rounds)
+  std::vector<Origin> origin;  ///< per generated token
+  std::int64_t rounds = 0;     ///< target passes (verification rounds)
   std::int64_t drafted = 0, accepted = 0;
-  double alpha_sum = 0;                 ///< Σ over examined positions of acceptance(p, q)
+  double alpha_sum = 0;  ///< Σ over examined positions of acceptance(p, q)
   std::int64_t alpha_positions = 0;
   std::int64_t draft_forwards = 0, target_forwards = 0;
   double seconds = 0;
   double draft_seconds = 0, target_seconds = 0;  ///< of `seconds`: in each model's passes (host rounds; 0 on CUDA)
   bool stopped_at_eos = false;
   double alpha() const { return alpha_positions ? alpha_sum / static_cast<double>(alpha_positions) : 0; }
-  double tokens_per_round() const { return rounds ? static_cast<double>(generated.size()) / static_cast<double>(rounds) : 0; }
+  double tokens_per_round() const {
+    return rounds ? static_cast<double>(generated.size()) / static_cast<double>(rounds) : 0;
+  }
 };
 
 /// Speculative sampling: `max_new` tokens after `prompt` (or to an EOS id), drafting `gamma`

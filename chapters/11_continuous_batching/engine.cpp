@@ -67,7 +67,8 @@ bool ContiguousPool::reserve(Sequence& s, std::int64_t n) {
                                 : std::min(std::max(s.max_tokens(), need), (need + chunk_ - 1) / chunk_ * chunk_);
   const std::int64_t extra = bytes_for(want) - bytes_for(have);
   if (used_ + extra > budget_) return false;
-  if (!cache) s.cache = std::make_unique<GrowingKVCache>(config_, device_), cache = static_cast<GrowingKVCache*>(s.cache.get());
+  if (!cache)
+    s.cache = std::make_unique<GrowingKVCache>(config_, device_), cache = static_cast<GrowingKVCache*>(s.cache.get());
   cache->grow(want);
   used_ += extra;
   return true;

@@ -74,8 +74,10 @@ json example(const ch01::Llama& m, bool indent) {
   std::printf("%s    continuous batching: %lld of its %lld steps with a queue ran a full batch; %.2fx static's throughput\n",
               pad, static_cast<ll>(full), static_cast<ll>(with_queue),
               static_cast<double>(sq.report.steps) / static_cast<double>(cq.report.steps));
-  return {{"static_three", to_json(st.report)}, {"static_queued", to_json(sq.report)},
-          {"continuous_queued", to_json(cq.report)}, {"continuous_full_steps_with_queue", full},
+  return {{"static_three", to_json(st.report)},
+          {"static_queued", to_json(sq.report)},
+          {"continuous_queued", to_json(cq.report)},
+          {"continuous_full_steps_with_queue", full},
           {"continuous_steps_with_queue", with_queue}};
 }
 
@@ -107,15 +109,16 @@ json print_row(const char* pad, const std::string& arrivals, Policy p, const Ser
   const metrics::ReadCeiling read =
       metrics::read_ceiling_for(roof, r.steps > 0 ? r.bytes_read / static_cast<double>(r.steps) : 0);
   if (clock == Clock::Steps)  // times in steps: the lecture's model, where a step costs the same at any batch
-    std::printf("%s%-14s %-10s %8.2f %9.1f %9.1f %9.2f %8.1f %8.1f %6.2f %6lld\n", pad, arrivals.c_str(),
-                policy_name(p), r.throughput, r.ttft.p50, r.ttft.p99, r.tpot.p50, r.e2e.p50, r.e2e.p99, r.mean_batch,
+    std::printf("%s%-14s %-10s %8.2f %9.1f %9.1f %9.2f %8.1f %8.1f %6.2f %6lld\n", pad, arrivals.c_str(), policy_name(p),
+                r.throughput, r.ttft.p50, r.ttft.p99, r.tpot.p50, r.e2e.p50, r.e2e.p99, r.mean_batch,
                 static_cast<ll>(r.preemptions));
   else
-    std::printf("%s%-14s %-10s %8.0f %7.1fms %7.1fms %7.2fms %7.2fs %7.2fs %6.2f %6lld %6.2f (%3.0f%% %-5s) %8.1f (%3.0f%%)\n",
-                pad, arrivals.c_str(), policy_name(p), r.throughput, r.ttft.p50 * 1e3, r.ttft.p99 * 1e3,
-                r.tpot.p50 * 1e3, r.e2e.p50, r.e2e.p99, r.mean_batch, static_cast<ll>(r.preemptions), gbs / 1e9,
-                legend.percent(arrivals + ", " + policy_name(p), gbs, read), read.abbrev(), flops / 1e9,
-                100 * flops / roof.flops_per_s);
+    std::printf(
+        "%s%-14s %-10s %8.0f %7.1fms %7.1fms %7.2fms %7.2fs %7.2fs %6.2f %6lld %6.2f (%3.0f%% %-5s) %8.1f (%3.0f%%)\n", pad,
+        arrivals.c_str(), policy_name(p), r.throughput, r.ttft.p50 * 1e3, r.ttft.p99 * 1e3, r.tpot.p50 * 1e3, r.e2e.p50,
+        r.e2e.p99, r.mean_batch, static_cast<ll>(r.preemptions), gbs / 1e9,
+        legend.percent(arrivals + ", " + policy_name(p), gbs, read), read.abbrev(), flops / 1e9,
+        100 * flops / roof.flops_per_s);
   std::fflush(stdout);
   json j = to_json(r);
   j["policy"] = policy_name(p), j["arrivals"] = arrivals;
@@ -145,7 +148,8 @@ json run_trace(const ch01::Llama& m, const std::vector<std::int32_t>& text, cons
     for (Policy p : t.policies) {
       at_once.push_back(serve(m, trace, o, p));
       rows.push_back(print_row(pad, "all at once", p, at_once.back(), roof, o.clock, legend));
-      if (p == Policy::Continuous) capacity = static_cast<double>(at_once.back().report.requests) / at_once.back().report.makespan;
+      if (p == Policy::Continuous)
+        capacity = static_cast<double>(at_once.back().report.requests) / at_once.back().report.makespan;
     }
     if (capacity == 0) capacity = static_cast<double>(at_once.back().report.requests) / at_once.back().report.makespan;
     rates = {0.75 * capacity, 0.35 * capacity};
@@ -155,39 +159,50 @@ json run_trace(const ch01::Llama& m, const std::vector<std::int32_t>& text, cons
     s.rate = rate;
     const auto trace = make_trace(s, text);
     char label[32];
-    std::snprintf(label, sizeof label, rate <= 0 ? "all at once" : o.clock == Clock::Steps ? "%.3f req/step" : "%.1f req/s", rate);
+    std::snprintf(label, sizeof label,
+                  rate <= 0                 ? "all at once"
+                  : o.clock == Clock::Steps ? "%.3f req/step"
+                                            : "%.1f req/s",
+                  rate);
     for (Policy p : t.policies) {
       const Served r = serve(m, trace, o, p);
       rows.push_back(print_row(pad, label, p, r, roof, o.clock, legend));
       if (at_once.size() < t.policies.size()) at_once.push_back(r);
     }
   }
-  std::printf("%s(TTFT: arrival to first token; TPOT: per output token after the first; e2e: arrival to last token; "
-              "batch: sequences per step; preem: preemptions%s)\n",
-              pad, o.clock == Clock::Steps ? "; every time in steps"
-                                           : "; GB/s: the fewest bytes each step must read (weights once, every cache), "
-                                             "and GFLOP/s the FLOPs the ops counted, over the time in steps, against "
-                                             "the measured read ceilings below and the f32 GEMM peak");
+  std::printf(
+      "%s(TTFT: arrival to first token; TPOT: per output token after the first; e2e: arrival to last token; "
+      "batch: sequences per step; preem: preemptions%s)\n",
+      pad,
+      o.clock == Clock::Steps ? "; every time in steps"
+                              : "; GB/s: the fewest bytes each step must read (weights once, every cache), "
+                                "and GFLOP/s the FLOPs the ops counted, over the time in steps, against "
+                                "the measured read ceilings below and the f32 GEMM peak");
   legend.print(pad);
   const double end = std::max(at_once.front().end, at_once.back().end);
   std::printf("%sslots in use over time, %s:\n", pad, t.rates.empty() ? "all at once" : "the first rate");
   for (std::size_t i = 0; i < at_once.size(); ++i)
-    std::printf(o.clock == Clock::Steps ? "%s  %-10s |%s| %.0f steps\n" : "%s  %-10s |%s| %.2fs\n", pad, policy_name(t.policies[i]),
-                utilisation_line(at_once[i].steps, o.scheduler.max_running, end, 64).c_str(), at_once[i].end);
+    std::printf(o.clock == Clock::Steps ? "%s  %-10s |%s| %.0f steps\n" : "%s  %-10s |%s| %.2fs\n", pad,
+                policy_name(t.policies[i]), utilisation_line(at_once[i].steps, o.scheduler.max_running, end, 64).c_str(),
+                at_once[i].end);
   json verdict;
   if (at_once.size() == 2) {
     const double gain = at_once[1].report.throughput / at_once[0].report.throughput;
-    std::printf(o.clock == Clock::Steps
-                    ? "%scontinuous batching: %.2fx static batching's throughput, median end-to-end latency %.1f steps against %.1f\n"
-                    : "%scontinuous batching: %.2fx static batching's throughput, median end-to-end latency %.2fs against %.2fs\n",
-                pad, gain, at_once[1].report.e2e.p50, at_once[0].report.e2e.p50);
+    std::printf(
+        o.clock == Clock::Steps
+            ? "%scontinuous batching: %.2fx static batching's throughput, median end-to-end latency %.1f steps against "
+              "%.1f\n"
+            : "%scontinuous batching: %.2fx static batching's throughput, median end-to-end latency %.2fs against %.2fs\n",
+        pad, gain, at_once[1].report.e2e.p50, at_once[0].report.e2e.p50);
     if (o.clock == Clock::Measured) {
       const Report& c = at_once[1].report;
-      std::printf("%sa step cost %.3f ms + %.3f ms per token in it (least squares over continuous batching's %lld steps): "
-                  "batching shares only the first part\n",
-                  pad, c.step_fixed * 1e3, c.step_per_token * 1e3, static_cast<ll>(c.steps));
+      std::printf(
+          "%sa step cost %.3f ms + %.3f ms per token in it (least squares over continuous batching's %lld steps): "
+          "batching shares only the first part\n",
+          pad, c.step_fixed * 1e3, c.step_per_token * 1e3, static_cast<ll>(c.steps));
     }
-    verdict = {{"throughput_gain", gain}, {"continuous_e2e_p50", at_once[1].report.e2e.p50},
+    verdict = {{"throughput_gain", gain},
+               {"continuous_e2e_p50", at_once[1].report.e2e.p50},
                {"static_e2e_p50", at_once[0].report.e2e.p50}};
   }
   if (!t.svg.empty()) {
@@ -215,8 +230,8 @@ std::string describe_spec(const TraceSpec& s, const ServeOptions& o, const std::
   std::snprintf(buf, sizeof buf,
                 "%s serving %lld requests of real text: prompts log-normal (median %.0f, σ %.1f), outputs log-normal "
                 "(median %.0f, σ %.1f), temperature %g; at most %lld sequences and %lld tokens a step, %s",
-                model.c_str(), static_cast<ll>(s.requests), s.prompt_median, s.prompt_sigma, s.output_median,
-                s.output_sigma, s.sampling.temperature, static_cast<ll>(o.scheduler.max_running),
+                model.c_str(), static_cast<ll>(s.requests), s.prompt_median, s.prompt_sigma, s.output_median, s.output_sigma,
+                s.sampling.temperature, static_cast<ll>(o.scheduler.max_running),
                 static_cast<ll>(o.scheduler.max_step_tokens),
                 o.allocation == Allocation::MaxLength ? "each cache of max length" : "caches growing on demand");
   return buf;
@@ -229,7 +244,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 11: continuous batching", "ch11_continuous_batching"};
   std::string json_path;
   add_json_option(app, json_path);
-  help_footer(app, "the lecture's 10/50/100 example counted in steps, then tiny-mha serving a trace of 48 requests "
+  help_footer(app,
+              "the lecture's 10/50/100 example counted in steps, then tiny-mha serving a trace of 48 requests "
               "at three arrival rates under static and continuous batching: throughput, TTFT, TPOT and end-to-end "
               "percentiles, GB/s against the measured read ceiling, the slots in use over time",
               "chapters/11_continuous_batching/README.md", "处理动态工作负载");
@@ -246,24 +262,48 @@ int main(int argc, char** argv) {
   st->add_flag("--random", random_model, "A random 100M-parameter Llama (memory-bound on a CPU) with tiny-mha's tokenizer");
   add_device_option(*st, dev);
   st->add_option("--requests", t.spec.requests, "Requests in the trace")->check(number_in(1, 1e6))->capture_default_str();
-  st->add_option("--rate", t.rates, "Arrival rates, requests per second (0: all at once; default: all at once, then "
-                 "0.75 and 0.35 of continuous batching's measured capacity)")->delimiter(',')->check(number_in(0, 1e9));
-  st->add_option("--prompt-median", t.spec.prompt_median, "Median prompt length, tokens")->check(number_in(1, 1e6))->capture_default_str();
-  st->add_option("--prompt-sigma", t.spec.prompt_sigma, "σ of log prompt length")->check(number_in(0, 5))->capture_default_str();
-  st->add_option("--output-median", t.spec.output_median, "Median output length, tokens")->check(number_in(1, 1e6))->capture_default_str();
-  st->add_option("--output-sigma", t.spec.output_sigma, "σ of log output length")->check(number_in(0, 5))->capture_default_str();
+  st->add_option("--rate", t.rates,
+                 "Arrival rates, requests per second (0: all at once; default: all at once, then "
+                 "0.75 and 0.35 of continuous batching's measured capacity)")
+      ->delimiter(',')
+      ->check(number_in(0, 1e9));
+  st->add_option("--prompt-median", t.spec.prompt_median, "Median prompt length, tokens")
+      ->check(number_in(1, 1e6))
+      ->capture_default_str();
+  st->add_option("--prompt-sigma", t.spec.prompt_sigma, "σ of log prompt length")
+      ->check(number_in(0, 5))
+      ->capture_default_str();
+  st->add_option("--output-median", t.spec.output_median, "Median output length, tokens")
+      ->check(number_in(1, 1e6))
+      ->capture_default_str();
+  st->add_option("--output-sigma", t.spec.output_sigma, "σ of log output length")
+      ->check(number_in(0, 5))
+      ->capture_default_str();
   st->add_option("--seed", t.spec.seed, "The trace's seed")->capture_default_str();
-  st->add_option("--temperature", t.spec.sampling.temperature, "Every request's temperature (0: greedy)")->check(number_in(0, 100))->capture_default_str();
-  st->add_option("--max-running", o.scheduler.max_running, "Sequences per step at most")->check(number_in(1, 4096))->capture_default_str();
-  st->add_option("--step-tokens", o.scheduler.max_step_tokens, "Tokens per step at most (continuous; chunked prefill)")->check(number_in(1, 1 << 20))->capture_default_str();
-  st->add_option("--budget-mib", budget_mib, "The KV cache budget, MiB")->check(number_in(1, 1 << 20))->capture_default_str();
+  st->add_option("--temperature", t.spec.sampling.temperature, "Every request's temperature (0: greedy)")
+      ->check(number_in(0, 100))
+      ->capture_default_str();
+  st->add_option("--max-running", o.scheduler.max_running, "Sequences per step at most")
+      ->check(number_in(1, 4096))
+      ->capture_default_str();
+  st->add_option("--step-tokens", o.scheduler.max_step_tokens, "Tokens per step at most (continuous; chunked prefill)")
+      ->check(number_in(1, 1 << 20))
+      ->capture_default_str();
+  st->add_option("--budget-mib", budget_mib, "The KV cache budget, MiB")
+      ->check(number_in(1, 1 << 20))
+      ->capture_default_str();
   st->add_option("--allocation", allocation, "max-length (at admission) or on-demand (16 positions at a time; may preempt)")
-      ->check(CLI::IsMember({"max-length", "on-demand"}))->capture_default_str();
-  st->add_option("--policy", policy, "static, continuous or both")->check(CLI::IsMember({"static", "continuous", "both"}))->capture_default_str();
-  st->add_option("--clock", clock, "measured (seconds) or steps (every step costs 1: the lecture's memory-bound model; rates in requests per step)")
-      ->check(CLI::IsMember({"measured", "steps"}))->capture_default_str();
-  st->add_option("--svg", t.svg, "Also plot the sequences per step over time (the first rate) as SVG")
-      ->check(output_file());
+      ->check(CLI::IsMember({"max-length", "on-demand"}))
+      ->capture_default_str();
+  st->add_option("--policy", policy, "static, continuous or both")
+      ->check(CLI::IsMember({"static", "continuous", "both"}))
+      ->capture_default_str();
+  st->add_option(
+        "--clock", clock,
+        "measured (seconds) or steps (every step costs 1: the lecture's memory-bound model; rates in requests per step)")
+      ->check(CLI::IsMember({"measured", "steps"}))
+      ->capture_default_str();
+  st->add_option("--svg", t.svg, "Also plot the sequences per step over time (the first rate) as SVG")->check(output_file());
   add_json_option(*st, json_path);
   auto* se = app.add_subcommand("example", "The lecture's example: 10, 50 and 100-token requests at batch 3, in steps");
   add_json_option(*se, json_path);
@@ -277,8 +317,8 @@ int main(int argc, char** argv) {
     }
     const bool bare = !*st;
     const Device d = dev.resolved_device();
-    ch01::Llama m = random_model ? ch01::random_llama(ch01::memory_bound_shape(8, 16, 1024, 4096), 1)
-                                 : ch01::load_llama(model);
+    ch01::Llama m =
+        random_model ? ch01::random_llama(ch01::memory_bound_shape(8, 16, 1024, 4096), 1) : ch01::load_llama(model);
     std::shared_ptr<Tokenizer> tok = Tokenizer::for_model(random_model ? bundled_model("tiny-mha") : model);
     m = m.to(d, DType::F32);
     t.spec.context = m.config.max_position_embeddings;
@@ -299,9 +339,10 @@ int main(int argc, char** argv) {
     }
     std::printf("%s; KV budget %s\n", describe_spec(t.spec, o, name).c_str(),
                 metrics::human_bytes(o.budget_mib * (1 << 20)).c_str());
-    std::printf("%sthe read ceiling from memory: %s (%s); each row's GB/s against a streaming read over as many\n"
-                "%sbytes as its mean step reads (cache: in the last-level cache, part: partly, mem: from memory)\n",
-                bare ? "  " : "", metrics::describe(roof.read, "B").c_str(), roof.source.c_str(), bare ? "  " : "");
+    std::printf(
+        "%sthe read ceiling from memory: %s (%s); each row's GB/s against a streaming read over as many\n"
+        "%sbytes as its mean step reads (cache: in the last-level cache, part: partly, mem: from memory)\n",
+        bare ? "  " : "", metrics::describe(roof.read, "B").c_str(), roof.source.c_str(), bare ? "  " : "");
     out["trace"] = run_trace(m, text, t, o, roof, bare);
     if (bare) {  // the same trace where every step costs the same, whatever its batch: the lecture's memory-bound model
       TraceSpec s = t.spec;
@@ -309,10 +350,13 @@ int main(int argc, char** argv) {
       ServeOptions steps = o;
       steps.clock = Clock::Steps;
       const auto trace = make_trace(s, text);
-      const Report st = serve(m, trace, steps, Policy::Static).report, ct = serve(m, trace, steps, Policy::Continuous).report;
-      std::printf("  the same trace, all at once, counted in steps (the lecture's model: a step costs the same at any "
-                  "batch): static %lld steps, continuous %lld, so %.2fx the throughput\n",
-                  static_cast<ll>(st.steps), static_cast<ll>(ct.steps), static_cast<double>(st.steps) / static_cast<double>(ct.steps));
+      const Report st = serve(m, trace, steps, Policy::Static).report,
+                   ct = serve(m, trace, steps, Policy::Continuous).report;
+      std::printf(
+          "  the same trace, all at once, counted in steps (the lecture's model: a step costs the same at any "
+          "batch): static %lld steps, continuous %lld, so %.2fx the throughput\n",
+          static_cast<ll>(st.steps), static_cast<ll>(ct.steps),
+          static_cast<double>(st.steps) / static_cast<double>(ct.steps));
       out["in_steps"] = {{"static", to_json(st)}, {"continuous", to_json(ct)}};
     }
     if (bare) std::printf("  more: ch11_continuous_batching trace --help | example\n");

@@ -24,10 +24,10 @@ struct Request {
   std::int64_t id = 0;
   std::vector<std::int32_t> prompt;
   int max_new_tokens = 32;
-  SamplingParams sampling;              ///< its own temperature, top-k, top-p and seed
-  std::vector<std::int64_t> stop_ids;   ///< it ends after sampling any of these (an EOS id)
-  double arrival = 0;                   ///< when it arrives, on the engine's clock
-  bool keep_logits = false;             ///< keep the logits of every sampled token (tests compare them)
+  SamplingParams sampling;             ///< its own temperature, top-k, top-p and seed
+  std::vector<std::int64_t> stop_ids;  ///< it ends after sampling any of these (an EOS id)
+  double arrival = 0;                  ///< when it arrives, on the engine's clock
+  bool keep_logits = false;            ///< keep the logits of every sampled token (tests compare them)
 };
 
 /// A request inside the engine: everything it has so far, and where it stands.
@@ -41,8 +41,8 @@ struct Sequence {
 
   // What happened to it, on the engine's clock.
   double first_token_time = -1, finish_time = -1;
-  std::vector<double> token_times;           ///< when each generated token was sampled
-  std::vector<std::vector<float>> logits;    ///< with Request::keep_logits: the row each token was sampled from
+  std::vector<double> token_times;         ///< when each generated token was sampled
+  std::vector<std::vector<float>> logits;  ///< with Request::keep_logits: the row each token was sampled from
   int preemptions = 0;
 
   std::int64_t prompt_tokens() const { return static_cast<std::int64_t>(request.prompt.size()); }

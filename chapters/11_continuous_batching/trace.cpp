@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <random>
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 
@@ -45,8 +45,8 @@ std::vector<Request> make_trace(const TraceSpec& spec, const std::vector<std::in
     r.arrival = t;
     const std::int64_t p = lognormal_length(g, spec.prompt_median, spec.prompt_sigma, 1, longest_prompt);
     r.max_new_tokens = static_cast<int>(lognormal_length(g, spec.output_median, spec.output_sigma, 1, spec.context - p));
-    IL_CHECK(static_cast<std::int64_t>(text.size()) > p, "trace: the text has ", text.size(), " tokens, too few for a ",
-             p, "-token prompt");
+    IL_CHECK(static_cast<std::int64_t>(text.size()) > p, "trace: the text has ", text.size(), " tokens, too few for a ", p,
+             "-token prompt");
     const std::int64_t start = static_cast<std::int64_t>(uniform(g) * static_cast<double>(text.size() - p));
     r.prompt.assign(text.begin() + start, text.begin() + start + p);
     r.sampling = spec.sampling;
@@ -96,8 +96,7 @@ Report report(const Engine& e) {
     r.generated += s->generated();
     ttft.push_back(s->first_token_time - s->request.arrival);
     e2e.push_back(s->finish_time - s->request.arrival);
-    if (s->generated() > 1)
-      tpot.push_back((s->finish_time - s->first_token_time) / static_cast<double>(s->generated() - 1));
+    if (s->generated() > 1) tpot.push_back((s->finish_time - s->first_token_time) / static_cast<double>(s->generated() - 1));
     first_arrival = std::min(first_arrival, s->request.arrival);
     last_finish = std::max(last_finish, s->finish_time);
   }
@@ -160,12 +159,23 @@ nlohmann::json to_json(const Summary& s) {
 }
 
 nlohmann::json to_json(const Report& r) {
-  return {{"requests", r.requests},   {"generated", r.generated},        {"steps", r.steps},
-          {"preemptions", r.preemptions}, {"makespan", r.makespan},      {"busy", r.busy},
-          {"throughput", r.throughput}, {"ttft", to_json(r.ttft)},       {"tpot", to_json(r.tpot)},
-          {"e2e", to_json(r.e2e)},     {"slot_utilisation", r.slot_utilisation}, {"mean_batch", r.mean_batch},
-          {"peak_kv_bytes", r.peak_kv_bytes}, {"bytes_read", r.bytes_read}, {"flops", r.flops},
-          {"step_fixed_seconds", r.step_fixed}, {"step_seconds_per_token", r.step_per_token}};
+  return {{"requests", r.requests},
+          {"generated", r.generated},
+          {"steps", r.steps},
+          {"preemptions", r.preemptions},
+          {"makespan", r.makespan},
+          {"busy", r.busy},
+          {"throughput", r.throughput},
+          {"ttft", to_json(r.ttft)},
+          {"tpot", to_json(r.tpot)},
+          {"e2e", to_json(r.e2e)},
+          {"slot_utilisation", r.slot_utilisation},
+          {"mean_batch", r.mean_batch},
+          {"peak_kv_bytes", r.peak_kv_bytes},
+          {"bytes_read", r.bytes_read},
+          {"flops", r.flops},
+          {"step_fixed_seconds", r.step_fixed},
+          {"step_seconds_per_token", r.step_per_token}};
 }
 
 }  // namespace inferlab::ch11

@@ -24,12 +24,12 @@ namespace inferlab::ch11 {
 
 struct TraceSpec {
   std::int64_t requests = 48;
-  double rate = 0;                  ///< requests per second (Poisson); 0: all arrive at once
-  double prompt_median = 24, prompt_sigma = 0.8;   ///< log-normal prompt lengths, in tokens
-  double output_median = 40, output_sigma = 1.0;   ///< log-normal output lengths (max_new_tokens)
-  std::int64_t context = 512;       ///< prompt + output never exceed it
+  double rate = 0;                                ///< requests per second (Poisson); 0: all arrive at once
+  double prompt_median = 24, prompt_sigma = 0.8;  ///< log-normal prompt lengths, in tokens
+  double output_median = 40, output_sigma = 1.0;  ///< log-normal output lengths (max_new_tokens)
+  std::int64_t context = 512;                     ///< prompt + output never exceed it
   std::uint64_t seed = 1;
-  SamplingParams sampling;          ///< every request's, its seed made unique per request
+  SamplingParams sampling;  ///< every request's, its seed made unique per request
 };
 
 /// The trace's requests, in arrival order (ids 0, 1, ...). Prompts are slices of `text` (which
@@ -51,15 +51,15 @@ Summary summarize(std::vector<double> values);
 /// What serving a trace measured.
 struct Report {
   std::int64_t requests = 0, generated = 0, steps = 0, preemptions = 0;
-  double makespan = 0;            ///< first arrival to last finish, on the engine's clock
-  double busy = 0;                ///< clock spent in steps
-  double throughput = 0;          ///< generated tokens per clock unit (over the makespan)
-  Summary ttft, tpot, e2e;        ///< time to first token, per output token after the first, end to end
-  double slot_utilisation = 0;    ///< Σ sequences per step / (cap × steps)
-  double mean_batch = 0;          ///< sequences per step
+  double makespan = 0;          ///< first arrival to last finish, on the engine's clock
+  double busy = 0;              ///< clock spent in steps
+  double throughput = 0;        ///< generated tokens per clock unit (over the makespan)
+  Summary ttft, tpot, e2e;      ///< time to first token, per output token after the first, end to end
+  double slot_utilisation = 0;  ///< Σ sequences per step / (cap × steps)
+  double mean_batch = 0;        ///< sequences per step
   double peak_kv_bytes = 0;
-  double bytes_read = 0;          ///< Σ over steps of the fewest bytes each had to read
-  double flops = 0;               ///< Σ over steps of their FLOPs
+  double bytes_read = 0;  ///< Σ over steps of the fewest bytes each had to read
+  double flops = 0;       ///< Σ over steps of their FLOPs
   /// A step's measured seconds fitted as fixed + per_token × its tokens (least squares over the
   /// steps): what a step costs whatever its batch, and what each row adds. The lecture's argument
   /// for batching is that the first dominates.

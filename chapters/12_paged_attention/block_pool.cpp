@@ -74,7 +74,7 @@ std::int32_t BlockPool::find(BlockHash parent, std::int32_t parent_block, const 
   const std::int32_t b = it->second;
   const Cached& c = cached_of_[static_cast<std::size_t>(b)];
   if (c.parent != parent || c.parent_block != parent_block || !std::equal(c.tokens.begin(), c.tokens.end(), tokens))
-    return -1;  // a collision, or a parent that is no longer the one it followed
+    return -1;         // a collision, or a parent that is no longer the one it followed
   if (refs(b) == 0) {  // back from the LRU list
     lru_.erase(lru_at_.at(b));
     lru_at_.erase(b);

@@ -27,10 +27,10 @@ __device__ inline long long slot_of(const int* table, int B, int p) {
 // Part 1: one block per (range r, query head h, query row t). Leaves the range's maximum score
 // m, its sum of exp(s − m) and its unnormalised weighted sum of values in part.
 __global__ void paged_partial(const float* __restrict__ q, const float* __restrict__ kp, const float* __restrict__ vp,
-                              const int* __restrict__ table, int B, int N, int K, int H, int q_offset, int per,
-                              float scale, float* __restrict__ part) {
+                              const int* __restrict__ table, int B, int N, int K, int H, int q_offset, int per, float scale,
+                              float* __restrict__ part) {
   extern __shared__ float sh[];
-  float* qs = sh;     // H
+  float* qs = sh;      // H
   float* sc = sh + H;  // per
   const int r = blockIdx.x, h = blockIdx.y, t = blockIdx.z, splits = gridDim.x, g = h / (N / K);
   const int lo = r * per, hi = min(q_offset + t + 1, lo + per), n = max(0, hi - lo);

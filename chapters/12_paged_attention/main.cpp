@@ -6,15 +6,15 @@
 //   ch12_paged_attention speed      paged against contiguous attention at long contexts
 #include <algorithm>
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <random>
+#include <nlohmann/json.hpp>
 
 #include "chapters/11_continuous_batching/trace.h"
 #include "chapters/12_paged_attention/paged_attention.h"
 #include "chapters/12_paged_attention/paged_cache.h"
 #include "common/ceiling.h"
-#include "common/device_memory.h"
 #include "common/cli.h"
+#include "common/device_memory.h"
 #include "common/eval.h"
 #include "common/metrics.h"
 #include "common/ops.h"
@@ -87,9 +87,10 @@ json memory(const ch01::Llama& m, const std::vector<std::int32_t>& text, const M
     rows.push_back(j);
   }
   const bool same = runs[0].tokens == runs[1].tokens;
-  std::printf("%s  (sequences: per step, on average; waste: the share of the charged KV memory holding no position, "
-              "averaged over the steps; the paged waste is at most the unused tail of each last block)\n",
-              pad);
+  std::printf(
+      "%s  (sequences: per step, on average; waste: the share of the charged KV memory holding no position, "
+      "averaged over the steps; the paged waste is at most the unused tail of each last block)\n",
+      pad);
   std::printf("%s  paged: %.2fx the sequences per step and %.2fx the throughput; every request's tokens %s\n", pad,
               runs[1].report.mean_batch / runs[0].report.mean_batch, runs[1].report.throughput / runs[0].report.throughput,
               same ? "identical on both caches"
@@ -129,19 +130,23 @@ json sharing(const ch01::Llama& m, const std::vector<std::int32_t>& text, std::i
       }
       const Tensor logits = ch02::forward(m, steps).to(Device::CPU);
       for (std::int64_t i = 0; i < n; ++i)
-        last[static_cast<std::size_t>(i)] = samplers[static_cast<std::size_t>(i)].sample(
-            logits.slice(0, i, i + 1));
+        last[static_cast<std::size_t>(i)] = samplers[static_cast<std::size_t>(i)].sample(logits.slice(0, i, i + 1));
     }
     const std::int64_t per_seq = (static_cast<std::int64_t>(prompt.size()) + new_tokens - 1 + block_size - 1) / block_size;
     std::printf("%s%lld samples of one %zu-token prompt, %d tokens each (fork after prefill, copy-on-write):\n", pad,
                 static_cast<ll>(n), prompt.size(), new_tokens);
-    std::printf("%s  blocks: %lld after the fork, %lld at the end, against %lld without sharing (%.0f%% saved); "
-                "%lld blocks copied (each sample's partly filled last prompt block)\n",
-                pad, static_cast<ll>(after_fork), static_cast<ll>(pool.used()), static_cast<ll>(n * per_seq),
-                100.0 * (1 - static_cast<double>(pool.used()) / static_cast<double>(n * per_seq)),
-                static_cast<ll>(pool.copies));
-    out["parallel_samples"] = {{"n", n}, {"prompt", prompt.size()}, {"new_tokens", new_tokens}, {"blocks_after_fork", after_fork},
-                               {"blocks_end", pool.used()}, {"blocks_unshared", n * per_seq}, {"copies", pool.copies}};
+    std::printf(
+        "%s  blocks: %lld after the fork, %lld at the end, against %lld without sharing (%.0f%% saved); "
+        "%lld blocks copied (each sample's partly filled last prompt block)\n",
+        pad, static_cast<ll>(after_fork), static_cast<ll>(pool.used()), static_cast<ll>(n * per_seq),
+        100.0 * (1 - static_cast<double>(pool.used()) / static_cast<double>(n * per_seq)), static_cast<ll>(pool.copies));
+    out["parallel_samples"] = {{"n", n},
+                               {"prompt", prompt.size()},
+                               {"new_tokens", new_tokens},
+                               {"blocks_after_fork", after_fork},
+                               {"blocks_end", pool.used()},
+                               {"blocks_unshared", n * per_seq},
+                               {"copies", pool.copies}};
   }
   {  // a shared system prompt: 16 requests = the same 256 tokens + their own question
     const std::vector<std::int32_t> system(text.begin() + 1000, text.begin() + 1256);
@@ -165,8 +170,10 @@ json sharing(const ch01::Llama& m, const std::vector<std::int32_t>& text, std::i
       std::printf("%s  %-22s peak KV %9s, %5lld prefill tokens computed, TTFT p50 %6.1f ms, %lld cached blocks reused\n",
                   pad, prefix ? "with prefix caching" : "without", metrics::human_bytes(s.report.peak_kv_bytes).c_str(),
                   static_cast<ll>(s.prefill_tokens), s.report.ttft.p50 * 1e3, static_cast<ll>(pool.blocks().hits));
-      rows.push_back({{"prefix_caching", prefix}, {"peak_kv_bytes", s.report.peak_kv_bytes},
-                      {"prefill_tokens", s.prefill_tokens}, {"ttft", ch11::to_json(s.report.ttft)},
+      rows.push_back({{"prefix_caching", prefix},
+                      {"peak_kv_bytes", s.report.peak_kv_bytes},
+                      {"prefill_tokens", s.prefill_tokens},
+                      {"ttft", ch11::to_json(s.report.ttft)},
                       {"hits", pool.blocks().hits}});
     }
     std::printf("%s  outputs %s\n", pad, runs[0].tokens == runs[1].tokens ? "identical" : "differ (see the tests' bound)");
@@ -210,8 +217,8 @@ json speed(std::int64_t context, std::int64_t block_size, Device d, const metric
   const double contiguous = best([&] { ops::attention(q, kc, vc, out, p); });
   const double bytes = 2.0 * static_cast<double>(context * K * H) * 4;
   std::printf("%sone decode row, %lld heads of %lld, %lld positions (%s of K and V), blocks of %lld in random order:\n", pad,
-              static_cast<ll>(N), static_cast<ll>(H), static_cast<ll>(context),
-              metrics::human_bytes(bytes).c_str(), static_cast<ll>(block_size));
+              static_cast<ll>(N), static_cast<ll>(H), static_cast<ll>(context), metrics::human_bytes(bytes).c_str(),
+              static_cast<ll>(block_size));
   // Against a streaming read over as many bytes: K and V of this size stay in a large last-level
   // cache between the timed runs, so their ceiling is the cache's.
   const metrics::ReadCeiling read = metrics::read_ceiling_for(roof, bytes);
@@ -254,7 +261,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 12: PagedAttention", "ch12_paged_attention"};
   std::string json_path;
   add_json_option(app, json_path);
-  help_footer(app, "chapter 11's trace on tiny-mha under a 4 MiB KV budget with contiguous max-length caches and "
+  help_footer(app,
+              "chapter 11's trace on tiny-mha under a 4 MiB KV budget with contiguous max-length caches and "
               "with paged ones: sequences per step, wasted KV memory, throughput, identical outputs; 8 parallel "
               "samples by fork and copy-on-write; a shared system prompt with prefix caching; paged against "
               "contiguous attention at 16K positions beside the read ceiling",
@@ -268,11 +276,19 @@ int main(int argc, char** argv) {
   sm->add_option("--model", model, "The model folder")->capture_default_str();
   add_device_option(*sm, dev);
   sm->add_option("--requests", mo.spec.requests, "Requests in the trace")->check(number_in(1, 1e6))->capture_default_str();
-  sm->add_option("--output-median", mo.spec.output_median, "Median output length")->check(number_in(1, 1e6))->capture_default_str();
-  sm->add_option("--max-running", mo.max_running, "Sequences per step at most")->check(number_in(1, 4096))->capture_default_str();
-  sm->add_option("--step-tokens", mo.step_tokens, "Tokens per step at most")->check(number_in(1, 1 << 20))->capture_default_str();
+  sm->add_option("--output-median", mo.spec.output_median, "Median output length")
+      ->check(number_in(1, 1e6))
+      ->capture_default_str();
+  sm->add_option("--max-running", mo.max_running, "Sequences per step at most")
+      ->check(number_in(1, 4096))
+      ->capture_default_str();
+  sm->add_option("--step-tokens", mo.step_tokens, "Tokens per step at most")
+      ->check(number_in(1, 1 << 20))
+      ->capture_default_str();
   sm->add_option("--block-size", mo.block_size, "Positions per block")->check(number_in(1, 4096))->capture_default_str();
-  sm->add_option("--budget-mib", mo.budget_mib, "The KV budget, MiB")->check(number_in(0.01, 1 << 20))->capture_default_str();
+  sm->add_option("--budget-mib", mo.budget_mib, "The KV budget, MiB")
+      ->check(number_in(0.01, 1 << 20))
+      ->capture_default_str();
   add_json_option(*sm, json_path);
   auto* sh = app.add_subcommand("sharing", "Parallel samples by fork and copy-on-write; a shared system prompt");
   sh->add_option("--model", model, "The model folder")->capture_default_str();
@@ -290,8 +306,9 @@ int main(int argc, char** argv) {
     const Device d = dev.resolved_device();
     const bool bare = !*sm && !*sh && !*sp;
     json out;
-    if (bare) std::printf("PagedAttention (lecture: PagedAttention 与 vLLM): the KV cache in blocks of %lld positions\n\n",
-                          static_cast<ll>(mo.block_size));
+    if (bare)
+      std::printf("PagedAttention (lecture: PagedAttention 与 vLLM): the KV cache in blocks of %lld positions\n\n",
+                  static_cast<ll>(mo.block_size));
     if (bare || *sm || *sh) {
       ch01::Llama m = ch01::load_llama(model).to(d, DType::F32);
       const auto tok = Tokenizer::for_model(model);

@@ -20,17 +20,18 @@ void check(const Tensor& q, const PagedKV& kv, std::int64_t q_offset, const Tens
            " must both be [T, N, H]");
   IL_CHECK(kv.k_pool.ndim() == 4 && kv.v_pool.shape() == kv.k_pool.shape() && kv.k_pool.size(1) == kv.block_size &&
                kv.k_pool.size(3) == q.size(2) && q.size(1) % kv.k_pool.size(2) == 0,
-           "paged attention: pools ", kv.k_pool.describe(), " and ", kv.v_pool.describe(),
-           " must be [blocks, ", kv.block_size, ", K, ", q.size(2), "] with K dividing ", q.size(1), " query heads");
+           "paged attention: pools ", kv.k_pool.describe(), " and ", kv.v_pool.describe(), " must be [blocks, ",
+           kv.block_size, ", K, ", q.size(2), "] with K dividing ", q.size(1), " query heads");
   IL_CHECK(q.dtype() == DType::F32 && kv.k_pool.dtype() == DType::F32 && q.device() == kv.k_pool.device() &&
                out.device() == q.device(),
            "paged attention: f32 tensors on one device");
   const std::int64_t length = q_offset + q.size(0);
-  IL_CHECK(q_offset >= 0 && length <= static_cast<std::int64_t>(kv.table.size()) * kv.block_size, "paged attention: ",
-           length, " positions, but the block table holds ", kv.table.size(), " blocks of ", kv.block_size);
+  IL_CHECK(q_offset >= 0 && length <= static_cast<std::int64_t>(kv.table.size()) * kv.block_size,
+           "paged attention: ", length, " positions, but the block table holds ", kv.table.size(), " blocks of ",
+           kv.block_size);
   for (std::int32_t b : kv.table)
-    IL_CHECK(b >= 0 && b < kv.k_pool.size(0), "paged attention: block ", b, " is outside the pool of ",
-             kv.k_pool.size(0), " blocks");
+    IL_CHECK(b >= 0 && b < kv.k_pool.size(0), "paged attention: block ", b, " is outside the pool of ", kv.k_pool.size(0),
+             " blocks");
 }
 
 // Asks for the first rows of the block holding position p (if p < hi) ahead of their use.

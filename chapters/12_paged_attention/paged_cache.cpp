@@ -14,8 +14,8 @@ PagedKVCache::PagedKVCache(BlockPool& pool) : pool_(pool) {}
 PagedKVCache::~PagedKVCache() { release(); }
 
 void PagedKVCache::commit(std::int64_t T) {
-  IL_CHECK(T >= 0 && length_ + T <= static_cast<std::int64_t>(table_.size()) * pool_.block_size(), "paged cache: ",
-           T, " positions committed beyond its ", table_.size(), " blocks (reserve first)");
+  IL_CHECK(T >= 0 && length_ + T <= static_cast<std::int64_t>(table_.size()) * pool_.block_size(), "paged cache: ", T,
+           " positions committed beyond its ", table_.size(), " blocks (reserve first)");
   length_ += T;
 }
 
@@ -62,7 +62,7 @@ bool PagedKVCache::reserve(std::int64_t n) {
   const std::int64_t want = (length_ + n + B - 1) / B;  // blocks the table needs
   const std::int64_t needed = std::max<std::int64_t>(0, want - have) + (cow ? 1 : 0);
   if (needed > pool_.free()) return false;  // all or nothing: a refused reserve changes nothing
-  if (cow) {  // this cache's own copy of the block, and one reference less on the shared one
+  if (cow) {                                // this cache's own copy of the block, and one reference less on the shared one
     const std::size_t next = static_cast<std::size_t>(length_ / B);
     const std::int32_t mine = pool_.allocate();
     pool_.copy(table_[next], mine);
@@ -83,7 +83,8 @@ bool PagedKVCache::reserve(std::int64_t n) {
 void PagedKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
   const std::int64_t B = pool_.block_size();
   if (layer == 0)  // the blocks written must be this cache's alone: a missing reserve is an error, not a corruption
-    for (std::int64_t b = length_ / B; b < (length_ + k.size(0) + B - 1) / B && b < static_cast<std::int64_t>(table_.size()); ++b) {
+    for (std::int64_t b = length_ / B; b < (length_ + k.size(0) + B - 1) / B && b < static_cast<std::int64_t>(table_.size());
+         ++b) {
       const std::int32_t blk = table_[static_cast<std::size_t>(b)];
       IL_CHECK(pool_.refs(blk) == 1 && !pool_.hashed(blk), "paged cache: block ", blk, " would be written but is ",
                pool_.hashed(blk) ? "in the prefix cache" : "shared", " (reserve before writing)");
@@ -122,8 +123,8 @@ std::int64_t PagedKVCache::adopt_prefix(const std::vector<std::int32_t>& tokens,
 
 void PagedKVCache::publish(const std::vector<std::int32_t>& tokens) {
   const std::int64_t B = pool_.block_size(), full = length_ / B;
-  IL_CHECK(static_cast<std::int64_t>(tokens.size()) >= length_, "paged cache: ", tokens.size(), " tokens for ",
-           length_, " positions");
+  IL_CHECK(static_cast<std::int64_t>(tokens.size()) >= length_, "paged cache: ", tokens.size(), " tokens for ", length_,
+           " positions");
   for (std::int64_t i = static_cast<std::int64_t>(hashes_.size()); i < full; ++i) {
     const BlockHash parent = i == 0 ? 0 : hashes_[static_cast<std::size_t>(i - 1)];
     const std::int32_t parent_block = i == 0 ? -1 : table_[static_cast<std::size_t>(i - 1)];

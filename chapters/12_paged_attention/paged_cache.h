@@ -71,8 +71,8 @@ class PagedKVCache : public ch02::KVCache {
 /// its prompt's prefix.
 class PagedPool : public ch11::KVPool {
  public:
-  PagedPool(const TransformerConfig& c, std::int64_t budget_bytes, std::int64_t block_size = 16,
-            Device device = Device::CPU, bool prefix_caching = false);
+  PagedPool(const TransformerConfig& c, std::int64_t budget_bytes, std::int64_t block_size = 16, Device device = Device::CPU,
+            bool prefix_caching = false);
   bool reserve(ch11::Sequence& s, std::int64_t n) override;
   void free(ch11::Sequence& s) override;
   std::int64_t used_bytes() const override { return blocks_.used() * blocks_.block_bytes(); }

@@ -17,7 +17,6 @@ namespace inferlab::cuda {
 
 namespace {
 
-
 // Calls f with a null pointer of the C++ type that stores weight dtype d.
 template <class F>
 void with_weight_type(DType d, F&& f) {
@@ -45,12 +44,14 @@ void set_gemv_kernel(GemvKernel k) { g_gemv = k; }
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   const long long M = x.size(0), K = x.size(1), N = w.size(0);
-  if (M == 0 || N == 0) return;  // an empty product (and a grid of zero blocks is a launch error)
+  if (M == 0 || N == 0) return;               // an empty product (and a grid of zero blocks is a launch error)
   if (M == 1 && g_gemv == GemvKernel::Own) {  // decode: the GEMV family of gemv.cuh
     with_weight_type(w.dtype(), [&](auto* tag) {
       using W = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
-      const GemvSegments<W> s{{static_cast<const W*>(w.raw_data()), nullptr, nullptr}, {nullptr, nullptr, nullptr},
-                              {static_cast<int>(N), 0, 0}, 1};
+      const GemvSegments<W> s{{static_cast<const W*>(w.raw_data()), nullptr, nullptr},
+                              {nullptr, nullptr, nullptr},
+                              {static_cast<int>(N), 0, 0},
+                              1};
       launch_gemv(s, x.data<float>(), out.data<float>(), K, false);
     });
     return;
@@ -59,23 +60,24 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   // w viewed as K×N and x' is x viewed as K×M.
   const float alpha = 1.0f, beta = 0.0f;
   if (w.dtype() == DType::F32) {
-    IL_CUBLAS(cublasSgemm(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
-                          static_cast<int>(K), &alpha, w.data<float>(), static_cast<int>(K), x.data<float>(),
-                          static_cast<int>(K), &beta, out.data<float>(), static_cast<int>(N)));
+    IL_CUBLAS(cublasSgemm(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
+                          &alpha, w.data<float>(), static_cast<int>(K), x.data<float>(), static_cast<int>(K), &beta,
+                          out.data<float>(), static_cast<int>(N)));
     return;
   }
   // 16-bit weights: cuBLAS wants both inputs in one type, so the activations are rounded to the
   // weights' type first (as every bf16 inference engine does); accumulation stays f32.
   const bool bf = w.dtype() == DType::BF16;
   void* xh = scratch(static_cast<std::size_t>(M * K) * 2);
-  if (bf) convert_f32<__nv_bfloat16><<<blocks_for(M * K, 256), 256, 0, stream()>>>(x.data<float>(), static_cast<__nv_bfloat16*>(xh), M * K);
+  if (bf)
+    convert_f32<__nv_bfloat16>
+        <<<blocks_for(M * K, 256), 256, 0, stream()>>>(x.data<float>(), static_cast<__nv_bfloat16*>(xh), M * K);
   else convert_f32<__half><<<blocks_for(M * K, 256), 256, 0, stream()>>>(x.data<float>(), static_cast<__half*>(xh), M * K);
   IL_CUDA_LAUNCHED();
   const cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_16F;
-  IL_CUBLAS(cublasGemmEx(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
-                         static_cast<int>(K), &alpha, w.raw_data(), t, static_cast<int>(K), xh, t, static_cast<int>(K),
-                         &beta, out.data<float>(), CUDA_R_32F, static_cast<int>(N), CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT));
+  IL_CUBLAS(cublasGemmEx(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
+                         &alpha, w.raw_data(), t, static_cast<int>(K), xh, t, static_cast<int>(K), &beta, out.data<float>(),
+                         CUDA_R_32F, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -213,8 +215,8 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
 // or in any batch.
 constexpr int kDecodeChunk = 256;
 struct DecodeSeqs {
-  long long row[kAttnSeqs];       // the sequence's query row in q and out
-  long long kv_start[kAttnSeqs];  // its first key row in k and v
+  long long row[kAttnSeqs];                // the sequence's query row in q and out
+  long long kv_start[kAttnSeqs];           // its first key row in k and v
   long long lo[kAttnSeqs], hi[kAttnSeqs];  // the keys it attends, lo..hi (causal mask and window applied)
 };
 
@@ -289,7 +291,7 @@ __global__ void argmax_kernel(const float* __restrict__ x, int* __restrict__ out
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
   if (a.numel() == 0) return;
   add_kernel<<<blocks_for(a.numel(), 256), 256, 0, stream()>>>(a.data<float>(), b.data<float>(), out.data<float>(),
-                                                                a.numel(), b.numel());
+                                                               a.numel(), b.numel());
   IL_CUDA_LAUNCHED();
 }
 
@@ -298,8 +300,8 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
   if (rows == 0) return;
   with_weight_type(w.dtype(), [&](auto* tag) {
     using W = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
-    rmsnorm_rows<W><<<static_cast<unsigned>(rows), 256, 0, stream()>>>(
-        x.data<float>(), static_cast<const W*>(w.raw_data()), out.data<float>(), D, eps);
+    rmsnorm_rows<W><<<static_cast<unsigned>(rows), 256, 0, stream()>>>(x.data<float>(), static_cast<const W*>(w.raw_data()),
+                                                                       out.data<float>(), D, eps);
     IL_CUDA_LAUNCHED();
   });
 }
@@ -308,8 +310,8 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairin
   const long long T = x.size(0), half = inv_freq.size(0);
   if (T * half == 0) return;
   rope_kernel<<<blocks_for(T * half, 256), 256, 0, stream()>>>(x.data<float>(), positions.data<std::int32_t>(),
-                                                                inv_freq.data<float>(), T, x.size(1), x.size(2), begin,
-                                                                half, pairing == RopePairing::Adjacent);
+                                                               inv_freq.data<float>(), T, x.size(1), x.size(2), begin, half,
+                                                               pairing == RopePairing::Adjacent);
   IL_CUDA_LAUNCHED();
 }
 
@@ -322,8 +324,8 @@ void softmax(const Tensor& x, Tensor& out) {
 
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
   if (gate.numel() == 0) return;
-  swiglu_kernel<<<blocks_for(gate.numel(), 256), 256, 0, stream()>>>(gate.data<float>(), up.data<float>(),
-                                                                      out.data<float>(), gate.numel());
+  swiglu_kernel<<<blocks_for(gate.numel(), 256), 256, 0, stream()>>>(gate.data<float>(), up.data<float>(), out.data<float>(),
+                                                                     gate.numel());
   IL_CUDA_LAUNCHED();
 }
 
@@ -342,13 +344,13 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
   const long long Nq = q.size(1), Dqk = q.size(2), Dv = v.size(2);
   IL_CHECK(Dqk <= kAttnMaxQk, "attention (CUDA): query/key head dimension ", Dqk, " is above this kernel's limit of ",
            kAttnMaxQk);
-  IL_CHECK(Dv <= kAttnMaxV, "attention (CUDA): value head dimension ", Dv, " is above this kernel's limit of ",
-           kAttnMaxV);
+  IL_CHECK(Dv <= kAttnMaxV, "attention (CUDA): value head dimension ", Dv, " is above this kernel's limit of ", kAttnMaxV);
   const std::size_t B = batch.q_offsets.size();
   for (std::size_t b0 = 0; b0 < B; b0 += kAttnSeqs) {
     const std::size_t n = std::min<std::size_t>(kAttnSeqs, B - b0);
     AttnSeqs seqs{};
-    for (std::size_t b = 0; b <= n; ++b) seqs.q_start[b] = batch.q_starts[b0 + b], seqs.kv_start[b] = batch.kv_starts[b0 + b];
+    for (std::size_t b = 0; b <= n; ++b)
+      seqs.q_start[b] = batch.q_starts[b0 + b], seqs.kv_start[b] = batch.kv_starts[b0 + b];
     for (std::size_t b = 0; b < n; ++b) seqs.q_offset[b] = batch.q_offsets[b0 + b];
     const long long rows = seqs.q_start[n] - seqs.q_start[0];
     if (rows == 0) continue;
@@ -367,14 +369,14 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
     if (count < rows) {
       dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(Nq));
       attention_kernel<<<grid, kAttnThreads, 0, stream()>>>(q.data<float>(), k.data<float>(), v.data<float>(),
-                                                             out.data<float>(), seqs, Nq, k.size(1), Dqk, Dv, p.window,
-                                                             p.scale, p.causal);
+                                                            out.data<float>(), seqs, Nq, k.size(1), Dqk, Dv, p.window,
+                                                            p.scale, p.causal);
       IL_CUDA_LAUNCHED();
     }
     if (count > 0 && longest > 0) {
       const long long chunks = (longest + kDecodeChunk - 1) / kDecodeChunk;
-      IL_CHECK(chunks <= 65535, "attention (CUDA): a decode row over ", longest, " keys needs ", chunks,
-               " chunks of ", kDecodeChunk, ", above the 65,535 a launch can hold");
+      IL_CHECK(chunks <= 65535, "attention (CUDA): a decode row over ", longest, " keys needs ", chunks, " chunks of ",
+               kDecodeChunk, ", above the 65,535 a launch can hold");
       const int splits = static_cast<int>(chunks);
       auto* part = static_cast<float*>(scratch(static_cast<std::size_t>(count) * Nq * splits * (Dv + 2) * sizeof(float)));
       decode_partial<<<dim3(static_cast<unsigned>(count), static_cast<unsigned>(Nq), static_cast<unsigned>(splits)),
@@ -391,7 +393,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
 void argmax(const Tensor& x, Tensor& out) {
   if (x.size(0) == 0) return;
   argmax_kernel<<<static_cast<unsigned>(x.size(0)), 256, 0, stream()>>>(x.data<float>(), out.data<std::int32_t>(),
-                                                                         x.size(1));
+                                                                        x.size(1));
   IL_CUDA_LAUNCHED();
 }
 

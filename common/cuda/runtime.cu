@@ -10,8 +10,8 @@
 #include <mutex>
 #include <string>
 
-#include "common/cuda/backend.h"
 #include "common/caching_allocator.h"
+#include "common/cuda/backend.h"
 #include "common/cuda/util.cuh"
 
 namespace inferlab::cuda {
@@ -215,8 +215,12 @@ void fill_uniform(Tensor& t, std::uint64_t seed, float lo, float hi) {
   const long long n = t.numel();
   if (n == 0) return;
   switch (t.dtype()) {
-    case DType::F32: fill_uniform_kernel<<<1024, 256, 0, stream()>>>(static_cast<float*>(t.raw_data()), n, seed, lo, hi); break;
-    case DType::F16: fill_uniform_kernel<<<1024, 256, 0, stream()>>>(static_cast<__half*>(t.raw_data()), n, seed, lo, hi); break;
+    case DType::F32:
+      fill_uniform_kernel<<<1024, 256, 0, stream()>>>(static_cast<float*>(t.raw_data()), n, seed, lo, hi);
+      break;
+    case DType::F16:
+      fill_uniform_kernel<<<1024, 256, 0, stream()>>>(static_cast<__half*>(t.raw_data()), n, seed, lo, hi);
+      break;
     case DType::BF16:
       fill_uniform_kernel<<<1024, 256, 0, stream()>>>(static_cast<__nv_bfloat16*>(t.raw_data()), n, seed, lo, hi);
       break;
@@ -263,8 +267,8 @@ double measure_gemm_flops(int n) {
   float best = 1e30f;
   for (int r = 0; r < 13; ++r) {
     IL_CUDA(cudaEventRecord(ev.a, stream()));
-    IL_CUBLAS(cublasGemmEx(cublas(), CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n,
-                           &beta, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    IL_CUBLAS(cublasGemmEx(cublas(), CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &beta,
+                           c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     IL_CUDA(cudaEventRecord(ev.b, stream()));
     float ms = ev.ms();
     if (r >= 3) best = std::min(best, ms);

@@ -1,8 +1,8 @@
 #pragma once
 // Shared helpers of the CUDA backend: error checks, the one stream and cuBLAS handle every op
 // uses, a reusable scratch buffer, and block-wide reductions.
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cublas_v2.h>
 
 #include <cstddef>
 
@@ -13,14 +13,14 @@ namespace inferlab::cuda {
 [[noreturn]] void cuda_failed(cudaError_t e, const char* what, const char* file, int line);
 [[noreturn]] void cublas_failed(cublasStatus_t s, const char* what, const char* file, int line);
 
-#define IL_CUDA(call)                                                                     \
-  do {                                                                                    \
-    cudaError_t il_e_ = (call);                                                           \
+#define IL_CUDA(call)                                                                          \
+  do {                                                                                         \
+    cudaError_t il_e_ = (call);                                                                \
     if (il_e_ != cudaSuccess) ::inferlab::cuda::cuda_failed(il_e_, #call, __FILE__, __LINE__); \
   } while (0)
-#define IL_CUBLAS(call)                                                                       \
-  do {                                                                                        \
-    cublasStatus_t il_s_ = (call);                                                            \
+#define IL_CUBLAS(call)                                                                                    \
+  do {                                                                                                     \
+    cublasStatus_t il_s_ = (call);                                                                         \
     if (il_s_ != CUBLAS_STATUS_SUCCESS) ::inferlab::cuda::cublas_failed(il_s_, #call, __FILE__, __LINE__); \
   } while (0)
 /// After every kernel launch: a bad launch configuration surfaces here, not later.
@@ -35,9 +35,7 @@ cublasHandle_t cublas();
 /// the next call; work on stream() is ordered, so reuse is safe.
 void* scratch(std::size_t bytes);
 
-inline unsigned blocks_for(long long n, unsigned threads) {
-  return static_cast<unsigned>((n + threads - 1) / threads);
-}
+inline unsigned blocks_for(long long n, unsigned threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 /// Sum of `v` over the block (blockDim.x a multiple of 32, at most 1024). All threads get it.
 __device__ inline float block_sum(float v) {

@@ -84,9 +84,16 @@ void BM_CpuGemv(benchmark::State& state) {
   state.SetLabel(std::string(dtype_name(wt)) + " weights, " + std::to_string(M) + (M == 1 ? " row" : " rows"));
 }
 BENCHMARK(BM_CpuGemv)
-    ->Args({4096, 4096, 0, 1})->Args({4096, 4096, 1, 1})->Args({11008, 4096, 1, 1})->Args({4096, 11008, 0, 1})
-    ->Args({4096, 4096, 0, 2})->Args({4096, 4096, 0, 3})->Args({4096, 4096, 0, 5})->Args({4096, 4096, 0, 8})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+    ->Args({4096, 4096, 0, 1})
+    ->Args({4096, 4096, 1, 1})
+    ->Args({11008, 4096, 1, 1})
+    ->Args({4096, 11008, 0, 1})
+    ->Args({4096, 4096, 0, 2})
+    ->Args({4096, 4096, 0, 3})
+    ->Args({4096, 4096, 0, 5})
+    ->Args({4096, 4096, 0, 8})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // M large: prefill's matrix product.
 void BM_CpuGemm(benchmark::State& state) {
@@ -163,9 +170,14 @@ void BM_CudaGemv(benchmark::State& state) {
 }
 // Llama-3.2-1B (2048 wide, MLP 8192) and Llama-3.1-8B (4096 wide, MLP 14336) layer shapes.
 BENCHMARK(BM_CudaGemv)
-    ->Args({2048, 2048, 0})->Args({8192, 2048, 0})->Args({4096, 4096, 0})->Args({14336, 4096, 0})
-    ->Args({4096, 14336, 0})->Args({14336, 4096, 1})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+    ->Args({2048, 2048, 0})
+    ->Args({8192, 2048, 0})
+    ->Args({4096, 4096, 0})
+    ->Args({14336, 4096, 0})
+    ->Args({4096, 14336, 0})
+    ->Args({14336, 4096, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_CudaGemm(benchmark::State& state) {
   if (skip_without_cuda(state)) return;
@@ -199,7 +211,8 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   try {
     const auto& c = cpu_ceiling();
-    benchmark::AddCustomContext("cpu_ceiling", metrics::describe(metrics::roofline("ceiling", {c.flops_per_s, c.bytes_per_s}, 1, c)));
+    benchmark::AddCustomContext("cpu_ceiling",
+                                metrics::describe(metrics::roofline("ceiling", {c.flops_per_s, c.bytes_per_s}, 1, c)));
     benchmark::AddCustomContext("cpu_read_GBps", std::to_string(c.bytes_per_s / 1e9));
     benchmark::AddCustomContext("cpu_f32_GFLOPs", std::to_string(c.flops_per_s / 1e9));
     if (cuda::unavailable_reason().empty()) {

@@ -69,8 +69,8 @@ void BM_CpuDecode(benchmark::State& state) {
     total += dt, bytes += static_cast<double>(m->step_weight_bytes()) + cache_bytes, ++n;
     if (cache.length() >= cache.capacity() - 1) cache.truncate(64);  // stay near the same context
   }
-  report(state, bytes / static_cast<double>(n), total / static_cast<double>(n), cpu_bandwidth(bytes / static_cast<double>(n)),
-         static_cast<double>(kCpu350M.num_parameters()));
+  report(state, bytes / static_cast<double>(n), total / static_cast<double>(n),
+         cpu_bandwidth(bytes / static_cast<double>(n)), static_cast<double>(kCpu350M.num_parameters()));
   state.SetLabel(std::string(dtype_name(wt)) + " weights, context 64, B=1");
 }
 BENCHMARK(BM_CpuDecode)->Arg(0)->Arg(1)->UseManualTime()->Iterations(20)->Unit(benchmark::kMillisecond);
@@ -97,8 +97,7 @@ void BM_CpuVerifyPass(benchmark::State& state) {
     cache.truncate(16);
   }
   report(state, static_cast<double>(m.step_weight_bytes()), total / static_cast<double>(n),
-         cpu_bandwidth(static_cast<double>(m.step_weight_bytes())),
-         static_cast<double>(c.num_parameters()));
+         cpu_bandwidth(static_cast<double>(m.step_weight_bytes())), static_cast<double>(c.num_parameters()));
   state.counters["tokens/s"] = static_cast<double>(rows * n) / total;
   state.SetLabel(std::to_string(rows) + (rows == 1 ? " row" : " rows") + " a pass, f32 weights");
 }
@@ -134,7 +133,8 @@ void BM_CudaDecode(benchmark::State& state) {
   }
   report(state, bytes / static_cast<double>(n), total / static_cast<double>(n), ceiling,
          static_cast<double>(c.num_parameters()));
-  state.SetLabel(state.range(0) == 1 ? "Llama-3.2-1B shape, bf16, context 256, B=1" : "Llama-3.1-8B shape, bf16, context 256, B=1");
+  state.SetLabel(state.range(0) == 1 ? "Llama-3.2-1B shape, bf16, context 256, B=1"
+                                     : "Llama-3.1-8B shape, bf16, context 256, B=1");
 }
 BENCHMARK(BM_CudaDecode)->Arg(1)->Arg(8)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
 

@@ -69,13 +69,11 @@ void BM_CudaDecodeAttention(benchmark::State& state) {
   state.counters["GB/s"] = bytes / per / 1e9;
   state.counters["of_ceiling"] = bytes / per / ceiling;
   state.counters["us"] = per * 1e6;
-  state.SetLabel(variant == 0 ? "grouped kernel, GQA cache" : variant == 1 ? "per-head kernel, GQA cache"
-                                                                         : "per-head kernel, MHA cache (K/V repeated)");
+  state.SetLabel(variant == 0   ? "grouped kernel, GQA cache"
+                 : variant == 1 ? "per-head kernel, GQA cache"
+                                : "per-head kernel, MHA cache (K/V repeated)");
 }
-BENCHMARK(BM_CudaDecodeAttention)
-    ->ArgsProduct({{4096, 32768}, {0, 1, 2}})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CudaDecodeAttention)->ArgsProduct({{4096, 32768}, {0, 1, 2}})->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 void BM_CpuDecodeAttention(benchmark::State& state) {
   const std::int64_t S = state.range(0), kv = state.range(1);

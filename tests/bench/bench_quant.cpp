@@ -9,9 +9,9 @@
 
 #include "chapters/09_quantization/quant.h"
 #include "chapters/09_quantization/quant_impl.h"
-#include "common/gguf.h"
 #include "common/ceiling.h"
 #include "common/cuda/backend.h"
+#include "common/gguf.h"
 #include "common/metrics.h"
 #include "common/ops.h"
 
@@ -93,10 +93,10 @@ void BM_CudaMatvecBaseline(benchmark::State& state) { baseline_on(state, Device:
 BENCHMARK(BM_CpuMatvecBaseline)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaMatvecBaseline)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
-const std::vector<QuantSpec> kSpecs = {{Format::Int8Row}, {Format::LlmInt8},      {Format::Q8_0}, {Format::Fp8E4M3},
-                                      {Format::Int4Sym, 128}, {Format::Int4Asym, 128}, {Format::Q4_0}, {Format::Q4_1},
-                                      {Format::Q5_0},         {Format::Q5_1},          {Format::Q4_K}, {Format::Q5_K},
-                                      {Format::Q6_K},         {Format::Q2_K},          {Format::Q3_K}};
+const std::vector<QuantSpec> kSpecs = {{Format::Int8Row},      {Format::LlmInt8},       {Format::Q8_0}, {Format::Fp8E4M3},
+                                       {Format::Int4Sym, 128}, {Format::Int4Asym, 128}, {Format::Q4_0}, {Format::Q4_1},
+                                       {Format::Q5_0},         {Format::Q5_1},          {Format::Q4_K}, {Format::Q5_K},
+                                       {Format::Q6_K},         {Format::Q2_K},          {Format::Q3_K}};
 const int kLastSpec = static_cast<int>(kSpecs.size()) - 1;
 
 // Formats that come from GGUF files, not from quantize(): blocks of pseudo-random bytes (every
@@ -108,7 +108,8 @@ QMatrix gguf_blocks(Format f) {
   Tensor bytes = Tensor::empty({blocks * bb}, DType::U8);
   auto* p = bytes.data<std::uint8_t>();
   std::uint64_t s = 7;
-  for (std::int64_t i = 0; i < bytes.numel(); ++i) s ^= s << 13, s ^= s >> 7, s ^= s << 17, p[i] = static_cast<std::uint8_t>(s >> 32);
+  for (std::int64_t i = 0; i < bytes.numel(); ++i)
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17, p[i] = static_cast<std::uint8_t>(s >> 32);
   for (std::int64_t b = 0; b < blocks; ++b)
     for (const int o : half_offsets(f)) p[b * bb + o] = 0x00, p[b * bb + o + 1] = 0x2C;  // 0x2C00: 1/16
   return QMatrix({f}, N, K, bytes);

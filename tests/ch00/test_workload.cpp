@@ -72,8 +72,10 @@ TEST(Ch00Workload, ForwardCostCountsKvReadsByHeads) {
   gqa.num_kv_heads = 8;
   const double S = 4096;
   const Cost a = forward_cost(mha, 1, S, 1), b = forward_cost(gqa, 1, S, 1);
-  const double cache_mha = static_cast<double>(mha.kv_cache_bytes(4096, 2)), cache_gqa = static_cast<double>(gqa.kv_cache_bytes(4096, 2));
-  const double qkv_saving = 2.0 * (mha.num_kv_heads - gqa.num_kv_heads) * mha.head_dim * mha.hidden_size * 2 * mha.num_layers;
+  const double cache_mha = static_cast<double>(mha.kv_cache_bytes(4096, 2)),
+               cache_gqa = static_cast<double>(gqa.kv_cache_bytes(4096, 2));
+  const double qkv_saving =
+      2.0 * (mha.num_kv_heads - gqa.num_kv_heads) * mha.head_dim * mha.hidden_size * 2 * mha.num_layers;
   // The new token's K and V: written by the projection, then written into the cache.
   const double new_kv = 2 * (2.0 * 2 * (mha.num_kv_heads - gqa.num_kv_heads) * mha.head_dim * mha.num_layers);
   EXPECT_NEAR(a.bytes - b.bytes, (cache_mha - cache_gqa) + qkv_saving + new_kv, 1.0);

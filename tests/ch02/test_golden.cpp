@@ -107,7 +107,8 @@ class LlamaRandomGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LlamaRandomGolden, BiasedLogitsAndGreedyTokensMatchTransformers) {
   const std::string name = GetParam(), dir = kLlamaRandom + "/" + name;
-  ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors")) << dir << " is missing (tools/make_llama_bias_goldens.py)";
+  ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors"))
+      << dir << " is missing (tools/make_llama_bias_goldens.py)";
   const ch01::Llama m = ch01::load_llama(dir);
   const auto& c = m.config;
   const bool mlp = name == "llama-all-bias";

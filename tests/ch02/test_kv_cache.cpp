@@ -42,7 +42,7 @@ std::string stories_dir() {
   return d.empty() ? "" : d + "/models/stories260K";
 }
 
-#define IL_REQUIRE_STORIES()                                                                            \
+#define IL_REQUIRE_STORIES() \
   if (stories_dir().empty()) GTEST_SKIP() << "../shared/models/stories260K is absent (shared test data)"
 
 TEST(Stories260K, GreedyFromBosReproducesTheReference) {
@@ -116,7 +116,8 @@ TEST(Stories260K, ConvertedToAHuggingFaceFolderAndBack) {
   Sampler s({});
   EXPECT_EQ(ch02::generate_cached(b, {1}, 60, s, {}).generated, kStories260KReference);
   const auto tok = Tokenizer::for_model(hf);  // the converted tokenizer.json
-  EXPECT_EQ(tok->encode("Once upon a time"), Llama2cTokenizer::load(stories_dir() + "/tok512.bin").encode("Once upon a time"));
+  EXPECT_EQ(tok->encode("Once upon a time"),
+            Llama2cTokenizer::load(stories_dir() + "/tok512.bin").encode("Once upon a time"));
   ch01::convert_hf_to_llama2c(hf, back);  // and back: the original weights, bit for bit
   const auto ck = load_llama2c(stories_dir() + "/stories260K.bin"), ck2 = load_llama2c(back);
   for (const auto& [name, t] : ck.tensors) EXPECT_EQ(ck2.tensors.at(name).to_float_vector(), t.to_float_vector()) << name;
@@ -259,8 +260,8 @@ TEST_P(TwoPaths, PrefillThenDecodeEqualsOneForwardPass) {
   const auto full = ch01::forward(m, tokens, true).to_float_vector();
   // ... against prefill(P) and n single-token decode steps through the cache (chapter 02).
   ch02::ContiguousKVCache cache(c, static_cast<std::int64_t>(P + n));
-  std::vector<float> cached = ch02::forward_cached(m, cache, {tokens.begin(), tokens.begin() + static_cast<long>(P)}, true)
-                                  .to_float_vector();
+  std::vector<float> cached =
+      ch02::forward_cached(m, cache, {tokens.begin(), tokens.begin() + static_cast<long>(P)}, true).to_float_vector();
   for (std::size_t i = P; i < P + n; ++i) {
     const auto row = ch02::forward_cached(m, cache, {tokens[i]}).to_float_vector();
     cached.insert(cached.end(), row.begin(), row.end());
@@ -278,9 +279,9 @@ INSTANTIATE_TEST_SUITE_P(Configs, TwoPaths,
                          ::testing::Values(TwoPathCase{8, 1, 20}, TwoPathCase{8, 17, 12}, TwoPathCase{2, 1, 30},
                                            TwoPathCase{2, 40, 8}, TwoPathCase{1, 9, 9}, TwoPathCase{4, 64, 1}),
                          [](const auto& info) {
-                           return "K" + std::to_string(info.param.kv_heads) + "_prompt" + std::to_string(info.param.prompt) +
-                                  "_decode" + std::to_string(info.param.decode);
-                         });
+  return "K" + std::to_string(info.param.kv_heads) + "_prompt" + std::to_string(info.param.prompt) + "_decode" +
+         std::to_string(info.param.decode);
+});
 
 TEST(TwoPaths, NaiveAndCachedGenerationChooseTheSameTokens) {
   auto rng = test::rng_for_test();
@@ -317,8 +318,10 @@ TEST(TwoPaths, NaiveAndCachedGenerationChooseTheSameTokens) {
       for (std::size_t i = 0; i < j; ++i) s.uniform();  // one random number per token drawn before
       return s.sample(logits);
     };
-    EXPECT_EQ(replay(l1), naive.generated[j]) << "K = " << K << ": the naive loop's token " << j << " is not its logits' draw";
-    EXPECT_EQ(replay(l2), cached.generated[j]) << "K = " << K << ": the cached loop's token " << j << " is not its logits' draw";
+    EXPECT_EQ(replay(l1), naive.generated[j])
+        << "K = " << K << ": the naive loop's token " << j << " is not its logits' draw";
+    EXPECT_EQ(replay(l2), cached.generated[j])
+        << "K = " << K << ": the cached loop's token " << j << " is not its logits' draw";
   }
 }
 
@@ -563,8 +566,11 @@ TEST(Generate, AnErrorInAStepNamesTheTokenAndItsPosition) {
     if (++step == 3) l[0] = std::numeric_limits<float>::quiet_NaN();  // the model's output breaks at the third step
     return Tensor::from_vector(l, {1, 3});
   };
-  expect_error([&] { ch01::generate({2, 0, 2, 0}, 8, s, {}, Device::CPU, ch01::Feed::NewTokens, logits); },
-               {"generating token 3 (position 6): sample: logit 0 is NaN"});
+  expect_error(
+      [&] {
+    ch01::generate({2, 0, 2, 0}, 8, s, {}, Device::CPU, ch01::Feed::NewTokens, logits);
+      },
+      {"generating token 3 (position 6): sample: logit 0 is NaN"});
 }
 
 // A NaN or infinite weight used to load and generate (NaN logits, or 0 once quantised).
@@ -592,14 +598,17 @@ TEST(Loading, NonFiniteWeightsAreRefusedNamingTheTensor) {
 
 // The tensors of a one-layer model under Hugging Face names, lm_head included.
 std::vector<std::pair<std::string, Tensor>> hf_tensors(const Llama& m) {
-  std::vector<std::pair<std::string, Tensor>> ts = {{"model.embed_tokens.weight", m.embed},
-                                                    {"model.norm.weight", m.final_norm},
-                                                    {"lm_head.weight", m.lm_head.weight}};
+  std::vector<std::pair<std::string, Tensor>> ts = {
+      {"model.embed_tokens.weight", m.embed}, {"model.norm.weight", m.final_norm}, {"lm_head.weight", m.lm_head.weight}};
   const auto& l = m.layers[0];
-  for (auto [n, t] : {std::pair{"input_layernorm.weight", l.attn_norm}, {"self_attn.q_proj.weight", l.wq.weight},
-                      {"self_attn.k_proj.weight", l.wk.weight}, {"self_attn.v_proj.weight", l.wv.weight},
-                      {"self_attn.o_proj.weight", l.wo.weight}, {"post_attention_layernorm.weight", l.mlp_norm},
-                      {"mlp.gate_proj.weight", l.w_gate.weight}, {"mlp.up_proj.weight", l.w_up.weight},
+  for (auto [n, t] : {std::pair{"input_layernorm.weight", l.attn_norm},
+                      {"self_attn.q_proj.weight", l.wq.weight},
+                      {"self_attn.k_proj.weight", l.wk.weight},
+                      {"self_attn.v_proj.weight", l.wv.weight},
+                      {"self_attn.o_proj.weight", l.wo.weight},
+                      {"post_attention_layernorm.weight", l.mlp_norm},
+                      {"mlp.gate_proj.weight", l.w_gate.weight},
+                      {"mlp.up_proj.weight", l.w_up.weight},
                       {"mlp.down_proj.weight", l.w_down.weight}})
     ts.emplace_back(std::string("model.layers.0.") + n, t);
   return ts;
@@ -690,14 +699,18 @@ TEST(Loading, AFifoModelIsRefusedNotOpened) {
   test::expect_fifo_refused(dir.file("stories.bin"), [](const std::string& p) { ch01::load_llama(p); });
   test::write_file(dir.file("config.json"), R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
       "intermediate_size":160,"num_hidden_layers":1,"num_attention_heads":8,"vocab_size":97})");
-  test::expect_fifo_refused(dir.file("model.safetensors"), [&](const std::string&) { ch01::load_llama(dir.path().string()); });
+  test::expect_fifo_refused(dir.file("model.safetensors"),
+                            [&](const std::string&) { ch01::load_llama(dir.path().string()); });
 }
 
 TEST(Rope, Llama3ScalingMatchesTheReferenceFormula) {
   // Llama 3.1's rope_scaling on its own numbers: factor 8, low 1, high 4, original context 8192.
   TransformerConfig c = small_config(2);
   c.head_dim = 128, c.rope_theta = 500000;
-  c.rope_scaling = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+  c.rope_scaling = {{"rope_type", "llama3"},
+                    {"factor", 8.0},
+                    {"low_freq_factor", 1.0},
+                    {"high_freq_factor", 4.0},
                     {"original_max_position_embeddings", 8192}};
   const auto f = ch01::rope_frequencies(c).to_double_vector();
   const auto base = rope_inv_freq(128, 500000).to_double_vector();

@@ -15,7 +15,8 @@ std::vector<std::string> forward_pass(const std::string& path) {
 }  // namespace
 
 TEST(Lesson, ChapterTwoIsChapterOnePlusTheCacheLines) {
-  inferlab::test::expect_readme_shows(kSource + "/chapters/02_kv_cache/README.md", "of chapter 02's forward pass",
-                                      inferlab::test::line_diff(forward_pass(kSource + "/chapters/01_naive_decode/llama.cpp"),
-                                                                forward_pass(kSource + "/chapters/02_kv_cache/kv_cache.cpp")));
+  inferlab::test::expect_readme_shows(
+      kSource + "/chapters/02_kv_cache/README.md", "of chapter 02's forward pass",
+      inferlab::test::line_diff(forward_pass(kSource + "/chapters/01_naive_decode/llama.cpp"),
+                                forward_pass(kSource + "/chapters/02_kv_cache/kv_cache.cpp")));
 }

@@ -26,8 +26,8 @@ TEST(CudaGqa, GroupedAndPerHeadKernelsMatchTheCpu) {
            v = test::uniform(rng, {S, c.K, c.H});
     AttentionParams p;
     p.q_offset = c.len - 1;
-    const auto cpu = ops::attention(q, k.slice(0, 0, c.len).contiguous(), v.slice(0, 0, c.len).contiguous(), p)
-                         .to_double_vector();
+    const auto cpu =
+        ops::attention(q, k.slice(0, 0, c.len).contiguous(), v.slice(0, 0, c.len).contiguous(), p).to_double_vector();
     Tensor gq = q.to(Device::CUDA), gk = k.to(Device::CUDA), gv = v.to(Device::CUDA);
     Tensor a = Tensor::empty(q.shape(), DType::F32, Device::CUDA), b = Tensor::empty(q.shape(), DType::F32, Device::CUDA);
     ch03::gqa_decode_attention(gq, gk, gv, c.len, a);

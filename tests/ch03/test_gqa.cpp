@@ -68,7 +68,7 @@ TEST(Gqa, MeanPoolingKeepsTheFunctionWhenAGroupsHeadsAgree) {
   // nothing: (a + a) / 2 = a exactly.
   auto rng = test::rng_for_test();
   const Llama gqa = ch01::random_llama(config(4), rng());
-  const Llama mha = ch03::repeat_kv_heads(gqa);        // 8 heads, pairs equal
+  const Llama mha = ch03::repeat_kv_heads(gqa);  // 8 heads, pairs equal
   const Llama pooled = ch03::mean_pool_kv_heads(mha, 4);
   const auto t = tokens(rng, 30);
   EXPECT_EQ(run(pooled, t), run(gqa, t));
@@ -112,7 +112,8 @@ TEST(Gqa, CacheBytesShrinkByKOverN) {
     EXPECT_EQ(cache.bytes(), 100 * K * 8 * 2 * 2 * 4);  // S × K × H × L × 2 × 4
   }
   const Llama m = ch01::random_llama(config(2), 1);
-  EXPECT_EQ(ch03::decode_step_bytes(m, {10, 30}), static_cast<double>(m.step_weight_bytes()) + (11 + 31) * 2 * 8 * 2 * 2 * 4.0);
+  EXPECT_EQ(ch03::decode_step_bytes(m, {10, 30}),
+            static_cast<double>(m.step_weight_bytes()) + (11 + 31) * 2 * 8 * 2 * 2 * 4.0);
 }
 
 TEST(Eval, OurPerplexityAndProbesMatchTheModelCards) {

@@ -52,15 +52,14 @@ struct Dims {
 TEST(CudaMla, AbsorbedKernelMatchesTheCpu) {
   IL_REQUIRE_CUDA();
   auto rng = test::rng_for_test();
-  for (const Dims& c : {Dims{128, 512, 64, 128, 1000},  // DeepSeek-V2: 4 chunks, the last one partial
-                        Dims{128, 512, 64, 128, 37},    // few rows: a wrong score shows in the output
-                        Dims{16, 512, 64, 128, 2049},   // 9 chunks, the last of 1 row
-                        Dims{8, 32, 8, 16, 5},          // tiny-mla
-                        Dims{8, 32, 8, 16, 300},
-                        Dims{20, 64, 16, 32, 257},      // a head group of 16 and one of 4
-                        Dims{1, 4, 4, 4, 256}}) {       // exactly one chunk
-    SCOPED_TRACE("N " + std::to_string(c.N) + ", r " + std::to_string(c.r) + ", dr " + std::to_string(c.dr) +
-                 ", len " + std::to_string(c.len));
+  for (const Dims& c : {Dims{128, 512, 64, 128, 1000},                       // DeepSeek-V2: 4 chunks, the last one partial
+                        Dims{128, 512, 64, 128, 37},                         // few rows: a wrong score shows in the output
+                        Dims{16, 512, 64, 128, 2049},                        // 9 chunks, the last of 1 row
+                        Dims{8, 32, 8, 16, 5},                               // tiny-mla
+                        Dims{8, 32, 8, 16, 300}, Dims{20, 64, 16, 32, 257},  // a head group of 16 and one of 4
+                        Dims{1, 4, 4, 4, 256}}) {                            // exactly one chunk
+    SCOPED_TRACE("N " + std::to_string(c.N) + ", r " + std::to_string(c.r) + ", dr " + std::to_string(c.dr) + ", len " +
+                 std::to_string(c.len));
     const std::int64_t R = c.r + c.dr, S = c.len + 7;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dn + c.dr)));
     const Tensor q = test::uniform(rng, {1, c.N, R}, -2, 2);

@@ -145,9 +145,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MlaTwoPath,
                          ::testing::Values(std::pair{false, false}, std::pair{false, true}, std::pair{true, false},
                                            std::pair{true, true}),
                          [](const auto& info) {
-                           return std::string(info.param.first ? "QLora" : "QDirect") +
-                                  (info.param.second ? "Interleaved" : "HalfSplit");
-                         });
+  return std::string(info.param.first ? "QLora" : "QDirect") + (info.param.second ? "Interleaved" : "HalfSplit");
+});
 
 TEST(MlaCache, HoldsOneLatentRowPerTokenAndLayer) {
   const Shape4 s = small(false, false);
@@ -181,9 +180,11 @@ TEST(MlaAbsorb, SplitsKvBProjIntoEachHeadsUkTransposedAndUv) {
     ASSERT_EQ(uv.shape(), (Shape{dv, r}));
     for (std::int64_t j = 0; j < r; ++j) {
       for (std::int64_t i = 0; i < dn; ++i)
-        ASSERT_EQ(uk.at<float>({j, i}), w.at<float>({h * (dn + dv) + i, j})) << "head " << h << " W_UK[" << i << ", " << j << "]";
+        ASSERT_EQ(uk.at<float>({j, i}), w.at<float>({h * (dn + dv) + i, j}))
+            << "head " << h << " W_UK[" << i << ", " << j << "]";
       for (std::int64_t i = 0; i < dv; ++i)
-        ASSERT_EQ(uv.at<float>({i, j}), w.at<float>({h * (dn + dv) + dn + i, j})) << "head " << h << " W_UV[" << i << ", " << j << "]";
+        ASSERT_EQ(uv.at<float>({i, j}), w.at<float>({h * (dn + dv) + dn + i, j}))
+            << "head " << h << " W_UV[" << i << ", " << j << "]";
     }
   }
 }

@@ -26,8 +26,8 @@ const std::string kDir = std::string(INFERLAB_DATA_DIR) + "/golden/mla-random";
 constexpr double u = 0x1p-24;  // float32 unit roundoff
 
 // The models tools/make_mla_goldens.py writes (ModelList checks the manifest agrees).
-const std::vector<std::string> kModels = {"v3-qdirect-halfsplit", "v3-qlora-interleave", "v3-yarn-deepseek",
-                                          "v3-yarn-mscale",       "v2-qlora",            "v2-yarn"};
+const std::vector<std::string> kModels = {
+    "v3-qdirect-halfsplit", "v3-qlora-interleave", "v3-yarn-deepseek", "v3-yarn-mscale", "v2-qlora", "v2-yarn"};
 
 using test::max_abs;
 
@@ -37,8 +37,8 @@ using test::expect_golden;
 // DeepseekV3 with rope_interleave de-interleaves k_pe before rotating it (even dims first, then
 // odd ones), where chapter 04 rotates adjacent pairs in place: its k_pe[2j] is transformers'
 // k_rope[j] and k_pe[2j + 1] is k_rope[dr/2 + j]. DeepseekV2 and the half split keep the order.
-void expect_latent_rows(const ch04::MlaModel& m, const ch04::LatentCache& cache, const SafetensorsFile& g,
-                        std::int64_t T, const std::string& when) {
+void expect_latent_rows(const ch04::MlaModel& m, const ch04::LatentCache& cache, const SafetensorsFile& g, std::int64_t T,
+                        const std::string& when) {
   const auto& c = m.config();
   const std::int64_t r = m.mla.kv_lora_rank, dr = m.mla.qk_rope_head_dim;
   const bool deinterleaved = c.architecture == "DeepseekV3ForCausalLM" && m.mla.rope_interleave;
@@ -120,13 +120,14 @@ TEST_P(MlaRandomGolden, LogitsLatentCacheAndGreedyTokensMatchTransformers) {
   EXPECT_EQ(ch04::generate_cached(m, ids, static_cast<int>(greedy.size()), sampler, {}, path).generated, greedy);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, MlaRandomGolden, ::testing::Combine(::testing::ValuesIn(kModels),
-                                                                       ::testing::Values(MlaPath::Plain, MlaPath::Absorbed)),
+INSTANTIATE_TEST_SUITE_P(Models, MlaRandomGolden,
+                         ::testing::Combine(::testing::ValuesIn(kModels),
+                                            ::testing::Values(MlaPath::Plain, MlaPath::Absorbed)),
                          [](const auto& info) {
-                           std::string n = std::get<0>(info.param);
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n + (std::get<1>(info.param) == MlaPath::Plain ? "_Plain" : "_Absorbed");
-                         });
+  std::string n = std::get<0>(info.param);
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n + (std::get<1>(info.param) == MlaPath::Plain ? "_Plain" : "_Absorbed");
+});
 
 // The YaRN and DeepseekV2 fields that the chapter refuses, by name: rope_scaling types other
 // than yarn, a malformed yarn field, V2's mscale_all_dim (transformers' V2 ignores it where V3

@@ -68,7 +68,8 @@ TEST(ClaTwoPath, ShareFactorOneIsChapterTwoBitForBit) {
     EXPECT_EQ(as_double(ch05::forward_cached(m, shared, prompt, true)),
               as_double(ch02::forward_cached(m.base, plain, prompt, true)));
     for (std::size_t i = 9; i < tokens.size(); ++i)
-      EXPECT_EQ(as_double(ch05::forward_cached(m, shared, {tokens[i]})), as_double(ch02::forward_cached(m.base, plain, {tokens[i]})))
+      EXPECT_EQ(as_double(ch05::forward_cached(m, shared, {tokens[i]})),
+                as_double(ch02::forward_cached(m.base, plain, {tokens[i]})))
           << "K = " << K << ", decode step at position " << i;
     for (std::int64_t l = 0; l < c.num_layers; ++l)
       EXPECT_EQ(as_double(shared.storage().k(l)), as_double(plain.k(l))) << "layer " << l;
@@ -144,9 +145,9 @@ TEST_P(ClaShapes, ABatchGivesEachSequenceWhatItGetsAlone) {
 INSTANTIATE_TEST_SUITE_P(Shapes, ClaShapes,
                          ::testing::Values(Shape{4, 6, 2}, Shape{4, 6, 3}, Shape{5, 2, 2}, Shape{6, 1, 3}, Shape{3, 3, 3}),
                          [](const auto& info) {
-                           return "L" + std::to_string(info.param.layers) + "_K" + std::to_string(info.param.kv_heads) +
-                                  "_s" + std::to_string(info.param.share);
-                         });
+  return "L" + std::to_string(info.param.layers) + "_K" + std::to_string(info.param.kv_heads) + "_s" +
+         std::to_string(info.param.share);
+});
 
 TEST(SharedKVCache, TruncateRollsBackExactlyAndReleaseFreesIt) {
   auto rng = test::rng_for_test();
@@ -156,7 +157,7 @@ TEST(SharedKVCache, TruncateRollsBackExactlyAndReleaseFreesIt) {
   SharedKVCache cache(c, m.layout, 12), fresh(c, m.layout, 12);
   ch05::forward_cached(m, cache, {tokens.begin(), tokens.begin() + 6});
   ch05::forward_cached(m, cache, {tokens[6], tokens[7], tokens[8]});  // a speculative step ...
-  cache.truncate(6);                                                   // ... rejected
+  cache.truncate(6);                                                  // ... rejected
   EXPECT_EQ(cache.length(), 6);
   ch05::forward_cached(m, fresh, {tokens.begin(), tokens.begin() + 6});
   EXPECT_EQ(as_double(ch05::forward_cached(m, cache, {tokens[9]})), as_double(ch05::forward_cached(m, fresh, {tokens[9]})));
@@ -215,7 +216,8 @@ TEST(SharedKVCache, MisuseIsRefusedByName) {
   SharedKVCache cache(c, m.layout, 8);
   const Tensor q = Tensor::zeros({1, 6, 8}, DType::F32), kv = Tensor::zeros({1, 2, 8}, DType::F32);
   Tensor out = Tensor::empty({1, 6, 8}, DType::F32);
-  expect_error([&] { cache.attend(1, q, {}, {}, out); }, {"layer 1 reads storage layer 0", "before its group's first layer"});
+  expect_error([&] { cache.attend(1, q, {}, {}, out); },
+               {"layer 1 reads storage layer 0", "before its group's first layer"});
   expect_error([&] { cache.attend(1, q, kv, kv, out); }, {"layer 1 shares its group's keys and values", "bring none"});
   expect_error([&] { cache.attend(0, q, {}, {}, out); }, {"layer 0 is the first of its group"});
   expect_error([&] { cache.attend(4, q, kv, kv, out); }, {"no layer 4"});
@@ -263,18 +265,26 @@ TEST(Loading, TinyClaAndItsRefusals) {
   EXPECT_EQ(mha.layout.storage_layers(), 4);
 
   test::TempDir dir;
-  expect_error([&] { ch05::load_cla(edited_tiny_cla(dir, [](auto& j) { j["kv_producer_layers"] = {0, 1}; })); },
+  expect_error([&] { ch05::load_cla(edited_tiny_cla(dir, [](auto& j) {
+                       j["kv_producer_layers"] = {0, 1};
+                     })); },
                {"kv_producer_layers", "[0,2]"});
   std::filesystem::remove_all(dir.file("tiny-cla"));
-  expect_error([&] { ch05::load_cla(edited_tiny_cla(dir, [](auto& j) { j["kv_share_factor"] = 1, j.erase("kv_producer_layers"); })); },
-               {"model.layers.1.self_attn.k_proj.weight"});
+  expect_error(
+      [&] {
+    ch05::load_cla(edited_tiny_cla(dir, [](auto& j) { j["kv_share_factor"] = 1, j.erase("kv_producer_layers"); }));
+      },
+      {"model.layers.1.self_attn.k_proj.weight"});
   std::filesystem::remove_all(dir.file("tiny-cla"));
   expect_error([&] { ch05::load_cla(edited_tiny_cla(dir, [](auto& j) { j["kv_share_factor"] = 9; })); },
                {"kv_share_factor", "[1, 4]", "9"});
   std::filesystem::remove_all(dir.file("tiny-cla"));
-  expect_error([&] {
-    ch05::load_cla(edited_tiny_cla(dir, [](auto&) {}, "model.layers.3.self_attn.v_proj.weight"));
-  }, {"layer 3 has a v_proj", "reads layer 2"});
+  expect_error(
+      [&] {
+    ch05::load_cla(edited_tiny_cla(
+        dir, [](auto&) {}, "model.layers.3.self_attn.v_proj.weight"));
+      },
+      {"layer 3 has a v_proj", "reads layer 2"});
   std::filesystem::remove_all(dir.file("tiny-cla"));
   expect_error([&] { ch05::load_cla(edited_tiny_cla(dir, [](auto& j) { j["causal"] = false; })); }, {"causal"});
   std::filesystem::remove_all(dir.file("tiny-cla"));

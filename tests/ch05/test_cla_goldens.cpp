@@ -48,7 +48,8 @@ void expect_storage(const ch05::ClaModel& m, const ch05::SharedKVCache& cache, c
         for (std::int64_t h = 0; h < c.num_kv_heads; ++h)
           for (std::int64_t d = 0; d < c.head_dim; ++d)
             got.push_back(ours.at<float>({t, h, d})), want.push_back(ref.at<float>({h, t, d}));
-      expect_golden(c, got, want, when + ": layer " + std::to_string(l) + " " + kv + " (storage layer " + std::to_string(s) + ")");
+      expect_golden(c, got, want,
+                    when + ": layer " + std::to_string(l) + " " + kv + " (storage layer " + std::to_string(s) + ")");
     }
   }
 }

@@ -43,7 +43,8 @@ TEST(CudaCla, SharedCacheDecodeMatchesTheCpu) {
     EXPECT_LE(test::max_diff(got, want), test::two_path_bound(c, want)) << "L = " << s.layers << ", s = " << s.share;
     for (std::int64_t l = 0; l < on_cpu.storage().layers(); ++l) {
       const auto k = on_cpu.storage().k(l).to_double_vector();
-      EXPECT_LE(test::max_diff(on_gpu.storage().k(l).to_double_vector(), k), test::two_path_bound(c, k)) << "storage layer " << l;
+      EXPECT_LE(test::max_diff(on_gpu.storage().k(l).to_double_vector(), k), test::two_path_bound(c, k))
+          << "storage layer " << l;
     }
   }
 }

@@ -141,14 +141,14 @@ TEST_P(RingShapes, RingEqualsMaskedFullAttentionPastTheWindow) {
   EXPECT_GT(test::max_diff(feed(m, dense, tokens, cs.chunks), want), 100 * bound);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, RingShapes,
-    ::testing::Values(
-        Case{{5, 5}, {3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, "decode_wraps_four_times"},
-        Case{{4, 0, 4}, {2, 9, 1, 1, 7, 1, 1}, "hybrid_chunks_that_wrap"},
-        Case{{7, 3}, {30}, "one_prefill_far_past_both_windows"},
-        Case{{1, 6}, {5, 1, 1, 4, 1}, "a_window_of_one"}),
-    [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Shapes, RingShapes,
+                         ::testing::Values(Case{{5, 5},
+                                                {3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+                                                "decode_wraps_four_times"},
+                                           Case{{4, 0, 4}, {2, 9, 1, 1, 7, 1, 1}, "hybrid_chunks_that_wrap"},
+                                           Case{{7, 3}, {30}, "one_prefill_far_past_both_windows"},
+                                           Case{{1, 6}, {5, 1, 1, 4, 1}, "a_window_of_one"}),
+                         [](const auto& info) { return info.param.name; });
 
 // Sinks (StreamingLLM): a query sees positions 0 .. sinks-1 and its window. The simple way for
 // them: every position kept, each query's visible rows gathered and attended over.
@@ -256,24 +256,47 @@ TEST(Loading, WindowsAsTransformersReadsThem) {
   using V = std::vector<std::int64_t>;
   EXPECT_EQ(windows(config_with("MistralForCausalLM", {{"sliding_window", 4096}}), 2), (V{4096, 4096}));
   EXPECT_EQ(windows(config_with("MistralForCausalLM", {{"sliding_window", nullptr}}), 2), (V{0, 0}));
-  EXPECT_EQ(windows(config_with("MistralForCausalLM", {{"sliding_window", 8}, {"layer_types", {"full_attention", "full_attention"}}}), 2),
-            (V{8, 8})) << "transformers' Mistral ignores layer_types";
+  EXPECT_EQ(windows(config_with("MistralForCausalLM",
+                                {{"sliding_window", 8}, {"layer_types", {"full_attention", "full_attention"}}}),
+                    2),
+            (V{8, 8}))
+      << "transformers' Mistral ignores layer_types";
   EXPECT_EQ(windows(config_with("MinistralForCausalLM", {{"sliding_window", 8}}), 2), (V{8, 8}));
-  EXPECT_EQ(windows(config_with("MinistralForCausalLM", {{"sliding_window", 8}, {"layer_types", {"sliding_attention", "full_attention"}}}), 2),
+  EXPECT_EQ(windows(config_with("MinistralForCausalLM",
+                                {{"sliding_window", 8}, {"layer_types", {"sliding_attention", "full_attention"}}}),
+                    2),
             (V{8, 0}));
-  EXPECT_EQ(windows(config_with("Qwen2ForCausalLM", {{"sliding_window", 8}, {"use_sliding_window", false}}), 3), (V{0, 0, 0}));
-  EXPECT_EQ(windows(config_with("Qwen2ForCausalLM", {{"sliding_window", 8}, {"use_sliding_window", true}, {"max_window_layers", 1}}), 3),
+  EXPECT_EQ(windows(config_with("Qwen2ForCausalLM", {{"sliding_window", 8}, {"use_sliding_window", false}}), 3),
+            (V{0, 0, 0}));
+  EXPECT_EQ(windows(config_with("Qwen2ForCausalLM",
+                                {{"sliding_window", 8}, {"use_sliding_window", true}, {"max_window_layers", 1}}),
+                    3),
             (V{0, 8, 8}));
   EXPECT_EQ(windows(config_with("Qwen2ForCausalLM", {{"sliding_window", 8}, {"use_sliding_window", true}}), 3), (V{0, 0, 0}))
       << "max_window_layers defaults to 28: the first 28 layers are global";
   EXPECT_EQ(windows(config_with("LlamaForCausalLM", {{"sliding_window", 8}}), 2), (V{0, 0}));
-  expect_error([&] { windows(config_with("MinistralForCausalLM", {{"sliding_window", 8}, {"layer_types", {"sliding_attention"}}}), 2); },
-               {"'layer_types' has 1 entries for 2 layers"});
-  expect_error([&] { windows(config_with("MinistralForCausalLM", {{"sliding_window", 8}, {"layer_types", {"local", "full_attention"}}}), 2); },
-               {"entry 0 is 'local'"});
-  expect_error([&] { windows(config_with("Qwen2ForCausalLM", {{"sliding_window", 8}, {"layer_types", {"sliding_attention", "full_attention"}}}), 2); },
-               {"layer 0 is 'sliding_attention' but the config sets no sliding_window", "use_sliding_window"});
-  expect_error([&] { windows(config_with("MistralForCausalLM", {{"sliding_window", 0}}), 2); }, {"'sliding_window' must be a positive"});
+  expect_error(
+      [&] {
+    windows(config_with("MinistralForCausalLM", {{"sliding_window", 8}, {"layer_types", {"sliding_attention"}}}), 2);
+      },
+      {"'layer_types' has 1 entries for 2 layers"});
+  expect_error(
+      [&] {
+    windows(config_with("MinistralForCausalLM", {{"sliding_window", 8}, {"layer_types", {"local", "full_attention"}}}), 2);
+      },
+      {"entry 0 is 'local'"});
+  expect_error(
+      [&] {
+    windows(
+        config_with("Qwen2ForCausalLM", {{"sliding_window", 8}, {"layer_types", {"sliding_attention", "full_attention"}}}),
+        2);
+      },
+      {"layer 0 is 'sliding_attention' but the config sets no sliding_window", "use_sliding_window"});
+  expect_error(
+      [&] {
+    windows(config_with("MistralForCausalLM", {{"sliding_window", 0}}), 2);
+      },
+      {"'sliding_window' must be a positive"});
   expect_error([&] { windows(config_with("MistralForCausalLM", {{"sliding_window", "64"}}), 2); }, {"sliding_window"});
   expect_error([&] { windows(config_with("MambaForCausalLM", {}), 2); }, {"MambaForCausalLM", "not one chapter 06 runs"});
 }
@@ -287,7 +310,8 @@ TEST(Loading, TheZoosWindowModels) {
   EXPECT_EQ(ch06::load_local(kData + "/models/tiny-mha").layout.locals(), 0);
   // Chapter 01 refuses what it would run wrongly, and says where it runs.
   expect_error([&] { ch01::load_llama(kData + "/golden/window-random/mistral-w7"); }, {"sliding window", "chapter 06"});
-  expect_error([&] { ch01::load_llama(kData + "/golden/window-random/qwen2-window"); }, {"use_sliding_window", "chapter 06"});
+  expect_error([&] { ch01::load_llama(kData + "/golden/window-random/qwen2-window"); },
+               {"use_sliding_window", "chapter 06"});
   EXPECT_NO_THROW(ch01::load_llama(kData + "/golden/window-random/mistral-null"));
   expect_error([&] { ch06::load_local(kData + "/nothing"); }, {"no such file"});
 }

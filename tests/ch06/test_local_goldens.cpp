@@ -65,7 +65,8 @@ TEST_P(ZooWindowGolden, LogitsCachesAndGreedyTokensMatchTransformers) {
     ch06::forward_cached(m, cache, ids);
     for (std::int64_t l = 0; l < c.num_layers; ++l)
       for (const char* kv : {"k", "v"}) {
-        const Tensor ref = g.get(key + "layer" + std::to_string(l) + "." + kv), ours = kv[0] == 'k' ? cache.k(l) : cache.v(l);
+        const Tensor ref = g.get(key + "layer" + std::to_string(l) + "." + kv),
+                     ours = kv[0] == 'k' ? cache.k(l) : cache.v(l);
         std::vector<double> got, want;
         for (std::int64_t t = 0; t < static_cast<std::int64_t>(ids.size()); ++t)  // inside the window: slot t
           for (std::int64_t h = 0; h < c.num_kv_heads; ++h)

@@ -10,7 +10,10 @@ namespace inferlab {
 namespace {
 
 ch07::ScanInputs on_gpu(const ch07::ScanInputs& in, std::vector<Tensor>& keep) {
-  auto up = [&](const Tensor& t) { keep.push_back(t.contiguous().to(Device::CUDA)); return keep.back(); };
+  auto up = [&](const Tensor& t) {
+    keep.push_back(t.contiguous().to(Device::CUDA));
+    return keep.back();
+  };
   ch07::ScanInputs g = in;
   g.u = up(in.u), g.dt = up(in.dt), g.A = up(in.A), g.B = up(in.B), g.C = up(in.C), g.D = up(in.D), g.z = up(in.z);
   return g;
@@ -20,8 +23,8 @@ TEST(CudaMamba, ChunkedScanAndStepKernelMatchTheFloat64Recurrence) {
   IL_REQUIRE_CUDA();
   auto rng = test::rng_for_test();
   for (const bool lti : {false, true})
-    for (const auto [T, E, N] : std::vector<std::array<std::int64_t, 3>>{{1, 7, 16}, {3, 5, 4}, {300, 9, 16}, {517, 4, 24},
-                                                                          {64, 3, 64}}) {
+    for (const auto [T, E, N] :
+         std::vector<std::array<std::int64_t, 3>>{{1, 7, 16}, {3, 5, 4}, {300, 9, 16}, {517, 4, 24}, {64, 3, 64}}) {
       SCOPED_TRACE((lti ? "LTI" : "selective") + std::string(", T ") + std::to_string(T) + ", E " + std::to_string(E) +
                    ", N " + std::to_string(N));
       const auto r = test::random_scan(rng, T, E, N, lti);

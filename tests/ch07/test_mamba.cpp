@@ -46,7 +46,8 @@ TEST(Mamba, PrefillScanPathsAndTokenByTokenDecodeAgree) {
         EXPECT_LE(test::max_diff(s.ssm(l).to_double_vector(), ref_state.ssm(l).to_double_vector()),
                   test::two_path_bound(test::bound_config(c, T), ref_state.ssm(l).to_double_vector()));
         const auto conv = s.conv(l).to_double_vector(), ref_conv = ref_state.conv(l).to_double_vector();
-        if (l == 0) EXPECT_EQ(conv, ref_conv);  // the same inputs, kept as they are; later layers' inputs went through a scan
+        if (l == 0)
+          EXPECT_EQ(conv, ref_conv);  // the same inputs, kept as they are; later layers' inputs went through a scan
         else EXPECT_LE(test::max_diff(conv, ref_conv), test::two_path_bound(test::bound_config(c, T), ref_conv));
       }
     }
@@ -143,7 +144,8 @@ std::string folder_with(const test::TempDir& dir, const std::string& from, const
   }
   std::ofstream(dir.path() / "config.json") << cfg.dump(2);
   if (std::filesystem::exists(from + "/model.safetensors"))
-    std::filesystem::create_symlink(std::filesystem::absolute(from + "/model.safetensors"), dir.path() / "model.safetensors");
+    std::filesystem::create_symlink(std::filesystem::absolute(from + "/model.safetensors"),
+                                    dir.path() / "model.safetensors");
   return dir.path().string();
 }
 
@@ -159,7 +161,8 @@ TEST(MambaConfig, ReadsAsTransformersDoes) {
   EXPECT_TRUE(c.tie_word_embeddings);  // absent: PretrainedConfig's default
   EXPECT_FALSE(c.lti);
   test::TempDir given;  // a config's intermediate_size wins over expand, as PretrainedConfig sets it last
-  EXPECT_EQ(ch07::parse_mamba_config(load_hf_config(folder_with(given, kMamba, {{"intermediate_size", 999}}))).inner_size, 999);
+  EXPECT_EQ(ch07::parse_mamba_config(load_hf_config(folder_with(given, kMamba, {{"intermediate_size", 999}}))).inner_size,
+            999);
   const auto tiny = ch07::parse_mamba_config(load_hf_config(kMamba));
   EXPECT_EQ(tiny.state_bytes(4), 116736);  // the model card's number
 }
@@ -183,7 +186,11 @@ TEST(MambaLoad, ACheckpointThatDisagreesWithItsConfigIsRefused) {
   if (!std::filesystem::exists(kMamba)) GTEST_SKIP() << kMamba << " is missing (see tools/README.md)";
   {
     test::TempDir dir;  // fewer layers than the checkpoint holds: its tensors of layer 5 are left over
-    test::expect_error([&] { ch07::load_mamba(folder_with(dir, kMamba, {{"num_hidden_layers", 5}})); }, {"backbone.layers.5"});
+    test::expect_error(
+        [&] {
+      ch07::load_mamba(folder_with(dir, kMamba, {{"num_hidden_layers", 5}}));
+        },
+        {"backbone.layers.5"});
   }
   {
     test::TempDir dir;  // a state size the tensors do not have

@@ -29,7 +29,8 @@ void check_model(const ch07::MambaModel& m, const SafetensorsFile& g, const std:
   const std::int64_t T = static_cast<std::int64_t>(ids.size()), V = c.vocab_size;
   const auto want = g.get(key + "logits").to_double_vector();
   ch07::MambaState state(c);
-  test::expect_mamba_golden(c, T, ch07::forward_cached(m, state, ids, true).to_double_vector(), want, what + ": prefill logits");
+  test::expect_mamba_golden(c, T, ch07::forward_cached(m, state, ids, true).to_double_vector(), want,
+                            what + ": prefill logits");
   ch07::MambaState chunked(c);
   test::expect_mamba_golden(c, T, ch07::forward_cached(m, chunked, ids, true, ch07::ScanPath::Parallel).to_double_vector(),
                             want, what + ": prefill logits, chunked scan");
@@ -48,7 +49,8 @@ void check_model(const ch07::MambaModel& m, const SafetensorsFile& g, const std:
     ASSERT_EQ(conv.shape(), (Shape{E, K})) << layer;
     std::vector<double> got, ref;
     for (std::int64_t r = 0; r < K - 1; ++r)
-      for (std::int64_t e = 0; e < E; ++e) got.push_back(state.conv(l).at<float>({r, e})), ref.push_back(conv.at<float>({e, r + 1}));
+      for (std::int64_t e = 0; e < E; ++e)
+        got.push_back(state.conv(l).at<float>({r, e})), ref.push_back(conv.at<float>({e, r + 1}));
     test::expect_mamba_golden(c, T, got, ref, what + " " + layer + "conv_state");
     test::expect_mamba_golden(c, T, state.ssm(l).to_double_vector(), g.get(layer + "ssm_state").to_double_vector(),
                               what + " " + layer + "ssm_state");

@@ -62,7 +62,8 @@ void expect_every_way(const std::vector<Way>& ways, bool warm_too) {
       const auto r = test::random_scan(rng, s.T, s.E, s.N, lti);
       for (const bool warm : {false, true}) {  // from zeros, and continuing a state from earlier tokens
         if (warm && !warm_too) continue;
-        const auto h0 = warm ? test::random_state(rng, s.E, s.N) : std::vector<double>(static_cast<std::size_t>(s.E * s.N), 0);
+        const auto h0 =
+            warm ? test::random_state(rng, s.E, s.N) : std::vector<double>(static_cast<std::size_t>(s.E * s.N), 0);
         const auto want = test::scan_oracle(r.in, h0);
         for (Way w : ways) {
           if (w == Way::Convolution && !lti) continue;
@@ -158,8 +159,8 @@ TEST(CausalConv, InPiecesEqualsAtOnceAndMatchesTheFormula) {
         const double want = acc / (1 + std::exp(-acc));
         // The float sum is within γ_(K+1) of Σ|terms|; silu's slope is at most 1.1, and it rounds
         // a few times itself (exp, the sum, the division).
-        EXPECT_NEAR(out.at<float>({t, c}), want, 1.1 * test::gamma(static_cast<double>(K + 1)) * scale +
-                                                     test::gamma(8) * std::fabs(want))
+        EXPECT_NEAR(out.at<float>({t, c}), want,
+                    1.1 * test::gamma(static_cast<double>(K + 1)) * scale + test::gamma(8) * std::fabs(want))
             << "K " << K << " t " << t;
       }
     for (std::int64_t r = 0; r < K - 1; ++r)  // the state ends with the last K − 1 inputs, oldest first

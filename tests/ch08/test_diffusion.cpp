@@ -39,7 +39,8 @@ ch08::Denoiser oracle(const std::vector<std::int32_t>& target, std::int64_t V, f
   return [=](const std::vector<std::int32_t>& canvas) {
     std::mt19937_64 rng(seed + canvas.size());
     Tensor l = test::uniform(rng, {static_cast<std::int64_t>(canvas.size()), V});
-    for (std::size_t p = 0; p < canvas.size(); ++p) l.data<float>()[p * static_cast<std::size_t>(V) + static_cast<std::size_t>(target[p])] += margin;
+    for (std::size_t p = 0; p < canvas.size(); ++p)
+      l.data<float>()[p * static_cast<std::size_t>(V) + static_cast<std::size_t>(target[p])] += margin;
     return l;
   };
 }
@@ -52,7 +53,8 @@ std::vector<SamplerOptions> schedules() {
         for (const double tau : {0.0, 1.0}) {
           if (per_block > block) continue;
           SamplerOptions o;
-          o.gen_length = 12, o.block_length = block, o.steps = per_block * (12 / block), o.remasking = r, o.temperature = tau;
+          o.gen_length = 12, o.block_length = block, o.steps = per_block * (12 / block), o.remasking = r,
+          o.temperature = tau;
           o.seed = static_cast<std::uint64_t>(block * 100 + per_block);
           out.push_back(o);
         }
@@ -92,7 +94,8 @@ void expect_invariants(const ch08::DiffusionRun& r, const std::vector<std::int32
       if (before[p] != mask) {
         EXPECT_EQ(f.canvas[p], before[p]) << "a committed token changed at step " << i;
       }
-      const bool committed_now = std::find(f.committed.begin(), f.committed.end(), static_cast<std::int64_t>(p)) != f.committed.end();
+      const bool committed_now =
+          std::find(f.committed.begin(), f.committed.end(), static_cast<std::int64_t>(p)) != f.committed.end();
       EXPECT_EQ(committed_now, before[p] == mask && f.canvas[p] != mask) << "position " << p << ", step " << i;
     }
     EXPECT_LE(masks, masks_before) << "the mask count rose at step " << i;
@@ -168,7 +171,8 @@ TEST(Gumbel, FrequenciesMatchTheTemperedSoftmax) {
   for (const double tau : {0.5, 1.0, 2.0}) {
     const int n = 30000;
     std::vector<double> count(logits.size(), 0);
-    for (int i = 0; i < n; ++i) count[static_cast<std::size_t>(ch08::gumbel_draw(logits.data(), 7, tau, exclude, rng).token)] += 1;
+    for (int i = 0; i < n; ++i)
+      count[static_cast<std::size_t>(ch08::gumbel_draw(logits.data(), 7, tau, exclude, rng).token)] += 1;
     EXPECT_EQ(count[exclude], 0) << "the mask token was drawn";
     double z = 0;
     for (int v = 0; v < 6; ++v) z += std::exp(logits[static_cast<std::size_t>(v)] / tau);

@@ -35,8 +35,8 @@ TEST(MdlmGolden, CanvasLogitsAndTheSamplingRunMatchTheReference) {
     EXPECT_EQ(tok->encode(prompt["text"].get<std::string>()), ids);
     const auto canvas = test::ids_of(g.get(key + "masked_input_ids"));
     ASSERT_EQ(canvas.size(), ids.size() + 16);
-    test::expect_golden(m.base.config, ch08::denoise(m, {canvas}).to_double_vector(), g.get(key + "logits").to_double_vector(),
-                        key + "logits on the masked canvas");
+    test::expect_golden(m.base.config, ch08::denoise(m, {canvas}).to_double_vector(),
+                        g.get(key + "logits").to_double_vector(), key + "logits on the masked canvas");
     ch08::SamplerOptions o;
     o.gen_length = 16, o.steps = 8, o.block_length = 16;
     const auto run = ch08::sample_llada(ch08::denoiser(m), ids, m.mask_id, o);

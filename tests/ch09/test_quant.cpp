@@ -28,8 +28,8 @@
 #include "common/json_file.h"
 #include "common/llama2c.h"
 #include "common/safetensors.h"
-#include "small_tokenizer.h"
 #include "golden_util.h"
+#include "small_tokenizer.h"
 #include "test_util.h"
 
 namespace inferlab::ch09 {
@@ -42,10 +42,10 @@ constexpr double u = 0x1p-24, u16 = 0x1p-11;
 
 Tensor weights(std::mt19937_64& rng, std::int64_t N, std::int64_t K) {
   Tensor w = test::uniform(rng, {N, K}, -1, 1);
-  w.at<float>({0, 3}) = 9.0f;    // an outlier weight
+  w.at<float>({0, 3}) = 9.0f;  // an outlier weight
   w.at<float>({1, 0}) = -0.0f;
   for (std::int64_t k = 0; k < std::min<std::int64_t>(K, 64); ++k) w.at<float>({2, k}) = 0.0f;  // an all-zero group
-  for (std::int64_t k = 0; k < std::min<std::int64_t>(K, 64); ++k) {  // groups of one sign
+  for (std::int64_t k = 0; k < std::min<std::int64_t>(K, 64); ++k) {                            // groups of one sign
     w.at<float>({3, k}) = 0.5f + 0.5f * std::fabs(w.at<float>({3, k}));
     w.at<float>({4, k}) = -0.5f - 0.5f * std::fabs(w.at<float>({4, k}));
   }
@@ -66,11 +66,13 @@ double bound(const QMatrix& q, const Tensor& w, std::int64_t n, std::int64_t k) 
     // clamped a whole step away.
     case Format::Int4Asym: return q.scales.data<float>()[n * (K / q.spec.group) + k / q.spec.group] + slack;
     case Format::Q8_0: {
-      const double d = f16_to_f32(*reinterpret_cast<const std::uint16_t*>(q.data.data<std::uint8_t>() + n * (K / 32 * 34) + k / 32 * 34));
+      const double d =
+          f16_to_f32(*reinterpret_cast<const std::uint16_t*>(q.data.data<std::uint8_t>() + n * (K / 32 * 34) + k / 32 * 34));
       return d / 2 + 127 * d * u16 + slack;  // rounding, plus d stored in f16 (relative u16) times |q| ≤ 127
     }
     case Format::Q4_0: {
-      const double d = std::fabs(f16_to_f32(*reinterpret_cast<const std::uint16_t*>(q.data.data<std::uint8_t>() + n * (K / 32 * 18) + k / 32 * 18)));
+      const double d = std::fabs(f16_to_f32(
+          *reinterpret_cast<const std::uint16_t*>(q.data.data<std::uint8_t>() + n * (K / 32 * 18) + k / 32 * 18)));
       return d + 8 * d * u16 + slack;  // trunc(x/d + 8.5) is round-half-up, but +8·d clips to +7·d
     }
     case Format::Fp8E4M3: return x * 0x1p-4 + q.scales.data<float>()[0] * 0x1p-10 + slack;  // 3 mantissa bits; subnormals
@@ -115,13 +117,13 @@ TEST(Quant, EveryFiniteFp8PatternRoundTrips) {
   }
   EXPECT_EQ(finite, 254);  // only S.1111.111 is NaN
   EXPECT_EQ(e4m3_to_f32(0x7E), 448.0f);
-  EXPECT_EQ(e4m3_to_f32(0x01), 0x1p-9f);                  // smallest subnormal
-  EXPECT_EQ(f32_to_e4m3(1000.0f), 0x7E);                  // saturates
+  EXPECT_EQ(e4m3_to_f32(0x01), 0x1p-9f);  // smallest subnormal
+  EXPECT_EQ(f32_to_e4m3(1000.0f), 0x7E);  // saturates
   EXPECT_EQ(f32_to_e4m3(-std::numeric_limits<float>::infinity()), 0xFE);
-  EXPECT_EQ(f32_to_e4m3(1.0625f), f32_to_e4m3(1.0f));     // a tie goes to the even mantissa (1.000)
-  EXPECT_EQ(f32_to_e4m3(1.1875f), f32_to_e4m3(1.25f));    // ... and here to 1.010
-  EXPECT_EQ(f32_to_e4m3(0x1p-10f), 0x00);                 // half the smallest subnormal: to zero (even)
-  EXPECT_EQ(f32_to_e4m3(0x1p-10f * 3), 0x02);             // 1.5 subnormal steps: to 2 (even)
+  EXPECT_EQ(f32_to_e4m3(1.0625f), f32_to_e4m3(1.0f));   // a tie goes to the even mantissa (1.000)
+  EXPECT_EQ(f32_to_e4m3(1.1875f), f32_to_e4m3(1.25f));  // ... and here to 1.010
+  EXPECT_EQ(f32_to_e4m3(0x1p-10f), 0x00);               // half the smallest subnormal: to zero (even)
+  EXPECT_EQ(f32_to_e4m3(0x1p-10f * 3), 0x02);           // 1.5 subnormal steps: to 2 (even)
 }
 
 TEST(Quant, WeightOnlyProductsAgainstFloat64) {
@@ -187,14 +189,15 @@ TEST(Quant, EveryRowOfAFewRowProductIsThatRowsOwnProduct) {
 TEST(Quant, ActivationsRoundedThroughQ8_0BlocksAreWithinHalfAStep) {
   auto rng = test::rng_for_test();
   Tensor x = test::uniform(rng, {3, 128}, -4, 4);
-  x.at<float>({1, 40}) = 1000.0f;                                // one large value in block 1
-  for (int k = 64; k < 96; ++k) x.at<float>({2, k}) = 0.0f;      // a block of zeros
+  x.at<float>({1, 40}) = 1000.0f;                                           // one large value in block 1
+  for (int k = 64; k < 96; ++k) x.at<float>({2, k}) = 0.0f;                 // a block of zeros
   for (int k = 96; k < 128; ++k) x.at<float>({2, k}) = 1e-39f * (k - 100);  // subnormals: 1 / d overflows
   const Tensor r = q8_0_activations(x);
   for (std::int64_t m = 0; m < 3; ++m)
     for (std::int64_t k = 0; k < 128; ++k) {
       double amax = 0;
-      for (std::int64_t j = k / 32 * 32; j < k / 32 * 32 + 32; ++j) amax = std::max<double>(amax, std::fabs(x.at<float>({m, j})));
+      for (std::int64_t j = k / 32 * 32; j < k / 32 * 32 + 32; ++j)
+        amax = std::max<double>(amax, std::fabs(x.at<float>({m, j})));
       const double d = amax / 127, v = x.at<float>({m, k}), got = r.at<float>({m, k});
       if (m == 2 && k >= 64) {
         EXPECT_EQ(got, 0.0f) << k;
@@ -260,16 +263,19 @@ TEST(Quant, Q4_0MultipliesXRoundedThroughQ8_0Blocks) {
 // row order exactly and multiply x rounded through q8_0 blocks within the row-order bound, for
 // decode (the eight-row kernel) and prefill rows; what they cannot hold is refused.
 TEST(Quant, InterleavedBlocksAreTheSameMatrix) {
-  if (!interleaved_kernels()) GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
+  if (!interleaved_kernels())
+    GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   auto rng = test::rng_for_test();
   test::ThreadCount threads(2);
   for (const Format f : {Format::Q4_0, Format::Q8_0})
     for (const auto& [M, N, K] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
              {1, 16, 224}, {3, 24, 224}, {4, 8, 512}, {9, 16, 224}, {1, 1024, 512}}) {
-      SCOPED_TRACE(QuantSpec{f}.name() + ", M = " + std::to_string(M) + ", N = " + std::to_string(N) + ", K = " + std::to_string(K));
+      SCOPED_TRACE(QuantSpec{f}.name() + ", M = " + std::to_string(M) + ", N = " + std::to_string(N) +
+                   ", K = " + std::to_string(K));
       const Tensor x = test::uniform(rng, {M, K});
       QMatrix q = quantize(weights(rng, N, K), {f});
-      if (f == Format::Q8_0) q.data.data<std::uint8_t>()[2 * (K / 32) * 34 + 2 + 9] = 0x80;  // −128, which a GGUF file may hold
+      if (f == Format::Q8_0)
+        q.data.data<std::uint8_t>()[2 * (K / 32) * 34 + 2 + 9] = 0x80;  // −128, which a GGUF file may hold
       const Interleaved8 il(q);
       expect_the_same_blocks(il, q);
       EXPECT_EQ(il.bytes(), q.bytes());
@@ -314,8 +320,7 @@ TEST(Quant, NonFiniteWeightsAndOddGroupsAreRefused) {
   Tensor w = test::uniform(rng, {4, 64});
   test::expect_error([&] { quantize(w, {Format::Int4Sym, 16}); }, {"group size", "multiple of 32", "16"});
   w.at<float>({2, 5}) = std::numeric_limits<float>::quiet_NaN();
-  for (const QuantSpec& spec : all_specs())
-    test::expect_error([&] { quantize(w, spec); }, {"weight (2, 5)", "finite"});
+  for (const QuantSpec& spec : all_specs()) test::expect_error([&] { quantize(w, spec); }, {"weight (2, 5)", "finite"});
 }
 
 // A small random Llama's config: widths D and F, `layers` layers, `heads` heads of head_dim
@@ -370,7 +375,8 @@ TEST(Quant, ScalesBeyondTheirTypeAreRefused) {
   auto rng = test::rng_for_test();
   Tensor w = test::uniform(rng, {4, 64});
   w.at<float>({2, 40}) = 8.4e6f;  // q8_0: d = 8.4e6 / 127 = 66142 > 65504
-  test::expect_error([&] { quantize(w, {Format::Q8_0}, "w"); }, {"w: row 2, block 1 (weights 32..63) has scale inf", "65504"});
+  test::expect_error([&] { quantize(w, {Format::Q8_0}, "w"); },
+                     {"w: row 2, block 1 (weights 32..63) has scale inf", "65504"});
   w.at<float>({2, 40}) = 8.3e6f;  // d = 65354 still fits
   EXPECT_EQ(dequantize(quantize(w, {Format::Q8_0})).at<float>({2, 40}), f16_to_f32(f32_to_f16(8.3e6f / 127)) * 127);
   w.at<float>({2, 40}) = -5.3e5f;  // q4_0: d = max / −8 = 66250
@@ -433,10 +439,12 @@ TEST(Quant, ActivationsThatOverflowedAreAnErrorWhereTheyWouldBeCastToIntegers) {
       x.at<float>({1, 40}) = bad;
       const QMatrix q = quantize(w, {f});
       test::expect_error([&] { qmatmul(x, q); }, {q.spec.name(), "row 1, column 40", "overflowed"});
-      test::expect_error([&] {
+      test::expect_error(
+          [&] {
         Tensor out = Tensor::empty({3, 6}, DType::F32);
         qmatmul_ref(x, q, out);
-      }, {"row 1, column 40"});
+          },
+          {"row 1, column 40"});
     }
   // The formats that keep x in f32 pass a NaN on to the output, where the sampler refuses it.
   Tensor x = test::uniform(rng, {1, 64});
@@ -467,7 +475,8 @@ TEST(LlmInt8, InfiniteThresholdIsVectorWiseInt8AndZeroIsThe16BitProduct) {
   auto rng = test::rng_for_test();
   // K = 200: the SIMD integer dot product's tail; N = 600: enough work for both threads.
   test::ThreadCount threads(2);
-  for (const auto& [M, N, K] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{{2, 9, 200}, {1, 600, 512}}) {
+  for (const auto& [M, N, K] :
+       std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{{2, 9, 200}, {1, 600, 512}}) {
     const Tensor w = weights(rng, N, K), x = test::uniform(rng, {M, K}, -3, 3);
     QuantSpec spec{Format::LlmInt8};
     spec.threshold = std::numeric_limits<float>::infinity();
@@ -492,7 +501,8 @@ TEST(LlmInt8, InfiniteThresholdIsVectorWiseInt8AndZeroIsThe16BitProduct) {
     for (std::int64_t n = 0; n < 40; ++n) {
       double s = 0, a = 0;
       for (std::int64_t k = 0; k < 256; ++k) {
-        const double p = f16_to_f32(f32_to_f16(x.at<float>({m, k}))) * static_cast<double>(f16_to_f32(f32_to_f16(static_cast<float>(D[n * 256 + k]))));
+        const double p = f16_to_f32(f32_to_f16(x.at<float>({m, k}))) *
+                         static_cast<double>(f16_to_f32(f32_to_f16(static_cast<float>(D[n * 256 + k]))));
         s += p, a += std::fabs(p);
       }
       exact[m * 40 + n] = s, b[m * 40 + n] = gamma(257) * a;
@@ -524,20 +534,23 @@ TEST(Q8_0, TheFastActivationQuantiserIsTheReferenceBitForBit) {
   const std::int64_t K = 32 * 12;
   Tensor x = test::uniform(rng, {3, K});
   float* p = x.data<float>();
-  for (std::int64_t k = 0; k < K; ++k) p[k] *= 100.0f;  // row 0: wide, row 1: [-1, 1), row 2: tiny and special
-  for (std::int64_t k = 0; k < 32; ++k) p[2 * K + k] = 0.0f;                                  // d = 0
+  for (std::int64_t k = 0; k < K; ++k) p[k] *= 100.0f;        // row 0: wide, row 1: [-1, 1), row 2: tiny and special
+  for (std::int64_t k = 0; k < 32; ++k) p[2 * K + k] = 0.0f;  // d = 0
   for (std::int64_t k = 32; k < 64; ++k) p[2 * K + k] = 1e-40f * static_cast<float>(k % 5);  // 1/d overflows
-  for (std::int64_t k = 64; k < 96; ++k) p[2 * K + k] = 1e30f * (k % 2 ? 1.0f : -0.5f);     // d beyond f16
+  for (std::int64_t k = 64; k < 96; ++k) p[2 * K + k] = 1e30f * (k % 2 ? 1.0f : -0.5f);      // d beyond f16
   // d = 1, id = 1: every value a tie k + 0.5 that std::round takes away from zero
-  for (std::int64_t k = 96; k < 128; ++k) p[2 * K + k] = k == 96 ? 127.0f : (static_cast<float>(k % 7) + 0.5f) * (k % 2 ? 1 : -1);
+  for (std::int64_t k = 96; k < 128; ++k)
+    p[2 * K + k] = k == 96 ? 127.0f : (static_cast<float>(k % 7) + 0.5f) * (k % 2 ? 1 : -1);
   // d = 1 again: the largest float below each half, which std::round takes toward zero
-  for (std::int64_t k = 128; k < 160; ++k) p[2 * K + k] = k == 128 ? 127.0f : static_cast<float>(k % 3) + std::nextafter(0.5f, 0.0f);
+  for (std::int64_t k = 128; k < 160; ++k)
+    p[2 * K + k] = k == 128 ? 127.0f : static_cast<float>(k % 3) + std::nextafter(0.5f, 0.0f);
   const BlockedActivations ref(x), fast = blocked_activations_fast(x);
   EXPECT_EQ(fast.q, ref.q);
   EXPECT_EQ(fast.sum, ref.sum);
   EXPECT_EQ(fast.sum16, ref.sum16);
   ASSERT_EQ(fast.d.size(), ref.d.size());
-  for (std::size_t i = 0; i < ref.d.size(); ++i) EXPECT_EQ(std::bit_cast<std::uint32_t>(fast.d[i]), std::bit_cast<std::uint32_t>(ref.d[i])) << "block " << i;
+  for (std::size_t i = 0; i < ref.d.size(); ++i)
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(fast.d[i]), std::bit_cast<std::uint32_t>(ref.d[i])) << "block " << i;
 }
 
 TEST(Q8_0, ActivationsQuantisedToBlocksWithExactIntegerSums) {
@@ -561,7 +574,8 @@ TEST(Q8_0, ActivationsQuantisedToBlocksWithExactIntegerSums) {
         for (int b = 0; b < nb; ++b) {
           const std::uint8_t* wb = q.data.data<std::uint8_t>() + n * nb * 34 + b * 34;
           std::int32_t s = 0;
-          for (int i = 0; i < 32; ++i) s += static_cast<std::int8_t>(wb[2 + i]) * static_cast<std::int8_t>(xb[b * 34 + 2 + i]);
+          for (int i = 0; i < 32; ++i)
+            s += static_cast<std::int8_t>(wb[2 + i]) * static_cast<std::int8_t>(xb[b * 34 + 2 + i]);
           const double p = static_cast<double>(s) * (static_cast<double>(from_half(wb)) * from_half(xb.data() + b * 34));
           y += p, a += std::fabs(p);
         }
@@ -601,8 +615,12 @@ TEST(Gguf, ReadsAndWritesWhatTheGgufPackageWrites) {
     if (info.type == gguf::Type::F32 || info.type == gguf::Type::F16) {
       got = f.tensor(name).to_double_vector();
     } else {
-      const QMatrix q{{info.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0}, info.shape[0], info.shape[1],
-                      f.raw(name).clone(), {}, {}};
+      const QMatrix q{{info.type == gguf::Type::Q8_0 ? Format::Q8_0 : Format::Q4_0},
+                      info.shape[0],
+                      info.shape[1],
+                      f.raw(name).clone(),
+                      {},
+                      {}};
       got = dequantize(q).to_double_vector();
     }
     EXPECT_EQ(got, t["values"].get<std::vector<double>>());
@@ -611,8 +629,7 @@ TEST(Gguf, ReadsAndWritesWhatTheGgufPackageWrites) {
   std::vector<std::pair<std::string, gguf::Value>> meta;
   for (const auto& [k, v] : f.metadata()) meta.emplace_back(k, v);
   std::vector<gguf::Output> ts;
-  for (const auto& i : f.tensors())
-    ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
+  for (const auto& i : f.tensors()) ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
   test::TempDir dir;
   gguf::write(dir.file("copy.gguf"), meta, ts);
   const MappedFile a(ref, "GGUF file"), b(dir.file("copy.gguf"), "GGUF file");
@@ -653,8 +670,7 @@ std::string tiny_gguf(const test::TempDir& dir) {
 }
 
 // A copy of the GGUF at `from` with metadata `key` set to `v` (added if absent).
-std::string with_metadata(const std::string& from, const std::string& to, const std::string& key,
-                          const gguf::Value& v) {
+std::string with_metadata(const std::string& from, const std::string& to, const std::string& key, const gguf::Value& v) {
   const gguf::File f(from);
   std::vector<std::pair<std::string, gguf::Value>> meta(f.metadata().begin(), f.metadata().end());
   bool found = false;
@@ -690,7 +706,9 @@ TEST(Gguf, BadLlamaMetadataNamesTheKeyAndTheFile) {
       // Each of these used to crash (SIGFPE), run with no layers, or read as 0.
       {"llama.attention.head_count", gguf::Value::u32(0), {"'llama.attention.head_count' = 0", "[1, 2^24)"}},
       {"llama.attention.head_count", gguf::Value::str("8"), {"'llama.attention.head_count' is STRING", "integer"}},
-      {"llama.attention.head_count_kv", gguf::Value::u32(3), {"llama.* metadata", "not a multiple of num_key_value_heads 3"}},
+      {"llama.attention.head_count_kv",
+       gguf::Value::u32(3),
+       {"llama.* metadata", "not a multiple of num_key_value_heads 3"}},
       {"llama.attention.head_count", gguf::Value::u32(3), {"'llama.embedding_length' 128", "head_count' 3"}},
       {"llama.block_count", int_value(K::I64, -1), {"'llama.block_count' = -1"}},
       {"llama.block_count", int_value(K::U64, -1), {"'llama.block_count' = 18446744073709551615", "2^63"}},
@@ -723,9 +741,9 @@ TEST(Gguf, BadLlamaMetadataNamesTheKeyAndTheFile) {
     std::vector<gguf::Output> ts;
     for (const auto& i : f.tensors())
       if (i.name == "blk.0.attn_norm.weight")
-        ts.push_back({i.name, gguf::Type::Q8_0, i.shape, Tensor::zeros({gguf::row_bytes(gguf::Type::Q8_0, i.shape[0])}, DType::U8)});
-      else
-        ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
+        ts.push_back(
+            {i.name, gguf::Type::Q8_0, i.shape, Tensor::zeros({gguf::row_bytes(gguf::Type::Q8_0, i.shape[0])}, DType::U8)});
+      else ts.push_back({i.name, i.type, i.shape, f.raw(i.name).view({-1})});
     gguf::write(bad, std::vector<std::pair<std::string, gguf::Value>>(f.metadata().begin(), f.metadata().end()), ts);
     test::expect_error([&] { load_gguf(bad); }, {"bad.gguf", "blk.0.attn_norm.weight is Q8_0", "F32, F16 and BF16 vectors"});
   }
@@ -800,11 +818,18 @@ TEST(Gguf, WriterRefusesAValueOutsideItsKind) {
   test::TempDir dir;
   gguf::Value v = gguf::Value::u32(0);
   v.kind = gguf::Value::Kind::U8, v.i = 300;
-  test::expect_error([&] { gguf::write(dir.file("w.gguf"), {{"general.alignment_hint", v}}, {}); },
-                     {"metadata 'general.alignment_hint' = 300 is out of range [0, 255]"});
+  test::expect_error(
+      [&] {
+    gguf::write(dir.file("w.gguf"), {{"general.alignment_hint", v}}, {});
+      },
+      {"metadata 'general.alignment_hint' = 300 is out of range [0, 255]"});
   v.kind = gguf::Value::Kind::U32, v.i = -1;
   const gguf::Value list = gguf::Value::array(gguf::Value::Kind::U32, {gguf::Value::u32(7), v});
-  test::expect_error([&] { gguf::write(dir.file("w.gguf"), {{"ids", list}}, {}); }, {"metadata 'ids[1]' = -1 is out of range"});
+  test::expect_error(
+      [&] {
+    gguf::write(dir.file("w.gguf"), {{"ids", list}}, {});
+      },
+      {"metadata 'ids[1]' = -1 is out of range"});
   EXPECT_FALSE(std::filesystem::exists(dir.file("w.gguf")));
 }
 
@@ -964,7 +989,10 @@ TEST(Gguf, SixteenBitModelsRunInTheirStoredType) {
       }
       // The Q8_0 projection's values, stored as 16-bit floats (rounded once, here).
       const Tensor w = dequantize(QMatrix({Format::Q8_0}, i.shape[0], i.shape[1], f.raw(i.name).clone())).to(dtype);
-      ts.push_back({i.name, type, i.shape, Tensor::wrap(const_cast<void*>(w.raw_data()), {static_cast<std::int64_t>(w.nbytes())}, DType::U8, Device::CPU, nullptr).clone()});
+      ts.push_back({i.name, type, i.shape,
+                    Tensor::wrap(const_cast<void*>(w.raw_data()), {static_cast<std::int64_t>(w.nbytes())}, DType::U8,
+                                 Device::CPU, nullptr)
+                        .clone()});
     }
     const std::string path = dir.file(gguf::type_name(type) + ".gguf");
     gguf::write(path, {f.metadata().begin(), f.metadata().end()}, ts);
@@ -976,7 +1004,8 @@ TEST(Gguf, SixteenBitModelsRunInTheirStoredType) {
     const double bound = test::two_path_bound(m.config, b);
     for (std::size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], bound) << gguf::type_name(type);
     Sampler s1({}), s2({});
-    EXPECT_EQ(ch02::generate_cached(m, prompt, 24, s1, {}).generated, ch02::generate_cached(wide, prompt, 24, s2, {}).generated)
+    EXPECT_EQ(ch02::generate_cached(m, prompt, 24, s1, {}).generated,
+              ch02::generate_cached(wide, prompt, 24, s2, {}).generated)
         << gguf::type_name(type);
   }
 }
@@ -985,9 +1014,14 @@ TEST(Gguf, SixteenBitModelsRunInTheirStoredType) {
 // Q5_1), decoded bit for bit as the gguf package decodes them (tools/make_gguf_type_goldens.py).
 TEST(Gguf, BlockTypesDecodeAsTheGgufPackageDecodesThem) {
   const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
-  for (const auto& [name, type] : std::vector<std::pair<std::string, gguf::Type>>{
-           {"Q4_1", gguf::Type::Q4_1}, {"Q5_0", gguf::Type::Q5_0}, {"Q5_1", gguf::Type::Q5_1}, {"Q2_K", gguf::Type::Q2_K},
-           {"Q3_K", gguf::Type::Q3_K}, {"Q4_K", gguf::Type::Q4_K}, {"Q5_K", gguf::Type::Q5_K}, {"Q6_K", gguf::Type::Q6_K}}) {
+  for (const auto& [name, type] : std::vector<std::pair<std::string, gguf::Type>>{{"Q4_1", gguf::Type::Q4_1},
+                                                                                  {"Q5_0", gguf::Type::Q5_0},
+                                                                                  {"Q5_1", gguf::Type::Q5_1},
+                                                                                  {"Q2_K", gguf::Type::Q2_K},
+                                                                                  {"Q3_K", gguf::Type::Q3_K},
+                                                                                  {"Q4_K", gguf::Type::Q4_K},
+                                                                                  {"Q5_K", gguf::Type::Q5_K},
+                                                                                  {"Q6_K", gguf::Type::Q6_K}}) {
     const Tensor bytes = f.get(name + ".bytes"), want = f.get(name + ".f32");
     const Tensor got = gguf::dequantize_rows(type, bytes, want.size(1));
     const auto a = got.to_float_vector(), b = want.to_float_vector();
@@ -996,14 +1030,18 @@ TEST(Gguf, BlockTypesDecodeAsTheGgufPackageDecodesThem) {
   }
   // Q8_0 and Q4_0 through the same decoder give chapter 09's own decoding.
   const SafetensorsFile q(kData + "/golden/quant/blocks.safetensors");
-  for (auto [name, type, fmt] : {std::tuple{"q8_0", gguf::Type::Q8_0, Format::Q8_0}, std::tuple{"q4_0", gguf::Type::Q4_0, Format::Q4_0}}) {
+  for (auto [name, type, fmt] :
+       {std::tuple{"q8_0", gguf::Type::Q8_0, Format::Q8_0}, std::tuple{"q4_0", gguf::Type::Q4_0, Format::Q4_0}}) {
     const Tensor raw = q.get(name);
     const Tensor packed = raw.contiguous().view({8, raw.numel() / 8});
     EXPECT_EQ(gguf::dequantize_rows(type, packed, 256).to_float_vector(),
-              dequantize(QMatrix({fmt}, 8, 256, packed.clone())).to_float_vector()) << name;
+              dequantize(QMatrix({fmt}, 8, 256, packed.clone())).to_float_vector())
+        << name;
   }
-  test::expect_error([&] { gguf::dequantize_rows(gguf::Type::Q6_K, f.get("Q6_K.bytes"), 256); }, {"Q6_K rows of 256", "210 bytes"});
-  test::expect_error([&] { gguf::dequantize_rows(gguf::Type::Q4_K, f.get("Q4_K.bytes"), 100); }, {"not whole Q4_K blocks of 256"});
+  test::expect_error([&] { gguf::dequantize_rows(gguf::Type::Q6_K, f.get("Q6_K.bytes"), 256); },
+                     {"Q6_K rows of 256", "210 bytes"});
+  test::expect_error([&] { gguf::dequantize_rows(gguf::Type::Q4_K, f.get("Q4_K.bytes"), 100); },
+                     {"not whole Q4_K blocks of 256"});
 }
 
 // export --format f32 / f16 writes the unquantised model (what llama.cpp's llama-quantize reads):
@@ -1061,9 +1099,9 @@ TEST(Gguf, AQwen2RunsAsTransformersDoes) {
   Sampler s({});
   EXPECT_EQ(ch02::generate_cached(m, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
   // qwen2 metadata under its own prefix: a file that names it wrongly is refused by key.
-  test::expect_error([&] { gguf_config(gguf::File(with_metadata(path, dir.file("bad.gguf"), "qwen2.block_count",
-                                                                 gguf::Value::u32(0)))); },
-                     {"bad.gguf", "qwen2.block_count"});
+  test::expect_error(
+      [&] { gguf_config(gguf::File(with_metadata(path, dir.file("bad.gguf"), "qwen2.block_count", gguf::Value::u32(0)))); },
+      {"bad.gguf", "qwen2.block_count"});
 }
 
 // The part of a GGUF block matrix's values that its fast product sums apart from the quants' part:
@@ -1086,7 +1124,8 @@ std::vector<double> minimum_terms(const QMatrix& q) {
   QMatrix z = q;
   z.data = q.data.clone();
   auto* p = z.data.data<std::uint8_t>();
-  for (std::int64_t b = 0; b < q.data.numel() / bb; ++b) std::memset(p + b * bb + from, 0, static_cast<std::size_t>(to - from));
+  for (std::int64_t b = 0; b < q.data.numel() / bb; ++b)
+    std::memset(p + b * bb + from, 0, static_cast<std::size_t>(to - from));
   return dequantize(z).to_double_vector();
 }
 
@@ -1116,7 +1155,8 @@ void expect_products_within_the_bound(const QMatrix& q, const std::string& what,
 // q6_k's values split into their low four and top two bits) give their bytes back in row order
 // exactly and multiply within the same bound as the row-order products.
 TEST(Gguf, InterleavedKQuantsAreTheSameMatrix) {
-  if (!interleaved_kernels()) GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
+  if (!interleaved_kernels())
+    GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   test::ThreadCount threads(2);
   for (const auto& [f, bb] : std::vector<std::pair<Format, std::int64_t>>{{Format::Q4_K, 144}, {Format::Q6_K, 210}}) {
     SCOPED_TRACE(QuantSpec{f}.name());
@@ -1124,7 +1164,8 @@ TEST(Gguf, InterleavedKQuantsAreTheSameMatrix) {
     Tensor bytes = Tensor::empty({N * K / 256 * bb}, DType::U8);
     auto* p = bytes.data<std::uint8_t>();
     std::uint64_t r = 11;
-    for (std::int64_t i = 0; i < bytes.numel(); ++i) r ^= r << 13, r ^= r >> 7, r ^= r << 17, p[i] = static_cast<std::uint8_t>(r >> 32);
+    for (std::int64_t i = 0; i < bytes.numel(); ++i)
+      r ^= r << 13, r ^= r >> 7, r ^= r << 17, p[i] = static_cast<std::uint8_t>(r >> 32);
     for (std::int64_t b = 0; b < N * K / 256; ++b)
       for (const int o : half_offsets(f)) p[b * bb + o + 1] &= 0x3B;  // finite scales (below 2^15)
     const QMatrix q({f}, N, K, bytes);
@@ -1144,9 +1185,15 @@ TEST(Gguf, InterleavedKQuantsAreTheSameMatrix) {
 TEST(Gguf, BlockTypesRunPackedAndDecodeAsTheGgufPackage) {
   const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
   // Each format with its GGUF type's name and number (ggml.h's enum ggml_type).
-  for (const auto& [fmt, name, number] : std::vector<std::tuple<Format, std::string, std::uint32_t>>{
-           {Format::Q4_1, "Q4_1", 3},  {Format::Q5_0, "Q5_0", 6},  {Format::Q5_1, "Q5_1", 7},  {Format::Q2_K, "Q2_K", 10},
-           {Format::Q3_K, "Q3_K", 11}, {Format::Q4_K, "Q4_K", 12}, {Format::Q5_K, "Q5_K", 13}, {Format::Q6_K, "Q6_K", 14}}) {
+  for (const auto& [fmt, name, number] :
+       std::vector<std::tuple<Format, std::string, std::uint32_t>>{{Format::Q4_1, "Q4_1", 3},
+                                                                   {Format::Q5_0, "Q5_0", 6},
+                                                                   {Format::Q5_1, "Q5_1", 7},
+                                                                   {Format::Q2_K, "Q2_K", 10},
+                                                                   {Format::Q3_K, "Q3_K", 11},
+                                                                   {Format::Q4_K, "Q4_K", 12},
+                                                                   {Format::Q5_K, "Q5_K", 13},
+                                                                   {Format::Q6_K, "Q6_K", 14}}) {
     const Tensor bytes = f.get(name + ".bytes"), want = f.get(name + ".f32");
     const QMatrix q({fmt}, want.size(0), want.size(1), bytes.clone());
     EXPECT_EQ(static_cast<std::uint32_t>(gguf_type(fmt)), number) << name;
@@ -1157,8 +1204,8 @@ TEST(Gguf, BlockTypesRunPackedAndDecodeAsTheGgufPackage) {
     expect_products_within_the_bound(q, name);
     if (gguf::block_values(gguf_type(fmt)) == 32) {  // rows of 2 blocks: the products' tail past whole fours of blocks
       const std::int64_t rows = q.rows * q.cols / 64;
-      expect_products_within_the_bound(QMatrix({fmt}, rows, 64, bytes.contiguous().view({rows, bytes.numel() / rows}).clone()),
-                                       name + " in rows of 64");
+      expect_products_within_the_bound(
+          QMatrix({fmt}, rows, 64, bytes.contiguous().view({rows, bytes.numel() / rows}).clone()), name + " in rows of 64");
     }
     test::expect_error([&] { QuantSpec::parse(q.format()); }, {q.format(), "read from GGUF files"});
   }
@@ -1265,7 +1312,8 @@ void pack_block(gguf::Type t, const float* w, std::uint8_t* b) {
     std::memcpy(b + 2, &mh, 2), m = f16_to_f32(mh);
   }
   auto q_of = [&](float v) {
-    return static_cast<int>(std::clamp(has_min ? std::lround((v - m) / d) : std::lround(v / d) + 16, 0L, static_cast<long>(top)));
+    return static_cast<int>(
+        std::clamp(has_min ? std::lround((v - m) / d) : std::lround(v / d) + 16, 0L, static_cast<long>(top)));
   };
   if (t == gguf::Type::Q5_K) {
     const std::uint16_t mh = f32_to_f16(f16_to_f32(dh) * 16);
@@ -1279,7 +1327,8 @@ void pack_block(gguf::Type t, const float* w, std::uint8_t* b) {
     }
     return;
   }
-  IL_CHECK(t == gguf::Type::Q4_1 || t == gguf::Type::Q5_0 || t == gguf::Type::Q5_1, "pack_block: no packer for ", gguf::type_name(t));
+  IL_CHECK(t == gguf::Type::Q4_1 || t == gguf::Type::Q5_0 || t == gguf::Type::Q5_1, "pack_block: no packer for ",
+           gguf::type_name(t));
   const bool five = t != gguf::Type::Q4_1;
   std::uint8_t* qs = b + (has_min ? 4 : 2) + (five ? 4 : 0);
   std::uint32_t qh = 0;
@@ -1381,48 +1430,50 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
 
 // Q4_0, Q8_0, Q4_K and Q6_K files whose matrices run interleaved (as `run` does on the CPU) run as the files do.
 TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
-  if (!interleaved_kernels()) GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
+  if (!interleaved_kernels())
+    GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   for (const gguf::Type t : {gguf::Type::Q4_0, gguf::Type::Q8_0, gguf::Type::Q4_K, gguf::Type::Q6_K}) {
-  SCOPED_TRACE(gguf::type_name(t));
-  test::TempDir dir;
-  const TransformerConfig c = super_block_config();
-  const std::string path = repacked_gguf(dir, c, [t](const std::string&) { return t; });
-  const ch01::Llama m = load_gguf(path);
-  ch01::Llama il = m;
-  int count = 0;
-  interleave_blocks(il, &count);
-  EXPECT_EQ(count, 7 * c.num_layers + 1);
-  EXPECT_NE(dynamic_cast<const Interleaved8*>(il.layers[0].wq.packed.get()), nullptr);
-  // the same bytes a step, but q4_k's 12 bytes of scales and minimums a row, which become 16
-  std::int64_t scale_bytes = 0;
-  if (t == gguf::Type::Q4_K) {
-    for (const ch01::LlamaLayer& l : m.layers)
-      for (const Linear* w : l.linears()) scale_bytes += w->bytes() / 144 * 4;
-    scale_bytes += m.lm_head.bytes() / 144 * 4;
-  }
-  EXPECT_EQ(il.step_weight_bytes(), m.step_weight_bytes() + scale_bytes);
-  // Generating from the prompt (prefill: unpacked groups; then a token a step: the eight-row
-  // kernel), every interleaved product on the model's own activations is the float64 product of
-  // x rounded through q8_0 blocks with the decoded weights, within the bound the row-order
-  // products meet (blocked_product's, as expect_products_within_the_bound). The logits themselves are not compared:
-  // rounding x through q8_0 blocks is a step function, so a float32 difference in one product can
-  // move a later layer's x by a whole step.
-  int checked = 0;
-  LinearHook hook([&](const Linear& l, const Tensor& x) {
-    const auto* iv = dynamic_cast<const Interleaved8*>(l.packed.get());
-    ASSERT_NE(iv, nullptr);
-    const QMatrix q = iv->rows_in_order();
-    Tensor y = Tensor::empty({x.size(0), q.rows}, DType::F32);
-    iv->matmul(x, y);
-    const auto [exact, b] = blocked_product(x, q, 4);
-    expect_within(y.to_double_vector(), exact, b, iv->format() + " " + std::to_string(q.rows) + " × " + std::to_string(q.cols));
-    ++checked;
-  });
-  Sampler sampler({});
-  const auto emitted = ch02::generate_cached(il, {0, 523, 524, 278, 525, 522, 482}, 16, sampler, {}).generated;
-  EXPECT_EQ(emitted.size(), 16u);
-  EXPECT_EQ(checked, 16 * count);  // the prompt's step and 15 more
-  EXPECT_NE(dynamic_cast<const Interleaved8*>(il.layers[0].wq.packed->to_device(Device::CPU).get()), nullptr);
+    SCOPED_TRACE(gguf::type_name(t));
+    test::TempDir dir;
+    const TransformerConfig c = super_block_config();
+    const std::string path = repacked_gguf(dir, c, [t](const std::string&) { return t; });
+    const ch01::Llama m = load_gguf(path);
+    ch01::Llama il = m;
+    int count = 0;
+    interleave_blocks(il, &count);
+    EXPECT_EQ(count, 7 * c.num_layers + 1);
+    EXPECT_NE(dynamic_cast<const Interleaved8*>(il.layers[0].wq.packed.get()), nullptr);
+    // the same bytes a step, but q4_k's 12 bytes of scales and minimums a row, which become 16
+    std::int64_t scale_bytes = 0;
+    if (t == gguf::Type::Q4_K) {
+      for (const ch01::LlamaLayer& l : m.layers)
+        for (const Linear* w : l.linears()) scale_bytes += w->bytes() / 144 * 4;
+      scale_bytes += m.lm_head.bytes() / 144 * 4;
+    }
+    EXPECT_EQ(il.step_weight_bytes(), m.step_weight_bytes() + scale_bytes);
+    // Generating from the prompt (prefill: unpacked groups; then a token a step: the eight-row
+    // kernel), every interleaved product on the model's own activations is the float64 product of
+    // x rounded through q8_0 blocks with the decoded weights, within the bound the row-order
+    // products meet (blocked_product's, as expect_products_within_the_bound). The logits themselves are not compared:
+    // rounding x through q8_0 blocks is a step function, so a float32 difference in one product can
+    // move a later layer's x by a whole step.
+    int checked = 0;
+    LinearHook hook([&](const Linear& l, const Tensor& x) {
+      const auto* iv = dynamic_cast<const Interleaved8*>(l.packed.get());
+      ASSERT_NE(iv, nullptr);
+      const QMatrix q = iv->rows_in_order();
+      Tensor y = Tensor::empty({x.size(0), q.rows}, DType::F32);
+      iv->matmul(x, y);
+      const auto [exact, b] = blocked_product(x, q, 4);
+      expect_within(y.to_double_vector(), exact, b,
+                    iv->format() + " " + std::to_string(q.rows) + " × " + std::to_string(q.cols));
+      ++checked;
+    });
+    Sampler sampler({});
+    const auto emitted = ch02::generate_cached(il, {0, 523, 524, 278, 525, 522, 482}, 16, sampler, {}).generated;
+    EXPECT_EQ(emitted.size(), 16u);
+    EXPECT_EQ(checked, 16 * count);  // the prompt's step and 15 more
+    EXPECT_NE(dynamic_cast<const Interleaved8*>(il.layers[0].wq.packed->to_device(Device::CPU).get()), nullptr);
   }
 }
 
@@ -1431,9 +1482,12 @@ TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
 // as the same model decoded to f32 does.
 TEST(Gguf, FilesOfTheOtherBlockTypesRunPacked) {
   const TransformerConfig c = super_block_config();
-  for (const auto& [t, format] : std::vector<std::pair<gguf::Type, std::string>>{
-           {gguf::Type::Q4_1, "q4_1"}, {gguf::Type::Q5_0, "q5_0"}, {gguf::Type::Q5_1, "q5_1"}, {gguf::Type::Q5_K, "q5_k"},
-           {gguf::Type::Q2_K, "q2_k"}, {gguf::Type::Q3_K, "q3_k"}}) {
+  for (const auto& [t, format] : std::vector<std::pair<gguf::Type, std::string>>{{gguf::Type::Q4_1, "q4_1"},
+                                                                                 {gguf::Type::Q5_0, "q5_0"},
+                                                                                 {gguf::Type::Q5_1, "q5_1"},
+                                                                                 {gguf::Type::Q5_K, "q5_k"},
+                                                                                 {gguf::Type::Q2_K, "q2_k"},
+                                                                                 {gguf::Type::Q3_K, "q3_k"}}) {
     SCOPED_TRACE(format);
     test::TempDir dir;
     const std::string path = repacked_gguf(dir, c, [t = t](const std::string&) { return t; });
@@ -1469,8 +1523,7 @@ TEST(Gguf, RunUsesTheTokenizerItIsGivenElseTheFilesOwn) {
   auto types = f.get("tokenizer.ggml.token_type");
   types.items.resize(900);
   with_metadata(path, dir.file("small.gguf"), "tokenizer.ggml.tokens", tokens);
-  const gguf::File small(
-      with_metadata(dir.file("small.gguf"), dir.file("small.gguf"), "tokenizer.ggml.token_type", types));
+  const gguf::File small(with_metadata(dir.file("small.gguf"), dir.file("small.gguf"), "tokenizer.ggml.token_type", types));
   test::expect_error([&] { gguf_tokenizer(small, "", tiny); }, {"small.gguf (tokenizer.ggml.*)", "merge"});
   // A llama2.c tokenizer has no count of its own: it must match the model's vocabulary exactly.
   std::string bin(4, '\0');
@@ -1589,8 +1642,8 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
     }
   // The block types read from GGUF files (the golden blocks: every bit pattern of quants and scales).
   const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
-  for (const Format fmt : {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K, Format::Q4_K,
-                           Format::Q5_K, Format::Q6_K}) {
+  for (const Format fmt :
+       {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K, Format::Q4_K, Format::Q5_K, Format::Q6_K}) {
     const std::string name = gguf::type_name(gguf_type(fmt));
     SCOPED_TRACE(name);
     const Tensor want = f.get(name + ".f32");
@@ -1604,7 +1657,8 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
     for (std::int64_t m = 0; m < M; ++m)
       for (std::int64_t n = 0; n < N; ++n) {
         double a = 0;
-        for (std::int64_t k = 0; k < K; ++k) a += std::fabs(X[m * K + k]) * (std::fabs(D[n * K + k]) + 2 * std::fabs(Dm[n * K + k]));
+        for (std::int64_t k = 0; k < K; ++k)
+          a += std::fabs(X[m * K + k]) * (std::fabs(D[n * K + k]) + 2 * std::fabs(Dm[n * K + k]));
         b[m * N + n] = 2 * (gamma(K) + 4 * u) * a;  // each side's bound (expect_products_within_the_bound)
       }
     expect_within(gpu, cpu, b, "cuda vs cpu");
@@ -1638,7 +1692,8 @@ TEST(CudaQuant, Q8_0BlockOfXEqualsTheCpusBitForBit) {
     quantize_q8_0_block(x.data<float>(), block);
     const float unit = 127.0f * from_half(q.data.data<std::uint8_t>());  // 127·d_w: y_n = unit·q_n·d_x
     std::ostringstream why;
-    why << "amax " << amax << ": the CPU's block of row 0 has d_x " << from_half(block) << "; n, x, CPU's q, y_cpu / (127·d_w), y_gpu / (127·d_w):";
+    why << "amax " << amax << ": the CPU's block of row 0 has d_x " << from_half(block)
+        << "; n, x, CPU's q, y_cpu / (127·d_w), y_gpu / (127·d_w):";
     for (int n = 0; n < 32; ++n)
       why << "\n  " << n << " " << x.at<float>({0, n}) << " " << int(static_cast<std::int8_t>(block[2 + n])) << " "
           << cpu[static_cast<std::size_t>(n)] / unit << " " << gpu[static_cast<std::size_t>(n)] / unit;

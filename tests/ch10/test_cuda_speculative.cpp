@@ -41,8 +41,8 @@ TEST(CudaSpeculative, DistributionsEqualTheSamplersOnEveryRow) {
   std::normal_distribution<float> n(0, 2);
   std::vector<float> l(static_cast<std::size_t>(T * V));
   for (auto& x : l) x = n(g);
-  l[17] = l[18] = 9.0f;       // a tie at the top: ids break it
-  l[V + 995] = 50.0f;         // row 1's largest logit is beyond a vocabulary of 988: never drawn there
+  l[17] = l[18] = 9.0f;  // a tie at the top: ids break it
+  l[V + 995] = 50.0f;    // row 1's largest logit is beyond a vocabulary of 988: never drawn there
   const Tensor host = Tensor::from_vector(l, {T, V}), dev = host.to(Device::CUDA);
   auto params = [](float t, int k, float p, std::int64_t vocab) {
     SamplingParams s;
@@ -73,12 +73,18 @@ TEST(CudaSpeculative, BrokenLogitsAreRefusedByName) {
   for (const float t : {1.0f, 0.0f}) {  // sampled and greedy
     SamplingParams sp;
     sp.temperature = t;
-    test::expect_error([&] { ch10::cuda::distributions(Tensor::from_vector(l, {2, 64}).to(Device::CUDA), sp); },
-                       {"logit 9 of row 1", "NaN"});
+    test::expect_error(
+        [&] {
+      ch10::cuda::distributions(Tensor::from_vector(l, {2, 64}).to(Device::CUDA), sp);
+        },
+        {"logit 9 of row 1", "NaN"});
     std::vector<float> minf(128, 0.0f);
     std::fill(minf.begin() + 64, minf.end(), -inf);
-    test::expect_error([&] { ch10::cuda::distributions(Tensor::from_vector(minf, {2, 64}).to(Device::CUDA), sp); },
-                       {"every logit of row 1 is -inf"});
+    test::expect_error(
+        [&] {
+      ch10::cuda::distributions(Tensor::from_vector(minf, {2, 64}).to(Device::CUDA), sp);
+        },
+        {"every logit of row 1 is -inf"});
   }
 }
 
@@ -180,7 +186,8 @@ TEST(CudaSpeculative, ACustomResidualRunsTheHostRound) {
 // tiny-mha verifying tiny-draft on the GPU and on the CPU, with the same seed.
 void expect_gpu_equals_cpu(const SamplingParams& sp) {
   const std::string data = INFERLAB_DATA_DIR;
-  const ch01::Llama target = ch01::load_llama(data + "/models/tiny-mha"), draft = ch01::load_llama(data + "/models/tiny-draft");
+  const ch01::Llama target = ch01::load_llama(data + "/models/tiny-mha"),
+                    draft = ch01::load_llama(data + "/models/tiny-draft");
   const ch01::Llama gt = target.to(Device::CUDA, DType::F32), gd = draft.to(Device::CUDA, DType::F32);
   const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
   ch10::CachedModel ct(target, 128, sp), cd(draft, 128, sp), t(gt, 128, sp), d(gd, 128, sp);

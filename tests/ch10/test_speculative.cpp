@@ -126,7 +126,8 @@ TEST(Speculative, TokensPerRoundMatchTheFormula) {
     // A round emits 1 + min(G, γ) tokens, G geometric; its variance, summed over the rounds.
     double m2 = 0;
     for (std::int64_t k = 0; k <= gamma; ++k) {
-      const double pk = k < gamma ? std::pow(alpha, static_cast<double>(k)) * (1 - alpha) : std::pow(alpha, static_cast<double>(gamma));
+      const double pk =
+          k < gamma ? std::pow(alpha, static_cast<double>(k)) * (1 - alpha) : std::pow(alpha, static_cast<double>(gamma));
       m2 += pk * static_cast<double>((k + 1) * (k + 1));
     }
     const double sd = std::sqrt((m2 - want * want) / static_cast<double>(run.rounds));

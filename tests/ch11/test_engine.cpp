@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <random>
 
+#include "bundled_model.h"
 #include "chapters/11_continuous_batching/trace.h"
 #include "common/eval.h"
-#include "bundled_model.h"
 #include "golden_util.h"
 
 using namespace inferlab;
@@ -104,11 +104,12 @@ TEST_P(EngineAgrees, EveryRequestGetsWhatItGetsAlone) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, EngineAgrees,
-                         ::testing::Values(Case{"continuous", Policy::Continuous, 6, 16, Allocation::MaxLength, 4096, false, true},
-                                           Case{"continuous_preempting", Policy::Continuous, 5, 12, Allocation::OnDemand, 160, true, true},
-                                           Case{"static", Policy::Static, 4, 4, Allocation::MaxLength, 4096, false, false}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Policies, EngineAgrees,
+    ::testing::Values(Case{"continuous", Policy::Continuous, 6, 16, Allocation::MaxLength, 4096, false, true},
+                      Case{"continuous_preempting", Policy::Continuous, 5, 12, Allocation::OnDemand, 160, true, true},
+                      Case{"static", Policy::Static, 4, 4, Allocation::MaxLength, 4096, false, false}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // Chunked prefill with any chunk size gives the cache and the logits one-shot prefill gives.
 TEST(ChunkedPrefill, AnyChunkSizeEqualsOneShot) {
@@ -251,7 +252,8 @@ TEST(Engine, OnDemandAllocationRunsMoreSequencesThanMaxLength) {
     Engine e(m, pool, c);
     for (const Request& r : trace) e.add(r);
     e.run();
-    for (const StepRecord& r : e.steps()) most[a == Allocation::OnDemand] = std::max(most[a == Allocation::OnDemand], r.sequences);
+    for (const StepRecord& r : e.steps())
+      most[a == Allocation::OnDemand] = std::max(most[a == Allocation::OnDemand], r.sequences);
   }
   EXPECT_GT(most[1], most[0]);
 }

@@ -257,10 +257,10 @@ TEST(Scheduler, PreemptionFreesTheNewestAndRequeuesItFirst) {
 // takes the rest of its prompt or as much of it as the spare budget allows.
 TEST(Scheduler, AStepShareIsTheOwedTokenPlusWhatTheSpareBudgetAllows) {
   EXPECT_EQ(step_share(1, 0), 1);
-  EXPECT_EQ(step_share(1, 100), 1);   // decoding: one pending token
-  EXPECT_EQ(step_share(21, 6), 7);    // a prefill chunk: the owed token and 6 spare
-  EXPECT_EQ(step_share(21, 0), 1);    // no spare: it still advances by one
-  EXPECT_EQ(step_share(5, 100), 5);   // the whole rest of its prompt, never more
+  EXPECT_EQ(step_share(1, 100), 1);  // decoding: one pending token
+  EXPECT_EQ(step_share(21, 6), 7);   // a prefill chunk: the owed token and 6 spare
+  EXPECT_EQ(step_share(21, 0), 1);   // no spare: it still advances by one
+  EXPECT_EQ(step_share(5, 100), 5);  // the whole rest of its prompt, never more
   EXPECT_EQ(step_share(5, 4), 5);
   EXPECT_EQ(step_share(5, 3), 4);
 }

@@ -6,10 +6,10 @@
 #include <map>
 #include <random>
 
+#include "bundled_model.h"
 #include "chapters/11_continuous_batching/trace.h"
 #include "chapters/12_paged_attention/paged_cache.h"
 #include "common/eval.h"
-#include "bundled_model.h"
 #include "golden_util.h"
 
 using namespace inferlab;
@@ -89,11 +89,12 @@ TEST(BlockPool, ConservationUnderTenThousandRandomOperations) {
           ASSERT_EQ(caches.back()->block_table()[b], s.block_table()[b]);
         ASSERT_EQ(static_cast<std::int64_t>(caches.back()->block_table().size()), (s.length() + 3) / 4);
         if (ahead) s.truncate(s.length());  // give the room back, so the table needs no more than it holds
-      } else if (op < 78) {  // publish the full blocks, then adopt them from a new cache
+      } else if (op < 78) {                 // publish the full blocks, then adopt them from a new cache
         // A position's "token" is its slot: blocks that are shared hold the same tokens, and
         // different blocks never collide.
         std::vector<std::int32_t> tokens(static_cast<std::size_t>(s.length()));
-        for (std::size_t t = 0; t < tokens.size(); ++t) tokens[t] = s.block_table()[t / 4] * 4 + static_cast<std::int32_t>(t % 4);
+        for (std::size_t t = 0; t < tokens.size(); ++t)
+          tokens[t] = s.block_table()[t / 4] * 4 + static_cast<std::int32_t>(t % 4);
         s.publish(tokens);
         auto twin = std::make_unique<PagedKVCache>(pool);
         ASSERT_EQ(twin->adopt_prefix(tokens, s.length()), s.length() / 4 * 4) << "a published prefix is not found";
@@ -109,7 +110,8 @@ TEST(BlockPool, ConservationUnderTenThousandRandomOperations) {
     }
     expect_conserved(pool, caches);
     for (const auto& s : caches)
-      ASSERT_EQ(static_cast<std::int64_t>(s->block_table().size()), (s->length() + 3) / 4) << "a cache holds a block it does not need";
+      ASSERT_EQ(static_cast<std::int64_t>(s->block_table().size()), (s->length() + 3) / 4)
+          << "a cache holds a block it does not need";
     ASSERT_LE(pool.free(), pool.total());
   }
   EXPECT_GT(refused, 0) << "the pool never ran out";
@@ -340,8 +342,8 @@ TEST(PagedCache, CopyOnWriteWithRoomReservedAhead) {
     s.commit(n);
   };
   ASSERT_TRUE(parent.reserve(5));
-  store(parent, 5);                   // blocks [a, b]: b holds one position
-  ASSERT_TRUE(parent.reserve(8));     // room for 8 more: two blocks reserved ahead
+  store(parent, 5);                // blocks [a, b]: b holds one position
+  ASSERT_TRUE(parent.reserve(8));  // room for 8 more: two blocks reserved ahead
   auto child = parent.fork();
   EXPECT_EQ(child->block_table().size(), 2u) << "the fork shares the blocks holding positions only";
   const auto before = pool.k(0).to_double_vector();
@@ -353,7 +355,8 @@ TEST(PagedCache, CopyOnWriteWithRoomReservedAhead) {
   const std::int32_t theirs = parent.block_table()[1];
   for (std::int64_t i = 0; i < row; ++i)
     ASSERT_EQ(pool.k(0).to_double_vector()[static_cast<std::size_t>(theirs * row + i)],
-              before[static_cast<std::size_t>(theirs * row + i)]) << "the parent's block changed";
+              before[static_cast<std::size_t>(theirs * row + i)])
+        << "the parent's block changed";
   // The same with the parent writing first: it holds room reserved ahead, so its last block is
   // not the one the next token goes into; that one is shared and must be copied.
   PagedKVCache p2(pool);

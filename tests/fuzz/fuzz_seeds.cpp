@@ -5,8 +5,8 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <vector>
+#include <nlohmann/json.hpp>
 
 #include "chapters/01_naive_decode/llama.h"
 #include "chapters/09_quantization/gguf_model.h"
@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
 
   // safetensors: the tiny model's tensors as a Hugging Face checkpoint names them.
   save_safetensors(dir(out, "safetensors") + "/tiny.safetensors",
-                   {{"model.embed_tokens.weight", m.embed}, {"model.norm.weight", m.final_norm},
+                   {{"model.embed_tokens.weight", m.embed},
+                    {"model.norm.weight", m.final_norm},
                     {"model.layers.0.self_attn.q_proj.weight", l.wq.weight},
                     {"model.layers.0.mlp.down_proj.weight", l.w_down.weight.to(DType::BF16)}},
                    {{"format", "pt"}});

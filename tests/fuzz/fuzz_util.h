@@ -20,7 +20,8 @@ namespace inferlab::fuzz {
 /// A folder of this process's own, in memory when /dev/shm exists (one write per execution).
 inline const std::string& work_dir() {
   static const std::string dir = [] {
-    const std::string root = std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path().string();
+    const std::string root =
+        std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path().string();
     std::string d = root + "/inferlab-fuzz-" + std::to_string(::getpid());
     std::filesystem::create_directories(d);
     return d;
