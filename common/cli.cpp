@@ -1,8 +1,11 @@
 #include "common/cli.h"
 
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +15,7 @@
 #include <iomanip>
 #include <iostream>
 #include <sstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
@@ -227,11 +231,59 @@ std::string filesystem_error_message(const std::filesystem::filesystem_error& e)
 }
 }  // namespace
 
+double busy_cores(double seconds) {
+  // /proc/stat's first line: the jiffies all CPUs spent in each state since boot.
+  auto sample = [](double& busy, double& total) {
+    std::ifstream in("/proc/stat");
+    std::string cpu;
+    double v[8] = {};
+    if (!(in >> cpu) || cpu != "cpu") return false;
+    for (double& x : v)
+      if (!(in >> x)) return false;
+    total = 0;
+    for (double x : v) total += x;
+    busy = total - v[3] - v[4];  // not idle, not waiting for I/O
+    return true;
+  };
+  double b0 = 0, t0 = 0, b1 = 0, t1 = 0;
+  if (!sample(b0, t0)) return -1;
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  if (!sample(b1, t1) || t1 <= t0) return -1;
+  return (b1 - b0) / (t1 - t0) * static_cast<double>(usable_cores());
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::clamp(sysconf(_SC_NPROCESSORS_ONLN), 1L, 4096L));
+}
+
+int threads_beside(double busy, int cores) {
+  if (busy < 0) return cores;  // not known: all of them
+  // A core counts as taken once other work keeps three quarters of it busy.
+  const int taken = static_cast<int>(std::floor(busy + 0.25));
+  return std::clamp(cores - taken, 1, cores);
+}
+
 void wait_passively(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
-  if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  bool changed = false;
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr)
+    changed = setenv("OMP_WAIT_POLICY", "passive", 1) == 0;
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    const int cores = usable_cores();
+    const double busy = busy_cores(0.05);
+    const int n = threads_beside(busy, cores);
+    if (n < cores && setenv("OMP_NUM_THREADS", std::to_string(n).c_str(), 1) == 0) {
+      changed = true;
+      std::fprintf(stderr,
+                   "%s: other work keeps %.1f of this machine's %d cores busy: running on %d thread%s, so that its "
+                   "timings hold (OMP_NUM_THREADS chooses)\n",
+                   std::filesystem::path(argv[0]).filename().c_str(), busy, cores, n, n == 1 ? "" : "s");
+    }
+  }
+  if (!changed) return;
   execv("/proc/self/exe", argv);
-  // Still here: no /proc (or no exec). The policy stays OpenMP's default for this run.
+  // Still here: no /proc (or no exec). OpenMP keeps its defaults for this run.
 }
 
 int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {

@@ -126,15 +126,28 @@ void bare_run_options_only(CLI::App& app);
 /// program reads along with.
 void help_footer(CLI::App& app, const std::string& bare_run, const std::string& readme, const std::string& lecture);
 
-/// The first line of every chapter's main(): makes OpenMP's waiting threads sleep instead of spin
-/// (OMP_WAIT_POLICY=passive), unless the environment already sets OMP_WAIT_POLICY or
-/// GOMP_SPINCOUNT. With the default policy, threads that finish a parallel region first spin
-/// for their next one, and on a machine whose cores other jobs are using they take the cores
-/// those jobs and the program's own threads need: a decode step measured 400 ms spinning and
-/// 11 ms passive (docs/performance.md). OpenMP reads the policy once, when the program loads,
-/// so this sets it and runs the program again (execv of /proc/self/exe with the same argv);
-/// where that cannot be done the program carries on as it is.
+/// The first line of every chapter's main(): sets OpenMP up so that timings hold on a machine
+/// other jobs are using.
+///  - Waiting threads sleep instead of spin (OMP_WAIT_POLICY=passive), unless the environment
+///    sets OMP_WAIT_POLICY or GOMP_SPINCOUNT. With the default policy, threads that finish a
+///    parallel region first spin for their next one and take the cores the program's own threads
+///    need: a decode step measured 400 ms spinning and 11 ms passive (docs/performance.md).
+///  - Cores that other work keeps busy (sampled over 50 ms, busy_cores) are left to it
+///    (OMP_NUM_THREADS, unless the environment sets it; a line on stderr says so): a region of
+///    two threads ends when the later one does, and on a taken core the scheduler sets it aside
+///    for a time slice now and then, which short regions feel most.
+/// OpenMP reads its settings once, when the program loads, so this sets them and runs the program
+/// again (execv of /proc/self/exe with the same argv); where that cannot be done the program
+/// carries on as it is.
 void wait_passively(char** argv);
+/// How many cores other work keeps busy, sampled from /proc/stat over `seconds` (-1 when it
+/// cannot tell).
+double busy_cores(double seconds);
+/// The cores this process may run on (its affinity mask).
+int usable_cores();
+/// The threads a program takes beside `busy` cores of other work on `cores`: every core but
+/// those at least three quarters busy, and at least one (all of them when `busy` is unknown).
+int threads_beside(double busy, int cores);
 
 /// Parses argv and runs `body`; returns the process exit status (0 ok, 1 error, 2 usage). Before
 /// the body, the defaults of the output options (output_file, output_folder) of the commands

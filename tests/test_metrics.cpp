@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/ceiling.h"
+#include "common/cli.h"
 #include "common/eval.h"
 #include "common/metrics.h"
 #include "test_util.h"
@@ -156,6 +157,24 @@ std::string run_probe(const std::string& env) {
   while (std::fgets(buf, sizeof buf, p)) out += buf;
   EXPECT_EQ(pclose(p), 0);
   return out;
+}
+
+TEST(Metrics, ExecutablesLeaveBusyCoresToTheWorkOnThem) {
+  // Every core on a quiet machine; a core three quarters busy or more is left to its work; one
+  // thread at least; all of them when the load cannot be read.
+  EXPECT_EQ(threads_beside(0.0, 2), 2);
+  EXPECT_EQ(threads_beside(0.7, 2), 2);
+  EXPECT_EQ(threads_beside(0.8, 2), 1);
+  EXPECT_EQ(threads_beside(2.0, 2), 1);
+  EXPECT_EQ(threads_beside(5.0, 2), 1);
+  EXPECT_EQ(threads_beside(3.7, 16), 13);
+  EXPECT_EQ(threads_beside(3.8, 16), 12);
+  EXPECT_EQ(threads_beside(-1, 8), 8);
+  const int cores = usable_cores();
+  EXPECT_GE(cores, 1);
+  const double busy = busy_cores(0.02);
+  EXPECT_GE(busy, 0);  // /proc/stat exists on Linux
+  EXPECT_LE(busy, cores + 1e-9);
 }
 
 TEST(Metrics, ExecutablesWaitPassivelyUnlessTheUserChose) {
