@@ -269,14 +269,17 @@ relabel() {
   local trace="$tree/trace.txt"
   rm -f "$trace"
   INFERLAB_LAB_TRACE="$trace" ctest --test-dir "$tree/build/release" -j2 > /dev/null || die "a test fails in the trace tree"
+  # The chapter_cli lines name the runs of tests/chapter_cli.cmake, which carry their exercise
+  # there (LAB) and leave no trace: they are kept as they are.
+  local cli; cli=$(grep '^chapter_cli ' "$ROOT/$LABELS" || true)
   {
     echo "# Which exercise each test needs: written by tools/lab.sh relabel from a trace tree, where every"
     echo "# exercise region records that it ran. A test carries the last exercise it needs, in course"
     echo "# order, so that it passes once the exercises up to that one are done. ctest labels: lab, ex<id>."
     echo "# test program   exercise   test"
     # trace lines: "<program> <test> <exercise>", one per exercise a test (or a program it ran) reached
-    sort -k1,1 -k2,2 -k3,3V -u "$trace" | awk '{ last[$1 " " $2] = $3 } END { for (t in last) { split(t, p, " "); print p[1], last[t], p[2] } }' |
-      sort -k2,2V -k1,1 -k3,3
+    { sort -k1,1 -k2,2 -k3,3V -u "$trace" | awk '{ last[$1 " " $2] = $3 } END { for (t in last) { split(t, p, " "); print p[1], last[t], p[2] } }'
+      [[ -z "$cli" ]] || echo "$cli"; } | sort -k2,2V -k1,1 -k3,3
   } > "$ROOT/$LABELS"
   echo "lab: wrote $LABELS ($(grep -vc '^#' "$ROOT/$LABELS") tests)"
 }
