@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <iostream>
 #include <sstream>
 #include <thread>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
@@ -232,24 +234,37 @@ std::string filesystem_error_message(const std::filesystem::filesystem_error& e)
 }  // namespace
 
 double busy_cores(double seconds) {
-  // /proc/stat's first line: the jiffies all CPUs spent in each state since boot.
-  auto sample = [](double& busy, double& total) {
+  // /proc/stat's "cpuN" lines: the jiffies each CPU spent in each state since boot. Only the CPUs
+  // this process may run on count (a container's cpuset, taskset), each busy for its share of
+  // the interval that was not idle and not waiting for I/O.
+  cpu_set_t mine;
+  const bool masked = sched_getaffinity(0, sizeof mine, &mine) == 0;
+  auto sample = [&](std::vector<double>& busy, std::vector<double>& total) {
     std::ifstream in("/proc/stat");
-    std::string cpu;
-    double v[8] = {};
-    if (!(in >> cpu) || cpu != "cpu") return false;
-    for (double& x : v)
-      if (!(in >> x)) return false;
-    total = 0;
-    for (double x : v) total += x;
-    busy = total - v[3] - v[4];  // not idle, not waiting for I/O
-    return true;
+    busy.clear(), total.clear();
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("cpu", 0) != 0 || line.size() < 4 || !std::isdigit(static_cast<unsigned char>(line[3]))) continue;
+      std::istringstream fields(line.substr(3));
+      int id = -1;
+      double v[8] = {};
+      fields >> id;
+      for (double& x : v) fields >> x;
+      if (!fields || id < 0 || (masked && (id >= CPU_SETSIZE || !CPU_ISSET(id, &mine)))) continue;
+      double t = 0;
+      for (double x : v) t += x;
+      busy.push_back(t - v[3] - v[4]);
+      total.push_back(t);
+    }
+    return !busy.empty();
   };
-  double b0 = 0, t0 = 0, b1 = 0, t1 = 0;
+  std::vector<double> b0, t0, b1, t1;
   if (!sample(b0, t0)) return -1;
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  if (!sample(b1, t1) || t1 <= t0) return -1;
-  return (b1 - b0) / (t1 - t0) * static_cast<double>(usable_cores());
+  if (!sample(b1, t1) || b1.size() != b0.size()) return -1;  // a CPU came or went: unknown
+  double busy = 0;
+  for (std::size_t i = 0; i < b0.size(); ++i)
+    if (t1[i] > t0[i]) busy += std::clamp((b1[i] - b0[i]) / (t1[i] - t0[i]), 0.0, 1.0);
+  return busy;
 }
 
 int usable_cores() {

@@ -140,8 +140,8 @@ void help_footer(CLI::App& app, const std::string& bare_run, const std::string& 
 /// again (execv of /proc/self/exe with the same argv); where that cannot be done the program
 /// carries on as it is.
 void wait_passively(char** argv);
-/// How many cores other work keeps busy, sampled from /proc/stat over `seconds` (-1 when it
-/// cannot tell).
+/// How many of the cores this process may run on other work keeps busy, sampled from
+/// /proc/stat's per-CPU lines over `seconds` (-1 when it cannot tell).
 double busy_cores(double seconds);
 /// The cores this process may run on (its affinity mask).
 int usable_cores();

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
 #include "common/cuda/backend.h"
 #include "common/lab.h"
 
@@ -140,6 +142,18 @@ ThroughputPoint measure_decode(const ch01::Llama& m, std::int64_t batch, std::in
   const std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch), 3);
   return time_decode(batch, decode_step_bytes(m, std::vector<std::int64_t>(static_cast<std::size_t>(batch), context)), steps,
                      m.device(), [&] { decode_step(m, views, tokens); });
+}
+
+nlohmann::json to_json(const ThroughputPoint& p, const metrics::ReadCeiling& read, double peak_flops) {
+  return {{"batch", p.batch},
+          {"tokens_per_s", p.tokens_per_s()},
+          {"memory_model_tokens_per_s", p.memory_bound_tokens_per_s(read.bytes_per_s())},
+          {"roofline_tokens_per_s", p.roofline_tokens_per_s(read.bytes_per_s(), peak_flops)},
+          {"achieved_bytes_per_s", p.achieved_bytes_per_s()},
+          {"bytes_per_step", p.bytes_per_step},
+          {"flops_per_step", p.flops_per_step},
+          {"seconds_per_step", p.seconds_per_step},
+          {"read_ceiling", metrics::to_json(read)}};
 }
 
 ThroughputPoint time_decode(std::int64_t batch, double bytes_per_step, int steps, Device device,

@@ -11,7 +11,10 @@
 #include <functional>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
 #include "chapters/02_kv_cache/kv_cache.h"
+
+#include "common/ceiling.h"
 #include "common/metrics.h"
 
 namespace inferlab::ch03 {
@@ -60,6 +63,10 @@ struct ThroughputPoint {
     return static_cast<double>(batch) / std::max(bytes_per_step / bandwidth, flops_per_step / peak);
   }
 };
+
+/// A point's figures for --json: tokens/s measured and by both models against the read ceiling
+/// of its kind (`read`) and the FLOP peak, the bytes, FLOPs and seconds of a step, the ceiling.
+nlohmann::json to_json(const ThroughputPoint& p, const metrics::ReadCeiling& read, double peak_flops);
 
 /// Times `steps` decode steps of a batch of `batch` sequences at `context` cached positions
 /// (best of the steps, after one warm-up step).

@@ -98,15 +98,9 @@ int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_
                   p.roofline_tokens_per_s(bw, roof.flops_per_s), p.achieved_bytes_per_s() / 1e9,
                   legend.percent(variant_name(K, 16) + " B = " + std::to_string(B), p.achieved_bytes_per_s(), read),
                   read.kind.c_str(), p.flops_per_step / p.bytes_per_step, p.tokens_per_s() / mha[B]);
-      rows.push_back({{"kv_heads", K},
-                      {"batch", B},
-                      {"tokens_per_s", p.tokens_per_s()},
-                      {"memory_model_tokens_per_s", p.memory_bound_tokens_per_s(bw)},
-                      {"roofline_tokens_per_s", p.roofline_tokens_per_s(bw, roof.flops_per_s)},
-                      {"bytes_per_step", p.bytes_per_step},
-                      {"flops_per_step", p.flops_per_step},
-                      {"seconds_per_step", p.seconds_per_step},
-                      {"read_ceiling", metrics::to_json(read)}});
+      json row = to_json(p, read, roof.flops_per_s);
+      row["kv_heads"] = K;
+      rows.push_back(row);
     }
     std::printf("\n");
   }
@@ -174,17 +168,9 @@ int headline(const std::string& json_path) {
         variant_name(K, 16).c_str(), static_cast<long long>(K), p.tokens_per_s(), p.tokens_per_s() / mha,
         p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s),
         metrics::against(p.achieved_bytes_per_s(), read).c_str());
-    rows.push_back({{"kv_heads", K},
-                    {"layers", shape.num_layers},
-                    {"batch", 4},
-                    {"context", 1024},
-                    {"tokens_per_s", p.tokens_per_s()},
-                    {"roofline_tokens_per_s", p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s)},
-                    {"achieved_bytes_per_s", p.achieved_bytes_per_s()},
-                    {"bytes_per_step", p.bytes_per_step},
-                    {"flops_per_step", p.flops_per_step},
-                    {"seconds_per_step", p.seconds_per_step},
-                    {"read_ceiling", metrics::to_json(read)}});
+    json row = to_json(p, read, roof.flops_per_s);
+    row["kv_heads"] = K, row["layers"] = shape.num_layers, row["context"] = 1024;
+    rows.push_back(row);
   }
   std::printf("  (random 16-head models, 4 layers, the best of 3 decode steps; the full sweep: ch03_gqa throughput)\n");
   std::printf("  more: ch03_gqa memory | throughput | convert\n");

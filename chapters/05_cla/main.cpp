@@ -61,18 +61,9 @@ json budget_sweep(const metrics::Ceiling& roof, const TransformerConfig& shape, 
                 p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s),
                 metrics::against(p.achieved_bytes_per_s(), read).c_str());
     std::fflush(stdout);
-    rows.push_back({{"share_factor", s},
-                    {"storage_layers", m.layout.storage_layers()},
-                    {"batch", B},
-                    {"cache_bytes_per_sequence", per_seq},
-                    {"tokens_per_s", p.tokens_per_s()},
-                    {"memory_model_tokens_per_s", p.memory_bound_tokens_per_s(read.bytes_per_s())},
-                    {"roofline_tokens_per_s", p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s)},
-                    {"achieved_bytes_per_s", p.achieved_bytes_per_s()},
-                    {"bytes_per_step", p.bytes_per_step},
-                    {"flops_per_step", p.flops_per_step},
-                    {"seconds_per_step", p.seconds_per_step},
-                    {"read_ceiling", metrics::to_json(read)}});
+    json row = ch03::to_json(p, read, roof.flops_per_s);
+    row["share_factor"] = s, row["storage_layers"] = m.layout.storage_layers(), row["cache_bytes_per_sequence"] = per_seq;
+    rows.push_back(row);
   }
   return rows;
 }
