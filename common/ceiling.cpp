@@ -83,7 +83,8 @@ std::string human_bytes(double v) {
 std::string describe(const RooflinePoint& p) {
   std::ostringstream os;
   const auto& c = p.ceiling;
-  const ReadCeiling read = p.read.bytes_per_s() > 0 ? p.read : read_ceiling_for(c, p.work.bytes);
+  ReadCeiling read = p.read;  // roofline() sets it; a point made by hand reads against the device's memory
+  if (read.bytes_per_s() <= 0) read.rate = {c.bytes_per_s, c.bytes_per_s, c.bytes_per_s, 1}, read.kind = "from memory";
   os << against(p.achieved_bytes_per_s(), read) << "; " << human_rate(p.achieved_flops_per_s(), "FLOP") << " = "
      << static_cast<int>(std::lround(100 * p.achieved_flops_per_s() / c.flops_per_s)) << "% of "
      << human_rate(c.flops_per_s, "FLOP") << " (" << c.flops_dtype << "); intensity "
