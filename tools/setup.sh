@@ -3,7 +3,7 @@
 # As root it installs what is missing with apt; otherwise it prints the one apt line to run.
 set -euo pipefail
 PACKAGES=(cmake ninja-build g++ pkg-config libeigen3-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-          libbenchmark-dev libpcre2-dev libutf8proc-dev doxygen ccache clang-format)
+          libbenchmark-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev doxygen ccache clang-format)
 # tools/fuzz.sh also needs clang with libFuzzer, and the OpenMP runtime clang links.
 [ "${1:-}" = "--fuzz" ] && PACKAGES+=(clang libomp-dev)
 if ! command -v dpkg-query > /dev/null; then
