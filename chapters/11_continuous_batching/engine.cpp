@@ -110,6 +110,8 @@ void Engine::add(Request r) {
            " positions) it needs ", metrics::human_bytes(static_cast<double>(pool_.bytes_for(longest))),
            " of KV cache, more than the pool's whole budget of ",
            metrics::human_bytes(static_cast<double>(pool_.budget_bytes())));
+  IL_CHECK(r.samples >= 1 && r.samples <= c_.scheduler.max_running, "request ", id, ": ", r.samples,
+           " parallel samples need as many running slots, and the cap on running sequences is ", c_.scheduler.max_running);
   validate(r.sampling);
   IL_CHECK(r.sampling.vocab <= m_.config.vocab_size, "request ", id, ": it samples from ", r.sampling.vocab,
            " ids, more than the model's vocabulary of ", m_.config.vocab_size);
@@ -138,6 +140,59 @@ void Engine::sample(Sequence& s, const float* logits) {
   const std::int64_t V = m_.config.vocab_size;
   if (s.request.keep_logits) s.logits.emplace_back(logits, logits + V);
   s.tokens.push_back(s.sampler.sample(logits, V));
+}
+
+std::vector<Sequence*> Engine::fork(Sequence& s, const float* logits) {
+  std::vector<Sequence*> forks;
+  for (int i = 1; i < s.request.samples; ++i) {
+    auto f = std::make_unique<Sequence>(s.request);
+    f->index = i;
+    f->sampler = Sampler([&] {
+      SamplingParams p = s.request.sampling;
+      p.seed += static_cast<std::uint64_t>(i);
+      return p;
+    }());
+    f->cache = pool_.fork(s);  // null: the fork computes the prompt again
+    sample(*f, logits);
+    forks.push_back(f.get());
+    scheduler_.add_fork(std::move(f));
+  }
+  return forks;
+}
+
+bool Engine::finish_early(const Sequence* s) {
+  std::unique_ptr<Sequence> gone = scheduler_.remove(s);
+  if (!gone) return false;
+  gone->finish_time = clock_;
+  finished_.push_back(std::move(gone));
+  return true;
+}
+
+std::int64_t Engine::abort(std::int64_t id) {
+  std::int64_t n = 0;
+  for (auto it = incoming_.begin(); it != incoming_.end();)
+    if (it->id == id) {
+      auto s = std::make_unique<Sequence>(std::move(*it));
+      s->finish_time = clock_;
+      finished_.push_back(std::move(s));
+      it = incoming_.erase(it), ++n;
+    } else {
+      ++it;
+    }
+  std::vector<const Sequence*> mine;
+  for (const auto& s : scheduler_.waiting())
+    if (s->request.id == id) mine.push_back(s.get());
+  for (const auto& s : scheduler_.running())
+    if (s->request.id == id) mine.push_back(s.get());
+  for (const Sequence* s : mine) n += finish_early(s);
+  return n;
+}
+
+std::vector<std::unique_ptr<Sequence>> Engine::take_finished() {
+  std::vector<std::unique_ptr<Sequence>> out = std::move(finished_);
+  finished_.clear();
+  for (const auto& s : out) std::erase(ids_, s->request.id);
+  return out;
 }
 
 bool Engine::step() {
@@ -181,8 +236,12 @@ bool Engine::step() {
   for (std::size_t b = 0; b < plan.size(); ++b) {
     Sequence& s = *plan[b].seq;
     if (s.pending() > 0) continue;  // a prefill chunk that is not the last
-    sample(s, rows + static_cast<std::int64_t>(b) * m_.config.vocab_size);
+    const float* row = rows + static_cast<std::int64_t>(b) * m_.config.vocab_size;
+    const bool forks = s.forks_ahead();
+    sample(s, row);
     sampled.push_back(&s);
+    if (forks)
+      for (Sequence* f : fork(s, row)) sampled.push_back(f);
   }
   rec.sampled = static_cast<std::int64_t>(sampled.size());
   rec.waiting = static_cast<std::int64_t>(scheduler_.waiting().size());
@@ -192,11 +251,9 @@ bool Engine::step() {
   for (Sequence* s : sampled) {  // a token exists when its step ends
     s->token_times.push_back(clock_);
     if (s->first_token_time < 0) s->first_token_time = clock_;
-    if (stops(*s)) {
-      s->finish_time = clock_;
-      finished_.push_back(scheduler_.finish(s));
-    }
+    if (stops(*s)) finish_early(s);
   }
+  if (!c_.keep_steps) steps_.clear();
   steps_.push_back(rec);
   return true;
 }

@@ -89,6 +89,8 @@ struct StepRecord {
 struct EngineConfig {
   SchedulerConfig scheduler;
   Clock clock = Clock::Measured;
+  /// Keep every StepRecord (the chapters' figures); a server that runs for days keeps the last only.
+  bool keep_steps = true;
 };
 
 class Engine {
@@ -103,6 +105,15 @@ class Engine {
   bool step();
   /// Steps until every request has finished.
   void run();
+  /// Whether any request is queued, waiting or running.
+  bool busy() const { return !incoming_.empty() || !scheduler_.waiting().empty() || !scheduler_.running().empty(); }
+  /// Ends a sequence now, wherever it is (a stop string hit, its client went away): its cache goes
+  /// back to the pool and it joins finished(). False when it is not in the engine.
+  bool finish_early(const Sequence* s);
+  /// Ends every sequence of request `id` (all its samples) that has not finished; returns how many.
+  std::int64_t abort(std::int64_t id);
+  /// Hands over the finished sequences and forgets their ids (a server keeps none of them).
+  std::vector<std::unique_ptr<Sequence>> take_finished();
 
   double now() const { return clock_; }
   /// Finished sequences, in the order they finished.
@@ -115,13 +126,15 @@ class Engine {
   void arrive();
   void sample(Sequence& s, const float* logits);
   bool stops(const Sequence& s) const;
+  // The request's other samples, forked from s as it samples its first token from `logits`.
+  std::vector<Sequence*> fork(Sequence& s, const float* logits);
 
   const ch01::Llama& m_;
   KVPool& pool_;
   EngineConfig c_;
   Scheduler scheduler_;
   std::vector<Request> incoming_;  // not yet arrived, latest arrival first
-  std::vector<std::int64_t> ids_;
+  std::vector<std::int64_t> ids_;  // every request added and not yet taken back
   std::vector<std::unique_ptr<Sequence>> finished_;
   std::vector<StepRecord> steps_;
   double clock_ = 0;

@@ -47,7 +47,34 @@ void preempt_newest(std::vector<std::unique_ptr<Sequence>>& running, std::deque<
   // EXERCISE 11.2 END
 }
 
+bool Scheduler::has_room_for(const Sequence& s) const {
+  std::int64_t taken = 0;
+  for (const auto& r : running_) taken += r->slots();
+  return taken + s.slots() <= c_.max_running;
+}
+
+void Scheduler::add_fork(std::unique_ptr<Sequence> s) {
+  waiting_.insert(waiting_.begin() + static_cast<long>(std::min(forks_queued_, waiting_.size())), std::move(s));
+  ++forks_queued_;
+}
+
+std::unique_ptr<Sequence> Scheduler::remove(const Sequence* s) {
+  std::unique_ptr<Sequence> gone;
+  if (auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == s; });
+      it != running_.end()) {
+    gone = std::move(*it);
+    running_.erase(it);
+  } else if (auto w = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& r) { return r.get() == s; });
+             w != waiting_.end()) {
+    gone = std::move(*w);
+    waiting_.erase(w);
+  }
+  if (gone) pool_.free(*gone);
+  return gone;
+}
+
 std::vector<Scheduled> Scheduler::schedule() {
+  forks_queued_ = 0;
   std::vector<Scheduled> plan;
   // EXERCISE 11.3 BEGIN: one iteration's plan: the running sequences, preemption, admissions
   const bool is_static = c_.policy == Policy::Static;
@@ -74,7 +101,7 @@ std::vector<Scheduled> Scheduler::schedule() {
   //    batching admits only into an empty batch; no admission follows a preemption (it would
   //    take back the memory just freed).
   if (is_static && !running_.empty()) return plan;
-  while (!preempted && !waiting_.empty() && static_cast<std::int64_t>(running_.size()) < c_.max_running && spare > 0) {
+  while (!preempted && !waiting_.empty() && has_room_for(*waiting_.front()) && spare > 0) {
     Sequence& s = *waiting_.front();
     std::int64_t n = std::min(s.pending(), spare);
     if (!pool_.reserve(s, n)) break;  // it waits for memory; nobody behind it overtakes
@@ -88,8 +115,8 @@ std::vector<Scheduled> Scheduler::schedule() {
   // lab::not_done("11.3", "plan the step: each running sequence, oldest first, gets step_share(pending, spare) "
   //                       "tokens, reserved in the pool (while that fails, preempt_newest and count it; stop if "
   //                       "the sequence itself went); then, unless a preemption happened, admit waiting "
-  //                       "sequences in order while the cap, the spare budget and the pool allow (static "
-  //                       "batching: only into an empty batch)");
+  //                       "sequences in order while the cap (has_room_for), the spare budget and the pool "
+  //                       "allow (static batching: only into an empty batch)");
   // EXERCISE 11.3 END
   return plan;
 }

@@ -61,6 +61,14 @@ class Scheduler {
   std::vector<Scheduled> schedule();
   /// A running sequence that finished: its cache goes back to the pool and it leaves.
   std::unique_ptr<Sequence> finish(Sequence* s);
+  /// A sequence that leaves early, running or waiting (a client went away, a stop string hit):
+  /// its cache goes back to the pool. Null when it is neither.
+  std::unique_ptr<Sequence> remove(const Sequence* s);
+  /// A sequence forked from a running one: it waits at the front of the queue, holding its cache,
+  /// after any forks queued before it (admitted in the slots its parent kept for it).
+  void add_fork(std::unique_ptr<Sequence> s);
+  /// Whether s fits the cap on running sequences beside those running (their slots() in all).
+  bool has_room_for(const Sequence& s) const;
 
   const std::deque<std::unique_ptr<Sequence>>& waiting() const { return waiting_; }
   const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
@@ -73,6 +81,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;   // arrival order
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order: oldest first
   std::int64_t preemptions_ = 0;
+  std::size_t forks_queued_ = 0;  // forks at the front of waiting_ since the last step
 };
 
 }  // namespace inferlab::ch11

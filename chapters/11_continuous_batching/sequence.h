@@ -28,6 +28,10 @@ struct Request {
   std::vector<std::int64_t> stop_ids;  ///< it ends after sampling any of these (an EOS id)
   double arrival = 0;                  ///< when it arrives, on the engine's clock
   bool keep_logits = false;            ///< keep the logits of every sampled token (tests compare them)
+  /// Parallel samples of the prompt (OpenAI's `n`): the prompt is computed once, and when its first
+  /// token is sampled the sequence forks into `samples` sequences that share its cache (chapter
+  /// 12's copy-on-write), sample i drawing with seed + i.
+  int samples = 1;
 };
 
 /// A request inside the engine: everything it has so far, and where it stands.
@@ -38,6 +42,7 @@ struct Sequence {
   std::vector<std::int32_t> tokens;      ///< the prompt, then every generated token
   std::unique_ptr<ch02::KVCache> cache;  ///< null while it waits (and after a preemption)
   Sampler sampler;
+  int index = 0;  ///< which of the request's samples it is (0 for the one that computed the prompt)
 
   // What happened to it, on the engine's clock.
   double first_token_time = -1, finish_time = -1;
@@ -56,6 +61,10 @@ struct Sequence {
   /// The most positions it can ever hold: prompt + max_new_tokens.
   std::int64_t max_tokens() const { return prompt_tokens() + request.max_new_tokens; }
   bool done() const { return finish_time >= 0; }
+  /// Whether it will fork into its request's other samples when its first token is sampled.
+  bool forks_ahead() const { return index == 0 && request.samples > 1 && generated() == 0; }
+  /// The running slots it takes once admitted: its own, and its forks' to come.
+  std::int64_t slots() const { return forks_ahead() ? request.samples : 1; }
 };
 
 /// The KV memory the running sequences share, with a budget in bytes. It makes each sequence's
@@ -76,6 +85,10 @@ class KVPool {
   /// What one sequence of `tokens` positions costs alone: a request that could not fit even in
   /// an empty pool is refused when it is added.
   virtual std::int64_t bytes_for(std::int64_t tokens) const = 0;
+  /// A cache holding the same positions as s's, for a parallel sample forked from it; null when
+  /// this pool cannot share one (the fork then computes the prompt again). Chapter 12's pool
+  /// shares every block, copying only the partly filled one when it is written.
+  virtual std::unique_ptr<ch02::KVCache> fork(const Sequence& s) { return nullptr; }
   /// "contiguous, max-length allocation, 8.00 MiB budget".
   virtual std::string describe() const = 0;
 };

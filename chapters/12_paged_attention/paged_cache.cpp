@@ -167,6 +167,11 @@ void PagedPool::free(ch11::Sequence& s) {
   s.cache.reset();
 }
 
+std::unique_ptr<ch02::KVCache> PagedPool::fork(const ch11::Sequence& s) {
+  if (!s.cache) return nullptr;
+  return static_cast<const PagedKVCache&>(*s.cache).fork();
+}
+
 std::int64_t PagedPool::bytes_for(std::int64_t tokens) const {
   return (tokens + blocks_.block_size() - 1) / blocks_.block_size() * blocks_.block_bytes();
 }

@@ -78,8 +78,13 @@ class PagedPool : public ch11::KVPool {
   std::int64_t used_bytes() const override { return blocks_.used() * blocks_.block_bytes(); }
   std::int64_t budget_bytes() const override { return blocks_.total() * blocks_.block_bytes(); }
   std::int64_t bytes_for(std::int64_t tokens) const override;
+  /// A fork sharing every block of s's cache (parallel samples): no block is taken until one
+  /// of them writes into the shared, partly filled last block.
+  std::unique_ptr<ch02::KVCache> fork(const ch11::Sequence& s) override;
   std::string describe() const override;
   BlockPool& blocks() { return blocks_; }
+  const BlockPool& blocks() const { return blocks_; }
+  bool prefix_caching() const { return prefix_caching_; }
 
  private:
   BlockPool blocks_;

@@ -441,3 +441,97 @@ TEST(PagedCache, RefusalsAndErrors) {
   test::expect_error([&] { BlockPool p(c, 0, 4); }, {"at least one block"});
   test::expect_error([&] { PagedPool p(c, 100, 16); }, {"holds no block"});
 }
+
+// Parallel samples (a request's `samples`, OpenAI's n): the prompt is computed once and forked;
+// sample i gets exactly what the request alone gets with seed + i, on a paged pool (blocks shared,
+// copy-on-write) and on a contiguous one (each fork computes the prompt again), and every block
+// comes back.
+TEST(PagedCache, ParallelSamplesShareThePromptAndEachGetsWhatItGetsAlone) {
+  const ch01::Llama& m = tiny_mha();
+  const auto text = eval::validation_tokens(kData, 400);
+  ch11::Request r;
+  r.id = 7;
+  r.prompt.assign(text.begin() + 10, text.begin() + 10 + 37);  // two full blocks of 16 and a partly filled one
+  r.max_new_tokens = 9;
+  r.samples = 4;
+  r.sampling.temperature = 0.9f, r.sampling.seed = 11;
+  ch11::Request other = r;  // one plain request beside it, admitted in the same step
+  other.id = 8, other.samples = 1, other.prompt.resize(12);
+  PagedPool paged(m.config, 4 << 20, 16);
+  ch11::ContiguousPool contiguous(m.config, 4 << 20, ch11::Allocation::MaxLength);
+  for (ch11::KVPool* pool : {static_cast<ch11::KVPool*>(&paged), static_cast<ch11::KVPool*>(&contiguous)}) {
+    ch11::EngineConfig c;
+    c.scheduler = {ch11::Policy::Continuous, 6, 64};
+    c.clock = ch11::Clock::Steps;
+    ch11::Engine e(m, *pool, c);
+    e.add(r);
+    e.add(other);
+    std::int64_t most_blocks = 0;
+    while (e.step()) most_blocks = std::max(most_blocks, paged.blocks().used());
+    ASSERT_EQ(e.finished().size(), 5u) << pool->describe();
+    std::vector<int> seen(4, 0);
+    for (const auto& s : e.finished()) {
+      if (s->request.id == 8) {
+        EXPECT_EQ(s->tokens, ch11::run_alone(m, other).tokens);
+        continue;
+      }
+      ch11::Request alone = r;
+      alone.samples = 1, alone.sampling.seed = r.sampling.seed + static_cast<std::uint64_t>(s->index);
+      EXPECT_EQ(s->tokens, ch11::run_alone(m, alone).tokens) << pool->describe() << ", sample " << s->index;
+      seen.at(static_cast<std::size_t>(s->index))++;
+    }
+    EXPECT_EQ(seen, std::vector<int>(4, 1)) << pool->describe();
+    EXPECT_EQ(pool->used_bytes(), 0) << pool->describe();
+    if (pool == &paged) {  // 3 prompt blocks shared; each sample writes its own third and fourth block, 1 for `other`
+      EXPECT_LE(most_blocks, 3 + 4 * 2 + 2) << "the forks did not share the prompt's blocks";
+    }
+  }
+}
+
+// A sequence can leave early, queued, waiting or running (its client went away, a stop string
+// hit): its blocks return at once and the others get what they get alone.
+TEST(PagedCache, AbortedRequestsGiveTheirBlocksBackAndTheOthersAreUnchanged) {
+  const ch01::Llama& m = tiny_mha();
+  const auto text = eval::validation_tokens(kData, 400);
+  PagedPool pool(m.config, 4 << 20, 16);
+  ch11::EngineConfig c;
+  c.scheduler = {ch11::Policy::Continuous, 3, 32};
+  c.clock = ch11::Clock::Steps;
+  c.keep_steps = false;
+  ch11::Engine e(m, pool, c);
+  std::vector<ch11::Request> rs;
+  for (int i = 0; i < 5; ++i) {
+    ch11::Request r;
+    r.id = i;
+    r.prompt.assign(text.begin() + 20 * i, text.begin() + 20 * i + 10 + i);
+    r.max_new_tokens = 12;
+    r.samples = i == 1 ? 2 : 1;
+    r.arrival = i == 4 ? 100 : 0;  // request 4 is still to arrive when it is aborted
+    rs.push_back(r);
+    e.add(r);
+  }
+  for (int k = 0; k < 4; ++k) e.step();
+  ASSERT_EQ(e.scheduler().running().size(), 3u) << "requests 0 and 1, and 1's fork";
+  ASSERT_EQ(e.scheduler().waiting().size(), 2u);
+  EXPECT_EQ(e.abort(1), 2) << "both samples of request 1";
+  EXPECT_EQ(e.abort(2), 1) << "waiting";
+  EXPECT_EQ(e.abort(4), 1) << "not yet arrived";
+  EXPECT_EQ(e.abort(4), 0) << "already gone";
+  const ch11::Sequence* running = e.scheduler().running().front().get();
+  EXPECT_TRUE(e.finish_early(running));
+  EXPECT_FALSE(e.finish_early(running));
+  e.run();
+  EXPECT_EQ(e.steps().size(), 1u) << "keep_steps = false keeps the last step only";
+  EXPECT_EQ(pool.used_bytes(), 0);
+  auto done = e.take_finished();
+  EXPECT_TRUE(e.finished().empty());
+  ASSERT_EQ(done.size(), 6u);
+  for (const auto& s : done)
+    if (s->request.id == 3) {
+      EXPECT_EQ(s->tokens, ch11::run_alone(m, rs[static_cast<std::size_t>(s->request.id)]).tokens);
+    }
+  rs[1].arrival = e.now();
+  e.add(rs[1]);  // its id is free again once taken back
+  e.run();
+  EXPECT_EQ(e.take_finished().size(), 2u);
+}
