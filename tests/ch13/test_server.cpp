@@ -1,0 +1,261 @@
+// Chapter 13: the server over HTTP on a loopback port. Served equals alone (16 clients at once,
+// streamed and not, greedy and seeded, parallel samples); a client that goes away gives its blocks
+// back; a full queue is refused with Retry-After, never queued without bound; errors are OpenAI's
+// error object naming the field; a drain finishes what is in flight and refuses the rest.
+#include <gtest/gtest.h>
+
+#include <httplib.h>
+
+#include <thread>
+
+#include "bundled_model.h"
+#include "chapters/13_serving/client.h"
+#include "chapters/13_serving/demo.h"
+#include "chapters/13_serving/openai.h"
+#include "common/eval.h"
+
+using namespace inferlab;
+using namespace inferlab::ch13;
+using nlohmann::json;
+
+namespace {
+
+const std::string kData = INFERLAB_DATA_DIR;
+
+const ch01::Llama& tiny_mha() { return test::bundled_llama("tiny-mha"); }
+
+const Tokenizer& tiny_tokenizer() {
+  static const auto tok = Tokenizer::load(kData + "/models/tiny-mha");
+  return *tok;
+}
+
+ServerConfig small_config() {
+  ServerConfig c;
+  c.scheduler = {ch11::Policy::Continuous, 6, 48};  // chunked prefill, and more clients than slots
+  c.kv_budget_bytes = tiny_mha().config.kv_cache_bytes(1024, 4);  // tight: preemptions happen
+  c.block_size = 16;
+  c.max_waiting = 64;
+  return c;
+}
+
+FrontEnd front() {
+  FrontEnd f;
+  f.model_name = "tiny-mha";
+  f.chat_template_problem = "tiny-mha ships none";
+  return f;
+}
+
+// What the request gets alone (chapter 11's run_alone), as the text the server would send.
+std::string alone_text(const ch11::Request& r, const std::vector<std::int32_t>& prompt) {
+  const ch11::Sequence s = ch11::run_alone(tiny_mha(), r);
+  OutputText out(tiny_tokenizer(), prompt, {});
+  return out.update(s.tokens, true);
+}
+
+// Polls `done` for up to `seconds`.
+bool eventually(const std::function<bool()>& done, double seconds = 10) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+}  // namespace
+
+// 16 clients at once, mixed prompt lengths and outputs, half streamed, greedy and seeded, one with
+// 3 parallel samples: every answer is what the request gets alone.
+TEST(Serving, EveryClientGetsWhatItGetsAloneUnderConcurrency) {
+  Server server(tiny_mha(), tiny_tokenizer(), tiny_mha().config.eos_token_ids, small_config());
+  const Listening live(server, front());
+  const auto text = eval::validation_tokens(kData, 4000);
+  struct Ask {
+    std::vector<std::int32_t> prompt;
+    int max_tokens;
+    double temperature;
+    std::uint64_t seed;
+    int n;
+    bool stream;
+  };
+  std::vector<Ask> asks;
+  for (int i = 0; i < 16; ++i) {
+    const std::size_t at = static_cast<std::size_t>(97 * i), len = static_cast<std::size_t>(3 + (i * 37) % 120);
+    asks.push_back({{text.begin() + static_cast<long>(at), text.begin() + static_cast<long>(at + len)},
+                    4 + (i * 13) % 40, i % 3 == 0 ? 0.0 : 0.8, static_cast<std::uint64_t>(100 + i), i == 5 ? 3 : 1,
+                    i % 2 == 0});
+  }
+  std::vector<std::vector<std::string>> got(asks.size());
+  std::vector<std::vector<std::string>> reasons(asks.size());
+  std::vector<std::thread> clients;
+  for (std::size_t i = 0; i < asks.size(); ++i)
+    clients.emplace_back([&, i] {
+      const Ask& a = asks[i];
+      const json body = {{"model", "tiny-mha"}, {"prompt", a.prompt},          {"max_tokens", a.max_tokens},
+                         {"temperature", a.temperature}, {"seed", a.seed}, {"n", a.n}};
+      if (a.stream) {
+        const Streamed s = stream("127.0.0.1", live.port(), "/v1/completions", body);
+        ASSERT_EQ(s.status, 200) << s.body;
+        ASSERT_TRUE(s.done) << "no [DONE]: " << s.body;
+        got[i] = s.text, reasons[i] = s.finish_reason;
+      } else {
+        const auto [status, r] = post("127.0.0.1", live.port(), "/v1/completions", body);
+        ASSERT_EQ(status, 200) << r.dump();
+        for (const json& c : r["choices"]) {
+          got[i].push_back(c["text"]), reasons[i].push_back(c["finish_reason"]);
+        }
+      }
+    });
+  for (auto& c : clients) c.join();
+  for (std::size_t i = 0; i < asks.size(); ++i) {
+    const Ask& a = asks[i];
+    ASSERT_EQ(got[i].size(), static_cast<std::size_t>(a.n)) << "request " << i;
+    for (int k = 0; k < a.n; ++k) {
+      ch11::Request r;
+      r.prompt = a.prompt, r.max_new_tokens = a.max_tokens;
+      r.sampling.temperature = static_cast<float>(a.temperature), r.sampling.seed = a.seed + static_cast<std::uint64_t>(k);
+      r.sampling.vocab = tiny_tokenizer().vocab_size();
+      r.stop_ids = tiny_mha().config.eos_token_ids;
+      EXPECT_EQ(got[i][static_cast<std::size_t>(k)], alone_text(r, a.prompt)) << "request " << i << ", sample " << k;
+      const ch11::Sequence s = ch11::run_alone(tiny_mha(), r);
+      EXPECT_EQ(reasons[i][static_cast<std::size_t>(k)], s.generated() == a.max_tokens ? "length" : "stop");
+    }
+  }
+  EXPECT_TRUE(eventually([&] { return server.gauges().blocks_used == 0 && server.gauges().in_flight == 0; }));
+}
+
+// A streamed client that closes its connection after two events: the engine aborts its sequence
+// and its blocks return to the pool, while another request runs on unchanged.
+TEST(Serving, AClientThatGoesAwayGivesItsBlocksBack) {
+  Server server(tiny_mha(), tiny_tokenizer(), {}, small_config());  // no EOS: runs to max_tokens
+  const Listening live(server, front());
+  const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"temperature", 0}};
+  const Streamed gone = stream("127.0.0.1", live.port(), "/v1/completions", body, 2);
+  EXPECT_EQ(gone.chunks.size(), 2u);
+  EXPECT_TRUE(eventually([&] {
+    const Gauges g = server.gauges();
+    return g.running == 0 && g.waiting == 0 && g.blocks_used == 0 && g.in_flight == 0;
+  })) << server.metrics();
+  EXPECT_NE(server.metrics().find("inferlab_requests_finished_total{reason=\"abort\"} 1"), std::string::npos)
+      << server.metrics();
+  const Streamed whole = stream("127.0.0.1", live.port(), "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 8}});
+  EXPECT_EQ(whole.status, 200);
+  EXPECT_EQ(whole.finish_reason, std::vector<std::string>{"length"});
+}
+
+// More requests than the running slots and the waiting queue hold: the rest are refused at once
+// with 429 and Retry-After, and every accepted one is answered.
+TEST(Serving, AFullQueueIsRefusedWithRetryAfter) {
+  ServerConfig c = small_config();
+  c.scheduler = {ch11::Policy::Continuous, 1, 16};
+  c.max_waiting = 2;
+  Server server(tiny_mha(), tiny_tokenizer(), {}, c);
+  const Listening live(server, front());
+  std::atomic<int> ok{0}, refused{0}, other{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 8; ++i)
+    clients.emplace_back([&] {
+      httplib::Client cli("127.0.0.1", live.port());
+      cli.set_read_timeout(60, 0);
+      const auto res = cli.Post("/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 60}}.dump(), "application/json");
+      if (!res) {
+        ++other;
+      } else if (res->status == 200) {
+        ++ok;
+      } else if (res->status == 429 && res->get_header_value("Retry-After") == "1" &&
+                 json::parse(res->body)["error"]["type"] == "rate_limit_exceeded") {
+        ++refused;
+      } else {
+        ++other;
+      }
+    });
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(other, 0);
+  EXPECT_GE(refused, 1) << "8 requests at once, 1 running slot and 2 waiting places";
+  EXPECT_GE(ok, 3);
+  EXPECT_EQ(ok + refused, 8);
+}
+
+// Errors over HTTP are OpenAI's error object, with the status clients' libraries expect.
+TEST(Serving, ErrorsNameTheField) {
+  Server server(tiny_mha(), tiny_tokenizer(), tiny_mha().config.eos_token_ids, small_config());
+  const Listening live(server, front());
+  const auto expect_error = [&](const std::string& path, const std::string& body, int status, const std::string& param,
+                                const std::string& says) {
+    httplib::Client cli("127.0.0.1", live.port());
+    const auto res = cli.Post(path, body, "application/json");
+    ASSERT_TRUE(res) << path;
+    EXPECT_EQ(res->status, status) << body << ": " << res->body;
+    const json j = json::parse(res->body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << res->body;
+    EXPECT_EQ(j["error"]["param"], param.empty() ? json(nullptr) : json(param)) << res->body;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(says), std::string::npos) << res->body;
+  };
+  const std::string long_prompt = [] {
+    std::string s;
+    for (int i = 0; i < 600; ++i) s += " time";
+    return s;
+  }();
+  expect_error("/v1/completions", R"({"prompt": "x", "model": "gpt-4"})", 404, "model", "does not exist");
+  expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens", "must be in");
+  expect_error("/v1/completions", "{\"prompt\": ", 400, "", "not valid JSON");
+  expect_error("/v1/completions", json{{"prompt", long_prompt}}.dump(), 400, "prompt", "maximum context length is 512");
+  expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": 600})", 400, "max_tokens", "maximum context length");
+  expect_error("/v1/completions", R"({"prompt": [5000]})", 400, "prompt", "outside the model's vocabulary");
+  expect_error("/v1/completions", R"({"prompt": "x", "n": 7})", 400, "n", "--max-num-seqs");
+  expect_error("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})", 400, "messages",
+               "no chat template");
+  expect_error("/v1/nothing", "{}", 404, "", "no such endpoint");
+  httplib::Client cli("127.0.0.1", live.port());
+  const auto models = cli.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny-mha");
+  const auto health = cli.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  const auto metrics = cli.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  for (const char* name :
+       {"inferlab_requests_accepted_total 0", "inferlab_requests_rejected_total 9", "inferlab_kv_blocks_total",
+        "inferlab_time_to_first_token_seconds_bucket", "inferlab_num_requests_waiting 0", "inferlab_kv_blocks_used 0"})
+    EXPECT_NE(metrics->body.find(name), std::string::npos) << name << " in\n" << metrics->body;
+}
+
+// A drain lets what is in flight finish and refuses what comes after with 503.
+TEST(Serving, ADrainFinishesWhatIsInFlightAndRefusesTheRest) {
+  Server server(tiny_mha(), tiny_tokenizer(), {}, small_config());
+  const Listening live(server, front());
+  Streamed first;
+  std::thread client([&] {
+    first = stream("127.0.0.1", live.port(), "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 120}});
+  });
+  ASSERT_TRUE(eventually([&] { return server.gauges().in_flight == 1; }));
+  std::thread drainer([&] { server.drain(30); });
+  ASSERT_TRUE(eventually([&] { return server.draining(); }));
+  const auto [status, r] = post("127.0.0.1", live.port(), "/v1/completions", json{{"prompt", "x"}});
+  EXPECT_EQ(status, 503) << r.dump();
+  drainer.join();
+  client.join();
+  EXPECT_EQ(first.status, 200);
+  EXPECT_TRUE(first.done);
+  EXPECT_EQ(first.finish_reason, std::vector<std::string>{"length"});
+  EXPECT_EQ(server.gauges().in_flight, 0);
+}
+
+// Out of time, a drain aborts what is left: the client is told (finish_reason "abort") rather
+// than left waiting.
+TEST(Serving, ADrainOutOfTimeAbortsAndTellsTheClient) {
+  Server server(tiny_mha(), tiny_tokenizer(), {}, small_config());
+  const Listening live(server, front());
+  Streamed first;
+  std::thread client([&] {
+    first = stream("127.0.0.1", live.port(), "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 500}});
+  });
+  ASSERT_TRUE(eventually([&] { return server.gauges().in_flight == 1; }));
+  server.drain(0);
+  client.join();
+  EXPECT_EQ(first.status, 200);
+  EXPECT_TRUE(first.done);
+  EXPECT_EQ(first.finish_reason, std::vector<std::string>{"abort"});
+  EXPECT_EQ(server.gauges().blocks_used, 0);
+}
