@@ -41,12 +41,16 @@ def skip(why):
     sys.exit(SKIP)
 
 
+try:
+    _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl  # loaded here: the forked child only calls it
+except (OSError, AttributeError):
+    _prctl = None
+
+
 def _die_with_parent():
-    """Run in the server's child process: it gets SIGKILL if the test program dies first."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    """Run in the server's child process: it gets SIGKILL if the test program dies first (ctest's timeout)."""
+    if _prctl is not None:
+        _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
 class Server:
