@@ -174,7 +174,9 @@ def chat_streamed_and_not():
     su.eq(plain.choices[0].finish_reason, "length" if plain.usage.completion_tokens == 16 else "stop",
           "finish_reason")
     check_usage(plain.usage)
-    # The template was applied: the same text as a completion of the ChatML rendering.
+    # The template was applied: the same prompt and text as a completion of the ChatML rendering.
+    # The template begins with bos_token, as a completion's prompt begins with the BOS that the
+    # tokenizer adds; a chat prompt gets no second one.
     rendered = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     rendered += "<|im_start|>assistant\n"
     comp = client.completions.create(model=MODEL, prompt=rendered, max_tokens=16, temperature=0)

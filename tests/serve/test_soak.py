@@ -29,7 +29,7 @@ watchdog = su.Watchdog(110)
 MAX_SEQS, MAX_WAITING = 2, 2
 server = su.Server(args.server, args.model, "--chat-template", os.path.join(su.HERE, "chatml.jinja"),
                    "--max-num-seqs", str(MAX_SEQS), "--max-waiting", str(MAX_WAITING), "--threads", "1")
-CLIENTS, REQUESTS_PER_CLIENT, MIXED_SECONDS = 4, 14, 35
+CLIENTS, REQUESTS_PER_CLIENT, MIXED_SECONDS = 4, 60, 40
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 
 
