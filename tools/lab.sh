@@ -270,8 +270,9 @@ relabel() {
   rm -f "$trace"
   INFERLAB_LAB_TRACE="$trace" ctest --test-dir "$tree/build/release" -j2 > /dev/null || die "a test fails in the trace tree"
   # The chapter_cli lines name the runs of tests/chapter_cli.cmake, which carry their exercise
-  # there (LAB) and leave no trace: they are kept as they are.
-  local cli; cli=$(grep '^chapter_cli ' "$ROOT/$LABELS" || true)
+  # there (LAB) and leave no trace, and the serve lines the client tests of chapter 13's server
+  # (tests/serve), whose exercise code runs in the server they start: they are kept as they are.
+  local cli; cli=$(grep -E '^(chapter_cli|serve) ' "$ROOT/$LABELS" || true)
   {
     echo "# Which exercise each test needs: written by tools/lab.sh relabel from a trace tree, where every"
     echo "# exercise region records that it ran. A test carries the last exercise it needs, in course"
