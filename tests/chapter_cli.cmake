@@ -73,3 +73,18 @@ inferlab_cli_test(ch10_speculative_sampling.GammaZeroIsRefused PASS "--gamma: 0 
 inferlab_cli_test(ch08_diffusion_lm.StepsBeyondTheLengthAreRefusedFirst
   PASS "--steps 16 is more than --gen-length 8" FAIL "autoregressive"
   COMMAND ch08_diffusion_lm speed --gen-length 8 --steps 16)
+
+# Chapter 13's server: the demo serves on a loopback port and stops by itself; what only a
+# listening server uses is refused with the demo; a missing model or template is named before
+# anything listens.
+inferlab_cli_test(ch13_serve.DemoServesMeasuresAndStops PASS "prefix caching cuts the time to first token" LAB 13.2
+  FAIL "failed\\)" COMMAND ch13_serve demo --concurrency 1 2 --requests 4 --max-tokens 8 --shared-prefix 64
+  --json "${out}/ch13_demo.json")
+inferlab_cli_test(ch13_serve.DemoTakesNoPort PASS "--port has no use with demo" FAIL "Serving"
+  COMMAND ch13_serve demo --port 8123)
+inferlab_cli_test(ch13_serve.AMissingModelIsNamedBeforeListening PASS "/nonexistent/model" FAIL "serving .* on http"
+  COMMAND ch13_serve --model /nonexistent/model --port 0)
+inferlab_cli_test(ch13_serve.AMissingChatTemplateIsAUsageError PASS "--chat-template: cannot open chat template /nonexistent"
+  FAIL "serving .* on http" COMMAND ch13_serve --chat-template /nonexistent/t.jinja --port 0)
+inferlab_cli_test(ch13_serve.AMistypedFlagIsRefused PASS "--max-num-seq" FAIL "serving .* on http"
+  COMMAND ch13_serve --max-num-seq 4 --port 0)
