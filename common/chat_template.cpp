@@ -339,6 +339,11 @@ struct Value {
   bool is_undefined() const { return kind == Kind::Undefined; }
   bool is_data() const { return kind == Kind::Data; }
   bool is_string() const { return is_data() && data.is_string(); }
+  // select / reject / selectattr / rejectattr / map / items give a generator in Jinja: always true, not
+  // printable, without a length; only iterating it (for, list, join, first) is allowed.
+  bool generator = false;
+  // dict.items() / keys() / values(): a view, which str() prints as "dict_items([...])".
+  std::string view;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1218,6 +1223,7 @@ class Interpreter {
   }
 
   static bool truthy(const Value& v) {
+    if (v.generator) return true;
     switch (v.kind) {
       case Value::Kind::Undefined: return false;
       case Value::Kind::Data: {
@@ -1234,16 +1240,21 @@ class Interpreter {
   }
 
   std::string to_str(const Value& v) const {
+    if (v.generator) fail(origin_, ": ", kGeneratorUse, "printed");
     switch (v.kind) {
       case Value::Kind::Undefined: return "";
-      case Value::Kind::Data: return py_str(v.data);
+      case Value::Kind::Data: return v.view.empty() ? py_str(v.data) : v.view + "(" + py_repr(v.data) + ")";
       case Value::Kind::Namespace: return "<Namespace>";
       default: return "<function " + v.name + ">";
     }
   }
 
   // The value as JSON, for operations on data; undefined and the others are an error.
+  static constexpr const char* kGeneratorUse =
+      "the result of select / reject / selectattr / rejectattr / map / items is a generator in Jinja, add '| list' before "
+      "it is ";
   const Json& data(const Value& v, int line, const char* what) const {
+    if (v.generator) fail_at(line, kGeneratorUse, "used in ", what);
     if (v.is_data()) return v.data;
     if (v.is_undefined()) fail_at(line, v.name + " is undefined (" + what + ")");
     fail_at(line, std::string("a namespace or function cannot be used in ") + what);
@@ -1327,6 +1338,16 @@ class Interpreter {
         for (const Json& e : b) r.push_back(e);
         return Value::of(r);
       }
+    }
+    if (op == "*" && ((a.is_array() && integral(b)) || (integral(a) && b.is_array()))) {
+      const Json& l = a.is_array() ? a : b;
+      const std::int64_t n = as_int(a.is_array() ? b : a);
+      if (n > 0 && l.size() * static_cast<std::size_t>(n) > kMaxItems)
+        fail_at(line, "repeating a list ", n, " times makes more than ", kMaxItems, " items");
+      Json r = Json::array();
+      for (std::int64_t k = 0; k < n; ++k)
+        for (const Json& e : l) r.push_back(e);
+      return Value::of(r);
     }
     if (op == "*" && ((a.is_string() && integral(b)) || (integral(a) && b.is_string()))) {
       const std::string& s = a.is_string() ? a.get_ref<const std::string&>() : b.get_ref<const std::string&>();
@@ -1633,7 +1654,9 @@ class Interpreter {
         else if (name == "keys") r.push_back(k);
         else r.push_back(v);
       }
-      return Value::of(r);
+      Value out = Value::of(r);
+      out.view = "dict_" + name;
+      return out;
     }
     fail_at(line, "'." + name + "()' cannot be called on " + (obj.is_data() ? py_repr(obj.data) : to_str(obj)));
   }
@@ -1728,6 +1751,7 @@ class Interpreter {
       if (k >= args.size()) fail_at(line, "the test '" + name + "' needs an argument");
       return args[k];
     };
+    if (v.generator) return name == "defined" || name == "iterable" || name == "ne" || name == "!=";
     if (name == "defined") return !v.is_undefined();
     if (name == "undefined") return v.is_undefined();
     if (name == "none") return d && j.is_null();
@@ -1743,13 +1767,10 @@ class Interpreter {
     if (name == "sequence") return d && (j.is_array() || j.is_object() || j.is_string());
     if (name == "equalto" || name == "eq" || name == "==") return equal(v, arg(0));
     if (name == "ne" || name == "!=") return !equal(v, arg(0));
-    const Json& x = data(v, line, ("the test '" + name + "'").c_str());
-    if (!integral(x)) fail_at(line, "the test '" + name + "' needs an integer, got " + py_repr(x));
-    if (name == "odd") return as_int(x) % 2 != 0;
-    if (name == "even") return as_int(x) % 2 == 0;
-    const Json& m = data(arg(0), line, "divisibleby");
-    if (!integral(m) || as_int(m) == 0) fail_at(line, "divisibleby needs a non-zero integer");
-    return as_int(x) % as_int(m) == 0;
+    // odd, even, divisibleby: Python's value % n on integers or floats
+    const Value n = name == "divisibleby" ? arg(0) : Value::of(2);
+    const Value r = arithmetic("%", v, n, line);
+    return equal(r.data, Json(name == "odd" ? 1 : 0));
   }
 
   bool test(const Node& n) {
@@ -1806,6 +1827,7 @@ class Interpreter {
       return Value::of(out);
     }
     if (f == "first" || f == "last") {
+      if (f == "last" && v.generator) fail_at(line, kGeneratorUse, "given to 'last'");
       std::vector<Json> items = iterate(v, line);
       if (items.empty()) return Value::undefined("the first item of an empty sequence");
       return Value::of(f == "first" ? items.front() : items.back());
@@ -1821,7 +1843,9 @@ class Interpreter {
       const Json& j = data(v, line, "items");
       if (!j.is_object() || is_tuple(j)) fail_at(line, "the filter 'items' needs a dict, got " + py_repr(j));
       for (const auto& [k, val] : j.items()) r.push_back(make_tuple(Json::array({k, val})));
-      return Value::of(r);
+      Value out = Value::of(r);
+      out.generator = true;
+      return out;
     }
     if (f == "join") {
       const Value* sep = a.get(0, "d");
@@ -1875,7 +1899,9 @@ class Interpreter {
         const bool pass = test_name.empty() ? truthy(subject) : run_test(test_name, subject, test_args, line);
         if (pass == keep_if) r.push_back(e);
       }
-      return Value::of(r);
+      Value out = Value::of(r);
+      out.generator = true;
+      return out;
     }
     if (f == "map") {
       const Value* attr = a.get(99, "attribute");
@@ -1887,7 +1913,9 @@ class Interpreter {
         if (x.is_undefined() && def) x = *def;
         r.push_back(x.is_undefined() ? Json(nullptr) : data(x, line, "map"));
       }
-      return Value::of(r);
+      Value out = Value::of(r);
+      out.generator = true;
+      return out;
     }
     fail_at(line, "the filter '" + f + "' is not supported");
   }

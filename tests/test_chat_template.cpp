@@ -176,6 +176,10 @@ TEST(ChatTemplate, FollowsJinjaSemantics) {
        "FalseTrueTrueTrueTrueTrueTrue"},
       {"{{ 'yes' if 'b' in 'abc' else 'no' }}{{ 2 not in [1, 3] }}{{ not 0 and 1 or 5 }}", "yesTrue1"},
       {"{{ ['a', 'b', 'c'] | reject('equalto', 'b') | join(', ') }}{{ [1,2,3][::-1] }}{{ 'abc'[-1] }}", "a, c[3, 2, 1]c"},
+      // select / map give a generator (always true); dict views print as Python prints them.
+      {"{{ 'yes' if [] | select else 'no' }}|{{ {'a': 1}.items() }}|{{ {'a': 1}.keys() }}|{{ {}.values() }}|{{ [0, 1] * 2 }}"
+       "|{{ 3.0 is odd }}|{{ 4.5 is even }}",
+       "yes|dict_items([('a', 1)])|dict_keys(['a'])|dict_values([])|[0, 1, 0, 1]|True|False"},
   };
   for (const auto& [source, expected] : cases) EXPECT_EQ(render_text(source), expected) << source;
   EXPECT_EQ(render_text("{{ messages | selectattr('role', 'equalto', 'user') | list | length }}",
@@ -227,6 +231,9 @@ TEST(ChatTemplate, RefusesWhatItCannotRender) {
   EXPECT_NE(deep.find("nests deeper than"), std::string::npos) << deep;
   const std::string big = error_of([] { ChatTemplate("{{ range(10**12) | length }}", "t.jinja").render({}); });
   EXPECT_NE(big.find("range() of more than"), std::string::npos) << big;
+  // A generator printed would show an address in Python: refused.
+  const std::string gen = error_of([] { ChatTemplate("{{ messages | map(attribute='role') }}", "t.jinja").render({}); });
+  EXPECT_NE(gen.find("add '| list'"), std::string::npos) << gen;
   // Python's special casing (ß upper-cases to "SS") is refused when rendering, not approximated.
   const std::string sharp = error_of([] { ChatTemplate("{{ 'straße' | upper }}", "t.jinja").render({}); });
   EXPECT_NE(sharp.find("U+00DF needs Python's special casing"), std::string::npos) << sharp;
