@@ -1209,11 +1209,30 @@ class Interpreter {
     return items;
   }
 
-  Value lookup(const std::string& name) const {
+  // The stored value of a variable, or null (it stays in place while an expression is evaluated).
+  const Value* find(const std::string& name) const {
     for (auto f = frames_.rbegin(); f != frames_.rend(); ++f) {
       auto it = f->find(name);
-      if (it != f->end()) return it->second;
+      if (it != f->end()) return &it->second;
     }
+    return nullptr;
+  }
+
+  // An expression's value, read in place when it is a variable: `messages` is subscripted on
+  // every turn, and copying it each time would make rendering quadratic in the conversation.
+  struct Ref {
+    Value own;
+    const Value* stored = nullptr;
+    const Value& get() const { return stored ? *stored : own; }
+  };
+  Ref eval_ref(const Node& n) {
+    if (n.kind == Node::Kind::Var)
+      if (const Value* v = find(n.name)) return {Value{}, v};
+    return {eval(n), nullptr};
+  }
+
+  Value lookup(const std::string& name) const {
+    if (const Value* v = find(name)) return *v;
     if (kFunctions.count(name)) {
       Value v;
       v.kind = Value::Kind::Function, v.name = name;
@@ -1467,13 +1486,15 @@ class Interpreter {
       case Node::Kind::Literal: return Value::of(n.value);
       case Node::Kind::Var: return lookup(n.name);
       case Node::Kind::Attr: {
-        const Value obj = eval(*n.kids[0]);
+        const Ref ref = eval_ref(*n.kids[0]);
+        const Value& obj = ref.get();
         if (obj.is_undefined()) fail_at(n.line, obj.name + " is undefined (its '." + n.name + "' was read)");
         return get_item(obj, Value::of(n.name), n.line);
       }
-      case Node::Kind::Index: return get_item(eval(*n.kids[0]), eval(*n.kids[1]), n.line);
+      case Node::Kind::Index: return get_item(eval_ref(*n.kids[0]).get(), eval(*n.kids[1]), n.line);
       case Node::Kind::Slice: {
-        const Value obj = eval(*n.kids[0]);
+        const Ref ref = eval_ref(*n.kids[0]);
+        const Value& obj = ref.get();
         Value vals[3];
         const Value* parts[3] = {nullptr, nullptr, nullptr};
         for (int k = 0; k < 3; ++k)
@@ -1553,7 +1574,7 @@ class Interpreter {
   Value call(const Node& n) {
     const Node& callee = *n.kids[0];
     Args a = arguments(n);
-    if (callee.kind == Node::Kind::Attr) return method(eval(*callee.kids[0]), callee.name, a, n.line);
+    if (callee.kind == Node::Kind::Attr) return method(eval_ref(*callee.kids[0]).get(), callee.name, a, n.line);
     const Value f = lookup(callee.name);
     if (f.kind != Value::Kind::Function) fail_at(n.line, "'" + callee.name + "' is not callable");
     const std::string& name = f.name;
@@ -1774,13 +1795,15 @@ class Interpreter {
   }
 
   bool test(const Node& n) {
-    const Value v = eval(*n.kids[0]);
+    const Ref ref = eval_ref(*n.kids[0]);
+    const Value& v = ref.get();
     Args a = arguments(n);
     return run_test(n.name, v, a.pos, n.line);
   }
 
   Value filter(const Node& n) {
-    const Value v = eval(*n.kids[0]);
+    const Ref ref = eval_ref(*n.kids[0]);
+    const Value& v = ref.get();
     const Args a = arguments(n);
     const std::string& f = n.name;
     const int line = n.line;
