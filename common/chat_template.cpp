@@ -17,6 +17,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include <utf8proc.h>
+
 #include "common/error.h"
 #include "common/gguf.h"
 #include "common/json_file.h"
@@ -72,17 +74,6 @@ std::string py_strip(const std::string& s, bool left, bool right, const std::str
   return s.substr(starts[a], starts[b] - starts[a]);
 }
 
-std::string ascii_upper(std::string s) {
-  for (char& c : s)
-    if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 32);
-  return s;
-}
-std::string ascii_lower(std::string s) {
-  for (char& c : s)
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
-  return s;
-}
-
 void append_utf8(std::string& out, char32_t cp) {
   if (cp < 0x80) {
     out += static_cast<char>(cp);
@@ -95,6 +86,46 @@ void append_utf8(std::string& out, char32_t cp) {
     out += static_cast<char>(0xF0 | (cp >> 18)), out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
     out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F)), out += static_cast<char>(0x80 | (cp & 0x3F));
   }
+}
+
+// Code points whose case mapping in Python is not Unicode's simple one (SpecialCasing.txt: ß to
+// "SS", the ligatures, Greek with iota subscript, final sigma, dotted İ): refused rather than
+// mapped differently.
+bool special_casing(char32_t c) {
+  return c == 0xDF || c == 0x130 || c == 0x149 || c == 0x1F0 || c == 0x390 || c == 0x3A3 || c == 0x3B0 || c == 0x587 ||
+         (c >= 0x1E96 && c <= 0x1E9A) || (c >= 0x1F50 && c <= 0x1F56) || (c >= 0x1F80 && c <= 0x1FFC) ||
+         (c >= 0xFB00 && c <= 0xFB06) || (c >= 0xFB13 && c <= 0xFB17);
+}
+
+// Title: str.title(); JinjaTitle: Jinja's title filter, which starts a word after a run of
+// whitespace, '-', '(', '{', '[' or '<' only (so "it's" stays "It's").
+enum class Case { Upper, Lower, Capitalize, Title, JinjaTitle };
+
+// str.upper / lower / capitalize / title of Python, with Unicode's simple case mappings
+// (utf8proc); throws `fail_special` for a code point that needs Python's special casing.
+template <class Fail>
+std::string change_case(const std::string& s, Case mode, Fail fail_special) {
+  std::string out;
+  bool first = true, prev_cased = false, word_start = true;
+  for (std::size_t i = 0; i < s.size();) {
+    auto [c, n] = decode_at(s, i);
+    i += n;
+    if (special_casing(c)) fail_special(c);
+    const auto cp = static_cast<utf8proc_int32_t>(c);
+    const bool cased = utf8proc_toupper(cp) != cp || utf8proc_tolower(cp) != cp;
+    utf8proc_int32_t m = cp;
+    switch (mode) {
+      case Case::Upper: m = utf8proc_toupper(cp); break;
+      case Case::Lower: m = utf8proc_tolower(cp); break;
+      case Case::Capitalize: m = first ? utf8proc_totitle(cp) : utf8proc_tolower(cp); break;
+      case Case::Title: m = prev_cased ? utf8proc_tolower(cp) : utf8proc_totitle(cp); break;
+      case Case::JinjaTitle: m = word_start ? utf8proc_toupper(cp) : utf8proc_tolower(cp); break;
+    }
+    word_start = py_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+    append_utf8(out, static_cast<char32_t>(m));
+    first = false, prev_cased = cased;
+  }
+  return out;
 }
 
 // repr() of a Python float: the shortest digits that read back, fixed notation for exponents in
@@ -150,6 +181,17 @@ std::string py_repr_str(const std::string& s) {
   return out + q;
 }
 
+// Python tuples (`(a, b)`, what dict.items() yields) are JSON arrays wrapped in an object under
+// this key, so that str() prints them as Python does; every other reader sees the array.
+const char* const kTupleKey = "\x01tuple";
+bool is_tuple(const Json& j) { return j.is_object() && j.size() == 1 && j.contains(kTupleKey); }
+Json make_tuple(Json items) {
+  Json t = Json::object();
+  t[kTupleKey] = std::move(items);
+  return t;
+}
+const Json& unwrap(const Json& j) { return is_tuple(j) ? j.at(kTupleKey) : j; }
+
 std::string py_repr(const Json& j);
 
 // str() of a Python value made from JSON.
@@ -159,6 +201,12 @@ std::string py_str(const Json& j) {
 }
 
 std::string py_repr(const Json& j) {
+  if (is_tuple(j)) {
+    const Json& items = unwrap(j);
+    std::string out = "(";
+    for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + py_repr(items[i]);
+    return out + (items.size() == 1 ? ",)" : ")");
+  }
   switch (j.type()) {
     case Json::value_t::null: return "None";
     case Json::value_t::boolean: return j.get<bool>() ? "True" : "False";
@@ -212,6 +260,7 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
 }
 
 void py_json_dumps(std::string& out, const Json& j, int indent, bool sort_keys, bool ensure_ascii, int level) {
+  if (is_tuple(j)) return py_json_dumps(out, unwrap(j), indent, sort_keys, ensure_ascii, level);
   const std::string item_sep = indent < 0 ? ", " : ",";
   auto newline = [&](int l) {
     if (indent >= 0) out += "\n" + std::string(static_cast<std::size_t>(indent * l), ' ');
@@ -290,6 +339,11 @@ struct Value {
   bool is_undefined() const { return kind == Kind::Undefined; }
   bool is_data() const { return kind == Kind::Data; }
   bool is_string() const { return is_data() && data.is_string(); }
+  // select / reject / selectattr / rejectattr / map / items give a generator in Jinja: always true, not
+  // printable, without a length; only iterating it (for, list, join, first) is allowed.
+  bool generator = false;
+  // dict.items() / keys() / values(): a view, which str() prints as "dict_items([...])".
+  std::string view;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -599,7 +653,20 @@ class Parser {
   [[noreturn]] void fail_at(int line, const std::string& what) const { fail(origin_, ": line ", line, ": ", what); }
 
   // Statements up to one whose keyword is in `stops` (returned in `stop`, its tokens in toks_).
+  // Nesting (statements in statements, parentheses, operators) is bounded, so that no template
+  // can exhaust the stack.
+  static constexpr int kMaxDepth = 200;
+  struct Deeper {
+    Parser& p;
+    Deeper(Parser& parser, int line) : p(parser) {
+      if (++p.depth_ > kMaxDepth) p.fail_at(line, "the template nests deeper than " + std::to_string(kMaxDepth) + " levels");
+    }
+    ~Deeper() { --p.depth_; }
+  };
+  int depth_ = 0;
+
   NodePtr parse_body(const std::set<std::string>& stops, std::string& stop) {
+    const Deeper guard(*this, seg_ < segs_.size() ? segs_[seg_].line : 0);
     auto body = make(Node::Kind::Body, seg_ < segs_.size() ? segs_[seg_].line : 0);
     while (seg_ < segs_.size()) {
       Segment& seg = segs_[seg_++];
@@ -751,6 +818,7 @@ class Parser {
 
   // Expressions, in Jinja's precedence order.
   NodePtr expression(bool with_condition = true) {
+    const Deeper guard(*this, peek().line);
     NodePtr e = or_expr();
     if (with_condition && is_name("if")) {
       const int line = next().line;
@@ -811,6 +879,7 @@ class Parser {
     }
   }
   NodePtr unary(bool with_filter) {
+    const Deeper guard(*this, peek().line);
     NodePtr e;
     if (is_op("-") || is_op("+")) {
       const Token& t = next();
@@ -854,6 +923,7 @@ class Parser {
           NodePtr e = expression();
           if (is_op(",")) {  // a tuple: a list here
             auto l = make(Node::Kind::List, t.line);
+            l->attr = "tuple";
             l->kids.push_back(e);
             while (accept_op(",") && !is_op(")")) l->kids.push_back(expression());
             e = l;
@@ -1025,6 +1095,8 @@ struct Args {
 
 class Interpreter {
  public:
+  static constexpr std::size_t kMaxItems = 1 << 20;  // range() and string repetition stay below this
+
   Interpreter(const std::string& origin, const std::optional<std::tm>& frozen) : origin_(origin), frozen_(frozen) {}
 
   std::string run(const Node& root, std::unordered_map<std::string, Value> context) {
@@ -1038,7 +1110,10 @@ class Interpreter {
  private:
   enum class Flow { Normal, Break, Continue };
 
-  [[noreturn]] void fail_at(int line, const std::string& what) const { fail(origin_, ": line ", line, ": ", what); }
+  template <class... What>
+  [[noreturn]] void fail_at(int line, const What&... what) const {
+    fail(origin_, ": line ", line, ": ", what...);
+  }
 
   Flow exec(const Node& n, std::string& out) {
     switch (n.kind) {
@@ -1074,11 +1149,12 @@ class Interpreter {
 
   void exec_for(const Node& n, std::string& out) {
     std::vector<Json> items = iterate(eval(*n.kids[0]), n.line);
-    auto bind = [&](std::unordered_map<std::string, Value>& frame, const Json& item) {
+    auto bind = [&](std::unordered_map<std::string, Value>& frame, const Json& whole) {
       if (n.names.size() == 1) {
-        frame[n.names[0]] = Value::of(item);
+        frame[n.names[0]] = Value::of(whole);
         return;
       }
+      const Json& item = unwrap(whole);
       if (!item.is_array() || item.size() != n.names.size())
         fail_at(n.line, "cannot unpack " + py_repr(item) + " into " + std::to_string(n.names.size()) + " loop variables");
       for (std::size_t k = 0; k < n.names.size(); ++k) frame[n.names[k]] = Value::of(item[k]);
@@ -1117,7 +1193,7 @@ class Interpreter {
   std::vector<Json> iterate(const Value& v, int line) const {
     if (v.is_undefined()) return {};
     if (!v.is_data()) fail_at(line, "this value cannot be iterated");
-    const Json& j = v.data;
+    const Json& j = unwrap(v.data);
     std::vector<Json> items;
     if (j.is_array()) {
       items.assign(j.begin(), j.end());
@@ -1133,11 +1209,30 @@ class Interpreter {
     return items;
   }
 
-  Value lookup(const std::string& name) const {
+  // The stored value of a variable, or null (it stays in place while an expression is evaluated).
+  const Value* find(const std::string& name) const {
     for (auto f = frames_.rbegin(); f != frames_.rend(); ++f) {
       auto it = f->find(name);
-      if (it != f->end()) return it->second;
+      if (it != f->end()) return &it->second;
     }
+    return nullptr;
+  }
+
+  // An expression's value, read in place when it is a variable: `messages` is subscripted on
+  // every turn, and copying it each time would make rendering quadratic in the conversation.
+  struct Ref {
+    Value own;
+    const Value* stored = nullptr;
+    const Value& get() const { return stored ? *stored : own; }
+  };
+  Ref eval_ref(const Node& n) {
+    if (n.kind == Node::Kind::Var)
+      if (const Value* v = find(n.name)) return {Value{}, v};
+    return {eval(n), nullptr};
+  }
+
+  Value lookup(const std::string& name) const {
+    if (const Value* v = find(name)) return *v;
     if (kFunctions.count(name)) {
       Value v;
       v.kind = Value::Kind::Function, v.name = name;
@@ -1147,10 +1242,11 @@ class Interpreter {
   }
 
   static bool truthy(const Value& v) {
+    if (v.generator) return true;
     switch (v.kind) {
       case Value::Kind::Undefined: return false;
       case Value::Kind::Data: {
-        const Json& j = v.data;
+        const Json& j = unwrap(v.data);
         if (j.is_null()) return false;
         if (j.is_boolean()) return j.get<bool>();
         if (j.is_number_float()) return j.get<double>() != 0;
@@ -1163,16 +1259,21 @@ class Interpreter {
   }
 
   std::string to_str(const Value& v) const {
+    if (v.generator) fail(origin_, ": ", kGeneratorUse, "printed");
     switch (v.kind) {
       case Value::Kind::Undefined: return "";
-      case Value::Kind::Data: return py_str(v.data);
+      case Value::Kind::Data: return v.view.empty() ? py_str(v.data) : v.view + "(" + py_repr(v.data) + ")";
       case Value::Kind::Namespace: return "<Namespace>";
       default: return "<function " + v.name + ">";
     }
   }
 
   // The value as JSON, for operations on data; undefined and the others are an error.
+  static constexpr const char* kGeneratorUse =
+      "the result of select / reject / selectattr / rejectattr / map / items is a generator in Jinja, add '| list' before "
+      "it is ";
   const Json& data(const Value& v, int line, const char* what) const {
+    if (v.generator) fail_at(line, kGeneratorUse, "used in ", what);
     if (v.is_data()) return v.data;
     if (v.is_undefined()) fail_at(line, v.name + " is undefined (" + what + ")");
     fail_at(line, std::string("a namespace or function cannot be used in ") + what);
@@ -1230,7 +1331,7 @@ class Interpreter {
 
   bool contains(const Value& container, const Value& item, int line) const {
     if (container.is_undefined()) return false;
-    const Json& c = data(container, line, "'in'");
+    const Json& c = unwrap(data(container, line, "'in'"));
     if (c.is_string()) {
       const Json& i = data(item, line, "'in'");
       if (!i.is_string()) fail_at(line, "'in <string>' needs a string on the left, got " + py_repr(i));
@@ -1257,10 +1358,23 @@ class Interpreter {
         return Value::of(r);
       }
     }
+    if (op == "*" && ((a.is_array() && integral(b)) || (integral(a) && b.is_array()))) {
+      const Json& l = a.is_array() ? a : b;
+      const std::int64_t n = as_int(a.is_array() ? b : a);
+      if (n > 0 && l.size() * static_cast<std::size_t>(n) > kMaxItems)
+        fail_at(line, "repeating a list ", n, " times makes more than ", kMaxItems, " items");
+      Json r = Json::array();
+      for (std::int64_t k = 0; k < n; ++k)
+        for (const Json& e : l) r.push_back(e);
+      return Value::of(r);
+    }
     if (op == "*" && ((a.is_string() && integral(b)) || (integral(a) && b.is_string()))) {
       const std::string& s = a.is_string() ? a.get_ref<const std::string&>() : b.get_ref<const std::string&>();
       std::string r;
-      for (std::int64_t k = 0, n = as_int(a.is_string() ? b : a); k < n; ++k) r += s;
+      const std::int64_t n = as_int(a.is_string() ? b : a);
+      if (n > 0 && s.size() * static_cast<std::size_t>(n) > kMaxItems * 64)
+        fail_at(line, "repeating a string ", n, " times makes more than ", kMaxItems * 64, " bytes");
+      for (std::int64_t k = 0; k < n; ++k) r += s;
       return Value::of(r);
     }
     if (!numeric(a) || !numeric(b))
@@ -1301,7 +1415,7 @@ class Interpreter {
       return it == obj.ns->end() ? Value::undefined("'" + key.data.get<std::string>() + "'") : it->second;
     }
     if (!obj.is_data() || !key.is_data()) return Value::undefined("an item");
-    const Json& o = obj.data;
+    const Json& o = unwrap(obj.data);
     const Json& k = key.data;
     if (o.is_object() && k.is_string()) {
       auto it = o.find(k.get<std::string>());
@@ -1328,7 +1442,7 @@ class Interpreter {
   }
 
   Value slice(const Value& obj, const Value* parts[3], int line) const {
-    const Json& o = data(obj, line, "a slice");
+    const Json& o = unwrap(data(obj, line, "a slice"));
     if (!o.is_array() && !o.is_string()) fail_at(line, "cannot slice " + py_repr(o));
     std::vector<std::size_t> starts;
     std::int64_t n;
@@ -1356,7 +1470,7 @@ class Interpreter {
     if (o.is_array()) {
       Json r = Json::array();
       for (std::int64_t i : idx) r.push_back(o[static_cast<std::size_t>(i)]);
-      return Value::of(r);
+      return Value::of(is_tuple(obj.data) ? make_tuple(r) : r);
     }
     const std::string& s = o.get_ref<const std::string&>();
     std::string r;
@@ -1372,13 +1486,15 @@ class Interpreter {
       case Node::Kind::Literal: return Value::of(n.value);
       case Node::Kind::Var: return lookup(n.name);
       case Node::Kind::Attr: {
-        const Value obj = eval(*n.kids[0]);
+        const Ref ref = eval_ref(*n.kids[0]);
+        const Value& obj = ref.get();
         if (obj.is_undefined()) fail_at(n.line, obj.name + " is undefined (its '." + n.name + "' was read)");
         return get_item(obj, Value::of(n.name), n.line);
       }
-      case Node::Kind::Index: return get_item(eval(*n.kids[0]), eval(*n.kids[1]), n.line);
+      case Node::Kind::Index: return get_item(eval_ref(*n.kids[0]).get(), eval(*n.kids[1]), n.line);
       case Node::Kind::Slice: {
-        const Value obj = eval(*n.kids[0]);
+        const Ref ref = eval_ref(*n.kids[0]);
+        const Value& obj = ref.get();
         Value vals[3];
         const Value* parts[3] = {nullptr, nullptr, nullptr};
         for (int k = 0; k < 3; ++k)
@@ -1410,7 +1526,7 @@ class Interpreter {
       case Node::Kind::List: {
         Json r = Json::array();
         for (const auto& k : n.kids) r.push_back(data(eval(*k), n.line, "a list literal"));
-        return Value::of(r);
+        return Value::of(n.attr == "tuple" ? make_tuple(r) : r);
       }
       case Node::Kind::Dict: {
         Json r = Json::object();
@@ -1458,7 +1574,7 @@ class Interpreter {
   Value call(const Node& n) {
     const Node& callee = *n.kids[0];
     Args a = arguments(n);
-    if (callee.kind == Node::Kind::Attr) return method(eval(*callee.kids[0]), callee.name, a, n.line);
+    if (callee.kind == Node::Kind::Attr) return method(eval_ref(*callee.kids[0]).get(), callee.name, a, n.line);
     const Value f = lookup(callee.name);
     if (f.kind != Value::Kind::Function) fail_at(n.line, "'" + callee.name + "' is not callable");
     const std::string& name = f.name;
@@ -1505,7 +1621,10 @@ class Interpreter {
     const std::int64_t start = r.size() == 1 ? 0 : r[0], stop = r.size() == 1 ? r[0] : r[1], step = r.size() == 3 ? r[2] : 1;
     if (step == 0) fail_at(n.line, "range() step must not be zero");
     Json out = Json::array();
-    for (std::int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(i);
+    for (std::int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+      if (out.size() >= kMaxItems) fail_at(n.line, "range() of more than ", kMaxItems, " numbers");
+      out.push_back(i);
+    }
     return Value::of(out);
   }
 
@@ -1525,8 +1644,8 @@ class Interpreter {
         if (!p || !p->is_data()) fail_at(line, "." + name + "() needs a string or a tuple of strings");
         std::vector<std::string> options;
         if (p->data.is_string()) options.push_back(p->data.get<std::string>());
-        else if (p->data.is_array())
-          for (const Json& e : p->data) options.push_back(e.is_string() ? e.get<std::string>() : py_str(e));
+        else if (unwrap(p->data).is_array())
+          for (const Json& e : unwrap(p->data)) options.push_back(e.is_string() ? e.get<std::string>() : py_str(e));
         for (const std::string& o : options) {
           if (o.size() > s.size()) continue;
           if (name == "startswith" ? s.compare(0, o.size(), o) == 0 : s.compare(s.size() - o.size(), o.size(), o) == 0)
@@ -1535,13 +1654,13 @@ class Interpreter {
         return Value::of(false);
       }
       if (name == "split") return Value::of(split(s, a, line));
-      if (name == "upper") return Value::of(ascii_upper(s));
-      if (name == "lower") return Value::of(ascii_lower(s));
-      if (name == "title") return Value::of(title(s));
-      if (name == "capitalize") return Value::of(capitalize(s));
+      if (name == "upper") return Value::of(recase(s, Case::Upper, line));
+      if (name == "lower") return Value::of(recase(s, Case::Lower, line));
+      if (name == "title") return Value::of(recase(s, Case::Title, line));
+      if (name == "capitalize") return Value::of(recase(s, Case::Capitalize, line));
       if (name == "replace") return Value::of(replace(s, a, line));
     }
-    if (obj.is_data() && obj.data.is_object() && kDictMethods.count(name)) {
+    if (obj.is_data() && obj.data.is_object() && !is_tuple(obj.data) && kDictMethods.count(name)) {
       const Json& o = obj.data;
       if (name == "get") {
         const std::string key = string_arg(a, 0, "key", line, ".get()");
@@ -1552,11 +1671,13 @@ class Interpreter {
       }
       Json r = Json::array();
       for (const auto& [k, v] : o.items()) {
-        if (name == "items") r.push_back(Json::array({k, v}));
+        if (name == "items") r.push_back(make_tuple(Json::array({k, v})));
         else if (name == "keys") r.push_back(k);
         else r.push_back(v);
       }
-      return Value::of(r);
+      Value out = Value::of(r);
+      out.view = "dict_" + name;
+      return out;
     }
     fail_at(line, "'." + name + "()' cannot be called on " + (obj.is_data() ? py_repr(obj.data) : to_str(obj)));
   }
@@ -1623,21 +1744,12 @@ class Interpreter {
     return out + s.substr(i);
   }
 
-  static std::string capitalize(const std::string& s) {
-    if (s.empty()) return s;
-    return ascii_upper(s.substr(0, 1)) + ascii_lower(s.substr(1));
-  }
-  static std::string title(const std::string& s) {
-    std::string out = s;
-    bool prev_cased = false;
-    for (char& c : out) {
-      const bool alpha = std::isalpha(static_cast<unsigned char>(c)) != 0;
-      if (alpha)
-        c = prev_cased ? static_cast<char>(std::tolower(static_cast<unsigned char>(c)))
-                       : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-      prev_cased = alpha;
-    }
-    return out;
+  std::string recase(const std::string& s, Case mode, int line) const {
+    return change_case(s, mode, [&](char32_t c) {
+      char b[16];
+      std::snprintf(b, sizeof b, "U+%04X", static_cast<unsigned>(c));
+      fail_at(line, std::string("changing the case of ") + b + " needs Python's special casing, which is not implemented");
+    });
   }
 
   // The attribute `path` ("a.b") of an item, as selectattr / map read it.
@@ -1660,6 +1772,7 @@ class Interpreter {
       if (k >= args.size()) fail_at(line, "the test '" + name + "' needs an argument");
       return args[k];
     };
+    if (v.generator) return name == "defined" || name == "iterable" || name == "ne" || name == "!=";
     if (name == "defined") return !v.is_undefined();
     if (name == "undefined") return v.is_undefined();
     if (name == "none") return d && j.is_null();
@@ -1670,28 +1783,27 @@ class Interpreter {
     if (name == "number") return d && numeric(j);
     if (name == "integer") return d && j.is_number_integer();
     if (name == "float") return d && j.is_number_float();
-    if (name == "mapping") return (d && j.is_object()) || v.kind == Value::Kind::Namespace;
+    if (name == "mapping") return (d && j.is_object() && !is_tuple(j)) || v.kind == Value::Kind::Namespace;
     if (name == "iterable") return v.is_undefined() || (d && (j.is_array() || j.is_object() || j.is_string()));
     if (name == "sequence") return d && (j.is_array() || j.is_object() || j.is_string());
     if (name == "equalto" || name == "eq" || name == "==") return equal(v, arg(0));
     if (name == "ne" || name == "!=") return !equal(v, arg(0));
-    const Json& x = data(v, line, ("the test '" + name + "'").c_str());
-    if (!integral(x)) fail_at(line, "the test '" + name + "' needs an integer, got " + py_repr(x));
-    if (name == "odd") return as_int(x) % 2 != 0;
-    if (name == "even") return as_int(x) % 2 == 0;
-    const Json& m = data(arg(0), line, "divisibleby");
-    if (!integral(m) || as_int(m) == 0) fail_at(line, "divisibleby needs a non-zero integer");
-    return as_int(x) % as_int(m) == 0;
+    // odd, even, divisibleby: Python's value % n on integers or floats
+    const Value n = name == "divisibleby" ? arg(0) : Value::of(2);
+    const Value r = arithmetic("%", v, n, line);
+    return equal(r.data, Json(name == "odd" ? 1 : 0));
   }
 
   bool test(const Node& n) {
-    const Value v = eval(*n.kids[0]);
+    const Ref ref = eval_ref(*n.kids[0]);
+    const Value& v = ref.get();
     Args a = arguments(n);
     return run_test(n.name, v, a.pos, n.line);
   }
 
   Value filter(const Node& n) {
-    const Value v = eval(*n.kids[0]);
+    const Ref ref = eval_ref(*n.kids[0]);
+    const Value& v = ref.get();
     const Args a = arguments(n);
     const std::string& f = n.name;
     const int line = n.line;
@@ -1708,14 +1820,14 @@ class Interpreter {
       const std::string c = chars && chars->is_string() ? chars->data.get<std::string>() : "";
       return Value::of(py_strip(to_str(v), true, true, chars && chars->is_string() ? &c : nullptr));
     }
-    if (f == "upper") return Value::of(ascii_upper(to_str(v)));
-    if (f == "lower") return Value::of(ascii_lower(to_str(v)));
-    if (f == "capitalize") return Value::of(capitalize(to_str(v)));
-    if (f == "title") return Value::of(title(to_str(v)));
+    if (f == "upper") return Value::of(recase(to_str(v), Case::Upper, line));
+    if (f == "lower") return Value::of(recase(to_str(v), Case::Lower, line));
+    if (f == "capitalize") return Value::of(recase(to_str(v), Case::Capitalize, line));
+    if (f == "title") return Value::of(recase(to_str(v), Case::JinjaTitle, line));
     if (f == "replace") return Value::of(replace(to_str(v), a, line));
     if (f == "length" || f == "count") {
       if (v.is_undefined()) return Value::of(0);
-      const Json& j = data(v, line, "length");
+      const Json& j = unwrap(data(v, line, "length"));
       if (j.is_string()) return Value::of(static_cast<std::int64_t>(code_point_starts(j.get<std::string>()).size() - 1));
       if (j.is_array() || j.is_object()) return Value::of(static_cast<std::int64_t>(j.size()));
       fail_at(line, "object of type " + std::string(j.type_name()) + " has no length");
@@ -1738,6 +1850,7 @@ class Interpreter {
       return Value::of(out);
     }
     if (f == "first" || f == "last") {
+      if (f == "last" && v.generator) fail_at(line, kGeneratorUse, "given to 'last'");
       std::vector<Json> items = iterate(v, line);
       if (items.empty()) return Value::undefined("the first item of an empty sequence");
       return Value::of(f == "first" ? items.front() : items.back());
@@ -1751,9 +1864,11 @@ class Interpreter {
       Json r = Json::array();
       if (v.is_undefined()) return Value::of(r);
       const Json& j = data(v, line, "items");
-      if (!j.is_object()) fail_at(line, "the filter 'items' needs a dict, got " + py_repr(j));
-      for (const auto& [k, val] : j.items()) r.push_back(Json::array({k, val}));
-      return Value::of(r);
+      if (!j.is_object() || is_tuple(j)) fail_at(line, "the filter 'items' needs a dict, got " + py_repr(j));
+      for (const auto& [k, val] : j.items()) r.push_back(make_tuple(Json::array({k, val})));
+      Value out = Value::of(r);
+      out.generator = true;
+      return out;
     }
     if (f == "join") {
       const Value* sep = a.get(0, "d");
@@ -1807,7 +1922,9 @@ class Interpreter {
         const bool pass = test_name.empty() ? truthy(subject) : run_test(test_name, subject, test_args, line);
         if (pass == keep_if) r.push_back(e);
       }
-      return Value::of(r);
+      Value out = Value::of(r);
+      out.generator = true;
+      return out;
     }
     if (f == "map") {
       const Value* attr = a.get(99, "attribute");
@@ -1819,7 +1936,9 @@ class Interpreter {
         if (x.is_undefined() && def) x = *def;
         r.push_back(x.is_undefined() ? Json(nullptr) : data(x, line, "map"));
       }
-      return Value::of(r);
+      Value out = Value::of(r);
+      out.generator = true;
+      return out;
     }
     fail_at(line, "the filter '" + f + "' is not supported");
   }

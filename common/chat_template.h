@@ -29,8 +29,10 @@
 /// Anything else (macros, call blocks, includes, other filters, tests or functions, `%`
 /// formatting of strings, …) is refused when the template is parsed, with an error naming the
 /// construct, the template's origin and the line — never rendered some other way. Values are
-/// JSON (nlohmann::ordered_json, which keeps a dict's key order as Python does) plus Jinja's
-/// undefined, namespaces and the functions above; they print as Python's str() prints them.
+/// JSON (nlohmann::ordered_json, which keeps a dict's key order as Python does; tuples are
+/// marked arrays) plus Jinja's undefined, namespaces and the functions above; they print as
+/// Python's str() prints them. Case changes use Unicode's simple mappings; a code point whose
+/// Python mapping is special (ß to "SS", final sigma, …) is an error when it is met.
 
 #include <ctime>
 #include <memory>
@@ -75,7 +77,8 @@ class ChatTemplate {
   void freeze_time(const std::tm& t) { frozen_time_ = t; }
 
   /// The model's own template: a folder's tokenizer_config.json (with its bos_token / eos_token,
-  /// which may be strings or {"content":…} objects; a list of named templates gives "default"),
+  /// which may be strings or {"content":…} objects; a list of named templates gives "default";
+  /// without a `chat_template` field, a chat_template.jinja file beside it, as newer exports write),
   /// or a .gguf file's tokenizer.chat_template (bos/eos from its token list); nullopt when the
   /// model has none. Throws when it has one that cannot be parsed.
   static std::optional<ChatTemplate> for_model(const std::string& model_path);

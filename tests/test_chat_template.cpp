@@ -41,7 +41,7 @@ std::vector<std::string> golden_names() {
   std::vector<std::string> names;
   if (!std::filesystem::exists(kGolden)) return names;
   for (const auto& e : std::filesystem::directory_iterator(kGolden))
-    if (e.path().extension() == ".json") names.push_back(e.path().stem().string());
+    if (e.path().extension() == ".json" && e.path().stem().string()[0] != '_') names.push_back(e.path().stem().string());
   std::sort(names.begin(), names.end());
   return names;
 }
@@ -90,6 +90,32 @@ INSTANTIATE_TEST_SUITE_P(Templates, ChatTemplateGolden, ::testing::ValuesIn(gold
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return s;
 });
+
+// One small template per group of constructs (data/golden/chat_templates/_constructs.json), as
+// transformers' Jinja environment rendered it.
+TEST(ChatTemplate, EachConstructRendersAsTransformersDoes) {
+  std::ifstream in(kGolden + "/_constructs.json");
+  ASSERT_TRUE(in) << "missing golden _constructs.json";
+  const auto doc = nlohmann::ordered_json::parse(in);
+  std::tm now{};
+  ASSERT_NE(strptime(doc["now"].get<std::string>().c_str(), "%Y-%m-%d %H:%M:%S", &now), nullptr);
+  for (const auto& c : doc["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    const std::string source = c["source"];
+    std::optional<ChatTemplate> t;
+    ASSERT_NO_THROW(t.emplace(source, c["name"].get<std::string>(), doc["bos_token"], doc["eos_token"])) << source;
+    t->freeze_time(now);
+    const bool agp = c["add_generation_prompt"].get<bool>();
+    if (c.contains("expected")) {
+      std::string got;
+      EXPECT_NO_THROW(got = t->render_json(c["messages"], agp)) << source;
+      EXPECT_EQ(got, c["expected"].get<std::string>()) << source;
+    } else {
+      const std::string err = error_of([&] { t->render_json(c["messages"], agp); });
+      EXPECT_NE(err.find(c["error"]["message"].get<std::string>()), std::string::npos) << err;
+    }
+  }
+}
 
 // Every stored template has a golden: a template added without one would go untested.
 TEST(ChatTemplate, EveryStoredTemplateHasAGolden) {
@@ -150,6 +176,10 @@ TEST(ChatTemplate, FollowsJinjaSemantics) {
        "FalseTrueTrueTrueTrueTrueTrue"},
       {"{{ 'yes' if 'b' in 'abc' else 'no' }}{{ 2 not in [1, 3] }}{{ not 0 and 1 or 5 }}", "yesTrue1"},
       {"{{ ['a', 'b', 'c'] | reject('equalto', 'b') | join(', ') }}{{ [1,2,3][::-1] }}{{ 'abc'[-1] }}", "a, c[3, 2, 1]c"},
+      // select / map give a generator (always true); dict views print as Python prints them.
+      {"{{ 'yes' if [] | select else 'no' }}|{{ {'a': 1}.items() }}|{{ {'a': 1}.keys() }}|{{ {}.values() }}|{{ [0, 1] * 2 }}"
+       "|{{ 3.0 is odd }}|{{ 4.5 is even }}",
+       "yes|dict_items([('a', 1)])|dict_keys(['a'])|dict_values([])|[0, 1, 0, 1]|True|False"},
   };
   for (const auto& [source, expected] : cases) EXPECT_EQ(render_text(source), expected) << source;
   EXPECT_EQ(render_text("{{ messages | selectattr('role', 'equalto', 'user') | list | length }}",
@@ -195,6 +225,18 @@ TEST(ChatTemplate, RefusesWhatItCannotRender) {
     EXPECT_NE(err.find(what), std::string::npos) << source << " -> " << err;
     EXPECT_NE(err.find("model-x/tokenizer_config.json"), std::string::npos) << err;
   }
+  // Deep nesting and huge ranges are errors, not a crash or an endless render.
+  const std::string deep =
+      error_of([] { ChatTemplate("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}", "t.jinja"); });
+  EXPECT_NE(deep.find("nests deeper than"), std::string::npos) << deep;
+  const std::string big = error_of([] { ChatTemplate("{{ range(10**12) | length }}", "t.jinja").render({}); });
+  EXPECT_NE(big.find("range() of more than"), std::string::npos) << big;
+  // A generator printed would show an address in Python: refused.
+  const std::string gen = error_of([] { ChatTemplate("{{ messages | map(attribute='role') }}", "t.jinja").render({}); });
+  EXPECT_NE(gen.find("add '| list'"), std::string::npos) << gen;
+  // Python's special casing (ß upper-cases to "SS") is refused when rendering, not approximated.
+  const std::string sharp = error_of([] { ChatTemplate("{{ 'straße' | upper }}", "t.jinja").render({}); });
+  EXPECT_NE(sharp.find("U+00DF needs Python's special casing"), std::string::npos) << sharp;
   const std::string err = error_of([] { ChatTemplate("line one\n{{ x }}\n{{ y | wordcount }}", "t.jinja"); });
   EXPECT_NE(err.find("t.jinja: line 3: the filter 'wordcount' is not supported"), std::string::npos) << err;
 }
@@ -216,6 +258,16 @@ TEST(ChatTemplate, AFolderTemplateUsesTheConfigsTokens) {
   ASSERT_TRUE(t.has_value());
   EXPECT_EQ(t->render({{"user", "hi"}}), "<s>hi</s>");
   EXPECT_NE(t->origin().find("tokenizer_config.json"), std::string::npos);
+}
+
+// Newer exports keep the template in chat_template.jinja beside tokenizer_config.json.
+TEST(ChatTemplate, AFolderMayKeepItsTemplateInAJinjaFile) {
+  test::TempDir dir;
+  test::write_file(dir.file("tokenizer_config.json"), R"({"eos_token": {"content": "<|end|>"}})");
+  test::write_file(dir.file("chat_template.jinja"), "{% for m in messages %}{{ m.content }}{{ eos_token }}\n{% endfor %}\n");
+  const auto t = ChatTemplate::for_model(dir.path().string());
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->render({{"user", "a"}, {"user", "b"}}), "a<|end|>\nb<|end|>\n");
 }
 
 TEST(ChatTemplate, TheListFormGivesTheDefaultTemplate) {

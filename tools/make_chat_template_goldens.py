@@ -13,6 +13,11 @@ and the model's own bos / eos tokens, and writes data/golden/chat_templates/<nam
      "cases": [{"name", "messages", "tools" (only when given), "add_generation_prompt",
                 "expected" (the text) or "error" {"type", "message"} (what the template raised)}]}
 
+and data/golden/chat_templates/_constructs.json: small templates, one per group of Jinja
+constructs the interpreter implements (CONSTRUCTS below), rendered the same way, so that each
+construct is checked against transformers' own Jinja environment and not only the ones the real
+templates happen to use. Its cases carry their "source" instead of a template file.
+
 The tokenizer's vocabulary does not matter (tokenize=False); the template and the special
 tokens do. A template that prints today's date (Llama 3.2's strftime_now) would change its
 golden every day, so transformers' clock is frozen at NOW below (it patches the `datetime`
@@ -113,6 +118,69 @@ TOOL_CONVERSATIONS = {
 TOOL_TEMPLATES = {"qwen2.5", "llama-3.1", "llama-3.2", "mistral-nemo"}
 
 
+CONSTRUCT_MESSAGES = [
+    {"role": "system", "content": "Sys 'single' \"double\""},
+    user("hello world  foo"),
+    assistant("Ok"),
+    user("Bye é"),
+]
+CONSTRUCTS = {
+    "filters_on_messages": "{{ messages | length }} {{ messages[-1].content | upper }} {{ messages[0]['role'] | capitalize }}",
+    "loop_variables": "{% for m in messages %}{{ loop.index }}/{{ loop.length }}:{{ m.role[0] }}"
+    "{% if not loop.last %},{% endif %}{% endfor %}",
+    "map_join": "{{ messages | map(attribute='role') | join(',') }}",
+    "slices": "{{ messages[1:] | length }} {{ messages[:-1] | last | tojson }} {{ messages[::2] | map(attribute='role') | list }}",
+    "string_methods": "{{ (messages | first).content.split(' ') }} {{ 'a-b-c'.split('-', 1) }} {{ 'abc'.startswith(('x', 'a')) }}"
+    " {{ 'abc'.endswith('bc') }} {{ messages[1].content.split() }} {{ ' Ab '.rstrip() }}|{{ 'ab cd'.title() }}"
+    " {{ 'aXbX'.replace('X', '-') }} {{ 'MiXed'.lower() }}{{ 'MiXed'.upper() }}",
+    "dict_methods": "{{ {'x': 1, 'y': [1, 2]}.items() | list }} {{ {'x': 1}.keys() | list }} {{ {'x': 1}.values() | list }}"
+    " {{ {'x': 1}.get('y', 'none') }} {{ {'x': 1}.get('y') }} {{ {'x': 1, 'y': 2} | items | list }}",
+    "arithmetic": "{{ 10 / 4 }} {{ 10 // 4 }} {{ 10 % 4 }} {{ 2 ** 10 }} {{ -3 // 2 }} {{ 1.5 * 2 }} {{ 0.1 + 0.2 }}"
+    " {{ 1e20 }} {{ 1e-5 }} {{ 123456789.0 * 1000 }} {{ -7 % 3 }} {{ 7.5 % 2 }} {{ 2 - 5 }} {{ 1 + 2 * 3 }}",
+    "comparisons": "{{ 'a' < 'b' }} {{ [1, 2] < [1, 3] }} {{ 3 >= 3.0 }} {{ none == none }} {{ x == y }} {{ 'é' | length }}"
+    " {{ 1 != 2 }} {{ 'b' in ['a', 'b'] }} {{ 'k' in {'k': 1} }} {{ 'z' not in 'abc' }}",
+    "context": "{{ tools is none }} {{ documents is none }} {{ add_generation_prompt }} {{ bos_token }}{{ eos_token }}"
+    " {{ tools is defined }} {{ undefined_name is defined }}",
+    "namespace": "{%- set ns = namespace(sys=none, n=0) -%}{%- for m in messages -%}{%- if m.role == 'system' -%}"
+    "{%- set ns.sys = m.content -%}{%- endif -%}{%- set ns.n = ns.n + 1 -%}{%- endfor -%}{{ ns.sys }}|{{ ns.n }}",
+    "select_reject": "{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') | join(' / ') }}"
+    " {{ messages | rejectattr('role', 'equalto', 'user') | list | length }} {{ [1, 2, 3] | select('odd') | list }}"
+    " {{ [0, 1, none, 'a'] | select | list }} {{ [1, 2, 3, 4] | reject('divisibleby', 2) | list }}",
+    "first_last_range": "{{ [3, 1, 2] | first }} {{ 'hello' | first }} {{ 'hello' | last }} {{ range(3) | list }}"
+    " {{ range(1, 7, 2) | list }} {{ range(5, 0, -2) | list }}",
+    "conversions": "{{ '  x  ' | trim }}|{{ 'xxhixx' | trim('x') }}|{{ 42 | string }}{{ 'x' ~ 4.0 }}|{{ '3' | int + 1 }}"
+    "|{{ '2.5' | float }}|{{ -3 | abs }}|{{ 2.7 | int }}|{{ 'abc' | list }}|{{ none | string }}",
+    "tojson": "{{ {'a': {'b': [1, {'c': 'é\"\\n\\t<>&'}]}} | tojson }}\n{{ {'a': [1, 2], 'b': {}} | tojson(indent=2) }}\n"
+    "{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }} {{ 'é' | tojson(ensure_ascii=true) }} {{ [1.0, 1e100, -0.5, true] | tojson }}",
+    "python_repr": "{{ messages[0] }} {{ ['it\\'s', \"q\\\"\", 'line\\nbreak'] }} {{ {'n': none, 'f': 2.50} }}",
+    "whitespace_control": "line1\n    {%- if true %}\n        kept\n    {%+ if true %}plus{% endif %}\n{% if true +%}\nafter\n"
+    "{% endif %}\n{#- c -#}\n  end  \n   {# alone #}\n\t{% if true %}tab{% endif %}\n{{ 'x' -}}   \n\n  y\n"
+    "    {% endif %}\n  {{ 'out' }}  \n  {%- if true -%}  \n  z  \n  {%- endif -%}  \n  w\n",
+    "if_elif_else": "{% if messages | length > 5 %}many{% elif messages | length > 1 %}some{% else %}few{% endif %}"
+    "{% if false %}no{% elif false %}no{% endif %}|{% if none %}{% else %}else{% endif %}",
+    "conditional_expression": "{{ 'yes' if messages else 'no' }} {{ 'a' if false }}|{{ 1 if 0 else 2 if 1 else 3 }}",
+    "literals": "{{ 'adjacent' \"strings\" }} {{ 'tab\\there' }} {{ '\\u00e9\\x41' }} {{ True }} {{ None }} {{ (1, 2) }} {{ [] }} {{ {} }}",
+    "filtered_loop": "{% for x in messages if x.role != 'system' %}{{ loop.index0 }}{{ x.role }}{% else %}none{% endfor %}"
+    "{% for x in messages if x.role == 'nobody' %}x{% else %}|none{% endfor %}",
+    "loop_controls": "{% for m in messages %}{% if loop.index0 == 1 %}{% continue %}{% endif %}{% if m.role == 'assistant' %}"
+    "{% break %}{% endif %}{{ m.role }};{% endfor %}",
+    "nested_loops": "{% for a in [1, 2] %}{% for b in 'xy' %}{{ a }}{{ b }}{{ loop.index }}{% endfor %}{{ loop.index }} {% endfor %}",
+    "set_scoping": "{% set x = 'outer' %}{% for i in [1] %}{% set x = 'inner' %}{{ x }}{% endfor %} {{ x }}"
+    "{% if true %}{% set y = 'if' %}{% endif %} {{ y }}",
+    "concatenation": "{{ messages[0].content.title() }} {{ 'a' * 3 }} {{ [1] + [2] }} {{ 1 ~ 2 ~ 'x' }} {{ 'a' + 'b' ~ 3 }}",
+    "tuples": "{{ (1,) }} {{ {'a': 1}.items() | first }} {% for k, v in {'a': 1} | items %}{{ k }}{{ v }}{% endfor %}"
+    " {{ (1, 2)[0] }} {{ (1, 2, 3)[1:] }} {{ (1, 2) | length }} {{ 1 in (1, 2) }} {{ (1, 2) | tojson }} {{ (1, 2) | list }}",
+    "unicode_case": "{{ 'ÉCOLE Àb ÿ' | lower }} {{ 'éa ǆb' | upper }} {{ 'ǆemal' | capitalize }} {{ \"it's a-b (c) d_e\" | title }}"
+    " {{ \"it's a-b d_e\".title() }} {{ 'ÉTÉ'.lower().capitalize() }}",
+    "raise": "{% if messages | length > 0 %}{{ raise_exception('boom ' ~ messages | length) }}{% endif %}",
+    "strftime": "{{ strftime_now('%Y-%m-%d %H:%M:%S %a %A %b %B %j %d') }}",
+    "generation_block": "{% for m in messages %}{% generation %}[{{ m.role }}]{% endgeneration %}{% endfor %}",
+    "default_filter": "{{ missing | default('dflt') }} {{ missing | d('d2') }} {{ '' | default('e', true) }} {{ 0 | default(5) }}",
+    "tests": "{{ 1 is number }} {{ 1.5 is float }} {{ 1 is integer }} {{ true is boolean }} {{ 'x' is sequence }}"
+    " {{ 2 is even }} {{ 9 is divisibleby 3 }} {{ 'a' is eq 'a' }} {{ 'a' is ne 'b' }} {{ true is true }} {{ x is undefined }}",
+}
+
+
 def render(tok, messages, add_generation_prompt, tools=None):
     try:
         text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt)
@@ -163,6 +231,22 @@ def main():
         path.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
         errors = sum("error" in c for c in cases)
         print(f"{path.relative_to(ROOT)}: {len(cases)} cases, {errors} raising")
+    constructs()
+
+
+def constructs():
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER), bos_token="<s>", eos_token="</s>")
+    cases = []
+    for name, source in CONSTRUCTS.items():
+        tok.chat_template = source
+        case = {"name": name, "source": source, "messages": CONSTRUCT_MESSAGES, "add_generation_prompt": True}
+        case.update(render(tok, CONSTRUCT_MESSAGES, True))
+        cases.append(case)
+    doc = {"bos_token": "<s>", "eos_token": "</s>", "now": NOW.strftime("%Y-%m-%d %H:%M:%S"),
+           "transformers": transformers.__version__, "jinja2": jinja2.__version__, "cases": cases}
+    path = OUT / "_constructs.json"
+    path.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"{path.relative_to(ROOT)}: {len(cases)} cases, {sum('error' in c for c in cases)} raising")
 
 
 if __name__ == "__main__":
