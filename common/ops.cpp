@@ -225,6 +225,70 @@ RaggedAttention attention_ragged(const Tensor& q, const Tensor& k, const Tensor&
   return r;
 }
 
+CachedAttention attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, const Tensor& out,
+                                 const AttentionParams& p) {
+  const char* op = "attention_cached";
+  want(q, op, "q"), want(out, op, "out");
+  want_ndim(q, 3, op, "q"), want_ndim(out, 3, op, "out");
+  want_dtype(q, DType::F32, op, "q"), want_dtype(out, DType::F32, op, "out");
+  same_device(op, {&q, &out});
+  IL_CHECK(!q.is_cuda(), op, ": runs on the CPU (a CUDA batch attends sequence by sequence)");
+  const std::int64_t T = q.size(0), Nq = q.size(1), Dqk = q.size(2);
+  IL_CHECK(out.size(0) == T && out.size(1) == Nq, op, ": out ", out.describe(), " should have q's rows and heads (q is ",
+           q.describe(), ")");
+  IL_CHECK(p.q_offset < 0, op, ": AttentionParams::q_offset (", p.q_offset,
+           ") does not apply to a batch; give each CachedKV's q_offset");
+  IL_CHECK(p.window >= 0, op, ": negative window ", p.window);
+  IL_CHECK(p.causal || p.window == 0, op, ": a sliding window needs causal attention");
+  CachedAttention r{seqs, p};
+  if (r.params.scale == 0.0f) r.params.scale = 1.0f / std::sqrt(static_cast<float>(Dqk));
+  std::vector<std::pair<std::int64_t, std::int64_t>> rows;
+  double visible = 0, kv_bytes = 0;
+  for (std::size_t b = 0; b < r.seqs.size(); ++b) {
+    CachedKV& s = r.seqs[b];
+    want(s.k, op, "k"), want(s.v, op, "v");
+    want_ndim(s.k, 3, op, "k"), want_ndim(s.v, 3, op, "v");
+    want_dtype(s.k, DType::F32, op, "k"), want_dtype(s.v, DType::F32, op, "v");
+    same_device(op, {&q, &s.k, &s.v});
+    const std::int64_t Nk = s.k.size(1), rows_held = s.k.size(0), Tb = s.q_end - s.q_begin;
+    IL_CHECK(s.k.size(2) == Dqk && s.v.size(0) == rows_held && s.v.size(1) == Nk && s.v.size(2) == out.size(2), op,
+             ": sequence ", b, "'s k ", s.k.describe(), " and v ", s.v.describe(), " do not fit q ", q.describe(),
+             " and out ", out.describe());
+    IL_CHECK(Nk > 0 && Nq % Nk == 0, op, ": ", Nq, " query heads cannot be grouped over sequence ", b, "'s ", Nk,
+             " KV heads");
+    IL_CHECK(s.q_begin >= 0 && Tb >= 0 && s.q_end <= T, op, ": sequence ", b, "'s query rows ", s.q_begin, "..", s.q_end,
+             " are not within q's ", T, " rows");
+    IL_CHECK(s.length > 0, op, ": sequence ", b, " holds no positions");
+    if (!s.table) {
+      IL_CHECK(s.length <= rows_held, op, ": sequence ", b, " holds ", s.length, " positions in ", rows_held, " rows");
+    } else {
+      IL_CHECK(s.block_size > 0 && s.length <= static_cast<std::int64_t>(s.table->size()) * s.block_size, op, ": sequence ",
+               b, " holds ", s.length, " positions, but its block table lists ", s.table->size(), " blocks of ",
+               s.block_size);
+      for (std::int64_t i = 0; i < (s.length + s.block_size - 1) / s.block_size; ++i) {
+        const std::int64_t blk = (*s.table)[static_cast<std::size_t>(i)];
+        IL_CHECK(blk >= 0 && (blk + 1) * s.block_size <= rows_held, op, ": sequence ", b, "'s block ", blk,
+                 " is outside its storage of ", rows_held, " rows");
+      }
+    }
+    if (s.q_offset < 0) s.q_offset = s.length - Tb;
+    if (r.params.causal)
+      IL_CHECK(s.q_offset >= 0 && s.q_offset + Tb <= s.length, op, ": sequence ", b, "'s queries at positions ", s.q_offset,
+               "..", s.q_offset + Tb - 1, " need keys up to there, but it holds ", s.length);
+    rows.emplace_back(s.q_begin, s.q_end);
+    visible += visible_keys(Tb, s.length, s.q_offset, r.params);
+    kv_bytes += static_cast<double>(s.length * Nk * (Dqk + s.v.size(2))) * sizeof(float);
+  }
+  std::sort(rows.begin(), rows.end());
+  for (std::size_t i = 1; i < rows.size(); ++i)
+    IL_CHECK(rows[i].first >= rows[i - 1].second, op, ": two sequences name query rows ", rows[i].first, "..",
+             std::max(rows[i].first, rows[i - 1].second) - 1);
+  // Work: as attention(); bytes: the queries and outputs once, and each sequence's cached rows once.
+  metrics::count("attention", 2.0 * visible * static_cast<double>(Nq * (Dqk + out.size(2))),
+                 bytes(q) + bytes(out) + kv_bytes);
+  return r;
+}
+
 void argmax(const Tensor& x, const Tensor& out) {
   want(x, "argmax", "x"), want(out, "argmax", "out");
   want_ndim(x, 2, "argmax", "x"), want_ndim(out, 1, "argmax", "out");
@@ -386,6 +450,11 @@ Tensor attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, const
   Tensor out = attention_out(q, v);
   attention_ragged(q, k, v, out, batch, p);
   return out;
+}
+
+void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor& out, const AttentionParams& p) {
+  const check::CachedAttention r = check::attention_cached(q, seqs, out, p);
+  cpu::attention_cached(q, r.seqs, out, r.params);
 }
 
 void argmax(const Tensor& x, Tensor& out) {

@@ -61,6 +61,21 @@ struct RaggedBatch {
   std::vector<std::int64_t> q_offsets;
 };
 
+/// One sequence's cached keys and values, for one attention call over the caches of a whole
+/// batch (ops::attention_cached): what a batch step's attention reads, where each cache keeps
+/// it, without gathering anything first. Position p of the sequence is row p of k and v (a
+/// cache's storage for one layer, [rows, Nk, Dqk] and [rows, Nk, Dv]) or, with a block table
+/// (chapter 12's pool), row table[p / block_size]·block_size + p % block_size.
+struct CachedKV {
+  Tensor k, v;
+  const std::vector<std::int32_t>* table = nullptr;  ///< null: position p is row p
+  std::int64_t block_size = 1;
+  std::int64_t length = 0;              ///< positions it holds, this step's new ones included
+  std::int64_t q_begin = 0, q_end = 0;  ///< the rows of q and out that are its queries
+  /// Position of its first query; -1: length − (q_end − q_begin), its queries are its last positions.
+  std::int64_t q_offset = -1;
+};
+
 namespace ops {
 
 /// out[M,N] = x[M,K] · w[N,K]ᵀ (w stored as PyTorch's Linear stores it: one row per output).
@@ -101,6 +116,13 @@ void attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
                       const AttentionParams& p = {});
 Tensor attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, const RaggedBatch& batch,
                         const AttentionParams& p = {});
+/// Attention over many caches in one call: sequence b's queries (rows seqs[b].q_begin ..
+/// q_end − 1 of q [T, Nq, Dqk]) attend over its own cached positions, read where its cache keeps
+/// them, into the same rows of out [T, Nq, Dv]. Equal, bit for bit, to one attention() call per
+/// sequence over its rows gathered in order. Rows no sequence names are left as they are (a
+/// caller attends them some other way). CPU; window, scale and causal as in attention(),
+/// q_offset per sequence.
+void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor& out, const AttentionParams& p = {});
 /// Index of the largest element of each row of x[M,N] (I32 [M]); ties go to the lowest index,
 /// and NaN counts as the largest value (as torch.argmax does), so a NaN never hides.
 void argmax(const Tensor& x, Tensor& out);
@@ -120,6 +142,7 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p = {});
 void attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
                       const AttentionParams& p = {});
+void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor& out, const AttentionParams& p = {});
 void argmax(const Tensor& x, Tensor& out);
 }  // namespace ref
 
@@ -170,6 +193,13 @@ struct RaggedAttention {
 };
 RaggedAttention attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                  const RaggedBatch& batch, const AttentionParams& p);
+/// Every sequence's q_offset filled in (the returned copy), and the scale.
+struct CachedAttention {
+  std::vector<CachedKV> seqs;
+  AttentionParams params;
+};
+CachedAttention attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, const Tensor& out,
+                                 const AttentionParams& p);
 void argmax(const Tensor& x, const Tensor& out);
 }  // namespace check
 

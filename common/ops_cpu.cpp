@@ -140,51 +140,63 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
 
 // Attention, fast path. Each task takes one query row and a range of KV heads with their whole
 // query groups: every cached key and value row is read once per group rather than once per
-// query head (the saving GQA is for), rows are walked in memory order (all of the range's heads
-// at position j, then j + 1), and the q·k products use the SIMD dot above. The tasks of a
-// ragged batch are those of all its sequences together, so decode rows of many sequences
-// share the threads; each row only needs to know its sequence.
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
-               const AttentionParams& p) {
-  const std::int64_t T = q.size(0), Nq = q.size(1), Dqk = q.size(2), Nk = k.size(1), G = Nq / Nk, Dv = v.size(2);
-  const float *Q = q.data<float>(), *K = k.data<float>(), *V = v.data<float>();
+// query head (the saving GQA is for), rows are walked in position order (all of the range's heads
+// at position j, then j + 1), and the q·k products use the SIMD dot above. The tasks of a batch
+// are those of all its sequences together, so decode rows of many sequences share the threads;
+// each row only needs to know its sequence, and where that sequence's cache keeps position j
+// (row j of its storage, or the row its block table names).
+void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor& out, const AttentionParams& p) {
+  const std::int64_t T = q.size(0), Nq = q.size(1), Dqk = q.size(2), Dv = out.size(2);
+  const float* Q = q.data<float>();
   float* O = out.data<float>();
-  if (T == 0) return;
-  const std::vector<std::int64_t>& qs = batch.q_starts;
-  const std::vector<std::int64_t>& ks = batch.kv_starts;
-  std::int64_t longest = 1, work = 0;  // the most keys of one sequence; T_b·S_b summed
-  for (std::size_t b = 0; b + 1 < qs.size(); ++b) {
-    longest = std::max(longest, ks[b + 1] - ks[b]);
-    work += (qs[b + 1] - qs[b]) * (ks[b + 1] - ks[b]);
+  if (T == 0 || seqs.empty()) return;
+  std::vector<std::int32_t> owner(static_cast<std::size_t>(T), -1);  // the sequence each query row belongs to
+  std::int64_t longest = 1, work = 0, Nk = seqs[0].k.size(1);
+  for (std::size_t b = 0; b < seqs.size(); ++b) {
+    const CachedKV& s = seqs[b];
+    for (std::int64_t i = s.q_begin; i < s.q_end; ++i) owner[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(b);
+    longest = std::max(longest, s.length);
+    work += (s.q_end - s.q_begin) * s.length;
+    Nk = std::max(Nk, s.k.size(1));
   }
   const bool parallel = work * Nq * (Dqk + Dv) >= kParallelAttention;
   // Split the KV heads so that there are a few tasks per thread, no more.
   const std::int64_t threads = parallel ? omp_get_max_threads() : 1;
   const std::int64_t ranges = std::min<std::int64_t>(Nk, std::max<std::int64_t>(1, (2 * threads + T - 1) / T));
-  const std::int64_t per = (Nk + ranges - 1) / ranges;
 #pragma omp parallel if (parallel)
   {
-    std::vector<float> scores(static_cast<std::size_t>(per * G * longest));
+    std::vector<float> scores(static_cast<std::size_t>(Nq * longest));
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (std::int64_t i = 0; i < T; ++i)
       for (std::int64_t r = 0; r < ranges; ++r) {
-        const std::int64_t h0 = r * per, h1 = std::min(Nk, h0 + per);
+        const std::int32_t b = owner[static_cast<std::size_t>(i)];
+        if (b < 0) continue;  // a row some other call attends
+        const CachedKV& s = seqs[static_cast<std::size_t>(b)];
+        const std::int64_t nk = s.k.size(1), G = Nq / nk, per = (nk + ranges - 1) / ranges;
+        const std::int64_t h0 = r * per, h1 = std::min(nk, h0 + per);
         if (h0 >= h1) continue;
-        // Row i is query t of sequence b, whose keys are rows k0 .. k0 + S - 1.
-        const std::size_t b = static_cast<std::size_t>(std::upper_bound(qs.begin(), qs.end(), i) - qs.begin() - 1);
-        const std::int64_t t = i - qs[b], k0 = ks[b], S = ks[b + 1] - k0;
-        const std::int64_t hi = p.causal ? batch.q_offsets[b] + t : S - 1;
+        const float *K = s.k.data<float>(), *V = s.v.data<float>();
+        const std::int64_t t = i - s.q_begin;
+        const std::int64_t hi = p.causal ? s.q_offset + t : s.length - 1;
         const std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(0, hi - p.window + 1) : 0;
-        const std::int64_t first = k0 + lo, n = hi - lo + 1, heads = (h1 - h0) * G;
+        const std::int64_t n = hi - lo + 1, heads = (h1 - h0) * G;
+        const auto row = [&](std::int64_t pos) {  // where the cache keeps position pos
+          return !s.table
+                     ? pos
+                     : static_cast<std::int64_t>((*s.table)[static_cast<std::size_t>(pos / s.block_size)]) * s.block_size +
+                           pos % s.block_size;
+        };
         const float* qr = Q + (i * Nq + h0 * G) * Dqk;  // the range's query heads, contiguous
-        for (std::int64_t j = 0; j < n; ++j)
+        for (std::int64_t j = 0; j < n; ++j) {
+          const std::int64_t at = row(lo + j);
           for (std::int64_t kvh = h0; kvh < h1; ++kvh) {
-            const float* kr = K + ((first + j) * Nk + kvh) * Dqk;  // read once for its whole group
+            const float* kr = K + (at * nk + kvh) * Dqk;  // read once for its whole group
             for (std::int64_t g = 0; g < G; ++g) {
               const std::int64_t qh = (kvh - h0) * G + g;
-              scores[qh * n + j] = dot(qr + qh * Dqk, kr, Dqk) * p.scale;
+              scores[static_cast<std::size_t>(qh * n + j)] = dot(qr + qh * Dqk, kr, Dqk) * p.scale;
             }
           }
+        }
         for (std::int64_t qh = 0; qh < heads; ++qh) {
           float* sq = scores.data() + qh * n;
           const float mx = *std::max_element(sq, sq + n);
@@ -193,18 +205,32 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
           for (std::int64_t j = 0; j < n; ++j) sq[j] /= sum;
           std::fill(O + (i * Nq + h0 * G + qh) * Dv, O + (i * Nq + h0 * G + qh + 1) * Dv, 0.0f);
         }
-        for (std::int64_t j = 0; j < n; ++j)
+        for (std::int64_t j = 0; j < n; ++j) {
+          const std::int64_t at = row(lo + j);
           for (std::int64_t kvh = h0; kvh < h1; ++kvh) {
-            const float* vr = V + ((first + j) * Nk + kvh) * Dv;  // read once for its whole group
+            const float* vr = V + (at * nk + kvh) * Dv;  // read once for its whole group
             for (std::int64_t g = 0; g < G; ++g) {
               const std::int64_t qh = (kvh - h0) * G + g;
-              const float pj = scores[qh * n + j];
+              const float pj = scores[static_cast<std::size_t>(qh * n + j)];
               float* o = O + (i * Nq + h0 * G + qh) * Dv;
               for (std::int64_t d = 0; d < Dv; ++d) o[d] += pj * vr[d];
             }
           }
+        }
       }
   }
+}
+
+// A ragged batch is the same kernel: sequence b's cache is rows kv_starts[b] .. of k and v.
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
+               const AttentionParams& p) {
+  std::vector<CachedKV> seqs;
+  for (std::size_t b = 0; b + 1 < batch.q_starts.size(); ++b) {
+    const std::int64_t k0 = batch.kv_starts[b], k1 = batch.kv_starts[b + 1];
+    seqs.push_back({k.slice(0, k0, k1), v.slice(0, k0, k1), nullptr, 1, k1 - k0, batch.q_starts[b], batch.q_starts[b + 1],
+                    batch.q_offsets[b]});
+  }
+  attention_cached(q, seqs, out, p);
 }
 
 }  // namespace inferlab::cpu

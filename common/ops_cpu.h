@@ -120,6 +120,8 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out);
 /// Attention over a checked, resolved batch (a single sequence is a batch of one).
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
                const AttentionParams& p);
+/// Attention over the caches of a checked, resolved batch (every q_offset filled in).
+void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor& out, const AttentionParams& p);
 
 /// y[m·y_stride] = x[m, :] · w for m < M: M dot products of length K against one f32 (or int8)
 /// row, reading and widening the row once (the fast GEMV's inner kernel, for other chapters'

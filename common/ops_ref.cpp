@@ -202,6 +202,25 @@ void attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
   }
 }
 
+// Each sequence's cached positions gathered into rows 0 .. length − 1, then attention as one call.
+void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor& out, const AttentionParams& p) {
+  const auto [resolved, r] = check::attention_cached(q, seqs, out, p);
+  for (const CachedKV& s : resolved) {
+    const std::int64_t Nk = s.k.size(1), Dqk = s.k.size(2), Dv = s.v.size(2);
+    Tensor k = Tensor::empty({s.length, Nk, Dqk}, DType::F32), v = Tensor::empty({s.length, Nk, Dv}, DType::F32);
+    for (std::int64_t pos = 0; pos < s.length; ++pos) {
+      const std::int64_t row =
+          !s.table ? pos : (*s.table)[static_cast<std::size_t>(pos / s.block_size)] * s.block_size + pos % s.block_size;
+      k.slice(0, pos, pos + 1).copy_from(s.k.slice(0, row, row + 1));
+      v.slice(0, pos, pos + 1).copy_from(s.v.slice(0, row, row + 1));
+    }
+    AttentionParams rb = r;
+    rb.q_offset = s.q_offset;
+    Tensor o = out.slice(0, s.q_begin, s.q_end);
+    attention_rows(q.slice(0, s.q_begin, s.q_end), k, v, o, rb);
+  }
+}
+
 // First index of the maximum; NaN counts as the maximum.
 void argmax(const Tensor& x, Tensor& out) {
   check::argmax(x, out);

@@ -642,6 +642,123 @@ TEST(AttentionRagged, EqualsOneCallPerSequenceExactly) {
   }
 }
 
+// Attention over caches where they are: each sequence's keys and values in storage of its own
+// (rows, with room to spare) or in blocks of one shared pool, scattered (chapter 12), read in one
+// call. Equal, bit for bit, to ops::attention over the same rows gathered in order; rows no
+// sequence names are left untouched.
+TEST(AttentionCached, EqualsOneCallPerSequenceExactly) {
+  test::ThreadCount threads(2);
+  auto rng = test::rng_for_test();
+  struct Heads {
+    std::int64_t Nq, Nk, Dqk, Dv;
+  };
+  for (const Heads& h : {Heads{8, 8, 16, 16}, Heads{8, 2, 16, 12}, Heads{8, 1, 16, 16}, Heads{4, 4, 192, 128}}) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> lengths = {{40, 40}};
+    for (int b = 0; b < 9; ++b) {
+      const std::int64_t S = std::uniform_int_distribution<std::int64_t>(1, 37)(rng);
+      const std::int64_t chunk = std::uniform_int_distribution<std::int64_t>(1, S)(rng);
+      lengths.emplace_back(b % 3 == 0 ? 1 : b % 3 == 1 ? chunk : S, S);
+    }
+    const Packed in = pack(rng, lengths, h.Nq, h.Nk, h.Dqk, h.Dv);
+    const std::int64_t B = static_cast<std::int64_t>(lengths.size()), block = 4, R = in.q.size(0) + 1;
+    // A pool with every paged sequence's blocks, in a shuffled order; even sequences are paged.
+    std::int64_t blocks = 0;
+    for (auto [T, S] : lengths) blocks += (S + block - 1) / block;
+    std::vector<std::int32_t> order(static_cast<std::size_t>(blocks));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    Tensor kpool = Tensor::zeros({blocks * block, h.Nk, h.Dqk}, DType::F32);
+    Tensor vpool = Tensor::zeros({blocks * block, h.Nk, h.Dv}, DType::F32);
+    std::vector<std::vector<std::int32_t>> tables(static_cast<std::size_t>(B));
+    std::vector<CachedKV> seqs;
+    // q with one extra row in the middle that no sequence names.
+    const std::int64_t gap = in.batch.q_starts[static_cast<std::size_t>(B / 2)];
+    Tensor q = Tensor::zeros({R, h.Nq, h.Dqk}, DType::F32);
+    q.slice(0, 0, gap).copy_from(in.q.slice(0, 0, gap));
+    q.slice(0, gap + 1, R).copy_from(in.q.slice(0, gap, R - 1));
+    std::size_t next = 0;
+    for (std::int64_t b = 0; b < B; ++b) {
+      const auto [T, S] = lengths[static_cast<std::size_t>(b)];
+      const std::int64_t k0 = in.batch.kv_starts[static_cast<std::size_t>(b)];
+      const std::int64_t q0 = in.batch.q_starts[static_cast<std::size_t>(b)] + (b >= B / 2 ? 1 : 0);
+      CachedKV c;
+      c.length = S, c.q_begin = q0, c.q_end = q0 + T;
+      if (b % 2 == 0) {
+        auto& table = tables[static_cast<std::size_t>(b)];
+        for (std::int64_t i = 0; i < (S + block - 1) / block; ++i) table.push_back(order[next++]);
+        for (std::int64_t p = 0; p < S; ++p) {
+          const std::int64_t row = table[static_cast<std::size_t>(p / block)] * block + p % block;
+          kpool.slice(0, row, row + 1).copy_from(in.k.slice(0, k0 + p, k0 + p + 1));
+          vpool.slice(0, row, row + 1).copy_from(in.v.slice(0, k0 + p, k0 + p + 1));
+        }
+        c.k = kpool, c.v = vpool, c.table = &table, c.block_size = block;
+      } else {  // rows of its own, with room for 5 more positions
+        c.k = Tensor::zeros({S + 5, h.Nk, h.Dqk}, DType::F32), c.v = Tensor::zeros({S + 5, h.Nk, h.Dv}, DType::F32);
+        c.k.slice(0, 0, S).copy_from(in.k.slice(0, k0, k0 + S));
+        c.v.slice(0, 0, S).copy_from(in.v.slice(0, k0, k0 + S));
+      }
+      seqs.push_back(c);
+    }
+    AttentionParams causal, window, bidir;
+    window.window = 5, bidir.causal = false;
+    for (const AttentionParams& p : {causal, window, bidir}) {
+      Tensor f = Tensor::empty({R, h.Nq, h.Dv}, DType::F32), r = Tensor::empty({R, h.Nq, h.Dv}, DType::F32);
+      f.slice(0, gap, gap + 1)
+          .copy_from(Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(h.Nq * h.Dv), 7.0f), {1, h.Nq, h.Dv}));
+      ops::attention_cached(q, seqs, f, p);
+      ref::attention_cached(q, seqs, r, p);
+      EXPECT_EQ(rows(f, gap, gap + 1), std::vector<double>(static_cast<std::size_t>(h.Nq * h.Dv), 7.0))
+          << "a row no sequence names was written";
+      for (std::int64_t b = 0; b < B; ++b) {
+        const CachedKV& c = seqs[static_cast<std::size_t>(b)];
+        const std::int64_t k0 = in.batch.kv_starts[static_cast<std::size_t>(b)];
+        const Tensor qb = q.slice(0, c.q_begin, c.q_end), kb = in.k.slice(0, k0, k0 + c.length),
+                     vb = in.v.slice(0, k0, k0 + c.length);
+        const std::string what = "heads " + std::to_string(h.Nq) + "/" + std::to_string(h.Nk) + ", sequence " +
+                                 std::to_string(b) + (b % 2 == 0 ? " (paged)" : " (rows)") + ", T " +
+                                 std::to_string(c.q_end - c.q_begin) + ", S " + std::to_string(c.length) + ", window " +
+                                 std::to_string(p.window) + (p.causal ? "" : ", bidirectional");
+        EXPECT_EQ(rows(f, c.q_begin, c.q_end), ops::attention(qb, kb, vb, p).to_double_vector()) << what;
+        Tensor rb = Tensor::empty({c.q_end - c.q_begin, h.Nq, h.Dv}, DType::F32);
+        ref::attention(qb, kb, vb, rb, p);
+        EXPECT_EQ(rows(r, c.q_begin, c.q_end), rb.to_double_vector()) << "ref, " << what;
+        const AttnRef e = attention_exact(qb, kb, vb, p);
+        expect_within(rows(f, c.q_begin, c.q_end), e.out, e.bound, "vs float64, " + what);
+      }
+    }
+  }
+}
+
+TEST(AttentionCached, Errors) {
+  auto rng = test::rng_for_test();
+  const Packed in = pack(rng, {{1, 5}, {3, 3}}, 2, 1, 4, 4);  // q: 4 rows, k/v: 8 rows
+  Tensor out = Tensor::empty({4, 2, 4}, DType::F32);
+  const std::vector<std::int32_t> table = {1, 0};
+  auto seq = [&](std::int64_t q0, std::int64_t q1, std::int64_t length) {
+    return CachedKV{in.k, in.v, nullptr, 1, length, q0, q1, -1};
+  };
+  ops::attention_cached(in.q, {seq(0, 1, 5), seq(1, 4, 3)}, out);  // the batch itself is fine
+  expect_error(
+      [&] {
+    ops::attention_cached(in.q, {seq(0, 2, 5), seq(1, 4, 3)}, out);
+      },
+      {"attention_cached", "two sequences name query rows 1..1"});
+  expect_error([&] { ops::attention_cached(in.q, {seq(0, 5, 5)}, out); }, {"attention_cached", "not within q's 4 rows"});
+  expect_error([&] { ops::attention_cached(in.q, {seq(0, 1, 9)}, out); }, {"holds 9 positions in 8 rows"});
+  expect_error([&] { ops::attention_cached(in.q, {seq(0, 3, 2)}, out); }, {"sequence 0", "holds 2"});
+  CachedKV paged = seq(0, 1, 9);
+  paged.table = &table, paged.block_size = 4;
+  expect_error([&] { ops::attention_cached(in.q, {paged}, out); }, {"block table lists 2 blocks of 4"});
+  paged.length = 6, paged.block_size = 5;
+  expect_error([&] { ops::attention_cached(in.q, {paged}, out); }, {"block 1 is outside its storage of 8 rows"});
+  CachedKV wide = seq(0, 1, 5);
+  wide.k = Tensor::zeros({8, 3, 4}, DType::F32), wide.v = Tensor::zeros({8, 3, 4}, DType::F32);
+  expect_error([&] { ops::attention_cached(in.q, {wide}, out); }, {"2 query heads cannot be grouped", "3 KV heads"});
+  AttentionParams single;
+  single.q_offset = 1;
+  expect_error([&] { ops::attention_cached(in.q, {seq(0, 1, 5)}, out, single); }, {"each CachedKV's q_offset"});
+}
+
 TEST(AttentionRagged, CountsTheWorkOfItsSequences) {
   auto rng = test::rng_for_test();
   const Packed in = pack(rng, {{1, 9}, {4, 4}, {0, 3}, {2, 7}}, 4, 2, 8, 6);

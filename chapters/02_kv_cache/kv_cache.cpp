@@ -13,8 +13,8 @@ using ch01::LlamaLayer;
 // Chapter 01's forward pass and attention block; the lines marked "cache" are what changed
 // (chapter 02's README shows the diff).
 // The forward pass: embed, then per layer attention and MLP with residuals, then the head.
-Tensor forward(const Llama& m, std::vector<SequenceStep>& seqs, const AttentionBlock& attention) {
-  const Batch batch(m, seqs);         // cache: each sequence's new tokens, at positions after its cached ones
+Tensor forward(const Llama& m, std::vector<SequenceStep>& seqs, const AttentionBlock& attention, AttendPath path) {
+  const Batch batch(m, seqs, path);   // cache: each sequence's new tokens, at positions after its cached ones
   Tensor x = embed(m, batch.tokens);  // [T, D], the residual stream
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
     const LlamaLayer& l = m.layers[i];
@@ -91,6 +91,17 @@ void ContiguousKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor
   // EXERCISE 02.1 END
 }
 
+bool ContiguousKVCache::store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) {
+  if (k_.empty() || k_[0].device() != Device::CPU || dtype_ != DType::F32 || !k.defined()) return false;
+  const std::int64_t end = end_of_step(k.size(0));
+  // attend() over no queries keeps k and v exactly as a step with queries does.
+  Tensor none = Tensor::empty({0, config_.num_heads, k.size(2)}, DType::F32);
+  attend(layer, none, k, v, none);
+  where.k = k_[static_cast<std::size_t>(layer)], where.v = v_[static_cast<std::size_t>(layer)];
+  where.table = nullptr, where.block_size = 1, where.length = end;
+  return true;
+}
+
 std::int64_t ContiguousKVCache::bytes() const {
   return config_.kv_cache_bytes(capacity_, static_cast<std::int64_t>(dtype_size(dtype_)));  // 0 once released
 }
@@ -111,7 +122,7 @@ Tensor ContiguousKVCache::v(std::int64_t layer) const { return v_.at(static_cast
 
 // ---------------------------------------------------------------------------------------------
 // A batch: the sequences' new tokens as one list of rows.
-Batch::Batch(const Llama& m, const std::vector<SequenceStep>& seqs) {
+Batch::Batch(const Llama& m, const std::vector<SequenceStep>& seqs, AttendPath how) : path(how) {
   IL_CHECK(!seqs.empty(), "forward: an empty batch");
   std::vector<std::int32_t> p;
   begin.push_back(0);
@@ -140,12 +151,20 @@ Batch::Batch(const Llama& m, const std::vector<SequenceStep>& seqs) {
 
 Tensor Batch::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v) const {
   Tensor out = Tensor::empty(q.shape(), DType::F32, q.device());
+  std::vector<CachedKV> batched;  // the sequences whose caches one attention_cached call reads
   for (std::size_t b = 0; b < caches.size(); ++b) {
     const std::int64_t r0 = begin[b], r1 = begin[b + 1];
-    Tensor ob = out.slice(0, r0, r1);
     auto rows = [&](const Tensor& t) { return t.defined() ? t.slice(0, r0, r1) : t; };  // k, v undefined: chapter 05
+    CachedKV where;
+    if (path == AttendPath::Batched && k.defined() && caches[b]->store(layer, rows(k), rows(v), where)) {
+      where.q_begin = r0, where.q_end = r1;
+      batched.push_back(std::move(where));
+      continue;
+    }
+    Tensor ob = out.slice(0, r0, r1);
     caches[b]->attend(layer, q.slice(0, r0, r1), rows(k), rows(v), ob);
   }
+  if (!batched.empty()) ops::attention_cached(q, batched, out);
   return out;
 }
 

@@ -48,6 +48,12 @@ class KVCache : public Cache {
   /// length() .. length() + T - 1) and writes their queries' causal attention over every cached
   /// position of that layer, these included, to out [T, N, H] (q [T, N, H]).
   virtual void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) = 0;
+  /// The batched path's half of attend(): stores layer `layer`'s new keys and values as attend()
+  /// does and says where the layer's keys and values now are (where.k, v, table, block_size,
+  /// length), so that one ops::attention_cached call attends every sequence of a batch
+  /// (Batch::attend). False, storing nothing, when that op cannot read this cache (a ring of
+  /// recent rows, a latent cache, one on the GPU): the batch then calls attend().
+  virtual bool store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) { return false; }
 };
 
 /// The bookkeeping of a cache whose positions are rows: position p in row p of per-layer
@@ -77,6 +83,7 @@ class ContiguousKVCache : public RowCache {
                     DType dtype = DType::F32);
   std::int64_t layers() const { return static_cast<std::int64_t>(k_.size()); }
   void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) override;
+  bool store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) override;
   /// capacity × K × H × L × 2 × bytes per element (TransformerConfig::kv_cache_bytes).
   std::int64_t bytes() const override;
   void release() override;
@@ -101,6 +108,12 @@ struct SequenceStep {
   bool all_logits = false;  ///< logits for every new token (verification, perplexity), else the last one's
 };
 
+/// How a batch attends: each sequence through its cache's attend() (the simple path), or every
+/// sequence in one ops::attention_cached call over the caches where they are (threads over the
+/// rows and heads of the whole batch; one call a layer, whatever the batch). The two give the same
+/// bits on contiguous caches; a cache the op cannot read attends on its own either way.
+enum class AttendPath { PerSequence, Batched };
+
 /// A batch as the model sees it: every sequence's new tokens one after the other, as rows.
 struct Batch {
   std::vector<std::int32_t> tokens;  ///< all new tokens, sequence after sequence
@@ -108,8 +121,9 @@ struct Batch {
   std::vector<std::int64_t> begin;   ///< sequence b owns rows begin[b] .. begin[b+1] - 1
   std::vector<KVCache*> caches;
   std::vector<std::int64_t> logit_rows;  ///< the rows whose logits the forward pass returns
+  AttendPath path = AttendPath::Batched;
 
-  Batch(const ch01::Llama& m, const std::vector<SequenceStep>& seqs);
+  Batch(const ch01::Llama& m, const std::vector<SequenceStep>& seqs, AttendPath path = AttendPath::Batched);
   /// Attention of every sequence's rows against its own cache (which stores k and v first; both
   /// undefined for a layer that projects none and reads what another layer stored, chapter 05).
   Tensor attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v) const;
@@ -131,9 +145,10 @@ using AttentionBlock = std::function<Tensor(const ch01::Llama& m, const ch01::Ll
 /// Chapter 01's forward pass with a cache, over a batch: every sequence's new tokens continue
 /// the sequence its cache holds; their keys and values are appended, and attention reads every
 /// cached position. The projections and the MLP run once over the rows of all sequences (one
-/// weight read for the whole batch); attention runs per sequence. Returns the logits of each
+/// weight read for the whole batch); attention reads each sequence's own cache (`path`). Returns the logits of each
 /// sequence's last new token (of all of them where all_logits is set), sequence after sequence.
-Tensor forward(const ch01::Llama& m, std::vector<SequenceStep>& seqs, const AttentionBlock& attention = attention_block);
+Tensor forward(const ch01::Llama& m, std::vector<SequenceStep>& seqs, const AttentionBlock& attention = attention_block,
+               AttendPath path = AttendPath::Batched);
 
 /// One sequence: prefill is a call with the whole prompt, each decode step a call with one token.
 Tensor forward_cached(const ch01::Llama& m, KVCache& cache, const std::vector<std::int32_t>& tokens,

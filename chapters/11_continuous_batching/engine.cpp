@@ -45,6 +45,11 @@ void GrowingKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k
   rows_->attend(layer, q, k, v, out);
 }
 
+bool GrowingKVCache::store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) {
+  IL_CHECK(rows_ != nullptr, "growing KV cache: attend before any room was made");
+  return rows_->store(layer, k, v, where);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The pool: a budget of bytes over contiguous caches.
 ContiguousPool::ContiguousPool(const TransformerConfig& c, std::int64_t budget_bytes, Allocation a, Device device,
@@ -226,7 +231,7 @@ bool Engine::step() {
   Tensor logits;
   {
     metrics::CountScope work;
-    logits = ch02::forward(m_, batch).to(Device::CPU);  // one row per sequence: its last new token's
+    logits = ch02::forward(m_, batch, ch02::attention_block, c_.attend_path).to(Device::CPU);  // a row per sequence
     rec.flops = work.work().flops;
   }
 

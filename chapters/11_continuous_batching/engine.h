@@ -35,6 +35,7 @@ class GrowingKVCache : public ch02::KVCache {
   std::int64_t bytes() const override { return rows_ ? rows_->bytes() : 0; }
   void release() override { rows_.reset(); }
   void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) override;
+  bool store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) override;
 
  private:
   TransformerConfig config_;
@@ -91,6 +92,8 @@ struct EngineConfig {
   Clock clock = Clock::Measured;
   /// Keep every StepRecord (the chapters' figures); a server that runs for days keeps the last only.
   bool keep_steps = true;
+  /// Attention of a step: one call over every sequence's cache (default), or cache by cache.
+  ch02::AttendPath attend_path = ch02::AttendPath::Batched;
 };
 
 class Engine {

@@ -80,18 +80,33 @@ bool PagedKVCache::reserve(std::int64_t n) {
   return true;
 }
 
-void PagedKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
+void PagedKVCache::check_writable(std::int64_t layer, std::int64_t T) const {
   const std::int64_t B = pool_.block_size();
   if (layer == 0)  // the blocks written must be this cache's alone: a missing reserve is an error, not a corruption
-    for (std::int64_t b = length_ / B; b < (length_ + k.size(0) + B - 1) / B && b < static_cast<std::int64_t>(table_.size());
-         ++b) {
+    for (std::int64_t b = length_ / B; b < (length_ + T + B - 1) / B && b < static_cast<std::int64_t>(table_.size()); ++b) {
       const std::int32_t blk = table_[static_cast<std::size_t>(b)];
       IL_CHECK(pool_.refs(blk) == 1 && !pool_.hashed(blk), "paged cache: block ", blk, " would be written but is ",
                pool_.hashed(blk) ? "in the prefix cache" : "shared", " (reserve before writing)");
     }
-  const PagedKV kv{pool_.k(layer), pool_.v(layer), table_, B};
+}
+
+void PagedKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
+  check_writable(layer, k.size(0));
+  const PagedKV kv{pool_.k(layer), pool_.v(layer), table_, pool_.block_size()};
   write_slots(kv, length_, k, v);
   paged_attention(q, kv, length_, out);
+}
+
+bool PagedKVCache::store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) {
+  const Tensor &kp = pool_.k(layer), &vp = pool_.v(layer);
+  if (kp.device() != Device::CPU || !k.defined()) return false;
+  check_writable(layer, k.size(0));
+  const std::int64_t B = pool_.block_size();
+  write_slots({kp, vp, table_, B}, length_, k, v);
+  const Shape rows{kp.size(0) * B, kp.size(2), kp.size(3)};  // [blocks, B, K, H] as rows
+  where.k = kp.view(rows), where.v = vp.view(rows);
+  where.table = &table_, where.block_size = B, where.length = length_ + k.size(0);
+  return true;
 }
 
 std::unique_ptr<PagedKVCache> PagedKVCache::fork() const {

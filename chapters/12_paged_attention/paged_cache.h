@@ -42,6 +42,9 @@ class PagedKVCache : public ch02::KVCache {
   /// Stores k, v through the slot mapping of positions length() .. length() + T − 1, then paged
   /// attention of q over positions 0 .. length() + T − 1. reserve(T) must have made room.
   void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) override;
+  /// The batched path: stores k, v through the slot mapping as attend() does, and names the pool's
+  /// rows and this cache's block table for ops::attention_cached (CPU).
+  bool store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) override;
 
   /// Makes room for n more positions: a private copy of a partly filled last block that is
   /// shared (or in the prefix cache), and new blocks as needed. False, changing nothing, when
@@ -60,6 +63,8 @@ class PagedKVCache : public ch02::KVCache {
   BlockPool& pool() const { return pool_; }
 
  private:
+  // Refuses a write into a block that is shared or in the prefix cache (a missing reserve).
+  void check_writable(std::int64_t layer, std::int64_t T) const;
   BlockPool& pool_;
   std::vector<std::int32_t> table_;
   std::vector<BlockHash> hashes_;  // hashes of table_'s first blocks, as published or adopted

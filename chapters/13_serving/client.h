@@ -16,11 +16,11 @@ namespace inferlab::ch13 {
 
 /// One streamed completion, as the client saw it.
 struct Streamed {
-  int status = 0;                   ///< the HTTP status (0: no answer)
-  std::string body;                 ///< the raw answer (server-sent events, or an error object)
+  int status = 0;                      ///< the HTTP status (0: no answer)
+  std::string body;                    ///< the raw answer (server-sent events, or an error object)
   std::vector<nlohmann::json> chunks;  ///< every event's JSON payload, in order ([DONE] left out)
-  bool done = false;                ///< the stream ended with data: [DONE]
-  std::vector<std::string> text;    ///< each choice's text, put together
+  bool done = false;                   ///< the stream ended with data: [DONE]
+  std::vector<std::string> text;       ///< each choice's text, put together
   std::vector<std::string> finish_reason;
   double ttft = -1, seconds = 0;    ///< first text, and the whole answer, from the request
   std::vector<double> token_times;  ///< when each text chunk came, from the request (seconds)
@@ -28,11 +28,9 @@ struct Streamed {
 
 /// POSTs `body` (with "stream": true) to `path` on host:port and reads the events as they come.
 /// `disconnect_after` > 0: closes the connection after that many events (a client that goes away).
-Streamed stream(const std::string& host, int port, const std::string& path, nlohmann::json body,
-                int disconnect_after = 0);
+Streamed stream(const std::string& host, int port, const std::string& path, nlohmann::json body, int disconnect_after = 0);
 
 /// POSTs `body` without streaming; the status and the parsed answer (null when it is not JSON).
-std::pair<int, nlohmann::json> post(const std::string& host, int port, const std::string& path,
-                                    const nlohmann::json& body);
+std::pair<int, nlohmann::json> post(const std::string& host, int port, const std::string& path, const nlohmann::json& body);
 
 }  // namespace inferlab::ch13

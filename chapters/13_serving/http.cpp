@@ -34,8 +34,10 @@ std::vector<std::int32_t> prompt_tokens(const Server& server, const FrontEnd& fr
   try {
     if (p.chat) {
       if (!front.chat_template)
-        throw ApiError(400, "this model has no chat template (" + front.chat_template_problem +
-                                "); use /v1/completions, or start the server with --chat-template FILE", "messages");
+        throw ApiError(400,
+                       "this model has no chat template (" + front.chat_template_problem +
+                           "); use /v1/completions, or start the server with --chat-template FILE",
+                       "messages");
       return tok.encode(front.chat_template->render(p.messages, true), false);
     }
     if (p.prompt_text) return tok.encode(*p.prompt_text, true);
@@ -103,8 +105,8 @@ bool write_events(Answer& answer, Channel& channel, std::vector<bool>& started, 
 void complete(Server& server, const FrontEnd& front, const httplib::Request& req, httplib::Response& res, bool chat) {
   const CompletionParams p = parse_completion(req.body, chat);
   if (!p.model.empty() && p.model != front.model_name)
-    throw ApiError(404, "the model '" + p.model + "' does not exist; this server serves '" + front.model_name + "'",
-                   "model", "invalid_request_error");
+    throw ApiError(404, "the model '" + p.model + "' does not exist; this server serves '" + front.model_name + "'", "model",
+                   "invalid_request_error");
   // Chat without max_tokens may use the rest of the context; a completion gets OpenAI's 16.
   const std::int64_t default_max = chat ? server.context() : 16;
   ch11::Request r = server.make_request(prompt_tokens(server, front, p), chat ? "messages" : "prompt", p.max_tokens,
@@ -132,17 +134,17 @@ void complete(Server& server, const FrontEnd& front, const httplib::Request& req
   res.set_chunked_content_provider(
       "text/event-stream",
       [answer, channel, started, usage](std::size_t, httplib::DataSink& sink) {
-        try {
-          return write_events(*answer, *channel, *started, usage, sink);
-        } catch (const std::exception& e) {  // nothing may leave a provider: the stream ends, the request is aborted
-          std::fprintf(stderr, "ch13_serve: %s: %s\n", answer->header.id.c_str(), e.what());
-          channel->cancel();
-          return false;
-        }
+    try {
+      return write_events(*answer, *channel, *started, usage, sink);
+    } catch (const std::exception& e) {  // nothing may leave a provider: the stream ends, the request is aborted
+      std::fprintf(stderr, "ch13_serve: %s: %s\n", answer->header.id.c_str(), e.what());
+      channel->cancel();
+      return false;
+    }
       },
       [channel](bool success) {
-        if (!success) channel->cancel();  // the client went away before the end
-      });
+    if (!success) channel->cancel();  // the client went away before the end
+  });
 }
 
 }  // namespace
@@ -198,8 +200,9 @@ void add_routes(httplib::Server& http, Server& server, const FrontEnd& front) {
     server.count_rejected();
     const std::string message = res.status == 404   ? "no such endpoint: " + req.method + " " + req.path
                                 : res.status == 405 ? "method " + req.method + " is not allowed on " + req.path
-                                : res.status == 413 ? "the request body is too large"
-                                                    : "the request could not be served (HTTP " + std::to_string(res.status) + ")";
+                                : res.status == 413
+                                    ? "the request body is too large"
+                                    : "the request could not be served (HTTP " + std::to_string(res.status) + ")";
     send_error(res, ApiError(res.status, message));
   });
   http.set_payload_max_length(8 << 20);

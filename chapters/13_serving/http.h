@@ -24,10 +24,10 @@ namespace inferlab::ch13 {
 
 /// What the front end says of itself and how it turns chat messages into a prompt.
 struct FrontEnd {
-  std::string model_name;                      ///< the id clients name in "model"
-  std::int64_t created = 0;                    ///< Unix seconds, for /v1/models
-  std::optional<ChatTemplate> chat_template;   ///< none: /v1/chat/completions answers 400
-  std::string chat_template_problem;           ///< why there is none, for that answer
+  std::string model_name;                     ///< the id clients name in "model"
+  std::int64_t created = 0;                   ///< Unix seconds, for /v1/models
+  std::optional<ChatTemplate> chat_template;  ///< none: /v1/chat/completions answers 400
+  std::string chat_template_problem;          ///< why there is none, for that answer
 };
 
 /// The routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,

@@ -6,8 +6,8 @@
 #include <omp.h>
 
 #include <csignal>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <thread>
@@ -98,8 +98,12 @@ void add_server_options(CLI::App& app, Options& o) {
                  "Tokens in one step at most (a long prompt enters in chunks of what is left)")
       ->check(number_in(1, 1 << 20))
       ->capture_default_str();
-  app.add_option("--kv-budget", o.kv_budget_mib, "KV cache pool, MiB")->check(number_in(0.01, 1 << 20))->capture_default_str();
-  app.add_option("--block-size", o.server.block_size, "Positions per KV block")->check(number_in(1, 4096))->capture_default_str();
+  app.add_option("--kv-budget", o.kv_budget_mib, "KV cache pool, MiB")
+      ->check(number_in(0.01, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--block-size", o.server.block_size, "Positions per KV block")
+      ->check(number_in(1, 4096))
+      ->capture_default_str();
   app.add_flag("--no-prefix-caching", o.no_prefix_caching, "Never share the blocks of a common prompt prefix");
   app.add_option("--max-waiting", o.server.max_waiting, "Requests queued behind the running batch at most (then 429)")
       ->check(number_in(1, 1 << 20))
@@ -146,12 +150,14 @@ int serve(const Options& o, const DemoOptions* demo) {
   IL_CHECK(port > 0, "cannot listen on ", o.host, ":", o.port, ": ", std::strerror(errno),
            o.port ? " (is another server on that port? --port 0 takes any free one)" : "");
   const std::string url = "http://" + o.host + ":" + std::to_string(port);
-  std::printf("ch13_serve: serving %s on %s (%s; %s)\n", front.model_name.c_str(), url.c_str(),
-              ch12::PagedPool(l.model.config, c.kv_budget_bytes, c.block_size, Device::CPU, c.prefix_caching).describe().c_str(),
-              front.chat_template ? ("chat template " + front.chat_template->origin()).c_str() : "no chat template");
-  std::printf("  try: curl %s/v1/completions -H 'Content-Type: application/json' -d '{\"model\": \"%s\", \"prompt\": "
-              "\"Once upon a time\", \"max_tokens\": 32}'\n",
-              url.c_str(), front.model_name.c_str());
+  std::printf(
+      "ch13_serve: serving %s on %s (%s; %s)\n", front.model_name.c_str(), url.c_str(),
+      ch12::PagedPool(l.model.config, c.kv_budget_bytes, c.block_size, Device::CPU, c.prefix_caching).describe().c_str(),
+      front.chat_template ? ("chat template " + front.chat_template->origin()).c_str() : "no chat template");
+  std::printf(
+      "  try: curl %s/v1/completions -H 'Content-Type: application/json' -d '{\"model\": \"%s\", \"prompt\": "
+      "\"Once upon a time\", \"max_tokens\": 32}'\n",
+      url.c_str(), front.model_name.c_str());
   std::printf("  stop with Ctrl-C or SIGTERM (what is in flight finishes first, up to %.0f s)\n", o.drain_seconds);
   std::fflush(stdout);
 

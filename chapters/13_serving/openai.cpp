@@ -75,7 +75,8 @@ std::string text(const json& v, const std::string& name) {
 
 std::vector<std::int32_t> token_ids(const json& v, const std::string& name) {
   std::vector<std::int32_t> ids;
-  for (const json& t : v) ids.push_back(static_cast<std::int32_t>(integer(t, name, 0, std::numeric_limits<std::int32_t>::max())));
+  for (const json& t : v)
+    ids.push_back(static_cast<std::int32_t>(integer(t, name, 0, std::numeric_limits<std::int32_t>::max())));
   return ids;
 }
 
@@ -136,8 +137,8 @@ CompletionParams parse_completion(const std::string& body, bool chat) {
     } else if (v->is_array() && !v->empty() && (*v)[0].is_number()) {
       p.prompt_ids = token_ids(*v, "prompt");
     } else if (v->is_array() && v->size() > 1) {
-      bad("prompt", "'prompt': one prompt per request (send the others as requests of their own), got " +
-                        std::to_string(v->size()));
+      bad("prompt",
+          "'prompt': one prompt per request (send the others as requests of their own), got " + std::to_string(v->size()));
     } else {
       bad("prompt", std::string("'prompt' must be a string, a list of token ids, or a list holding one of them, got ") +
                         type_name(*v));
@@ -158,8 +159,8 @@ CompletionParams parse_completion(const std::string& body, bool chat) {
   if (const json* v = field(j, "top_k")) p.top_k = integer(*v, "top_k", -1, std::numeric_limits<std::int32_t>::max());
   if (p.top_k < 0) p.top_k = 0;  // vLLM's -1: all
   if (const json* v = field(j, "seed"))
-    p.seed = static_cast<std::uint64_t>(integer(*v, "seed", std::numeric_limits<std::int64_t>::min(),
-                                                std::numeric_limits<std::int64_t>::max()));
+    p.seed = static_cast<std::uint64_t>(
+        integer(*v, "seed", std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max()));
   if (const json* v = field(j, "n")) p.n = integer(*v, "n", 1, 128);
   if (const json* v = field(j, "best_of"); v && integer(*v, "best_of", 1, 128) != p.n)
     bad("best_of", "'best_of' other than n is not supported by this server");
@@ -211,7 +212,8 @@ json response(const AnswerHeader& h, const std::vector<Choice>& choices, const U
                       {"logprobs", nullptr},
                       {"finish_reason", finish(c.finish_reason)}});
     else
-      list.push_back({{"index", c.index}, {"text", c.text}, {"logprobs", nullptr}, {"finish_reason", finish(c.finish_reason)}});
+      list.push_back(
+          {{"index", c.index}, {"text", c.text}, {"logprobs", nullptr}, {"finish_reason", finish(c.finish_reason)}});
   }
   out["choices"] = std::move(list);
   out["usage"] = u.to_json();

@@ -27,8 +27,7 @@ namespace inferlab::ch13 {
 /// What the client did wrong (or why the server cannot take it now), as OpenAI reports it.
 class ApiError : public std::runtime_error {
  public:
-  ApiError(int status, const std::string& message, std::string param = "",
-           std::string type = "invalid_request_error");
+  ApiError(int status, const std::string& message, std::string param = "", std::string type = "invalid_request_error");
   int status;         ///< 400 bad request, 404 no such model, 429 queue full, 503 shutting down
   std::string param;  ///< the request field at fault ("" when none)
   std::string type;   ///< OpenAI's error type

@@ -98,7 +98,8 @@ std::string OutputText::update(const std::vector<std::int32_t>& tokens, bool las
                                 !last);
   // A stop string that appeared whole: the text ends before the first one.
   std::size_t cut = std::string::npos;
-  for (const std::string& s : stop_) cut = std::min(cut, text.find(s, released_.size() > s.size() ? released_.size() - s.size() : 0));
+  for (const std::string& s : stop_)
+    cut = std::min(cut, text.find(s, released_.size() > s.size() ? released_.size() - s.size() : 0));
   std::size_t end = text.size();
   if (cut != std::string::npos) {
     end = cut, stopped_ = true;

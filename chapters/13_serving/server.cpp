@@ -5,8 +5,8 @@
 #include <sstream>
 
 #include "chapters/13_serving/openai.h"
-#include "common/error.h"
 #include "common/ceiling.h"
+#include "common/error.h"
 #include "common/metrics.h"
 
 namespace inferlab::ch13 {
@@ -69,24 +69,33 @@ ch11::Request Server::make_request(std::vector<std::int32_t> prompt, const std::
   if (P == 0) throw ApiError(400, "the prompt is empty (it gave no tokens)", prompt_field);
   for (std::int32_t t : prompt)
     if (t < 0 || t >= m_.config.vocab_size)
-      throw ApiError(400, "token id " + std::to_string(t) + " is outside the model's vocabulary of " +
-                              std::to_string(m_.config.vocab_size), prompt_field);
+      throw ApiError(400,
+                     "token id " + std::to_string(t) + " is outside the model's vocabulary of " +
+                         std::to_string(m_.config.vocab_size),
+                     prompt_field);
   if (P >= C)
-    throw ApiError(400, "this model's maximum context length is " + std::to_string(C) + " tokens, and the prompt has " +
-                            std::to_string(P) + ": no room for a single new token", prompt_field);
+    throw ApiError(400,
+                   "this model's maximum context length is " + std::to_string(C) + " tokens, and the prompt has " +
+                       std::to_string(P) + ": no room for a single new token",
+                   prompt_field);
   std::int64_t max_new = max_tokens.value_or(std::min(default_max_tokens, C - P));
   if (P + max_new > C)
-    throw ApiError(400, "this model's maximum context length is " + std::to_string(C) + " tokens; the prompt has " +
-                            std::to_string(P) + " and max_tokens asks for " + std::to_string(max_new) + " more (" +
-                            std::to_string(P + max_new) + ")", "max_tokens");
+    throw ApiError(400,
+                   "this model's maximum context length is " + std::to_string(C) + " tokens; the prompt has " +
+                       std::to_string(P) + " and max_tokens asks for " + std::to_string(max_new) + " more (" +
+                       std::to_string(P + max_new) + ")",
+                   "max_tokens");
   if (n > c_.scheduler.max_running)
-    throw ApiError(400, "n = " + std::to_string(n) + " parallel samples need as many running slots, and this server runs " +
-                            std::to_string(c_.scheduler.max_running) + " sequences at most (--max-num-seqs)", "n");
+    throw ApiError(400,
+                   "n = " + std::to_string(n) + " parallel samples need as many running slots, and this server runs " +
+                       std::to_string(c_.scheduler.max_running) + " sequences at most (--max-num-seqs)",
+                   "n");
   if (pool_.bytes_for(P + max_new) > pool_.budget_bytes())
-    throw ApiError(400, "at its longest (" + std::to_string(P + max_new) + " positions) this request needs " +
-                            metrics::human_bytes(static_cast<double>(pool_.bytes_for(P + max_new))) +
-                            " of KV cache, more than the server's whole pool of " +
-                            metrics::human_bytes(static_cast<double>(pool_.budget_bytes())) + " (--kv-budget)",
+    throw ApiError(400,
+                   "at its longest (" + std::to_string(P + max_new) + " positions) this request needs " +
+                       metrics::human_bytes(static_cast<double>(pool_.bytes_for(P + max_new))) +
+                       " of KV cache, more than the server's whole pool of " +
+                       metrics::human_bytes(static_cast<double>(pool_.budget_bytes())) + " (--kv-budget)",
                    "max_tokens");
   ch11::Request r;
   r.prompt = std::move(prompt);
@@ -114,8 +123,10 @@ std::shared_ptr<Channel> Server::submit(ch11::Request r, std::vector<std::string
     }
     if (static_cast<std::int64_t>(inbox_.size()) + gauges_.waiting >= c_.max_waiting) {
       ++rejected_;
-      throw ApiError(429, "the server's queue is full (" + std::to_string(c_.max_waiting) +
-                              " requests waiting, --max-waiting); retry later", "", "rate_limit_exceeded");
+      throw ApiError(429,
+                     "the server's queue is full (" + std::to_string(c_.max_waiting) +
+                         " requests waiting, --max-waiting); retry later",
+                     "", "rate_limit_exceeded");
     }
     ++accepted_, ++in_flight_;
     prompt_tokens_ += static_cast<std::int64_t>(r.prompt.size());
@@ -212,7 +223,8 @@ bool Server::deliver(ch11::Sequence& s, bool last) {
   try {
     text = sample.text->update(s.tokens, last);
   } catch (const std::exception& e) {  // the sample ends with the error, told to its client
-    if (l.error.empty()) std::fprintf(stderr, "ch13_serve: request %lld: %s\n", static_cast<long long>(s.request.id), e.what());
+    if (l.error.empty())
+      std::fprintf(stderr, "ch13_serve: request %lld: %s\n", static_cast<long long>(s.request.id), e.what());
     l.error = e.what();
     return true;
   }
@@ -227,11 +239,12 @@ void Server::finish(ch11::Sequence& s) {
   deliver(s, true);
   const Sample& sample = l.samples.at(static_cast<std::size_t>(s.index));
   const auto& ids = s.request.stop_ids;
-  const bool eos = s.generated() > 0 && std::find(ids.begin(), ids.end(), static_cast<std::int64_t>(s.tokens.back())) != ids.end();
-  std::string reason = !l.error.empty()                               ? "error"
-                       : sample.text->stopped() || eos                ? "stop"
-                       : s.generated() >= s.request.max_new_tokens    ? "length"
-                                                                      : "abort";
+  const bool eos =
+      s.generated() > 0 && std::find(ids.begin(), ids.end(), static_cast<std::int64_t>(s.tokens.back())) != ids.end();
+  std::string reason = !l.error.empty()                            ? "error"
+                       : sample.text->stopped() || eos             ? "stop"
+                       : s.generated() >= s.request.max_new_tokens ? "length"
+                                                                   : "abort";
   if (s.generated() >= 2) {
     std::lock_guard lk(mu_);
     tpot_.observe(seconds_between(sample.first_token, Clock::now()) / static_cast<double>(s.generated() - 1));

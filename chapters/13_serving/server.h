@@ -35,8 +35,8 @@ namespace inferlab::ch13 {
 
 struct ServerConfig {
   ch11::SchedulerConfig scheduler{ch11::Policy::Continuous, 16, 256};  ///< --max-num-seqs, --max-batched-tokens
-  std::int64_t kv_budget_bytes = 64 << 20;                            ///< --kv-budget
-  std::int64_t block_size = 16;                                       ///< --block-size
+  std::int64_t kv_budget_bytes = 64 << 20;                             ///< --kv-budget
+  std::int64_t block_size = 16;                                        ///< --block-size
   bool prefix_caching = true;
   std::int64_t max_waiting = 64;  ///< requests accepted and not yet running, at most (then 429)
 };

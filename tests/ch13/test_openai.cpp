@@ -167,11 +167,18 @@ TEST(ServerSentEvents, OneDataLineAndABlankLine) {
 // character at the end is held back while more tokens may come.
 TEST(OutputTextRelease, ValidUtf8) {
   const std::string r = "\xEF\xBF\xBD";
-  EXPECT_EQ(valid_utf8("a\xC3\xA9" "b \xF0\x9F\x98\x80", true), "a\xC3\xA9" "b \xF0\x9F\x98\x80");
+  EXPECT_EQ(valid_utf8("a\xC3\xA9"
+                       "b \xF0\x9F\x98\x80",
+                       true),
+            "a\xC3\xA9"
+            "b \xF0\x9F\x98\x80");
   EXPECT_EQ(valid_utf8("a\xC3", true), "a");
   EXPECT_EQ(valid_utf8("a\xC3", false), "a" + r);
   EXPECT_EQ(valid_utf8("\xF0\x9F\x98", true), "");
-  EXPECT_EQ(valid_utf8("\xE2\x82" "x", true), r + "x");
+  EXPECT_EQ(valid_utf8("\xE2\x82"
+                       "x",
+                       true),
+            r + "x");
   EXPECT_EQ(valid_utf8("\xFF\x80", false), r + r);
   EXPECT_EQ(valid_utf8("\xED\xA0\x80", false), r + r + r) << "a surrogate is no character";
   EXPECT_EQ(valid_utf8("\xC0\xAF", false), r + r) << "an overlong form is no character";
@@ -197,11 +204,14 @@ TEST(OutputTextRelease, CutsExactlyAtAStopStringAcrossTokens) {
   const std::string story = " there was a little girl named Lily. She liked to play. One day, she saw a big dog.";
   const std::vector<std::int32_t> gen = tok.encode(story, false);
   ASSERT_GT(gen.size(), 10u);
-  const std::string whole = tok.decode([&] {
+  const std::string whole = tok.decode(
+                                   [&] {
     std::vector<std::int32_t> all = prompt;
     all.insert(all.end(), gen.begin(), gen.end());
     return all;
-  }(), true).substr(tok.decode(prompt, true).size());
+                                   }(),
+                                   true)
+      .substr(tok.decode(prompt, true).size());
   for (const std::vector<std::string>& stop :
        {std::vector<std::string>{}, {"play."}, {"ay. On"}, {"zzz", "big"}, {"Lily", "girl"}, {"."}}) {
     OutputText out(tok, prompt, stop);

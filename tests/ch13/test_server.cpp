@@ -31,7 +31,7 @@ const Tokenizer& tiny_tokenizer() {
 
 ServerConfig small_config() {
   ServerConfig c;
-  c.scheduler = {ch11::Policy::Continuous, 6, 48};  // chunked prefill, and more clients than slots
+  c.scheduler = {ch11::Policy::Continuous, 6, 48};                // chunked prefill, and more clients than slots
   c.kv_budget_bytes = tiny_mha().config.kv_cache_bytes(1024, 4);  // tight: preemptions happen
   c.block_size = 16;
   c.max_waiting = 64;
@@ -82,7 +82,10 @@ TEST(Serving, EveryClientGetsWhatItGetsAloneUnderConcurrency) {
   for (int i = 0; i < 16; ++i) {
     const std::size_t at = static_cast<std::size_t>(97 * i), len = static_cast<std::size_t>(3 + (i * 37) % 120);
     asks.push_back({{text.begin() + static_cast<long>(at), text.begin() + static_cast<long>(at + len)},
-                    4 + (i * 13) % 40, i % 3 == 0 ? 0.0 : 0.8, static_cast<std::uint64_t>(100 + i), i == 5 ? 3 : 1,
+                    4 + (i * 13) % 40,
+                    i % 3 == 0 ? 0.0 : 0.8,
+                    static_cast<std::uint64_t>(100 + i),
+                    i == 5 ? 3 : 1,
                     i % 2 == 0});
   }
   std::vector<std::vector<std::string>> got(asks.size());
@@ -91,8 +94,8 @@ TEST(Serving, EveryClientGetsWhatItGetsAloneUnderConcurrency) {
   for (std::size_t i = 0; i < asks.size(); ++i)
     clients.emplace_back([&, i] {
       const Ask& a = asks[i];
-      const json body = {{"model", "tiny-mha"}, {"prompt", a.prompt},          {"max_tokens", a.max_tokens},
-                         {"temperature", a.temperature}, {"seed", a.seed}, {"n", a.n}};
+      const json body = {{"model", "tiny-mha"},          {"prompt", a.prompt}, {"max_tokens", a.max_tokens},
+                         {"temperature", a.temperature}, {"seed", a.seed},     {"n", a.n}};
       if (a.stream) {
         const Streamed s = stream("127.0.0.1", live.port(), "/v1/completions", body);
         ASSERT_EQ(s.status, 200) << s.body;
@@ -180,8 +183,8 @@ TEST(Serving, AFullQueueIsRefusedWithRetryAfter) {
 TEST(Serving, ErrorsNameTheField) {
   Server server(tiny_mha(), tiny_tokenizer(), tiny_mha().config.eos_token_ids, small_config());
   const Listening live(server, front());
-  const auto expect_error = [&](const std::string& path, const std::string& body, int status, const std::string& param,
-                                const std::string& says) {
+  const auto expect_error =
+      [&](const std::string& path, const std::string& body, int status, const std::string& param, const std::string& says) {
     httplib::Client cli("127.0.0.1", live.port());
     const auto res = cli.Post(path, body, "application/json");
     ASSERT_TRUE(res) << path;
