@@ -8,10 +8,10 @@
 #include <mutex>
 #include <sstream>
 
-#include "chapters/03_gqa/gqa.h"
 #include "chapters/13_serving/client.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
+#include "common/decode_bench.h"
 #include "common/error.h"
 
 namespace inferlab::ch13 {
@@ -23,7 +23,9 @@ void add_demo_options(CLI::App& app, DemoOptions& o) {
       ->check(number_in(1, 256))
       ->capture_default_str();
   app.add_option("--requests", o.requests, "Requests per sweep point")->check(number_in(1, 10000))->capture_default_str();
-  app.add_option("--max-tokens", o.max_tokens, "Tokens each request generates")->check(number_in(1, 4096))->capture_default_str();
+  app.add_option("--max-tokens", o.max_tokens, "Tokens each request generates")
+      ->check(number_in(1, 4096))
+      ->capture_default_str();
   app.add_option("--shared-prefix", o.shared_prefix, "Tokens of the shared system prompt (0: no prefix comparison)")
       ->check(number_in(0, 1 << 20))
       ->capture_default_str();
@@ -135,7 +137,8 @@ struct Bound {
 };
 
 Bound decode_bound(const ch01::Llama& m, int clients, std::int64_t mean_length) {
-  const double bytes = ch03::decode_step_bytes(m, std::vector<std::int64_t>(static_cast<std::size_t>(clients), mean_length));
+  const std::vector<std::int64_t> lengths(static_cast<std::size_t>(clients), mean_length);
+  const double bytes = decode_step_bytes(static_cast<double>(m.step_weight_bytes()), m.config, lengths);
   Bound b;
   b.step_bytes = bytes;
   b.read = m.device() == Device::CPU ? metrics::cpu_read_ceiling(bytes)
@@ -154,9 +157,10 @@ json run_demo(Server& server, Server& no_prefix, const FrontEnd& front, const De
   for (const std::string& s : lines) prompts.push_back(first_tokens(tok, s, 24));
   json out = {{"model", front.model_name}, {"max_tokens", o.max_tokens}};
 
-  std::printf("Serving (lecture: 推理的核心度量指标, TTFT, latency, throughput): %s behind HTTP on a loopback port,\n"
-              "driven by %d streamed completions (%d tokens each, greedy) at each number of clients at once\n\n",
-              front.model_name.c_str(), o.requests, o.max_tokens);
+  std::printf(
+      "Serving (lecture: 推理的核心度量指标, TTFT, latency, throughput): %s behind HTTP on a loopback port,\n"
+      "driven by %d streamed completions (%d tokens each, greedy) at each number of clients at once\n\n",
+      front.model_name.c_str(), o.requests, o.max_tokens);
   {
     const Listening live(server, front);
     sweep(live.port(), front.model_name, prompts, 1, DemoOptions{{1}, 2, 4, 0, ""});  // warm-up
@@ -171,8 +175,8 @@ json run_demo(Server& server, Server& no_prefix, const FrontEnd& front, const De
       // The bytes a step of c decoding sequences reads, per second at this rate, against the ceiling.
       const double pct = legend.percent(std::to_string(c) + " clients", rate / c * b.step_bytes, b.read);
       std::printf("  %7d %10.0f %12.0f %5s %8.0f%% %7.1f ms %7.1f ms %7.2f ms %6.2f s%s\n", c, rate, b.tokens_per_s,
-                  b.read.abbrev(), pct, 1e3 * median(p.ttft), 1e3 * quantile(p.ttft, 0.9),
-                  1e3 * median(p.tpot), median(p.e2e), p.failed ? (" (" + std::to_string(p.failed) + " failed)").c_str() : "");
+                  b.read.abbrev(), pct, 1e3 * median(p.ttft), 1e3 * quantile(p.ttft, 0.9), 1e3 * median(p.tpot),
+                  median(p.e2e), p.failed ? (" (" + std::to_string(p.failed) + " failed)").c_str() : "");
       rows.push_back({{"clients", c},
                       {"requests", p.requests},
                       {"failed", p.failed},
@@ -201,7 +205,8 @@ json run_demo(Server& server, Server& no_prefix, const FrontEnd& front, const De
     }
     system = first_tokens(tok, system, o.shared_prefix);
     std::vector<std::string> asks;
-    for (std::size_t i = 0; i < 8 && i < lines.size(); ++i) asks.push_back(system + " " + first_tokens(tok, lines[i + 1], 8));
+    for (std::size_t i = 0; i < 8 && i < lines.size(); ++i)
+      asks.push_back(system + " " + first_tokens(tok, lines[i + 1], 8));
     DemoOptions one = o;
     one.requests = static_cast<int>(asks.size()), one.max_tokens = 4;
     std::printf("  %zu requests one after another, each a %d-token shared system prompt and a question of its own:\n",
