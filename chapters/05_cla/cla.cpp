@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "chapters/01_naive_decode/hf_weights.h"
+#include "chapters/02_kv_cache/batch_decode.h"
 #include "common/json_file.h"
 #include "common/lab.h"
 
@@ -285,17 +286,17 @@ double decode_step_bytes(const ClaModel& m, const std::vector<std::int64_t>& len
   return bytes;
 }
 
-ch03::ThroughputPoint measure_decode(const ClaModel& m, std::int64_t batch, std::int64_t context, int steps) {
+ThroughputPoint measure_decode(const ClaModel& m, std::int64_t batch, std::int64_t context, int steps) {
   std::vector<std::unique_ptr<SharedKVCache>> caches;
   std::vector<SharedKVCache*> views;
   for (std::int64_t b = 0; b < batch; ++b) {
     caches.push_back(std::make_unique<SharedKVCache>(m.config(), m.layout, context + steps + 1, m.base.device()));
-    ch03::fill_cache(caches.back()->storage(), context, static_cast<std::uint64_t>(b) * 1000 + 1);
+    ch02::fill_cache(caches.back()->storage(), context, static_cast<std::uint64_t>(b) * 1000 + 1);
     views.push_back(caches.back().get());
   }
   const std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch), 3);
-  return ch03::time_decode(batch, decode_step_bytes(m, std::vector<std::int64_t>(static_cast<std::size_t>(batch), context)),
-                           steps, m.base.device(), [&] { decode_step(m, views, tokens); });
+  return time_decode(batch, decode_step_bytes(m, std::vector<std::int64_t>(static_cast<std::size_t>(batch), context)), steps,
+                     m.base.device(), [&] { decode_step(m, views, tokens); });
 }
 
 // ---------------------------------------------------------------------------------------------

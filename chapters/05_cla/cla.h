@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "chapters/02_kv_cache/kv_cache.h"
-#include "chapters/03_gqa/gqa.h"
+#include "common/decode_bench.h"
 
 namespace inferlab::ch05 {
 
@@ -144,9 +144,9 @@ Tensor decode_step(const ClaModel& m, const std::vector<SharedKVCache*>& caches,
 double decode_step_bytes(const ClaModel& m, const std::vector<std::int64_t>& lengths);
 
 /// Times `steps` batched decode steps of `batch` sequences at `context` cached positions (the
-/// caches filled with pseudo-random rows, as chapter 03's measurement does; best step after a
+/// caches filled with pseudo-random rows, as chapter 02's measure_decode does; best step after a
 /// warm-up).
-ch03::ThroughputPoint measure_decode(const ClaModel& m, std::int64_t batch, std::int64_t context, int steps);
+ThroughputPoint measure_decode(const ClaModel& m, std::int64_t batch, std::int64_t context, int steps);
 
 /// Character.AI's recipe (their 2024 note "Optimizing AI Inference at Character.AI"): MQA, local
 /// attention with a window of `window` tokens in all but one layer in `global_every`, and K/V

@@ -61,7 +61,7 @@ json budget_sweep(const metrics::Ceiling& roof, const TransformerConfig& shape, 
                 p.roofline_tokens_per_s(read.bytes_per_s(), roof.flops_per_s),
                 metrics::against(p.achieved_bytes_per_s(), read).c_str());
     std::fflush(stdout);
-    json row = ch03::to_json(p, read, roof.flops_per_s);
+    json row = to_json(p, read, roof.flops_per_s);
     row["share_factor"] = s, row["storage_layers"] = m.layout.storage_layers(), row["cache_bytes_per_sequence"] = per_seq;
     rows.push_back(row);
   }

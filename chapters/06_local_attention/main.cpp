@@ -16,10 +16,10 @@
 #include <nlohmann/json.hpp>
 
 #include "chapters/00_workload/workload.h"
-#include "chapters/03_gqa/gqa.h"
 #include "chapters/06_local_attention/local.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
+#include "common/decode_bench.h"
 #include "common/eval.h"
 #include "common/plot.h"
 #include "common/tokenizer.h"
@@ -120,19 +120,19 @@ json influence_table(const std::vector<std::pair<std::string, LocalModel>>& mode
 // --- time per token against position ---------------------------------------------------------
 TransformerConfig speed_shape(std::int64_t layers) { return ch01::memory_bound_shape(layers, 16, 8192, 1 << 17); }
 
-// One decode step at `position` cached positions, timed as chapter 03 times its steps (a warm-up,
+// One decode step at `position` cached positions, timed as every chapter times its steps (a warm-up,
 // then the best of `steps`); its bytes are the weights and the rows attention reads.
-ch03::ThroughputPoint time_step(const LocalModel& m, std::int64_t position, int steps) {
+ThroughputPoint time_step(const LocalModel& m, std::int64_t position, int steps) {
   RingKVCache cache(m.config(), m.layout, position + steps + 1, m.base.device());
   for (std::int64_t l = 0; l < m.config().num_layers; ++l) {  // what a prefill would have left, without one
     Tensor k = cache.k(l).slice(0, 0, m.layout.rows(l, position)), v = cache.v(l).slice(0, 0, m.layout.rows(l, position));
-    ch03::fill_random(k, static_cast<std::uint64_t>(2 * l + 1));
-    ch03::fill_random(v, static_cast<std::uint64_t>(2 * l + 2));
+    fill_random(k, static_cast<std::uint64_t>(2 * l + 1));
+    fill_random(v, static_cast<std::uint64_t>(2 * l + 2));
   }
   cache.commit(position);
   const double bytes = static_cast<double>(m.base.step_weight_bytes()) +
                        static_cast<double>(kv_cache_bytes(m.config(), m.layout, position + 1, 4));
-  return ch03::time_decode(1, bytes, steps, m.base.device(), [&] { forward_cached(m, cache, {3}); });
+  return time_decode(1, bytes, steps, m.base.device(), [&] { forward_cached(m, cache, {3}); });
 }
 
 json speed_table(const metrics::Ceiling& roof, std::int64_t layers, std::int64_t window,

@@ -14,7 +14,7 @@
 #include <random>
 #include <nlohmann/json.hpp>
 
-#include "chapters/03_gqa/gqa.h"
+#include "chapters/02_kv_cache/batch_decode.h"
 #include "chapters/07_mamba/mamba.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
@@ -76,14 +76,14 @@ MambaConfig mamba_shape(std::int64_t layers) {
 
 // One decode step of the Mamba after `position` tokens: the state holds what they left (random
 // values here); the step reads the weights and the state, and writes the state.
-ch03::ThroughputPoint mamba_step(const MambaModel& m, std::int64_t position, int steps) {
+ThroughputPoint mamba_step(const MambaModel& m, std::int64_t position, int steps) {
   MambaState state(m.config, m.device());
   for (std::int64_t l = 0; l < m.config.num_layers; ++l)
-    ch03::fill_random(state.ssm(l), static_cast<std::uint64_t>(l + 1)),
-        ch03::fill_random(state.conv(l), static_cast<std::uint64_t>(l + 100));
+    fill_random(state.ssm(l), static_cast<std::uint64_t>(l + 1)),
+        fill_random(state.conv(l), static_cast<std::uint64_t>(l + 100));
   state.commit(position);
   const double bytes = static_cast<double>(m.step_weight_bytes()) + 2.0 * static_cast<double>(state.bytes());
-  return ch03::time_decode(1, bytes, steps, m.device(), [&] { forward_cached(m, state, {3}); });
+  return time_decode(1, bytes, steps, m.device(), [&] { forward_cached(m, state, {3}); });
 }
 
 json speed_table(const metrics::Ceiling& roof, std::int64_t layers, const std::vector<std::int64_t>& positions, int steps,
@@ -102,7 +102,7 @@ json speed_table(const metrics::Ceiling& roof, std::int64_t layers, const std::v
     std::printf("%s%-22s", pad, name.c_str());
     json points = json::array();
     for (std::int64_t p : positions) {
-      const auto s = is_mamba ? mamba_step(mamba, p, steps) : ch03::measure_decode(llama, 1, p, steps);
+      const auto s = is_mamba ? mamba_step(mamba, p, steps) : ch02::measure_decode(llama, 1, p, steps);
       // Against a streaming read over as many bytes as the step reads (in cache, or from memory).
       const auto read = metrics::read_ceiling_for(roof, s.bytes_per_step);
       std::printf("  %6.2f ms %5.1f GB/s (%3.0f%% %-5s)", s.seconds_per_step * 1e3, s.achieved_bytes_per_s() / 1e9,
@@ -182,7 +182,7 @@ json scan_table(const metrics::Ceiling& roof, const std::vector<std::int64_t>& l
     for (std::int64_t T : lengths) {
       RandomLayer r = random_layer(T, E, N, dev);
       Tensor h = Tensor::zeros({E, N}, DType::F32, dev), y = Tensor::empty({T, E}, DType::F32, dev);
-      const double s = ch03::time_decode(1, 0, 2, dev, [&] { way.run(r.in, h, y); }).seconds_per_step;
+      const double s = time_decode(1, 0, 2, dev, [&] { way.run(r.in, h, y); }).seconds_per_step;
       const double bytes = scan_bytes(T, E, N, false), flops = 7.0 * static_cast<double>(T * E * N);
       const auto read = metrics::read_ceiling_for(roof, bytes);
       std::printf("  %8.2f ms %5.1f GB/s %3.0f%% %-5s %6.1f GFLOP/s %3.0f%%", s * 1e3, bytes / s / 1e9,
@@ -205,10 +205,10 @@ json lti_report(bool indent) {
   const MambaModel m = load_mamba(bundled_model("tiny-lti"));
   const auto tokens = eval::validation_tokens(data_dir(), 512);
   std::vector<double> scan, conv;
-  const double t_scan = ch03::time_decode(1, 0, 2, Device::CPU, [&] {
+  const double t_scan = time_decode(1, 0, 2, Device::CPU, [&] {
                           scan = forward_sequence(m, tokens, true).to_double_vector();
                         }).seconds_per_step;
-  const double t_conv = ch03::time_decode(1, 0, 2, Device::CPU, [&] {
+  const double t_conv = time_decode(1, 0, 2, Device::CPU, [&] {
                           conv = forward_sequence(m, tokens, true, ScanPath::Convolution).to_double_vector();
                         }).seconds_per_step;
   double diff = 0, scale = 0;

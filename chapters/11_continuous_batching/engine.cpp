@@ -4,8 +4,8 @@
 #include <sstream>
 
 #include "chapters/01_naive_decode/generate.h"
-#include "chapters/03_gqa/gqa.h"
 #include "common/ceiling.h"
+#include "common/decode_bench.h"
 #include "common/metrics.h"
 
 namespace inferlab::ch11 {
@@ -227,7 +227,7 @@ bool Engine::step() {
   }
   rec.sequences = static_cast<std::int64_t>(plan.size());
   rec.kv_bytes = pool_.used_bytes();
-  rec.bytes_read = ch03::decode_step_bytes(m_, lengths);
+  rec.bytes_read = decode_step_bytes(static_cast<double>(m_.step_weight_bytes()), m_.config, lengths);
   Tensor logits;
   {
     metrics::CountScope work;

@@ -8,10 +8,10 @@
 #include <mutex>
 #include <sstream>
 
-#include "chapters/03_gqa/gqa.h"
 #include "chapters/13_serving/client.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
+#include "common/decode_bench.h"
 #include "common/error.h"
 
 namespace inferlab::ch13 {
@@ -137,7 +137,8 @@ struct Bound {
 };
 
 Bound decode_bound(const ch01::Llama& m, int clients, std::int64_t mean_length) {
-  const double bytes = ch03::decode_step_bytes(m, std::vector<std::int64_t>(static_cast<std::size_t>(clients), mean_length));
+  const std::vector<std::int64_t> lengths(static_cast<std::size_t>(clients), mean_length);
+  const double bytes = decode_step_bytes(static_cast<double>(m.step_weight_bytes()), m.config, lengths);
   Bound b;
   b.step_bytes = bytes;
   b.read = m.device() == Device::CPU ? metrics::cpu_read_ceiling(bytes)

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <memory>
 
+#include "chapters/02_kv_cache/batch_decode.h"
 #include "chapters/03_gqa/gqa.h"
+#include "common/decode_bench.h"
 #include "common/eval.h"
 #include "common/json_file.h"
 #include "common/tokenizer.h"
@@ -92,7 +94,7 @@ TEST(Gqa, BatchedDecodeEqualsOneSequenceAtATime) {
   for (int step = 0; step < 5; ++step) {
     const std::vector<std::int32_t> next = {static_cast<std::int32_t>(rng() % 50), static_cast<std::int32_t>(rng() % 50),
                                             static_cast<std::int32_t>(rng() % 50)};
-    const auto batch = ch03::decode_step(m, batch_caches, next).to_float_vector();
+    const auto batch = ch02::decode_step(m, batch_caches, next).to_float_vector();
     for (std::size_t b = 0; b < 3; ++b) {
       const auto one = ch02::forward_cached(m, *alone[b], {next[b]}).to_float_vector();
       // Same arithmetic but a different summation order in the matmuls (eight rows against
@@ -112,7 +114,7 @@ TEST(Gqa, CacheBytesShrinkByKOverN) {
     EXPECT_EQ(cache.bytes(), 100 * K * 8 * 2 * 2 * 4);  // S × K × H × L × 2 × 4
   }
   const Llama m = ch01::random_llama(config(2), 1);
-  EXPECT_EQ(ch03::decode_step_bytes(m, {10, 30}),
+  EXPECT_EQ(decode_step_bytes(static_cast<double>(m.step_weight_bytes()), m.config, {10, 30}),
             static_cast<double>(m.step_weight_bytes()) + (11 + 31) * 2 * 8 * 2 * 2 * 4.0);
 }
 
