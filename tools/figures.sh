@@ -15,7 +15,7 @@ cd "$root"
 machine="$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)"
 machine="${machine:-$(uname -m)}, $(nproc) cores, $(uname -s)"
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-git diff --quiet HEAD -- chapters common 2>/dev/null || commit="$commit with local changes"
+git diff --quiet HEAD -- chapters common ':!*.md' 2>/dev/null || commit="$commit with local changes"
 today="$(date -u +%Y-%m-%d)"
 
 # name | chapter | caption | command (run from the repository root; FIG is the output file;
