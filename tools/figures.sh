@@ -70,9 +70,9 @@ done
 
 Every chapter's central measurement as a picture, each drawn by the chapter's own executable
 (`--svg FILE`, common/plot.h) from the same run that prints its table, at the bare run's settings
-or smaller. `make figures` draws them all again on your machine (`tools/figures.sh`, a few
-minutes); measured figures will differ from these with the machine, the formulas and counts will
-not. Under each figure: the command that drew it, and the machine and commit it was drawn on.
+or smaller. `make figures` draws them all again on your machine (`tools/figures.sh`: about ten
+minutes on two busy cores, six of them chapter 06's 200 probes per kind); measured figures will
+differ from these with the machine and its load, the formulas and counts will not. Under each figure: the command that drew it, and the machine and commit it was drawn on.
 
 EOF
   last=""
