@@ -1,8 +1,8 @@
 # A thin wrapper over CMake presets (CMakePresets.json). The two commands of the quick start:
 #   make tour   set up, build (Release), run every chapter on the bundled model
 #   make test   set up, build, run the whole test suite with ctest
-# Others: make build | asan | fuzz | docs | bench | lab | lab-check | grade | package | clean.
-.PHONY: setup configure build tour test asan fuzz docs bench lab lab-check grade package clean
+# Others: make build | asan | fuzz | docs | figures | bench | lab | lab-check | grade | package | clean.
+.PHONY: setup configure build tour test asan fuzz docs figures bench lab lab-check grade package clean
 
 # WERROR=ON builds with warnings as errors (INFERLAB_WERROR), as CI does (.ci/run): `make test
 # WERROR=ON`. Left out, the build folder keeps the value it was configured with (OFF at first),
@@ -41,6 +41,14 @@ fuzz:
 # The Doxygen site in build/release/docs/html (warnings are errors).
 docs: configure
 	cmake --build --preset release --target docs
+
+# Every chapter's figure drawn again on this machine into docs/figures/, and the gallery page
+# docs/figures.md (tools/figures.sh): builds only the chapters' executables.
+FIGURE_TARGETS = ch00_workload ch01_naive_decode ch02_kv_cache ch03_gqa ch04_mla ch05_cla ch06_local_attention \
+  ch07_mamba ch08_diffusion_lm ch09_quantization ch10_speculative_sampling ch11_continuous_batching ch12_paged_attention
+figures: configure
+	cmake --build --preset release --target $(FIGURE_TARGETS)
+	@tools/figures.sh build/release/bin
 
 # The benchmarks on this machine, with the ceilings they are measured against.
 bench: build

@@ -102,7 +102,18 @@ void range(const Figure& f, bool xaxis, double& lo, double& hi) {
 
 }  // namespace
 
-std::string to_svg(const Figure& f) {
+namespace {
+
+std::string header(double width, double height) {
+  std::ostringstream o;
+  o << R"(<svg xmlns="http://www.w3.org/2000/svg" width=")" << width << "\" height=\"" << height
+    << R"(" font-family="sans-serif" font-size="12">)"
+    << "\n";
+  return o.str();
+}
+
+// The figure's elements (everything inside the <svg>); `clip` names its clip path, unique in the document.
+void draw(std::ostringstream& o, const Figure& f, const std::string& clip) {
   const double L = 90, R = kLegendMargin, T = 50, B = 60;  // margins; the legend sits on the right
   const auto legend_width = static_cast<std::size_t>((R - kLegendInset - kLegendText - 8) / kCharPx);
   double ly = T + 14;  // the next legend entry's baseline
@@ -110,11 +121,7 @@ std::string to_svg(const Figure& f) {
   range(f, true, xlo, xhi);
   range(f, false, ylo, yhi);
   const Scale sx{xlo, xhi, f.x.log, L, f.width - R}, sy{ylo, yhi, f.y.log, f.height - B, T};
-  std::ostringstream o;
-  o << R"(<svg xmlns="http://www.w3.org/2000/svg" width=")" << f.width << "\" height=\"" << f.height
-    << R"(" font-family="sans-serif" font-size="12">)"
-    << "\n"
-    << R"(<rect width="100%" height="100%" fill="white"/>)"
+  o << "<rect width=\"" << f.width << "\" height=\"" << f.height << R"(" fill="white"/>)"
     << "\n"
     << "<text x=\"" << f.width / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">" << esc(f.title) << "</text>\n";
   // Grid and ticks.
@@ -129,20 +136,20 @@ std::string to_svg(const Figure& f) {
   o << "<rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << f.width - R - L << "\" height=\"" << f.height - B - T
     << R"(" fill="none" stroke="#333"/>)"
     << "\n";
-  o << "<text x=\"" << (L + f.width - R) / 2 << "\" y=\"" << f.height - 18 << R"(" text-anchor="middle">)" << esc(f.x.label)
-    << "</text>\n";
-  o << "<text transform=\"translate(22," << (T + f.height - B) / 2 << R"svg() rotate(-90)" text-anchor="middle">)svg"
-    << esc(f.y.label) << "</text>\n";
+  o << "<text x=\"" << (L + f.width - R) / 2 << "\" y=\"" << f.height - 18 << R"(" text-anchor="middle" class="x-label">)"
+    << esc(f.x.label) << "</text>\n";
+  o << "<text transform=\"translate(22," << (T + f.height - B) / 2
+    << R"svg() rotate(-90)" text-anchor="middle" class="y-label">)svg" << esc(f.y.label) << "</text>\n";
   // Series, clipped to the plot area.
-  o << "<clipPath id=\"area\"><rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << f.width - R - L << "\" height=\""
-    << f.height - B - T << "\"/></clipPath>\n";
+  o << "<clipPath id=\"" << clip << "\"><rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << f.width - R - L
+    << "\" height=\"" << f.height - B - T << "\"/></clipPath>\n";
   int k = 0;
   for (const auto& s : f.series) {
     const std::string color = s.color.empty() ? kPalette[k % 8] : s.color;
     auto ok = [&](std::size_t i) {
       return std::isfinite(s.x[i]) && std::isfinite(s.y[i]) && (!f.x.log || s.x[i] > 0) && (!f.y.log || s.y[i] > 0);
     };
-    o << "<g clip-path=\"url(#area)\">";
+    o << "<g class=\"series\" clip-path=\"url(#" << clip << ")\">";
     if (s.line) {
       o << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"2\""
         << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << " points=\"";
@@ -173,10 +180,112 @@ std::string to_svg(const Figure& f) {
     ly += 20 + kLinePx * static_cast<double>(lines.size() - 1);
     ++k;
   }
+}
+
+}  // namespace
+
+std::string to_svg(const Figure& f) {
+  std::ostringstream o;
+  o << header(f.width, f.height);
+  draw(o, f, "area");
   o << "</svg>\n";
   return o.str();
 }
 
 void save_svg(const Figure& f, const std::string& path) { write_text(path, to_svg(f)); }
+
+std::string to_svg(const std::vector<Figure>& panels) {
+  int width = 0, height = 0;
+  for (const Figure& f : panels) width = std::max(width, f.width), height += f.height;
+  std::ostringstream o;
+  o << header(width, height);
+  int y = 0;
+  for (std::size_t i = 0; i < panels.size(); ++i) {
+    o << "<g transform=\"translate(0," << y << ")\">\n";
+    draw(o, panels[i], "area" + std::to_string(i));
+    o << "</g>\n";
+    y += panels[i].height;
+  }
+  o << "</svg>\n";
+  return o.str();
+}
+
+void save_svg(const std::vector<Figure>& panels, const std::string& path) { write_text(path, to_svg(panels)); }
+
+PowerLaw fit_power_law(const std::vector<double>& x, const std::vector<double>& y) {
+  double sx = 0, sy = 0, sxx = 0, sxy = 0, n = 0;
+  for (std::size_t i = 0; i < std::min(x.size(), y.size()); ++i) {
+    if (!(x[i] > 0 && y[i] > 0)) continue;
+    const double lx = std::log(x[i]), ly = std::log(y[i]);
+    sx += lx, sy += ly, sxx += lx * lx, sxy += lx * ly, n += 1;
+  }
+  const double spread = n * sxx - sx * sx;
+  PowerLaw p;
+  if (n < 2 || !(spread > 1e-12 * n * sxx)) return p;
+  p.exponent = (n * sxy - sx * sy) / spread;
+  p.coefficient = std::exp((sy - p.exponent * sx) / n);
+  p.ok = true;
+  return p;
+}
+
+std::string to_svg(const Grid& g) {
+  const double L = 130, T = 50, B = 56, R = kLegendMargin, cw = g.cell_width, ch = g.cell_height;
+  std::size_t cols = 0;
+  for (const auto& r : g.rows) cols = std::max(cols, r.size());
+  const double table = ch * static_cast<double>(g.rows.size());  // the legend may be the taller
+  const double width = L + cw * static_cast<double>(cols) + R,
+               height = T + std::max(table, 24.0 * static_cast<double>(g.kinds.size())) + B;
+  std::ostringstream o;
+  o << header(width, height) << "<rect width=\"" << width << "\" height=\"" << height << R"(" fill="white"/>)"
+    << "\n<text x=\"" << width / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">" << esc(g.title) << "</text>\n";
+  const auto color = [&](int kind) {
+    return kind >= 0 && static_cast<std::size_t>(kind) < g.kinds.size() &&
+                   !g.kinds[static_cast<std::size_t>(kind)].color.empty()
+               ? g.kinds[static_cast<std::size_t>(kind)].color
+               : std::string(kPalette[static_cast<std::size_t>(std::max(kind, 0)) % 8]);
+  };
+  for (std::size_t r = 0; r < g.rows.size(); ++r) {
+    const double y = T + ch * static_cast<double>(r);
+    o << "<g class=\"series\">";
+    if (r < g.row_labels.size())
+      o << "<text x=\"" << L - 8 << "\" y=\"" << y + ch / 2 + 4 << R"(" text-anchor="end">)" << esc(g.row_labels[r])
+        << "</text>";
+    for (std::size_t c = 0; c < g.rows[r].size(); ++c) {
+      const Cell& cell = g.rows[r][c];
+      const double x = L + cw * static_cast<double>(c);
+      o << "<rect x=\"" << x + 1 << "\" y=\"" << y + 1 << "\" width=\"" << cw - 2 << "\" height=\"" << ch - 2 << "\" fill=\""
+        << color(cell.kind) << R"(" fill-opacity="0.75"/>)";
+      if (!cell.text.empty())
+        o << "<text x=\"" << x + cw / 2 << "\" y=\"" << y + ch / 2 + 4 << R"(" text-anchor="middle">)" << esc(cell.text)
+          << "</text>";
+    }
+    o << "</g>\n";
+  }
+  // Column numbers under the table, the axis labels, the legend.
+  for (std::size_t c = 0; c < cols; ++c)
+    o << "<text x=\"" << L + cw * (static_cast<double>(c) + 0.5) << "\" y=\"" << T + table + 16
+      << R"(" text-anchor="middle" fill="#555">)" << c << "</text>";
+  o << "\n<text x=\"" << L + cw * static_cast<double>(cols) / 2 << "\" y=\"" << T + table + 40
+    << R"(" text-anchor="middle" class="x-label">)" << esc(g.x_label) << "</text>\n";
+  o << "<text transform=\"translate(18," << T + table / 2 << R"svg() rotate(-90)" text-anchor="middle" class="y-label">)svg"
+    << esc(g.y_label) << "</text>\n";
+  const double lx = width - R + kLegendInset;
+  double ly = T + 10;
+  const auto legend_width = static_cast<std::size_t>((R - kLegendInset - kLegendText - 8) / kCharPx);
+  for (std::size_t k = 0; k < g.kinds.size(); ++k) {
+    o << "<rect x=\"" << lx << "\" y=\"" << ly - 8 << "\" width=\"22\" height=\"14\" fill=\"" << color(static_cast<int>(k))
+      << R"(" fill-opacity="0.75"/>)";
+    const std::vector<std::string> lines = wrap(g.kinds[k].label, legend_width);
+    o << "<text x=\"" << lx + kLegendText << "\" y=\"" << ly + 4 << "\">" << esc(lines[0]);
+    for (std::size_t i = 1; i < lines.size(); ++i)
+      o << "<tspan x=\"" << lx + kLegendText << "\" dy=\"" << kLinePx << "\">" << esc(lines[i]) << "</tspan>";
+    o << "</text>\n";
+    ly += 20 + kLinePx * static_cast<double>(lines.size() - 1);
+  }
+  o << "</svg>\n";
+  return o.str();
+}
+
+void save_svg(const Grid& g, const std::string& path) { write_text(path, to_svg(g)); }
 
 }  // namespace inferlab::plot

@@ -74,6 +74,47 @@ inferlab_cli_test(ch08_diffusion_lm.StepsBeyondTheLengthAreRefusedFirst
   PASS "--steps 16 is more than --gen-length 8" FAIL "autoregressive"
   COMMAND ch08_diffusion_lm speed --gen-length 8 --steps 16)
 
+# Each chapter's --svg run writes a figure that parses, with its axis labels and a data series
+# (tests/check_figures.py runs the command, then reads the file), at the smallest settings. LAB
+# as for inferlab_cli_test: the last exercise the run needs.
+find_package(Python3 COMPONENTS Interpreter)
+function(inferlab_svg_test name)
+  cmake_parse_arguments(T "" "FILE;LAB" "COMMAND" ${ARGN})
+  if(NOT Python3_Interpreter_FOUND)
+    message(STATUS "No python3: ${name} is not registered")
+    return()
+  endif()
+  add_test(NAME ${name} COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/check_figures.py" --run "${T_FILE}" --
+    ${T_COMMAND})
+  set_tests_properties(${name} PROPERTIES LABELS "unit;lab;ex${T_LAB}" PASS_REGULAR_EXPRESSION
+    "well-formed, with both axis labels" ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE" TIMEOUT 300)
+endfunction()
+inferlab_svg_test(ch01_naive_decode.SvgParses FILE "${out}/ch01.svg" LAB 01.2
+  COMMAND $<TARGET_FILE:ch01_naive_decode> --max-new-tokens 4 --svg "${out}/ch01.svg")
+inferlab_svg_test(ch02_kv_cache.SvgParses FILE "${out}/ch02.svg" LAB 02.3
+  COMMAND $<TARGET_FILE:ch02_kv_cache> --max-new-tokens 4 --repeats 1 --svg "${out}/ch02.svg")
+inferlab_svg_test(ch03_gqa.SvgParses FILE "${out}/ch03.svg" LAB 03.3 COMMAND $<TARGET_FILE:ch03_gqa> --svg "${out}/ch03.svg")
+inferlab_svg_test(ch05_cla.SvgParses FILE "${out}/ch05.svg" LAB 05.3
+  COMMAND $<TARGET_FILE:ch05_cla> throughput --seq 64 --memory-mb 1 --layers 2 --shares 1,2 --steps 1 --svg "${out}/ch05.svg")
+inferlab_svg_test(ch07_mamba.SpeedSvgParses FILE "${out}/ch07_speed.svg" LAB 07.2
+  COMMAND $<TARGET_FILE:ch07_mamba> speed --layers 1 --positions 16,64 --steps 1 --svg "${out}/ch07_speed.svg")
+inferlab_svg_test(ch07_mamba.RecallSvgParses FILE "${out}/ch07_recall.svg" LAB 07.2
+  COMMAND $<TARGET_FILE:ch07_mamba> recall --windows 1 --probes-per-kind 2 --svg "${out}/ch07_recall.svg")
+inferlab_svg_test(ch08_diffusion_lm.SpeedSvgParses FILE "${out}/ch08_speed.svg" LAB 08.2
+  COMMAND $<TARGET_FILE:ch08_diffusion_lm> speed --gen-length 8 --steps 8,2 --reps 1 --svg "${out}/ch08_speed.svg")
+inferlab_svg_test(ch08_diffusion_lm.CanvasSvgParses FILE "${out}/ch08_canvas.svg" LAB 08.2
+  COMMAND $<TARGET_FILE:ch08_diffusion_lm> canvas --gen-length 8 --steps 4 --block-length 8 --svg "${out}/ch08_canvas.svg")
+inferlab_svg_test(ch09_quantization.SvgParses FILE "${out}/ch09.svg" LAB 09.1
+  COMMAND $<TARGET_FILE:ch09_quantization> --svg "${out}/ch09.svg")
+inferlab_svg_test(ch10_speculative_sampling.SvgParses FILE "${out}/ch10.svg" LAB 10.3
+  COMMAND $<TARGET_FILE:ch10_speculative_sampling> sweep --max-new-tokens 8 --gamma 1,2 --reps 1 --svg "${out}/ch10.svg")
+inferlab_svg_test(ch12_paged_attention.WasteSvgParses FILE "${out}/ch12_waste.svg" LAB 12.3
+  COMMAND $<TARGET_FILE:ch12_paged_attention> memory --requests 4 --more-block-sizes 64 --svg "${out}/ch12_waste.svg")
+inferlab_svg_test(ch12_paged_attention.BlockTableSvgParses FILE "${out}/ch12_table.svg" LAB 12.3
+  COMMAND $<TARGET_FILE:ch12_paged_attention> sharing --samples 2 --svg "${out}/ch12_table.svg")
+inferlab_cli_test(ch03_gqa.SvgPathIsCheckedFirst PASS "--svg: cannot write /nonexistent/p.svg" FAIL "Grouped-query"
+  COMMAND ch03_gqa --svg /nonexistent/p.svg)
+
 # Chapter 13's server: the demo serves on a loopback port and stops by itself; what only a
 # listening server uses is refused with the demo; a missing model or template is named before
 # anything listens.

@@ -8,6 +8,7 @@
 #include "chapters/01_naive_decode/convert.h"
 #include "chapters/01_naive_decode/generate.h"
 #include "common/cli.h"
+#include "common/plot.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
@@ -15,18 +16,42 @@ using namespace inferlab::ch01;
 
 namespace {
 
-// Least-squares slope of log(y) against log(x): the exponent of a power law. None without two
-// distinct lengths to fit it over (a run that stopped after its first token).
 std::optional<double> power_law_exponent(const std::vector<double>& x, const std::vector<double>& y) {
-  double sx = 0, sy = 0, sxx = 0, sxy = 0, n = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if (x[i] <= 0 || y[i] <= 0) continue;
-    const double lx = std::log(x[i]), ly = std::log(y[i]);
-    sx += lx, sy += ly, sxx += lx * lx, sxy += lx * ly, n += 1;
+  const plot::PowerLaw p = plot::fit_power_law(x, y);
+  return p.ok ? std::optional<double>(p.exponent) : std::nullopt;
+}
+
+// Time per step against the length of the sequence it runs over, with the power law fitted to it.
+void plot_steps(const std::vector<double>& len, const std::vector<double>& secs, std::optional<double> attn_exponent,
+                const std::string& model, const std::string& path) {
+  plot::Figure f;
+  f.title = "Naive decoding: every step re-runs the whole sequence (" + model + ")";
+  f.x.label = "tokens in the sequence (the step's position + 1)";
+  f.y.label = "time per token (ms)";
+  plot::Series s;
+  s.label = "measured, one step each";
+  s.line = false, s.markers = true;
+  for (std::size_t i = 0; i < len.size(); ++i) s.x.push_back(len[i]), s.y.push_back(secs[i] * 1e3);
+  f.series.push_back(s);
+  const plot::PowerLaw fit = plot::fit_power_law(s.x, s.y);
+  if (fit.ok && len.size() > 1) {
+    char label[96];
+    std::snprintf(label, sizeof label, "fit: time ∝ T^%.2f", fit.exponent);
+    plot::Series c = plot::curve(label, len.front(), len.back(), 64, false, fit);
+    c.dashed = true;
+    f.series.push_back(c);
   }
-  const double spread = n * sxx - sx * sx;
-  if (n < 2 || !(spread > 1e-12 * n * sxx)) return std::nullopt;
-  return (n * sxy - sx * sy) / spread;
+  if (attn_exponent) {
+    // A legend entry without points: the FLOPs the run counted, fitted the same way.
+    plot::Series note;
+    char label[96];
+    std::snprintf(label, sizeof label, "(attention FLOPs per step ∝ T^%.2f)", *attn_exponent);
+    note.label = label;
+    note.line = false, note.color = "none";
+    f.series.push_back(note);
+  }
+  plot::save_svg(f, path);
+  std::printf("wrote %s\n", path.c_str());
 }
 
 }  // namespace
@@ -35,7 +60,7 @@ int main(int argc, char** argv) {
   wait_passively(argv);  // timings that hold on a busy machine (common/cli.h)
   CLI::App app{"Chapter 01: naive decoding, re-running the whole sequence for every new token", "ch01_naive_decode"};
   CommonOptions o;
-  std::string tokenizer_path, dtype = "f32";
+  std::string tokenizer_path, dtype = "f32", svg;
   bool all_steps = false;
   add_common_options(app, o);
   help_footer(app,
@@ -47,6 +72,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->capture_default_str();
   app.add_flag("--steps", all_steps, "Print every step (default: eight spread over the run)");
+  app.add_option("--svg", svg, "Also plot the time per token against position as SVG")->check(output_file());
   std::string conv_in, conv_out, conv_to;
   auto* conv = app.add_subcommand("convert", "Convert between a llama2.c checkpoint and a Hugging Face folder");
   conv->add_option("input", conv_in, "llama2.c .bin checkpoint, or Hugging Face model folder")->required();
@@ -108,6 +134,7 @@ int main(int argc, char** argv) {
           "With %zu step%s there is no growth to fit (it takes two lengths or more; more --max-new-tokens, or\n"
           "a prompt the model does not end at once).\n",
           g.steps.size(), g.steps.size() == 1 ? "" : "s");
+    if (!svg.empty()) plot_steps(len, secs, ea, m.source.substr(m.source.find_last_of('/') + 1), svg);
     if (!o.json.empty()) {
       nlohmann::json steps = nlohmann::json::array();
       for (const auto& s : g.steps)

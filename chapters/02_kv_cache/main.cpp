@@ -8,6 +8,7 @@
 #include "chapters/02_kv_cache/kv_cache.h"
 #include "common/cli.h"
 #include "common/cuda/backend.h"
+#include "common/plot.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
@@ -31,6 +32,37 @@ double step_flops(const TransformerConfig& c, std::int64_t fed, std::int64_t end
   return per_token * t + 2 * D * static_cast<double>(c.vocab_size) + 4 * N * H * L * pairs;
 }
 
+// Time per token against position, naive and cached, each with the power law fitted to its
+// decode steps (the first step of both is the prompt's prefill, left out).
+void plot_steps(const std::vector<double>& pos, const std::vector<double>& naive_ms, const std::vector<double>& cached_ms,
+                const std::string& title, const std::string& path) {
+  plot::Figure f;
+  f.title = title;
+  f.x.label = "position of the new token";
+  f.y.label = "time per token (ms, fastest of the runs)";
+  f.y.log = true;
+  for (const auto* ms : {&naive_ms, &cached_ms}) {
+    if (ms->empty()) continue;
+    const plot::PowerLaw fit = plot::fit_power_law(pos, *ms);
+    char label[96];
+    std::snprintf(label, sizeof label, "%s (fit: ∝ position^%.2f)", ms == &naive_ms ? "naive, ch01" : "KV cache, ch02",
+                  fit.exponent);
+    plot::Series s;
+    s.label = label;
+    s.markers = true;
+    s.color = ms == &naive_ms ? "#1f77b4" : "#d62728";
+    s.x = pos, s.y = *ms;
+    f.series.push_back(s);
+    if (!fit.ok) continue;
+    plot::Series c = plot::curve("", pos.front(), pos.back(), 64, false, fit);
+    c.label = std::string(ms == &naive_ms ? "naive" : "cached") + " fit";
+    c.dashed = true, c.color = s.color;
+    f.series.push_back(c);
+  }
+  plot::save_svg(f, path);
+  std::printf("wrote %s\n", path.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -38,7 +70,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 02: the KV cache, against chapter 01's naive decoding", "ch02_kv_cache"};
   CommonOptions o;
   o.max_new_tokens = 64;
-  std::string tokenizer_path, dtype = "f32";
+  std::string tokenizer_path, dtype = "f32", svg;
   bool cached_only = false;
   int repeats = 3;
   add_common_options(app, o);
@@ -55,6 +87,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "Runs of each method; each step's time is the fastest of them")
       ->check(number_in(1, 1000))
       ->capture_default_str();
+  app.add_option("--svg", svg, "Also plot the time per token against position, naive and cached, as SVG")
+      ->check(output_file());
   return run_cli(app, argc, argv, [&] {
     const Device dev = o.resolved_device();
     const DType wt = dtype == "bf16" ? DType::BF16 : dtype == "f16" ? DType::F16 : DType::F32;
@@ -164,6 +198,18 @@ int main(int argc, char** argv) {
       const bool same = naive.generated == g.generated;
       std::printf("the same %zu tokens: %s\n", g.generated.size(),
                   same ? "yes" : "NO (fp32 rounding flipped a near-tie; see the tests for the logit agreement)");
+    }
+    if (!svg.empty()) {
+      std::vector<double> pos, naive_ms, cached_ms;
+      for (std::size_t i = 1; i < n; ++i) {
+        pos.push_back(static_cast<double>(prompt.size() + i));
+        cached_ms.push_back(g.steps[i].seconds * 1e3);
+        if (!cached_only) naive_ms.push_back(naive.steps[i].seconds * 1e3);
+      }
+      plot_steps(pos, naive_ms, cached_ms,
+                 "Time per token against position: re-running everything vs the KV cache (" +
+                     m.source.substr(m.source.find_last_of('/') + 1) + ", " + std::string(device_name(dev)) + ")",
+                 svg);
     }
     if (!o.json.empty()) {
       json steps = json::array(), points = json::array();

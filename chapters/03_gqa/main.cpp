@@ -15,6 +15,7 @@
 #include "common/cli.h"
 #include "common/cuda/backend.h"
 #include "common/eval.h"
+#include "common/plot.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
@@ -137,7 +138,42 @@ int convert(const CommonOptions& o, std::int64_t windows, std::int64_t per_kind)
   return 0;
 }
 
-int headline(const std::string& json_path) {
+// The bare run's two measurements against K: the cache a sequence keeps (the formula
+// 2·L·K·H·S·4 bytes as the line, each variant a point) and the decode throughput beside the
+// roofline's prediction.
+void plot_headline(const json& rows, const TransformerConfig& shape, std::int64_t context, const std::string& path) {
+  plot::Figure bytes, speed;
+  bytes.title = "KV cache per sequence against KV heads (random 16-head model, context " + std::to_string(context) + ")";
+  speed.title = "Decode throughput against KV heads (B = 4, context " + std::to_string(context) + ", measured here)";
+  bytes.x.label = speed.x.label = "KV heads K (of N = 16 query heads)";
+  bytes.x.log = speed.x.log = true;
+  bytes.x.min = speed.x.min = 0.8, bytes.x.max = speed.x.max = 20;
+  bytes.y.label = "KV bytes per sequence (MB)";
+  speed.y.label = "tokens per second";
+  const double per_head = static_cast<double>(shape.kv_cache_bytes(context, 4)) / static_cast<double>(shape.num_kv_heads);
+  plot::Series formula = plot::curve("2·L·K·H·S × 4 bytes", 1, 16, 32, true, [&](double K) { return K * per_head / 1e6; });
+  formula.dashed = true;
+  plot::Series cache, measured, roofline;
+  cache.label = "each variant";
+  measured.label = "measured (best of 3 steps)";
+  roofline.label = "roofline: max(bytes / read ceiling, FLOPs / peak)";
+  cache.line = false, cache.label_points = measured.markers = measured.label_points = true;
+  roofline.dashed = roofline.markers = true;
+  for (const json& r : rows) {
+    const double K = r["kv_heads"].get<double>();
+    const std::string name = variant_name(r["kv_heads"].get<std::int64_t>(), 16);
+    cache.x.push_back(K), cache.y.push_back(K * per_head / 1e6), cache.point_labels.push_back(name);
+    measured.x.push_back(K), measured.y.push_back(r["tokens_per_s"].get<double>()), measured.point_labels.push_back(name);
+    roofline.x.push_back(K), roofline.y.push_back(r["roofline_tokens_per_s"].get<double>());
+  }
+  bytes.series = {formula, cache};
+  speed.series = {measured, roofline};
+  bytes.height = speed.height = 420;
+  plot::save_svg(std::vector<plot::Figure>{bytes, speed}, path);
+  std::printf("  wrote %s\n", path.c_str());
+}
+
+int headline(const std::string& json_path, const std::string& svg) {
   const std::string data = data_dir();
   std::printf("Grouped-query attention (lecture: 分组查询注意力 GQA): N query heads share K KV heads\n");
   for (const char* name : {"tiny-mha", "tiny-gqa", "tiny-mqa"}) {
@@ -175,6 +211,11 @@ int headline(const std::string& json_path) {
   }
   std::printf("  (random 16-head models, 4 layers, the best of 3 decode steps; the full sweep: ch03_gqa throughput)\n");
   std::printf("  more: ch03_gqa memory | throughput | convert\n");
+  if (!svg.empty()) {
+    TransformerConfig shape = sweep_shape(16);
+    shape.num_layers = 4;
+    plot_headline(rows, shape, 1024, svg);
+  }
   if (!json_path.empty()) write_json(json_path, {{"ceiling", metrics::to_json(roof)}, {"decode", rows}});
   return 0;
 }
@@ -186,6 +227,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 03: grouped-query and multi-query attention", "ch03_gqa"};
   CommonOptions o;
   add_json_option(app, o.json);  // the bare run's
+  std::string svg;
+  app.add_option("--svg", svg, "Also plot KV bytes and decode throughput against K as SVG")->check(output_file());
   help_footer(app,
               "the KV bytes per token of tiny-mha, tiny-gqa and tiny-mqa, then MHA, GQA and MQA decoding at B = 4, "
               "context 1024 (random 4-layer models): tokens/s beside the roofline and GB/s against the read ceiling, "
@@ -215,6 +258,6 @@ int main(int argc, char** argv) {
     if (*sm) return memory(o, seq, memory_gb);
     if (*st) return throughput(o, seq, batches, steps);
     if (*sc) return convert(o, windows, per_kind);
-    return headline(o.json);
+    return headline(o.json, svg);
   });
 }

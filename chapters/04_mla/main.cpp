@@ -17,6 +17,7 @@
 #include "common/cli.h"
 #include "common/eval.h"
 #include "common/metrics.h"
+#include "common/plot.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
@@ -189,7 +190,32 @@ json decode_steps(const metrics::Ceiling& roof) {
   return {{"steps", rows}, {"crossover_rows", cross}};
 }
 
-int headline(const std::string& json_path) {
+// The decode steps of decode_steps() (one row each) against context: each path measured, and
+// its roofline (the slower of its bytes at the read ceiling and its FLOPs at the peak) dashed.
+void plot_decode(const json& steps, const std::string& path) {
+  plot::Figure f;
+  f.title = "One MLA layer's decode step: plain (rebuild K, V) against absorbed, by context";
+  f.x.label = "cached positions S";
+  f.y.label = "time per decode step (ms, best of 3)";
+  f.x.log = f.y.log = true;
+  for (const char* name : {"plain", "absorbed"}) {
+    plot::Series m, r;
+    m.label = std::string(name) + ", measured";
+    r.label = std::string(name) + ", roofline";
+    m.markers = r.dashed = true;
+    m.color = r.color = name[0] == 'p' ? "#d62728" : "#1f77b4";
+    for (const json& row : steps)
+      if (row["rows"] == 1 && row["path"] == name && row.contains("roofline_seconds")) {  // the decode rows
+        m.x.push_back(row["context"].get<double>()), m.y.push_back(row["seconds"].get<double>() * 1e3);
+        r.x.push_back(row["context"].get<double>()), r.y.push_back(row["roofline_seconds"].get<double>() * 1e3);
+      }
+    f.series.push_back(m), f.series.push_back(r);
+  }
+  plot::save_svg(f, path);
+  std::printf("wrote %s\n", path.c_str());
+}
+
+int headline(const std::string& json_path, const std::string& svg) {
   const std::string path = data_dir() + "/models/tiny-mla";
   const HfConfig hf = load_hf_config(path);
   const TransformerConfig c = parse_transformer_config(hf);
@@ -219,6 +245,7 @@ int headline(const std::string& json_path) {
   std::printf(
       "\nMLA stores one row per token and layer for all heads, as MQA does, yet each head gets its own keys\n"
       "and values back from it (W_KVB). More: ch04_mla quality; chapters/04_mla/README.md.\n");
+  if (!svg.empty()) plot_decode(out["decode"]["steps"], svg);
   if (!json_path.empty()) write_json(json_path, out);
   return 0;
 }
@@ -294,6 +321,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 04: multi-head latent attention", "ch04_mla"};
   std::string json_path;
   add_json_option(app, json_path);
+  std::string svg;
+  app.add_option("--svg", svg, "Also plot the decode step of both paths against context as SVG")->check(output_file());
   help_footer(app,
               "the cache bytes per token of tiny-mla's latent rows against an MHA, GQA and MQA cache of the same "
               "heads (and for DeepSeek-V2's dimensions, with the exact ratios), then one MLA layer's decode step by "
@@ -314,6 +343,6 @@ int main(int argc, char** argv) {
   return run_cli(app, argc, argv, [&] {
     if (*sq) return quality(json_path, windows, per_kind);
     if (*sg) return generate(go);
-    return headline(json_path);
+    return headline(json_path, svg);
   });
 }

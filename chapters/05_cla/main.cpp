@@ -17,6 +17,7 @@
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/eval.h"
+#include "common/plot.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
@@ -68,6 +69,44 @@ json budget_sweep(const metrics::Ceiling& roof, const TransformerConfig& shape, 
   return rows;
 }
 
+// budget_sweep()'s rows against the sharing factor: the sequences whose caches fit the budget
+// (each s stores ceil(L/s) layers: B = budget / (ceil(L/s) × one layer's cache)), and the decode
+// throughput at that batch beside the roofline's prediction.
+void plot_sweep(const json& rows, std::int64_t layers, double budget, std::int64_t seq, const std::string& path) {
+  plot::Figure fit, speed;
+  const std::string setting = metrics::human_bytes(budget) + " for caches of " + std::to_string(seq) + " positions";
+  fit.title = "Sequences that fit against the sharing factor (" + setting + ")";
+  speed.title = "Decode throughput at the batch that fits (" + std::to_string(layers) + " layers, measured here)";
+  fit.x.label = speed.x.label = "sharing factor s (layers per stored K/V)";
+  fit.y.label = "sequences that fit (batch B)";
+  speed.y.label = "tokens per second";
+  plot::Series formula, got, measured, roofline;
+  formula.label = "budget / (ceil(L/s) × one layer's cache)";
+  got.label = "batch the run used";
+  measured.label = "measured (best of the timed steps)";
+  roofline.label = "roofline: max(bytes / read ceiling, FLOPs / peak)";
+  formula.dashed = roofline.dashed = true;
+  got.line = false, got.markers = measured.markers = roofline.markers = true;
+  double per_layer = 0;
+  for (const json& r : rows) {
+    const double s = r["share_factor"].get<double>(), B = r["batch"].get<double>();
+    per_layer = r["cache_bytes_per_sequence"].get<double>() / r["storage_layers"].get<double>();
+    got.x.push_back(s), got.y.push_back(B);
+    measured.x.push_back(s), measured.y.push_back(r["tokens_per_s"].get<double>());
+    roofline.x.push_back(s), roofline.y.push_back(r["roofline_tokens_per_s"].get<double>());
+  }
+  for (std::int64_t s = 1; s <= std::max<std::int64_t>(1, static_cast<std::int64_t>(got.x.empty() ? 1 : got.x.back()));
+       ++s) {
+    const double stored = static_cast<double>((layers + s - 1) / s);
+    formula.x.push_back(static_cast<double>(s)), formula.y.push_back(std::floor(budget / (stored * per_layer)));
+  }
+  fit.series = {formula, got};
+  speed.series = {measured, roofline};
+  fit.height = speed.height = 420;
+  plot::save_svg(std::vector<plot::Figure>{fit, speed}, path);
+  std::printf("wrote %s\n", path.c_str());
+}
+
 int memory(const std::string& model, std::int64_t seq, double memory_gb, std::int64_t bytes_per_value,
            const std::string& json_path) {
   const TransformerConfig base = ch00::find_model(model);
@@ -116,7 +155,7 @@ int memory(const std::string& model, std::int64_t seq, double memory_gb, std::in
 }
 
 int throughput(const ModelOptions& o, std::int64_t seq, double memory_mb, std::vector<std::int64_t> shares, int layers,
-               int steps, const std::string& json_path) {
+               int steps, const std::string& json_path, const std::string& svg) {
   const Device dev = o.resolved_device();
   const auto roof = metrics::measure_ceiling(dev);
   const TransformerConfig shape = sweep_shape(layers);
@@ -131,6 +170,7 @@ int throughput(const ModelOptions& o, std::int64_t seq, double memory_mb, std::v
   std::printf(
       "\nMore sequences fit, and one weight read serves all of them; each sequence's step still reads every\n"
       "layer's attention over its cached positions, so the gain shrinks as the cache reads dominate a step.\n");
+  if (!svg.empty()) plot_sweep(rows, layers, memory_mb * (1 << 20), seq, svg);
   if (!json_path.empty())
     write_json(json_path, {{"device", device_name(dev)},
                            {"seq", seq},
@@ -232,7 +272,7 @@ int generate(const CommonOptions& o) {
   return 0;
 }
 
-int headline(const std::string& json_path) {
+int headline(const std::string& json_path, const std::string& svg) {
   const std::string data = data_dir();
   std::printf("Cross-layer attention (lecture: 跨层注意力 CLA): s adjacent layers share one set of keys and values\n");
   json models = json::array();
@@ -279,6 +319,7 @@ int headline(const std::string& json_path) {
     quality.push_back({{"model", r.name}, {"val_ppl", ppl.ppl}, {"val_tokens", ppl.tokens}});
   }
   std::printf("\n  more: ch05_cla memory | throughput | quality | recipe | generate\n");
+  if (!svg.empty()) plot_sweep(sweep, 4, 128.0 * (1 << 20), 1024, svg);
   if (!json_path.empty())
     write_json(json_path, {{"models", models},
                            {"llama_2_13b", big_rows},
@@ -295,6 +336,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 05: cross-layer attention", "ch05_cla"};
   std::string json_path;
   add_json_option(app, json_path);  // the bare run's
+  std::string svg;
+  app.add_option("--svg", svg, "Also plot the sequences that fit and the throughput against s as SVG")->check(output_file());
   help_footer(app,
               "tiny-cla's cache bytes per token against tiny-mha's, the batch a shared cache fits for Llama 2 13B, "
               "then decode measured at a fixed memory budget for caches (s = 1, 2, 4 at the batch each fits: tokens/s "
@@ -334,6 +377,7 @@ int main(int argc, char** argv) {
   auto* st = app.add_subcommand("throughput", "Decode measured at a fixed memory budget: each s at the batch that fits");
   add_device_option(*st, dev);
   add_json_option(*st, json_path);
+  st->add_option("--svg", svg, "Also plot the sequences that fit and the throughput against s as SVG")->check(output_file());
   st->add_option("--seq", tp_seq, "Context length")->check(number_in(1, 1 << 16))->capture_default_str();
   st->add_option("--memory-mb", memory_mb, "Memory for the KV caches, in MiB")
       ->check(number_in(1, 1 << 24))
@@ -355,9 +399,9 @@ int main(int argc, char** argv) {
   return run_cli(app, argc, argv, [&] {
     if (*sm) return memory(model, seq, memory_gb, bytes_per_value, json_path);
     if (*sr) return recipe(recipe_model, recipe_seq, window, global_every, share, bytes_per_value, json_path);
-    if (*st) return throughput(dev, tp_seq, memory_mb, shares, layers, steps, json_path);
+    if (*st) return throughput(dev, tp_seq, memory_mb, shares, layers, steps, json_path, svg);
     if (*sq) return quality(windows, per_kind, json_path);
     if (*sg) return generate(go);
-    return headline(json_path);
+    return headline(json_path, svg);
   });
 }

@@ -8,9 +8,12 @@
 //   ch07_mamba recall       perplexity and probes of tiny-lti, tiny-mamba and tiny-mha
 //   ch07_mamba jamba        Jamba's 1:7 hybrid as a worked KV-size calculation
 //   ch07_mamba generate     text from tiny-mamba or a MambaForCausalLM folder
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 #include <random>
 #include <nlohmann/json.hpp>
 
@@ -19,6 +22,7 @@
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/eval.h"
+#include "common/plot.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
@@ -310,6 +314,70 @@ json jamba_table(const std::vector<std::int64_t>& contexts, std::int64_t bytes_p
 }
 
 // --- the commands --------------------------------------------------------------------------
+// --- figures -------------------------------------------------------------------------------
+// speed_table()'s rows: one decode step against position, a transformer's growing with its KV
+// cache, a Mamba's flat (its state does not grow).
+plot::Figure speed_figure(const json& rows) {
+  plot::Figure f;
+  f.title = "One decode step against position: attention reads its cache, Mamba its fixed state";
+  f.x.label = "cached positions";
+  f.y.label = "time per decode step (ms, best of the steps)";
+  f.x.log = true;
+  for (const json& r : rows) {
+    plot::Series s;
+    char label[96];
+    std::snprintf(label, sizeof label, "%s (%.0f M parameters)", r["model"].get<std::string>().c_str(),
+                  r["parameters"].get<double>() / 1e6);
+    s.label = label;
+    s.markers = true;
+    for (const json& p : r["points"])
+      s.x.push_back(p["position"].get<double>()), s.y.push_back(p["seconds"].get<double>() * 1e3);
+    f.series.push_back(s);
+  }
+  return f;
+}
+
+// recall_table()'s rows: associative-recall accuracy against the number of key-value pairs to
+// keep, for each model (the "ar_N" probe kinds), with chance (one digit in ten).
+plot::Figure recall_figure(const json& rows, std::int64_t per_kind) {
+  plot::Figure f;
+  f.title = "Associative recall against pairs to remember (" + std::to_string(per_kind) + " probes per point)";
+  f.x.label = "key-value pairs in the prompt";
+  f.y.label = "accuracy (fraction right)";
+  f.x.log = true;
+  f.y.min = 0, f.y.max = 1.05;
+  double lo = 1e300, hi = 0;
+  for (const json& r : rows) {
+    plot::Series s;
+    s.label = r["model"].get<std::string>();
+    s.markers = true;
+    for (const auto& [kind, acc] : r["probes"].items())
+      if (kind.rfind("ar_", 0) == 0 && kind.size() > 3 && std::isdigit(static_cast<unsigned char>(kind[3]))) {
+        const double n = std::stod(kind.substr(3));
+        s.x.push_back(n), s.y.push_back(acc.get<double>()), lo = std::min(lo, n), hi = std::max(hi, n);
+      }
+    std::vector<std::size_t> order(s.x.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return s.x[a] < s.x[b]; });
+    plot::Series sorted = s;
+    for (std::size_t i = 0; i < order.size(); ++i) sorted.x[i] = s.x[order[i]], sorted.y[i] = s.y[order[i]];
+    f.series.push_back(sorted);
+  }
+  if (hi > 0) {
+    plot::Series chance = plot::curve("chance (1 digit in 10)", lo, hi, 2, true, [](double) { return 0.1; });
+    chance.dashed = true, chance.color = "#777";
+    f.series.push_back(chance);
+  }
+  return f;
+}
+
+void save_figures(const std::vector<plot::Figure>& panels, const std::string& path, const char* pad) {
+  if (path.empty()) return;
+  if (panels.size() == 1) plot::save_svg(panels[0], path);
+  else plot::save_svg(panels, path);
+  std::printf("%swrote %s\n", pad, path.c_str());
+}
+
 int memory(const std::string& model, const std::vector<std::int64_t>& contexts, const std::string& json_path) {
   const MambaModel m = load_mamba(model.empty() ? bundled_model("tiny-mamba") : model);
   const ch01::Llama mha = ch01::load_llama(bundled_model("tiny-mha"));
@@ -323,7 +391,7 @@ int memory(const std::string& model, const std::vector<std::int64_t>& contexts, 
 }
 
 int speed(const ModelOptions& o, std::int64_t layers, const std::vector<std::int64_t>& positions, int steps,
-          const std::string& json_path) {
+          const std::string& json_path, const std::string& svg) {
   const Device dev = o.resolved_device();
   const auto roof = metrics::measure_ceiling(dev);
   std::printf(
@@ -333,6 +401,7 @@ int speed(const ModelOptions& o, std::int64_t layers, const std::vector<std::int
       "over as many bytes (cache: in the last-level cache, part: partly, mem: from memory, %s)\n\n",
       device_name(dev).data(), steps, metrics::describe(roof.read, "B").c_str());
   const json rows = speed_table(roof, layers, positions, steps, dev, false);
+  if (!svg.empty()) save_figures({speed_figure(rows)}, svg, "");
   if (!json_path.empty())
     write_json(json_path, {{"device", device_name(dev)}, {"ceiling", metrics::to_json(roof)}, {"rows", rows}});
   return 0;
@@ -360,12 +429,13 @@ int lti(const std::string& json_path) {
   return 0;
 }
 
-int recall(std::int64_t windows, std::int64_t per_kind, const std::string& json_path) {
+int recall(std::int64_t windows, std::int64_t per_kind, const std::string& json_path, const std::string& svg) {
   std::printf(
       "Quality of the zoo's LTI SSM, Mamba and attention models (same data, tokenizer and budget): validation "
       "perplexity over %lld windows of 512 and probe accuracy, %lld probes per kind\n\n",
       static_cast<ll>(windows), static_cast<ll>(per_kind));
   const json rows = recall_table(windows, per_kind);
+  if (!svg.empty()) save_figures({recall_figure(rows, per_kind)}, svg, "");
   if (!json_path.empty()) write_json(json_path, {{"rows", rows}});
   return 0;
 }
@@ -403,7 +473,7 @@ int generate(const CommonOptions& o) {
   return 0;
 }
 
-int headline(const std::string& json_path) {
+int headline(const std::string& json_path, const std::string& svg) {
   std::printf(
       "State-space models (lecture: 状态空间模型): a layer keeps a fixed-size state instead of every position's "
       "keys and values\n");
@@ -421,6 +491,7 @@ int headline(const std::string& json_path) {
   std::printf("  Jamba's hybrid at 256K tokens:\n");
   const json jam = jamba_table({4096, 262144}, 2, true);
   std::printf("  more: ch07_mamba memory | speed | scan | lti | recall | jamba | generate\n");
+  if (!svg.empty()) save_figures({speed_figure(speed), recall_figure(quality, 20)}, svg, "  ");
   if (!json_path.empty())
     write_json(
         json_path,
@@ -435,6 +506,9 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 07: Mamba, selective state spaces", "ch07_mamba"};
   std::string json_path;
   add_json_option(app, json_path);  // the bare run's
+  std::string svg;
+  app.add_option("--svg", svg, "Also plot the step time against position and the recall against pairs as SVG")
+      ->check(output_file());
   help_footer(app,
               "tiny-mamba's fixed state against tiny-mha's growing KV cache, one decode step against position for a "
               "Mamba and a transformer of the same size (GB/s against the measured read ceiling), perplexity and probe "
@@ -453,6 +527,7 @@ int main(int argc, char** argv) {
   auto* ss = app.add_subcommand("speed", "Time per decode token against position: Mamba beside a transformer");
   add_device_option(*ss, dev);
   add_json_option(*ss, json_path);
+  ss->add_option("--svg", svg, "Also plot the step time against position as SVG")->check(output_file());
   ss->add_option("--layers", layers, "The transformer's layers (the Mamba has twice as many)")
       ->check(number_in(1, 32))
       ->capture_default_str();
@@ -468,6 +543,7 @@ int main(int argc, char** argv) {
   std::int64_t windows = 8, per_kind = 200;
   auto* sr = app.add_subcommand("recall", "Perplexity and probe accuracy of tiny-lti, tiny-mamba and tiny-mha");
   add_json_option(*sr, json_path);
+  sr->add_option("--svg", svg, "Also plot the recall against pairs as SVG")->check(output_file());
   add_quality_options(*sr, windows, per_kind);
   std::vector<std::int64_t> jamba_contexts = {4096, 32768, 262144};
   std::int64_t bytes_per_value = 2;
@@ -485,12 +561,12 @@ int main(int argc, char** argv) {
   bare_run_options_only(app);
   return run_cli(app, argc, argv, [&] {
     if (*sm) return memory(model, contexts, json_path);
-    if (*ss) return speed(dev, layers, positions, steps, json_path);
+    if (*ss) return speed(dev, layers, positions, steps, json_path, svg);
     if (*sc) return scan(dev, lengths, json_path);
     if (*sl) return lti(json_path);
-    if (*sr) return recall(windows, per_kind, json_path);
+    if (*sr) return recall(windows, per_kind, json_path, svg);
     if (*sj) return jamba(jamba_contexts, bytes_per_value, json_path);
     if (*sg) return generate(go);
-    return headline(json_path);
+    return headline(json_path, svg);
   });
 }

@@ -13,6 +13,7 @@
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/eval.h"
+#include "common/plot.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
@@ -191,13 +192,104 @@ json quality_table(const DiffusionModel& m, const Tokenizer& tok, const std::vec
   return rows;
 }
 
+// --- figures -------------------------------------------------------------------------------
+// speed_table()'s rows (the autoregressive one first, then one per R: R passes each) and
+// quality_table()'s NELBO rows against R: tokens per pass beside the L/R that R passes over L
+// masks give, tokens/s, and the bound.
+void plot_against_steps(const json& speed, const json& quality, std::int64_t gen, const std::string& path) {
+  plot::Figure per_pass, rate, bound;
+  per_pass.title = "Tokens per forward pass against denoising steps R (" + std::to_string(gen) + " new tokens)";
+  rate.title = "Generation speed against R, measured here";
+  bound.title = "Validation NELBO against R (tiny-mdlm)";
+  per_pass.x.label = rate.x.label = bound.x.label = "denoising steps R";
+  per_pass.x.log = rate.x.log = bound.x.log = true;
+  per_pass.y.label = "tokens per forward pass";
+  per_pass.y.log = true;
+  rate.y.label = "tokens per second";
+  bound.y.label = "NELBO (nats per token, lower is better)";
+  plot::Series passes, tps, nelbo, ar_passes, ar_tps;
+  passes.label = tps.label = "diffusion (tiny-mdlm)";
+  nelbo.label = "R-step NELBO";
+  passes.markers = tps.markers = nelbo.markers = true;
+  double lo = 1e300, hi = 0, ar_rate = 0, ar_per_pass = 0;
+  for (std::size_t i = 0; i < speed.size(); ++i) {
+    const json& r = speed[i];
+    const double tokens = r["tokens"].get<double>(), forwards = r["forwards"].get<double>(),
+                 seconds = r["seconds"].get<double>();
+    if (i == 0) {
+      ar_rate = tokens / seconds, ar_per_pass = tokens / forwards;
+      continue;
+    }
+    passes.x.push_back(forwards), passes.y.push_back(tokens / forwards);
+    tps.x.push_back(forwards), tps.y.push_back(tokens / seconds);
+    lo = std::min(lo, forwards), hi = std::max(hi, forwards);
+  }
+  for (const json& r : quality) {
+    nelbo.x.push_back(r["steps"].get<double>()), nelbo.y.push_back(r["nelbo"].get<double>());
+    lo = std::min(lo, nelbo.x.back()), hi = std::max(hi, nelbo.x.back());
+  }
+  if (hi <= 0) return;
+  const double g = static_cast<double>(gen);
+  plot::Series formula = plot::curve("L / R", lo, hi, 32, true, [g](double R) { return g / R; });
+  formula.dashed = true;
+  ar_passes = plot::curve("autoregressive (tiny-mha, ch02)", lo, hi, 2, true, [&](double) { return ar_per_pass; });
+  ar_tps = plot::curve("autoregressive (tiny-mha, ch02)", lo, hi, 2, true, [&](double) { return ar_rate; });
+  ar_passes.dashed = ar_tps.dashed = true;
+  ar_passes.color = ar_tps.color = "#777";
+  per_pass.series = {passes, formula, ar_passes};
+  rate.series = {tps, ar_tps};
+  bound.series = {nelbo};
+  per_pass.height = rate.height = bound.height = 380;
+  std::vector<plot::Figure> panels = {per_pass, rate};
+  if (!quality.empty()) panels.push_back(bound);
+  plot::save_svg(panels, path);
+  std::printf("wrote %s\n", path.c_str());
+}
+
+// run_canvas()'s frames as a picture: a row per step, a cell per generated position, masked,
+// committed at this step, or committed before.
+void plot_canvas(const json& run, const Tokenizer& tok, std::int32_t mask_id, const std::string& path) {
+  plot::Grid g;
+  const std::size_t prompt_len = run["prompt_ids"].size();
+  g.title = "The canvas after each step: \"" + run["prompt"].get<std::string>() + "\" + " +
+            std::to_string(run["tokens"].size() - prompt_len) + " masks";
+  g.x_label = "position after the prompt";
+  g.y_label = "denoising step";
+  g.kinds = {{"mask", "#cccccc"}, {"committed at this step", "#ff7f0e"}, {"committed earlier", "#9ecae1"}};
+  g.cell_width = 50;
+  for (const json& f : run["frames"]) {
+    const auto canvas = f["canvas"].get<std::vector<std::int32_t>>();
+    const auto now = f["committed"].get<std::vector<std::int64_t>>();
+    std::vector<plot::Cell> row;
+    for (std::size_t p = prompt_len; p < canvas.size(); ++p) {
+      if (canvas[p] == mask_id) {
+        row.push_back({"", 0});
+        continue;
+      }
+      std::string piece = tok.decode({canvas[p]});
+      std::replace(piece.begin(), piece.end(), '\n', ' ');
+      std::size_t cut = 0, glyphs = 0;  // at most 6 characters, cut between UTF-8 sequences
+      while (cut < piece.size() && glyphs < 6) {
+        ++cut, ++glyphs;
+        while (cut < piece.size() && (static_cast<unsigned char>(piece[cut]) & 0xC0) == 0x80) ++cut;
+      }
+      const bool fresh = std::find(now.begin(), now.end(), static_cast<std::int64_t>(p)) != now.end();
+      row.push_back({piece.substr(0, cut), fresh ? 1 : 2});
+    }
+    g.row_labels.push_back("step " + std::to_string(f["step"].get<std::int64_t>() + 1));
+    g.rows.push_back(row);
+  }
+  plot::save_svg(g, path);
+  std::printf("wrote %s\n", path.c_str());
+}
+
 SamplerOptions canvas_options() {
   SamplerOptions o;
   o.gen_length = 32, o.steps = 16, o.block_length = 32;
   return o;
 }
 
-int headline(const std::string& json_path) {
+int headline(const std::string& json_path, const std::string& svg, const std::string& canvas_svg) {
   std::printf(
       "Diffusion language models (lecture: 扩散模型): a canvas of masks, filled in over R steps by a "
       "bidirectional denoiser\n");
@@ -214,6 +306,8 @@ int headline(const std::string& json_path) {
   std::printf("  the validation ELBO against R (2 windows; probe accuracy against R: ch08_diffusion_lm quality):\n");
   const json quality = quality_table(m, *tok, {16, 4, 1}, 8, -1, 2, true);
   std::printf("  more: ch08_diffusion_lm canvas | speed | quality\n");
+  if (!svg.empty()) plot_against_steps(speed, quality, 64, svg);
+  if (!canvas_svg.empty()) plot_canvas(canvas, *tok, m.mask_id, canvas_svg);
   if (!json_path.empty())
     write_json(json_path, {{"canvas", canvas}, {"ceiling", metrics::to_json(roof)}, {"speed", speed}, {"quality", quality}});
   return 0;
@@ -226,6 +320,9 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 08: diffusion language models", "ch08_diffusion_lm"};
   std::string json_path;
   add_json_option(app, json_path);  // the bare run's
+  std::string svg, canvas_svg;
+  app.add_option("--svg", svg, "Also plot tokens per pass, tokens/s and the ELBO against R as SVG")->check(output_file());
+  app.add_option("--canvas-svg", canvas_svg, "Also draw the canvas step by step as SVG")->check(output_file());
   help_footer(app,
               "tiny-mdlm filling a canvas of 32 masks in 16 steps, shown step by step; tokens/s, tokens per forward "
               "pass and arithmetic intensity of diffusion at R = 64, 16, 4 beside chapter 02's autoregressive decoding "
@@ -256,6 +353,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   sc->add_option("--seed", o.seed, "Seed of the Gumbel noise and of random remasking")->capture_default_str();
   add_json_option(*sc, json_path);
+  sc->add_option("--svg", canvas_svg, "Also draw the canvas step by step as SVG")->check(output_file());
   ModelOptions dev;
   std::int64_t gen = 64;
   std::vector<std::int64_t> steps = {64, 32, 16, 8, 4, 1};
@@ -263,6 +361,7 @@ int main(int argc, char** argv) {
   auto* ss = app.add_subcommand("speed", "Tokens/s, tokens per pass and intensity against R, autoregressive beside");
   add_device_option(*ss, dev);
   add_json_option(*ss, json_path);
+  ss->add_option("--svg", svg, "Also plot tokens per pass and tokens/s against R as SVG")->check(output_file());
   ss->add_option("--gen-length", gen, "New tokens")->check(number_in(1, 480))->capture_default_str();
   ss->add_option("--steps", steps,
                  "Values of R, each at most the generation length L (when R does not divide L, the "
@@ -293,6 +392,7 @@ int main(int argc, char** argv) {
                   sampler.c_str(), static_cast<ll>(o.gen_length), static_cast<ll>(o.steps), static_cast<ll>(o.block_length),
                   o.temperature, remasking.c_str());
       const json r = run_canvas(m, *tok, prompt, o, sampler == "mdlm", false);
+      if (!canvas_svg.empty()) plot_canvas(r, *tok, m.mask_id, canvas_svg);
       if (!json_path.empty()) write_json(json_path, r, {model});
       return 0;
     }
@@ -312,6 +412,7 @@ int main(int argc, char** argv) {
           static_cast<ll>(gen), device_name(d).data(), reps, metrics::describe(roof.read, "B").c_str(),
           metrics::describe(roof.compute, "FLOP").c_str(), roof.flops_dtype.c_str());
       const json rows = speed_table(m, ar, tok->encode("Once upon a time there were"), gen, steps, reps, roof, false);
+      if (!svg.empty()) plot_against_steps(rows, json::array(), gen, svg);
       if (!json_path.empty())
         write_json(json_path, {{"device", device_name(d)}, {"ceiling", metrics::to_json(roof)}, {"rows", rows}});
       return 0;
@@ -323,6 +424,6 @@ int main(int argc, char** argv) {
       if (!json_path.empty()) write_json(json_path, {{"rows", rows}});
       return 0;
     }
-    return headline(json_path);
+    return headline(json_path, svg, canvas_svg);
   });
 }

@@ -17,6 +17,7 @@
 #include "common/cuda/backend.h"
 #include "common/eval.h"
 #include "common/gguf_tokenizer.h"
+#include "common/plot.h"
 
 using namespace inferlab;
 using namespace inferlab::ch09;
@@ -296,12 +297,45 @@ int speed(const CommonOptions& o, const std::vector<QuantSpec>& specs) {
   return 0;
 }
 
+// The bare run's two measurements against bits per weight: perplexity of each format on the
+// model, and the decode speed of the random model in the same formats beside its ceiling, the
+// read bandwidth over the bytes a token reads (a decode step at B = 1 is memory-bound).
+void plot_headline(const std::vector<QualityRow>& quality, const SpeedRun& run, const std::string& model,
+                   const std::string& path) {
+  plot::Figure ppl, speed;
+  ppl.title = "Validation perplexity against bits per weight (" + model + ", 4 windows of 512)";
+  char title[160];
+  std::snprintf(title, sizeof title, "Decode speed against bits per weight (random %.0f M-parameter model, B = 1, %s)",
+                static_cast<double>(run.shape.num_parameters()) / 1e6, run.device.c_str());
+  speed.title = title;
+  ppl.x.label = speed.x.label = "bits per weight (projections and head, as stored)";
+  ppl.y.label = "perplexity (lower is better)";
+  speed.y.label = "tokens per second";
+  plot::Series p, t, ceiling;
+  p.label = "each format (AWQ: int4 with activation-aware scales)";
+  t.label = "measured (best of the steps)";
+  ceiling.label = "ceiling: read bandwidth / bytes per token";
+  p.line = t.line = false;
+  p.label_points = t.label_points = ceiling.markers = ceiling.dashed = true;
+  for (const auto& q : quality) p.x.push_back(q.bits), p.y.push_back(q.ppl.ppl), p.point_labels.push_back(q.name);
+  for (const auto& r : run.rows) {
+    t.x.push_back(r.bits), t.y.push_back(r.tokens_per_s()), t.point_labels.push_back(r.name);
+    ceiling.x.push_back(r.bits), ceiling.y.push_back(r.read.bytes_per_s() / r.bytes);
+  }
+  ppl.series = {p};
+  speed.series = {t, ceiling};
+  ppl.height = speed.height = 420;
+  ppl.x.min = speed.x.min = 0, ppl.x.max = speed.x.max = 44;  // room for the labels right of f32
+  plot::save_svg(std::vector<plot::Figure>{ppl, speed}, path);
+  std::printf("wrote %s\n", path.c_str());
+}
+
 // The bare run: a few formats on the bundled model, quality and speed in one table, in seconds.
 // Quality is perplexity on 4 validation windows (no probes; AWQ calibrated on 512 tokens);
 // speed is the decode step of a random model of bare_speed_shape() in the same formats, at
 // context 16, the best of 8 steps, each against the read ceiling of its own kind. `table` and
 // `speed` run the full versions.
-int headline(const CommonOptions& o) {
+int headline(const CommonOptions& o, const std::string& svg) {
   const std::vector<QuantSpec> specs = {QuantSpec{Format::Int8Row}, QuantSpec{Format::Int4Asym, 32}};
   const std::int64_t windows = 4;
   std::printf("Quantisation (lecture: 量化): bits per weight against quality and decode speed\n");
@@ -327,6 +361,7 @@ int headline(const CommonOptions& o) {
   print_speed_legend(run);
   std::printf(
       "\nmore: ch09_quantization table (every format, all windows, probes) | speed (a 402 M model) | export | run\n");
+  if (!svg.empty()) plot_headline(quality_rows, run, o.model.substr(o.model.find_last_of('/') + 1), svg);
   if (!o.json.empty()) {
     json q = json::array();
     for (const auto& r : quality_rows) q.push_back(to_json(r));
@@ -417,6 +452,8 @@ int main(int argc, char** argv) {
   CommonOptions o;
   add_model_option(app, o);  // the bare run: a short table on --model
   add_json_option(app, o.json);
+  std::string svg;
+  app.add_option("--svg", svg, "Also plot perplexity and tokens/s against bits per weight as SVG")->check(output_file());
   help_footer(app,
               "int8_row, int4_g32_asym and AWQ on tiny-mha: bits per weight and perplexity on 4 validation "
               "windows, beside decode tokens/s and GB/s against the measured read bandwidth on a 101 M random model",
@@ -484,6 +521,6 @@ int main(int argc, char** argv) {
     if (*ss) return speed(o, specs);
     if (*se) return export_to(o, format, out);
     if (*sr) return run_gguf(o, file, tokenizer);
-    return headline(o);
+    return headline(o, svg);
   });
 }

@@ -12,6 +12,7 @@
 #include "chapters/10_speculative_sampling/speculative.h"
 #include "common/cli.h"
 #include "common/metrics.h"
+#include "common/plot.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
@@ -156,6 +157,54 @@ json sweep(const Setup& s, const ch01::Llama& draft, const std::string& draft_na
           {"rows", rows}};
 }
 
+// sweep()'s rows on the formula's curves: speed-up = (1 − α^(γ+1)) / ((1 − α)(γc + 1)) against γ
+// for a few α (the measured c), and each measured γ at its measured speed-up, labelled with its α.
+void plot_sweep(const json& sw, const std::string& title, const std::string& path) {
+  const double c = sw["c"].get<double>();
+  plot::Figure f;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s: speed-up against γ and α (c = %.3f measured)", title.c_str(), c);
+  f.title = buf;
+  f.x.label = "drafted tokens per round γ";
+  f.y.label = "speed-up over the target alone (×)";
+  std::int64_t top = 1;
+  double mean_alpha = 0;
+  for (const json& r : sw["rows"])
+    top = std::max(top, r["gamma"].get<std::int64_t>()), mean_alpha += r["alpha"].get<double>();
+  mean_alpha /= std::max<double>(1, static_cast<double>(sw["rows"].size()));
+  const char* colors[] = {"#bbbbbb", "#999999", "#666666"};
+  int k = 0;
+  for (const double a : {0.5, 0.7, 0.9}) {
+    plot::Series curve;
+    std::snprintf(buf, sizeof buf, "formula, α = %.1f", a);
+    curve.label = buf;
+    curve.color = colors[k++];
+    for (std::int64_t g = 1; g <= top + 2; ++g)
+      curve.x.push_back(static_cast<double>(g)), curve.y.push_back(ch10::expected_speedup(a, g, c));
+    f.series.push_back(curve);
+  }
+  plot::Series at_mean, measured, predicted;
+  std::snprintf(buf, sizeof buf, "formula, measured mean α = %.2f", mean_alpha);
+  at_mean.label = buf;
+  at_mean.dashed = true, at_mean.color = "#1f77b4";
+  for (std::int64_t g = 1; g <= top + 2; ++g)
+    at_mean.x.push_back(static_cast<double>(g)), at_mean.y.push_back(ch10::expected_speedup(mean_alpha, g, c));
+  measured.label = "measured (each point: its own α)";
+  measured.line = false, measured.label_points = true, measured.color = "#d62728";
+  predicted.label = "predicted with the measured verify cost";
+  predicted.line = false, predicted.markers = true, predicted.color = "#2ca02c";
+  for (const json& r : sw["rows"]) {
+    const double g = r["gamma"].get<double>();
+    measured.x.push_back(g), measured.y.push_back(r["speedup"].get<double>());
+    std::snprintf(buf, sizeof buf, "α = %.2f", r["alpha"].get<double>());
+    measured.point_labels.push_back(buf);
+    predicted.x.push_back(g), predicted.y.push_back(r["predicted_with_verify_cost"].get<double>());
+  }
+  f.series.push_back(at_mean), f.series.push_back(measured), f.series.push_back(predicted);
+  plot::save_svg(f, path);
+  std::printf("wrote %s\n", path.c_str());
+}
+
 json example(bool indent) {
   const char* pad = indent ? "  " : "";
   const double td = 2e-3, tv = 30e-3;
@@ -218,6 +267,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 10: speculative sampling", "ch10_speculative_sampling"};
   std::string json_path;
   add_json_option(app, json_path);  // the bare run's
+  std::string svg;
+  app.add_option("--svg", svg, "Also plot the speed-up against γ on the formula's curves as SVG")->check(output_file());
   help_footer(app,
               "tiny-draft drafting for tiny-mha at temperature 0.8: the output with the target's own tokens marked, "
               "acceptance, tokens per target pass, the measured cost ratio c, predicted and measured speed-up for "
@@ -241,6 +292,7 @@ int main(int argc, char** argv) {
       ->check(number_in(1, 64));
   ss->add_option("--reps", reps, "Runs per row (best is kept)")->check(number_in(1, 100))->capture_default_str();
   add_json_option(*ss, json_path);
+  ss->add_option("--svg", svg, "Also plot the speed-up against γ on the formula's curves as SVG")->check(output_file());
   std::string format = "int4_g32_sym";
   std::int64_t self_gamma = 4;
   bool random_target = false;
@@ -295,6 +347,10 @@ int main(int argc, char** argv) {
     json out = {{"target", target}, {"draft", draft}, {"temperature", s.params.temperature}, {"sweep", sw}};
     if (bare) out["example"] = example(true);
     if (bare) std::printf("  more: ch10_speculative_sampling sweep | self | example\n");
+    if (!svg.empty()) {
+      auto name = [](const std::string& folder) { return folder.substr(folder.find_last_of('/') + 1); };
+      plot_sweep(sw, name(draft) + " drafting for " + name(target) + ", " + std::to_string(s.max_new) + " tokens", svg);
+    }
     if (!json_path.empty()) write_json(json_path, out, {target, draft});
     return 0;
   });

@@ -18,6 +18,7 @@
 #include "common/eval.h"
 #include "common/metrics.h"
 #include "common/ops.h"
+#include "common/plot.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
@@ -32,6 +33,8 @@ struct MemoryOptions {
   ch11::TraceSpec spec;
   std::int64_t max_running = 32, step_tokens = 128, block_size = 16;
   double budget_mib = 4;
+  std::vector<std::int64_t> more_block_sizes;  ///< further paged runs, after block_size's
+  std::string svg;                             ///< waste against block size
 };
 
 struct Served {
@@ -62,30 +65,120 @@ Served serve(const ch01::Llama& m, const std::vector<ch11::Request>& trace, ch11
   return s;
 }
 
+// --- figures ------------------------------------------------------------------------------------
+// memory()'s rows against block size: the paged runs' waste and sequences per step, the
+// contiguous run's as a level line (its waste does not depend on a block size).
+void plot_waste(const json& rows, const MemoryOptions& o, std::int64_t budget, const char* pad) {
+  plot::Figure waste, batch;
+  const std::string setting = std::to_string(o.spec.requests) + " requests, KV budget " +
+                              metrics::human_bytes(static_cast<double>(budget)) + ", cap " + std::to_string(o.max_running);
+  waste.title = "Wasted KV memory against block size (" + setting + ")";
+  batch.title = "Sequences per step against block size (the same runs)";
+  waste.x.label = batch.x.label = "block size (positions per block)";
+  waste.x.log = batch.x.log = true;
+  waste.y.label = "KV memory holding no position (%, mean over steps)";
+  batch.y.label = "sequences per step (mean)";
+  plot::Series w, b;
+  w.label = b.label = "paged";
+  w.markers = b.markers = true;
+  double contiguous_waste = 0, contiguous_batch = 0, lo = 1e300, hi = 0;
+  for (const json& r : rows) {
+    if (!r.contains("block_size")) {
+      contiguous_waste = 100 * r["waste"].get<double>(), contiguous_batch = r["mean_batch"].get<double>();
+      continue;
+    }
+    const double size = r["block_size"].get<double>();
+    w.x.push_back(size), w.y.push_back(100 * r["waste"].get<double>());
+    b.x.push_back(size), b.y.push_back(r["mean_batch"].get<double>());
+    lo = std::min(lo, size), hi = std::max(hi, size);
+  }
+  std::vector<std::size_t> order(w.x.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return w.x[x] < w.x[y]; });
+  plot::Series ws = w, bs = b;
+  for (std::size_t i = 0; i < order.size(); ++i)
+    ws.x[i] = bs.x[i] = w.x[order[i]], ws.y[i] = w.y[order[i]], bs.y[i] = b.y[order[i]];
+  if (hi <= lo) lo /= 2, hi *= 2;
+  plot::Series cw =
+      plot::curve("contiguous, each request's maximum length", lo, hi, 2, true, [&](double) { return contiguous_waste; });
+  plot::Series cb =
+      plot::curve("contiguous, each request's maximum length", lo, hi, 2, true, [&](double) { return contiguous_batch; });
+  cw.dashed = cb.dashed = true;
+  waste.series = {ws, cw};
+  batch.series = {bs, cb};
+  waste.y.min = batch.y.min = 0;
+  waste.y.max = std::max(contiguous_waste, ws.y.empty() ? 0 : *std::max_element(ws.y.begin(), ws.y.end())) * 1.1 + 1;
+  batch.y.max = std::max(contiguous_batch, bs.y.empty() ? 0 : *std::max_element(bs.y.begin(), bs.y.end())) * 1.1 + 1;
+  waste.x.min = batch.x.min = lo / 1.4, waste.x.max = batch.x.max = hi * 1.4;  // no empty decade around the runs
+  waste.height = batch.height = 420;
+  plot::save_svg(std::vector<plot::Figure>{waste, batch}, o.svg);
+  std::printf("%s  wrote %s\n", pad, o.svg.c_str());
+}
+
+// The block tables of forked samples: a row per sample, a cell per logical block holding its
+// physical block, marked shared (still referenced by more than one sample), copied on write (the
+// partly filled last prompt block each sample wrote into) or the sample's own.
+void plot_block_tables(const std::vector<std::unique_ptr<PagedKVCache>>& caches, std::int64_t prompt,
+                       std::int64_t block_size, const std::string& path) {
+  plot::Grid g;
+  g.title = std::to_string(caches.size()) + " samples forked after a " + std::to_string(prompt) +
+            "-token prompt: block tables at the end (blocks of " + std::to_string(block_size) + ")";
+  g.x_label = "logical block (position / block size); each cell: the physical block";
+  g.y_label = "sample";
+  g.kinds = {{"shared: one physical block for every sample", "#9ecae1"},
+             {"the partly filled last prompt block, copied on write (one sample keeps the original)", "#ff7f0e"},
+             {"the sample's own (its new tokens)", "#a1d99b"}};
+  g.cell_width = 36;
+  const std::int64_t partial = prompt % block_size ? prompt / block_size : -1;  // the block forks must copy
+  for (std::size_t i = 0; i < caches.size(); ++i) {
+    const BlockPool& pool = caches[i]->pool();
+    std::vector<plot::Cell> row;
+    const auto& table = caches[i]->block_table();
+    for (std::size_t j = 0; j < table.size(); ++j) {
+      const int kind = pool.refs(table[j]) > 1 ? 0 : static_cast<std::int64_t>(j) == partial ? 1 : 2;
+      row.push_back({std::to_string(table[j]), kind});
+    }
+    g.row_labels.push_back("sample " + std::to_string(i + 1));
+    g.rows.push_back(row);
+  }
+  plot::save_svg(g, path);
+  std::printf("  wrote %s\n", path.c_str());
+}
+
 // --- memory: contiguous max-length allocation against blocks ------------------------------------
 json memory(const ch01::Llama& m, const std::vector<std::int32_t>& text, const MemoryOptions& o, bool indent) {
   const char* pad = indent ? "  " : "";
   const auto trace = ch11::make_trace(o.spec, text);
   const auto budget = static_cast<std::int64_t>(o.budget_mib * (1 << 20));
   ch11::ContiguousPool contiguous(m.config, budget, ch11::Allocation::MaxLength, m.device());
-  PagedPool paged(m.config, budget, o.block_size, m.device());
+  std::vector<std::int64_t> block_sizes = {o.block_size};
+  for (std::int64_t b : o.more_block_sizes)
+    if (std::find(block_sizes.begin(), block_sizes.end(), b) == block_sizes.end()) block_sizes.push_back(b);
+  std::vector<std::unique_ptr<PagedPool>> paged_pools;
+  std::vector<ch11::KVPool*> pools = {&contiguous};
+  for (std::int64_t b : block_sizes) {
+    paged_pools.push_back(std::make_unique<PagedPool>(m.config, budget, b, m.device()));
+    pools.push_back(paged_pools.back().get());
+  }
   std::printf("%s%lld requests (outputs log-normal, median %.0f), all at once, cap %lld sequences, KV budget %s:\n", pad,
               static_cast<ll>(o.spec.requests), o.spec.output_median, static_cast<ll>(o.max_running),
               metrics::human_bytes(static_cast<double>(budget)).c_str());
   std::printf("%s  %-44s %10s %9s %8s %8s %9s\n", pad, "KV memory", "sequences", "waste", "preempt", "tok/s", "e2e p50");
   json rows = json::array();
   std::vector<Served> runs;
-  for (ch11::KVPool* pool : {static_cast<ch11::KVPool*>(&contiguous), static_cast<ch11::KVPool*>(&paged)}) {
-    runs.push_back(serve(m, trace, *pool, o.max_running, o.step_tokens));
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    runs.push_back(serve(m, trace, *pools[i], o.max_running, o.step_tokens));
     const Served& s = runs.back();
-    const std::string name = pool == &paged ? "paged, blocks of " + std::to_string(o.block_size) + " positions"
-                                            : "contiguous, each request's maximum length";
+    const std::string name = i > 0 ? "paged, blocks of " + std::to_string(block_sizes[i - 1]) + " positions"
+                                   : "contiguous, each request's maximum length";
     std::printf("%s  %-44s %10.2f %8.1f%% %8lld %8.0f %8.2fs\n", pad, name.c_str(), s.report.mean_batch, 100 * s.waste,
                 static_cast<ll>(s.report.preemptions), s.report.throughput, s.report.e2e.p50);
     json j = ch11::to_json(s.report);
     j["kv_memory"] = name, j["waste"] = s.waste;
+    if (i > 0) j["block_size"] = block_sizes[i - 1];
     rows.push_back(j);
   }
+  if (!o.svg.empty()) plot_waste(rows, o, budget, pad);
   const bool same = runs[0].tokens == runs[1].tokens;
   std::printf(
       "%s  (sequences: per step, on average; waste: the share of the charged KV memory holding no position, "
@@ -101,7 +194,7 @@ json memory(const ch01::Llama& m, const std::vector<std::int32_t>& text, const M
 
 // --- sharing: parallel samples and a shared system prompt --------------------------------------
 json sharing(const ch01::Llama& m, const std::vector<std::int32_t>& text, std::int64_t n, std::int64_t block_size,
-             bool indent) {
+             bool indent, const std::string& svg) {
   const char* pad = indent ? "  " : "";
   json out;
   {  // n samples of one prompt: prefill once, fork n − 1 times, decode each with its own seed
@@ -147,6 +240,7 @@ json sharing(const ch01::Llama& m, const std::vector<std::int32_t>& text, std::i
                                {"blocks_end", pool.used()},
                                {"blocks_unshared", n * per_seq},
                                {"copies", pool.copies}};
+    if (!svg.empty()) plot_block_tables(caches, static_cast<std::int64_t>(prompt.size()), block_size, svg);
   }
   {  // a shared system prompt: 16 requests = the same 256 tokens + their own question
     const std::vector<std::int32_t> system(text.begin() + 1000, text.begin() + 1256);
@@ -289,11 +383,18 @@ int main(int argc, char** argv) {
   sm->add_option("--budget-mib", mo.budget_mib, "The KV budget, MiB")
       ->check(number_in(0.01, 1 << 20))
       ->capture_default_str();
+  sm->add_option("--more-block-sizes", mo.more_block_sizes, "Further paged runs at these block sizes")
+      ->delimiter(',')
+      ->check(number_in(1, 4096));
+  sm->add_option("--svg", mo.svg, "Also plot the waste and sequences per step against block size as SVG")
+      ->check(output_file());
   add_json_option(*sm, json_path);
+  std::string sharing_svg;
   auto* sh = app.add_subcommand("sharing", "Parallel samples by fork and copy-on-write; a shared system prompt");
   sh->add_option("--model", model, "The model folder")->capture_default_str();
   sh->add_option("--samples", samples, "Parallel samples of one prompt")->check(number_in(1, 256))->capture_default_str();
   sh->add_option("--block-size", mo.block_size, "Positions per block")->check(number_in(1, 4096))->capture_default_str();
+  sh->add_option("--svg", sharing_svg, "Also draw the forked samples' block tables as SVG")->check(output_file());
   add_json_option(*sh, json_path);
   auto* sp = app.add_subcommand("speed", "Paged against contiguous attention for one decode row");
   sp->add_option("--context", context, "Positions")->check(number_in(1, 1 << 24))->capture_default_str();
@@ -317,7 +418,7 @@ int main(int argc, char** argv) {
       mo.spec.sampling.vocab = tok->vocab_size();
       if (bare || *sm) out["memory"] = memory(m, text, mo, bare);
       if (bare) std::printf("\n");
-      if (bare || *sh) out["sharing"] = sharing(m, text, samples, mo.block_size, bare);
+      if (bare || *sh) out["sharing"] = sharing(m, text, samples, mo.block_size, bare, sharing_svg);
       if (bare) std::printf("\n");
     }
     if (bare || *sp) {
