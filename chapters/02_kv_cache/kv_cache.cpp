@@ -192,11 +192,10 @@ Tensor forward_cached(const Llama& m, KVCache& cache, const std::vector<std::int
 
 ch01::Generation generate_cached(const Llama& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
                                  const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token) {
-  ch01::check_context(m, prompt.size(), max_new);
-  ContiguousKVCache cache(m.config, static_cast<std::int64_t>(prompt.size()) + max_new, m.device());
-  return ch01::generate(
-      prompt, max_new, sampler, eos_ids, m.device(), ch01::Feed::NewTokens,
-      [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); }, on_token);
+  return generate_with_cache(
+      m.config.max_position_embeddings, m.device(), prompt, max_new, sampler, eos_ids, on_token,
+      [&](std::int64_t capacity) { return ContiguousKVCache(m.config, capacity, m.device()); },
+      [&](ContiguousKVCache& cache, const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); });
 }
 
 }  // namespace inferlab::ch02

@@ -13,6 +13,7 @@
 /// shared (05) or a paged (12) cache is another implementation of KVCache.
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -159,5 +160,23 @@ Tensor forward_cached(const ch01::Llama& m, KVCache& cache, const std::vector<st
 ch01::Generation generate_cached(const ch01::Llama& m, const std::vector<std::int32_t>& prompt, int max_new,
                                  Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
                                  const ch01::OnToken& on_token = nullptr);
+
+/// The generate loop of every model that keeps a cache per sequence, which each chapter's
+/// generate_cached calls with what differs: checks that the prompt plus max_new tokens fit
+/// `context` positions (none: a model without a limit, chapter 07's), makes the cache for that
+/// many positions (`make_cache(capacity)`, a cache returned by value), then runs chapter 01's loop
+/// feeding only the new tokens through `forward(cache, feed)`: the prompt once (prefill), then
+/// one token per step.
+template <class MakeCache, class Forward>
+ch01::Generation generate_with_cache(std::optional<std::int64_t> context, Device device,
+                                     const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                                     const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token,
+                                     const MakeCache& make_cache, const Forward& forward) {
+  if (context) ch01::check_context(*context, prompt.size(), max_new);
+  auto cache = make_cache(static_cast<std::int64_t>(prompt.size()) + max_new);
+  return ch01::generate(
+      prompt, max_new, sampler, eos_ids, device, ch01::Feed::NewTokens,
+      [&](const std::vector<std::int32_t>& feed) { return forward(cache, feed); }, on_token);
+}
 
 }  // namespace inferlab::ch02

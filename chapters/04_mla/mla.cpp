@@ -179,11 +179,12 @@ Tensor forward_cached(const MlaModel& m, LatentCache& cache, const std::vector<s
 
 ch01::Generation generate_cached(const MlaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
                                  const std::vector<std::int64_t>& eos_ids, MlaPath path, const ch01::OnToken& on_token) {
-  ch01::check_context(m.base, prompt.size(), max_new);
-  LatentCache cache(m.config(), m.mla, static_cast<std::int64_t>(prompt.size()) + max_new, m.base.device());
-  return ch01::generate(
-      prompt, max_new, sampler, eos_ids, m.base.device(), ch01::Feed::NewTokens,
-      [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed, false, path); }, on_token);
+  return ch02::generate_with_cache(
+      m.config().max_position_embeddings, m.base.device(), prompt, max_new, sampler, eos_ids, on_token,
+      [&](std::int64_t capacity) { return LatentCache(m.config(), m.mla, capacity, m.base.device()); },
+      [&](LatentCache& cache, const std::vector<std::int32_t>& feed) {
+    return forward_cached(m, cache, feed, false, path);
+      });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -263,11 +263,10 @@ Tensor forward_recomputed(const ClaModel& m, const std::vector<std::int32_t>& to
 
 ch01::Generation generate_cached(const ClaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
                                  const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token) {
-  ch01::check_context(m.base, prompt.size(), max_new);
-  SharedKVCache cache(m.config(), m.layout, static_cast<std::int64_t>(prompt.size()) + max_new, m.base.device());
-  return ch01::generate(
-      prompt, max_new, sampler, eos_ids, m.base.device(), ch01::Feed::NewTokens,
-      [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); }, on_token);
+  return ch02::generate_with_cache(
+      m.config().max_position_embeddings, m.base.device(), prompt, max_new, sampler, eos_ids, on_token,
+      [&](std::int64_t capacity) { return SharedKVCache(m.config(), m.layout, capacity, m.base.device()); },
+      [&](SharedKVCache& cache, const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); });
 }
 
 // ---------------------------------------------------------------------------------------------

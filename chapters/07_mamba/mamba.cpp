@@ -398,10 +398,10 @@ Tensor forward_sequence(const MambaModel& m, const std::vector<std::int32_t>& to
 
 ch01::Generation generate(const MambaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
                           const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token) {
-  MambaState state(m.config, m.device());
-  return ch01::generate(
-      prompt, max_new, sampler, eos_ids, m.device(), ch01::Feed::NewTokens,
-      [&](const std::vector<std::int32_t>& feed) { return forward_cached(m, state, feed); }, on_token);
+  return ch02::generate_with_cache(  // a fixed-size state: no context limit, no capacity
+      std::nullopt, m.device(), prompt, max_new, sampler, eos_ids, on_token,
+      [&](std::int64_t) { return MambaState(m.config, m.device()); },
+      [&](MambaState& state, const std::vector<std::int32_t>& feed) { return forward_cached(m, state, feed); });
 }
 
 }  // namespace inferlab::ch07
