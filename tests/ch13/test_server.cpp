@@ -259,3 +259,30 @@ TEST(Serving, ADrainOutOfTimeAbortsAndTellsTheClient) {
   EXPECT_EQ(first.finish_reason, std::vector<std::string>{"abort"});
   EXPECT_EQ(server.gauges().blocks_used, 0);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The engine's event stream (GET /v1/engine/events, engine_events.h).
+
+// A watcher that reads nothing never holds the engine back: the steps it missed are merged into
+// one update (their tokens summed), however many there were.
+TEST(EngineEvents, AWatcherThatDoesNotReadGetsTheStepsMerged) {
+  Server server(tiny_mha(), tiny_tokenizer(), {}, small_config());
+  const std::shared_ptr<Subscription> sub = server.watch();
+  ASSERT_TRUE(sub->take(std::chrono::seconds(10))) << "no first snapshot";
+  ch11::Request r = server.make_request(std::vector<std::int32_t>(20, 7), "prompt", 60, 16, SamplingParams{}, 1, true);
+  const std::shared_ptr<Channel> channel = server.submit(std::move(r), {});
+  for (bool done = false; !done;)
+    for (const Event& e : channel->pop(std::chrono::milliseconds(100))) done = done || !e.finish_reason.empty();
+  std::int64_t steps = 0, prefill = 0, decode = 0, takes = 0;
+  for (bool idle = false; !idle && takes < 10; ++takes) {
+    const std::optional<Update> u = sub->take(std::chrono::seconds(5));
+    ASSERT_TRUE(u) << "the engine's last step never came";
+    steps += u->steps, prefill += u->prefill_tokens, decode += u->decode_tokens;
+    idle = u->latest->running == 0 && u->latest->blocks_used == 0;
+  }
+  EXPECT_LE(takes, 2) << "60 steps came to a watcher that was not reading: they wait as one update";
+  EXPECT_EQ(steps, 60);
+  EXPECT_EQ(prefill, 20);
+  EXPECT_EQ(decode, 59);
+  EXPECT_EQ(server.watchers(), 1);
+}
