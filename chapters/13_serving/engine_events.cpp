@@ -80,7 +80,8 @@ bool PlanRecorder::reserve(ch11::Sequence& s, std::int64_t n) {
     cow_[static_cast<std::size_t>(table[i])] = false;
   if (blocks.copies > copies)
     cow_[static_cast<std::size_t>(table[static_cast<std::size_t>(s.computed() / blocks.block_size())])] = true;
-  rows_.push_back({s.request.id, s.index, n, !(s.pending() == 1 && s.generated() > 0), adopted * blocks.block_size(),
+  const bool prefill = !(s.pending() == 1 && s.generated() > 0);
+  rows_.push_back({s.request.id, s.index, n, prefill, prefill && s.generated() > 0, adopted * blocks.block_size(),
                    s.computed() + n, static_cast<std::int64_t>(table.size())});
   return true;
 }
@@ -176,7 +177,9 @@ json to_json(const Update& u) {
     batch.push_back({{"id", r.id},
                      {"sample", r.sample},
                      {"tokens", r.tokens},
-                     {"phase", r.prefill ? "prefill" : "decode"},
+                     {"phase", r.recompute ? "recompute"
+                               : r.prefill ? "prefill"
+                                           : "decode"},
                      {"cached", r.cached},
                      {"position", r.position},
                      {"blocks", r.blocks}});

@@ -37,6 +37,7 @@ struct StepRow {
   std::int64_t id = 0, sample = 0;  ///< the request and which of its samples
   std::int64_t tokens = 0;          ///< tokens through the model this step
   bool prefill = false;             ///< a chunk of its prompt (or of a recomputation), else one decode token
+  bool recompute = false;           ///< a prefill of what it had before a preemption took its blocks
   std::int64_t cached = 0;          ///< positions it found in the prefix cache as it started, this step
   std::int64_t position = 0;        ///< positions its cache holds after the step
   std::int64_t blocks = 0;          ///< blocks in its table
