@@ -10,9 +10,6 @@ namespace {
 
 constexpr std::size_t kLatenciesKept = 256;  // per mailbox, between two takes: the newest
 constexpr std::size_t kQueueShown = 32;      // waiting sequences named in a snapshot
-// The block map is drawn again at most this often while the engine runs (it walks every block),
-// and always when the engine goes idle, so that the last state a watcher sees is exact.
-constexpr auto kDrawEvery = std::chrono::milliseconds(40);
 
 void append_newest(std::vector<Latency>& to, const std::vector<Latency>& from) {
   to.insert(to.end(), from.begin(), from.end());
@@ -30,7 +27,8 @@ json latencies_ms(const std::vector<Latency>& v) {
 // ---------------------------------------------------------------------------------------------
 std::optional<Update> Subscription::take(std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
-  cv_.wait_for(lk, timeout, [&] { return pending_.has_value(); });
+  wants_map_ = true;
+  cv_.wait_for(lk, timeout, [&] { return pending_ && pending_->latest->map; });
   std::optional<Update> out;
   out.swap(pending_);
   return out;
@@ -46,7 +44,7 @@ void Subscription::offer(const std::shared_ptr<const Snapshot>& s) {
     }
     Update& u = *pending_;
     u.latest = s;
-    if (s->map) u.map = s->map;
+    if (s->map) u.map = s->map, wants_map_ = false;
     if (s->stepped) {
       ++u.steps;
       u.busy_seconds += s->step_seconds;
@@ -154,19 +152,21 @@ void EngineWatch::publish(const ch11::Engine& e, bool stepped, const std::functi
   s->blocks_used = b.used(), s->blocks_total = b.total(), s->block_size = b.block_size();
   s->prefix_hits = b.hits, s->cow_copies = b.copies, s->evictions = b.evictions;
   s->preemptions = e.scheduler().preemptions();
-  if (wanted_.exchange(false) || !e.busy() || now - drawn_ >= kDrawEvery) {
-    s->map = draw();
-    drawn_ = now;
-  }
   s->ttft.swap(ttft_);
   s->tpot.swap(tpot_);
 
   std::lock_guard lk(mu_);
+  std::vector<std::shared_ptr<Subscription>> subs;
   std::erase_if(subs_, [&](const std::weak_ptr<Subscription>& w) {
-    const auto sub = w.lock();
-    if (sub) sub->offer(s);
-    return !sub;  // a watcher that went away
+    if (auto sub = w.lock()) subs.push_back(std::move(sub));
+    return w.expired();  // a watcher that went away
   });
+  // The map walks every block: drawn only for a watcher about to take an update, for a new one,
+  // and as the engine goes idle (so that the last state every watcher sees is exact).
+  bool draw_now = wanted_.exchange(false) || !e.busy();
+  for (const auto& sub : subs) draw_now = draw_now || sub->wants_map();
+  if (draw_now) s->map = draw();
+  for (const auto& sub : subs) sub->offer(s);
 }
 
 // ---------------------------------------------------------------------------------------------

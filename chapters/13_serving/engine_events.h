@@ -99,15 +99,21 @@ class Subscription {
   ~Subscription() { --*count_; }
   Subscription(const Subscription&) = delete;
   Subscription& operator=(const Subscription&) = delete;
-  /// Waits up to `timeout` for an update and takes it (none on a timeout).
+  /// Waits up to `timeout` for an update whose latest snapshot draws the blocks, and takes it.
+  /// The engine draws them at its next step for a watcher waiting here (and always as it goes
+  /// idle), so the map a watcher gets is never older than the counts beside it. On a timeout
+  /// (a step longer than `timeout`): whatever came, maybe nothing.
   std::optional<Update> take(std::chrono::milliseconds timeout);
   /// From the engine thread: merges s into the mailbox. Never waits for the reader.
   void offer(const std::shared_ptr<const Snapshot>& s);
+  /// Whether the watcher waits in take() for a snapshot that draws the blocks.
+  bool wants_map() const { return wants_map_; }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::optional<Update> pending_;
+  std::atomic<bool> wants_map_{false};
   std::shared_ptr<std::atomic<std::int64_t>> count_;
 };
 
@@ -175,7 +181,7 @@ class EngineWatch {
   // The engine thread's own.
   std::int64_t steps_ = 0;
   std::vector<Latency> ttft_, tpot_;
-  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now(), drawn_{};
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace inferlab::ch13
