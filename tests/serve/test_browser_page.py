@@ -234,10 +234,12 @@ def a_model_without_a_chat_template_gets_completions(driver):
     note = driver.find_element(By.ID, "mode-note").text
     if "no chat template" not in note:
         raise AssertionError(f"the page does not say why it completes: {note!r}")
+    body = {"model": su.MODEL_NAME, "prompt": su.PROMPT, "max_tokens": 24, "temperature": 0}
+    status, _, _, raw = plain_server.post_json("/v1/completions", dict(body, max_tokens=1))  # as in the chat case
+    su.eq(status, 200, f"the first request's status ({raw[:200]!r})")
     fill(driver, prompt=su.PROMPT, max_tokens=24, temperature=0, seed="", samples=1, copies=1)
     r = send_and_wait(driver, 1)["requests"][0]
-    status, _, answer, raw = plain_server.post_json("/v1/completions", {
-        "model": su.MODEL_NAME, "prompt": su.PROMPT, "max_tokens": 24, "temperature": 0})
+    status, _, answer, raw = plain_server.post_json("/v1/completions", body)
     su.eq(status, 200, f"the plain request's status ({raw[:200]!r})")
     su.eq(r["texts"][0], answer["choices"][0]["text"], "the streamed completion against the plain one")
     su.eq(console_errors(driver), [], "console errors")
