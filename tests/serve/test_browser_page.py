@@ -151,7 +151,7 @@ def the_page_loads_with_no_console_errors(driver):
 
 def a_chat_request_streams_visible_tokens(driver):
     question = "Tell me a story about a dog."
-    body = {"model": su.MODEL_NAME, "messages": [{"role": "user", "content": question}], "max_tokens": 160,
+    body = {"model": su.MODEL_NAME, "messages": [{"role": "user", "content": question}], "max_tokens": 400,
             "temperature": 0.8, "seed": 11}
     # The prompt is asked once first, so that the page's request and the plain one after it both
     # find it in the prefix cache: a prompt computed whole and one resumed from cached blocks go
@@ -159,7 +159,7 @@ def a_chat_request_streams_visible_tokens(driver):
     status, _, _, raw = chat_server.post_json("/v1/chat/completions", dict(body, max_tokens=1))
     su.eq(status, 200, f"the first request's status ({raw[:200]!r})")
     driver.execute_script(WATCH_TEXT)
-    fill(driver, prompt=question, max_tokens=160, temperature=0.8, seed=11, samples=1, copies=1)
+    fill(driver, prompt=question, max_tokens=400, temperature=0.8, seed=11, samples=1, copies=1)
     p = send_and_wait(driver, 1)
     r = p["requests"][0]
     if r["error"]:
