@@ -6,6 +6,8 @@ set -euo pipefail
 PACKAGES=(cmake ninja-build g++ pkg-config libeigen3-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev
           libbenchmark-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev doxygen ccache clang-format
           python3 python3-venv curl)
+# The serving page's browser test (tests/serve/test_browser_page.py): headless Chromium driven by Selenium.
+PACKAGES+=(chromium chromium-driver python3-selenium)
 # tools/fuzz.sh also needs clang with libFuzzer, and the OpenMP runtime clang links.
 [ "${1:-}" = "--fuzz" ] && PACKAGES+=(clang libomp-dev)
 if ! command -v dpkg-query > /dev/null; then

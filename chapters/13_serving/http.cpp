@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <thread>
 
 #include "chapters/13_serving/openai.h"
+#include "chapters/13_serving/page_html.h"
 #include "common/error.h"
 
 namespace inferlab::ch13 {
@@ -16,6 +18,12 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kJson = "application/json";
+// The engine's event stream: at most one event per watcher every 50 ms (steps in between are
+// merged into it), a comment line after a second without steps (a write is how a watcher that
+// went away is noticed), and a few watchers at once (each holds one of the pool's threads).
+constexpr auto kEventGap = std::chrono::milliseconds(50);
+constexpr auto kIdleBeat = std::chrono::milliseconds(1000);
+constexpr std::int64_t kMaxWatchers = 4;
 
 // JSON text for the wire; bytes that are not UTF-8 (in an error message that quotes input) become
 // U+FFFD rather than an exception.
@@ -147,10 +155,41 @@ void complete(Server& server, const FrontEnd& front, const httplib::Request& req
   });
 }
 
+// GET /v1/engine/events: the engine's snapshots (engine_events.h) as server-sent events, for as
+// long as the watcher reads them.
+void engine_events(Server& server, httplib::Response& res) {
+  if (server.watchers() >= kMaxWatchers)
+    throw ApiError(429, std::to_string(kMaxWatchers) + " watchers already follow the engine; retry later", "",
+                   "rate_limit_exceeded");
+  std::shared_ptr<Subscription> sub = server.watch();
+  auto sent = std::make_shared<std::chrono::steady_clock::time_point>();
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [sub, sent](std::size_t, httplib::DataSink& sink) {
+    std::this_thread::sleep_until(*sent + kEventGap);
+    const std::optional<Update> u = sub->take(kIdleBeat);
+    const std::string text = u ? sse_event(wire(to_json(*u))) : ": idle\n\n";
+    *sent = std::chrono::steady_clock::now();
+    return sink.write(text.data(), text.size());  // false: the watcher went away, and sub with it
+  });
+}
+
+// GET /v1/engine: what the serving page needs to know once.
+json engine_info(const Server& server, const FrontEnd& front) {
+  const ServerConfig& c = server.config();
+  return {{"model", front.model_name},
+          {"chat_template", front.chat_template.has_value()},
+          {"context", server.context()},
+          {"max_num_seqs", c.scheduler.max_running},
+          {"max_batched_tokens", c.scheduler.max_step_tokens},
+          {"block_size", c.block_size},
+          {"prefix_caching", c.prefix_caching},
+          {"max_waiting", c.max_waiting}};
+}
+
 }  // namespace
 
 std::size_t http_threads(const ServerConfig& c) {
-  return static_cast<std::size_t>(c.scheduler.max_running + c.max_waiting + 8);
+  return static_cast<std::size_t>(c.scheduler.max_running + c.max_waiting + 8 + kMaxWatchers);
 }
 
 void add_routes(httplib::Server& http, Server& server, const FrontEnd& front) {
@@ -182,6 +221,15 @@ void add_routes(httplib::Server& http, Server& server, const FrontEnd& front) {
   http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(server.metrics(), "text/plain; version=0.0.4");
   });
+  // The serving page: a chat beside the engine at work (page/index.html, built into the binary).
+  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(kServingPage.data(), kServingPage.size(), "text/html; charset=utf-8");
+  });
+  http.Get("/v1/engine", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(wire(engine_info(server, front)), kJson);
+  });
+  http.Get("/v1/engine/events",
+           guarded([&](const httplib::Request&, httplib::Response& res) { engine_events(server, res); }));
   // Every other failure still answers with OpenAI's error object: an unknown path or method, a
   // body over the size limit, a handler that threw.
   http.set_exception_handler([&server](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {

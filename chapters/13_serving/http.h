@@ -31,7 +31,9 @@ struct FrontEnd {
 };
 
 /// The routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-/// GET /metrics; and JSON errors for every other path and for exceptions. `server` and `front` must
+/// GET /metrics; the serving page: GET / (the page), GET /v1/engine (what it serves, and how),
+/// GET /v1/engine/events (the engine's steps as server-sent events); and JSON errors for every
+/// other path and for exceptions. `server` and `front` must
 /// outlive `http`'s serving.
 void add_routes(httplib::Server& http, Server& server, const FrontEnd& front);
 

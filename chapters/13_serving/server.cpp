@@ -50,7 +50,7 @@ Server::Server(const ch01::Llama& m, const Tokenizer& tok, std::vector<std::int6
       eos_(std::move(eos)),
       c_(c),
       pool_(m.config, c.kv_budget_bytes, c.block_size, m.device(), c.prefix_caching),
-      engine_(m, pool_, engine_config(c)) {
+      engine_(m, watch_.pool(), engine_config(c)) {
   IL_CHECK(c.max_waiting >= 1, "server: the waiting queue must hold at least 1 request, got ", c.max_waiting);
   publish_gauges();
   thread_ = std::thread([this] { loop(); });
@@ -113,6 +113,13 @@ ch11::Request Server::make_request(std::vector<std::int32_t> prompt, const std::
   return r;
 }
 
+std::shared_ptr<Subscription> Server::watch() {
+  auto s = watch_.subscribe();
+  { std::lock_guard lk(mu_); }  // the engine thread is waiting, or will see the new watcher before it does
+  wake_.notify_all();
+  return s;
+}
+
 std::shared_ptr<Channel> Server::submit(ch11::Request r, std::vector<std::string> stop) {
   auto channel = std::make_shared<Channel>();
   {
@@ -153,14 +160,16 @@ void Server::loop() {
   for (;;) {
     {
       std::unique_lock lk(mu_);
-      wake_.wait(lk, [&] { return !inbox_.empty() || stopping_ || engine_.busy(); });
+      wake_.wait(lk, [&] { return !inbox_.empty() || stopping_ || engine_.busy() || watch_.wanted(); });
       if (stopping_) abort_all_ = true;
       if (stopping_ && inbox_.empty() && !engine_.busy()) break;
     }
     take_inbox();
     for (auto& [id, l] : live_)  // clients that went away, or everything when out of time
       if (abort_all_ || l.job.channel->cancelled()) engine_.abort(id);
-    if (engine_.busy()) {
+    const bool stepping = engine_.busy();
+    if (stepping) {
+      watch_.begin_step();
       try {
         engine_.step();
       } catch (const std::exception& e) {
@@ -175,6 +184,7 @@ void Server::loop() {
     for (ch11::Sequence* s : stopped) engine_.finish_early(s);
     for (auto& s : engine_.take_finished()) finish(*s);
     publish_gauges();
+    watch_.publish(engine_, stepping, [this] { return gauges().waiting; });
   }
   publish_gauges();
 }
@@ -213,7 +223,9 @@ bool Server::deliver(ch11::Sequence& s, bool last) {
     if (!l.first_token_seen) {
       l.first_token_seen = true;
       std::lock_guard lk(mu_);
-      ttft_.observe(seconds_between(l.job.received, now));
+      const double ttft = seconds_between(l.job.received, now);
+      ttft_.observe(ttft);
+      watch_.ttft(s.request.id, ttft);
     }
     if (sample.delivered == 0) sample.first_token = now;
     sample.delivered = s.generated();
@@ -247,7 +259,9 @@ void Server::finish(ch11::Sequence& s) {
                                                                    : "abort";
   if (s.generated() >= 2) {
     std::lock_guard lk(mu_);
-    tpot_.observe(seconds_between(sample.first_token, Clock::now()) / static_cast<double>(s.generated() - 1));
+    const double tpot = seconds_between(sample.first_token, Clock::now()) / static_cast<double>(s.generated() - 1);
+    tpot_.observe(tpot);
+    watch_.tpot(s.request.id, s.index, tpot);
   }
   const bool never_forked = s.forks_ahead();  // it ended before its first token: its forks never began
   const std::int64_t id = s.request.id, n = s.request.samples;

@@ -28,6 +28,7 @@
 
 #include "chapters/11_continuous_batching/engine.h"
 #include "chapters/12_paged_attention/paged_cache.h"
+#include "chapters/13_serving/engine_events.h"
 #include "chapters/13_serving/output_text.h"
 #include "chapters/13_serving/prometheus.h"
 
@@ -104,6 +105,10 @@ class Server {
   std::string metrics() const;
   /// Counts a request refused before it was queued (a 4xx or 5xx answer).
   void count_rejected() { ++rejected_; }
+  /// From any thread: the engine's snapshots, the first at once, then one after every step
+  /// (engine_events.h). Dropping the pointer ends the subscription.
+  std::shared_ptr<Subscription> watch();
+  std::int64_t watchers() const { return watch_.watchers(); }
 
   const ch01::Llama& model() const { return m_; }
   const Tokenizer& tokenizer() const { return tok_; }
@@ -145,6 +150,7 @@ class Server {
   std::vector<std::int64_t> eos_;
   ServerConfig c_;
   ch12::PagedPool pool_;
+  EngineWatch watch_{pool_};  // the engine runs on its pool: chapter 12's, with each step's plan noted
   ch11::Engine engine_;
   std::map<std::int64_t, Live> live_;  // engine thread only
 

@@ -6,6 +6,9 @@
 
 #include <httplib.h>
 
+#include <algorithm>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "bundled_model.h"
@@ -261,4 +264,159 @@ TEST(Serving, ADrainOutOfTimeAbortsAndTellsTheClient) {
   EXPECT_TRUE(first.done);
   EXPECT_EQ(first.finish_reason, std::vector<std::string>{"abort"});
   EXPECT_EQ(server.gauges().blocks_used, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine's event stream (GET /v1/engine/events, engine_events.h).
+
+namespace {
+
+// Reads GET /v1/engine/events on a thread of its own, parsing each event, until `enough` says so
+// (or 30 s pass). Each event is handed to `enough` as it comes.
+class Watcher {
+ public:
+  Watcher(int port, std::function<bool(const json&)> enough)
+      : thread_([this, port, enough = std::move(enough)] {
+          httplib::Client cli("127.0.0.1", port);
+          cli.set_read_timeout(30, 0);
+          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          std::string pending;
+          httplib::Request req;
+          req.method = "GET";
+          req.path = "/v1/engine/events";
+          req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+            pending.append(data, n);
+            for (std::size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+              const std::string event = pending.substr(0, end);
+              pending.erase(0, end + 2);
+              if (event.rfind("data: ", 0) != 0) continue;  // a comment: the stream is idle
+              json j = json::parse(event.substr(6));
+              std::lock_guard lk(mu_);
+              events_.push_back(j);
+              if (enough(j)) return false;
+            }
+            return std::chrono::steady_clock::now() < until;
+          };
+          httplib::Response res;
+          httplib::Error err = httplib::Error::Success;
+          cli.send(req, res, err);
+          status_ = res.status;
+        }) {}
+  ~Watcher() { join(); }
+  void join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  std::vector<json> events() const {
+    std::lock_guard lk(mu_);
+    return events_;
+  }
+  int status() const { return status_; }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<json> events_;
+  std::atomic<int> status_{0};
+  std::thread thread_;  // last: starts once the rest is there
+};
+
+bool holds_a_block(const json& e) {
+  const std::string map = e["blocks"].value("map", "");
+  return map.find_first_of("upsw") != std::string::npos;
+}
+
+}  // namespace
+
+// A watcher sees the request's steps (its prompt as prefill, then one decode token a step), the
+// blocks it holds while it runs, and every block free again after.
+TEST(EngineEvents, AWatcherSeesTheStepsOfARequestAndItsBlocksComeBack) {
+  Server server(tiny_mha(), tiny_tokenizer(), {}, small_config());  // no EOS: runs to max_tokens
+  const Listening live(server, front());
+  // Enough once the engine has stepped and is idle again.
+  Watcher watcher(live.port(), [](const json& e) {
+    return e["step"] > 0 && e["running"] == 0 && e["waiting"] == 0 && e["blocks"]["used"] == 0;
+  });
+  ASSERT_TRUE(eventually([&] { return !watcher.events().empty(); })) << "no first snapshot for a new watcher";
+  const json first = watcher.events().front();
+  EXPECT_EQ(first["blocks"]["used"], 0);
+  EXPECT_EQ(first["blocks"]["map"].get<std::string>().size(), first["blocks"]["total"].get<std::size_t>())
+      << "the first snapshot draws every block";
+  // 70 prompt tokens (two chunks of the 48-token step budget) and 440 more, one a step: long enough
+  // to be seen running by a watcher that gets an event at most every 50 ms.
+  const std::vector<std::int32_t> prompt(70, 5);
+  const auto [status, r] =
+      post("127.0.0.1", live.port(), "/v1/completions", json{{"prompt", prompt}, {"max_tokens", 440}, {"temperature", 0}});
+  ASSERT_EQ(status, 200) << r.dump();
+  const std::int64_t id = std::stoll(r["id"].get<std::string>().substr(5));  // "cmpl-N"
+  watcher.join();
+  const std::vector<json> events = watcher.events();
+  ASSERT_GE(events.size(), 2u);
+  std::int64_t prefill = 0, decode = 0, steps = 0, seen_running = 0;
+  for (const json& e : events) {
+    steps += e["since_last"]["steps"].get<std::int64_t>();
+    prefill += e["since_last"]["prefill_tokens"].get<std::int64_t>();
+    decode += e["since_last"]["decode_tokens"].get<std::int64_t>();
+    ASSERT_TRUE(e["blocks"].contains("map")) << "every event draws the blocks as they are when it is sent";
+    const std::string map = e["blocks"]["map"];
+    EXPECT_EQ(static_cast<std::int64_t>(std::count_if(map.begin(), map.end(), [](char c) { return c != '.' && c != 'c'; })),
+              e["blocks"]["used"].get<std::int64_t>())
+        << map;
+    for (const json& row : e["batch"]) {
+      EXPECT_EQ(row["id"], id);
+      EXPECT_EQ(row["sample"], 0);
+      EXPECT_EQ(row["blocks"], (row["position"].get<std::int64_t>() + 15) / 16) << "the blocks its positions fill";
+      EXPECT_EQ(row["phase"], row["position"] <= 70 ? "prefill" : "decode") << row;
+    }
+    if (e["running"] == 1 && e["batch"].size() == 1) {
+      ++seen_running;
+      EXPECT_EQ(e["blocks"]["used"], e["batch"][0]["blocks"]) << "a request alone holds every block used";
+    }
+  }
+  EXPECT_GE(seen_running, 1) << "no event came while the request ran";
+  EXPECT_EQ(prefill, 70) << "the prompt goes through the model once";
+  EXPECT_EQ(decode, 439) << "then each generated token but the last";
+  EXPECT_EQ(steps, 2 + 439) << "two prefill chunks, the second of which samples the first token, then a token a step";
+  const json& last = events.back();
+  EXPECT_EQ(last["blocks"]["used"], 0);
+  EXPECT_FALSE(holds_a_block(last)) << last["blocks"]["map"];
+  EXPECT_EQ(last["waiting"], 0);
+  EXPECT_EQ(last["busy"], false);
+  EXPECT_EQ(last["step"], steps);
+}
+
+// A watcher that reads nothing never holds the engine back: the steps it missed are merged into
+// one update (their tokens summed), however many there were.
+TEST(EngineEvents, AWatcherThatDoesNotReadGetsTheStepsMerged) {
+  Server server(tiny_mha(), tiny_tokenizer(), {}, small_config());
+  const std::shared_ptr<Subscription> sub = server.watch();
+  ASSERT_TRUE(sub->take(std::chrono::seconds(10))) << "no first snapshot";
+  ch11::Request r = server.make_request(std::vector<std::int32_t>(20, 7), "prompt", 60, 16, SamplingParams{}, 1, true);
+  const std::shared_ptr<Channel> channel = server.submit(std::move(r), {});
+  for (bool done = false; !done;)
+    for (const Event& e : channel->pop(std::chrono::milliseconds(100))) done = done || !e.finish_reason.empty();
+  std::int64_t steps = 0, prefill = 0, decode = 0, takes = 0;
+  for (bool idle = false; !idle && takes < 10; ++takes) {
+    const std::optional<Update> u = sub->take(std::chrono::seconds(5));
+    ASSERT_TRUE(u) << "the engine's last step never came";
+    steps += u->steps, prefill += u->prefill_tokens, decode += u->decode_tokens;
+    idle = u->latest->running == 0 && u->latest->blocks_used == 0;
+  }
+  EXPECT_LE(takes, 2) << "60 steps came to a watcher that was not reading: they wait as one update";
+  EXPECT_EQ(steps, 60);
+  EXPECT_EQ(prefill, 20);
+  EXPECT_EQ(decode, 59);
+  EXPECT_EQ(server.watchers(), 1);
+}
+
+// A watcher that goes away (its connection closed) is dropped, and the server runs on.
+TEST(EngineEvents, AWatcherThatDisconnectsIsDropped) {
+  Server server(tiny_mha(), tiny_tokenizer(), {}, small_config());
+  const Listening live(server, front());
+  {
+    Watcher watcher(live.port(), [](const json&) { return true; });  // one event, then it hangs up
+    watcher.join();
+    EXPECT_EQ(watcher.events().size(), 1u);
+  }
+  EXPECT_TRUE(eventually([&] { return server.watchers() == 0; }, 10)) << "the server still counts a watcher that left";
+  const auto [status, r] = post("127.0.0.1", live.port(), "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 8}});
+  EXPECT_EQ(status, 200) << r.dump();
 }
