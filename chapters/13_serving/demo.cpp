@@ -38,6 +38,7 @@ Listening::Listening(Server& server, const FrontEnd& front) : front_(front), htt
   add_routes(*http_, server, front_);
   port_ = http_->bind_to_any_port("127.0.0.1");
   IL_CHECK(port_ > 0, "cannot listen on a loopback port: ", std::strerror(errno));
+  widen_listen_backlog(port_);
   thread_ = std::thread([this] { http_->listen_after_bind(); });
   while (!http_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }

@@ -41,4 +41,11 @@ void add_routes(httplib::Server& http, Server& server, const FrontEnd& front);
 /// (running and waiting), and a few for /metrics, /health and refusals.
 std::size_t http_threads(const ServerConfig& c);
 
+/// Lets the listening socket on `port` queue as many connections as the system allows
+/// (SOMAXCONN). cpp-httplib 0.11 listens with a backlog of 5, so a burst of clients connecting at
+/// once (16 in a load test) finds the queue full and some are reset before the server ever sees
+/// them; Linux takes a second listen() on a listening socket as a new backlog. Returns whether it
+/// found the socket.
+bool widen_listen_backlog(int port);
+
 }  // namespace inferlab::ch13

@@ -149,6 +149,7 @@ int serve(const Options& o, const DemoOptions* demo) {
   const int port = o.port == 0 ? http.bind_to_any_port(o.host) : (http.bind_to_port(o.host, o.port) ? o.port : -1);
   IL_CHECK(port > 0, "cannot listen on ", o.host, ":", o.port, ": ", std::strerror(errno),
            o.port ? " (is another server on that port? --port 0 takes any free one)" : "");
+  widen_listen_backlog(port);  // a burst of clients connecting at once is queued, not reset
   const std::string url = "http://" + o.host + ":" + std::to_string(port);
   std::printf(
       "ch13_serve: serving %s on %s (%s; %s)\n", front.model_name.c_str(), url.c_str(),

@@ -420,3 +420,21 @@ TEST(EngineEvents, AWatcherThatDisconnectsIsDropped) {
   const auto [status, r] = post("127.0.0.1", live.port(), "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 8}});
   EXPECT_EQ(status, 200) << r.dump();
 }
+
+// A burst of clients connecting at once is queued by the listening socket, not reset: the
+// server widens cpp-httplib's backlog of 5 (widen_listen_backlog), and every one is answered.
+TEST(Serving, ABurstOfConnectionsIsAnsweredNotReset) {
+  Server server(tiny_mha(), tiny_tokenizer(), {}, small_config());
+  const Listening live(server, front());
+  EXPECT_TRUE(widen_listen_backlog(live.port())) << "the listening socket was not found";
+  std::atomic<int> answered{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 64; ++i)
+    clients.emplace_back([&] {
+      httplib::Client cli("127.0.0.1", live.port());
+      cli.set_connection_timeout(30, 0);
+      if (const auto res = cli.Get("/health"); res && res->status == 200) ++answered;
+    });
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(answered, 64);
+}
