@@ -320,6 +320,8 @@ def main(argv=None):
     ap.add_argument("--corpus", default=os.path.join(ROOT, "data", "corpus", "val.txt"))
     ap.add_argument("--label", default=None, help="a name for this run in the table and the JSON")
     ap.add_argument("--out", default=None, help="write the summary and every request's record here")
+    ap.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
+                    help="a field for the JSON's tags (repeatable), e.g. server=llama-server")
     ap.add_argument("--quiet", action="store_true", help="no table")
     a = ap.parse_args(argv)
     if (a.concurrency is not None and a.concurrency < 1) or (a.rate is not None and a.rate <= 0):
@@ -355,7 +357,8 @@ def main(argv=None):
         print_table(s, label)
     if a.out:
         argv_used = sys.argv[1:] if argv is None else list(argv)
-        doc = {"label": label, "base_url": a.base_url, "model": target.model, **mode,
+        tags = dict(t.split("=", 1) for t in a.tag if "=" in t)
+        doc = {"label": label, "tags": tags, "base_url": a.base_url, "model": target.model, **mode,
                "num_requests": a.num_requests, "max_duration_s": a.max_duration, "warmup": a.warmup,
                "shared_prefix_words": a.shared_prefix, "ignore_eos": a.ignore_eos, "seed": a.seed,
                "argv": argv_used, "summary": s,
