@@ -45,14 +45,11 @@ PREFIX_MAX_TOKENS=8
 PREFIX_FILE=random-100m-Q8_0.gguf
 
 BIN=build/release/bin OUT=build/serve-bench
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --threads) THREADS=$2; shift 2 ;;
-    --rounds) ROUNDS=$2; shift 2 ;;
-    --bin) BIN=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    *) echo "serve_bench: unknown option '$1' (see the header of $0)" >&2; exit 2 ;;
-  esac
+while [ $# -gt 0 ]; do  # --threads N, --rounds R, --bin DIR, --out DIR set THREADS, ROUNDS, BIN, OUT
+  [[ $# -ge 2 && $1 =~ ^--(threads|rounds|bin|out)$ ]] ||
+    { echo "serve_bench: bad option '$1' (see the header of $0)" >&2; exit 2; }
+  printf -v "${BASH_REMATCH[1]^^}" %s "$2"
+  shift 2
 done
 PY=tools/.venv/bin/python
 [ -x "$BIN/ch09_quantization" ] || { echo "serve_bench: no $BIN/ch09_quantization (make build, or --bin DIR)" >&2; exit 1; }
