@@ -11,13 +11,20 @@ LLAMACPP_WORK=tools/.work/llama.cpp
 LLAMACPP_TREE=$LLAMACPP_WORK/llama_cpp_python-$LLAMACPP_VERSION/vendor/llama.cpp
 LLAMACPP_BIN=$LLAMACPP_TREE/build/bin
 LLAMACPP_TARGETS=(llama-bench llama-quantize llama-simple llama-server)
+# Native code without Intel AMX: on the project's VM the CPU reports AMX, yet ggml's AMX matrix
+# kernel dies with SIGILL at its first `tilezero` (llama-server's first batched step), so the tile
+# instructions stay out. Decode (one row at a time) never reached that kernel.
+LLAMACPP_CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_TESTS=OFF
+  -DLLAMA_BUILD_SERVER=ON "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
 
-# Download (sha256-checked), unpack and build the targets above unless all are there; then
-# LLAMACPP_COMMIT says which llama.cpp it is.
+# Download (sha256-checked), unpack and build the targets above unless all are there, built with
+# these arguments (kept in configure.args); then LLAMACPP_COMMIT says which llama.cpp it is.
 llamacpp_build() {
   mkdir -p "$LLAMACPP_WORK"
   local t missing=0
   for t in "${LLAMACPP_TARGETS[@]}"; do [ -x "$LLAMACPP_BIN/$t" ] || missing=1; done
+  [ "$(cat "$LLAMACPP_WORK/configure.args" 2> /dev/null)" = "${LLAMACPP_CMAKE_ARGS[*]}" ] || missing=1
   if [ "$missing" = 1 ]; then
     if [ ! -f "$LLAMACPP_WORK/sdist.tar.gz" ]; then
       curl -sSfL -o "$LLAMACPP_WORK/sdist.part" "$LLAMACPP_URL"
@@ -25,12 +32,13 @@ llamacpp_build() {
       mv "$LLAMACPP_WORK/sdist.part" "$LLAMACPP_WORK/sdist.tar.gz"
     fi
     tar xzf "$LLAMACPP_WORK/sdist.tar.gz" -C "$LLAMACPP_WORK"
-    cmake -S "$LLAMACPP_TREE" -B "$LLAMACPP_TREE/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_CUDA=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON > "$LLAMACPP_WORK/configure.log"
+    cmake -S "$LLAMACPP_TREE" -B "$LLAMACPP_TREE/build" "${LLAMACPP_CMAKE_ARGS[@]}" > "$LLAMACPP_WORK/configure.log"
     cmake --build "$LLAMACPP_TREE/build" -j "$(nproc)" --target "${LLAMACPP_TARGETS[@]}" > "$LLAMACPP_WORK/build.log"
+    echo "${LLAMACPP_CMAKE_ARGS[*]}" > "$LLAMACPP_WORK/configure.args"
   fi
-  LLAMACPP_COMMIT=$(grep -m1 -o 'LLAMA_BUILD_COMMIT[^)]*' "$LLAMACPP_TREE/build/common/build-info.cpp" 2> /dev/null ||
-                    echo "vendored in llama-cpp-python $LLAMACPP_VERSION")
+  local c
+  c=$(sed -n 's/.*LLAMA_COMMIT = "\([^"]*\)".*/\1/p' "$LLAMACPP_TREE/build/common/build-info.cpp" 2> /dev/null || true)
+  LLAMACPP_COMMIT="vendored in llama-cpp-python $LLAMACPP_VERSION${c:+, commit $c}"
 }
 
 # The random 100M-parameter Llama (tools/random_llama.py), made once; prints its folder.
