@@ -32,8 +32,10 @@ llamacpp_build() {
       mv "$LLAMACPP_WORK/sdist.part" "$LLAMACPP_WORK/sdist.tar.gz"
     fi
     tar xzf "$LLAMACPP_WORK/sdist.tar.gz" -C "$LLAMACPP_WORK"
-    cmake -S "$LLAMACPP_TREE" -B "$LLAMACPP_TREE/build" "${LLAMACPP_CMAKE_ARGS[@]}" > "$LLAMACPP_WORK/configure.log"
-    cmake --build "$LLAMACPP_TREE/build" -j "$(nproc)" --target "${LLAMACPP_TARGETS[@]}" > "$LLAMACPP_WORK/build.log"
+    # the compiler's many warnings go to the logs, not the terminal
+    cmake -S "$LLAMACPP_TREE" -B "$LLAMACPP_TREE/build" "${LLAMACPP_CMAKE_ARGS[@]}" > "$LLAMACPP_WORK/configure.log" 2>&1 &&
+      cmake --build "$LLAMACPP_TREE/build" -j "$(nproc)" --target "${LLAMACPP_TARGETS[@]}" > "$LLAMACPP_WORK/build.log" 2>&1 ||
+      { echo "llama.cpp: the build failed, see $LLAMACPP_WORK/configure.log and build.log" >&2; return 1; }
     echo "${LLAMACPP_CMAKE_ARGS[*]}" > "$LLAMACPP_WORK/configure.args"
   fi
   local c

@@ -11,7 +11,7 @@
 #    llama-quantize (the types below).
 # 3. Per round and file, each server in turn (which goes first alternates by round) is started on
 #    127.0.0.1 with THREADS threads and SLOTS sequences at once:
-#      ch13_serve --model FILE --threads N --max-num-seqs SLOTS --port 0
+#      ch13_serve --model FILE --threads N --max-num-seqs SLOTS --kv-budget MIB --port 0
 #      llama-server -m FILE --cont-batching -np SLOTS -t N -c SLOTS*CTX_PER_SLOT --port P
 #    and loaded with streamed /v1/completions at each concurrency of CONCURRENCY, then with
 #    Poisson arrivals at RATE.
@@ -28,6 +28,8 @@ THREADS=2              # threads of both servers
 ROUNDS=2               # alternating rounds; the tables give the median over rounds
 SLOTS=16               # sequences decoded together: llama-server -np, ch13_serve --max-num-seqs
 CTX_PER_SLOT=512       # llama-server -c is SLOTS x this (tiny-mha has 512 positions)
+KV_BUDGET_MIB=512      # ch13_serve --kv-budget: room for the same SLOTS x CTX_PER_SLOT positions
+                       # of the random model in f32 (64 KiB a position; its default 64 MiB holds 1,024)
 CONCURRENCY=(1 4 16 64)
 REQUESTS=(6 12 32 64)  # requests per concurrency level, in the same order
 RATE=2                 # Poisson arrivals per second, and how many requests
@@ -77,8 +79,11 @@ SERVER_PID=""
 start_server() {
   local name=$1 file=$2 log=$3 port i
   shift 3
+  LOAD_BEFORE=$(cut -d' ' -f1 /proc/loadavg)  # the 1-minute load average just before it starts
   if [ "$name" = ch13_serve ]; then
-    "$CH13" --model "$file" --threads "$THREADS" --max-num-seqs "$SLOTS" --host 127.0.0.1 --port 0 "$@" > "$log" 2>&1 &
+    # OMP_NUM_THREADS too: without it the binary takes fewer threads when other work keeps cores busy
+    OMP_NUM_THREADS=$THREADS "$CH13" --model "$file" --threads "$THREADS" --max-num-seqs "$SLOTS" \
+      --kv-budget "$KV_BUDGET_MIB" --host 127.0.0.1 --port 0 "$@" > "$log" 2>&1 &
     SERVER_PID=$!
     URL=""
   else
@@ -114,7 +119,7 @@ load() {
   while [ "$1" != -- ]; do tags+=(--tag "$1"); shift; done
   shift
   python3 tools/serve_bench.py --base-url "$URL" --quiet --seed 1 --max-duration "$MAX_DURATION" \
-    "${tags[@]}" --out "$OUT/runs/$run.json" "$@" ||
+    "${tags[@]}" --tag load_before="$LOAD_BEFORE" --out "$OUT/runs/$run.json" "$@" ||
     echo "serve_bench: $run had no successful request" >&2
 }
 
@@ -222,6 +227,9 @@ head = (f"{rounds} alternating round(s), {threads} threads and {slots} slots per
         f"per-request TPOTs (first to last token over completion_tokens - 1), medians over rounds; ok/sent summed over rounds; "
         f"servers: {servers}; InferLab {bin_commit} (ch13_serve, ch09_quantization), scripts {commit}; llama.cpp: {llama}")
 pfile = pre[0]["tags"]["file"] if pre else "-"
+loads = [float(r["tags"]["load_before"]) for r in runs if "load_before" in r["tags"]]
+if loads:
+    head += f"; 1-minute load average before each server started: {min(loads):.2f} to {max(loads):.2f}"
 md = head + "\n\n" + "\n".join(table) + "\n\nShared prefix (" + pfile + ", one request at a time):\n\n" + "\n".join(ptable) + "\n"
 open(os.path.join(out, "serve.md"), "w").write(md)
 json.dump({"threads": int(threads), "rounds": int(rounds), "slots": int(slots), "llama_cpp": llama, "commit": commit,
