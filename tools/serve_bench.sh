@@ -2,7 +2,7 @@
 # Chapter 13's server beside llama.cpp's llama-server: the same GGUF files, the same threads, the
 # same client (tools/serve_bench.py), the two servers alternating round by round.
 #
-#   tools/serve_bench.sh [--threads N] [--rounds R] [--bin DIR] [--out DIR]
+#   tools/serve_bench.sh [--threads N] [--rounds R] [--max-duration S] [--bin DIR] [--out DIR]
 #
 # 1. llama.cpp's pinned tree (tools/llamacpp_common.sh, shared with tools/llamacpp_bench.sh),
 #    built once with llama-server.
@@ -47,10 +47,11 @@ PREFIX_MAX_TOKENS=8
 PREFIX_FILE=random-100m-Q8_0.gguf
 
 BIN=build/release/bin OUT=build/serve-bench
-while [ $# -gt 0 ]; do  # --threads N, --rounds R, --bin DIR, --out DIR set THREADS, ROUNDS, BIN, OUT
-  [[ $# -ge 2 && $1 =~ ^--(threads|rounds|bin|out)$ ]] ||
+while [ $# -gt 0 ]; do  # --threads N, --rounds R, --max-duration S, --bin DIR, --out DIR set those parameters
+  [[ $# -ge 2 && $1 =~ ^--(threads|rounds|max-duration|bin|out)$ ]] ||
     { echo "serve_bench: bad option '$1' (see the header of $0)" >&2; exit 2; }
-  printf -v "${BASH_REMATCH[1]^^}" %s "$2"
+  name=${BASH_REMATCH[1]^^}
+  printf -v "${name//-/_}" %s "$2"
   shift 2
 done
 PY=tools/.venv/bin/python
