@@ -165,9 +165,11 @@ class Target:
             rec["e2e"] = time.perf_counter() - t0
             if not done:
                 rec["error"] = "no_done"
-            elif not rec["token_times"]:
+            elif not rec["token_times"] and not rec["completion_tokens"]:
                 rec["error"] = "no_tokens"
             else:
+                # tokens whose text is empty may never be streamed (llama-server sends no chunk for
+                # them): such a request counts for throughput and e2e, not for TTFT or TPOT
                 rec["ok"] = True
         except (OSError, http.client.HTTPException, ValueError) as e:
             rec["error"] = type(e).__name__
@@ -244,7 +246,7 @@ def summarise(results, sent_planned):
     for r in results:
         if not r["ok"]:
             errors[r["error"]] = errors.get(r["error"], 0) + 1
-    ttft = [r["token_times"][0] for r in ok]
+    ttft = [r["token_times"][0] for r in ok if r["token_times"]]
     e2e = [r["e2e"] for r in ok]
     tpot, itl, out_tokens, prompt_tokens = [], [], 0, []
     for r in ok:
@@ -265,6 +267,7 @@ def summarise(results, sent_planned):
 
     return {
         "requests_planned": sent_planned, "requests_sent": len(results), "requests_ok": len(ok),
+        "requests_ok_without_token_chunks": sum(1 for r in ok if not r["token_times"]),
         "errors": errors, "duration_s": span,
         "output_tokens": out_tokens,
         "output_tokens_per_s": out_tokens / span if span > 0 else None,

@@ -96,7 +96,7 @@ start_server() {
   fi
   for i in $(seq 1 1200); do
     kill -0 "$SERVER_PID" 2> /dev/null || { echo "serve_bench: $name exited early, see $log" >&2; tail -5 "$log" >&2; exit 1; }
-    [ -n "$URL" ] || URL=$(grep -m1 -oE 'http://[0-9.]+:[0-9]+' "$log" || true)
+    [ -n "$URL" ] || URL=$(grep -m1 -oE 'http://[0-9.]+:[0-9]+' "$log" 2> /dev/null || true)
     if [ -n "$URL" ] && curl -sf -o /dev/null "$URL/health"; then return 0; fi
     sleep 0.1
   done
