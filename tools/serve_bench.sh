@@ -113,13 +113,15 @@ stop_server() {
 }
 trap stop_server EXIT
 
-# load RUN_NAME TAGS... -- SERVE_BENCH ARGS...: one load run against $URL into runs/RUN_NAME.json
+# load RUN_NAME SEED TAGS... -- SERVE_BENCH ARGS...: one load run against $URL into
+# runs/RUN_NAME.json. Every load of one server gets its own seed, so no run sends prompts that an
+# earlier run on the same server sent (both servers cache prompts); both servers get the same ones.
 load() {
-  local run=$1 tags=()
-  shift
+  local run=$1 seed=$2 tags=()
+  shift 2
   while [ "$1" != -- ]; do tags+=(--tag "$1"); shift; done
   shift
-  python3 tools/serve_bench.py --base-url "$URL" --quiet --seed 1 --max-duration "$MAX_DURATION" \
+  python3 tools/serve_bench.py --base-url "$URL" --quiet --seed "$seed" --max-duration "$MAX_DURATION" \
     "${tags[@]}" --tag load_before="$LOAD_BEFORE" --out "$OUT/runs/$run.json" "$@" ||
     echo "serve_bench: $run had no successful request" >&2
 }
@@ -137,10 +139,10 @@ for r in $(seq 1 "$ROUNDS"); do
       for i in "${!CONCURRENCY[@]}"; do
         c=${CONCURRENCY[$i]} w=0
         [ "$i" = 0 ] && w=$WARMUP
-        load "r$r-$s-$fb-c$c" "${common[@]}" --concurrency "$c" -n "${REQUESTS[$i]}" --warmup "$w" \
+        load "r$r-$s-$fb-c$c" $((100 * r + i)) "${common[@]}" --concurrency "$c" -n "${REQUESTS[$i]}" --warmup "$w" \
           --prompt-words "$PROMPT_WORDS" --max-tokens "$MAX_TOKENS"
       done
-      load "r$r-$s-$fb-poisson" "${common[@]}" --rate "$RATE" -n "$RATE_REQUESTS" \
+      load "r$r-$s-$fb-poisson" $((100 * r + 99)) "${common[@]}" --rate "$RATE" -n "$RATE_REQUESTS" \
         --prompt-words "$PROMPT_WORDS" --max-tokens "$MAX_TOKENS"
       stop_server
     done
@@ -158,7 +160,7 @@ for r in $(seq 1 "$ROUNDS"); do
       [ "$v" = no-prefix-caching ] && extra=(--no-prefix-caching)
       start_server "$s" "$f" "$OUT/logs/r$r-$s-prefix-$v.log" "${extra[@]}"
       echo "round $r prefix $s $v ($URL)" >&2
-      load "r$r-$s-prefix-$v" round="$r" server="$s" file="$(basename "$f" .gguf)" prefix="$v" -- \
+      load "r$r-$s-prefix-$v" $((100 * r + 50)) round="$r" server="$s" file="$(basename "$f" .gguf)" prefix="$v" -- \
         --concurrency 1 -n "$PREFIX_REQUESTS" --warmup 1 --shared-prefix "$PREFIX_WORDS" \
         --prompt-words "$PREFIX_PROMPT_WORDS" --max-tokens "$PREFIX_MAX_TOKENS"
       stop_server
