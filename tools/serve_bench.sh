@@ -2,7 +2,7 @@
 # Chapter 13's server beside llama.cpp's llama-server: the same GGUF files, the same threads, the
 # same client (tools/serve_bench.py), the two servers alternating round by round.
 #
-#   tools/serve_bench.sh [--threads N] [--rounds R] [--max-duration S] [--bin DIR] [--out DIR]
+#   tools/serve_bench.sh [--threads N] [--rounds R] [--max-duration S] [--only REGEX] [--bin DIR] [--out DIR]
 #
 # 1. llama.cpp's pinned tree (tools/llamacpp_common.sh, shared with tools/llamacpp_bench.sh),
 #    built once with llama-server.
@@ -18,6 +18,8 @@
 # 4. Prefix caching: every prompt starting with the same PREFIX_WORDS words, TTFT on ch13_serve
 #    with and without --no-prefix-caching (and on llama-server, whose slots keep their prompt).
 # Writes DIR/serve.md (the tables), DIR/serve.json and every run's JSON under DIR/runs/.
+# --only REGEX keeps the files whose name (random-100m-f32, tiny-mha-Q8_0, ...) matches it, and
+# "prefix" in it keeps the shared-prefix runs (default: everything).
 # --bin names where ch09_quantization and ch13_serve are (default build/release/bin); without a
 # ch13_serve there, llama-server runs alone and the tables say so.
 set -euo pipefail
@@ -46,9 +48,9 @@ PREFIX_REQUESTS=12     # one at a time (TTFT without queueing), few tokens
 PREFIX_MAX_TOKENS=8
 PREFIX_FILE=random-100m-Q8_0.gguf
 
-BIN=build/release/bin OUT=build/serve-bench
-while [ $# -gt 0 ]; do  # --threads N, --rounds R, --max-duration S, --bin DIR, --out DIR set those parameters
-  [[ $# -ge 2 && $1 =~ ^--(threads|rounds|max-duration|bin|out)$ ]] ||
+BIN=build/release/bin OUT=build/serve-bench ONLY=.
+while [ $# -gt 0 ]; do  # --threads N, --rounds R, --max-duration S, --only RE, --bin DIR, --out DIR set those
+  [[ $# -ge 2 && $1 =~ ^--(threads|rounds|max-duration|only|bin|out)$ ]] ||
     { echo "serve_bench: bad option '$1' (see the header of $0)" >&2; exit 2; }
   name=${BASH_REMATCH[1]^^}
   printf -v "${name//-/_}" %s "$2"
@@ -132,6 +134,7 @@ for r in $(seq 1 "$ROUNDS"); do
   [ $((r % 2)) = 0 ] && [ ${#SERVERS[@]} = 2 ] && order=("${SERVERS[1]}" "${SERVERS[0]}")
   for f in "${FILES[@]}"; do
     fb=$(basename "$f" .gguf)
+    [[ $fb =~ $ONLY ]] || continue
     for s in "${order[@]}"; do
       start_server "$s" "$f" "$OUT/logs/r$r-$s-$fb.log"
       echo "round $r $fb $s ($URL)" >&2
@@ -152,6 +155,7 @@ done
 # 4. shared prefix, one server at a time, same prompts for each
 f=$LLAMACPP_WORK/$PREFIX_FILE
 for r in $(seq 1 "$ROUNDS"); do
+  [[ prefix =~ $ONLY ]] || break
   for s in "${SERVERS[@]}"; do
     variants=(default)
     [ "$s" = ch13_serve ] && variants=(default no-prefix-caching)
