@@ -5,8 +5,8 @@
 #   tools/llamacpp_bench.sh [--threads N] [--rounds R] [--tokens T] [--model HF_FOLDER] [--out DIR]
 #
 # 1. llama.cpp from a source distribution on PyPI: the tree vendored in llama-cpp-python's sdist
-#    (pinned version and sha256 below), built once into tools/.work/llama.cpp (llama-bench,
-#    llama-quantize and llama-simple, CPU only).
+#    (pinned version and sha256 in tools/llamacpp_common.sh), built once into tools/.work/llama.cpp
+#    (llama-bench, llama-quantize, llama-simple and llama-server, CPU only).
 # 2. The model: --model (a Llama Hugging Face folder) or, by default, a random 100M-parameter
 #    Llama (tools/random_llama.py), memory-bound on a CPU.
 # 3. The files: InferLab's `ch09_quantization export --format f32` writes the F32 GGUF, and
@@ -29,53 +29,28 @@ while [ $# -gt 0 ]; do
     *) echo "llamacpp_bench: unknown option '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-VERSION=0.3.36
-SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
-URL=https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-$VERSION.tar.gz
-WORK=tools/.work/llama.cpp
 PY=tools/.venv/bin/python
 BIN=build/release/bin
 [ -x "$BIN/ch09_quantization" ] || { echo "llamacpp_bench: build InferLab first (make build)" >&2; exit 1; }
 [ -x "$PY" ] || { echo "llamacpp_bench: set up tools/.venv first (tools/README.md)" >&2; exit 1; }
-mkdir -p "$WORK" "$OUT"
+mkdir -p "$OUT"
+. tools/llamacpp_common.sh
 
 # 1. llama.cpp
-LL=$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp
-if [ ! -x "$LL/build/bin/llama-bench" ] || [ ! -x "$LL/build/bin/llama-quantize" ] || [ ! -x "$LL/build/bin/llama-simple" ]; then
-  if [ ! -f "$WORK/sdist.tar.gz" ]; then
-    curl -sSfL -o "$WORK/sdist.part" "$URL"
-    echo "$SHA256  $WORK/sdist.part" | sha256sum -c --quiet
-    mv "$WORK/sdist.part" "$WORK/sdist.tar.gz"
-  fi
-  tar xzf "$WORK/sdist.tar.gz" -C "$WORK"
-  cmake -S "$LL" -B "$LL/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_SERVER=OFF > "$WORK/configure.log"
-  cmake --build "$LL/build" -j "$(nproc)" --target llama-bench llama-quantize llama-simple > "$WORK/build.log"
-fi
-LLAMA_COMMIT=$(grep -m1 -o 'LLAMA_BUILD_COMMIT[^)]*' "$LL/build/common/build-info.cpp" 2> /dev/null || echo "vendored in llama-cpp-python $VERSION")
+llamacpp_build
 
 # 2. and 3. the files
-if [ -z "$MODEL" ]; then
-  MODEL=$WORK/random-100m
-  [ -f "$MODEL/model.safetensors" ] || "$PY" tools/random_llama.py "$MODEL"
-fi
-NAME=$(basename "$MODEL")
-F32=$WORK/$NAME-f32.gguf
-[ -f "$F32" ] || "$BIN/ch09_quantization" export --model "$MODEL" --format f32 "$F32"
-FILES=("$F32")
-for q in Q8_0 Q4_0 Q4_K_M; do
-  f=$WORK/$NAME-$q.gguf
-  [ -f "$f" ] || "$LL/build/bin/llama-quantize" "$F32" "$f" "$q" "$THREADS" > "$WORK/quantize-$q.log" 2>&1
-  FILES+=("$f")
-done
+[ -n "$MODEL" ] || MODEL=$(llamacpp_random_model "$PY")
+llamacpp_gguf_files "$MODEL" "$BIN/ch09_quantization" "$THREADS" Q8_0 Q4_0 Q4_K_M
+FILES=("${GGUF_FILES[@]}")
 
 # 4. alternating rounds (none: only build llama.cpp and make the files)
-[ "$ROUNDS" -gt 0 ] || { echo "llamacpp_bench: llama.cpp built and the files made in $WORK; no rounds asked for"; exit 0; }
+[ "$ROUNDS" -gt 0 ] || { echo "llamacpp_bench: llama.cpp built and the files made in $LLAMACPP_WORK; no rounds asked for"; exit 0; }
 results=$OUT/llamacpp.jsonl
 : > "$results"
 for r in $(seq 1 "$ROUNDS"); do
   for f in "${FILES[@]}"; do
-    ll=$("$LL/build/bin/llama-bench" -m "$f" -p 0 -n "$TOKENS" -t "$THREADS" -r 3 -o json 2> /dev/null |
+    ll=$("$LLAMACPP_BIN/llama-bench" -m "$f" -p 0 -n "$TOKENS" -t "$THREADS" -r 3 -o json 2> /dev/null |
          "$PY" -c 'import json,sys; print(json.load(sys.stdin)[0]["avg_ts"])')
     OMP_NUM_THREADS=$THREADS "$BIN/ch09_quantization" run "$f" --max-new-tokens "$TOKENS" --temperature 0 \
       --json "$OUT/inferlab.json" > /dev/null 2>&1
@@ -85,7 +60,7 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
-"$PY" - "$results" "$OUT" "$THREADS" "$TOKENS" "$LLAMA_COMMIT" <<'PY'
+"$PY" - "$results" "$OUT" "$THREADS" "$TOKENS" "$LLAMACPP_COMMIT" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 out, threads, tokens, commit = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
