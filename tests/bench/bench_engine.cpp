@@ -73,8 +73,7 @@ void BM_EngineDecodeStep(benchmark::State& state) {
   state.counters["GB/s"] = bytes / seconds / 1e9;
   state.counters["ceiling_GB/s"] = ceiling.bytes_per_s() / 1e9;
   state.SetLabel(std::string(paged ? "paged" : "contiguous") + ", " + (batched ? "batched" : "per sequence") +
-                 " attention, B=" + std::to_string(B) + ", context ~" + std::to_string(context) + " (" + ceiling.kind +
-                 ")");
+                 " attention, B=" + std::to_string(B) + ", context ~" + std::to_string(context) + " (" + ceiling.kind + ")");
 }
 BENCHMARK(BM_EngineDecodeStep)
     ->ArgsProduct({{16, 32}, {0, 1}, {0, 1}})

@@ -178,7 +178,7 @@ TEST(Serving, AFullQueueIsRefusedWithRetryAfter) {
   for (auto& t : clients) t.join();
   EXPECT_EQ(other, 0);
   EXPECT_GE(refused, 1) << "8 requests at once, 1 running slot and 2 waiting places";
-  EXPECT_GE(ok, 3);
+  EXPECT_GE(ok, 2) << "the waiting places hold at least 2 (a request counts as waiting until the engine takes it)";
   EXPECT_EQ(ok + refused, 8);
 }
 
