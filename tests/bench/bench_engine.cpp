@@ -36,7 +36,7 @@ double peak_flops() {
 
 // Arguments: B, paged (0/1), batched attention (0/1).
 void BM_EngineDecodeStep(benchmark::State& state) {
-  const std::int64_t B = state.range(0), context = 256;
+  const std::int64_t B = state.range(0), context = 128;
   const bool paged = state.range(1) != 0, batched = state.range(2) != 0;
   const ch01::Llama& m = model();
   const std::int64_t budget = m.config.kv_cache_bytes(B * (context + 64), 4);
