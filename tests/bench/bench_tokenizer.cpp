@@ -40,6 +40,8 @@ std::string write_vocabulary(std::int64_t length) {
     std::snprintf(name, sizeof name, "<0x%02X>", b);
     add(name, 6);
   }
+  Value no;
+  no.kind = Value::Kind::Bool, no.i = 0;
   const std::string path =
       (std::filesystem::temp_directory_path() / ("bench_tokenizer_" + std::to_string(::getpid()) + ".gguf")).string();
   gguf::write(path,
@@ -47,7 +49,8 @@ std::string write_vocabulary(std::int64_t length) {
                {"tokenizer.ggml.model", Value::str("llama")},
                {"tokenizer.ggml.tokens", Value::array(Value::Kind::String, tokens)},
                {"tokenizer.ggml.token_type", Value::array(Value::Kind::I32, types)},
-               {"tokenizer.ggml.scores", Value::array(Value::Kind::F32, scores)}},
+               {"tokenizer.ggml.scores", Value::array(Value::Kind::F32, scores)},
+               {"tokenizer.ggml.add_bos_token", no}},
               {});
   return path;
 }
