@@ -327,8 +327,6 @@ void wait_passively(char** argv) {
 }
 
 namespace {
-// " (smaller values of --context 16777216 may fit)": the options given to the command that ran
-// and its parents, with their values; or what to try when only defaults were used.
 bool is_output(CLI::Option& opt) {
   try {
     return opt.get_validator(kOutputCheck) != nullptr;
@@ -337,6 +335,8 @@ bool is_output(CLI::Option& opt) {
   }
 }
 
+// " (smaller values of --context 16777216 may fit)": the options given to the command that ran
+// and its parents, with their values; or what to try when only defaults were used.
 std::string size_advice(CLI::App& app) {
   std::string given;
   std::function<void(CLI::App&)> collect = [&](CLI::App& a) {
