@@ -141,6 +141,9 @@ MambaConfig parse_mamba_config(const HfConfig& hf) {
   // MambaConfig computes int(expand · hidden_size), and then PretrainedConfig sets every other
   // field of the file as given: a config's intermediate_size, when present, is the one used.
   const double expand = f.get_or<double>("expand", 2.0);
+  // hidden_size first: a negative one passed the check below and overflowed the cast to int64.
+  IL_CHECK(c.hidden_size >= 1 && c.hidden_size <= kMaxSize, hf.path, ": hidden_size is ", c.hidden_size,
+           "; it must be in [1, ", kMaxSize, "]");
   IL_CHECK(expand > 0 && expand * static_cast<double>(c.hidden_size) < static_cast<double>(kMaxSize), hf.path,
            ": field 'expand' is ", expand, "; it must be positive and keep expand · hidden_size below ", kMaxSize);
   c.inner_size = f.has("intermediate_size") ? f.get<std::int64_t>("intermediate_size")
