@@ -1,19 +1,92 @@
 #include "common/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 
 #include "common/error.h"
 
 namespace inferlab {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// "" when `path` names a regular file or nothing; else what it is. A rename onto a device node,
+// a FIFO or a socket would replace it with a regular file (as root, `--json /dev/null` replaced
+// /dev/null), so such a target is refused before anything is written.
+std::string not_regular(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return "";  // a new file (or a dangling link's target)
+  if (S_ISREG(st.st_mode)) return "";
+  if (S_ISDIR(st.st_mode)) return "it is a folder";
+  if (S_ISCHR(st.st_mode)) return "it is a character device, not a regular file";
+  if (S_ISBLK(st.st_mode)) return "it is a block device, not a regular file";
+  if (S_ISFIFO(st.st_mode)) return "it is a FIFO (named pipe), not a regular file";
+  if (S_ISSOCK(st.st_mode)) return "it is a socket, not a regular file";
+  return "it is not a regular file";
+}
+
+// The temporary files being written, for the signal handler to remove: a fixed table, since a
+// handler may not allocate or lock. A slot is 0 free, 1 being filled, 2 live.
+constexpr int kSlots = 64;
+char g_tmp_path[kSlots][4096];
+std::atomic<int> g_tmp_state[kSlots];
+
+void remove_temporaries_and_reraise(int sig) {
+  for (int i = 0; i < kSlots; ++i)
+    if (g_tmp_state[i].load() == 2) ::unlink(g_tmp_path[i]);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+// Once per process: SIGXFSZ (a file size limit, ulimit -f) ignored, so that the write past the
+// limit fails with EFBIG and the writer's error path removes its temporary file, instead of the
+// signal killing the process with the file left behind; and where SIGINT, SIGTERM and SIGHUP
+// would kill the process, a handler that removes the temporary files first. Signals a program
+// handles itself are left to it. (SIGKILL cannot be caught: a file it leaves has this process's
+// id in its name.)
+void install_signal_cleanup() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction old {};
+    if (::sigaction(SIGXFSZ, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGXFSZ, SIG_IGN);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+      if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) continue;
+      struct sigaction sa {};
+      sa.sa_handler = remove_temporaries_and_reraise;
+      sigemptyset(&sa.sa_mask);
+      ::sigaction(sig, &sa, nullptr);
+    }
+  });
+}
+
+// Claims a slot for `path` (-1 when all are taken: the file is still removed on every other exit).
+int register_temporary(const std::string& path) {
+  if (path.size() >= sizeof g_tmp_path[0]) return -1;
+  for (int i = 0; i < kSlots; ++i) {
+    int expected = 0;
+    if (!g_tmp_state[i].compare_exchange_strong(expected, 1)) continue;
+    std::memcpy(g_tmp_path[i], path.c_str(), path.size() + 1);
+    g_tmp_state[i].store(2);
+    return i;
+  }
+  return -1;
+}
+
+void release_temporary(int slot) {
+  if (slot >= 0) g_tmp_state[slot].store(0);
+}
+
+}  // namespace
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), target_(path_) {
   // Through a symbolic link, write the file it names: renaming onto the link would replace the
@@ -23,18 +96,28 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), target_(path_
     target_ = fs::weakly_canonical(path_, ec).string();
     IL_CHECK(!ec, "cannot write ", path_, ": ", ec.message());
   }
+  const std::string why = not_regular(target_);
+  IL_CHECK(why.empty(), "cannot write ", path_, ": ", why);
+  install_signal_cleanup();
   static std::atomic<unsigned> counter{0};
   // A unique name per process and file; O_EXCL skips one left by a process killed mid-write.
   do {
+    release_temporary(slot_);
     tmp_ = target_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+    slot_ = register_temporary(tmp_);  // before the file exists, so that no signal can miss it
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   } while (fd_ < 0 && errno == EEXIST);
-  IL_CHECK(fd_ >= 0, "cannot write ", path_, ": ", std::strerror(errno));
+  if (fd_ < 0) {
+    const int err = errno;
+    release_temporary(slot_);
+    fail("cannot write ", path_, ": ", std::strerror(err));
+  }
 }
 
 AtomicFile::~AtomicFile() {
   if (fd_ >= 0) ::close(fd_);
   if (!committed_) ::unlink(tmp_.c_str());
+  release_temporary(slot_);
 }
 
 void AtomicFile::write(const void* data, std::size_t n) {
@@ -56,6 +139,8 @@ void AtomicFile::commit() {
   const int closed = ::close(fd_);
   fd_ = -1;
   IL_CHECK(closed == 0, "error writing ", path_, ": ", std::strerror(errno));
+  const std::string why = not_regular(target_);  // it may have become one while this was written
+  IL_CHECK(why.empty(), "cannot write ", path_, ": ", why);
   IL_CHECK(std::rename(tmp_.c_str(), target_.c_str()) == 0, "cannot write ", path_, ": ", std::strerror(errno));
   committed_ = true;
 }
@@ -96,8 +181,7 @@ std::string unwritable_file_reason(const std::string& path) {
     target = fs::weakly_canonical(p, ec);
     if (ec) return ec.message();
   }
-  const auto st = fs::status(target, ec);
-  if (fs::is_directory(st)) return "it is a folder";
+  if (std::string why = not_regular(target.string()); !why.empty()) return why;
   const fs::path dir = folder_of(target);
   if (!fs::exists(dir, ec)) return "folder " + dir.string() + " does not exist";
   return folder_problem(dir);

@@ -17,7 +17,11 @@
 namespace inferlab {
 
 /// A file written under a temporary name ("<path>.tmp.<pid>.<n>") in the target's folder, so
-/// that the rename stays on one file system, which makes it atomic.
+/// that the rename stays on one file system, which makes it atomic. The target must be a regular
+/// file or a new path: a device node, FIFO or socket is refused before anything is created (a
+/// rename would replace it). The temporary file is removed on every exit but SIGKILL: an error,
+/// SIGXFSZ (ignored from the first AtomicFile on, so that the write fails with EFBIG), and
+/// SIGINT, SIGTERM or SIGHUP where the program has not set its own handler.
 class AtomicFile {
  public:
   /// Creates the temporary file; throws "cannot write <path>: <reason>".
@@ -36,7 +40,7 @@ class AtomicFile {
 
  private:
   std::string path_, target_, tmp_;  // target_: path_, or the file it links to
-  int fd_ = -1;
+  int fd_ = -1, slot_ = -1;          // slot_: its entry in the table the signal handler cleans up
   bool committed_ = false;
 };
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -120,6 +122,22 @@ CLI::Validator number_in(double lo, double hi) {
       "in " + range);
 }
 
+CLI::Validator seed_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        // Digits only: CLI11 would read "-1" as 2^64 - 1 and "" as 0, and a value beyond 2^64 - 1
+        // would wrap.
+        std::uint64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [stop, ec] = std::from_chars(text.data(), end, v);
+        if (ec == std::errc::result_out_of_range) return text + " is beyond the largest seed, 2^64 - 1";
+        if (text.empty() || ec != std::errc() || stop != end)
+          return "'" + text + "' is not a seed (a whole number in [0, 2^64 - 1])";
+        return "";
+      },
+      "in [0, 2^64 - 1]");
+}
+
 namespace {
 constexpr const char* kOutputCheck = "output path";  // the name run_cli finds output options by
 
@@ -134,20 +152,29 @@ CLI::Validator path_check(std::string (*reason)(const std::string&)) {
 }
 
 // The defaults of the output options of `app` and of the subcommands given, checked as the
-// option's validator checks a value given on the command line.
-void check_default_outputs(CLI::App& app) {
+// option's validator checks a value given on the command line; and every output's path, given
+// or default, gathered in `paths` (flag by path) so that two outputs to one file are refused:
+// the second would silently replace the first.
+void check_default_outputs(CLI::App& app, std::map<std::string, std::string>& paths) {
   for (CLI::Option* opt : app.get_options()) {
-    if (opt->count() > 0) continue;
     CLI::Validator* check = nullptr;
     try {
       check = opt->get_validator(kOutputCheck);
     } catch (const CLI::OptionNotFound&) {
       continue;
     }
-    std::string value = opt->get_default_str();
-    if (const std::string why = (*check)(value); !why.empty()) throw CLI::ValidationError(opt->get_name(), why);
+    std::string value = opt->count() > 0 ? opt->results().front() : opt->get_default_str();
+    if (opt->count() == 0)
+      if (const std::string why = (*check)(value); !why.empty()) throw CLI::ValidationError(opt->get_name(), why);
+    if (value.empty()) continue;
+    std::error_code ec;
+    const std::string key = std::filesystem::weakly_canonical(std::filesystem::absolute(value, ec), ec).string();
+    const auto [it, fresh] = paths.emplace(ec ? value : key, opt->get_name());
+    if (!fresh)
+      throw CLI::ValidationError(opt->get_name(),
+                                 value + " is also the path of " + it->second + ": each output needs a file of its own");
   }
-  for (CLI::App* sub : app.get_subcommands()) check_default_outputs(*sub);
+  for (CLI::App* sub : app.get_subcommands()) check_default_outputs(*sub, paths);
 }
 }  // namespace
 
@@ -212,9 +239,7 @@ void add_generation_options(CLI::App& app, GenerationOptions& o) {
   app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate")
       ->check(number_in(1, 1 << 20))
       ->capture_default_str();
-  app.add_option("--seed", o.seed, "Random seed for sampling")
-      ->check(number_in(0, 18446744073709551615.0))
-      ->capture_default_str();
+  app.add_option("--seed", o.seed, "Random seed for sampling")->check(seed_number())->capture_default_str();
   app.add_option("--temperature", o.temperature, "Sampling temperature (0 = greedy)")
       ->check(number_in(0, 100))
       ->capture_default_str();
@@ -301,10 +326,38 @@ void wait_passively(char** argv) {
   // Still here: no /proc (or no exec). OpenMP keeps its defaults for this run.
 }
 
+namespace {
+bool is_output(CLI::Option& opt) {
+  try {
+    return opt.get_validator(kOutputCheck) != nullptr;
+  } catch (const CLI::OptionNotFound&) {
+    return false;
+  }
+}
+
+// " (smaller values of --context 16777216 may fit)": the options given to the command that ran
+// and its parents, with their values; or what to try when only defaults were used.
+std::string size_advice(CLI::App& app) {
+  std::string given;
+  std::function<void(CLI::App&)> collect = [&](CLI::App& a) {
+    for (CLI::Option* opt : a.get_options()) {
+      if (opt->count() == 0 || opt->get_expected_min() == 0 || is_output(*opt)) continue;
+      given += (given.empty() ? "" : ", ") + opt->get_name();
+      for (const std::string& v : opt->results()) given += " " + v;
+    }
+    for (CLI::App* sub : a.get_subcommands()) collect(*sub);
+  };
+  collect(app);
+  return given.empty() ? " (the defaults need more memory than this machine has free)"
+                       : " (smaller values of " + given + " may fit)";
+}
+}  // namespace
+
 int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
   try {
     app.parse(argc, argv);
-    check_default_outputs(app);
+    std::map<std::string, std::string> outputs;
+    check_default_outputs(app, outputs);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -332,9 +385,9 @@ int run_cli(CLI::App& app, int argc, char** argv, const std::function<int()>& bo
     return 1;
   } catch (const std::bad_alloc&) {
     // The loaders, caches and the generate loop name what they were allocating (with_context);
-    // this is an allocation outside them.
-    std::cerr << app.get_name() << ": error: out of host memory (a smaller model, a shorter prompt or fewer "
-              << "--max-new-tokens may fit)\n";
+    // this is an allocation outside them. The advice names the options this command was given
+    // (a fixed list named --max-new-tokens to commands that do not have it).
+    std::cerr << app.get_name() << ": error: out of host memory" << size_advice(app) << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << app.get_name() << ": internal error: " << e.what() << "\n";

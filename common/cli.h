@@ -62,6 +62,10 @@ struct CommonOptions : ModelOptions, GenerationOptions {
 /// ("0 is outside [1, 16777216]") instead of CLI11's default (which prints DBL_MAX in full).
 CLI::Validator number_in(double lo, double hi);
 
+/// A CLI11 check that an option is a seed: decimal digits only, at most 2^64 - 1 ("-1", "" and
+/// 2^64 + 1 are refused rather than read as 2^64 - 1, 0 and 1).
+CLI::Validator seed_number();
+
 /// A CLI11 check that an option names a file the command can write (unwritable_file_reason): its
 /// folder exists and is writable. "" passes (no output). It runs as the command line is parsed,
 /// so a mistyped path is a usage error naming the flag ("--json: cannot write /no/dir/x.json:

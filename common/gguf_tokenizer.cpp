@@ -1,12 +1,19 @@
 #include "common/gguf_tokenizer.h"
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
+#include <string_view>
 #include <tuple>
+#include <unordered_map>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/regex.h"
 
 namespace inferlab::gguf {
 
@@ -77,12 +84,101 @@ std::vector<std::string> strings(const File& f, const std::string& key) {
   return out;
 }
 
+// The special ids a file may name; each must be a token of the file's `count`.
+const char* const kIdKeys[] = {"tokenizer.ggml.bos_token_id",      "tokenizer.ggml.eos_token_id",
+                               "tokenizer.ggml.eot_token_id",      "tokenizer.ggml.eom_token_id",
+                               "tokenizer.ggml.unknown_token_id",  "tokenizer.ggml.padding_token_id",
+                               "tokenizer.ggml.seperator_token_id"};
+
+std::int64_t special_id(const File& f, const std::string& key, std::size_t count) {
+  if (!f.has(key)) return -1;
+  const std::int64_t id = f.get_int(key);
+  IL_CHECK(id >= 0 && id < static_cast<std::int64_t>(count), f.path(), ": metadata '", key, "' = ", id,
+           " is outside the vocabulary of ", count, " tokens");
+  return id;
+}
+
 bool flag(const File& f, const std::string& key, bool otherwise) {
   if (!f.has(key)) return otherwise;
   const Value& v = f.get(key);
   IL_CHECK(v.kind == Value::Kind::Bool, f.path(), ": metadata '", key, "' is ", kind_name(v.kind), ", not BOOL");
   return v.i != 0;
 }
+
+// The pieces of a vocabulary by their polynomial hash (mod 2^61 - 1), so that every split of a
+// piece into two pieces of the vocabulary is found in time linear in the piece's length: only a
+// split whose two lengths are both lengths of pieces is looked at, the hash of its prefix grows by
+// one byte at a time and its suffix's follows from the whole piece's, and only halves that hash
+// like a piece are compared byte by byte. Comparing every split's strings instead is quadratic in
+// the length: a 1 MB piece took 34 s.
+class PieceIndex {
+ public:
+  PieceIndex(const std::vector<std::string>& pieces, std::size_t n) : pieces_(pieces), whole_(n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      whole_[i] = hash(pieces[i]);
+      std::vector<std::size_t>& ids = by_hash_[key(whole_[i], pieces[i].size())];
+      const bool seen = std::any_of(ids.begin(), ids.end(), [&](std::size_t j) { return pieces[j] == pieces[i]; });
+      if (!seen) ids.push_back(i);  // a repeated string keeps its first id, as the vocabulary does
+      lengths_.push_back(pieces[i].size());
+    }
+    std::sort(lengths_.begin(), lengths_.end());
+    lengths_.erase(std::unique(lengths_.begin(), lengths_.end()), lengths_.end());
+  }
+
+  // Calls each(l, r) for every split of piece i into pieces l + r, from the shortest left piece.
+  template <typename F>
+  void splits(std::size_t i, F&& each) const {
+    const std::string& p = pieces_[i];
+    const std::string_view v(p);
+    std::uint64_t prefix = 0;
+    std::size_t hashed = 0;  // prefix is the hash of p[0, hashed)
+    for (std::size_t k : lengths_) {
+      if (k >= p.size()) break;
+      if (k == 0 || !std::binary_search(lengths_.begin(), lengths_.end(), p.size() - k)) continue;
+      if ((static_cast<unsigned char>(p[k]) & 0xC0) == 0x80) continue;  // not between two UTF-8 characters
+      for (; hashed < k; ++hashed) prefix = add(mul(prefix, kBase), static_cast<unsigned char>(p[hashed]) + 1u);
+      const auto l = find(prefix, v.substr(0, k));
+      if (!l) continue;
+      const std::uint64_t suffix = add(whole_[i], kMod - mul(prefix, power(p.size() - k)));
+      if (const auto r = find(suffix, v.substr(k))) each(*l, *r);
+    }
+  }
+
+ private:
+  static constexpr std::uint64_t kMod = (std::uint64_t(1) << 61) - 1, kBase = 1000003;
+  static std::uint64_t mul(std::uint64_t a, std::uint64_t b) {
+    const unsigned __int128 x = static_cast<unsigned __int128>(a) * b;
+    return add(static_cast<std::uint64_t>(x & kMod), static_cast<std::uint64_t>(x >> 61));
+  }
+  static std::uint64_t add(std::uint64_t a, std::uint64_t b) {
+    const std::uint64_t x = a + b;
+    return x >= kMod ? x - kMod : x;
+  }
+  static std::uint64_t power(std::size_t e) {  // kBase^e
+    std::uint64_t r = 1, b = kBase;
+    for (; e > 0; e >>= 1, b = mul(b, b))
+      if (e & 1) r = mul(r, b);
+    return r;
+  }
+  static std::uint64_t hash(std::string_view s) {
+    std::uint64_t h = 0;
+    for (unsigned char c : s) h = add(mul(h, kBase), c + 1u);
+    return h;
+  }
+  static std::uint64_t key(std::uint64_t h, std::size_t len) { return h ^ (static_cast<std::uint64_t>(len) << 61); }
+  std::optional<std::size_t> find(std::uint64_t h, std::string_view s) const {
+    const auto it = by_hash_.find(key(h, s.size()));
+    if (it == by_hash_.end()) return std::nullopt;
+    for (std::size_t id : it->second)
+      if (pieces_[id] == s) return id;
+    return std::nullopt;
+  }
+
+  const std::vector<std::string>& pieces_;
+  std::vector<std::uint64_t> whole_;  // each piece's hash
+  std::vector<std::size_t> lengths_;  // the pieces' lengths, sorted, each once
+  std::unordered_map<std::uint64_t, std::vector<std::size_t>> by_hash_;
+};
 
 }  // namespace
 
@@ -94,19 +190,26 @@ json tokenizer_json(const File& f) {
     const Value& t = f.get("tokenizer.ggml.token_type");
     IL_CHECK(t.kind == Value::Kind::Array && t.items.size() == tokens.size(), f.path(),
              ": metadata 'tokenizer.ggml.token_type' must be an array of one type per token (", tokens.size(), ")");
-    for (std::size_t i = 0; i < tokens.size(); ++i) types[i] = t.items[i].i;
+    Value element;
+    element.kind = t.element;
+    IL_CHECK(element.is_integer(), f.path(), ": metadata 'tokenizer.ggml.token_type' is an array of ", kind_name(t.element),
+             ", not of integers");
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      types[i] = t.items[i].i;
+      IL_CHECK(types[i] >= Normal && types[i] <= Byte, f.path(), ": metadata 'tokenizer.ggml.token_type' of token ", i,
+               " is ", types[i], ", not a token type (1 normal .. 6 byte)");
+    }
+  }
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const std::string where = f.path() + ": metadata 'tokenizer.ggml.tokens': token " + std::to_string(i);
+    IL_CHECK(!tokens[i].empty() || types[i] == Unused, where, " is empty");
+    validate_utf8(tokens[i], where);
   }
   std::size_t n = tokens.size();
   while (n > 0 && types[n - 1] == Unused) --n;  // an exporter's padding to the embedding's rows
   IL_CHECK(n > 0, f.path(), ": metadata 'tokenizer.ggml.tokens' holds no token");
-  auto id_of = [&](const std::string& key) -> std::int64_t {
-    if (!f.has(key)) return -1;
-    const std::int64_t id = f.get_int(key);
-    IL_CHECK(id >= 0 && id < static_cast<std::int64_t>(n), f.path(), ": metadata '", key, "' = ", id,
-             " is outside the vocabulary of ", n, " tokens");
-    return id;
-  };
-  const std::int64_t bos = id_of("tokenizer.ggml.bos_token_id");
+  for (const char* key : kIdKeys) special_id(f, key, tokens.size());
+  const std::int64_t bos = special_id(f, "tokenizer.ggml.bos_token_id", n);
   const bool spm = kind == "llama";
   IL_CHECK(spm || kind == "gpt2", f.path(), ": tokenizer.ggml.model '", kind,
            "' is not a tokenizer this reader implements (gpt2: byte-level BPE; llama: SentencePiece)");
@@ -147,28 +250,30 @@ json tokenizer_json(const File& f) {
     const Value& sv = f.get("tokenizer.ggml.scores");
     IL_CHECK(sv.kind == Value::Kind::Array && sv.items.size() == tokens.size(), f.path(),
              ": metadata 'tokenizer.ggml.scores' must be an array of one score per token (", tokens.size(), ")");
+    IL_CHECK(sv.element == Value::Kind::F32 || sv.element == Value::Kind::F64, f.path(),
+             ": metadata 'tokenizer.ggml.scores' is an array of ", kind_name(sv.element), ", not of F32");
+    for (std::size_t i = 0; i < n; ++i)
+      IL_CHECK(std::isfinite(sv.items[i].f), f.path(), ": metadata 'tokenizer.ggml.scores' of token ", i, " is ",
+               sv.items[i].f, ", not a finite number");
     struct M {
       double score;
       std::int64_t id, l, r;
-      std::string a, b;
     };
     std::vector<M> merges;
+    const PieceIndex index(tokens, n);
     for (std::size_t i = 0; i < n; ++i) {
       if (types[i] != Normal) continue;
-      const std::string& p = tokens[i];
-      for (std::size_t k = 1; k < p.size(); ++k) {
-        if ((static_cast<unsigned char>(p[k]) & 0xC0) == 0x80) continue;  // not between two UTF-8 characters
-        const std::string a = p.substr(0, k), b = p.substr(k);
-        if (vocab.contains(a) && vocab.contains(b))
-          merges.push_back({sv.items[i].f, static_cast<std::int64_t>(i), vocab[a].get<std::int64_t>(),
-                            vocab[b].get<std::int64_t>(), a, b});
-      }
+      index.splits(i, [&](std::size_t l, std::size_t r) {
+        merges.push_back(
+            {sv.items[i].f, static_cast<std::int64_t>(i), static_cast<std::int64_t>(l), static_cast<std::int64_t>(r)});
+      });
     }
     std::sort(merges.begin(), merges.end(), [](const M& x, const M& y) {
       return x.score != y.score ? x.score > y.score : std::tie(x.id, x.l, x.r) < std::tie(y.id, y.l, y.r);
     });
     json jm = json::array();
-    for (const M& m : merges) jm.push_back(json::array({m.a, m.b}));
+    for (const M& m : merges)
+      jm.push_back(json::array({tokens[static_cast<std::size_t>(m.l)], tokens[static_cast<std::size_t>(m.r)]}));
     const bool prefix = flag(f, "tokenizer.ggml.add_space_prefix", true);
     json norm = json::array();
     if (prefix) norm.push_back({{"type", "Prepend"}, {"prepend", kMeta}});
@@ -192,10 +297,27 @@ std::unique_ptr<Tokenizer> tokenizer(const File& f) {
   return std::make_unique<HfTokenizer>(HfTokenizer::from_json(tokenizer_json(f), f.path() + " (tokenizer.ggml.*)"));
 }
 
+bool is_gguf_file(const std::string& path) {
+  // Only a regular file is opened here (a FIFO would block); anything else goes on to the
+  // tokenizer.json reader, which refuses it by name.
+  if (!std::filesystem::is_regular_file(path)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
+}
+
+TokenizerFormat tokenizer_format() {
+  return {is_gguf_file, [](const std::string& path) { return tokenizer(File(path)); },
+          [](const std::string&) { return std::string(); }};
+}
+
 std::vector<std::int64_t> stop_ids(const File& f) {
   std::vector<std::int64_t> out;
+  // Without tokens the vocabulary's size is the model's to check; an id is still never negative.
+  const std::size_t count =
+      f.has("tokenizer.ggml.tokens") ? strings(f, "tokenizer.ggml.tokens").size() : static_cast<std::size_t>(INT64_MAX);
   for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
-    if (f.has(key)) out.push_back(f.get_int(key));
+    if (f.has(key)) out.push_back(special_id(f, key, count));
   if (f.has("tokenizer.ggml.tokens") && f.has("tokenizer.ggml.token_type")) {
     const auto tokens = strings(f, "tokenizer.ggml.tokens");
     const auto& types = f.get("tokenizer.ggml.token_type").items;

@@ -36,6 +36,11 @@ nlohmann::json tokenizer_json(const File& f);
 /// The tokenizer of tokenizer_json(f), named after the file: "model.gguf (tokenizer.ggml.*)".
 std::unique_ptr<Tokenizer> tokenizer(const File& f);
 
+/// True when `path` starts with GGUF's magic bytes.
+bool is_gguf_file(const std::string& path);
+/// A GGUF file as a tokenizer file (Tokenizer::load, `--tokenizer model.gguf`): its tokenizer().
+TokenizerFormat tokenizer_format();
+
 /// The ids generation stops at: the EOS, end-of-turn and end-of-message ids the file names
 /// (tokenizer.ggml.eos/eot/eom_token_id), and its control tokens whose text ends a turn in the
 /// common chat formats (`<|im_end|>`, `<|eot_id|>`, `<|end|>`, `<end_of_turn>`, `<|endoftext|>`).

@@ -64,7 +64,8 @@ TransformerConfig parse_transformer_config(const HfConfig& cfg) {
   // Qwen2's q/k/v biases are implied by its architecture rather than a config field. Llama's
   // attention_bias puts a bias on all four attention projections, o_proj too (transformers'
   // LlamaAttention: bias=config.attention_bias for q_proj, k_proj, v_proj and o_proj).
-  c.attention_bias = f.get_or<bool>("attention_bias", cfg.model_type() == "qwen2");
+  // (The architecture implies them too: a Qwen2ForCausalLM config without model_type ran without.)
+  c.attention_bias = f.get_or<bool>("attention_bias", cfg.model_type() == "qwen2" || c.architecture == "Qwen2ForCausalLM");
   c.attention_out_bias = c.attention_bias && c.architecture == "LlamaForCausalLM";
   c.mlp_bias = f.get_or<bool>("mlp_bias", false);
   c.torch_dtype = f.get_or<std::string>("torch_dtype", f.get_or<std::string>("dtype", ""));
@@ -158,7 +159,9 @@ YarnScaling parse_yarn_scaling(const TransformerConfig& c, const std::string& wh
   };
   YarnScaling y;
   y.factor = s.get<double>("factor");
-  IL_CHECK(std::isfinite(y.factor) && y.factor > 0, s.context(), ": 'factor' must be positive, got ", y.factor);
+  // YaRN stretches the context by `factor`: below 1 it is not YaRN (transformers warns), and a tiny
+  // one made the interpolated frequencies overflow to NaN only at the first forward pass.
+  IL_CHECK(std::isfinite(y.factor) && y.factor >= 1, s.context(), ": 'factor' must be at least 1 for YaRN, got ", y.factor);
   y.original_context = number("original_max_position_embeddings", static_cast<double>(c.max_position_embeddings), true);
   y.beta_fast = number("beta_fast", 32, true);
   y.beta_slow = number("beta_slow", 1, true);

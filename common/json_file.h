@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -72,16 +73,34 @@ class JsonFields {
 
  private:
   template <class T>
+  struct is_vector : std::false_type {};
+  template <class E>
+  struct is_vector<std::vector<E>> : std::true_type {};
+
+  template <class T>
   T convert(const std::string& key, const nlohmann::json& v) const {
-    if constexpr (std::is_same_v<T, bool>) {
-      IL_CHECK(v.is_boolean(), ctx_, ": field '", key, "' must be true or false, got ", v.dump());
+    return convert_as<T>("field '" + key + "'", v);
+  }
+  // `what` is "field 'x'", or "field 'x' entry 3" for a list's entry.
+  template <class T>
+  T convert_as(const std::string& what, const nlohmann::json& v) const {
+    if constexpr (is_vector<T>::value) {
+      // A list: each entry of the element's type, checked as a field is (nlohmann would read 2.5
+      // as the integer 2, and throw its own type error for a string among integers).
+      IL_CHECK(v.is_array(), ctx_, ": ", what, " must be a list, got ", json_brief(v));
+      T out;
+      for (std::size_t i = 0; i < v.size(); ++i)
+        out.push_back(convert_as<typename T::value_type>(what + " entry " + std::to_string(i), v[i]));
+      return out;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      IL_CHECK(v.is_boolean(), ctx_, ": ", what, " must be true or false, got ", v.dump());
     } else if constexpr (std::is_integral_v<T>) {
-      IL_CHECK(v.is_number_integer(), ctx_, ": field '", key, "' must be an integer, got ", v.dump());
-      return json_integer<T>(v, ctx_ + ": field '" + key + "'");
+      IL_CHECK(v.is_number_integer(), ctx_, ": ", what, " must be an integer, got ", v.dump());
+      return json_integer<T>(v, ctx_ + ": " + what);
     } else if constexpr (std::is_floating_point_v<T>) {
-      IL_CHECK(v.is_number(), ctx_, ": field '", key, "' must be a number, got ", v.dump());
+      IL_CHECK(v.is_number(), ctx_, ": ", what, " must be a number, got ", v.dump());
     } else if constexpr (std::is_same_v<T, std::string>) {
-      IL_CHECK(v.is_string(), ctx_, ": field '", key, "' must be a string, got ", v.dump());
+      IL_CHECK(v.is_string(), ctx_, ": ", what, " must be a string, got ", v.dump());
     }
     return v.get<T>();
   }

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <queue>
 #include <unordered_map>
@@ -659,6 +660,13 @@ HfTokenizer HfTokenizer::load(const std::string& path_in) {
   namespace fs = std::filesystem;
   const std::string path = fs::is_directory(path_in) ? (fs::path(path_in) / "tokenizer.json").string() : path_in;
   IL_CHECK(fs::exists(path), "cannot open ", path, ": no such file");
+  // A file of another format is named as such, not reported as a JSON syntax error.
+  std::ifstream in;
+  if (fs::is_regular_file(path)) in.open(path, std::ios::binary);  // a FIFO is refused by load_json
+  char magic[4] = {};
+  if (in.is_open() && in.read(magic, 4) && std::string_view(magic, 4) == "GGUF")
+    fail(path, ": a GGUF file, not a tokenizer.json (a GGUF model carries its tokenizer: pass the file itself)");
+  IL_CHECK(fs::path(path).extension() != ".bin", path, ": a llama2.c .bin file, not a tokenizer.json");
   return from_json(load_json(path), path);
 }
 
@@ -681,6 +689,11 @@ HfTokenizer HfTokenizer::from_json_impl(const json& j, const std::string& name) 
   const std::string mtype = mf.get_or<std::string>("type", "BPE");
   IL_CHECK(mtype == "BPE", path, ": model type '", mtype, "' is not supported (only BPE)");
   mf.object("vocab"), mf.array("merges");  // present, and of their types
+  // BPE dropout skips merges at random (a training-time regularizer): with it the ids would not
+  // be the model's, and it used to be ignored.
+  if (mf.has("dropout"))
+    IL_CHECK(mf.get<double>("dropout") == 0, path, ": model.dropout is ", mf.get<double>("dropout"),
+             ": BPE dropout (merges skipped at random) is not implemented; tokenizers uses null for none");
   for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix"})
     IL_CHECK(!m.contains(f) || m[f].is_null() || m[f] == "", path, ": model.", f, " is not supported");
 

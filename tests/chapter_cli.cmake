@@ -41,6 +41,33 @@ inferlab_cli_test(ch08_diffusion_lm.JsonPathIsCheckedBeforeTheTable
   COMMAND ch08_diffusion_lm quality --json /nonexistent/x)
 inferlab_cli_test(ch09_quantization.ExportPathIsCheckedFirst PASS "output: cannot write /nonexistent/m.gguf"
   COMMAND ch09_quantization export /nonexistent/m.gguf)
+# Outputs that are not regular files are refused, never replaced (as root, the rename used to put a
+# file in /dev/null's place); two outputs to one path are refused; a writer stopped by a file size
+# limit (SIGXFSZ, now ignored so that the write fails) leaves no temporary file behind.
+inferlab_cli_test(ch09_quantization.ADeviceIsNotAnExportTarget
+  PASS "output: cannot write /dev/null: it is a character device, not a regular file"
+  COMMAND ch09_quantization export /dev/null)
+inferlab_cli_test(ch06_local_attention.TwoPlotsToOneFileAreRefused
+  PASS "--reach-svg: ${out}/same.svg is also the path of --svg" FAIL "influence"
+  COMMAND ch06_local_attention recall --svg "${out}/same.svg" --reach-svg "${out}/same.svg")
+file(MAKE_DIRECTORY "${out}/fsize")
+inferlab_cli_test(ch09_quantization.AFileSizeLimitLeavesNoTemporaryFile
+  PASS "m.gguf: File too large.*status 1.left: +END" FAIL "tmp\\."
+  COMMAND sh -c "ulimit -f 64\n\"$1\" export \"$2/m.gguf\"\necho \"status $?\"\necho left: $(ls \"$2\") END" sh
+  $<TARGET_FILE:ch09_quantization> "${out}/fsize")
+# Seeds are read exactly (-1, '' and 2^64 + 1 were taken), the model a flag stands for is never
+# silently replaced, and a file of one format is named when it is given for another.
+inferlab_cli_test(ch08_diffusion_lm.ANegativeSeedIsRefused PASS "--seed: '-1' is not a seed" FAIL "prompt:"
+  COMMAND ch08_diffusion_lm canvas --seed -1)
+inferlab_cli_test(ch11_continuous_batching.ASeedBeyond2To64IsRefused
+  PASS "--seed: 18446744073709551617 is beyond the largest seed" COMMAND ch11_continuous_batching trace --seed
+  18446744073709551617)
+inferlab_cli_test(ch11_continuous_batching.RandomAndModelAreRefusedTogether PASS "--model excludes --random"
+  COMMAND ch11_continuous_batching trace --random --model "${PROJECT_SOURCE_DIR}/data/models/tiny-mha")
+file(WRITE "${out}/a_file.bin" "not a checkpoint")
+inferlab_cli_test(ch09_quantization.ALlama2cFileIsNotAnExportModel
+  PASS "--model ${out}/a_file.bin: export takes a Hugging Face model folder" COMMAND ch09_quantization export
+  "${out}/never.gguf" --model "${out}/a_file.bin")
 inferlab_cli_test(ch01_naive_decode.ConvertFolderIsCheckedFirst
   PASS "output: cannot write ${out}/a_file/hf: .*a_file is a file, not a folder"
   COMMAND ch01_naive_decode convert "${PROJECT_SOURCE_DIR}/data/models/tiny-mha" "${out}/a_file/hf" --to hf)

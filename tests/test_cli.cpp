@@ -1,5 +1,7 @@
 // The shared command line: defaults, validation, and errors that end in a clear message and
 // a non-zero exit status rather than a crash.
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <new>
@@ -37,6 +39,18 @@ CliRun run(std::vector<std::string> args, const std::function<int(const CommonOp
   return {status, err.str(), o};
 }
 
+// run_cli on `app` with a body that does nothing; `err` receives what it printed.
+int run_app(CLI::App& app, std::vector<std::string> args, std::string* err) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  std::stringstream e;
+  auto* old = std::cerr.rdbuf(e.rdbuf());
+  const int st = run_cli(app, static_cast<int>(argv.size()), argv.data(), [] { return 0; });
+  std::cerr.rdbuf(old);
+  *err = e.str();
+  return st;
+}
+
 TEST(Cli, DefaultsAndParsing) {
   CliRun r = run({});
   EXPECT_EQ(r.status, 0);
@@ -65,7 +79,11 @@ TEST(Cli, BadCommandLinesExitWithStatus2AndSayWhy) {
            {{"--temperature", "nan"}, "'nan' is not a finite number"},
            {{"--max-new-tokens", "0"}, "0 is outside [1, 1048576]"},
            {{"--max-new-tokens", "99999999999999999999"}, "outside [1, 1048576]"},
-           {{"--seed", "-1"}, "-1 is outside [0, "},
+           {{"--seed", "-1"}, "--seed: '-1' is not a seed (a whole number in [0, 2^64 - 1])"},
+           {{"--seed", ""}, "--seed: '' is not a seed"},
+           {{"--seed", "1e3"}, "'1e3' is not a seed"},
+           {{"--seed", "18446744073709551616"}, "18446744073709551616 is beyond the largest seed, 2^64 - 1"},
+           {{"--seed", "18446744073709551617"}, "18446744073709551617 is beyond the largest seed"},
            {{"--top-p", "0"}, "top-p"}}) {
     CliRun r = run(args);
     EXPECT_EQ(r.status, 2) << args[0];
@@ -109,8 +127,13 @@ TEST(Cli, FilesystemErrorsAndRunningOutOfMemoryEndInAMessageThatHelps) {
       << r.err;
   r = run({}, [](const CommonOptions&) -> int { throw std::bad_alloc(); });
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.err.find("error: out of host memory (a smaller model, a shorter prompt or fewer --max-new-tokens may fit)"),
+  EXPECT_NE(r.err.find("error: out of host memory (the defaults need more memory than this machine has free)"),
             std::string::npos)
+      << r.err;
+  // The advice names the options this command was given (chapter 12's `speed --context 16777216`
+  // was told to use fewer --max-new-tokens, which it does not take); outputs are not sizes.
+  r = run({"--max-new-tokens", "4096", "--json", "x.json"}, [](const CommonOptions&) -> int { throw std::bad_alloc(); });
+  EXPECT_NE(r.err.find("error: out of host memory (smaller values of --max-new-tokens 4096 may fit)"), std::string::npos)
       << r.err;
 }
 
@@ -152,6 +175,56 @@ TEST(Cli, OptionsACommandDoesNotUseAreNotAccepted) {
 
 // An output path is checked as the command line is parsed: a mistyped folder used to fail only
 // when the results were written, after the whole run.
+// A seed is read exactly: 2^64 - 1 is the largest, and 2^64 + 1 is refused rather than wrapped
+// to 1 (the campaign found it giving 2^64 - 1's text).
+TEST(Cli, SeedsAreReadExactly) {
+  const CliRun r = run({"--seed", "18446744073709551615"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.opts.seed, 18446744073709551615ull);
+  EXPECT_EQ(run({"--seed", "0"}).opts.seed, 0u);
+}
+
+// Two outputs to one path (chapter 06's `recall --svg X --reach-svg X`): the second would replace
+// the first, so the command line is refused, whether the paths are spelled alike or not.
+TEST(Cli, TwoOutputsToOnePathAreRefused) {
+  test::TempDir dir;
+  auto status = [&](std::vector<std::string> args, std::string* err) {
+    CLI::App app{"test", "chXX_test"};
+    std::string svg, reach_svg, json;
+    CLI::App* recall = app.add_subcommand("recall", "two plots");
+    recall->add_option("--svg", svg, "a plot")->check(output_file());
+    recall->add_option("--reach-svg", reach_svg, "another plot")->check(output_file());
+    add_json_option(*recall, json);
+    args.insert(args.begin(), {"chXX_test", "recall"});
+    return run_app(app, args, err);
+  };
+  const std::string x = dir.file("x.svg");
+  std::string err;
+  EXPECT_EQ(status({"--svg", x, "--reach-svg", x}, &err), 2);
+  EXPECT_NE(err.find("--reach-svg: " + x + " is also the path of --svg: each output needs a file of its own"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(status({"--svg", x, "--json", dir.path().string() + "/./x.svg"}, &err), 2);
+  EXPECT_NE(err.find("is also the path of --svg"), std::string::npos) << err;
+  EXPECT_EQ(status({"--svg", x, "--reach-svg", dir.file("y.svg"), "--json", ""}, &err), 0) << err;
+  EXPECT_EQ(status({"--svg", "", "--reach-svg", ""}, &err), 0) << err;  // '' is no output
+}
+
+// A device node, a FIFO or a socket is not a file to replace: `--json /dev/null` is refused as
+// the command line is parsed (as root, the rename used to replace /dev/null with a file).
+TEST(Cli, AnOutputThatIsADeviceOrAFifoIsRefused) {
+  test::TempDir dir;
+  const std::string fifo = dir.file("pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const auto& [path, words] : std::vector<std::pair<std::string, std::string>>{
+           {"/dev/null", "--json: cannot write /dev/null: it is a character device, not a regular file"},
+           {fifo, "it is a FIFO (named pipe), not a regular file"}}) {
+    const CliRun r = run({"--json", path});
+    EXPECT_EQ(r.status, 2) << path;
+    EXPECT_NE(r.err.find(words), std::string::npos) << r.err;
+  }
+}
+
 TEST(Cli, OutputPathsAreCheckedBeforeAnyWork) {
   test::TempDir dir;
   const std::string file = dir.file("plain.txt");
@@ -190,14 +263,7 @@ TEST(Cli, DefaultOutputsAndInputFilesAreCheckedToo) {
     CLI::App* calc = app.add_subcommand("calc", "writes nothing by default");
     calc->add_option("--svg", other, "a plot")->check(output_file())->capture_default_str();
     args.insert(args.begin(), "chXX_test");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    std::stringstream e;
-    auto* old = std::cerr.rdbuf(e.rdbuf());
-    const int st = run_cli(app, static_cast<int>(argv.size()), argv.data(), [] { return 0; });
-    std::cerr.rdbuf(old);
-    *err = e.str();
-    return st;
+    return run_app(app, args, err);
   };
   std::string err;
   EXPECT_EQ(status({"plot"}, &err), 2);

@@ -45,6 +45,10 @@ TEST(Config, PublishedParameterCounts) {
       "num_hidden_layers":24,"num_attention_heads":14,"num_key_value_heads":2,"vocab_size":151936,
       "tie_word_embeddings":true})");
   EXPECT_TRUE(qwen.attention_bias);
+  EXPECT_TRUE(parse(R"({"architectures":["Qwen2ForCausalLM"],"hidden_size":896,"intermediate_size":4864,
+      "num_hidden_layers":24,"num_attention_heads":14,"num_key_value_heads":2,"vocab_size":151936})")
+                  .attention_bias)
+      << "implied by the architecture without model_type";
   EXPECT_EQ(qwen.num_parameters(), 494032768);
 }
 
@@ -111,6 +115,10 @@ TEST(Config, FieldsThatChangeTheMathAreImplementedOrRefusedByName) {
       {R"("rope_scaling":{"type":"yarn","factor":4.0,"attention_factor":0})",
        {"field 'rope_scaling'", "'attention_factor' must be positive"}},
       {R"("rope_scaling":{"type":"yarn"})", {"field 'rope_scaling'", "missing field 'factor'"}},
+      // a tiny factor failed only at the first forward pass, with NaN
+      {R"("rope_scaling":{"type":"yarn","factor":1e-300})",
+       {"field 'rope_scaling'", "'factor' must be at least 1 for YaRN"}},
+      {R"("rope_scaling":{"type":"yarn","factor":0.5})", {"'factor' must be at least 1 for YaRN, got 0.5"}},
       {R"("architectures":["LlamaForCausalLM"],"rope_scaling":{"type":"yarn","factor":4.0})",
        {"field 'rope_scaling'", "type 'yarn' is implemented for DeepseekV3ForCausalLM and DeepseekV2ForCausalLM",
         "not for architecture 'LlamaForCausalLM'"}},

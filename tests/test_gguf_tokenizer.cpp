@@ -4,6 +4,9 @@
 // llama2.c's tokenizer on a real SentencePiece vocabulary; refusals; the stop ids.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -174,4 +177,136 @@ TEST(GgufTokenizer, StopIds) {
                                      {"tokenizer.ggml.eos_token_id", gguf::Value::u32(1)}}));
   // 1 (EOS), 0 and 2 and 4 (control end tokens); 3 is a normal token that only looks like one.
   EXPECT_EQ(gguf::stop_ids(f), (std::vector<std::int64_t>{0, 1, 2, 4}));
+}
+
+namespace {
+
+gguf::Value typed(gguf::Value::Kind kind, std::int64_t i) {
+  gguf::Value v;
+  v.kind = kind, v.i = i;
+  return v;
+}
+
+// A SentencePiece vocabulary: the given pieces (normal, score -i), then <0x00> .. <0xFF>.
+std::vector<std::pair<std::string, gguf::Value>> spm_meta(const std::vector<std::string>& pieces) {
+  std::vector<gguf::Value> tokens, types, scores;
+  auto add = [&](const std::string& p, int type) {
+    scores.push_back(gguf::Value::f32(-static_cast<float>(tokens.size())));
+    tokens.push_back(gguf::Value::str(p));
+    types.push_back(typed(gguf::Value::Kind::I32, type));
+  };
+  for (const auto& p : pieces) add(p, 1);
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    add(name, 6);
+  }
+  return {{"tokenizer.ggml.model", gguf::Value::str("llama")},
+          {"tokenizer.ggml.tokens", gguf::Value::array(gguf::Value::Kind::String, tokens)},
+          {"tokenizer.ggml.token_type", gguf::Value::array(gguf::Value::Kind::I32, types)},
+          {"tokenizer.ggml.scores", gguf::Value::array(gguf::Value::Kind::F32, scores)},
+          {"tokenizer.ggml.add_bos_token", typed(gguf::Value::Kind::Bool, 0)}};
+}
+
+void set(std::vector<std::pair<std::string, gguf::Value>>& meta, const std::string& key, gguf::Value v) {
+  for (auto& [k, x] : meta)
+    if (k == key) {
+      x = std::move(v);
+      return;
+    }
+  meta.emplace_back(key, std::move(v));
+}
+
+}  // namespace
+
+// The campaign's hang: a piece of 1 MB made the reader compare every split of it (34 s). Loading
+// and tokenizing a short prompt now takes well under 50 ms; the merges found are the same.
+TEST(GgufTokenizer, AOneMegabytePieceLoadsAndTokenizesInUnderFiftyMilliseconds) {
+  test::TempDir tmp;
+  const std::string big(std::size_t(1) << 20, 'a');
+  const std::string path = write_metadata(tmp, "big",
+                                          spm_meta({"\xE2\x96\x81", "a",
+                                                    "\xE2\x96\x81"
+                                                    "a",
+                                                    big}));
+  const gguf::File f(path);
+  const auto start = std::chrono::steady_clock::now();
+  const auto tok = gguf::tokenizer(f);
+  const auto ids = tok->encode("a aa b");
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(ms, 50.0);
+  // ▁a, ▁a, a, ▁, and b's byte
+  EXPECT_EQ(ids, (std::vector<std::int32_t>{2, 2, 1, 0, 4 + 'b'}));
+  // Its merges: only the splits whose both halves are pieces ("▁" + "a" makes "▁a").
+  const auto j = gguf::tokenizer_json(f);
+  EXPECT_EQ(j["model"]["merges"].dump(), "[[\"\xE2\x96\x81\",\"a\"]]");
+}
+
+// Every tokenizer.ggml.* key, checked for its type and range, and named with the token at fault.
+TEST(GgufTokenizer, EachKeyIsCheckedForItsTypeAndRange) {
+  test::TempDir tmp;
+  auto refused = [&](const std::string& name, std::vector<std::pair<std::string, gguf::Value>> meta,
+                     std::initializer_list<std::string> parts, bool stops = false) {
+    SCOPED_TRACE(name);
+    const gguf::File f(write_metadata(tmp, name, std::move(meta)));
+    if (stops) test::expect_error([&] { gguf::stop_ids(f); }, parts);
+    else test::expect_error([&] { gguf::tokenizer(f); }, parts);
+  };
+  const auto base = spm_meta({"\xE2\x96\x81", "a", "b", "ab"});
+  {  // scores stored as INT32 read as 0 (33 tokens where F32 scores gave 28)
+    auto m = base;
+    std::vector<gguf::Value> ints(base[3].second.items.size(), typed(gguf::Value::Kind::I32, -1));
+    set(m, "tokenizer.ggml.scores", gguf::Value::array(gguf::Value::Kind::I32, ints));
+    refused("int_scores", m, {"int_scores.gguf", "'tokenizer.ggml.scores'", "INT32", "not of F32"});
+  }
+  {  // a NaN score would reach the sort's comparator
+    auto m = base;
+    auto scores = base[3].second;
+    scores.items[3].f = std::nan("");
+    set(m, "tokenizer.ggml.scores", scores);
+    refused("nan_score", m, {"nan_score.gguf", "'tokenizer.ggml.scores' of token 3", "not a finite number"});
+  }
+  {  // an empty token, and one that is not UTF-8
+    auto m = base;
+    auto tokens = base[1].second;
+    tokens.items[2].s = "";
+    set(m, "tokenizer.ggml.tokens", tokens);
+    refused("empty_token", m, {"empty_token.gguf", "'tokenizer.ggml.tokens': token 2 is empty"});
+    tokens.items[2].s = "\xC3(";
+    set(m, "tokenizer.ggml.tokens", tokens);
+    refused("latin1_token", m, {"latin1_token.gguf", "'tokenizer.ggml.tokens': token 2", "not valid UTF-8"});
+  }
+  {  // a token type of 99, and types stored as strings
+    auto m = base;
+    auto types = base[2].second;
+    types.items[1].i = 99;
+    set(m, "tokenizer.ggml.token_type", types);
+    refused("type99", m, {"type99.gguf", "'tokenizer.ggml.token_type' of token 1 is 99", "1 normal .. 6 byte"});
+    std::vector<gguf::Value> strs(types.items.size(), gguf::Value::str("1"));
+    set(m, "tokenizer.ggml.token_type", gguf::Value::array(gguf::Value::Kind::String, strs));
+    refused("type_str", m, {"type_str.gguf", "'tokenizer.ggml.token_type' is an array of STRING", "not of integers"});
+  }
+  {  // an EOT id beyond the vocabulary, an EOM id of -1: refused by the tokenizer and by stop_ids
+    auto m = base;
+    set(m, "tokenizer.ggml.eot_token_id", gguf::Value::u32(260));
+    refused("eot", m, {"eot.gguf", "'tokenizer.ggml.eot_token_id' = 260", "260 tokens"});
+    refused("eot_stops", m, {"eot_stops.gguf", "'tokenizer.ggml.eot_token_id' = 260"}, true);
+    m = base;
+    set(m, "tokenizer.ggml.eom_token_id", typed(gguf::Value::Kind::I32, -1));
+    refused("eom", m, {"eom.gguf", "'tokenizer.ggml.eom_token_id' = -1"});
+    refused("eom_stops", m, {"eom_stops.gguf", "'tokenizer.ggml.eom_token_id' = -1"}, true);
+  }
+  // The unchanged vocabulary loads.
+  const gguf::File ok(write_metadata(tmp, "ok", base));
+  EXPECT_EQ(gguf::tokenizer(ok)->encode("ab"), (std::vector<std::int32_t>{0, 3}));
+}
+
+// A GGUF given where a tokenizer is expected (`--tokenizer model.gguf`) is read as one: it used to
+// be parsed as JSON. A tokenizer.json reader given one names the format.
+TEST(GgufTokenizer, AGgufFileIsATokenizerFile) {
+  test::TempDir tmp;
+  const std::string path = write_metadata(tmp, "model", spm_meta({"\xE2\x96\x81", "a", "b", "ab"}));
+  const auto tok = Tokenizer::load(path);
+  EXPECT_EQ(tok->encode("ab"), (std::vector<std::int32_t>{0, 3}));
+  test::expect_error([&] { HfTokenizer::load(path); }, {path, "a GGUF file, not a tokenizer.json"});
 }

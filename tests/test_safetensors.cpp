@@ -1,5 +1,10 @@
 // safetensors: files written by the Python `safetensors` package, files built byte by byte,
 // our own writer, sharded checkpoints, and every kind of broken file.
+#include <unistd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <csignal>
 #include <cstring>
 #include <fstream>
 
@@ -81,6 +86,52 @@ TEST(AtomicFile, AWriterThatThrowsHalfwayLeavesNothing) {
   EXPECT_EQ(test::read_file(path), "complete");
   EXPECT_EQ(test::list_folder(dir.path().string()), std::vector<std::string>{"out.bin"});
   expect_error([&] { write_file_atomically(dir.file("no/such/folder"), "x"); }, {"cannot write", "no/such/folder"});
+}
+
+// A target that is not a regular file is refused before anything is opened or created: renaming
+// onto /dev/null replaced it with a regular file (the campaign did that to a machine's /dev/full).
+TEST(AtomicFile, ATargetThatIsNotARegularFileIsRefusedBeforeAnythingIsCreated) {
+  struct stat before {};
+  ASSERT_EQ(::stat("/dev/null", &before), 0);
+  ASSERT_TRUE(S_ISCHR(before.st_mode));
+  expect_error([] { AtomicFile f("/dev/null"); }, {"cannot write /dev/null", "it is a character device"});
+  expect_error([] { write_file_atomically("/dev/null", "x"); }, {"/dev/null", "not a regular file"});
+  EXPECT_EQ(unwritable_file_reason("/dev/null"), "it is a character device, not a regular file");
+  struct stat after {};
+  ASSERT_EQ(::stat("/dev/null", &after), 0);
+  EXPECT_TRUE(S_ISCHR(after.st_mode));
+  EXPECT_EQ(after.st_rdev, before.st_rdev);
+  test::TempDir dir;
+  const std::string fifo = dir.file("pipe"), link = dir.file("link");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::filesystem::create_symlink(fifo, link);
+  expect_error([&] { write_file_atomically(fifo, "x"); }, {fifo, "FIFO (named pipe), not a regular file"});
+  expect_error([&] { write_file_atomically(link, "x"); }, {link, "FIFO"});  // through a link, the FIFO it names
+  EXPECT_EQ(test::list_folder(dir.path().string()), (std::vector<std::string>{"link", "pipe"}));
+  struct stat st {};
+  ASSERT_EQ(::stat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+// A writer killed by SIGTERM or SIGINT mid-write leaves no temporary file: the handler installed
+// with the first AtomicFile removes it and the signal then ends the process as it would have.
+TEST(AtomicFile, ASignalMidWriteLeavesNoTemporaryFile) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    test::TempDir dir;
+    const std::string path = dir.file("out.bin");
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      AtomicFile f(path);
+      f.write("the first half");
+      ::raise(sig);
+      ::_exit(3);  // not reached
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << "status " << status;
+    EXPECT_TRUE(test::list_folder(dir.path().string()).empty()) << "signal " << sig;
+  }
 }
 
 // save_safetensors used to truncate the old file first, then fail partway through the new one.

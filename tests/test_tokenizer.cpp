@@ -118,6 +118,13 @@ TEST(Tokenizer, ErrorsNameTheProblem) {
   test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
                              "normalizer": {"type": "Replace", "content": "x"}})");
   expect_error([&] { HfTokenizer::load(path); }, {path, "normalizer: missing field 'pattern'"});
+  // BPE dropout picks merges at random: it used to be ignored.
+  test::write_file(path, R"({"model": {"type": "BPE", "dropout": 0.5, "vocab": {"a": 0}, "merges": []}})");
+  expect_error([&] { HfTokenizer::load(path); }, {path, "model.dropout is 0.5", "not implemented"});
+  test::write_file(path, R"({"model": {"type": "BPE", "dropout": "x", "vocab": {"a": 0}, "merges": []}})");
+  expect_error([&] { HfTokenizer::load(path); }, {path, "field 'dropout' must be a number"});
+  test::write_file(path, R"({"model": {"type": "BPE", "dropout": null, "vocab": {"a": 0}, "merges": []}})");
+  HfTokenizer::load(path);
   test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
   const HfTokenizer tok = HfTokenizer::load(path);
   expect_error([&] { tok.encode("ab"); }, {"'b' is not in the vocabulary", "no unk_token"});

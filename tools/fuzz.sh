@@ -16,7 +16,8 @@ if [ "${1:-}" = "--smoke" ]; then smoke=1; shift; set -- 0 "$@"; fi
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors config tokenizer_json llama2c llama2c_tokenizer gguf cli)
+[ ${#targets[@]} -gt 0 ] ||
+  targets=(safetensors config tokenizer_json llama2c llama2c_tokenizer gguf cli gguf_tokenizer quant_blocks hf_config openai)
 if [ "${FUZZ_NO_BUILD:-0}" != 1 ]; then
   tools/setup.sh --fuzz
   cmake --preset fuzz > build-fuzz-configure.log 2>&1 || { cat build-fuzz-configure.log; exit 1; }
@@ -26,7 +27,10 @@ fi
 out=build/fuzz
 build/fuzz/bin/fuzz_seeds "$out/seeds" data ../shared > /dev/null
 declare -A max_len=([safetensors]=16384 [config]=4096 [tokenizer_json]=65536 [llama2c]=65536
-                    [llama2c_tokenizer]=8192 [gguf]=131072 [cli]=512)
+                    [llama2c_tokenizer]=8192 [gguf]=131072 [cli]=512 [gguf_tokenizer]=4096 [quant_blocks]=4096
+                    [hf_config]=8192 [openai]=4096)
+# libFuzzer dictionaries (tests/fuzz/<target>.dict) where a target has one.
+dict_for() { [ -f "tests/fuzz/$1.dict" ] && echo "-dict=tests/fuzz/$1.dict" || true; }
 status=0
 echo "| target | seconds | executions | per second | coverage (edges) | findings |"
 echo "|---|---|---|---|---|---|"
@@ -41,7 +45,7 @@ for t in "${targets[@]}"; do
   fi
   start=$(date +%s)
   if ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-     "$out/bin/fuzz_$t" "${budget[@]}" -max_len="${max_len[$t]}" -timeout=10 -rss_limit_mb=2048 \
+     "$out/bin/fuzz_$t" "${budget[@]}" $(dict_for "$t") -max_len="${max_len[$t]}" -timeout=10 -rss_limit_mb=2048 \
        -print_final_stats=1 -artifact_prefix="$out/findings/$t/" > "$log" 2>&1; then
     found=0
   else

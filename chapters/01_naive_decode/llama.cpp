@@ -180,8 +180,10 @@ Llama load_hf_decoder(const HfConfig& hf, const TransformerConfig& c, const std:
   // Biases the config declares, missing from the checkpoint: refused by field, not by tensor.
   auto require = [&](const std::string& n, const char* field) {
     IL_CHECK(ck.contains(n), hf.path, ": field '", field, "' is true",
-             fields.has(field) ? "" : " (for model_type " + hf.model_type() + ")", " but ", ck.path(), " has no tensor '", n,
-             "'");
+             fields.has(field)
+                 ? ""
+                 : " (for " + (hf.model_type().empty() ? hf.architecture() : "model_type " + hf.model_type()) + ")",
+             " but ", ck.path(), " has no tensor '", n, "'");
   };
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";

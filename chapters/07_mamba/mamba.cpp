@@ -1,6 +1,7 @@
 #include "chapters/07_mamba/mamba.h"
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -101,9 +102,14 @@ void MambaConfig::validate(const std::string& where) const {
                                                                    {"num_hidden_layers", num_layers},
                                                                    {"vocab_size", vocab_size}})
     IL_CHECK(v >= 1 && v <= kMaxSize, where, ": ", name, " is ", v, "; it must be in [1, ", kMaxSize, "]");
-  IL_CHECK(eps > 0 && std::isfinite(eps), where, ": layer_norm_epsilon must be positive; got ", eps);
+  // The norm adds eps in float32: 1e300 would be infinite there (every output 0), 1e-50 zero.
+  IL_CHECK(eps > 0 && eps <= std::numeric_limits<float>::max() && static_cast<float>(eps) > 0, where,
+           ": layer_norm_epsilon must be positive and within float32's range; got ", eps);
   for (auto id : eos_token_ids)
     IL_CHECK(id >= 0 && id < vocab_size, where, ": eos_token_id ", id, " is outside the vocabulary of ", vocab_size);
+  if (bos_token_id)
+    IL_CHECK(*bos_token_id >= 0 && *bos_token_id < vocab_size, where, ": bos_token_id ", *bos_token_id,
+             " is outside the vocabulary of ", vocab_size);
 }
 
 MambaConfig parse_mamba_config(const HfConfig& hf) {
@@ -135,6 +141,9 @@ MambaConfig parse_mamba_config(const HfConfig& hf) {
   // MambaConfig computes int(expand · hidden_size), and then PretrainedConfig sets every other
   // field of the file as given: a config's intermediate_size, when present, is the one used.
   const double expand = f.get_or<double>("expand", 2.0);
+  // hidden_size first: a negative one passed the check below and overflowed the cast to int64.
+  IL_CHECK(c.hidden_size >= 1 && c.hidden_size <= kMaxSize, hf.path, ": hidden_size is ", c.hidden_size,
+           "; it must be in [1, ", kMaxSize, "]");
   IL_CHECK(expand > 0 && expand * static_cast<double>(c.hidden_size) < static_cast<double>(kMaxSize), hf.path,
            ": field 'expand' is ", expand, "; it must be positive and keep expand · hidden_size below ", kMaxSize);
   c.inner_size = f.has("intermediate_size") ? f.get<std::int64_t>("intermediate_size")

@@ -32,6 +32,10 @@ DiffusionModel load_diffusion(const std::string& path) {
   IL_CHECK(f.has("mask_token_id"), hf.path,
            ": field 'mask_token_id' is missing: a masked-diffusion model needs the "
            "token its canvas starts as");
+  // Chapter 05's cross-layer KV sharing is not what this denoiser runs: refused, not ignored.
+  IL_CHECK(f.get_or<std::int64_t>("kv_share_factor", 1) == 1 && !f.has("kv_producer_layers"), hf.path,
+           ": field 'kv_share_factor' (or 'kv_producer_layers') shares K/V across layers, which chapter 08's denoiser "
+           "does not implement (chapter 05 does, for causal models)");
   const TransformerConfig c = parse_transformer_config(hf);
   DiffusionModel m;
   m.base = ch01::load_hf_decoder(hf, c, path);

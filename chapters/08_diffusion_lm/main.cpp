@@ -351,7 +351,9 @@ int main(int argc, char** argv) {
   sc->add_option("--sampler", sampler, "llada (blocks and commit counts) or mdlm (the reverse process)")
       ->check(CLI::IsMember({"llada", "mdlm"}))
       ->capture_default_str();
-  sc->add_option("--seed", o.seed, "Seed of the Gumbel noise and of random remasking")->capture_default_str();
+  sc->add_option("--seed", o.seed, "Seed of the Gumbel noise and of random remasking")
+      ->check(seed_number())
+      ->capture_default_str();
   add_json_option(*sc, json_path);
   sc->add_option("--svg", canvas_svg, "Also draw the canvas step by step as SVG")->check(output_file());
   ModelOptions dev;

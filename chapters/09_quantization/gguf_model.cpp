@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <optional>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -134,7 +135,19 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
   gguf::write(path, meta, ts);
 }
 
+namespace {
+// The GGUF carries the model folder's tokenizer.json: a model file (a llama2.c .bin) has none, and
+// its bytes used to be parsed as one.
+void check_exportable(const std::string& model) {
+  IL_CHECK(std::filesystem::is_directory(model), "--model ", model,
+           ": export takes a Hugging Face model folder, whose tokenizer.json goes into the GGUF (a llama2.c "
+           "checkpoint becomes one with `ch01_naive_decode convert ",
+           model, " <folder> --to hf`)");
+}
+}  // namespace
+
 void export_gguf(const std::string& model, const QuantSpec& spec, const std::string& out) {
+  check_exportable(model);
   check_not_input(out, {model});  // before the work, and before the rename would replace the model
   require_writable_file(out, "GGUF");
   const ch01::Llama m = ch01::load_llama(model).to(Device::CPU, DType::F32);
@@ -144,6 +157,7 @@ void export_gguf(const std::string& model, const QuantSpec& spec, const std::str
 void export_gguf(const std::string& model, DType plain, const std::string& out) {
   IL_CHECK(plain == DType::F32 || plain == DType::F16, "export: plain matrices are written as f32 or f16, not ",
            dtype_name(plain));
+  check_exportable(model);
   check_not_input(out, {model});
   require_writable_file(out, "GGUF");
   save_gguf(out, ch01::load_llama(model).to(Device::CPU, plain), HfTokenizer::load(model));

@@ -258,8 +258,9 @@ int main(int argc, char** argv) {
   bool random_model = false;
   std::int64_t budget_mib = 64;
   auto* st = app.add_subcommand("trace", "Serve a seeded trace: static against continuous batching at chosen arrival rates");
-  st->add_option("--model", model, "The model folder")->capture_default_str();
-  st->add_flag("--random", random_model, "A random 100M-parameter Llama (memory-bound on a CPU) with tiny-mha's tokenizer");
+  CLI::Option* model_opt = st->add_option("--model", model, "The model folder")->capture_default_str();
+  st->add_flag("--random", random_model, "A random 100M-parameter Llama (memory-bound on a CPU) with tiny-mha's tokenizer")
+      ->excludes(model_opt);  // --model was ignored beside it
   add_device_option(*st, dev);
   st->add_option("--requests", t.spec.requests, "Requests in the trace")->check(number_in(1, 1e6))->capture_default_str();
   st->add_option("--rate", t.rates,
@@ -279,7 +280,7 @@ int main(int argc, char** argv) {
   st->add_option("--output-sigma", t.spec.output_sigma, "σ of log output length")
       ->check(number_in(0, 5))
       ->capture_default_str();
-  st->add_option("--seed", t.spec.seed, "The trace's seed")->capture_default_str();
+  st->add_option("--seed", t.spec.seed, "The trace's seed")->check(seed_number())->capture_default_str();
   st->add_option("--temperature", t.spec.sampling.temperature, "Every request's temperature (0: greedy)")
       ->check(number_in(0, 100))
       ->capture_default_str();

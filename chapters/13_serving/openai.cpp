@@ -100,7 +100,7 @@ CompletionParams parse_completion(const std::string& body, bool chat) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond a double (1e400)
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw ApiError(400, std::string("the request body must be a JSON object, got ") + type_name(j));

@@ -686,6 +686,12 @@ TEST(Loading, ConfigFieldsTheCheckpointDoesNotBackAreRefusedByName) {
   test::write_file(config, qwen + R"(,"model_type":"qwen2","attention_bias":false,"tie_word_embeddings":true,
       "use_sliding_window":true,"sliding_window":4})");
   expect_error([&] { ch01::load_llama(dir.path().string()); }, {config, "field 'use_sliding_window' is true"});
+  // Qwen2's q/k/v biases are implied by its architecture even without model_type: a checkpoint
+  // without them used to run without them.
+  test::write_file(config, qwen + R"(,"tie_word_embeddings":true})");
+  expect_error(
+      [&] { ch01::load_llama(dir.path().string()); },
+      {config, "field 'attention_bias' is true (for Qwen2ForCausalLM)", "no tensor 'model.layers.0.self_attn.q_proj.bias'"});
   // A tensor of integers is named with its file, not left to fail inside a conversion.
   test::write_file(config, base + R"(,"tie_word_embeddings":true})");
   ts[1].second = Tensor::zeros({64}, DType::I32);  // model.norm.weight

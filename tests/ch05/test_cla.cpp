@@ -270,6 +270,17 @@ TEST(Loading, TinyClaAndItsRefusals) {
                      })); },
                {"kv_producer_layers", "[0,2]"});
   std::filesystem::remove_all(dir.file("tiny-cla"));
+  // 2.5 used to be read as 2, and a string to end in the JSON library's own type error.
+  expect_error([&] { ch05::load_cla(edited_tiny_cla(dir, [](auto& j) {
+                       j["kv_producer_layers"] = {0, 2.5};
+                     })); },
+               {"field 'kv_producer_layers' entry 1 must be an integer, got 2.5"});
+  std::filesystem::remove_all(dir.file("tiny-cla"));
+  expect_error([&] { ch05::load_cla(edited_tiny_cla(dir, [](auto& j) {
+                       j["kv_producer_layers"] = {"0", "2"};
+                     })); },
+               {"field 'kv_producer_layers' entry 0 must be an integer, got \"0\""});
+  std::filesystem::remove_all(dir.file("tiny-cla"));
   expect_error(
       [&] {
     ch05::load_cla(edited_tiny_cla(dir, [](auto& j) { j["kv_share_factor"] = 1, j.erase("kv_producer_layers"); }));

@@ -298,6 +298,17 @@ TEST(Loading, WindowsAsTransformersReadsThem) {
       },
       {"'sliding_window' must be a positive"});
   expect_error([&] { windows(config_with("MistralForCausalLM", {{"sliding_window", "64"}}), 2); }, {"sliding_window"});
+  // Entries of the wrong type are named, not left to the JSON library's own type error.
+  expect_error(
+      [&] {
+    windows(config_with("MinistralForCausalLM", {{"sliding_window", 8}, {"layer_types", {1, 0}}}), 2);
+      },
+      {"field 'layer_types' entry 0 must be a string, got 1"});
+  expect_error(
+      [&] {
+    windows(config_with("MinistralForCausalLM", {{"sliding_window", 8}, {"layer_types", 5}}), 2);
+      },
+      {"field 'layer_types' must be a list, got 5"});
   expect_error([&] { windows(config_with("MambaForCausalLM", {}), 2); }, {"MambaForCausalLM", "not one chapter 06 runs"});
 }
 

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -175,7 +176,13 @@ TEST(MambaConfig, OtherModelsAndBadFieldsAreRefusedByName) {
            {{{"hidden_act", "gelu"}}, "hidden_act"},
            {{{"time_step_rank", "big"}}, "time_step_rank"},
            {{{"state_size", 0}}, "state_size"},
-           {{{"conv_kernel", -2}}, "conv_kernel"}}) {
+           {{{"conv_kernel", -2}}, "conv_kernel"},
+           // 1e300 is infinite in float32: the campaign's model ran one token and stopped
+           {{{"layer_norm_epsilon", 1e300}}, "layer_norm_epsilon must be positive and within float32's range"},
+           {{{"layer_norm_epsilon", 1e-60}}, "layer_norm_epsilon must be positive and within float32's range"},
+           {{{"bos_token_id", -1}}, "bos_token_id -1 is outside the vocabulary"},
+           // found by the hf_config fuzz target: expand · hidden_size overflowed the cast to int64
+           {{{"hidden_size", std::numeric_limits<std::int64_t>::min()}}, "hidden_size is -9223372036854775808"}}) {
     test::TempDir dir;
     SCOPED_TRACE(edit.dump());
     test::expect_error([&] { ch07::parse_mamba_config(load_hf_config(folder_with(dir, kMamba, edit))); }, {says});

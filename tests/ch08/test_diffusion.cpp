@@ -9,7 +9,9 @@
 #include <numeric>
 
 #include "chapters/08_diffusion_lm/diffusion.h"
+#include "common/json_file.h"
 #include "golden_util.h"
+#include "test_util.h"
 
 namespace inferlab {
 namespace {
@@ -245,6 +247,14 @@ TEST(DiffusionLoad, CausalModelsAndDenoisersAreToldApart) {
   if (!std::filesystem::exists(mdlm)) GTEST_SKIP() << mdlm << " is missing (see tools/README.md)";
   test::expect_error([&] { ch08::load_diffusion(mha); }, {"not a bidirectional denoiser"});
   test::expect_error([&] { ch01::load_llama(mdlm); }, {"chapter 08"});
+  {  // chapter 05's cross-layer sharing used to be ignored: the model ran with a K/V of its own per layer
+    test::TempDir dir;
+    nlohmann::json c = load_json(mdlm + "/config.json");
+    c["kv_share_factor"] = 2;
+    test::write_file(dir.file("config.json"), c.dump());
+    test::expect_error([&] { ch08::load_diffusion(dir.path().string()); },
+                       {"field 'kv_share_factor'", "chapter 08's denoiser does not implement"});
+  }
   const auto m = ch08::load_diffusion(mdlm);
   EXPECT_EQ(m.mask_id, 1);
   // The discrete ELBO: finite, positive, the same for the same draws.

@@ -82,6 +82,8 @@ TEST(OpenAiRequest, EveryMistakeIsA400NamingTheField) {
   };
   const Case cases[] = {
       {"{\"prompt\": \"x\"", false, "", "not valid JSON"},
+      // a number beyond a double: the JSON library's out_of_range, which used to escape as a 500
+      {R"({"prompt": "x", "temperature": 600e23860344})", false, "", "not valid JSON"},
       {"[1, 2]", false, "", "must be a JSON object"},
       {"{}", false, "prompt", "'prompt' is required"},
       {R"({"prompt": ""})", false, "prompt", "empty"},

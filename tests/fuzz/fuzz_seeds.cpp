@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <random>
 #include <vector>
 #include <nlohmann/json.hpp>
 
@@ -93,6 +94,31 @@ int main(int argc, char** argv) {
     const ch09::QuantSpec spec{f};
     ch09::save_gguf(dir(out, "gguf") + "/tiny-" + spec.name() + ".gguf", ch09::quantize_model(m, spec), tok);
   }
+  // hf_config: the bundled configs too (every architecture the chapters load).
+  for (const auto& e : fs::directory_iterator(data / "models"))
+    copy_if(e.path() / "config.json", dir(out, "hf_config") + "/" + e.path().filename().string() + ".json");
+  // gguf_tokenizer and quant_blocks read their input as choices and values (FuzzedDataProvider, a
+  // type byte and a rows byte): bytes from a fixed generator, and the quantised tiny model's rows.
+  std::mt19937 g(11);
+  for (int i = 0; i < 4; ++i) {
+    std::string bytes(static_cast<std::size_t>(256 << i), '\0');
+    for (char& c : bytes) c = static_cast<char>(g());
+    std::ofstream(dir(out, "gguf_tokenizer") + "/" + std::to_string(i), std::ios::binary) << bytes;
+  }
+  for (int type = 0; type < 10; ++type) {
+    std::string bytes = {static_cast<char>(type), static_cast<char>(type % 4)};
+    for (int i = 0; i < 1200; ++i) bytes += static_cast<char>(g() % 4 == 0 ? 0 : g());
+    std::ofstream(dir(out, "quant_blocks") + "/" + std::to_string(type), std::ios::binary) << bytes;
+  }
+  // openai: request bodies of both endpoints, every field the parser reads.
+  const std::vector<std::string> requests = {
+      R"({"model":"tiny-mha","prompt":"Once upon a time","max_tokens":16,"temperature":0.7,"top_p":0.9,"seed":3})",
+      R"({"prompt":[1,2,3],"n":2,"stop":["
+","."],"stream":true,"stream_options":{"include_usage":true}})",
+      R"({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],"max_completion_tokens":8})",
+      R"({"messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]}],"top_k":40,"ignore_eos":true})"};
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    std::ofstream(dir(out, "openai") + "/" + std::to_string(i), std::ios::binary) << requests[i];
   // The command line: a few argument lists, NUL-separated.
   const std::vector<std::vector<std::string>> cmds = {{"--prompt", "hi", "--max-new-tokens", "8"},
                                                       {"sub", "--seq", "2048", "--batches", "1,2,4", "--flag"},
