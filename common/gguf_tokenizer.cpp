@@ -147,7 +147,8 @@ class PieceIndex {
  private:
   static constexpr std::uint64_t kMod = (std::uint64_t(1) << 61) - 1, kBase = 1000003;
   static std::uint64_t mul(std::uint64_t a, std::uint64_t b) {
-    const unsigned __int128 x = static_cast<unsigned __int128>(a) * b;
+    __extension__ using U128 = unsigned __int128;  // a GCC and Clang extension, not ISO C++
+    const U128 x = static_cast<U128>(a) * b;
     return add(static_cast<std::uint64_t>(x & kMod), static_cast<std::uint64_t>(x >> 61));
   }
   static std::uint64_t add(std::uint64_t a, std::uint64_t b) {
