@@ -151,6 +151,45 @@ TEST(Cuda, AttentionWithinTheFloat64BoundAndMatchesCpu) {
   }
 }
 
+// Every version of the decode-attention family that reads a contiguous cache (1 per head, 2
+// grouped, 4 ragged, 5 paged through the identity block table) on the same inputs, each within
+// the float64 reference's bound: MHA, GQA and MQA groups, one to three 256-position chunks, a
+// length short of the cache, head sizes of 64 and 128.
+TEST(Cuda, EveryDecodeAttentionVersionWithinTheFloat64Bound) {
+  IL_REQUIRE_CUDA();
+  auto rng = test::rng_for_test();
+  struct Case {
+    std::int64_t S, len, N, K, H;
+  };
+  for (const Case& c : {Case{16, 1, 4, 4, 64}, Case{256, 256, 8, 8, 64}, Case{272, 257, 8, 2, 128},
+                        Case{704, 700, 32, 8, 128}, Case{512, 300, 16, 1, 64}}) {
+    Tensor q = test::uniform(rng, {1, c.N, c.H}, -2, 2), k = test::uniform(rng, {c.S, c.K, c.H}, -2, 2),
+           v = test::uniform(rng, {c.S, c.K, c.H});
+    const Tensor ks = k.slice(0, 0, c.len), vs = v.slice(0, 0, c.len);
+    AttentionParams p;
+    p.causal = false;  // one row that sees all `len` positions
+    const double chunks = std::ceil(static_cast<double>(c.len) / 128.0);
+    const test::AttnRef e = test::attention_exact(q, ks, vs, p, (2 * chunks + 4) * u);
+    for (auto version : {cuda::DecodeAttention::PerHead, cuda::DecodeAttention::Grouped, cuda::DecodeAttention::Ragged,
+                         cuda::DecodeAttention::Paged}) {
+      Tensor out = Tensor::empty({1, c.N, c.H}, DType::F32, Device::CUDA);
+      cuda::decode_attention(version, on_gpu(q), on_gpu(k), on_gpu(v), c.len, out);
+      expect_within(out.to_double_vector(), e.out, e.bound,
+                    std::string("decode attention version ") + cuda::decode_attention_name(version) +
+                        ", S=" + std::to_string(c.S) + " len=" + std::to_string(c.len) + " N=" + std::to_string(c.N) +
+                        " K=" + std::to_string(c.K) + " H=" + std::to_string(c.H));
+    }
+  }
+  Tensor q = Tensor::zeros({1, 4, 64}, DType::F32, Device::CUDA), k = Tensor::zeros({16, 4, 64}, DType::F32, Device::CUDA);
+  Tensor out = Tensor::empty({1, 4, 64}, DType::F32, Device::CUDA);
+  test::expect_error([&] { cuda::decode_attention(cuda::DecodeAttention::Latent, q, k, k, 4, out); },
+                     {"latent_decode_attention"});
+  test::expect_error([&] { cuda::decode_attention(cuda::DecodeAttention::Paged, q, k, k, 4, out, 5); },
+                     {"blocks of 5 rows must tile the cache of 16"});
+  test::expect_error([&] { cuda::decode_attention(cuda::DecodeAttention::PerHead, q, k, k, 17, out); },
+                     {"length 17 outside the cache of 16 positions"});
+}
+
 TEST(Cuda, AttentionRaggedEqualsOneCallPerSequence) {
   IL_REQUIRE_CUDA();
   auto rng = test::rng_for_test();

@@ -6,8 +6,8 @@
 #include <cstdint>
 
 #include "chapters/02_kv_cache/cuda_decode.h"
-#include "chapters/02_kv_cache/decode_attention.cuh"
 #include "common/cuda/backend.h"
+#include "common/cuda/decode_attention.cuh"
 #include "common/cuda/gemv.cuh"
 #include "common/cuda/util.cuh"
 
@@ -75,7 +75,7 @@ struct CudaDecoder::Impl {
   bool use_graph;
   std::int64_t N, Kh, H, D, F, V;
   int splits;
-  Tensor token, pos, log, x, h, qkv, attn, hid, logits, pm, pl, pacc;
+  Tensor token, pos, log, x, h, qkv, attn, hid, logits, part;
   cudaGraphExec_t graph = nullptr;
   bool greedy_graph = false;
 
@@ -88,17 +88,18 @@ struct CudaDecoder::Impl {
     IL_CHECK(plain_bf16,
              "CudaDecoder: the model must be on CUDA with plain bf16 weights (Llama::to(Device::CUDA, DType::BF16))");
     N = c.num_heads, Kh = c.num_kv_heads, H = c.head_dim, D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
-    IL_CHECK(H <= kMaxHead, "CudaDecoder: head dimension ", H, " is above the kernel's limit of ", kMaxHead);
+    IL_CHECK(H <= cuda::decode::kMaxHead, "CudaDecoder: head dimension ", H, " is above the kernel's limit of ",
+             cuda::decode::kMaxHead);
     for (const auto& l : m.layers)
       IL_CHECK(!l.w_gate.bias.defined() && !l.w_up.bias.defined(),
                "CudaDecoder: the fused gate/up kernel has no biases (mlp_bias); decode this model with the cached "
                "forward pass (generate_cached)");
-    splits = static_cast<int>((capacity + kChunk - 1) / kChunk);
+    splits = cuda::decode::splits_for(capacity);
     auto f32 = [](Shape s) { return Tensor::zeros(s, DType::F32, Device::CUDA); };
     token = Tensor::zeros({1}, DType::I32, Device::CUDA), pos = Tensor::zeros({1}, DType::I32, Device::CUDA);
     log = Tensor::zeros({capacity}, DType::I32, Device::CUDA);
     x = f32({D}), h = f32({D}), qkv = f32({(N + 2 * Kh) * H}), attn = f32({N * H}), hid = f32({F});
-    logits = f32({1, V}), pm = f32({N * splits}), pl = f32({N * splits}), pacc = f32({N * splits * H});
+    logits = f32({1, V}), part = f32({cuda::decode::part_floats(N, splits, H)});
   }
 
   ~Impl() {
@@ -140,14 +141,10 @@ struct CudaDecoder::Impl {
           cache.v(li).data<float>(), static_cast<int>(N), static_cast<int>(Kh), static_cast<int>(H), half,
           m.rope_pairing == RopePairing::Adjacent);
       IL_CUDA_LAUNCHED();
-      attention_partial<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(splits)), kAttnThreads, 0, stream()>>>(
-          qkv.data<float>(), cache.k(li).data<float>(), cache.v(li).data<float>(), pos.data<std::int32_t>(),
-          pm.data<float>(), pl.data<float>(), pacc.data<float>(), static_cast<int>(N), static_cast<int>(Kh),
-          static_cast<int>(H), scale);
-      IL_CUDA_LAUNCHED();
-      attention_merge<<<static_cast<unsigned>(N), kAttnThreads, 0, stream()>>>(
-          pm.data<float>(), pl.data<float>(), pacc.data<float>(), attn.data<float>(), splits, static_cast<int>(H));
-      IL_CUDA_LAUNCHED();
+      // Decode attention, version 1 of the family (common/cuda/decode_attention.cuh) and its merge.
+      cuda::decode::launch_per_head(qkv.data<float>(), cache.k(li).data<float>(), cache.v(li).data<float>(),
+                                    pos.data<std::int32_t>(), part.data<float>(), attn.data<float>(), static_cast<int>(N),
+                                    static_cast<int>(Kh), static_cast<int>(H), splits, scale, stream());
       cuda::launch_gemv(one(l.wo, D), attn.data<float>(), x.data<float>(), N * H, true);  // x += Wo·attn + bo
       cuda::rmsnorm_rows<float>
           <<<1, 1024, 0, stream()>>>(x.data<float>(), l.mlp_norm.data<float>(), h.data<float>(), D, eps);
@@ -240,17 +237,7 @@ std::vector<std::int32_t> CudaDecoder::greedy(std::int32_t token, int n) {
 }
 
 void decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t len, Tensor& out) {
-  check_decode_inputs("decode_attention", q, k, v, len, out);
-  const std::int64_t N = q.size(1), H = q.size(2), Kh = k.size(1);
-  IL_CHECK(H <= kMaxHead, "decode_attention: head dimension ", H, " is above the kernel's limit of ", kMaxHead);
-  const SplitScratch s = split_scratch(N, H, len, stream());
-  attention_partial<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(s.splits)), kAttnThreads, 0, stream()>>>(
-      q.data<float>(), k.data<float>(), v.data<float>(), s.pos, s.m, s.l, s.acc, static_cast<int>(N), static_cast<int>(Kh),
-      static_cast<int>(H), 1.0f / std::sqrt(static_cast<float>(H)));
-  IL_CUDA_LAUNCHED();
-  attention_merge<<<static_cast<unsigned>(N), kAttnThreads, 0, stream()>>>(s.m, s.l, s.acc, out.data<float>(), s.splits,
-                                                                           static_cast<int>(H));
-  IL_CUDA_LAUNCHED();
+  cuda::decode_attention(cuda::DecodeAttention::PerHead, q, k, v, len, out);
 }
 
 std::int64_t CudaDecoder::length() const { return impl_->cache.length(); }

@@ -9,7 +9,9 @@
 /// Device memory (malloc, copy, synchronize) is in device_memory.h, which this includes.
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/device_memory.h"
 #include "common/ops.h"
@@ -39,6 +41,38 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
                const AttentionParams& p);
 void argmax(const Tensor& x, Tensor& out);
+
+/// The decode-attention family (common/cuda/decode_attention.cuh), by number: 1 per head, 2
+/// grouped (GQA), 3 latent (MLA: latent_decode_attention), 4 ragged over a batch, 5 paged.
+enum class DecodeAttention { PerHead = 1, Grouped = 2, Latent = 3, Ragged = 4, Paged = 5 };
+/// "1 per_head", "2 grouped", ...
+inline const char* decode_attention_name(DecodeAttention v) {
+  switch (v) {
+    case DecodeAttention::PerHead: return "1 per_head";
+    case DecodeAttention::Grouped: return "2 grouped";
+    case DecodeAttention::Latent: return "3 latent";
+    case DecodeAttention::Ragged: return "4 ragged";
+    case DecodeAttention::Paged: return "5 paged";
+  }
+  return "unknown";
+}
+/// One query row q [1, N, H] against the first `len` positions of k, v [S, K, H] (contiguous f32
+/// on the device, K dividing N), out [1, N, H], by version 1, 2, 4 or 5 (5 through the identity
+/// block table over blocks of `block_size` rows, which must divide S): the same inputs for every
+/// version, so that each can be checked against the reference and timed against the others.
+void decode_attention(DecodeAttention version, const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t len,
+                      Tensor& out, std::int64_t block_size = 16);
+/// Version 3, MLA's absorbed decode: q [1, N, R] (R = r + dr) against latent rows [S, 1, R], the
+/// values being their first r columns; scores scaled by `scale`; out [1, N, r].
+void latent_decode_attention(const Tensor& q, const Tensor& latent, std::int64_t len, float scale, std::int64_t r,
+                             Tensor& out);
+/// Version 5 over a pool: query rows q [T, N, H] at positions q_offset .. q_offset + T − 1, each
+/// seeing the positions up to its own; k_pool, v_pool [slots, K, H] (or [blocks, block_size, K, H])
+/// in blocks of `block_size` slots, position p in block table[p / block_size]; at least `splits`
+/// ranges of positions.
+void paged_decode_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                            const std::vector<std::int32_t>& table, std::int64_t block_size, std::int64_t q_offset,
+                            Tensor& out, std::int64_t splits = 1);
 
 /// Fills a CUDA tensor (F32, F16 or BF16) with uniform random values in [lo, hi) from a
 /// counter-based hash of (seed, index): large random models without a trip through the host.

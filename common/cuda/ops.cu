@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "common/cuda/backend.h"
+#include "common/cuda/decode_attention.cuh"
 #include "common/cuda/gemv.cuh"
 #include "common/cuda/util.cuh"
 
@@ -143,6 +144,8 @@ constexpr int kAttnMaxV = 512;
 // buffer for their chunks' partial results, so a CUDA graph must not capture this op: a growing
 // scratch would free memory the graph holds.) A batch of more sequences takes several launches.
 constexpr int kAttnSeqs = 32;
+static_assert(kAttnSeqs <= decode::kSeqs && kAttnMaxQk <= decode::kMaxQk,
+              "the decode rows of a launch go to the ragged decode kernel whole");
 struct AttnSeqs {
   long long q_start[kAttnSeqs + 1];
   long long kv_start[kAttnSeqs + 1];
@@ -152,14 +155,14 @@ struct AttnSeqs {
 __global__ void attention_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                                  float* __restrict__ out, AttnSeqs seqs, long long Nq, long long Nk, long long Dqk,
                                  long long Dv, long long window, float scale, bool causal) {
-  // (Sequences of a single query row are decode_partial's: attention() launches this kernel only
+  // (Sequences of a single query row go to the ragged decode kernel: attention() launches this kernel only
   // over the rows of the others.)
   __shared__ float qs[kAttnMaxQk];
   __shared__ float ps[kAttnThreads];
   const long long row = seqs.q_start[0] + blockIdx.x, h = blockIdx.y, kvh = h / (Nq / Nk);
   int b = 0;  // the row is query t of sequence b
   while (seqs.q_start[b + 1] <= row) ++b;
-  if (seqs.q_start[b + 1] - seqs.q_start[b] == 1) return;  // a decode row: decode_partial's
+  if (seqs.q_start[b + 1] - seqs.q_start[b] == 1) return;  // a decode row: the ragged decode kernel's
   const long long t = row - seqs.q_start[b], S = seqs.kv_start[b + 1] - seqs.kv_start[b];
   k += seqs.kv_start[b] * Nk * Dqk;  // the sequence's own keys and values
   v += seqs.kv_start[b] * Nk * Dv;
@@ -205,81 +208,11 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
   }
 }
 
-// Decode rows (a sequence with one query row, as in every decode step): flash-decoding. The
-// kernel above gives each (row, head) one block whose threads each read a whole key row; at decode
-// that is a few blocks for the whole GPU and uncoalesced reads (45 GB/s on an H200, 1% of its
-// bandwidth). Here each (sequence, head, chunk of kDecodeChunk keys) is a block: a warp per key row,
-// read coalesced; the chunk's maximum and sum; each thread's output dimensions over the chunk's
-// value rows, four loaded before they are used. decode_merge rescales the chunks by e^(m_c − M).
-// Whether a row goes here depends on its own sequence only, so a sequence gets the same bits alone
-// or in any batch.
-constexpr int kDecodeChunk = 256;
-struct DecodeSeqs {
-  long long row[kAttnSeqs];                // the sequence's query row in q and out
-  long long kv_start[kAttnSeqs];           // its first key row in k and v
-  long long lo[kAttnSeqs], hi[kAttnSeqs];  // the keys it attends, lo..hi (causal mask and window applied)
-};
-
-__global__ void decode_partial(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                               DecodeSeqs seqs, long long Nq, long long Nk, long long Dqk, long long Dv, float scale,
-                               float* __restrict__ part) {
-  __shared__ float qs[kAttnMaxQk];
-  __shared__ float sc[kDecodeChunk];
-  const int b = blockIdx.x, c = blockIdx.z, splits = gridDim.z;
-  const long long h = blockIdx.y, kvh = h / (Nq / Nk), row = seqs.row[b];
-  const long long start = seqs.lo[b] + static_cast<long long>(c) * kDecodeChunk;
-  const int n = static_cast<int>(max(0LL, min(start + kDecodeChunk, seqs.hi[b] + 1) - start));
-  float* out = part + ((b * Nq + h) * splits + c) * (Dv + 2);
-  if (n == 0) {  // past this sequence's keys: nothing to merge
-    if (threadIdx.x == 0) out[0] = -INFINITY, out[1] = 0.0f;
-    return;
-  }
-  const float* kb = k + (seqs.kv_start[b] + start) * Nk * Dqk;
-  const float* vb = v + (seqs.kv_start[b] + start) * Nk * Dv;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  for (long long d = threadIdx.x; d < Dqk; d += blockDim.x) qs[d] = q[(row * Nq + h) * Dqk + d];
-  __syncthreads();
-  for (int j = warp; j < n; j += warps) {  // a warp per key row
-    const float* kr = kb + (j * Nk + kvh) * Dqk;
-    float dot = 0.0f;
-    for (long long d = lane; d < Dqk; d += 32) dot += qs[d] * kr[d];
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-    if (lane == 0) sc[j] = dot * scale;
-  }
-  __syncthreads();
-  float m = -INFINITY;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, sc[j]);
-  m = block_max(m);
-  float l = 0.0f;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) l += (sc[j] = expf(sc[j] - m));
-  l = block_sum(l);  // synchronises: sc[] holds the weights
-  const long long stride = Nk * Dv;
-  for (long long d = threadIdx.x; d < Dv; d += blockDim.x) {
-    const float* vd = vb + kvh * Dv + d;
-    out[2 + d] = weighted_rows(sc, n, [&](int j) { return vd[j * stride]; });
-  }
-  if (threadIdx.x == 0) out[0] = m, out[1] = l;
-}
-
-__global__ void decode_merge(const float* __restrict__ part, float* __restrict__ out, DecodeSeqs seqs, long long Nq,
-                             long long Dv, int splits) {
-  const int b = blockIdx.x;
-  const long long h = blockIdx.y;
-  const float* pr = part + (b * Nq + h) * splits * (Dv + 2);
-  float M = -INFINITY;
-  for (int c = 0; c < splits; ++c) M = fmaxf(M, pr[c * (Dv + 2)]);
-  float L = 0.0f;
-  for (int c = 0; c < splits; ++c)
-    if (pr[c * (Dv + 2) + 1] != 0.0f) L += pr[c * (Dv + 2) + 1] * expf(pr[c * (Dv + 2)] - M);
-  for (long long d = threadIdx.x; d < Dv; d += blockDim.x) {
-    float o = 0.0f;
-    for (int c = 0; c < splits; ++c) {
-      const float* x = pr + c * (Dv + 2);
-      if (x[1] != 0.0f) o += x[2 + d] * expf(x[0] - M);
-    }
-    out[(seqs.row[b] * Nq + h) * Dv + d] = o / L;
-  }
-}
+// Decode rows (a sequence with one query row, as in every decode step) go to version 4 of the
+// decode-attention family (decode_attention.cuh, `ragged`): the kernel above gives each (row,
+// head) one block whose threads each read a whole key row, which at decode is a few blocks for the
+// whole GPU and uncoalesced reads (45 GB/s on an H200, 1% of its bandwidth). Whether a row goes
+// there depends on its own sequence only, so a sequence gets the same bits alone or in any batch.
 
 __global__ void argmax_kernel(const float* __restrict__ x, int* __restrict__ out, long long N) {
   const int i = block_argmax(x + blockIdx.x * N, N);
@@ -354,9 +287,9 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
     for (std::size_t b = 0; b < n; ++b) seqs.q_offset[b] = batch.q_offsets[b0 + b];
     const long long rows = seqs.q_start[n] - seqs.q_start[0];
     if (rows == 0) continue;
-    // The sequences of one query row go to decode_partial, with the keys each attends; the
+    // The sequences of one query row go to the ragged decode kernel, with the keys each attends; the
     // plain kernel skips their rows.
-    DecodeSeqs one{};
+    decode::RaggedSeqs one{};
     int count = 0;
     long long longest = 0;
     for (std::size_t b = 0; b < n; ++b) {
@@ -374,17 +307,17 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
       IL_CUDA_LAUNCHED();
     }
     if (count > 0 && longest > 0) {
-      const long long chunks = (longest + kDecodeChunk - 1) / kDecodeChunk;
+      const long long chunks = (longest + decode::kChunk - 1) / decode::kChunk;
       IL_CHECK(chunks <= 65535, "attention (CUDA): a decode row over ", longest, " keys needs ", chunks, " chunks of ",
-               kDecodeChunk, ", above the 65,535 a launch can hold");
+               decode::kChunk, ", above the 65,535 a launch can hold");
       const int splits = static_cast<int>(chunks);
       auto* part = static_cast<float*>(scratch(static_cast<std::size_t>(count) * Nq * splits * (Dv + 2) * sizeof(float)));
-      decode_partial<<<dim3(static_cast<unsigned>(count), static_cast<unsigned>(Nq), static_cast<unsigned>(splits)),
-                       kAttnThreads, 0, stream()>>>(q.data<float>(), k.data<float>(), v.data<float>(), one, Nq, k.size(1),
-                                                    Dqk, Dv, p.scale, part);
+      decode::ragged<<<dim3(static_cast<unsigned>(count), static_cast<unsigned>(Nq), static_cast<unsigned>(splits)),
+                       decode::kThreads, 0, stream()>>>(q.data<float>(), k.data<float>(), v.data<float>(), one, Nq,
+                                                        k.size(1), Dqk, Dv, p.scale, part);
       IL_CUDA_LAUNCHED();
-      decode_merge<<<dim3(static_cast<unsigned>(count), static_cast<unsigned>(Nq)), kAttnThreads, 0, stream()>>>(
-          part, out.data<float>(), one, Nq, Dv, splits);
+      decode::merge<<<static_cast<unsigned>(count * Nq), decode::kThreads, 0, stream()>>>(part, out.data<float>(), splits,
+                                                                                          Dv, decode::RaggedRow{one, Nq});
       IL_CUDA_LAUNCHED();
     }
   }

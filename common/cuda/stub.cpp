@@ -32,6 +32,14 @@ void attention(const Tensor&, const Tensor&, const Tensor&, Tensor&, const Ragge
   no_cuda();
 }
 void argmax(const Tensor&, Tensor&) { no_cuda(); }
+void decode_attention(DecodeAttention, const Tensor&, const Tensor&, const Tensor&, std::int64_t, Tensor&, std::int64_t) {
+  no_cuda();
+}
+void latent_decode_attention(const Tensor&, const Tensor&, std::int64_t, float, std::int64_t, Tensor&) { no_cuda(); }
+void paged_decode_attention(const Tensor&, const Tensor&, const Tensor&, const std::vector<std::int32_t>&, std::int64_t,
+                            std::int64_t, Tensor&, std::int64_t) {
+  no_cuda();
+}
 void fill_uniform(Tensor&, std::uint64_t, float, float) { no_cuda(); }
 void set_gemv_kernel(GemvKernel) {}
 double measure_read_bandwidth(std::size_t) { no_cuda(); }

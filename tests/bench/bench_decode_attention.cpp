@@ -1,0 +1,135 @@
+// The decode-attention family (common/cuda/decode_attention.cuh), every version on the same
+// inputs: one query row against a layer's cache, as every decode step runs it. Each (version,
+// shape) is first checked against the float64 reference with the dtype's bound (a version outside
+// it is reported as an error, not timed), then timed; GB/s counts the bytes the cache holds for
+// the positions read (K·len·H·2·4, or len·R·4 for latent rows) and of_ceiling divides by the read
+// bandwidth measured in the same run. Run a version alone by its number:
+//   bench_decode_attention --benchmark_filter='Cuda.*/1/'       # version 1, every shape
+//
+//   version 1 per_head, 2 grouped, 4 ragged, 5 paged: GQA as Llama-3-8B (N 32, K 8, H 128), MHA
+//             and MQA beside it, at 4K, 16K and 32K positions
+//   version 3 latent: MLA's absorbed decode as DeepSeek-V2-Lite (16 heads, r 512 + dr 64)
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "../attention_exact.h"
+#include "common/cuda/backend.h"
+#include "common/metrics.h"
+#include "common/ops.h"
+
+using namespace inferlab;
+
+namespace {
+
+constexpr double u = 0x1p-24;
+
+struct AttnShape {
+  const char* name;
+  std::int64_t N, K, H;
+};
+constexpr AttnShape kShapes[] = {{"GQA N32 K8 H128", 32, 8, 128}, {"MHA N32 K32 H128", 32, 32, 128}, {"MQA N32 K1 H128", 32, 1, 128}};
+
+double read_ceiling() {
+  static const double c = cuda::measure_read_bandwidth(std::size_t(2) << 30);
+  return c;
+}
+
+Tensor random_cpu(const inferlab::Shape& s, std::uint64_t seed, float lo, float hi) {
+  Tensor t = Tensor::empty(s, DType::F32, Device::CUDA);
+  cuda::fill_uniform(t, seed, lo, hi);
+  return t.to(Device::CPU);
+}
+
+// Where the version's output is outside the float64 reference's bound: the first such element,
+// or an empty string.
+std::string check(const Tensor& got, const test::AttnRef& e) {
+  const auto g = got.to_double_vector();
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (!(std::fabs(g[i] - e.out[i]) <= e.bound[i]))
+      return "element " + std::to_string(i) + ": " + std::to_string(g[i]) + " against " + std::to_string(e.out[i]) +
+             " (bound " + std::to_string(e.bound[i]) + ")";
+  return "";
+}
+
+// Times run() (20 calls a sample) and reports the counters every row shares.
+template <class Run>
+void time_it(benchmark::State& state, double bytes, const Run& run) {
+  run();
+  cuda::synchronize();
+  double total = 0;
+  for (auto _ : state) {
+    metrics::Timer t;
+    for (int i = 0; i < 20; ++i) run();
+    cuda::synchronize();
+    const double dt = t.seconds() / 20;
+    state.SetIterationTime(dt);
+    total += dt;
+  }
+  const double per = total / static_cast<double>(state.iterations());
+  state.counters["GB/s"] = bytes / per / 1e9;
+  state.counters["of_ceiling"] = bytes / per / read_ceiling();
+  state.counters["us"] = per * 1e6;
+}
+
+// Args: version (1, 2, 4, 5), shape index, positions.
+void BM_CudaDecodeAttention(benchmark::State& state) {
+  const std::string reason = cuda::unavailable_reason();
+  if (!reason.empty()) return state.SkipWithError(("no CUDA device available: " + reason).c_str());
+  const auto version = static_cast<cuda::DecodeAttention>(state.range(0));
+  const AttnShape s = kShapes[state.range(1)];
+  const std::int64_t S = state.range(2);
+  const Tensor q = random_cpu({1, s.N, s.H}, 1, -2, 2), k = random_cpu({S, s.K, s.H}, 2, -2, 2),
+               v = random_cpu({S, s.K, s.H}, 3, -1, 1);
+  // The float64 reference once per (shape, length); the bound as the tests state it.
+  static std::map<std::tuple<std::int64_t, std::int64_t>, test::AttnRef> refs;
+  auto [it, fresh] = refs.try_emplace({state.range(1), S});
+  if (fresh) {
+    AttentionParams p;
+    p.causal = false;
+    it->second = test::attention_exact(q, k, v, p, (2 * std::ceil(static_cast<double>(S) / 128.0) + 4) * u);
+  }
+  const Tensor gq = q.to(Device::CUDA), gk = k.to(Device::CUDA), gv = v.to(Device::CUDA);
+  Tensor out = Tensor::empty({1, s.N, s.H}, DType::F32, Device::CUDA);
+  auto run = [&] { cuda::decode_attention(version, gq, gk, gv, S, out); };
+  run();
+  if (const std::string bad = check(out.to(Device::CPU), it->second); !bad.empty())
+    return state.SkipWithError(("outside the float64 bound at " + bad).c_str());
+  time_it(state, static_cast<double>(s.K) * S * s.H * 2 * 4, run);
+  state.SetLabel(std::string(cuda::decode_attention_name(version)) + ", " + s.name);
+}
+BENCHMARK(BM_CudaDecodeAttention)
+    ->ArgsProduct({{1, 2, 4, 5}, {0, 1, 2}, {4096, 16384, 32768}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// Version 3 over latent rows [S, 1, r + dr]: N heads, values the first r columns. Args: positions.
+void BM_CudaDecodeAttentionLatent(benchmark::State& state) {
+  const std::string reason = cuda::unavailable_reason();
+  if (!reason.empty()) return state.SkipWithError(("no CUDA device available: " + reason).c_str());
+  constexpr std::int64_t N = 16, r = 512, R = 576;
+  const std::int64_t S = state.range(0);
+  const Tensor q = random_cpu({1, N, R}, 4, -1, 1), latent = random_cpu({S, 1, R}, 5, -1, 1);
+  const Tensor values = latent.slice(2, 0, r).contiguous();
+  const float scale = 1.0f / std::sqrt(192.0f);  // DeepSeek's q·k width (dn + dr), not R
+  AttentionParams p;
+  p.causal = false, p.scale = scale;
+  const test::AttnRef e =
+      test::attention_exact(q, latent, values, p, (2 * std::ceil(static_cast<double>(S) / 128.0) + 4) * u);
+  const Tensor gq = q.to(Device::CUDA), gl = latent.to(Device::CUDA);
+  Tensor out = Tensor::empty({1, N, r}, DType::F32, Device::CUDA);
+  auto run = [&] { cuda::latent_decode_attention(gq, gl, S, scale, r, out); };
+  run();
+  if (const std::string bad = check(out.to(Device::CPU), e); !bad.empty())
+    return state.SkipWithError(("outside the float64 bound at " + bad).c_str());
+  time_it(state, static_cast<double>(S) * R * 4, run);
+  state.SetLabel("3 latent, N16 r512 dr64");
+}
+BENCHMARK(BM_CudaDecodeAttentionLatent)->Arg(4096)->Arg(16384)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
