@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "chapters/04_mla/mla.h"
+#include "chapters/04_mla/moe_decode.h"
 #include "common/json_file.h"
 #include "common/safetensors.h"
 #include "golden_util.h"
@@ -75,6 +76,36 @@ INSTANTIATE_TEST_SUITE_P(Models, MoeDeepSeekGolden,
                          ::testing::Combine(::testing::ValuesIn(kModels),
                                             ::testing::Values(MlaPath::Plain, MlaPath::Absorbed)),
                          test::model_path_name);
+
+}  // namespace
+}  // namespace inferlab
+
+namespace inferlab {
+namespace {
+
+// The decode arithmetic: one token reads its k experts, the shared ones and the router (a dense FFN
+// of the same active width reads all but the router); a large batch reads every expert; and the
+// measured count of experts touched follows the routing it is given.
+TEST(MoeDecode, BytesPerStepFollowTheExpertsTouched) {
+  ch04::MoeShape s;
+  s.name = "test", s.hidden = 64, s.moe_layers = 3, s.bytes_per_value = 2;
+  s.moe.num_experts = 16, s.moe.top_k = 4, s.moe.expert_size = 8, s.moe.shared_size = 16;
+  const double D = 64, expert = 3 * D * 8 * 2, router = 16 * D * 2, shared = 3 * D * 16 * 2;
+  const ch04::MoeStep one = ch04::moe_step(s, 1);
+  EXPECT_DOUBLE_EQ(one.experts_touched, 4);
+  EXPECT_DOUBLE_EQ(one.moe_bytes, 3 * (router + 4 * expert + shared));
+  EXPECT_DOUBLE_EQ(one.dense_bytes, 3 * (4 * expert + shared));
+  EXPECT_DOUBLE_EQ(one.all_expert_bytes, 3 * (router + 16 * expert + shared));
+  EXPECT_DOUBLE_EQ(one.rows_per_expert, 1);
+  const ch04::MoeStep many = ch04::moe_step(s, 4096);
+  EXPECT_NEAR(many.moe_bytes, many.all_expert_bytes, 1e-6);
+  EXPECT_DOUBLE_EQ(many.dense_bytes, one.dense_bytes);  // a dense FFN reads the same bytes at any batch
+  EXPECT_NEAR(many.rows_per_expert, 4096.0 * 4 / 16, 1e-6);
+  // Two tokens per layer, k = 2: a batch of both touches the union of their experts.
+  const std::vector<std::vector<std::int32_t>> layers = {{0, 1, 2, 3}, {5, 6, 5, 6}};
+  EXPECT_DOUBLE_EQ(ch04::measured_experts_touched(layers, 2, 1), 2);
+  EXPECT_DOUBLE_EQ(ch04::measured_experts_touched(layers, 2, 2), (4.0 + 2.0) / 2);
+}
 
 }  // namespace
 }  // namespace inferlab
