@@ -38,8 +38,8 @@ MoeStep moe_step(const MoeShape& s, std::int64_t batch) {
   return r;
 }
 
-double measured_experts_touched(const std::vector<std::vector<std::int32_t>>& layers, std::int64_t k,
-                                std::int64_t batch, int draws) {
+double measured_experts_touched(const std::vector<std::vector<std::int32_t>>& layers, std::int64_t k, std::int64_t batch,
+                                int draws) {
   std::mt19937_64 rng(static_cast<std::uint64_t>(batch));
   double sum = 0;
   std::int64_t n = 0;
@@ -90,20 +90,20 @@ json model_table(const MoeShape& s) {
               static_cast<long long>(s.moe_layers), static_cast<long long>(s.hidden), static_cast<long long>(m.num_experts),
               static_cast<long long>(m.expert_size), static_cast<long long>(m.top_k),
               m.shared_size ? (", shared width Fs = " + std::to_string(m.shared_size)).c_str() : "");
-  std::printf("  one token (B = 1) reads %s of FFN weights: a dense FFN of the same active width (k·Fe + Fs = %lld) "
-              "reads %s,\n  all experts are %s (%.1f× more, what the model stores and a large batch reads)\n",
-              gb(one.moe_bytes).c_str(), static_cast<long long>(m.top_k * m.expert_size + m.shared_size),
-              gb(one.dense_bytes).c_str(), gb(one.all_expert_bytes).c_str(), one.all_expert_bytes / one.moe_bytes);
-  std::printf("  %6s %16s %14s %14s %16s %14s %s\n", "B", "experts touched", "MoE bytes", "dense bytes",
-              "MoE bytes/token", "dense b/token", "rows per weight read: MoE (dense)");
+  std::printf(
+      "  one token (B = 1) reads %s of FFN weights: a dense FFN of the same active width (k·Fe + Fs = %lld) "
+      "reads %s,\n  all experts are %s (%.1f× more, what the model stores and a large batch reads)\n",
+      gb(one.moe_bytes).c_str(), static_cast<long long>(m.top_k * m.expert_size + m.shared_size),
+      gb(one.dense_bytes).c_str(), gb(one.all_expert_bytes).c_str(), one.all_expert_bytes / one.moe_bytes);
+  std::printf("  %6s %16s %14s %14s %16s %14s %s\n", "B", "experts touched", "MoE bytes", "dense bytes", "MoE bytes/token",
+              "dense b/token", "rows per weight read: MoE (dense)");
   json rows = json::array();
   for (std::int64_t B : {1, 2, 4, 8, 16, 32, 64, 128, 256, 1024}) {
     const MoeStep r = moe_step(s, B);
     const double b = static_cast<double>(B);
-    std::printf("  %6lld %9.1f of %3lld %14s %14s %16s %14s %5.1f (%4lld)\n", static_cast<long long>(B),
-                r.experts_touched, static_cast<long long>(m.num_experts), gb(r.moe_bytes).c_str(),
-                gb(r.dense_bytes).c_str(), gb(r.moe_bytes / b).c_str(), gb(r.dense_bytes / b).c_str(), r.rows_per_expert,
-                static_cast<long long>(B));
+    std::printf("  %6lld %9.1f of %3lld %14s %14s %16s %14s %5.1f (%4lld)\n", static_cast<long long>(B), r.experts_touched,
+                static_cast<long long>(m.num_experts), gb(r.moe_bytes).c_str(), gb(r.dense_bytes).c_str(),
+                gb(r.moe_bytes / b).c_str(), gb(r.dense_bytes / b).c_str(), r.rows_per_expert, static_cast<long long>(B));
     rows.push_back({{"batch", B},
                     {"experts_touched_expected", r.experts_touched},
                     {"moe_bytes", r.moe_bytes},
@@ -141,10 +141,11 @@ json measured_routing() {
     ch01::forward(m, prompt);
   }
   const std::int64_t E = c.moe->num_experts, k = c.moe->top_k;
-  std::printf("\nExperts touched per layer by a batch of B tokens: E·(1 − (1 − k/E)^B) under uniform routing, and "
-              "measured\non a model with DeepSeek-V2-Lite's router (E = %lld, k = %lld, softmax; random weights, %zu "
-              "layers)\nover a prompt of %zu random tokens (B of its positions per batch, 200 draws):\n",
-              static_cast<long long>(E), static_cast<long long>(k), layers.size(), prompt.size());
+  std::printf(
+      "\nExperts touched per layer by a batch of B tokens: E·(1 − (1 − k/E)^B) under uniform routing, and "
+      "measured\non a model with DeepSeek-V2-Lite's router (E = %lld, k = %lld, softmax; random weights, %zu "
+      "layers)\nover a prompt of %zu random tokens (B of its positions per batch, 200 draws):\n",
+      static_cast<long long>(E), static_cast<long long>(k), layers.size(), prompt.size());
   std::printf("  %6s %10s %10s\n", "B", "expected", "measured");
   json rows = json::array();
   for (std::int64_t B : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
@@ -161,28 +162,35 @@ json measured_routing() {
     busiest += static_cast<double>(*std::max_element(count.begin(), count.end())) / static_cast<double>(l.size());
   }
   chosen /= static_cast<double>(layers.size()), busiest /= static_cast<double>(layers.size());
-  std::printf("  This router is far from uniform: over the prompt a layer chooses %.1f of its %lld experts at all, and "
-              "its busiest\n  expert takes %.1f%% of the choices (uniform: %.1f%%). Skewed routing touches fewer "
-              "experts at a given B, so\n  fewer bytes per step, but loads a few experts with most rows: the "
-              "imbalance load-balancing losses and\n  DeepSeek-V3's score bias work against. The formula is the "
-              "uniform case, the most a batch reads.\n",
-              chosen, static_cast<long long>(E), 100 * busiest, 100.0 / static_cast<double>(E));
-  return {{"experts", E},           {"experts_per_token", k},   {"layers", layers.size()},
-          {"prompt_tokens", prompt.size()}, {"experts_chosen", chosen}, {"busiest_expert_share", busiest},
+  std::printf(
+      "  This router is far from uniform: over the prompt a layer chooses %.1f of its %lld experts at all, and "
+      "its busiest\n  expert takes %.1f%% of the choices (uniform: %.1f%%). Skewed routing touches fewer "
+      "experts at a given B, so\n  fewer bytes per step, but loads a few experts with most rows: the "
+      "imbalance load-balancing losses and\n  DeepSeek-V3's score bias work against. The formula is the "
+      "uniform case, the most a batch reads.\n",
+      chosen, static_cast<long long>(E), 100 * busiest, 100.0 / static_cast<double>(E));
+  return {{"experts", E},
+          {"experts_per_token", k},
+          {"layers", layers.size()},
+          {"prompt_tokens", prompt.size()},
+          {"experts_chosen", chosen},
+          {"busiest_expert_share", busiest},
           {"rows", rows}};
 }
 
 }  // namespace
 
 json moe_decode_table() {
-  std::printf("\nMixture-of-experts FFNs at decode: each token runs k of E experts (plus shared ones), so alone it "
-              "reads\nno more than a dense FFN of the same active width; a batch reads every expert any of its tokens "
-              "chose.\n");
+  std::printf(
+      "\nMixture-of-experts FFNs at decode: each token runs k of E experts (plus shared ones), so alone it "
+      "reads\nno more than a dense FFN of the same active width; a batch reads every expert any of its tokens "
+      "chose.\n");
   json models = json::array();
   for (const MoeShape& s : shapes()) models.push_back(model_table(s));
-  std::printf("  MoE bytes per step grow with B until every expert is read, so MoE decode stays memory-bound to much "
-              "larger\n  batches than dense decode: each expert read serves B·k/touched rows (last column) where a "
-              "dense FFN serves B.\n");
+  std::printf(
+      "  MoE bytes per step grow with B until every expert is read, so MoE decode stays memory-bound to much "
+      "larger\n  batches than dense decode: each expert read serves B·k/touched rows (last column) where a "
+      "dense FFN serves B.\n");
   return {{"models", models}, {"measured_routing", measured_routing()}};
 }
 

@@ -24,13 +24,13 @@ struct MoeShape {
 
 /// One row of the batch table: B tokens in one decode step.
 struct MoeStep {
-  std::int64_t batch = 0;         ///< B
-  double experts_touched = 0;     ///< per layer: E·(1 − (1 − k/E)^B) expected under uniform routing
-  double moe_bytes = 0;           ///< router + touched experts + shared, every MoE layer
-  double dense_bytes = 0;         ///< a dense FFN of the same active width (k·Fe + Fs), every layer
-  double all_expert_bytes = 0;    ///< router + all E experts + shared: the most a step can read
-  double moe_flops = 0;           ///< 2 · B · active parameters: the same for the dense FFN
-  double rows_per_expert = 0;     ///< B·k / experts touched: each read expert's reuse (dense: B)
+  std::int64_t batch = 0;       ///< B
+  double experts_touched = 0;   ///< per layer: E·(1 − (1 − k/E)^B) expected under uniform routing
+  double moe_bytes = 0;         ///< router + touched experts + shared, every MoE layer
+  double dense_bytes = 0;       ///< a dense FFN of the same active width (k·Fe + Fs), every layer
+  double all_expert_bytes = 0;  ///< router + all E experts + shared: the most a step can read
+  double moe_flops = 0;         ///< 2 · B · active parameters: the same for the dense FFN
+  double rows_per_expert = 0;   ///< B·k / experts touched: each read expert's reuse (dense: B)
 };
 
 /// The step at batch B of `s` (the expected number of experts touched).
@@ -44,8 +44,8 @@ double moe_step_bytes(const MoeShape& s, double touched);
 /// per MoE layer the experts each of T tokens chose ([T·k], token by token); a batch is B of the T
 /// positions drawn without replacement (B sequences at one step are different tokens), and the
 /// count is averaged over `draws` batches (seeded) and the layers.
-double measured_experts_touched(const std::vector<std::vector<std::int32_t>>& layers, std::int64_t k,
-                                std::int64_t batch, int draws = 200);
+double measured_experts_touched(const std::vector<std::vector<std::int32_t>>& layers, std::int64_t k, std::int64_t batch,
+                                int draws = 200);
 
 /// What the bare run prints: per model (DeepSeek-V2-Lite, DeepSeek-V3, Mixtral 8x7B by their
 /// configs' numbers) the bytes per token at batch 1 against a dense FFN of the same active size

@@ -7,6 +7,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "chapters/09_quantization/gguf_moe.h"
 #include "chapters/09_quantization/quant_impl.h"
 #include "common/atomic_file.h"
 #include "common/gguf_tokenizer.h"
@@ -167,7 +168,10 @@ TransformerConfig gguf_config(const gguf::File& f) {
   const std::string& arch = f.get_string("general.architecture");
   // qwen2 is llama with biases on q, k and v and RoPE over the two halves of a head (llama.cpp's
   // NEOX pairing, the Hugging Face order): the same blocks, read under their own key prefix.
-  IL_CHECK(arch == "llama" || arch == "qwen2", f.path(), ": architecture '", arch, "' is not llama or qwen2");
+  // qwen2moe is qwen2 with mixture-of-experts layers (gguf_moe.h), as llama with expert tensors is Mixtral.
+  IL_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen2moe", f.path(), ": architecture '", arch,
+           "' is not llama, qwen2 or qwen2moe",
+           arch == "deepseek2" ? " (DeepSeek's MLA runs in chapter 04 from a Hugging Face folder)" : "");
   const std::string k = arch + ".";
   // Counts are checked before anything divides by them or loops over them.
   auto count = [&](const std::string& key) {
@@ -182,8 +186,8 @@ TransformerConfig gguf_config(const gguf::File& f) {
     return v;
   };
   TransformerConfig c;
-  c.architecture = arch == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
-  c.attention_bias = arch == "qwen2";
+  c.architecture = arch == "qwen2" ? "Qwen2ForCausalLM" : arch == "qwen2moe" ? "Qwen2MoeForCausalLM" : "LlamaForCausalLM";
+  c.attention_bias = arch == "qwen2" || arch == "qwen2moe";
   c.hidden_size = count(k + "embedding_length");
   c.intermediate_size = count(k + "feed_forward_length");
   c.num_layers = count(k + "block_count");
@@ -229,6 +233,7 @@ TransformerConfig gguf_config(const gguf::File& f) {
   // The project's shared rules (KV heads dividing heads, an even head_dim, size limits), whose
   // messages use config.json's field names.
   c.validate(f.path() + " (" + arch + ".* metadata, named as in a config.json)");
+  c.moe = gguf_moe_config(f, arch, c.num_layers, c.intermediate_size);
   return c;
 }
 
@@ -299,8 +304,12 @@ ch01::Llama load_gguf(const gguf::File& f) {
       q.wq.bias = dense(b + "attn_q.bias", {Q}), q.wk.bias = dense(b + "attn_k.bias", {KV});
       q.wv.bias = dense(b + "attn_v.bias", {KV});
     }
-    q.w_gate = matrix(b + "ffn_gate.weight", F, D), q.w_up = matrix(b + "ffn_up.weight", F, D);
-    q.w_down = matrix(b + "ffn_down.weight", D, F);
+    if (c.moe && c.moe->is_moe_layer(l)) {
+      q.moe = read_gguf_moe(f, *c.moe, D, l, used);
+    } else {
+      q.w_gate = matrix(b + "ffn_gate.weight", F, D), q.w_up = matrix(b + "ffn_up.weight", F, D);
+      q.w_down = matrix(b + "ffn_down.weight", D, F);
+    }
     m.layers.push_back(std::move(q));
   }
   m.final_norm = dense("output_norm.weight", {D});
