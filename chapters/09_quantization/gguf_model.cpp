@@ -84,7 +84,7 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
   IL_CHECK(!qwen2 || m.rope_pairing == RopePairing::HalfSplit,
            "GGUF: a model with q/k/v biases is written as qwen2, "
            "whose RoPE rotates the halves of each head; this one pairs adjacent dimensions");
-  const std::string arch = qwen2 ? "qwen2" : "llama";
+  const std::string arch = c.moe ? gguf_moe_architecture(*c.moe, qwen2) : qwen2 ? "qwen2" : "llama";
   const bool permute = !qwen2 && m.rope_pairing == RopePairing::HalfSplit;
   std::vector<std::pair<std::string, Value>> meta = {
       {"general.architecture", Value::str(arch)},
@@ -100,6 +100,8 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
       {arch + ".attention.layer_norm_rms_epsilon", Value::f32(static_cast<float>(c.rms_norm_eps))},
       {arch + ".rope.freq_base", Value::f32(static_cast<float>(c.rope_theta))},
   };
+  if (c.moe)
+    for (auto& kv : gguf_moe_metadata(*c.moe, arch)) meta.push_back(std::move(kv));
   // The tokenizer, as llama.cpp reads it: tokens, types, merges or scores, the pre-tokenizer's
   // name, BOS (common/gguf_tokenizer.h).
   for (auto& kv : gguf::tokenizer_metadata(load_json(tok.path()), tok.path(), c.vocab_size)) meta.push_back(std::move(kv));
@@ -127,6 +129,20 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
         ts.push_back(output(b + n, w->bias));
     ts.push_back(output(b + "attn_output.weight", l.wo));
     ts.push_back(output(b + "ffn_norm.weight", l.mlp_norm));
+    if (l.moe.defined()) {  // llama.cpp's layout: the router in F32, each matrix's experts stacked
+      const MoeFfn& f = l.moe;
+      ts.push_back(output(b + "ffn_gate_inp.weight", f.router.to(Device::CPU, DType::F32).weight));
+      for (const auto& [n, pick] :
+           {std::pair{"gate", &Expert::gate}, std::pair{"up", &Expert::up}, std::pair{"down", &Expert::down}}) {
+        std::vector<gguf::Output> parts;
+        for (const Expert& e : f.experts) parts.push_back(output(b + "ffn_" + n + "_exps.weight", e.*pick));
+        ts.push_back(stack_experts(b + "ffn_" + n + "_exps.weight", parts));
+        if (f.shared.defined()) ts.push_back(output(b + "ffn_" + n + "_shexp.weight", f.shared.*pick));
+      }
+      if (f.shared_gate.defined())
+        ts.push_back(output(b + "ffn_gate_inp_shexp.weight", f.shared_gate.to(Device::CPU, DType::F32).weight));
+      continue;
+    }
     ts.push_back(output(b + "ffn_gate.weight", l.w_gate));
     ts.push_back(output(b + "ffn_up.weight", l.w_up));
     ts.push_back(output(b + "ffn_down.weight", l.w_down));

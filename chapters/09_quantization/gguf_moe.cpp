@@ -2,6 +2,8 @@
 
 #include "chapters/09_quantization/quant_impl.h"
 
+#include <cstring>
+
 namespace inferlab::ch09 {
 
 std::optional<MoeConfig> gguf_moe_config(const gguf::File& f, const std::string& arch, std::int64_t layers,
@@ -48,8 +50,8 @@ MoeFfn read_gguf_moe(const gguf::File& f, const MoeConfig& c, std::int64_t D, st
     const gguf::Type t = f.info(name).type;
     if (is_plain(t)) {
       const Tensor all = f.tensor(name);
-      return Linear(check_finite(all.view({all.numel() / cols, cols}).slice(0, r0, r0 + rows).clone(),
-                                 f.path() + ": tensor " + name));
+      return Linear(
+          check_finite(all.view({all.numel() / cols, cols}).slice(0, r0, r0 + rows).clone(), f.path() + ": tensor " + name));
     }
     const Format fmt = format_of(name, t);
     const Tensor blocks = f.raw(name).slice(0, r0, r0 + rows).clone();
@@ -84,11 +86,57 @@ MoeFfn read_gguf_moe(const gguf::File& f, const MoeConfig& c, std::int64_t D, st
     const std::string n = b + "ffn_gate_inp_shexp.weight";
     used.insert(n);
     const auto& i = f.info(n);
-    IL_CHECK(i.shape == Shape({D}) || i.shape == Shape({1, D}), f.path(), ": tensor ", n, " has shape ",
-             shape_str(i.shape), ", expected [", D, "]");
+    IL_CHECK(i.shape == Shape({D}) || i.shape == Shape({1, D}), f.path(), ": tensor ", n, " has shape ", shape_str(i.shape),
+             ", expected [", D, "]");
     m.shared_gate = rows_of(n, 0, 1, D);
   }
   return m;
+}
+
+gguf::Output stack_experts(const std::string& name, const std::vector<gguf::Output>& experts) {
+  IL_CHECK(!experts.empty(), "GGUF: ", name, ": no experts to stack");
+  const gguf::Output& first = experts[0];
+  std::int64_t total = 0;
+  for (const gguf::Output& e : experts) {
+    IL_CHECK(e.type == first.type && e.shape == first.shape, "GGUF: ", name, ": the experts differ in type or shape (",
+             gguf::type_name(e.type), shape_str(e.shape), " against ", gguf::type_name(first.type), shape_str(first.shape),
+             "); llama.cpp stacks them into one tensor");
+    total += static_cast<std::int64_t>(e.bytes.nbytes());
+  }
+  Tensor bytes = Tensor::empty({total}, DType::U8);
+  std::int64_t at = 0;
+  for (const gguf::Output& e : experts) {
+    const Tensor b = e.bytes.contiguous();
+    std::memcpy(bytes.data<std::uint8_t>() + at, b.raw_data(), b.nbytes());
+    at += static_cast<std::int64_t>(b.nbytes());
+  }
+  Shape shape{static_cast<std::int64_t>(experts.size())};
+  shape.insert(shape.end(), first.shape.begin(), first.shape.end());
+  return {name, first.type, shape, bytes};
+}
+
+std::string gguf_moe_architecture(const MoeConfig& c, bool qkv_bias) {
+  // llama.cpp's build_moe_ffn: llama (Mixtral) renormalises the k softmax weights and has no
+  // shared expert; qwen2moe does not renormalise and gates one shared expert.
+  const bool mixtral = c.shared_size == 0 && !c.shared_gate && c.norm_topk_prob && !qkv_bias;
+  const bool qwen2moe = c.shared_size > 0 && c.shared_gate && !c.norm_topk_prob && qkv_bias;
+  IL_CHECK(c.scoring == MoeScoring::Softmax && c.grouping == MoeGrouping::None && !c.score_bias &&
+               c.routed_scaling_factor == 1 && (mixtral || qwen2moe),
+           "GGUF: this MoE model is neither Mixtral-like (llama: softmax top-k renormalised, no shared expert, no "
+           "biases) nor Qwen2-MoE-like (qwen2moe: softmax top-k not renormalised, a gated shared expert, q/k/v "
+           "biases), the two MoE architectures this writer records");
+  return mixtral ? "llama" : "qwen2moe";
+}
+
+std::vector<std::pair<std::string, gguf::Value>> gguf_moe_metadata(const MoeConfig& c, const std::string& arch) {
+  auto u32 = [](std::int64_t v) { return gguf::Value::u32(static_cast<std::uint32_t>(v)); };
+  std::vector<std::pair<std::string, gguf::Value>> meta = {{arch + ".expert_count", u32(c.num_experts)},
+                                                           {arch + ".expert_used_count", u32(c.top_k)}};
+  if (arch == "qwen2moe") {
+    meta.emplace_back(arch + ".expert_feed_forward_length", u32(c.expert_size));
+    meta.emplace_back(arch + ".expert_shared_feed_forward_length", u32(c.shared_size));
+  }
+  return meta;
 }
 
 }  // namespace inferlab::ch09

@@ -9,6 +9,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/gguf.h"
 #include "common/moe.h"
@@ -28,5 +30,16 @@ std::optional<MoeConfig> gguf_moe_config(const gguf::File& f, const std::string&
 /// are added to `used`.
 MoeFfn read_gguf_moe(const gguf::File& f, const MoeConfig& c, std::int64_t D, std::int64_t layer,
                      std::set<std::string>& used);
+
+/// One tensor of llama.cpp's stacked experts ([E, rows, cols], outermost first) from the E
+/// experts' own outputs, which must agree in type and shape: their bytes one after another.
+gguf::Output stack_experts(const std::string& name, const std::vector<gguf::Output>& experts);
+
+/// The GGUF architecture an MoE model is written as, and the metadata of its experts: Mixtral
+/// (no shared expert, renormalised weights, no biases) as llama; Qwen2-MoE (a gated shared
+/// expert, weights not renormalised, q/k/v biases) as qwen2moe. Any other MoE model is refused
+/// naming what llama.cpp's two architectures would compute differently.
+std::string gguf_moe_architecture(const MoeConfig& c, bool qkv_bias);
+std::vector<std::pair<std::string, gguf::Value>> gguf_moe_metadata(const MoeConfig& c, const std::string& arch);
 
 }  // namespace inferlab::ch09

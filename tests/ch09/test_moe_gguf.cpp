@@ -12,6 +12,7 @@
 #include "chapters/09_quantization/gguf_model.h"
 #include "chapters/09_quantization/quant.h"
 #include "common/safetensors.h"
+#include "common/tokenizer.h"
 #include "golden_util.h"
 
 namespace inferlab {
@@ -90,6 +91,43 @@ TEST(MoeGguf, Q8ExpertsAreTheCheckpointsSlicedAtTheirRows) {
   const SafetensorsFile gold(kDir + "/mixtral/golden.safetensors");
   const auto ids = test::ids_of(gold.get("input_ids"));
   EXPECT_EQ(ch01::forward(q, ids, true).size(0), static_cast<std::int64_t>(ids.size()));
+}
+
+// Our export: a random Mixtral and Qwen2-MoE (tiny-mha's tokenizer, widths that Q8_0's blocks
+// divide) written by save_gguf, plain and Q8_0, and read back by load_gguf: the same experts, the
+// same dense layer, the same logits.
+TEST(MoeGguf, ExportsRoundTrip) {
+  const std::string data = INFERLAB_DATA_DIR;
+  const auto tok = HfTokenizer::load(data + "/models/tiny-mha");
+  for (const char* name : {"mixtral", "qwen2-moe"}) {
+    HfConfig hf = load_hf_config(kDir + "/" + name);
+    hf.json["vocab_size"] = 1024;
+    for (const char* width : {"intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"})
+      if (hf.json.contains(width)) hf.json[width] = 64;
+    const TransformerConfig c = parse_transformer_config(hf);
+    const ch01::Llama m = ch01::random_llama(c, 9);
+    for (bool q8 : {false, true}) {
+      SCOPED_TRACE(std::string(name) + (q8 ? " q8_0" : " f32"));
+      const ch01::Llama w = q8 ? ch09::quantize_model(m, {ch09::Format::Q8_0}) : m;
+      test::TempDir dir;
+      ch09::save_gguf(dir.file("m.gguf"), w, tok);
+      const ch01::Llama back = ch09::load_gguf(dir.file("m.gguf"));
+      ASSERT_TRUE(back.config.moe.has_value());
+      EXPECT_EQ(back.config.moe->num_experts, c.moe->num_experts);
+      EXPECT_EQ(back.config.moe->dense_layers, c.moe->dense_layers);
+      EXPECT_EQ(back.matrix_bytes(), w.matrix_bytes());
+      for (std::size_t l = 0; l < back.layers.size(); ++l) {
+        ASSERT_EQ(back.layers[l].moe.defined(), w.layers[l].moe.defined()) << "layer " << l;
+        if (q8 && w.layers[l].moe.defined()) {  // an expert's packed bytes, sliced back at their rows
+          EXPECT_EQ(values(back.layers[l].moe.experts[3].down), values(w.layers[l].moe.experts[3].down));
+        }
+      }
+      const std::vector<std::int32_t> toks = {0, 523, 524, 278, 525, 522, 482};
+      const auto want = ch01::forward(w, toks, true).to_double_vector();
+      test::expect_within(ch01::forward(back, toks, true).to_double_vector(), want,
+                          std::vector<double>(want.size(), test::two_path_bound(c, want)), "logits after the round trip");
+    }
+  }
 }
 
 }  // namespace
