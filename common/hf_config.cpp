@@ -46,6 +46,20 @@ std::vector<std::int64_t> eos_token_ids(const HfConfig& cfg) {
   return ids;
 }
 
+std::string where_it_runs(const std::string& a) {
+  const char* where = nullptr;
+  if (a == "DeepseekV2ForCausalLM" || a == "DeepseekV3ForCausalLM") where = "chapter 04, ch04_mla";
+  if (a == "MixtralForCausalLM" || a == "Qwen2MoeForCausalLM")
+    where = "chapters 01 and 02, ch01_naive_decode and ch02_kv_cache (its mixture-of-experts layers on the CPU)";
+  if (a == "MinistralForCausalLM") where = "chapter 06, ch06_local_attention";
+  if (a == "InferLabCLAForCausalLM") where = "chapter 05, ch05_cla";
+  if (a == "MambaForCausalLM" || a == "InferLabLTIMambaForCausalLM") where = "chapter 07, ch07_mamba";
+  if (a == "InferLabMDLMForMaskedDiffusion") where = "chapter 08, ch08_diffusion_lm";
+  for (const char* llama : {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "InternLM2ForCausalLM"})
+    if (a == llama) where = "chapter 01 and every chapter after it, ch01_naive_decode on";
+  return where == nullptr ? "" : std::string(" (it runs in ") + where + ")";
+}
+
 TransformerConfig parse_transformer_config(const HfConfig& cfg) {
   JsonFields f(cfg.json, cfg.path);
   TransformerConfig c;

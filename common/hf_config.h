@@ -89,6 +89,11 @@ YarnScaling parse_yarn_scaling(const TransformerConfig& c, const std::string& wh
 /// when it holds anything but integers.
 std::vector<std::int64_t> eos_token_ids(const HfConfig& cfg);
 
+/// Where a config.json architecture runs: " (it runs in chapter 04, ch04_mla)" for a DeepSeek,
+/// and so on for every architecture a chapter runs, "" for one none does. Refusals end with it,
+/// so that a model given to the wrong chapter names the right one.
+std::string where_it_runs(const std::string& architecture);
+
 /// Reads a Llama-family config (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, ...),
 /// checking that the fields agree (heads divide hidden size, KV heads divide heads, ...).
 TransformerConfig parse_transformer_config(const HfConfig& cfg);

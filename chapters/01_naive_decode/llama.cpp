@@ -159,10 +159,12 @@ Llama load_llama(const std::string& path) {
            ": a masked-diffusion denoiser (bidirectional, no causal "
            "mask), which chapter 08 runs (ch08_diffusion_lm); chapter 01 would decode it left to right");
   IL_CHECK(arch != "DeepseekV2ForCausalLM" && arch != "DeepseekV3ForCausalLM", hf.path, ": architecture '", arch,
-           "' has multi-head latent attention (and mixture-of-experts layers): it runs in chapter 04 (ch04_mla)");
+           "' has multi-head latent attention (and mixture-of-experts layers), which chapter 01 does not implement",
+           where_it_runs(arch));
   IL_CHECK(llama_family(arch) || moe_llama_family(arch), hf.path, ": architecture '", arch,
            "' is not a Llama-family decoder this chapter can run (LlamaForCausalLM, MistralForCausalLM, "
-           "Qwen2ForCausalLM, and with mixture-of-experts layers MixtralForCausalLM, Qwen2MoeForCausalLM)");
+           "Qwen2ForCausalLM, and with mixture-of-experts layers MixtralForCausalLM, Qwen2MoeForCausalLM)",
+           where_it_runs(arch));
   const TransformerConfig c = parse_transformer_config(hf);
   const JsonFields fields(hf.json, hf.path);
   if (arch == "MistralForCausalLM" && fields.has("sliding_window") && !hf.json["sliding_window"].is_null())

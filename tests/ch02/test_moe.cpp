@@ -214,7 +214,9 @@ TEST(MoeBlock, GroupedPathReadsEachTouchedExpertOnce) {
     EXPECT_DOUBLE_EQ(loop - grouped, (static_cast<double>(T) * k - n) * expert_bytes +
                                          static_cast<double>(T - 1) * static_cast<double>(f.router.bytes()))
         << "T = " << T << ", " << n << " experts touched";
-    if (T == 1) EXPECT_EQ(n, k);
+    if (T == 1) {
+      EXPECT_EQ(n, k);
+    }
   }
 }
 
@@ -273,8 +275,13 @@ TEST(MoeConfigRefusals, ChaptersNameTheChapterThatRunsTheModel) {
     ch01::load_llama(kDir + "/deepseek-v3-noaux");
     ADD_FAILURE() << "chapter 01 loaded a DeepSeek model";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("chapter 04 (ch04_mla)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("it runs in chapter 04, ch04_mla"), std::string::npos) << e.what();
   }
+  // Every architecture some chapter runs is named with it; one none runs gets nothing.
+  EXPECT_NE(where_it_runs("MixtralForCausalLM").find("chapters 01 and 02"), std::string::npos);
+  EXPECT_NE(where_it_runs("DeepseekV2ForCausalLM").find("ch04_mla"), std::string::npos);
+  EXPECT_NE(where_it_runs("MinistralForCausalLM").find("ch06_local_attention"), std::string::npos);
+  EXPECT_EQ(where_it_runs("GPT2LMHeadModel"), "");
   // An MoE model on CUDA: the option that runs it.
   const ch01::Llama m = ch01::load_llama(kDir + "/mixtral");
   try {
