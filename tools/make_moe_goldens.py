@@ -28,6 +28,7 @@ against the next) is separated by more than MIN_ROUTE_MARGIN: float32 rounding i
 cannot then pick another expert or token than float64 did.
 
 Run from the repository root:  tools/.venv/bin/python tools/make_moe_goldens.py
+(then tools/make_moe_gguf.py, whose GGUF files live in the same folders, which this script remakes)
 """
 from __future__ import annotations
 
@@ -54,6 +55,16 @@ SMALL = dict(vocab_size=64, hidden_size=32, rms_norm_eps=1e-6, bos_token_id=0, e
 MLA = dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8,
            qk_rope_head_dim=8, v_head_dim=8, intermediate_size=48, moe_intermediate_size=12, attention_bias=False)
 LLAMA = dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0)
+
+# What each model's distinctive routing rule is worth: the config change that switches it off, whose
+# float32 logits the manifest compares with the golden's (a golden the rule did not move would check
+# nothing). "zero_score_bias" zeroes DeepSeek-V3's e_score_correction_bias instead.
+SWITCH_OFF = {"deepseek-v2-greedy": {"routed_scaling_factor": 1.0},
+              "deepseek-v2-group": {"topk_method": "greedy"},
+              "deepseek-v3-noaux": "zero_score_bias",
+              "deepseek-v3-shared": {"norm_topk_prob": True},
+              "mixtral": {"num_experts_per_tok": 1},
+              "qwen2-moe": {"norm_topk_prob": True}}
 
 # name -> (class, what it covers, config fields over SMALL, seed)
 MODELS: dict[str, tuple[str, str, dict, int]] = {
@@ -144,6 +155,23 @@ def load(folder: pathlib.Path, dtype=torch.float32):
     return AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager", dtype=dtype).eval()
 
 
+@torch.no_grad()
+def switched_off_diff(name: str, folder: pathlib.Path, ids: list[int], want: torch.Tensor) -> dict:
+    """float32 logits of the saved model with its routing rule switched off (SWITCH_OFF), against
+    the golden's."""
+    from transformers import AutoModelForCausalLM
+    change = SWITCH_OFF[name]
+    kw = {} if change == "zero_score_bias" else change
+    model = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager", dtype=torch.float32,
+                                                 **kw).eval()
+    if change == "zero_score_bias":
+        for n, b in model.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.zero_()
+    got = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+    return {"change": change, "max_abs_logit_diff": float((got.double() - want).abs().max())}
+
+
 def gates(model):
     """Every router of the model: (module, config) for each MoE layer's gate."""
     out = []
@@ -216,6 +244,7 @@ def make(name: str) -> dict:
         "checks": {"min_greedy_margin_float64": margin, "min_routing_margin_float64": rmargin,
                    "max_abs_logit": float(want.abs().max()),
                    "max_abs_logit_diff_float32_run": float((l32.double() - want).abs().max()),
+                   "switched_off": switched_off_diff(name, folder, ids, want),
                    "experts": getattr(cfg, "n_routed_experts", None) or getattr(cfg, "num_local_experts", None)
                    or cfg.num_experts, "experts_per_token": cfg.num_experts_per_tok},
         "tensors": specs,
@@ -227,6 +256,8 @@ def main() -> None:
         "tiny random mixture-of-experts models (DeepseekV2/V3, Mixtral, Qwen2-MoE) and their float64 goldens "
         "(tools/make_moe_goldens.py)", TOKENS, GREEDY_TOKENS,
         {"moe_layers": "how many of the model's layers are MoE layers",
+         "switched_off": "the model's routing rule switched off (tools/make_moe_goldens.py SWITCH_OFF), and how far "
+                         "its float32 logits then are from the golden's",
          "min_routing_margin_float64": "the smallest score gap of any routing decision (k-th chosen expert against "
                                        "the best one left out; last kept group against the next) over the prompt "
                                        "and its greedy continuation",
