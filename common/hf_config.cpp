@@ -46,6 +46,20 @@ std::vector<std::int64_t> eos_token_ids(const HfConfig& cfg) {
   return ids;
 }
 
+std::string where_it_runs(const std::string& a) {
+  const char* where = nullptr;
+  if (a == "DeepseekV2ForCausalLM" || a == "DeepseekV3ForCausalLM") where = "chapter 04, ch04_mla";
+  if (a == "MixtralForCausalLM" || a == "Qwen2MoeForCausalLM")
+    where = "chapters 01 and 02, ch01_naive_decode and ch02_kv_cache (its mixture-of-experts layers on the CPU)";
+  if (a == "MinistralForCausalLM") where = "chapter 06, ch06_local_attention";
+  if (a == "InferLabCLAForCausalLM") where = "chapter 05, ch05_cla";
+  if (a == "MambaForCausalLM" || a == "InferLabLTIMambaForCausalLM") where = "chapter 07, ch07_mamba";
+  if (a == "InferLabMDLMForMaskedDiffusion") where = "chapter 08, ch08_diffusion_lm";
+  for (const char* llama : {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "InternLM2ForCausalLM"})
+    if (a == llama) where = "chapter 01 and every chapter after it, ch01_naive_decode on";
+  return where == nullptr ? "" : std::string(" (it runs in ") + where + ")";
+}
+
 TransformerConfig parse_transformer_config(const HfConfig& cfg) {
   JsonFields f(cfg.json, cfg.path);
   TransformerConfig c;
@@ -66,6 +80,9 @@ TransformerConfig parse_transformer_config(const HfConfig& cfg) {
   // LlamaAttention: bias=config.attention_bias for q_proj, k_proj, v_proj and o_proj).
   // (The architecture implies them too: a Qwen2ForCausalLM config without model_type ran without.)
   c.attention_bias = f.get_or<bool>("attention_bias", cfg.model_type() == "qwen2" || c.architecture == "Qwen2ForCausalLM");
+  // Qwen2-MoE names its q/k/v biases qkv_bias (default true).
+  if (c.architecture == "Qwen2MoeForCausalLM" || cfg.model_type() == "qwen2_moe")
+    c.attention_bias = f.get_or<bool>("qkv_bias", true);
   c.attention_out_bias = c.attention_bias && c.architecture == "LlamaForCausalLM";
   c.mlp_bias = f.get_or<bool>("mlp_bias", false);
   c.torch_dtype = f.get_or<std::string>("torch_dtype", f.get_or<std::string>("dtype", ""));
@@ -86,6 +103,7 @@ TransformerConfig parse_transformer_config(const HfConfig& cfg) {
     c.head_dim = c.hidden_size / c.num_heads;
   }
   c.validate(cfg.path);
+  c.moe = parse_moe_config(cfg, c);
   return c;
 }
 
@@ -182,7 +200,12 @@ std::int64_t TransformerConfig::num_parameters() const {
   const std::int64_t bias = (attention_bias ? (num_heads + 2 * num_kv_heads) * H : 0) + (attention_out_bias ? D : 0);
   const std::int64_t mlp = 3 * D * F + (mlp_bias ? 2 * F + D : 0);
   const std::int64_t per_layer = q + kv + o + bias + mlp + 2 * D;  // two RMSNorm weights
-  return vocab_size * D + num_layers * per_layer + D + (tie_word_embeddings ? 0 : vocab_size * D);
+  // An MoE layer's router and experts in place of its dense MLP.
+  std::int64_t moe_extra = 0;
+  for (std::int64_t i = 0; moe && i < num_layers; ++i)
+    if (moe->is_moe_layer(i)) moe_extra = checked_add(moe_extra, moe->layer_parameters(D) - mlp, "MoE parameters");
+  return checked_add(vocab_size * D + num_layers * per_layer + D + (tie_word_embeddings ? 0 : vocab_size * D), moe_extra,
+                     "parameters");
 }
 
 std::int64_t TransformerConfig::kv_cache_bytes(std::int64_t positions, std::int64_t bytes_per_element) const {

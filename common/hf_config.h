@@ -8,6 +8,8 @@
 #include <vector>
 #include <nlohmann/json.hpp>
 
+#include "common/moe_config.h"
+
 namespace inferlab {
 
 /// The largest vocabulary (and so token id table) any reader accepts: config.json's
@@ -49,12 +51,16 @@ struct TransformerConfig {
   std::optional<std::int64_t> bos_token_id;
   std::vector<std::int64_t> eos_token_ids;
   std::string torch_dtype;  ///< the dtype the weights were saved in, e.g. "bfloat16"
+  /// The mixture-of-experts FFN of the layers MoeConfig::is_moe_layer names (Mixtral, Qwen2-MoE,
+  /// DeepSeek-V2/V3); absent when every layer's MLP is dense.
+  std::optional<MoeConfig> moe;
 
   /// Checks that the fields agree and are in range (every count positive and below a limit that
   /// keeps sizes far from overflowing, KV heads dividing query heads, an even head_dim, positive
   /// eps and RoPE base); throws naming `where` (the file the config came from) and the field.
   void validate(const std::string& where) const;
-  /// Parameters: embeddings, attention, MLP, norms and (when untied) the output head.
+  /// Parameters: embeddings, attention, MLP (every expert of an MoE layer), norms and (when
+  /// untied) the output head.
   std::int64_t num_parameters() const;
   /// Bytes of the keys and values of `positions` tokens, every layer: the lecture's
   /// S × K × H × L × 2 × bytes per element. The project's one KV-size formula: caches,
@@ -82,6 +88,11 @@ YarnScaling parse_yarn_scaling(const TransformerConfig& c, const std::string& wh
 /// The config's eos_token_id: none, one, or a list of them (Llama 3's); throws naming the field
 /// when it holds anything but integers.
 std::vector<std::int64_t> eos_token_ids(const HfConfig& cfg);
+
+/// Where a config.json architecture runs: " (it runs in chapter 04, ch04_mla)" for a DeepSeek,
+/// and so on for every architecture a chapter runs, "" for one none does. Refusals end with it,
+/// so that a model given to the wrong chapter names the right one.
+std::string where_it_runs(const std::string& architecture);
 
 /// Reads a Llama-family config (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, ...),
 /// checking that the fields agree (heads divide hidden size, KV heads divide heads, ...).

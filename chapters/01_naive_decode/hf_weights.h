@@ -51,6 +51,11 @@ Llama read_decoder(const TransformerConfig& c, Get&& get, Attention&& attention)
     l.attn_norm = get(p + "input_layernorm.weight", Shape{D});
     attention(p, i, l);
     l.mlp_norm = get(p + "post_attention_layernorm.weight", Shape{D});
+    if (c.moe && c.moe->is_moe_layer(i)) {  // a mixture of experts in place of the MLP
+      l.moe = read_moe(*c.moe, D, p, get);
+      m.layers.push_back(l);
+      continue;
+    }
     l.w_gate = get(p + "mlp.gate_proj.weight", Shape{F, D});
     l.w_up = get(p + "mlp.up_proj.weight", Shape{F, D});
     l.w_down = get(p + "mlp.down_proj.weight", Shape{D, F});

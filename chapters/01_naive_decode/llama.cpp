@@ -36,6 +36,7 @@ Tensor positions(const Llama& m, std::int64_t begin, std::int64_t T) {
 }
 
 Tensor mlp_block(const LlamaLayer& l, const Tensor& h) {
+  if (l.moe.defined()) return moe_block(l.moe, h);  // k of E experts per row
   return linear(ops::swiglu(linear(h, l.w_gate), linear(h, l.w_up)), l.w_down);
 }
 
@@ -157,16 +158,25 @@ Llama load_llama(const std::string& path) {
   IL_CHECK(arch != "InferLabMDLMForMaskedDiffusion", hf.path,
            ": a masked-diffusion denoiser (bidirectional, no causal "
            "mask), which chapter 08 runs (ch08_diffusion_lm); chapter 01 would decode it left to right");
-  IL_CHECK(llama_family(arch), hf.path, ": architecture '", arch,
+  IL_CHECK(arch != "DeepseekV2ForCausalLM" && arch != "DeepseekV3ForCausalLM", hf.path, ": architecture '", arch,
+           "' has multi-head latent attention (and mixture-of-experts layers), which chapter 01 does not implement",
+           where_it_runs(arch));
+  IL_CHECK(llama_family(arch) || moe_llama_family(arch), hf.path, ": architecture '", arch,
            "' is not a Llama-family decoder this chapter can run (LlamaForCausalLM, MistralForCausalLM, "
-           "Qwen2ForCausalLM)");
+           "Qwen2ForCausalLM, and with mixture-of-experts layers MixtralForCausalLM, Qwen2MoeForCausalLM)",
+           where_it_runs(arch));
   const TransformerConfig c = parse_transformer_config(hf);
   const JsonFields fields(hf.json, hf.path);
   if (arch == "MistralForCausalLM" && fields.has("sliding_window") && !hf.json["sliding_window"].is_null())
     IL_CHECK(fields.get<std::int64_t>("sliding_window") >= c.max_position_embeddings, hf.path,
              ": this Mistral uses a sliding window of ", hf.json["sliding_window"].dump(),
              " tokens, which chapter 06 implements (ch06_local_attention); chapter 01 would silently attend to everything");
-  if (arch == "Qwen2ForCausalLM")
+  if (arch == "MixtralForCausalLM" && fields.has("sliding_window"))
+    IL_CHECK(fields.get<std::int64_t>("sliding_window") >= c.max_position_embeddings, hf.path,
+             ": this Mixtral uses a sliding window of ", hf.json["sliding_window"].dump(),
+             " tokens; chapter 06 (ch06_local_attention) runs windows for dense models only, and chapter 01 would "
+             "attend to everything");
+  if (arch == "Qwen2ForCausalLM" || arch == "Qwen2MoeForCausalLM")
     IL_CHECK(!fields.get_or<bool>("use_sliding_window", false), hf.path,
              ": field 'use_sliding_window' is true; sliding windows are chapter 06's (ch06_local_attention), chapter 01 "
              "would attend to everything");
@@ -238,8 +248,14 @@ Llama random_llama(const TransformerConfig& c, std::uint64_t seed, DType dtype, 
     l.wq = mat(Q, D), l.wk = mat(KV, D), l.wv = mat(KV, D), l.wo = mat(D, Q);
     if (c.attention_bias) l.wq.bias = bias(Q), l.wk.bias = bias(KV), l.wv.bias = bias(KV);
     if (c.attention_out_bias) l.wo.bias = bias(D);
-    l.w_gate = mat(F, D), l.w_up = mat(F, D), l.w_down = mat(D, F);
-    if (c.mlp_bias) l.w_gate.bias = bias(F), l.w_up.bias = bias(F), l.w_down.bias = bias(D);
+    if (c.moe && c.moe->is_moe_layer(i)) {  // the experts, read as from a checkpoint of random tensors
+      l.moe = read_moe(*c.moe, D, "", [&](const std::string&, const Shape& s) {
+        return s.size() == 1 ? bias(s[0]) : Tensor(mat(s[0], s[1]));
+      });
+    } else {
+      l.w_gate = mat(F, D), l.w_up = mat(F, D), l.w_down = mat(D, F);
+      if (c.mlp_bias) l.w_gate.bias = bias(F), l.w_up.bias = bias(F), l.w_down.bias = bias(D);
+    }
     m.layers.push_back(l);
   }
   m.final_norm = norm(D);
@@ -250,8 +266,11 @@ Llama random_llama(const TransformerConfig& c, std::uint64_t seed, DType dtype, 
 
 std::int64_t Llama::matrix_bytes() const {
   std::int64_t n = tied() ? 0 : lm_head.bytes();
-  for (const auto& l : layers)
+  for (const auto& l : layers) {
     for (const Linear* w : l.linears()) n += w->bytes();
+    if (l.moe.defined())
+      for (const Linear* w : l.moe.linears()) n += w->bytes();
+  }
   return n;
 }
 
@@ -274,6 +293,9 @@ Llama Llama::to(Device device, DType dtype) const {
       return "converting " + part + " to " + std::string(dtype_name(dtype)) + " on " + std::string(device_name(device));
     };
   };
+  for (const LlamaLayer& l : layers)
+    IL_CHECK(device == Device::CPU || !l.moe.defined(),
+             "mixture-of-experts layers run on the CPU only (--device cpu): this build has no CUDA path for them");
   Llama m = *this;
   with_context(at("the embedding, final norm and head"), [&] {
     m.inv_freq = f32(inv_freq);
@@ -286,6 +308,10 @@ Llama Llama::to(Device device, DType dtype) const {
       LlamaLayer& l = m.layers[i];
       l.attn_norm = f32(l.attn_norm), l.mlp_norm = f32(l.mlp_norm);
       for (Linear* w : l.linears()) *w = w->to(device, dtype);
+      if (l.moe.defined()) {
+        for (Linear* w : l.moe.linears()) *w = w->to(device, dtype);
+        l.moe.score_bias = f32(l.moe.score_bias);
+      }
     });
   return m;
 }

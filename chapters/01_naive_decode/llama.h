@@ -15,6 +15,7 @@
 
 #include "common/hf_config.h"
 #include "common/linear.h"
+#include "common/moe.h"
 #include "common/ops.h"
 #include "common/tensor.h"
 
@@ -27,6 +28,9 @@ struct LlamaLayer {
   Linear wq, wk, wv, wo;
   Tensor mlp_norm;              ///< [D] RMSNorm before the MLP
   Linear w_gate, w_up, w_down;  ///< [F, D], [F, D], [D, F]; biases with Llama's mlp_bias
+  /// A mixture-of-experts FFN in place of w_gate/w_up/w_down, in the layers config.moe names
+  /// (common/moe.h); undefined in a dense layer. Its matrices are not in linears().
+  MoeFfn moe;
   /// The seven projections, for loops over all of them.
   std::array<Linear*, 7> linears() { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
   std::array<const Linear*, 7> linears() const { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
@@ -95,7 +99,8 @@ Tensor embed(const Llama& m, const std::vector<std::int32_t>& tokens);
 Tensor norm(const Llama& m, const Tensor& x, const Tensor& w);
 /// Positions begin .. begin + T - 1 as I32 [T] on the model's device (RoPE's input).
 Tensor positions(const Llama& m, std::int64_t begin, std::int64_t T);
-/// The MLP: down(silu(gate(h)) * up(h)), h [T, D] -> [T, D].
+/// The MLP: down(silu(gate(h)) * up(h)), h [T, D] -> [T, D]; an MoE layer's experts instead
+/// (moe_block, common/moe.h).
 Tensor mlp_block(const LlamaLayer& l, const Tensor& h);
 /// The head: logits [T, V] of the final hidden rows x [T, D] (final norm, then lm_head).
 Tensor head(const Llama& m, const Tensor& x);

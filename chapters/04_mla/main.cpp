@@ -1,7 +1,8 @@
 // ch04_mla: multi-head latent attention.
 //   ch04_mla            the cache bytes per token (MLA against MHA, GQA and MQA of the same heads,
 //                       tiny-mla and DeepSeek-V2), then one MLA layer's decode step by the plain and
-//                       the absorbed path, measured against context length and rows per step
+//                       the absorbed path, measured against context length and rows per step, then
+//                       the weight bytes of mixture-of-experts decode (k of E experts) by batch size
 //   ch04_mla quality    tiny-mla's perplexity and probes beside tiny-mha, tiny-gqa and tiny-mqa
 //   ch04_mla generate   text from an MLA model (tiny-mla, or a DeepseekV3 folder) by both paths
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chapters/04_mla/mla.h"
+#include "chapters/04_mla/moe_decode.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/eval.h"
@@ -242,6 +244,7 @@ int headline(const std::string& json_path, const std::string& svg) {
               metrics::describe(roof.compute, "FLOP").c_str());
   out["ceiling"] = metrics::to_json(roof);
   out["decode"] = decode_steps(roof);
+  out["moe"] = ch04::moe_decode_table();
   std::printf(
       "\nMLA stores one row per token and layer for all heads, as MQA does, yet each head gets its own keys\n"
       "and values back from it (W_KVB). More: ch04_mla quality; chapters/04_mla/README.md.\n");
@@ -326,7 +329,9 @@ int main(int argc, char** argv) {
   help_footer(app,
               "the cache bytes per token of tiny-mla's latent rows against an MHA, GQA and MQA cache of the same "
               "heads (and for DeepSeek-V2's dimensions, with the exact ratios), then one MLA layer's decode step by "
-              "the plain and the absorbed path against context length and rows per step, beside the measured ceilings",
+              "the plain and the absorbed path against context length and rows per step, beside the measured ceilings; "
+              "then the weight bytes of mixture-of-experts decode against a dense FFN of the same active size, and the "
+              "experts a batch touches",
               "chapters/04_mla/README.md", "多头潜在注意力（MLA）");
   std::int64_t windows = 0, per_kind = 200;
   auto* sq = app.add_subcommand("quality", "tiny-mla's perplexity and probes beside tiny-mha, tiny-gqa and tiny-mqa");

@@ -317,11 +317,8 @@ MlaConfig parse_mla_config(const HfConfig& hf, const TransformerConfig& c) {
   }
   IL_CHECK(!c.attention_bias, hf.path, ": field 'attention_bias' is true; chapter 04's MLA projections have no biases");
   IL_CHECK(!v2 || !c.mlp_bias, hf.path, ": field 'mlp_bias' is true; chapter 04's MLPs have no biases");
-  // transformers builds an MoE block in every layer from first_k_dense_replace on (class
-  // defaults: 3 for DeepseekV3, 0 for DeepseekV2), whatever n_routed_experts says.
-  const std::int64_t dense = f.get_or<std::int64_t>("first_k_dense_replace", v2 ? 0 : 3);
-  IL_CHECK(dense >= c.num_layers, hf.path, ": field 'first_k_dense_replace' is ", dense, " < num_hidden_layers ",
-           c.num_layers, ": layers ", dense, " on are mixture-of-experts layers, which chapter 04 does not implement");
+  // The MoE layers (from first_k_dense_replace on) are the core's: parse_transformer_config read
+  // them into c.moe (common/moe_config.h) and ch01::read_decoder reads their experts.
   IL_CHECK(f.get_or<std::int64_t>("pretraining_tp", 1) == 1, hf.path, ": field 'pretraining_tp' is not 1");
   return m;
 }
@@ -385,7 +382,7 @@ MlaModel load_mla(const std::string& path) {
   const MlaConfig mla = parse_mla_config(hf, c);
   ch01::HfWeights weights(hf, c, path);
   MlaModel m = assemble(c, mla, std::ref(weights));
-  weights.check_all_used("an MoE expert, a multi-token-prediction layer, or num_hidden_layers too small?");
+  weights.check_all_used("a multi-token-prediction layer, or num_hidden_layers too small?");
   m.base.source = path;
   return m;
 }

@@ -153,8 +153,9 @@ struct MlaModel {
 };
 
 /// Reads the MLA fields of a config.json (DeepseekV3 or DeepseekV2, from c.architecture),
-/// refusing by name every field that would change the math and is not implemented here (MoE
-/// layers, rope_scaling other than YaRN, attention biases, ...).
+/// refusing by name every field that would change the math and is not implemented here
+/// (rope_scaling other than YaRN, attention biases, ...). The MoE fields are the core's
+/// (parse_moe_config, common/moe_config.h), read into c.moe.
 MlaConfig parse_mla_config(const HfConfig& hf, const TransformerConfig& c);
 
 /// Loads a DeepseekV3ForCausalLM or DeepseekV2ForCausalLM Hugging Face folder (tiny-mla, the

@@ -123,8 +123,7 @@ ClaModel load_cla(const std::string& path) {
   if (arch != "InferLabCLAForCausalLM") {
     // A plain Llama-family model is CLA with s = 1: every layer stores.
     IL_CHECK(ch01::llama_family(arch), hf.path, ": architecture '", arch,
-             "' is neither InferLabCLAForCausalLM nor a Llama-family decoder",
-             arch == "MinistralForCausalLM" ? " (its sliding windows are chapter 06's)" : "");
+             "' is neither InferLabCLAForCausalLM nor a Llama-family decoder", where_it_runs(arch));
     ch01::Llama base = ch01::load_llama(path);
     const std::int64_t L = base.config.num_layers;
     return {std::move(base), ClaLayout::groups_of(L, 1)};

@@ -136,7 +136,8 @@ LocalLayout parse_local_layout(const HfConfig& hf, std::int64_t layers) {
   }
   IL_CHECK(ch01::llama_family(arch), hf.path, ": architecture '", arch,
            "' is not one chapter 06 runs (MistralForCausalLM, MinistralForCausalLM, Qwen2ForCausalLM, or another "
-           "Llama-family decoder without windows)");
+           "Llama-family decoder without windows)",
+           where_it_runs(arch));
   return LocalLayout::global(layers);
 }
 

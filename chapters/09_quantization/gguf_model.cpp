@@ -7,6 +7,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "chapters/09_quantization/gguf_moe.h"
 #include "chapters/09_quantization/quant_impl.h"
 #include "common/atomic_file.h"
 #include "common/gguf_tokenizer.h"
@@ -83,7 +84,7 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
   IL_CHECK(!qwen2 || m.rope_pairing == RopePairing::HalfSplit,
            "GGUF: a model with q/k/v biases is written as qwen2, "
            "whose RoPE rotates the halves of each head; this one pairs adjacent dimensions");
-  const std::string arch = qwen2 ? "qwen2" : "llama";
+  const std::string arch = c.moe ? gguf_moe_architecture(*c.moe, qwen2) : qwen2 ? "qwen2" : "llama";
   const bool permute = !qwen2 && m.rope_pairing == RopePairing::HalfSplit;
   std::vector<std::pair<std::string, Value>> meta = {
       {"general.architecture", Value::str(arch)},
@@ -99,6 +100,8 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
       {arch + ".attention.layer_norm_rms_epsilon", Value::f32(static_cast<float>(c.rms_norm_eps))},
       {arch + ".rope.freq_base", Value::f32(static_cast<float>(c.rope_theta))},
   };
+  if (c.moe)
+    for (auto& kv : gguf_moe_metadata(*c.moe, arch)) meta.push_back(std::move(kv));
   // The tokenizer, as llama.cpp reads it: tokens, types, merges or scores, the pre-tokenizer's
   // name, BOS (common/gguf_tokenizer.h).
   for (auto& kv : gguf::tokenizer_metadata(load_json(tok.path()), tok.path(), c.vocab_size)) meta.push_back(std::move(kv));
@@ -126,6 +129,20 @@ void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer&
         ts.push_back(output(b + n, w->bias));
     ts.push_back(output(b + "attn_output.weight", l.wo));
     ts.push_back(output(b + "ffn_norm.weight", l.mlp_norm));
+    if (l.moe.defined()) {  // llama.cpp's layout: the router in F32, each matrix's experts stacked
+      const MoeFfn& f = l.moe;
+      ts.push_back(output(b + "ffn_gate_inp.weight", f.router.to(Device::CPU, DType::F32).weight));
+      for (const auto& [n, pick] :
+           {std::pair{"gate", &Expert::gate}, std::pair{"up", &Expert::up}, std::pair{"down", &Expert::down}}) {
+        std::vector<gguf::Output> parts;
+        for (const Expert& e : f.experts) parts.push_back(output(b + "ffn_" + n + "_exps.weight", e.*pick));
+        ts.push_back(stack_experts(b + "ffn_" + n + "_exps.weight", parts));
+        if (f.shared.defined()) ts.push_back(output(b + "ffn_" + n + "_shexp.weight", f.shared.*pick));
+      }
+      if (f.shared_gate.defined())
+        ts.push_back(output(b + "ffn_gate_inp_shexp.weight", f.shared_gate.to(Device::CPU, DType::F32).weight));
+      continue;
+    }
     ts.push_back(output(b + "ffn_gate.weight", l.w_gate));
     ts.push_back(output(b + "ffn_up.weight", l.w_up));
     ts.push_back(output(b + "ffn_down.weight", l.w_down));
@@ -167,7 +184,10 @@ TransformerConfig gguf_config(const gguf::File& f) {
   const std::string& arch = f.get_string("general.architecture");
   // qwen2 is llama with biases on q, k and v and RoPE over the two halves of a head (llama.cpp's
   // NEOX pairing, the Hugging Face order): the same blocks, read under their own key prefix.
-  IL_CHECK(arch == "llama" || arch == "qwen2", f.path(), ": architecture '", arch, "' is not llama or qwen2");
+  // qwen2moe is qwen2 with mixture-of-experts layers (gguf_moe.h), as llama with expert tensors is Mixtral.
+  IL_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen2moe", f.path(), ": architecture '", arch,
+           "' is not llama, qwen2 or qwen2moe",
+           arch == "deepseek2" ? " (DeepSeek's MLA runs in chapter 04 from a Hugging Face folder)" : "");
   const std::string k = arch + ".";
   // Counts are checked before anything divides by them or loops over them.
   auto count = [&](const std::string& key) {
@@ -182,8 +202,8 @@ TransformerConfig gguf_config(const gguf::File& f) {
     return v;
   };
   TransformerConfig c;
-  c.architecture = arch == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
-  c.attention_bias = arch == "qwen2";
+  c.architecture = arch == "qwen2" ? "Qwen2ForCausalLM" : arch == "qwen2moe" ? "Qwen2MoeForCausalLM" : "LlamaForCausalLM";
+  c.attention_bias = arch == "qwen2" || arch == "qwen2moe";
   c.hidden_size = count(k + "embedding_length");
   c.intermediate_size = count(k + "feed_forward_length");
   c.num_layers = count(k + "block_count");
@@ -229,6 +249,7 @@ TransformerConfig gguf_config(const gguf::File& f) {
   // The project's shared rules (KV heads dividing heads, an even head_dim, size limits), whose
   // messages use config.json's field names.
   c.validate(f.path() + " (" + arch + ".* metadata, named as in a config.json)");
+  c.moe = gguf_moe_config(f, arch, c.num_layers, c.intermediate_size);
   return c;
 }
 
@@ -299,8 +320,12 @@ ch01::Llama load_gguf(const gguf::File& f) {
       q.wq.bias = dense(b + "attn_q.bias", {Q}), q.wk.bias = dense(b + "attn_k.bias", {KV});
       q.wv.bias = dense(b + "attn_v.bias", {KV});
     }
-    q.w_gate = matrix(b + "ffn_gate.weight", F, D), q.w_up = matrix(b + "ffn_up.weight", F, D);
-    q.w_down = matrix(b + "ffn_down.weight", D, F);
+    if (c.moe && c.moe->is_moe_layer(l)) {
+      q.moe = read_gguf_moe(f, *c.moe, D, l, used);
+    } else {
+      q.w_gate = matrix(b + "ffn_gate.weight", F, D), q.w_up = matrix(b + "ffn_up.weight", F, D);
+      q.w_down = matrix(b + "ffn_down.weight", D, F);
+    }
     m.layers.push_back(std::move(q));
   }
   m.final_norm = dense("output_norm.weight", {D});

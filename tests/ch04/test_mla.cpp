@@ -252,7 +252,7 @@ TEST(MlaConfigRefusals, NameTheField) {
     }
     return false;
   };
-  EXPECT_TRUE(refused("first_k_dense_replace", 2));
+  EXPECT_TRUE(refused("first_k_dense_replace", -1));
   EXPECT_TRUE(refused("rope_scaling", nlohmann::json{{"type", "linear"}, {"factor", 40}}));
   EXPECT_TRUE(refused("attention_bias", true));
   EXPECT_TRUE(refused("qk_head_dim", 30));
