@@ -501,7 +501,8 @@ int main(int argc, char** argv) {
   sr->get_option("--model")->description("The bundled model whose tokenizer to use for a GGUF that carries none");
   add_device_option(*sr, o);
   add_generation_options(*sr, o);
-  sr->add_option("file", file, "A Llama GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or Q2_K-Q6_K projections)")
+  sr->add_option("file", file,
+                 "A Llama GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K, IQ4_NL or IQ4_XS projections)")
       ->required();
   sr->add_option("--tokenizer", tokenizer,
                  "Tokenizer: a tokenizer.json, a folder holding one, or a llama2.c .bin (default: the GGUF's own, "

@@ -83,7 +83,9 @@ double bound(const QMatrix& q, const Tensor& w, std::int64_t n, std::int64_t k) 
     case Format::Q6_K:
     case Format::Q4_1:
     case Format::Q5_0:
-    case Format::Q5_1: break;  // read from GGUF files, never quantised here
+    case Format::Q5_1:
+    case Format::IQ4_NL:
+    case Format::IQ4_XS: break;  // read from GGUF files, never quantised here
   }
   return 0;
 }
@@ -867,8 +869,8 @@ TEST(Gguf, BadTensorTablesAreClearErrorsNotCrashes) {
   test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "general.alignment 4", "at least 8"});
   // A type this reader does not decode is named as ggml names it, not by its number alone.
   for (const auto& [type, words] : std::vector<std::pair<std::uint32_t, std::string>>{
-           {20, "is IQ4_NL (ggml type 20), which this reader does not decode"},
-           {23, "is IQ4_XS (ggml type 23)"},
+           {16, "is IQ2_XXS (ggml type 16), which this reader does not decode"},
+           {21, "is IQ3_S (ggml type 21)"},
            {9, "is Q8_1 (ggml type 9)"},
            {15, "is Q8_K (ggml type 15)"},
            {39, "is MXFP4 (ggml type 39)"},
@@ -1021,7 +1023,9 @@ TEST(Gguf, BlockTypesDecodeAsTheGgufPackageDecodesThem) {
                                                                                   {"Q3_K", gguf::Type::Q3_K},
                                                                                   {"Q4_K", gguf::Type::Q4_K},
                                                                                   {"Q5_K", gguf::Type::Q5_K},
-                                                                                  {"Q6_K", gguf::Type::Q6_K}}) {
+                                                                                  {"Q6_K", gguf::Type::Q6_K},
+                                                                                  {"IQ4_NL", gguf::Type::IQ4_NL},
+                                                                                  {"IQ4_XS", gguf::Type::IQ4_XS}}) {
     const Tensor bytes = f.get(name + ".bytes"), want = f.get(name + ".f32");
     const Tensor got = gguf::dequantize_rows(type, bytes, want.size(1));
     const auto a = got.to_float_vector(), b = want.to_float_vector();
@@ -1193,7 +1197,9 @@ TEST(Gguf, BlockTypesRunPackedAndDecodeAsTheGgufPackage) {
                                                                    {Format::Q3_K, "Q3_K", 11},
                                                                    {Format::Q4_K, "Q4_K", 12},
                                                                    {Format::Q5_K, "Q5_K", 13},
-                                                                   {Format::Q6_K, "Q6_K", 14}}) {
+                                                                   {Format::Q6_K, "Q6_K", 14},
+                                                                   {Format::IQ4_NL, "IQ4_NL", 20},
+                                                                   {Format::IQ4_XS, "IQ4_XS", 23}}) {
     const Tensor bytes = f.get(name + ".bytes"), want = f.get(name + ".f32");
     const QMatrix q({fmt}, want.size(0), want.size(1), bytes.clone());
     EXPECT_EQ(static_cast<std::uint32_t>(gguf_type(fmt)), number) << name;
@@ -1285,6 +1291,28 @@ void q23_k_block(gguf::Type t, const float* w, std::uint8_t* b) {
   }
 }
 
+// A valid IQ4_NL (32 values) or IQ4_XS (256) block for w: d = max|w| / 127 (IQ4_XS: every
+// sub-block scale 33, so each sub-block's is d·1), each value the nearest of the levels d·T[q]
+// (llama.cpp's quantiser searches better scales; any valid block will do here).
+void iq4_block(gguf::Type t, const float* w, std::uint8_t* b) {
+  const bool xs = t == gguf::Type::IQ4_XS;
+  const int n = xs ? 256 : 32;
+  float amax = 0;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(w[i]));
+  const std::uint16_t dh = f32_to_f16(amax > 0 ? amax / 127 : 1);
+  const float d = f16_to_f32(dh);
+  std::memset(b, 0, xs ? 136 : 18);
+  std::memcpy(b, &dh, 2);
+  if (xs) b[2] = b[3] = 0xAA, std::memset(b + 4, 0x11, 4);  // sc = 1 | 2 << 4 = 33 for every sub-block
+  for (int i = 0; i < n; ++i) {
+    int best = 0;
+    for (int q = 1; q < 16; ++q)
+      if (std::fabs(w[i] - d * gguf::kIq4nlValues[q]) < std::fabs(w[i] - d * gguf::kIq4nlValues[best])) best = q;
+    const int j = i / 32, l = i % 32;
+    b[(xs ? 8 + 16 * j : 2) + l % 16] |= static_cast<std::uint8_t>(best << (l < 16 ? 0 : 4));
+  }
+}
+
 // A valid block of the other GGUF types for w (32 values, or 256 for q5_k) on a plain grid:
 // q4_1 and q5_1 d = (max − min) / (15 or 31) and m = min, so each value is d·q + m; q5_0
 // d = max|w| / 15, d·(q − 16); q5_k every sub-block scale and min 1 and dmin = 16·d, so each
@@ -1296,6 +1324,7 @@ void pack_block(gguf::Type t, const float* w, std::uint8_t* b) {
   if (t == gguf::Type::Q4_K) return q4_k_block(w, b);
   if (t == gguf::Type::Q6_K) return q6_k_block(w, b);
   if (t == gguf::Type::Q2_K || t == gguf::Type::Q3_K) return q23_k_block(t, w, b);
+  if (t == gguf::Type::IQ4_NL || t == gguf::Type::IQ4_XS) return iq4_block(t, w, b);
   const int n = t == gguf::Type::Q5_K ? 256 : 32;
   const bool has_min = t == gguf::Type::Q4_1 || t == gguf::Type::Q5_1;
   const int top = t == gguf::Type::Q4_1 ? 15 : 31;
@@ -1477,9 +1506,10 @@ TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
   }
 }
 
-// Files whose matrices are Q4_1, Q5_0, Q5_1, Q5_K, Q2_K or Q3_K (Q5_K_M, Q3_K_M and Q2_K files, and
-// the Q5_0 that llama.cpp puts where a row is not whole super-blocks) load with every matrix packed in that type and run
-// as the same model decoded to f32 does.
+// Files whose matrices are Q4_1, Q5_0, Q5_1, Q5_K, Q2_K, Q3_K, IQ4_NL or IQ4_XS (Q5_K_M, Q3_K_M,
+// Q2_K, IQ4_NL and IQ4_XS files, and the Q5_0 that llama.cpp puts where a row is not whole
+// super-blocks) load with every matrix packed in that type and run as the same model decoded to
+// f32 does.
 TEST(Gguf, FilesOfTheOtherBlockTypesRunPacked) {
   const TransformerConfig c = super_block_config();
   for (const auto& [t, format] : std::vector<std::pair<gguf::Type, std::string>>{{gguf::Type::Q4_1, "q4_1"},
@@ -1487,7 +1517,9 @@ TEST(Gguf, FilesOfTheOtherBlockTypesRunPacked) {
                                                                                  {gguf::Type::Q5_1, "q5_1"},
                                                                                  {gguf::Type::Q5_K, "q5_k"},
                                                                                  {gguf::Type::Q2_K, "q2_k"},
-                                                                                 {gguf::Type::Q3_K, "q3_k"}}) {
+                                                                                 {gguf::Type::Q3_K, "q3_k"},
+                                                                                 {gguf::Type::IQ4_NL, "iq4_nl"},
+                                                                                 {gguf::Type::IQ4_XS, "iq4_xs"}}) {
     SCOPED_TRACE(format);
     test::TempDir dir;
     const std::string path = repacked_gguf(dir, c, [t = t](const std::string&) { return t; });
@@ -1642,8 +1674,8 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
     }
   // The block types read from GGUF files (the golden blocks: every bit pattern of quants and scales).
   const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
-  for (const Format fmt :
-       {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K, Format::Q4_K, Format::Q5_K, Format::Q6_K}) {
+  for (const Format fmt : {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K, Format::Q4_K, Format::Q5_K,
+                           Format::Q6_K, Format::IQ4_NL, Format::IQ4_XS}) {
     const std::string name = gguf::type_name(gguf_type(fmt));
     SCOPED_TRACE(name);
     const Tensor want = f.get(name + ".f32");
