@@ -56,7 +56,7 @@ for r in $(seq 1 "$ROUNDS"); do
          "$PY" -c 'import json,sys; print(json.load(sys.stdin)[0]["avg_ts"])')
     OMP_NUM_THREADS=$THREADS "$BIN/ch09_quantization" run "$f" --max-new-tokens "$TOKENS" --temperature 0 \
       --json "$OUT/inferlab.json" > /dev/null 2>&1
-    il=$("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(1/d["tpot_s"], d["achieved_bytes_per_s"], d["ceiling"]["bytes_per_s"], d["step_weight_bytes"])' "$OUT/inferlab.json")
+    il=$("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(1/d["tpot_s"], d["achieved_bytes_per_s"], d["read_ceiling"]["bytes_per_s"], d["step_weight_bytes"])' "$OUT/inferlab.json")
     echo "{\"round\": $r, \"file\": \"$(basename "$f")\", \"llamacpp_tps\": $ll, \"inferlab\": \"$il\"}" >> "$results"
     echo "round $r $(basename "$f"): llama.cpp $ll tok/s, InferLab $il" >&2
   done
