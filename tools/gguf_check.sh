@@ -8,7 +8,9 @@
 #    the rounding of x to q8_0 is a step function, so float32-sized differences break near-ties;
 #    and the same gap in a float32 twin of the reference (negative: it also prefers InferLab's token);
 #  - llama.cpp's greedy text on the same file and prompt (llama-simple): where it is not ours, the
-#    step where it parts and the float64 reference's top-two margin there (a near-tie, or not).
+#    step where it parts and the float64 reference's top-two margin there, and llama.cpp's tokens
+#    (its text tokenized again) teacher-forced through the same reference: how many are its
+#    argmax, and how far below it the others are (a near-tie, or not).
 #
 #   tools/gguf_check.sh [--model HF_FOLDER | --model random | --model wide] [--tokens N] [--types "F16 Q8_0 ..."] [--out DIR]
 #
@@ -53,7 +55,7 @@ NAME=$(basename "$MODEL")
 F32=$WORK/$NAME-f32.gguf
 mkdir -p "$OUT"
 PROMPT="Once upon a time"
-table="| file | tokens | the float64 reference's argmax | where not: the reference's logit gap (in σ of its change under 8 ulps; the float32 twin's gap) | llama.cpp's text |"$'\n'"|---|---|---|---|---|"
+table="| file | tokens | the float64 reference's argmax | where not: the reference's logit gap (in σ of its change under 8 ulps; the float32 twin's gap) | llama.cpp's text | llama.cpp's tokens: the reference's argmax |"$'\n'"|---|---|---|---|---|---|"
 for t in $TYPES; do
   f=$WORK/$NAME-$t.gguf
   [ -f "$f" ] || "$LLB/llama-quantize" "$F32" "$f" "$t" 2 > "$OUT/quantize-$t.log" 2>&1
@@ -63,11 +65,23 @@ for t in $TYPES; do
     > "$OUT/ref-$t.txt" || true
   n=$("$PY" -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["generated"]))' "$OUT/run-$t.json")
   "$LLB/llama-simple" -m "$f" -n "$n" "$PROMPT" > "$OUT/llama-$t.txt" 2> /dev/null
-  row=$("$PY" - "$f" "$OUT/run-$t.json" "$OUT/ref-$t.json" "$OUT/llama-$t.txt" "$PROMPT" "$MODEL/tokenizer.json" <<'PY'
+  "$PY" - "$OUT/run-$t.json" "$OUT/llama-$t.txt" "$PROMPT" "$MODEL/tokenizer.json" "$OUT/llama-$t.json" <<'PY'
+import json, sys
+from tokenizers import Tokenizer
+run, ll, prompt, tok, out = sys.argv[1:]
+run = json.load(open(run))
+text = open(ll, "rb").read().decode("utf-8", "replace")
+text = text[text.find(prompt) + len(prompt):].rstrip("\n")
+ids = Tokenizer.from_file(tok).encode(text, add_special_tokens=False).ids[:len(run["generated"])]
+json.dump({"prompt_tokens": run["prompt_tokens"], "generated": ids}, open(out, "w"))
+PY
+  "$PY" tools/gguf_reference.py "$f" "$OUT/llama-$t.json" --round-x --json "$OUT/ref-llama-$t.json" > /dev/null || true
+  row=$("$PY" - "$f" "$OUT/run-$t.json" "$OUT/ref-$t.json" "$OUT/llama-$t.txt" "$PROMPT" "$MODEL/tokenizer.json" \
+    "$OUT/ref-llama-$t.json" <<'PY'
 import json, os, sys
 from tokenizers import Tokenizer
-f, run, ref, ll, prompt, tok = sys.argv[1:]
-run, ref = json.load(open(run)), json.load(open(ref))
+f, run, ref, ll, prompt, tok, lref = sys.argv[1:]
+run, ref, lref = json.load(open(run)), json.load(open(ref)), json.load(open(lref))
 text = open(ll, "rb").read().decode("utf-8", "replace")
 text = text[text.find(prompt) + len(prompt):].rstrip("\n")
 diff = [s for s in ref["steps"] if s["inferlab"] != s["reference"]]
@@ -81,7 +95,9 @@ if text != run["text"]:
     k = next((i for i in range(len(g)) if t and not text.startswith(t.decode(g[:i + 1]))), None)
     s = ref["steps"][k] if k is not None else None
     same = f"parts at step {k}: the reference's top two {s['margin']:.2g} apart (of {s['logit_range']:.2g})" if s else "differs"
-print(f"| {os.path.basename(f)} | {ref['tokens']} | {ref['agree']} of {ref['tokens']} | {tie} | {same} |")
+ldiff = ", ".join(f"{s['gap']:.2g}" for s in lref["steps"] if s["inferlab"] != s["reference"])
+ltok = f"{lref['agree']} of {lref['tokens']}" + (f"; the others {ldiff} below it" if ldiff else "")
+print(f"| {os.path.basename(f)} | {ref['tokens']} | {ref['agree']} of {ref['tokens']} | {tie} | {same} | {ltok} |")
 PY
 )
   table+=$'\n'"$row"
