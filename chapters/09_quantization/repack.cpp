@@ -31,9 +31,9 @@ struct Codec {
 // eight rows' blocks, and the centre taken off each quant value (q4_0: 8; q8_0's stored w + 128: 128).
 struct Layout {
   bool eight_bit;
-  std::int64_t quant_bytes() const { return eight_bit ? 32 : 16; }
-  std::int64_t unit() const { return 8 * (2 + quant_bytes()); }
-  std::int32_t centre() const { return eight_bit ? 128 : 8; }
+  constexpr std::int64_t quant_bytes() const { return eight_bit ? 32 : 16; }
+  constexpr std::int64_t unit() const { return 8 * (2 + quant_bytes()); }
+  constexpr std::int32_t centre() const { return eight_bit ? 128 : 8; }
 };
 
 // Where byte t of row i's quants sits in its unit.
@@ -97,10 +97,16 @@ __m256i broadcast4(const std::int8_t* p) {
 // Each kernel: y[0..7] = the eight rows of one group times row m of x (as q8_0 blocks), over
 // `units` blocks (32 values) or super-blocks (256).
 //
-// q4_0 and q8_0: y[i] = Σ_b d_ib · dx_b · (Σ_k q_ik xq_k − centre · Σ_k xq_k).
-template <bool kEightBit>
+// q4_0, q8_0 and iq4_nl: y[i] = Σ_b d_ib · dx_b · (Σ_k q_ik xq_k − centre · Σ_k xq_k). iq4_nl's
+// blocks are q4_0's, its nibbles indexes into the levels gguf::kIq4nlValues (one vpshufb for 32),
+// taken + 128 (unsigned, centre 128) where vpdpbusd sums them exactly, else as signed bytes.
+template <Format F>
 void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nb, float* y) {
+  constexpr bool kEightBit = F == Format::Q8_0, kLevels = F == Format::IQ4_NL;
   constexpr Layout l{kEightBit};
+  constexpr std::int32_t kCentre = kLevels ? (kVnni ? 128 : 0) : kEightBit && !kVnni ? 0 : l.centre();
+  [[maybe_unused]] const __m256i levels = _mm256_broadcastsi128_si256(
+      _mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gguf::kIq4nlValues)), _mm_set1_epi8(kVnni ? -128 : 0)));
   const std::int8_t* xq = a.q.data() + m * a.cols;
   const float* dx = a.d.data() + m * (a.cols / 32);
   const std::int32_t* xs = a.sum.data() + m * (a.cols / 32);
@@ -120,12 +126,22 @@ void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int6
           s[j % 4] = dot4_acc(s[j % 4], _mm256_abs_epi8(w), _mm256_sign_epi8(broadcast4(x + 4 * j), w));
         }
       } else {
-        s[j] = dot4_acc(s[j], _mm256_and_si256(v, low), broadcast4(x + 4 * j));
-        s[j] = dot4_acc(s[j], _mm256_and_si256(_mm256_srli_epi16(v, 4), low), broadcast4(x + 16 + 4 * j));
+        const __m256i q[2] = {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)};
+        for (int h = 0; h < 2; ++h) {
+          const __m256i xb = broadcast4(x + 16 * h + 4 * j);
+          if constexpr (!kLevels) {
+            s[j] = dot4_acc(s[j], q[h], xb);
+          } else if constexpr (kVnni) {  // the level + 128 (adding −128 wraps it into an unsigned byte)
+            s[j] = dot4_acc(s[j], _mm256_shuffle_epi8(levels, q[h]), xb);
+          } else {  // |level| · (x with the level's sign): vpmaddubsw's pairs would overflow on (level + 128)·x
+            const __m256i w = _mm256_shuffle_epi8(levels, q[h]);
+            s[j] = dot4_acc(s[j], _mm256_abs_epi8(w), _mm256_sign_epi8(xb, w));
+          }
+        }
       }
     }
     __m256i sum = _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
-    if (!kEightBit || kVnni) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(l.centre() * xs[b]));  // exact
+    if constexpr (kCentre != 0) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(kCentre * xs[b]));  // exact
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)));
     acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(dx[b])), acc[b & 1]);
   }
@@ -259,8 +275,9 @@ void unpack_q6k(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
 
 const Codec* codec_of(Format f) {
   static const Codec codecs[] = {
-      {Format::Q4_0, 32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<false>},
-      {Format::Q8_0, 32, 34, Layout{true}.unit(), pack_32<true>, unpack_32<true>, group_dot<true>},
+      {Format::Q4_0, 32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<Format::Q4_0>},
+      {Format::Q8_0, 32, 34, Layout{true}.unit(), pack_32<true>, unpack_32<true>, group_dot<Format::Q8_0>},
+      {Format::IQ4_NL, 32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<Format::IQ4_NL>},
       {Format::Q4_K, 256, 144, kQ4kUnit, pack_q4k, unpack_q4k, group_dot_q4k},
       {Format::Q6_K, 256, 210, kQ6kUnit, pack_q6k, unpack_q6k, group_dot_q6k},
   };
@@ -293,7 +310,8 @@ bool interleavable(const QMatrix& q) {
 }
 
 Interleaved8::Interleaved8(const QMatrix& q) : spec_(q.spec), rows_(q.rows), cols_(q.cols) {
-  IL_CHECK(interleavable(q), "interleaved blocks: need a CPU q4_0, q8_0, q4_k or q6_k matrix with rows a multiple of 8 ",
+  IL_CHECK(interleavable(q),
+           "interleaved blocks: need a CPU q4_0, q8_0, iq4_nl, q4_k or q6_k matrix with rows a multiple of 8 ",
            "(and a CPU with AVX2), got ", q.spec.name(), " ", q.rows, " × ", q.cols, " on ", device_name(q.device()));
   const Codec& c = *codec_of(spec_.format);
   data_ = Tensor::zeros({rows_ / 8 * (cols_ / c.values) * c.unit},

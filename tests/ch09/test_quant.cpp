@@ -1155,31 +1155,33 @@ void expect_products_within_the_bound(const QMatrix& q, const std::string& what,
   }
 }
 
-// q4_k and q6_k interleaved eight rows at a time (q4_k's scales and minimums unpacked to bytes,
-// q6_k's values split into their low four and top two bits) give their bytes back in row order
-// exactly and multiply within the same bound as the row-order products.
+// q4_k, q6_k and iq4_nl interleaved eight rows at a time (q4_k's scales and minimums unpacked to
+// bytes, q6_k's values split into their low four and top two bits, iq4_nl's blocks as q4_0's)
+// give their bytes back in row order exactly and multiply within the same bound as the row-order
+// products.
 TEST(Gguf, InterleavedKQuantsAreTheSameMatrix) {
   if (!interleaved_kernels())
     GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   test::ThreadCount threads(2);
-  for (const auto& [f, bb] : std::vector<std::pair<Format, std::int64_t>>{{Format::Q4_K, 144}, {Format::Q6_K, 210}}) {
+  for (const auto& [f, bb] :
+       std::vector<std::pair<Format, std::int64_t>>{{Format::Q4_K, 144}, {Format::Q6_K, 210}, {Format::IQ4_NL, 18}}) {
     SCOPED_TRACE(QuantSpec{f}.name());
-    const std::int64_t N = 16, K = 512;  // two super-blocks a row
-    Tensor bytes = Tensor::empty({N * K / 256 * bb}, DType::U8);
+    const std::int64_t N = 16, K = 512, bv = gguf::block_values(gguf_type(f));  // two super-blocks a row
+    Tensor bytes = Tensor::empty({N * K / bv * bb}, DType::U8);
     auto* p = bytes.data<std::uint8_t>();
     std::uint64_t r = 11;
     for (std::int64_t i = 0; i < bytes.numel(); ++i)
       r ^= r << 13, r ^= r >> 7, r ^= r << 17, p[i] = static_cast<std::uint8_t>(r >> 32);
-    for (std::int64_t b = 0; b < N * K / 256; ++b)
+    for (std::int64_t b = 0; b < N * K / bv; ++b)
       for (const int o : half_offsets(f)) p[b * bb + o + 1] &= 0x3B;  // finite scales (below 2^15)
     const QMatrix q({f}, N, K, bytes);
     ASSERT_TRUE(interleavable(q));
     const Interleaved8 il(q);
     expect_the_same_blocks(il, q);
-    // q4_k: each row's scales and minimums as 16 bytes instead of 12; q6_k: the same bytes
+    // q4_k: each row's scales and minimums as 16 bytes instead of 12; q6_k and iq4_nl: the same bytes
     EXPECT_EQ(il.bytes(), f == Format::Q4_K ? q.bytes() / 144 * 148 : q.bytes());
     expect_products_within_the_bound(q, QuantSpec{f}.name(), &il);
-    EXPECT_FALSE(interleavable(QMatrix({f}, 8, 256 + 32, Tensor::empty({1}, DType::U8))));  // the rule, not the bytes
+    EXPECT_FALSE(interleavable(QMatrix({f}, 8, bv + 16, Tensor::empty({1}, DType::U8))));  // the rule, not the bytes
   }
 }
 
@@ -1457,11 +1459,11 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
   expect_runs_as_decoded(m);
 }
 
-// Q4_0, Q8_0, Q4_K and Q6_K files whose matrices run interleaved (as `run` does on the CPU) run as the files do.
+// Q4_0, Q8_0, IQ4_NL, Q4_K and Q6_K files whose matrices run interleaved (as `run` does on the CPU) run as the files do.
 TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
   if (!interleaved_kernels())
     GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
-  for (const gguf::Type t : {gguf::Type::Q4_0, gguf::Type::Q8_0, gguf::Type::Q4_K, gguf::Type::Q6_K}) {
+  for (const gguf::Type t : {gguf::Type::Q4_0, gguf::Type::Q8_0, gguf::Type::IQ4_NL, gguf::Type::Q4_K, gguf::Type::Q6_K}) {
     SCOPED_TRACE(gguf::type_name(t));
     test::TempDir dir;
     const TransformerConfig c = super_block_config();
