@@ -9,8 +9,8 @@
 #    and the same gap in a float32 twin of the reference (negative: it also prefers InferLab's token);
 #  - llama.cpp's greedy text on the same file and prompt (llama-simple): where it is not ours, the
 #    step where it parts and the float64 reference's top-two margin there, and llama.cpp's tokens
-#    (its text tokenized again) teacher-forced through the same reference: how many are its
-#    argmax, and how far below it the others are (a near-tie, or not).
+#    (ours while its text follows ours, then the rest of its text tokenized again) teacher-forced
+#    through the same reference: how many are its argmax, and how far below it the others are.
 #
 #   tools/gguf_check.sh [--model HF_FOLDER | --model random | --model wide] [--tokens N] [--types "F16 Q8_0 ..."] [--out DIR]
 #
@@ -72,7 +72,13 @@ run, ll, prompt, tok, out = sys.argv[1:]
 run = json.load(open(run))
 text = open(ll, "rb").read().decode("utf-8", "replace")
 text = text[text.find(prompt) + len(prompt):].rstrip("\n")
-ids = Tokenizer.from_file(tok).encode(text, add_special_tokens=False).ids[:len(run["generated"])]
+# Our tokens as far as llama.cpp's text follows them (where the texts agree, the same tokens), then
+# the rest of its text tokenized again: a random model's text (runs of one letter, parts of UTF-8
+# characters) need not tokenize back to the tokens that wrote it.
+t, g = Tokenizer.from_file(tok), run["generated"]
+k = next((i for i in range(len(g)) if not text.startswith(t.decode(g[:i + 1]))), len(g))
+rest = text[len(t.decode(g[:k])):] if k else text
+ids = (g[:k] + t.encode(rest, add_special_tokens=False).ids)[:len(g)]
 json.dump({"prompt_tokens": run["prompt_tokens"], "generated": ids}, open(out, "w"))
 PY
   "$PY" tools/gguf_reference.py "$f" "$OUT/llama-$t.json" --round-x --json "$OUT/ref-llama-$t.json" > /dev/null || true

@@ -387,7 +387,7 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   if (dev != Device::CPU) m = m.to(dev, DType::F32);
   else
     interleave_blocks(
-        m);  // q4_0, q8_0, iq4_nl, q4_k and q6_k matrices eight rows at a time, for the CPU's decode product (repack.h)
+        m);  // q4_0, q8_0, iq4_nl, q4_k, q6_k and iq4_xs matrices eight rows at a time, for the CPU's decode product (repack.h)
   const auto tok = gguf_tokenizer(f, tokenizer, o.model);
   const SamplingParams sp = o.sampling(*tok, m.config.vocab_size);
   const auto ids = tok->encode(o.prompt);
