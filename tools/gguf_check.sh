@@ -10,7 +10,9 @@
 #  - llama.cpp's greedy text on the same file and prompt (llama-simple): where it is not ours, the
 #    step where it parts and the float64 reference's top-two margin there, and llama.cpp's tokens
 #    (ours while its text follows ours, then the rest of its text tokenized again) teacher-forced
-#    through the same reference: how many are its argmax, and how far below it the others are.
+#    through the same reference: how many are its argmax, and how far below it the others are
+#    (past the step where they part, a random model's text, runs of one letter and pieces of UTF-8
+#    characters, need not tokenize back to llama.cpp's tokens: read that column for trained models).
 #
 #   tools/gguf_check.sh [--model HF_FOLDER | --model random | --model wide] [--tokens N] [--types "F16 Q8_0 ..."] [--out DIR]
 #
