@@ -29,6 +29,8 @@ std::int64_t row_bytes(Type t, std::int64_t n) {
     case Type::Q4_K: return n / 256 * 144;
     case Type::Q5_K: return n / 256 * 176;
     case Type::Q6_K: return n / 256 * 210;
+    case Type::IQ4_NL: return n / 32 * 18;
+    case Type::IQ4_XS: return n / 256 * 136;
   }
   return 0;
 }
@@ -42,7 +44,8 @@ std::int64_t block_values(Type t) {
     case Type::Q3_K:
     case Type::Q4_K:
     case Type::Q5_K:
-    case Type::Q6_K: return 256;
+    case Type::Q6_K:
+    case Type::IQ4_XS: return 256;
     default: return 32;
   }
 }
@@ -214,11 +217,11 @@ File::File(const std::string& path) : path_(path), file_(std::make_shared<Mapped
     }
     t.shape.assign(ne.rbegin(), ne.rend());
     const auto type = r.get<std::uint32_t>(t.name.c_str());
-    IL_CHECK(type <= 3 || (type >= 6 && type <= 8) || (type >= 10 && type <= 14) || type == 30, path, ": tensor '", t.name,
-             "' is ", ggml_type_name(type),
+    IL_CHECK(type <= 3 || (type >= 6 && type <= 8) || (type >= 10 && type <= 14) || type == 20 || type == 23 || type == 30,
+             path, ": tensor '", t.name, "' is ", ggml_type_name(type),
              ggml_type_name(type).find("unknown") == std::string::npos ? " (ggml type " + std::to_string(type) + ")" : "",
              ", which this reader does not decode (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, "
-             "Q4_K, Q5_K and Q6_K)");
+             "Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS)");
     t.type = static_cast<Type>(type);
     IL_CHECK(ne[0] % block_values(t.type) == 0, path, ": tensor '", t.name, "' rows of ", ne[0], " are not whole blocks of ",
              block_values(t.type));
@@ -363,11 +366,31 @@ void block_32(Type t, const std::uint8_t* b, float* y) {
       }
       return;
     }
+    case Type::IQ4_NL: {
+      const float d = half(b);
+      for (int j = 0; j < 16; ++j)
+        y[j] = d * static_cast<float>(kIq4nlValues[b[2 + j] & 0xF]),
+        y[j + 16] = d * static_cast<float>(kIq4nlValues[b[2 + j] >> 4]);
+      return;
+    }
     default: fail("gguf: ", type_name(t), " is not a 32-value block type");
   }
 }
 
 void block_256(Type t, const std::uint8_t* b, float* y) {
+  if (t == Type::IQ4_XS) {
+    // 8 sub-blocks of 32, each as an IQ4_NL block whose scale is d·(sc − 32): 16 bytes of
+    // nibbles (low: values 0-15, high: 16-31) from byte 8 on.
+    const float d = half(b);
+    for (int j = 0; j < 8; ++j, y += 32) {
+      const float dl = d * static_cast<float>(scale_iq4_xs(j, b));
+      const std::uint8_t* qs = b + 8 + 16 * j;
+      for (int l = 0; l < 16; ++l)
+        y[l] = dl * static_cast<float>(kIq4nlValues[qs[l] & 0xF]),
+        y[l + 16] = dl * static_cast<float>(kIq4nlValues[qs[l] >> 4]);
+    }
+    return;
+  }
   if (t == Type::Q2_K || t == Type::Q3_K) {
     // Two halves of 128; quarter j of a half is the 2-bit field 2j of the half's 32 bytes qs, in
     // two sub-blocks of 16, each with its scale: Q2_K (d·sc)·q − (dmin·m), sc and m the nibbles of

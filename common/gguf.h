@@ -9,7 +9,7 @@
 /// Strings are a u64 length and the bytes; arrays a u32 element type, u64 count and the elements.
 /// Tensor types read and written here: F32 (0), F16 (1), Q4_0 (2), Q8_0 (8), BF16 (30); read, with
 /// their ref:: decoders (dequantize_rows): Q4_1 (3), Q5_0 (6), Q5_1 (7), Q2_K (10), Q3_K (11), Q4_K (12),
-/// Q5_K (13), Q6_K (14).
+/// Q5_K (13), Q6_K (14), IQ4_NL (20), IQ4_XS (23).
 
 #include <cstdint>
 #include <map>
@@ -39,10 +39,13 @@ enum class Type : std::uint32_t {
   Q4_K = 12,
   Q5_K = 13,
   Q6_K = 14,
+  IQ4_NL = 20,
+  IQ4_XS = 23,
   BF16 = 30
 };
 
-/// Values per block of a type (1 for the float types, 32 for Q4_0 … Q8_0, 256 for the k-quants).
+/// Values per block of a type (1 for the float types, 32 for Q4_0 … Q8_0 and IQ4_NL, 256 for the
+/// k-quants and IQ4_XS).
 std::int64_t block_values(Type t);
 
 /// The values of a block type's rows, F32 [rows, cols], from their packed bytes [rows, row_bytes],
@@ -53,12 +56,25 @@ std::int64_t block_values(Type t);
 /// - Q6_K: 16 sub-blocks of 16 with int8 scales, (d·sc)·(q − 32), q 4 bits of ql and 2 of qh;
 /// - Q2_K: 16 sub-blocks of 16, a byte each of 4-bit scale and min, (d·sc)·q − (dmin·m), q 2 bits;
 /// - Q3_K: 16 sub-blocks of 16 with 6-bit scales, (d·(sc − 32))·(q − 4), q 2 bits of qs and one of
-///   hmask (a set bit cancels the − 4).
+///   hmask (a set bit cancels the − 4);
+/// - IQ4_NL: blocks of 32, d·kIq4nlValues[q], q a nibble (q4_0's order: an index into the table);
+/// - IQ4_XS: 8 sub-blocks of 32 with 6-bit scales (low nibbles in scales_l, top bits in the u16
+///   scales_h), (d·(sc − 32))·kIq4nlValues[q], q a nibble.
 /// Also Q8_0 and Q4_0. The ref:: decoders of the GGUF types (a model runs them packed, chapter 09).
 Tensor dequantize_rows(Type t, const Tensor& raw, std::int64_t cols);
 /// One block of a block type (block_values(t) values from row_bytes(t, block_values(t)) bytes),
 /// decoded as dequantize_rows does.
 void dequantize_block(Type t, const std::uint8_t* block, float* out);
+/// IQ4_NL's and IQ4_XS's 16 levels (ggml's kvalues_iq4nl): a nibble is an index into them, so the
+/// levels crowd near 0, where most weights are, instead of lying evenly spaced as Q4_0's q − 8 do.
+inline constexpr std::int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/// IQ4_XS's 6-bit scale of sub-block j (0-7), less 32 (so in [−32, 31]): the low 4 bits in nibble
+/// j mod 2 of scales_l[j / 2] (4 bytes at offset 4 of the block), the top 2 in bits 2j, 2j + 1 of
+/// the u16 scales_h (offset 2).
+inline int scale_iq4_xs(int j, const std::uint8_t* block) {
+  const int scales_h = block[2] | (block[3] << 8);
+  return (((block[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
 /// Q4_K's and Q5_K's packed sub-block scale and min: sub-block j (0-7) of the 12 bytes `q`.
 inline void scale_min_k4(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t& m) {
   if (j < 4) {

@@ -2,7 +2,7 @@
 # InferLab beside llama.cpp: decode tokens/s of the same GGUF files on this machine, with the same
 # thread count, the two programs alternating round by round.
 #
-#   tools/llamacpp_bench.sh [--threads N] [--rounds R] [--tokens T] [--model HF_FOLDER] [--out DIR]
+#   tools/llamacpp_bench.sh [--threads N] [--rounds R] [--tokens T] [--model HF_FOLDER] [--types "Q8_0 ..."] [--out DIR]
 #
 # 1. llama.cpp from a source distribution on PyPI: the tree vendored in llama-cpp-python's sdist
 #    (pinned version and sha256 in tools/llamacpp_common.sh), built once into tools/.work/llama.cpp
@@ -10,21 +10,22 @@
 # 2. The model: --model (a Llama Hugging Face folder) or, by default, a random 100M-parameter
 #    Llama (tools/random_llama.py), memory-bound on a CPU.
 # 3. The files: InferLab's `ch09_quantization export --format f32` writes the F32 GGUF, and
-#    llama.cpp's own llama-quantize makes Q8_0, Q4_0 and Q4_K_M from it, so both programs read
-#    files that llama.cpp made.
+#    llama.cpp's own llama-quantize makes Q8_0, Q4_0 and Q4_K_M from it (or the --types given),
+#    so both programs read files that llama.cpp made.
 # 4. Per round and file: llama-bench -p 0 -n T -r 3 (its decode test: the mean of 3 repetitions,
 #    its avg_ts) and `ch09_quantization run FILE --max-new-tokens T`
 #    (1 / its time per output token), each with N threads.
 # Writes DIR/llamacpp.md (the ratio table) and DIR/llamacpp.json; numbers, not pass/fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-THREADS=2 ROUNDS=3 TOKENS=64 MODEL="" OUT=build/llamacpp-bench
+THREADS=2 ROUNDS=3 TOKENS=64 MODEL="" OUT=build/llamacpp-bench TYPES="Q8_0 Q4_0 Q4_K_M"
 while [ $# -gt 0 ]; do
   case "$1" in
     --threads) THREADS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --tokens) TOKENS=$2; shift 2 ;;
     --model) MODEL=$2; shift 2 ;;
+    --types) TYPES=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     *) echo "llamacpp_bench: unknown option '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -41,7 +42,8 @@ llamacpp_build
 
 # 2. and 3. the files
 [ -n "$MODEL" ] || MODEL=$(llamacpp_random_model "$PY")
-llamacpp_gguf_files "$MODEL" "$BIN/ch09_quantization" "$THREADS" Q8_0 Q4_0 Q4_K_M
+# shellcheck disable=SC2086 # TYPES is a list of words
+llamacpp_gguf_files "$MODEL" "$BIN/ch09_quantization" "$THREADS" $TYPES
 FILES=("${GGUF_FILES[@]}")
 
 # 4. alternating rounds (none: only build llama.cpp and make the files)
@@ -54,7 +56,7 @@ for r in $(seq 1 "$ROUNDS"); do
          "$PY" -c 'import json,sys; print(json.load(sys.stdin)[0]["avg_ts"])')
     OMP_NUM_THREADS=$THREADS "$BIN/ch09_quantization" run "$f" --max-new-tokens "$TOKENS" --temperature 0 \
       --json "$OUT/inferlab.json" > /dev/null 2>&1
-    il=$("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(1/d["tpot_s"], d["achieved_bytes_per_s"], d["ceiling"]["bytes_per_s"], d["step_weight_bytes"])' "$OUT/inferlab.json")
+    il=$("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(1/d["tpot_s"], d["achieved_bytes_per_s"], d["read_ceiling"]["bytes_per_s"], d["step_weight_bytes"])' "$OUT/inferlab.json")
     echo "{\"round\": $r, \"file\": \"$(basename "$f")\", \"llamacpp_tps\": $ll, \"inferlab\": \"$il\"}" >> "$results"
     echo "round $r $(basename "$f"): llama.cpp $ll tok/s, InferLab $il" >&2
   done

@@ -8,7 +8,9 @@
 
 Q4_1, Q5_0 and Q5_1 are gguf.quants.quantize's blocks of a random matrix. The k-quants (Q2_K,
 Q3_K, Q4_K, Q5_K, Q6_K, 256 values a super-block) are random bytes with every f16 scale replaced by a finite
-one, so that every bit pattern of the packed quants and sub-block scales occurs.
+one, so that every bit pattern of the packed quants and sub-block scales occurs; so are IQ4_NL (blocks of
+32) and IQ4_XS (super-blocks of 256), whose nibbles index the table of levels kvalues_iq4nl (the gguf
+package decodes them but has no quantiser for them).
 
 Run from the repository root:  tools/.venv/bin/python tools/make_gguf_type_goldens.py
 """
@@ -22,8 +24,9 @@ from safetensors.numpy import save_file
 OUT = pathlib.Path(__file__).resolve().parent.parent / "data" / "golden" / "quant" / "gguf_types.safetensors"
 
 # Byte offsets of the f16 scales in one block, per k-quant (ggml's block_q4_K, block_q5_K, block_q6_K).
-# Q2_K and Q3_K come last so that the earlier types' random bytes stay as they were.
-F16_AT = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,)}
+# Q2_K and Q3_K, then IQ4_NL and IQ4_XS (ggml's block_iq4_nl, block_iq4_xs: d first) come last so that
+# the earlier types' random bytes stay as they were.
+F16_AT = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,)}
 
 
 def main() -> None:

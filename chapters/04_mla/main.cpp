@@ -312,7 +312,12 @@ int generate(const CommonOptions& o) {
                     {"tokens_per_s", g.tokens_per_s()}});
   }
   if (!o.json.empty())
-    write_json(o.json, {{"model", o.model}, {"prompt", o.prompt}, {"cache_bytes", cache.bytes()}, {"runs", runs}},
+    write_json(o.json,
+               {{"model", o.model},
+                {"prompt", o.prompt},
+                {"prompt_tokens", prompt},
+                {"cache_bytes", cache.bytes()},
+                {"runs", runs}},
                {o.model});
   return 0;
 }

@@ -333,6 +333,7 @@ int generate(const CommonOptions& o) {
     write_json(o.json,
                {{"model", o.model},
                 {"prompt", o.prompt},
+                {"prompt_tokens", prompt},
                 {"layout", m.layout.describe()},
                 {"cache_bytes", cache.bytes()},
                 {"generated", g.generated},

@@ -465,6 +465,7 @@ int generate(const CommonOptions& o) {
     write_json(o.json,
                {{"model", o.model},
                 {"prompt", o.prompt},
+                {"prompt_tokens", prompt},
                 {"state_bytes", state.bytes()},
                 {"generated", g.generated},
                 {"ttft_s", g.ttft_s()},

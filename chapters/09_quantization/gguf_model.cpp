@@ -272,7 +272,7 @@ ch01::Llama load_gguf(const gguf::File& f) {
     return std::make_shared<QMatrix>(QuantSpec{fmt}, rows, cols, f.raw(name).clone());
   };
   IL_CHECK(plain || packed_format(qt), path, ": projections are ", gguf::type_name(qt),
-           "; this loader reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K-Q6_K models");
+           "; this loader reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL and IQ4_XS models");
   std::set<std::string> used;
   // Anything failing while a tensor is read (a conversion, an allocation) names the file and it.
   auto dense = [&](const std::string& name, const Shape& s) {

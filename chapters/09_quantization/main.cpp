@@ -387,7 +387,7 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   if (dev != Device::CPU) m = m.to(dev, DType::F32);
   else
     interleave_blocks(
-        m);  // q4_0, q8_0, q4_k and q6_k matrices eight rows at a time, for the CPU's decode product (repack.h)
+        m);  // q4_0, q8_0, iq4_nl, q4_k, q6_k and iq4_xs matrices eight rows at a time, for the CPU's decode product (repack.h)
   const auto tok = gguf_tokenizer(f, tokenizer, o.model);
   const SamplingParams sp = o.sampling(*tok, m.config.vocab_size);
   const auto ids = tok->encode(o.prompt);
@@ -501,7 +501,8 @@ int main(int argc, char** argv) {
   sr->get_option("--model")->description("The bundled model whose tokenizer to use for a GGUF that carries none");
   add_device_option(*sr, o);
   add_generation_options(*sr, o);
-  sr->add_option("file", file, "A Llama GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or Q2_K-Q6_K projections)")
+  sr->add_option("file", file,
+                 "A Llama GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K, IQ4_NL or IQ4_XS projections)")
       ->required();
   sr->add_option("--tokenizer", tokenizer,
                  "Tokenizer: a tokenizer.json, a folder holding one, or a llama2.c .bin (default: the GGUF's own, "

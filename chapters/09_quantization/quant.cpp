@@ -33,6 +33,8 @@ std::string QuantSpec::name() const {
     case Format::Q5_K: return "q5_k";
     case Format::Q2_K: return "q2_k";
     case Format::Q3_K: return "q3_k";
+    case Format::IQ4_NL: return "iq4_nl";
+    case Format::IQ4_XS: return "iq4_xs";
   }
   return "?";
 }
@@ -270,7 +272,9 @@ QMatrix quantize(const Tensor& w_in, const QuantSpec& spec, const std::string& w
     case Format::Q6_K:
     case Format::Q4_1:
     case Format::Q5_0:
-    case Format::Q5_1: fail(what, ": ", spec.name(), " is read from GGUF files, not produced here");
+    case Format::Q5_1:
+    case Format::IQ4_NL:
+    case Format::IQ4_XS: fail(what, ": ", spec.name(), " is read from GGUF files, not produced here");
     case Format::Fp8E4M3: {
       float amax = 0;
       for (std::int64_t i = 0; i < n_out * n_in; ++i) amax = std::max(amax, std::fabs(W[i]));
@@ -391,6 +395,18 @@ float weight_value(const QMatrix& q, std::int64_t n, std::int64_t k) {
       return from_half(b + 108) * static_cast<float>(gguf::scale_q3_k(i / 16, b + 96)) *
              static_cast<float>(v - (((b[l] >> (4 * h + j)) & 1) ? 0 : 4));
     }
+    case Format::IQ4_NL:
+    case Format::IQ4_XS: {
+      // A 32-value block (iq4_nl) or sub-block (iq4_xs) in q4_0's nibble order; the nibble indexes
+      // the table of levels. iq4_xs's sub-block j has the scale d·(sc_j − 32).
+      const bool xs = q.spec.format == Format::IQ4_XS;
+      const std::int64_t bb = xs ? 136 : 18, bv = xs ? 256 : 32;
+      const std::uint8_t* b = q.data.data<std::uint8_t>() + n * (n_in / bv * bb) + (k / bv) * bb;
+      const int i = static_cast<int>(k % bv), j = i / 32, l = i % 32;
+      const std::uint8_t* qs = b + (xs ? 8 + 16 * j : 2);
+      const float d = xs ? from_half(b) * static_cast<float>(gguf::scale_iq4_xs(j, b)) : from_half(b);
+      return d * static_cast<float>(gguf::kIq4nlValues[(qs[l % 16] >> (l < 16 ? 0 : 4)) & 15]);
+    }
   }
   return 0;
 }
@@ -451,10 +467,10 @@ void check_finite_activations(const Tensor& x, const std::string& format) {
 // The GGUF block formats, each with the tensor type whose blocks it holds.
 const std::vector<std::pair<Format, gguf::Type>>& gguf_formats() {
   static const std::vector<std::pair<Format, gguf::Type>> t = {
-      {Format::Q8_0, gguf::Type::Q8_0}, {Format::Q4_0, gguf::Type::Q4_0}, {Format::Q4_1, gguf::Type::Q4_1},
-      {Format::Q5_0, gguf::Type::Q5_0}, {Format::Q5_1, gguf::Type::Q5_1}, {Format::Q2_K, gguf::Type::Q2_K},
-      {Format::Q3_K, gguf::Type::Q3_K}, {Format::Q4_K, gguf::Type::Q4_K}, {Format::Q5_K, gguf::Type::Q5_K},
-      {Format::Q6_K, gguf::Type::Q6_K}};
+      {Format::Q8_0, gguf::Type::Q8_0}, {Format::Q4_0, gguf::Type::Q4_0},     {Format::Q4_1, gguf::Type::Q4_1},
+      {Format::Q5_0, gguf::Type::Q5_0}, {Format::Q5_1, gguf::Type::Q5_1},     {Format::Q2_K, gguf::Type::Q2_K},
+      {Format::Q3_K, gguf::Type::Q3_K}, {Format::Q4_K, gguf::Type::Q4_K},     {Format::Q5_K, gguf::Type::Q5_K},
+      {Format::Q6_K, gguf::Type::Q6_K}, {Format::IQ4_NL, gguf::Type::IQ4_NL}, {Format::IQ4_XS, gguf::Type::IQ4_XS}};
   return t;
 }
 

@@ -32,6 +32,10 @@
 /// |                | min; (d·sc)·q − dmin·m, q 2-bit                        |                  |
 /// | q3_k           | super-blocks of 256: f16 d; 16 × 6-bit scales;         | 3.4375           |
 /// |                | (d·(sc − 32))·(q − 4), q 2 + 1 bits                    |                  |
+/// | iq4_nl         | blocks of 32: f16 d; d·T[q], q 4-bit, T a fixed table  | 4.5              |
+/// |                | of 16 int8 levels denser near 0 (non-linear)          |                  |
+/// | iq4_xs         | super-blocks of 256: f16 d; 8 × 6-bit scales;          | 4.25             |
+/// |                | (d·(sc − 32))·T[q], T as iq4_nl                       |                  |
 ///
 /// The GGUF formats (q8_0 and every one below it in the table) multiply x quantised to q8_0
 /// blocks, so their products sum bytes times bytes in int32 and scale once per block of 32; the
@@ -39,10 +43,13 @@
 /// with an extra sum per block (its Q8_1) for the formats with a minimum, and blocks of 256 with an
 /// f32 scale (its Q8_K) for the k-quants.
 ///
-/// q2_k … q6_k, q4_1, q5_0 and q5_1 are read from GGUF files, not made here: a downloaded
+/// q2_k … q6_k, q4_1, q5_0, q5_1, iq4_nl and iq4_xs are read from GGUF files, not made here: a downloaded
 /// Q4_K_M file is mostly q4_k and q6_k, with q5_0 (llama.cpp's stand-in for q4_k) where a row is
 /// not a whole number of 256-value super-blocks; q4_1, q5_0 and q5_1 are also file types of their
 /// own. Their quantisers (searching scales and mins per sub-block) are llama.cpp's own lesson.
+/// iq4_nl and iq4_xs are 4-bit files (IQ4_NL, IQ4_XS) whose nibble indexes a table of levels
+/// rather than standing for q − 8: the product looks each nibble up (one vpshufb for 32 of them)
+/// and then multiplies bytes as q8_0 does.
 
 #include <cstdint>
 #include <string>
@@ -69,7 +76,9 @@ enum class Format {
   Q5_1,
   Q5_K,
   Q2_K,
-  Q3_K
+  Q3_K,
+  IQ4_NL,
+  IQ4_XS
 };
 
 struct QuantSpec {
@@ -90,8 +99,9 @@ struct QMatrix : PackedMatrix {
   std::int64_t rows = 0, cols = 0;  ///< n_out, n_in
   /// The packed values, row-major: int8 (int8_*, llm_int8), 4-bit pairs (int4: byte j of a group
   /// holds element j in its low nibble and element j + G/2 in its high one, as Q4_0 does), GGUF
-  /// blocks (q8_0: 34 bytes, q4_0: 18, q4_1: 20, q5_0: 22, q5_1: 24 bytes per 32 weights; q2_k:
-  /// 84, q3_k: 110, q4_k: 144, q5_k: 176, q6_k: 210 bytes per 256), fp8 bytes.
+  /// blocks (q8_0: 34 bytes, q4_0 and iq4_nl: 18, q4_1: 20, q5_0: 22, q5_1: 24 bytes per 32
+  /// weights; q2_k: 84, q3_k: 110, iq4_xs: 136, q4_k: 144, q5_k: 176, q6_k: 210 bytes per 256),
+  /// fp8 bytes.
   Tensor data;
   Tensor scales;  ///< F32: one (int8_tensor, fp8), per row (int8_row, llm_int8), per group (int4)
   Tensor zeros;   ///< U8 per group (int4 asym)

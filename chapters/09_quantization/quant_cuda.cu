@@ -1,6 +1,6 @@
 // Chapter 09's CUDA products: one warp per output row streams the packed weights and unpacks
 // them in registers; llm_int8 and q8_0 accumulate int8·int8 products in int32 (__dp4a). The other
-// GGUF block formats (q4_0, q4_1, q5_0, q5_1, q2_k … q6_k) multiply x rounded through q8_0
+// GGUF block formats (q4_0, q4_1, q5_0, q5_1, q2_k … q6_k, iq4_nl, iq4_xs) multiply x rounded through q8_0
 // blocks, the function their CPU products compute; their kernels then multiply in f32 (q8_0's
 // __dp4a sums would be the next step for them too).
 #include <cuda_fp16.h>
@@ -21,6 +21,8 @@ constexpr int kWarps = 8;
 constexpr int kMaxRows = 8;  // rows of x per launch
 
 __constant__ float kE4m3[256];
+// iq4_nl's and iq4_xs's levels (gguf::kIq4nlValues), in constant memory.
+__constant__ std::int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 struct View {  // the quantised matrix as raw device pointers
   const std::uint8_t* data;
@@ -122,6 +124,24 @@ __device__ inline void unpack8(const View& v, long long n, int k, float* w) {
     for (int t = 0; t < 8; ++t) {
       const int q = (b[kQs + 32 * h + l + t] >> (2 * j)) & 3;
       w[t] = kTwo ? d * static_cast<float>(q) - m : d * static_cast<float>(q - (((b[l + t] >> (4 * h + j)) & 1) ? 0 : 4));
+    }
+  } else if constexpr (F == Format::IQ4_NL || F == Format::IQ4_XS) {
+    // 8 weights of one 32-value block (iq4_nl) or sub-block (iq4_xs), nibbles as q4_0; each
+    // indexes the table of levels (weight_value in quant.cpp).
+    constexpr bool kXs = F == Format::IQ4_XS;
+    constexpr int kBytes = kXs ? 136 : 18, kValues = kXs ? 256 : 32;
+    const std::uint8_t* b = v.data + n * (K / kValues * kBytes) + (k / kValues) * kBytes;
+    const int i = k % kValues, j = i / 32, o = i % 32;
+    const std::uint8_t* qs = b + (kXs ? 8 + 16 * j : 2);
+    float d = half_at(b);
+    if (kXs) {
+      const int high = ((b[2] | (b[3] << 8)) >> (2 * j)) & 3, low = (b[4 + j / 2] >> (4 * (j % 2))) & 15;
+      d *= static_cast<float>((low | (high << 4)) - 32);
+    }
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const int q = o < 16 ? (qs[o + t] & 15) : (qs[o - 16 + t] >> 4);
+      w[t] = d * static_cast<float>(kIq4nl[q]);
     }
   } else if constexpr (F == Format::Fp8E4M3) {
     const float s = v.scales[0];
@@ -322,6 +342,8 @@ void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
     case Format::Q5_K: return launch_blocked<Format::Q5_K>(v, x, out, N);
     case Format::Q2_K: return launch_blocked<Format::Q2_K>(v, x, out, N);
     case Format::Q3_K: return launch_blocked<Format::Q3_K>(v, x, out, N);
+    case Format::IQ4_NL: return launch_blocked<Format::IQ4_NL>(v, x, out, N);
+    case Format::IQ4_XS: return launch_blocked<Format::IQ4_XS>(v, x, out, N);
     case Format::LlmInt8: {
       char* base =
           static_cast<char*>(cuda::scratch(static_cast<std::size_t>(K) * 4 + static_cast<std::size_t>(M) * K + M * 4 + 512));

@@ -18,6 +18,8 @@
 //   q6_k            y = Σ_b (d · dx_b) · Σ_{16-value groups g ⊂ b} sc_g · Σ_{k ∈ g} (q_k − 32) xq_k
 //                   (q3_k: sc_g − 32 and q_k − 4)
 //   q2_k            y = Σ_b dx_b · Σ_{g ⊂ b} (d · sc_g · Σ_{k ∈ g} q_k xq_k − dmin · m_g · Σ_{k ∈ g} xq_k)
+//   iq4_nl blocks   y = Σ_b (dw_b · dx_b) · Σ_{k ∈ b} T[q_k] xq_k     (T the 16 int8 levels, one vpshufb)
+//   iq4_xs          y = Σ_j (d · (sc_j − 32) · dx_j) · Σ_{k ∈ j} T[q_k] xq_k   (sub-blocks j of 32)
 // Prefill (many rows of x) unpacks each weight row once into f32 and reuses it for every row (of
 // x, or of x rounded through its q8_0 blocks). Without AVX2 both cases take the unpacking path.
 #include <omp.h>
@@ -417,6 +419,53 @@ float k23_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, 
   return hsum(y) - hsum(yc);
 }
 
+// iq4_nl and iq4_xs: the 32 nibbles of 16 bytes (q4_0's order) as the signed levels they index,
+// gguf::kIq4nlValues. The table fits one 128-bit lane, so vpshufb looks up all 32 at once (its
+// index is the low four bits of each byte, which is all a nibble has). The levels lie in
+// [−127, 113], so dot32_i8 multiplies them with x's bytes exactly.
+__m256i iq4_levels32(const std::uint8_t* qs) {
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gguf::kIq4nlValues)));
+  return _mm256_shuffle_epi8(table, nibbles32(qs));
+}
+
+// iq4_nl · q8_0 for one output, per block of 32 (18 bytes: f16 d, 16 bytes of nibbles): as
+// q8_0_dot once the nibbles are looked up, four blocks folded into four exact int32 sums.
+float iq4_nl_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, std::int64_t nb) {
+  __m128 y = _mm_setzero_ps();
+  std::int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    const std::uint8_t* blk = r + b * 18;
+    __m256i s[4];
+    for (int i = 0; i < 4; ++i) s[i] = dot32_i8(iq4_levels32(blk + 18 * i + 2), load32(xq + 32 * (b + i)));
+    const __m128 dw = _mm_setr_ps(half(blk), half(blk + 18), half(blk + 36), half(blk + 54));
+    y = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(s[0], s[1], s[2], s[3])), _mm_mul_ps(dw, _mm_loadu_ps(dx + b)), y);
+  }
+  float out = hsum(y);
+  for (; b < nb; ++b)
+    out +=
+        static_cast<float>(hsum(dot32_i8(iq4_levels32(r + 18 * b + 2), load32(xq + 32 * b)))) * (half(r + 18 * b) * dx[b]);
+  return out;
+}
+
+// iq4_xs · q8_0 for one output: a super-block of 256 (136 bytes: f16 d, the scales' top bits
+// scales_h, their low nibbles scales_l, 128 bytes of nibbles) is eight x blocks, each a sub-block
+// with its 6-bit scale; four sub-blocks fold into one vector, scaled by d·(sc − 32)·dx as q4_k does.
+float iq4_xs_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, std::int64_t nb) {
+  __m128 y = _mm_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b, r += 136, xq += 256, dx += 8) {
+    const __m128 d = _mm_set1_ps(half(r));
+    for (int h = 0; h < 2; ++h) {
+      __m256i p[4];
+      for (int t = 0; t < 4; ++t) p[t] = dot32_i8(iq4_levels32(r + 8 + 16 * (4 * h + t)), load32(xq + 32 * (4 * h + t)));
+      const __m128 sc = _mm_cvtepi32_ps(_mm_setr_epi32(gguf::scale_iq4_xs(4 * h, r), gguf::scale_iq4_xs(4 * h + 1, r),
+                                                       gguf::scale_iq4_xs(4 * h + 2, r), gguf::scale_iq4_xs(4 * h + 3, r)));
+      y = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(p[0], p[1], p[2], p[3])),
+                       _mm_mul_ps(_mm_mul_ps(d, sc), _mm_loadu_ps(dx + 4 * h)), y);
+    }
+  }
+  return hsum(y);
+}
+
 // One output of a format that takes x as q8_0 blocks: row n of W times row m of a.
 float blocked_dot(const QMatrix& q, std::int64_t n, const BlockedActivations& a, std::int64_t m) {
   const std::int64_t n_in = q.cols, nb = n_in / 32;
@@ -435,6 +484,8 @@ float blocked_dot(const QMatrix& q, std::int64_t n, const BlockedActivations& a,
     case Format::Q6_K: return q6_k_q8_dot(w + n * (n_in / 256 * 210), xq, dx, xs16, n_in / 256);
     case Format::Q2_K: return k23_q8_dot<Format::Q2_K>(w + n * (n_in / 256 * 84), xq, dx, xs16, n_in / 256);
     case Format::Q3_K: return k23_q8_dot<Format::Q3_K>(w + n * (n_in / 256 * 110), xq, dx, xs16, n_in / 256);
+    case Format::IQ4_NL: return iq4_nl_q8_dot(w + n * nb * 18, xq, dx, nb);
+    case Format::IQ4_XS: return iq4_xs_q8_dot(w + n * (n_in / 256 * 136), xq, dx, n_in / 256);
     default: break;
   }
   fail("blocked_dot: ", q.spec.name(), " does not take x as q8_0 blocks");

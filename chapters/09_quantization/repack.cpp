@@ -31,9 +31,9 @@ struct Codec {
 // eight rows' blocks, and the centre taken off each quant value (q4_0: 8; q8_0's stored w + 128: 128).
 struct Layout {
   bool eight_bit;
-  std::int64_t quant_bytes() const { return eight_bit ? 32 : 16; }
-  std::int64_t unit() const { return 8 * (2 + quant_bytes()); }
-  std::int32_t centre() const { return eight_bit ? 128 : 8; }
+  constexpr std::int64_t quant_bytes() const { return eight_bit ? 32 : 16; }
+  constexpr std::int64_t unit() const { return 8 * (2 + quant_bytes()); }
+  constexpr std::int32_t centre() const { return eight_bit ? 128 : 8; }
 };
 
 // Where byte t of row i's quants sits in its unit.
@@ -47,6 +47,15 @@ constexpr std::int64_t quant_byte(std::int64_t i, std::int64_t t) { return 16 + 
 constexpr std::int64_t kQ4kUnit = 1184;
 constexpr std::int64_t q4k_quant_byte(std::int64_t i, std::int64_t t) {
   return 160 + 256 * (t / 32) + quant_byte(i, t % 32) - 16;
+}
+
+// iq4_xs: a super-block of eight rows is one unit of 1104 bytes: the eight d (f16), each
+// sub-block j's eight 6-bit scales less 32 as int8 (at 16 + 8j + i), then the quants. Sub-block j
+// of a row is a q4_0 block's 16 bytes (ggml's bytes 8 + 16j …), and the eight rows' sit in
+// sub-block j's 128 bytes in pieces of 4 as the 32-blocks' do.
+constexpr std::int64_t kIq4xsUnit = 1104;
+constexpr std::int64_t iq4xs_quant_byte(std::int64_t i, std::int64_t t) {
+  return 80 + 128 * (t / 16) + quant_byte(i, t % 16) - 16;
 }
 
 // q6_k: a super-block of eight rows is one unit of 1680 bytes (8 · 210): the eight d (f16), each
@@ -94,13 +103,34 @@ __m256i broadcast4(const std::int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// iq4_nl's and iq4_xs's levels (gguf::kIq4nlValues) as a vpshufb table: + 128 (unsigned, for
+// vpdpbusd, whose sums then need 128·Σx taken off) where the CPU has VNNI, else as they are.
+__m256i iq4_table() {
+  return _mm256_broadcastsi128_si256(
+      _mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gguf::kIq4nlValues)), _mm_set1_epi8(kVnni ? -128 : 0)));
+}
+constexpr std::int32_t kIq4Centre = kVnni ? 128 : 0;
+// s + the products of the levels that the nibbles q index with four bytes of x, broadcast: the
+// levels + 128 through vpdpbusd, or |level| · (x with the level's sign) (vpmaddubsw's pairs would
+// overflow on (level + 128)·x).
+__m256i iq4_dot4(__m256i s, __m256i table, __m256i q, __m256i xb) {
+  const __m256i w = _mm256_shuffle_epi8(table, q);
+  if constexpr (kVnni) return dot4_acc(s, w, xb);
+  return dot4_acc(s, _mm256_abs_epi8(w), _mm256_sign_epi8(xb, w));
+}
+
 // Each kernel: y[0..7] = the eight rows of one group times row m of x (as q8_0 blocks), over
 // `units` blocks (32 values) or super-blocks (256).
 //
-// q4_0 and q8_0: y[i] = Σ_b d_ib · dx_b · (Σ_k q_ik xq_k − centre · Σ_k xq_k).
-template <bool kEightBit>
+// q4_0, q8_0 and iq4_nl: y[i] = Σ_b d_ib · dx_b · (Σ_k q_ik xq_k − centre · Σ_k xq_k). iq4_nl's
+// blocks are q4_0's, its nibbles indexes into the levels gguf::kIq4nlValues (one vpshufb for 32),
+// taken + 128 (unsigned, centre 128) where vpdpbusd sums them exactly, else as signed bytes.
+template <Format F>
 void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nb, float* y) {
+  constexpr bool kEightBit = F == Format::Q8_0, kLevels = F == Format::IQ4_NL;
   constexpr Layout l{kEightBit};
+  constexpr std::int32_t kCentre = kLevels ? kIq4Centre : kEightBit && !kVnni ? 0 : l.centre();
+  [[maybe_unused]] const __m256i levels = iq4_table();
   const std::int8_t* xq = a.q.data() + m * a.cols;
   const float* dx = a.d.data() + m * (a.cols / 32);
   const std::int32_t* xs = a.sum.data() + m * (a.cols / 32);
@@ -120,12 +150,15 @@ void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int6
           s[j % 4] = dot4_acc(s[j % 4], _mm256_abs_epi8(w), _mm256_sign_epi8(broadcast4(x + 4 * j), w));
         }
       } else {
-        s[j] = dot4_acc(s[j], _mm256_and_si256(v, low), broadcast4(x + 4 * j));
-        s[j] = dot4_acc(s[j], _mm256_and_si256(_mm256_srli_epi16(v, 4), low), broadcast4(x + 16 + 4 * j));
+        const __m256i q[2] = {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)};
+        for (int h = 0; h < 2; ++h) {
+          const __m256i xb = broadcast4(x + 16 * h + 4 * j);
+          s[j] = kLevels ? iq4_dot4(s[j], levels, q[h], xb) : dot4_acc(s[j], q[h], xb);
+        }
       }
     }
     __m256i sum = _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
-    if (!kEightBit || kVnni) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(l.centre() * xs[b]));  // exact
+    if constexpr (kCentre != 0) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(kCentre * xs[b]));  // exact
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)));
     acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(dx[b])), acc[b & 1]);
   }
@@ -168,6 +201,36 @@ void group_dot_q4k(const std::uint8_t* group, const BlockedActivations& a, std::
   }
   _mm256_storeu_ps(y, out);
 }
+// iq4_xs, eight rows: y[i] = Σ_sb d_i · Σ_j sc_ij · dx_j · S_ij, with S_ij = Σ_k T[q]·xq over
+// sub-block j (exact, and exact times |sc| ≤ 32), sub-block j being x's block 8·sb + j.
+void group_dot_iq4xs(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nsb, float* y) {
+  const std::int8_t* xq = a.q.data() + m * a.cols;
+  const float* dx = a.d.data() + m * (a.cols / 32);
+  const std::int32_t* xs = a.sum.data() + m * (a.cols / 32);
+  const __m256i low = _mm256_set1_epi8(15), table = iq4_table();
+  __m256 out = _mm256_setzero_ps();
+  for (std::int64_t sb = 0; sb < nsb; ++sb) {
+    const std::uint8_t* u = group + sb * kIq4xsUnit;
+    __m256 acc = _mm256_setzero_ps();
+    for (int j = 0; j < 8; ++j) {
+      const std::int64_t b = 8 * sb + j;
+      const std::int8_t* x = xq + 32 * b;
+      __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      for (int p = 0; p < 4; ++p) {  // piece p of every row: values 4p … 4p + 3 (low nibbles) and 16 + 4p … (high)
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 80 + 128 * j + 32 * p));
+        s[0] = iq4_dot4(s[0], table, _mm256_and_si256(v, low), broadcast4(x + 4 * p));
+        s[1] = iq4_dot4(s[1], table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low), broadcast4(x + 16 + 4 * p));
+      }
+      __m256i sum = _mm256_add_epi32(s[0], s[1]);
+      if constexpr (kIq4Centre != 0) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(kIq4Centre * xs[b]));
+      const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + 16 + 8 * j)));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(sum, sc)), _mm256_set1_ps(dx[b]), acc);
+    }
+    out = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u))), acc, out);
+  }
+  _mm256_storeu_ps(y, out);
+}
+
 // q6_k, eight rows: y[i] = Σ_sb d_i · Σ_b dx_b · Σ_{g ⊂ b} sc_ig · (S_ig − 32 · Σ_{k ∈ g} xq_k), S_ig = Σ_{k ∈ g} q·xq,
 // all in int32 but the block scale dx_b and d_i.
 void group_dot_q6k(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nsb, float* y) {
@@ -257,12 +320,32 @@ void unpack_q6k(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
   for (std::int64_t v = 0; v < 256; ++v) set_q6k_block_value(blk, v, q6k_value(u, i, v));
 }
 
+void pack_iq4xs(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i) {  // blk: d, scales_h, scales_l[4], qs[128]
+  std::memcpy(u + 2 * i, blk, 2);
+  for (int j = 0; j < 8; ++j) u[16 + 8 * j + i] = static_cast<std::uint8_t>(gguf::scale_iq4_xs(j, blk));
+  for (std::int64_t t = 0; t < 128; ++t) u[iq4xs_quant_byte(i, t)] = blk[8 + t];
+}
+void unpack_iq4xs(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
+  std::memcpy(blk, u + 2 * i, 2);
+  unsigned high = 0;  // scale_iq4_xs's packing undone: the low nibbles into scales_l, the top bits into scales_h
+  std::memset(blk + 4, 0, 4);
+  for (int j = 0; j < 8; ++j) {
+    const unsigned sc = static_cast<unsigned>(static_cast<std::int8_t>(u[16 + 8 * j + i]) + 32);
+    blk[4 + j / 2] = static_cast<std::uint8_t>(blk[4 + j / 2] | (sc & 15) << (4 * (j % 2)));
+    high |= (sc >> 4) << (2 * j);
+  }
+  blk[2] = static_cast<std::uint8_t>(high & 0xFF), blk[3] = static_cast<std::uint8_t>(high >> 8);
+  for (std::int64_t t = 0; t < 128; ++t) blk[8 + t] = u[iq4xs_quant_byte(i, t)];
+}
+
 const Codec* codec_of(Format f) {
   static const Codec codecs[] = {
-      {Format::Q4_0, 32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<false>},
-      {Format::Q8_0, 32, 34, Layout{true}.unit(), pack_32<true>, unpack_32<true>, group_dot<true>},
+      {Format::Q4_0, 32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<Format::Q4_0>},
+      {Format::Q8_0, 32, 34, Layout{true}.unit(), pack_32<true>, unpack_32<true>, group_dot<Format::Q8_0>},
+      {Format::IQ4_NL, 32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<Format::IQ4_NL>},
       {Format::Q4_K, 256, 144, kQ4kUnit, pack_q4k, unpack_q4k, group_dot_q4k},
       {Format::Q6_K, 256, 210, kQ6kUnit, pack_q6k, unpack_q6k, group_dot_q6k},
+      {Format::IQ4_XS, 256, 136, kIq4xsUnit, pack_iq4xs, unpack_iq4xs, group_dot_iq4xs},
   };
   for (const Codec& c : codecs)
     if (c.format == f) return &c;
@@ -293,7 +376,8 @@ bool interleavable(const QMatrix& q) {
 }
 
 Interleaved8::Interleaved8(const QMatrix& q) : spec_(q.spec), rows_(q.rows), cols_(q.cols) {
-  IL_CHECK(interleavable(q), "interleaved blocks: need a CPU q4_0, q8_0, q4_k or q6_k matrix with rows a multiple of 8 ",
+  IL_CHECK(interleavable(q),
+           "interleaved blocks: need a CPU q4_0, q8_0, iq4_nl, q4_k, q6_k or iq4_xs matrix with rows a multiple of 8 ",
            "(and a CPU with AVX2), got ", q.spec.name(), " ", q.rows, " × ", q.cols, " on ", device_name(q.device()));
   const Codec& c = *codec_of(spec_.format);
   data_ = Tensor::zeros({rows_ / 8 * (cols_ / c.values) * c.unit},

@@ -1,6 +1,6 @@
 #pragma once
 /// @file repack.h
-/// @brief Chapter 09: q4_0, q8_0, q4_k and q6_k matrices with eight rows' blocks interleaved, for the CPU's decode product.
+/// @brief Chapter 09: q4_0, q8_0, iq4_nl, q4_k, q6_k and iq4_xs matrices with eight rows' blocks interleaved, for the CPU's decode product.
 ///
 /// A q4_0 or q8_0 row stores its 32-weight blocks one after another, and the row-at-a-time product
 /// (quant_fast.cpp) pays per row and block for a horizontal sum and a scalar scale. Stored eight
@@ -10,7 +10,9 @@
 /// bytes of x (broadcast), each int32 lane is one row's sum, and the scales apply as one eight-lane
 /// vector: no horizontal sums at all. (A q4_0 piece's low nibbles are values 4j..4j+3, its high
 /// ones 16+4j..; q8_0's signed bytes are kept as w + 128, unsigned as vpdpbusd wants them, and
-/// 128·Σx is taken off again.) q4_k's 256-value super-blocks interleave the same way, their 6-bit
+/// 128·Σx is taken off again. iq4_nl's blocks are q4_0's; its nibbles become their levels, + 128,
+/// with one vpshufb. iq4_xs's super-blocks are eight such blocks, their 6-bit scales unpacked to a
+/// byte each, 138 bytes read for every 136.) q4_k's 256-value super-blocks interleave the same way, their 6-bit
 /// scales and minimums unpacked to a byte each (16 bytes a row and super-block instead of 12, so
 /// such a matrix reads 148/144 of its bytes), applied per 32-value sub-block as 8-lane vectors;
 /// q6_k's 6-bit values are split into q4_k's nibble layout and a byte of top bits per four values
@@ -28,7 +30,7 @@
 
 namespace inferlab::ch09 {
 
-/// A q4_0, q8_0, q4_k or q6_k matrix (CPU, rows a multiple of 8) in the interleaved order. Its
+/// A q4_0, q8_0, iq4_nl, q4_k, q6_k or iq4_xs matrix (CPU, rows a multiple of 8) in the interleaved order. Its
 /// products take x as q8_0 blocks, as the matrix's own do.
 class Interleaved8 : public PackedMatrix {
  public:
@@ -48,13 +50,14 @@ class Interleaved8 : public PackedMatrix {
  private:
   QuantSpec spec_;
   std::int64_t rows_, cols_;
-  Tensor data_;  ///< rows/8 units a block: 8 · 18 (q4_0), 8 · 34 (q8_0), 8 · 148 (q4_k) or 8 · 210 (q6_k) bytes
+  Tensor
+      data_;  ///< rows/8 units a block: 8 · 18 (q4_0, iq4_nl), 8 · 34 (q8_0), 8 · 148 (q4_k), 8 · 210 (q6_k) or 8 · 138 (iq4_xs) bytes
 };
 
 /// Whether this build has the eight-row kernels (they need AVX2, FMA and F16C; without them no
 /// matrix is interleaved and `run` keeps the row order).
 bool interleaved_kernels();
-/// Whether q can be stored as Interleaved8: a q4_0, q8_0, q4_k or q6_k matrix on the CPU, rows a
+/// Whether q can be stored as Interleaved8: a q4_0, q8_0, iq4_nl, q4_k, q6_k or iq4_xs matrix on the CPU, rows a
 /// multiple of 8, in a build with the kernels.
 bool interleavable(const QMatrix& q);
 /// `m` with every matrix that can be interleaved so; the number changed in `count` when given.

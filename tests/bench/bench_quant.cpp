@@ -93,10 +93,10 @@ void BM_CudaMatvecBaseline(benchmark::State& state) { baseline_on(state, Device:
 BENCHMARK(BM_CpuMatvecBaseline)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaMatvecBaseline)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
-const std::vector<QuantSpec> kSpecs = {{Format::Int8Row},      {Format::LlmInt8},       {Format::Q8_0}, {Format::Fp8E4M3},
-                                       {Format::Int4Sym, 128}, {Format::Int4Asym, 128}, {Format::Q4_0}, {Format::Q4_1},
-                                       {Format::Q5_0},         {Format::Q5_1},          {Format::Q4_K}, {Format::Q5_K},
-                                       {Format::Q6_K},         {Format::Q2_K},          {Format::Q3_K}};
+const std::vector<QuantSpec> kSpecs = {
+    {Format::Int8Row}, {Format::LlmInt8}, {Format::Q8_0}, {Format::Fp8E4M3}, {Format::Int4Sym, 128}, {Format::Int4Asym, 128},
+    {Format::Q4_0},    {Format::Q4_1},    {Format::Q5_0}, {Format::Q5_1},    {Format::Q4_K},         {Format::Q5_K},
+    {Format::Q6_K},    {Format::Q2_K},    {Format::Q3_K}, {Format::IQ4_NL},  {Format::IQ4_XS}};
 const int kLastSpec = static_cast<int>(kSpecs.size()) - 1;
 
 // Formats that come from GGUF files, not from quantize(): blocks of pseudo-random bytes (every

@@ -83,7 +83,9 @@ double bound(const QMatrix& q, const Tensor& w, std::int64_t n, std::int64_t k) 
     case Format::Q6_K:
     case Format::Q4_1:
     case Format::Q5_0:
-    case Format::Q5_1: break;  // read from GGUF files, never quantised here
+    case Format::Q5_1:
+    case Format::IQ4_NL:
+    case Format::IQ4_XS: break;  // read from GGUF files, never quantised here
   }
   return 0;
 }
@@ -869,8 +871,8 @@ TEST(Gguf, BadTensorTablesAreClearErrorsNotCrashes) {
   test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "general.alignment 4", "at least 8"});
   // A type this reader does not decode is named as ggml names it, not by its number alone.
   for (const auto& [type, words] : std::vector<std::pair<std::uint32_t, std::string>>{
-           {20, "is IQ4_NL (ggml type 20), which this reader does not decode"},
-           {23, "is IQ4_XS (ggml type 23)"},
+           {16, "is IQ2_XXS (ggml type 16), which this reader does not decode"},
+           {21, "is IQ3_S (ggml type 21)"},
            {9, "is Q8_1 (ggml type 9)"},
            {15, "is Q8_K (ggml type 15)"},
            {39, "is MXFP4 (ggml type 39)"},
@@ -1023,7 +1025,9 @@ TEST(Gguf, BlockTypesDecodeAsTheGgufPackageDecodesThem) {
                                                                                   {"Q3_K", gguf::Type::Q3_K},
                                                                                   {"Q4_K", gguf::Type::Q4_K},
                                                                                   {"Q5_K", gguf::Type::Q5_K},
-                                                                                  {"Q6_K", gguf::Type::Q6_K}}) {
+                                                                                  {"Q6_K", gguf::Type::Q6_K},
+                                                                                  {"IQ4_NL", gguf::Type::IQ4_NL},
+                                                                                  {"IQ4_XS", gguf::Type::IQ4_XS}}) {
     const Tensor bytes = f.get(name + ".bytes"), want = f.get(name + ".f32");
     const Tensor got = gguf::dequantize_rows(type, bytes, want.size(1));
     const auto a = got.to_float_vector(), b = want.to_float_vector();
@@ -1153,31 +1157,36 @@ void expect_products_within_the_bound(const QMatrix& q, const std::string& what,
   }
 }
 
-// q4_k and q6_k interleaved eight rows at a time (q4_k's scales and minimums unpacked to bytes,
-// q6_k's values split into their low four and top two bits) give their bytes back in row order
-// exactly and multiply within the same bound as the row-order products.
+// q4_k, q6_k, iq4_nl and iq4_xs interleaved eight rows at a time (q4_k's and iq4_xs's scales
+// unpacked to bytes, q6_k's values split into their low four and top two bits, iq4_nl's blocks as q4_0's)
+// give their bytes back in row order exactly and multiply within the same bound as the row-order
+// products.
 TEST(Gguf, InterleavedKQuantsAreTheSameMatrix) {
   if (!interleaved_kernels())
     GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   test::ThreadCount threads(2);
-  for (const auto& [f, bb] : std::vector<std::pair<Format, std::int64_t>>{{Format::Q4_K, 144}, {Format::Q6_K, 210}}) {
+  for (const auto& [f, bb] : std::vector<std::pair<Format, std::int64_t>>{
+           {Format::Q4_K, 144}, {Format::Q6_K, 210}, {Format::IQ4_NL, 18}, {Format::IQ4_XS, 136}}) {
     SCOPED_TRACE(QuantSpec{f}.name());
-    const std::int64_t N = 16, K = 512;  // two super-blocks a row
-    Tensor bytes = Tensor::empty({N * K / 256 * bb}, DType::U8);
+    const std::int64_t N = 16, K = 512, bv = gguf::block_values(gguf_type(f));  // two super-blocks a row
+    Tensor bytes = Tensor::empty({N * K / bv * bb}, DType::U8);
     auto* p = bytes.data<std::uint8_t>();
     std::uint64_t r = 11;
     for (std::int64_t i = 0; i < bytes.numel(); ++i)
       r ^= r << 13, r ^= r >> 7, r ^= r << 17, p[i] = static_cast<std::uint8_t>(r >> 32);
-    for (std::int64_t b = 0; b < N * K / 256; ++b)
+    for (std::int64_t b = 0; b < N * K / bv; ++b)
       for (const int o : half_offsets(f)) p[b * bb + o + 1] &= 0x3B;  // finite scales (below 2^15)
     const QMatrix q({f}, N, K, bytes);
     ASSERT_TRUE(interleavable(q));
     const Interleaved8 il(q);
     expect_the_same_blocks(il, q);
-    // q4_k: each row's scales and minimums as 16 bytes instead of 12; q6_k: the same bytes
-    EXPECT_EQ(il.bytes(), f == Format::Q4_K ? q.bytes() / 144 * 148 : q.bytes());
+    // q4_k: each row's scales and minimums as 16 bytes instead of 12; iq4_xs's 6 bytes of scales
+    // as 8; q6_k and iq4_nl: the same bytes
+    EXPECT_EQ(il.bytes(), f == Format::Q4_K     ? q.bytes() / 144 * 148
+                          : f == Format::IQ4_XS ? q.bytes() / 136 * 138
+                                                : q.bytes());
     expect_products_within_the_bound(q, QuantSpec{f}.name(), &il);
-    EXPECT_FALSE(interleavable(QMatrix({f}, 8, 256 + 32, Tensor::empty({1}, DType::U8))));  // the rule, not the bytes
+    EXPECT_FALSE(interleavable(QMatrix({f}, 8, bv + 16, Tensor::empty({1}, DType::U8))));  // the rule, not the bytes
   }
 }
 
@@ -1195,7 +1204,9 @@ TEST(Gguf, BlockTypesRunPackedAndDecodeAsTheGgufPackage) {
                                                                    {Format::Q3_K, "Q3_K", 11},
                                                                    {Format::Q4_K, "Q4_K", 12},
                                                                    {Format::Q5_K, "Q5_K", 13},
-                                                                   {Format::Q6_K, "Q6_K", 14}}) {
+                                                                   {Format::Q6_K, "Q6_K", 14},
+                                                                   {Format::IQ4_NL, "IQ4_NL", 20},
+                                                                   {Format::IQ4_XS, "IQ4_XS", 23}}) {
     const Tensor bytes = f.get(name + ".bytes"), want = f.get(name + ".f32");
     const QMatrix q({fmt}, want.size(0), want.size(1), bytes.clone());
     EXPECT_EQ(static_cast<std::uint32_t>(gguf_type(fmt)), number) << name;
@@ -1287,6 +1298,28 @@ void q23_k_block(gguf::Type t, const float* w, std::uint8_t* b) {
   }
 }
 
+// A valid IQ4_NL (32 values) or IQ4_XS (256) block for w: d = max|w| / 127 (IQ4_XS: every
+// sub-block scale 33, so each sub-block's is d·1), each value the nearest of the levels d·T[q]
+// (llama.cpp's quantiser searches better scales; any valid block will do here).
+void iq4_block(gguf::Type t, const float* w, std::uint8_t* b) {
+  const bool xs = t == gguf::Type::IQ4_XS;
+  const int n = xs ? 256 : 32;
+  float amax = 0;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(w[i]));
+  const std::uint16_t dh = f32_to_f16(amax > 0 ? amax / 127 : 1);
+  const float d = f16_to_f32(dh);
+  std::memset(b, 0, xs ? 136 : 18);
+  std::memcpy(b, &dh, 2);
+  if (xs) b[2] = b[3] = 0xAA, std::memset(b + 4, 0x11, 4);  // sc = 1 | 2 << 4 = 33 for every sub-block
+  for (int i = 0; i < n; ++i) {
+    int best = 0;
+    for (int q = 1; q < 16; ++q)
+      if (std::fabs(w[i] - d * gguf::kIq4nlValues[q]) < std::fabs(w[i] - d * gguf::kIq4nlValues[best])) best = q;
+    const int j = i / 32, l = i % 32;
+    b[(xs ? 8 + 16 * j : 2) + l % 16] |= static_cast<std::uint8_t>(best << (l < 16 ? 0 : 4));
+  }
+}
+
 // A valid block of the other GGUF types for w (32 values, or 256 for q5_k) on a plain grid:
 // q4_1 and q5_1 d = (max − min) / (15 or 31) and m = min, so each value is d·q + m; q5_0
 // d = max|w| / 15, d·(q − 16); q5_k every sub-block scale and min 1 and dmin = 16·d, so each
@@ -1298,6 +1331,7 @@ void pack_block(gguf::Type t, const float* w, std::uint8_t* b) {
   if (t == gguf::Type::Q4_K) return q4_k_block(w, b);
   if (t == gguf::Type::Q6_K) return q6_k_block(w, b);
   if (t == gguf::Type::Q2_K || t == gguf::Type::Q3_K) return q23_k_block(t, w, b);
+  if (t == gguf::Type::IQ4_NL || t == gguf::Type::IQ4_XS) return iq4_block(t, w, b);
   const int n = t == gguf::Type::Q5_K ? 256 : 32;
   const bool has_min = t == gguf::Type::Q4_1 || t == gguf::Type::Q5_1;
   const int top = t == gguf::Type::Q4_1 ? 15 : 31;
@@ -1430,11 +1464,12 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
   expect_runs_as_decoded(m);
 }
 
-// Q4_0, Q8_0, Q4_K and Q6_K files whose matrices run interleaved (as `run` does on the CPU) run as the files do.
+// Q4_0, Q8_0, IQ4_NL, Q4_K, Q6_K and IQ4_XS files whose matrices run interleaved (as `run` does on the CPU) run as the files do.
 TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
   if (!interleaved_kernels())
     GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
-  for (const gguf::Type t : {gguf::Type::Q4_0, gguf::Type::Q8_0, gguf::Type::Q4_K, gguf::Type::Q6_K}) {
+  for (const gguf::Type t :
+       {gguf::Type::Q4_0, gguf::Type::Q8_0, gguf::Type::IQ4_NL, gguf::Type::Q4_K, gguf::Type::Q6_K, gguf::Type::IQ4_XS}) {
     SCOPED_TRACE(gguf::type_name(t));
     test::TempDir dir;
     const TransformerConfig c = super_block_config();
@@ -1445,12 +1480,14 @@ TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
     interleave_blocks(il, &count);
     EXPECT_EQ(count, 7 * c.num_layers + 1);
     EXPECT_NE(dynamic_cast<const Interleaved8*>(il.layers[0].wq.packed.get()), nullptr);
-    // the same bytes a step, but q4_k's 12 bytes of scales and minimums a row, which become 16
+    // the same bytes a step, but q4_k's 12 bytes of scales and minimums a super-block and row,
+    // which become 16, and iq4_xs's 6 bytes of scales, which become 8
     std::int64_t scale_bytes = 0;
-    if (t == gguf::Type::Q4_K) {
+    if (t == gguf::Type::Q4_K || t == gguf::Type::IQ4_XS) {
+      const std::int64_t bb = gguf::row_bytes(t, 256), more = t == gguf::Type::Q4_K ? 4 : 2;
       for (const ch01::LlamaLayer& l : m.layers)
-        for (const Linear* w : l.linears()) scale_bytes += w->bytes() / 144 * 4;
-      scale_bytes += m.lm_head.bytes() / 144 * 4;
+        for (const Linear* w : l.linears()) scale_bytes += w->bytes() / bb * more;
+      scale_bytes += m.lm_head.bytes() / bb * more;
     }
     EXPECT_EQ(il.step_weight_bytes(), m.step_weight_bytes() + scale_bytes);
     // Generating from the prompt (prefill: unpacked groups; then a token a step: the eight-row
@@ -1479,9 +1516,10 @@ TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
   }
 }
 
-// Files whose matrices are Q4_1, Q5_0, Q5_1, Q5_K, Q2_K or Q3_K (Q5_K_M, Q3_K_M and Q2_K files, and
-// the Q5_0 that llama.cpp puts where a row is not whole super-blocks) load with every matrix packed in that type and run
-// as the same model decoded to f32 does.
+// Files whose matrices are Q4_1, Q5_0, Q5_1, Q5_K, Q2_K, Q3_K, IQ4_NL or IQ4_XS (Q5_K_M, Q3_K_M,
+// Q2_K, IQ4_NL and IQ4_XS files, and the Q5_0 that llama.cpp puts where a row is not whole
+// super-blocks) load with every matrix packed in that type and run as the same model decoded to
+// f32 does.
 TEST(Gguf, FilesOfTheOtherBlockTypesRunPacked) {
   const TransformerConfig c = super_block_config();
   for (const auto& [t, format] : std::vector<std::pair<gguf::Type, std::string>>{{gguf::Type::Q4_1, "q4_1"},
@@ -1489,7 +1527,9 @@ TEST(Gguf, FilesOfTheOtherBlockTypesRunPacked) {
                                                                                  {gguf::Type::Q5_1, "q5_1"},
                                                                                  {gguf::Type::Q5_K, "q5_k"},
                                                                                  {gguf::Type::Q2_K, "q2_k"},
-                                                                                 {gguf::Type::Q3_K, "q3_k"}}) {
+                                                                                 {gguf::Type::Q3_K, "q3_k"},
+                                                                                 {gguf::Type::IQ4_NL, "iq4_nl"},
+                                                                                 {gguf::Type::IQ4_XS, "iq4_xs"}}) {
     SCOPED_TRACE(format);
     test::TempDir dir;
     const std::string path = repacked_gguf(dir, c, [t = t](const std::string&) { return t; });
@@ -1644,8 +1684,8 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
     }
   // The block types read from GGUF files (the golden blocks: every bit pattern of quants and scales).
   const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
-  for (const Format fmt :
-       {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K, Format::Q4_K, Format::Q5_K, Format::Q6_K}) {
+  for (const Format fmt : {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K, Format::Q4_K, Format::Q5_K,
+                           Format::Q6_K, Format::IQ4_NL, Format::IQ4_XS}) {
     const std::string name = gguf::type_name(gguf_type(fmt));
     SCOPED_TRACE(name);
     const Tensor want = f.get(name + ".f32");

@@ -2,8 +2,8 @@
 // rows (1-4); the rest, cut to whole blocks, is the rows' packed data. Each is decoded by the
 // reference decoder (gguf::dequantize_rows), then as chapter 09 runs it: the loader's scale
 // check, dequantize, and the packed product and its reference; the one-block decoder must agree
-// with the row decoder. (The IQ types have no decoder here: a GGUF of them is refused by name,
-// which the gguf target reaches.)
+// with the row decoder. (Of the IQ types only IQ4_NL and IQ4_XS have a decoder here: a GGUF of the
+// others is refused by name, which the gguf target reaches.)
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -20,11 +20,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     gguf::Type type;
     Format format;
   };
-  static const Kind kinds[] = {{gguf::Type::Q4_0, Format::Q4_0}, {gguf::Type::Q4_1, Format::Q4_1},
-                               {gguf::Type::Q5_0, Format::Q5_0}, {gguf::Type::Q5_1, Format::Q5_1},
-                               {gguf::Type::Q8_0, Format::Q8_0}, {gguf::Type::Q2_K, Format::Q2_K},
-                               {gguf::Type::Q3_K, Format::Q3_K}, {gguf::Type::Q4_K, Format::Q4_K},
-                               {gguf::Type::Q5_K, Format::Q5_K}, {gguf::Type::Q6_K, Format::Q6_K}};
+  static const Kind kinds[] = {
+      {gguf::Type::Q4_0, Format::Q4_0}, {gguf::Type::Q4_1, Format::Q4_1},     {gguf::Type::Q5_0, Format::Q5_0},
+      {gguf::Type::Q5_1, Format::Q5_1}, {gguf::Type::Q8_0, Format::Q8_0},     {gguf::Type::Q2_K, Format::Q2_K},
+      {gguf::Type::Q3_K, Format::Q3_K}, {gguf::Type::Q4_K, Format::Q4_K},     {gguf::Type::Q5_K, Format::Q5_K},
+      {gguf::Type::Q6_K, Format::Q6_K}, {gguf::Type::IQ4_NL, Format::IQ4_NL}, {gguf::Type::IQ4_XS, Format::IQ4_XS}};
   if (size < 2) return 0;
   const Kind k = kinds[data[0] % (sizeof kinds / sizeof kinds[0])];
   const std::int64_t rows = 1 + data[1] % 4;
