@@ -85,7 +85,7 @@ TEST(Gemma, ConfigsReadAsTransformersReadsThem) {
   EXPECT_EQ(g2.config().final_logit_softcapping, 4.0);
   EXPECT_EQ(g2.config().query_pre_attn_scalar, 20.0);
   EXPECT_DOUBLE_EQ(g2.config().embed_scale, std::sqrt(32.0));  // float32 weights: √D unrounded
-  EXPECT_TRUE(g2.config().tie_word_embeddings);                  // Gemma's default, left out of config.json
+  EXPECT_TRUE(g2.config().tie_word_embeddings);                // Gemma's default, left out of config.json
   EXPECT_FALSE(g2.config().qk_norm);
   const ch06::LocalModel g3 = ch06::load_local(kFamily + "/gemma3-pattern");
   EXPECT_TRUE(g3.config().qk_norm);
@@ -104,14 +104,15 @@ TEST(Gemma, BadFieldsAreRefusedByName) {
     const char* field;
     nlohmann::json value;
   };
-  for (const Case& k : {Case{"attn_logit_softcapping", -1.0}, Case{"final_logit_softcapping", "thirty"},
-                        Case{"query_pre_attn_scalar", -4}, Case{"hidden_activation", "relu"},
-                        Case{"sliding_window", 0}, Case{"use_bidirectional_attention", true}}) {
+  for (const Case& k :
+       {Case{"attn_logit_softcapping", -1.0}, Case{"final_logit_softcapping", "thirty"}, Case{"query_pre_attn_scalar", -4},
+        Case{"hidden_activation", "relu"}, Case{"sliding_window", 0}, Case{"use_bidirectional_attention", true}}) {
     auto j = base;
     j[k.field] = k.value;
     test::write_file(dir + "/config.json", j.dump());
-    test::expect_error([&] { parse_transformer_config(load_hf_config(dir)), ch06::parse_local_layout(load_hf_config(dir), 4); },
-                       {dir + "/config.json", k.field});
+    test::expect_error(
+        [&] { parse_transformer_config(load_hf_config(dir)), ch06::parse_local_layout(load_hf_config(dir), 4); },
+        {dir + "/config.json", k.field});
   }
   auto j = base;
   j["architectures"] = {"Gemma3ForCausalLM"};
