@@ -14,6 +14,8 @@ several windows long, and records what transformers computes:
   data/golden/family-random/<name>/config.json         save_pretrained's config
   data/golden/family-random/<name>/model.safetensors   its float32 weights
   data/golden/family-random/<name>/golden.safetensors  logits at every position, greedy tokens
+  data/golden/family-random/<name>/model.gguf          the same weights as llama.cpp's converter
+                                                       writes them (the models in GGUF below)
 
 Weights as golden.randomize_weights draws them; Gemma's norm weights then have 1 subtracted (its
 RMSNorm multiplies by 1 + w, so they scale by 0.75 .. 1.25 as the other families' do). The soft
@@ -66,7 +68,75 @@ MODELS: dict[str, tuple[str, str, str, dict, list[int], int]] = {
                        dict(num_hidden_layers=6, sliding_window=6, sliding_window_pattern=3, rope_local_base_freq=100.0,
                             rope_scaling={"rope_type": "linear", "factor": 2.0}, query_pre_attn_scalar=12,
                             tie_word_embeddings=False), [6, 6, 0, 6, 6, 0], 4),
+    # What a GGUF can say: llama.cpp's gemma2 and gemma3 carry no query_pre_attn_scalar (it takes
+    # 1/sqrt(head_dim), or 1/sqrt(D / heads) for the 27B models), so these use Gemma's usual value.
+    "gemma2-gguf": ("Gemma2ForCausalLM", "06",
+                    "Gemma 2 as llama.cpp's gemma2 runs it: query_pre_attn_scalar = head_dim, soft caps 3 and 4, "
+                    "window 5 alternating; also written as model.gguf",
+                    dict(num_hidden_layers=4, sliding_window=5, attn_logit_softcapping=3.0,
+                         final_logit_softcapping=4.0, query_pre_attn_scalar=8), [5, 0, 5, 0], 5),
+    "gemma3-gguf": ("Gemma3ForCausalLM", "06",
+                    "Gemma 3 as llama.cpp's gemma3 runs it: query_pre_attn_scalar = head_dim, pattern 3, window 6, "
+                    "local RoPE base 100, linear rope_scaling 2 on the global layers, untied; also written as "
+                    "model.gguf",
+                    dict(num_hidden_layers=6, sliding_window=6, sliding_window_pattern=3, rope_local_base_freq=100.0,
+                         rope_scaling={"rope_type": "linear", "factor": 2.0}, query_pre_attn_scalar=8,
+                         tie_word_embeddings=False), [6, 6, 0, 6, 6, 0], 6),
 }
+
+# The models also written as GGUF (write_gguf), and llama.cpp's architecture for each class.
+GGUF = {"qwen3-gqa", "qwen3-tied", "gemma2-gguf", "gemma3-gguf"}
+GGUF_ARCH = {"Qwen3ForCausalLM": "qwen3", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
+
+
+def write_gguf(folder: pathlib.Path, cls: str) -> None:
+    """The saved model as llama.cpp's converter (convert_hf_to_gguf.py: conversion/qwen.py and
+    gemma.py) writes it, with the gguf package: its metadata keys, tensor names, Gemma's norm
+    weights with 1 added, Gemma 2's lm_head left out (tied), float32 tensors. No tokenizer: the
+    tests compare logits of token ids."""
+    import gguf
+    from safetensors.torch import load_file
+    cfg = json.loads((folder / "config.json").read_text())
+    arch = GGUF_ARCH[cls]
+    L = cfg["num_hidden_layers"]
+    w = gguf.GGUFWriter(str(folder / "model.gguf"), arch)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(L)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if arch != "gemma2":  # the converter's gemma2 leaves the base (10000) to llama.cpp
+        w.add_rope_freq_base(cfg["rope_theta"])
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if arch.startswith("gemma"):
+        w.add_sliding_window(cfg["sliding_window"])
+    if arch == "gemma3":
+        w.add_sliding_window_pattern(cfg["sliding_window_pattern"])
+        w.add_rope_freq_base_swa(cfg["rope_local_base_freq"])
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), L)
+    for name, t in sorted(load_file(str(folder / "model.safetensors")).items()):
+        if arch == "gemma2" and name == "lm_head.weight":
+            continue
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            t = t + 1
+        out = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert out is not None, f"{name}: no GGUF name for {arch}"
+        w.add_tensor(out, t.to(torch.float32).numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def config_class(cls: str):
@@ -134,14 +204,18 @@ def make(name: str) -> dict:
 
     if cls.startswith("Gemma"):
         checks["max_abs_logit_diff_without_windows"] = moved(sliding_window=1 << 20)
-        checks["max_abs_logit_diff_with_scale_head_dim"] = moved(query_pre_attn_scalar=COMMON["head_dim"])
+        if fields["query_pre_attn_scalar"] != COMMON["head_dim"]:
+            checks["max_abs_logit_diff_with_scale_head_dim"] = moved(query_pre_attn_scalar=COMMON["head_dim"])
     if cls == "Gemma2ForCausalLM":
         checks["max_abs_logit_diff_without_attn_softcap"] = moved(attn_logit_softcapping=None)
         checks["max_abs_logit_diff_without_final_softcap"] = moved(final_logit_softcapping=None)
     if cls == "Gemma3ForCausalLM":
         checks["max_abs_logit_diff_with_global_rope_base"] = moved(rope_local_base_freq=COMMON["rope_theta"])
+    if name in GGUF:
+        write_gguf(folder, cls)
     specs = golden.save_rounded(tensors, str(folder / "golden.safetensors"), name)
     return {"name": name, "class": cls, "chapter": chapter, "covers": covers, "seed": seed, "ids": ids,
+            "gguf": name in GGUF,
             "windows": windows, "greedy_ids": tensors["greedy_ids"].tolist(), "checks": checks, "tensors": specs}
 
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "chapters/01_naive_decode/hf_weights.h"
+#include "chapters/09_quantization/gguf_model.h"
 #include "common/json_file.h"
 #include "common/lab.h"
 
@@ -159,6 +160,12 @@ LocalModel load_local(const std::string& path) {
     ch01::Llama m = ch01::load_llama(path);
     const std::int64_t L = m.config.num_layers;
     return {std::move(m), LocalLayout::global(L)};
+  }
+  if (fs::path(path).extension() == ".gguf") {  // chapter 09's reader, with the windows llama.cpp applies
+    const gguf::File f(path);
+    LocalLayout layout;
+    layout.window = ch09::gguf_windows(f, ch09::gguf_config(f));
+    return {ch09::load_gguf_layers(f, layout.window), std::move(layout)};
   }
   const HfConfig hf = load_hf_config(path);
   const TransformerConfig c = parse_transformer_config(hf);

@@ -87,8 +87,10 @@ struct LocalModel {
   const TransformerConfig& config() const { return base.config; }
 };
 
-/// Loads a Mistral, Ministral, Qwen2 or other Llama-family folder (tiny-swa, tiny-hybrid, the
-/// random models of data/golden/window-random) with its windows; a llama2.c file as all global.
+/// Loads a Mistral, Ministral, Qwen2, Qwen3, Gemma 2 / Gemma 3 or other Llama-family folder
+/// (tiny-swa, tiny-hybrid, the random models of data/golden/window-random and family-random) with
+/// its windows; a GGUF file (chapter 09's reader) with the windows llama.cpp reads from it; a
+/// llama2.c file as all global.
 LocalModel load_local(const std::string& path);
 
 /// Reads a Gemma 2 or Gemma 3 text checkpoint (Gemma2ForCausalLM, Gemma3ForCausalLM) as chapter

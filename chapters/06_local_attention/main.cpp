@@ -18,6 +18,7 @@
 
 #include "chapters/00_workload/workload.h"
 #include "chapters/06_local_attention/local.h"
+#include "chapters/09_quantization/gguf_model.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/decode_bench.h"
@@ -390,7 +391,8 @@ int gemma(const std::string& model, const std::vector<std::int64_t>& contexts, s
 
 int generate(const CommonOptions& o) {
   const LocalModel m = load_local(o.model);
-  const auto tok = Tokenizer::for_model(o.model);
+  const bool gguf_file = std::filesystem::path(o.model).extension() == ".gguf";  // its own tokenizer (chapter 09)
+  const auto tok = gguf_file ? ch09::gguf_tokenizer(gguf::File(o.model), "", o.model) : Tokenizer::for_model(o.model);
   const auto prompt = tok->encode(o.prompt);
   ch01::check_context(m.base, prompt.size(), o.max_new_tokens);
   const std::int64_t S = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;

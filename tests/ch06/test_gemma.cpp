@@ -20,7 +20,7 @@ namespace inferlab {
 namespace {
 
 const std::string kFamily = std::string(INFERLAB_DATA_DIR) + "/golden/family-random";
-const std::vector<std::string> kGemma = {"gemma2-alternating", "gemma3-pattern"};
+const std::vector<std::string> kGemma = {"gemma2-alternating", "gemma3-pattern", "gemma2-gguf", "gemma3-gguf"};
 
 nlohmann::json entry(const std::string& name) {
   const auto manifest = load_json(kFamily + "/manifest.json");
@@ -121,6 +121,47 @@ TEST(Gemma, BadFieldsAreRefusedByName) {
   test::write_file(dir + "/config.json", j.dump());
   test::expect_error([&] { ch06::parse_local_layout(load_hf_config(dir), 4); }, {"sliding_window_pattern"});
 }
+
+// The same models as llama.cpp's converter writes them (tools/make_family_goldens.py's model.gguf,
+// norms with Gemma's + 1 added, llama.cpp's metadata keys): the windows llama.cpp reads, the
+// golden logits, and the logits of the Hugging Face folder through the same cache.
+class GemmaGguf : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GemmaGguf, TheGgufIsTheSameModelAsTheFolder) {
+  const std::string name = GetParam(), dir = kFamily + "/" + name;
+  ASSERT_TRUE(std::filesystem::exists(dir + "/model.gguf"))
+      << dir << "/model.gguf is missing (tools/make_family_goldens.py)";
+  ASSERT_TRUE(entry(name)["gguf"].get<bool>());
+  const ch06::LocalModel g = ch06::load_local(dir + "/model.gguf"), hf = ch06::load_local(dir);
+  EXPECT_EQ(g.layout.window, entry(name)["windows"].get<std::vector<std::int64_t>>()) << "the windows llama.cpp applies";
+  const auto &c = g.config(), &h = hf.config();
+  EXPECT_EQ(c.architecture, h.architecture);
+  EXPECT_EQ(c.qk_norm, h.qk_norm);
+  EXPECT_EQ(c.tie_word_embeddings, h.tie_word_embeddings);
+  EXPECT_EQ(c.attn_logit_softcapping, h.attn_logit_softcapping);
+  EXPECT_EQ(c.final_logit_softcapping, h.final_logit_softcapping);
+  EXPECT_EQ(c.query_pre_attn_scalar, h.query_pre_attn_scalar);
+  EXPECT_EQ(c.rope_local_base_freq, h.rope_local_base_freq);
+  EXPECT_EQ(c.rope_scaling.dump(), h.rope_scaling.is_null() ? "null" : h.rope_scaling.dump());
+  const SafetensorsFile gold(dir + "/golden.safetensors");
+  const auto ids = test::ids_of(gold.get("input_ids"));
+  const auto want = gold.get("logits").to_double_vector();
+  const std::int64_t T = static_cast<std::int64_t>(ids.size());
+  ch06::RingKVCache a(c, g.layout, T), b(h, hf.layout, T);
+  const auto got = ch06::forward_cached(g, a, ids, true).to_double_vector();
+  test::expect_golden(c, got, want, name + ".gguf: logits");
+  const auto folder = ch06::forward_cached(hf, b, ids, true).to_double_vector();
+  EXPECT_LE(test::max_diff(got, folder), test::two_path_bound(c, folder)) << "the GGUF against the folder";
+  Sampler s({});
+  const auto greedy = test::ids_of(gold.get("greedy_ids"));
+  EXPECT_EQ(ch06::generate_cached(g, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GemmaGguf, ::testing::Values("gemma2-gguf", "gemma3-gguf"), [](const auto& info) {
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+});
 
 // Soft-capping reaches both attention paths: the reference loop and the threaded kernel agree,
 // and a cap changes the result.
