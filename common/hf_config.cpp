@@ -59,14 +59,20 @@ void read_gemma_fields(const JsonFields& f, const HfConfig& cfg, TransformerConf
   c.post_norms = true;
   c.qk_norm = v3;
   c.hidden_act = f.get_or<std::string>("hidden_activation", f.get_or<std::string>("hidden_act", "gelu_pytorch_tanh"));
-  // A null means none, as transformers reads it; absent means the class's default.
-  auto optional = [&](const char* key, double fallback) {
-    return f.has(key) && cfg.json[key].is_null() ? 0.0 : f.get_or<double>(key, fallback);
+  // A null means none, as transformers reads it; absent means the class's default; a number must
+  // be positive (transformers would divide by a 0).
+  auto positive = [&](const char* key, double v) {
+    IL_CHECK(std::isfinite(v) && v > 0, cfg.path, ": field '", key, "' must be a positive number, got ", v);
+    return v;
   };
-  c.query_pre_attn_scalar = f.get_or<double>("query_pre_attn_scalar", 256);
+  auto optional = [&](const char* key, double fallback) {
+    if (!f.has(key)) return fallback;
+    return cfg.json[key].is_null() ? 0.0 : positive(key, f.get<double>(key));
+  };
+  c.query_pre_attn_scalar = positive("query_pre_attn_scalar", f.get_or<double>("query_pre_attn_scalar", 256));
   c.attn_logit_softcapping = optional("attn_logit_softcapping", v3 ? 0 : 50);
   c.final_logit_softcapping = optional("final_logit_softcapping", v3 ? 0 : 30);
-  if (v3) c.rope_local_base_freq = f.get_or<double>("rope_local_base_freq", 10000);
+  if (v3) c.rope_local_base_freq = positive("rope_local_base_freq", f.get_or<double>("rope_local_base_freq", 10000));
   // transformers multiplies by √D cast to the activations' dtype (bfloat16 turns √3072 = 55.43
   // into 55.5); the checkpoint's dtype is the one a real run computes in.
   const float s = static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));

@@ -81,8 +81,10 @@ Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, con
   const auto& c = m.config;
   const std::int64_t T = h.size(0), N = c.num_heads, K = c.num_kv_heads, H = c.head_dim;
   Tensor q = linear(h, l.wq).view({T, N, H}), k = linear(h, l.wk).view({T, K, H}), v = linear(h, l.wv).view({T, K, H});
-  head_norm(m, q, l.q_norm), head_norm(m, k, l.k_norm);  // Qwen3 and Gemma 3 only
+  // Qwen3's and Gemma 3's per-head norms, before RoPE (nothing for the others):
+  head_norm(m, q, l.q_norm);
   ops::rope(q, pos, rope_freqs(m, l), m.rope_pairing);
+  head_norm(m, k, l.k_norm);
   ops::rope(k, pos, rope_freqs(m, l), m.rope_pairing);
   Tensor a = ops::attention(q, k, v);  // every position sees itself and the ones before it
   return linear(a.view({T, N * H}), l.wo);
@@ -158,6 +160,16 @@ bool llama_family(const std::string& arch) {
   return false;
 }
 
+std::string chapter_that_runs(const std::string& arch) {
+  if (llama_family(arch)) return "chapters 01 to 03 run it (ch01_naive_decode, ch02_kv_cache, ch03_gqa)";
+  if (gemma_family(arch) || arch == "MinistralForCausalLM") return "chapter 06 runs it (ch06_local_attention)";
+  if (arch == "DeepseekV2ForCausalLM" || arch == "DeepseekV3ForCausalLM") return "chapter 04 runs it (ch04_mla)";
+  if (arch == "InferLabCLAForCausalLM") return "chapter 05 runs it (ch05_cla)";
+  if (arch == "MambaForCausalLM" || arch == "InferLabLTIMambaForCausalLM") return "chapter 07 runs it (ch07_mamba)";
+  if (arch == "InferLabMDLMForMaskedDiffusion") return "chapter 08 runs it (ch08_diffusion_lm)";
+  return "no chapter runs it";
+}
+
 Llama load_llama(const std::string& path) {
   namespace fs = std::filesystem;
   IL_CHECK(fs::exists(path), "cannot open model ", path, ": no such file or folder");
@@ -190,7 +202,8 @@ Llama load_llama(const std::string& path) {
            "would attend to everything");
   IL_CHECK(llama_family(arch), hf.path, ": architecture '", arch,
            "' is not a Llama-family decoder this chapter can run (LlamaForCausalLM, MistralForCausalLM, "
-           "Qwen2ForCausalLM, Qwen3ForCausalLM)");
+           "Qwen2ForCausalLM, Qwen3ForCausalLM); ",
+           chapter_that_runs(arch));
   const TransformerConfig c = parse_transformer_config(hf);
   const JsonFields fields(hf.json, hf.path);
   if (arch == "MistralForCausalLM" && fields.has("sliding_window") && !hf.json["sliding_window"].is_null())

@@ -68,6 +68,10 @@ struct Llama {
 /// without a sliding window, Qwen2, ...).
 bool llama_family(const std::string& arch);
 
+/// Where an architecture runs, for a refusal to name it: "chapter 06 runs it (ch06_local_attention)",
+/// "chapters 01 to 03 run it (...)" for the Llama family, or that no chapter does.
+std::string chapter_that_runs(const std::string& arch);
+
 /// Loads a Hugging Face model folder (config.json and safetensors: Llama, Mistral, Qwen2 and
 /// other Llama-family architectures) or a llama2.c checkpoint (.bin). Checks every tensor's
 /// shape against the config and says which one is wrong or missing.

@@ -32,8 +32,10 @@ Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, con
   const Tensor& pos = batch.pos;  // cache
   const std::int64_t T = h.size(0), N = c.num_heads, K = c.num_kv_heads, H = c.head_dim;
   Tensor q = linear(h, l.wq).view({T, N, H}), k = linear(h, l.wk).view({T, K, H}), v = linear(h, l.wv).view({T, K, H});
-  head_norm(m, q, l.q_norm), head_norm(m, k, l.k_norm);  // Qwen3 and Gemma 3 only
+  // Qwen3's and Gemma 3's per-head norms, before RoPE (nothing for the others):
+  head_norm(m, q, l.q_norm);
   ops::rope(q, pos, rope_freqs(m, l), m.rope_pairing);
+  head_norm(m, k, l.k_norm);
   ops::rope(k, pos, rope_freqs(m, l), m.rope_pairing);
   Tensor a = batch.attend(layer, q, k, v);  // cache: keep k and v, attend over every cached position
   return linear(a.view({T, N * H}), l.wo);

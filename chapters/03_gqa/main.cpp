@@ -32,7 +32,8 @@ std::string variant_name(std::int64_t K, std::int64_t N) { return K == N ? "MHA"
 int memory(const CommonOptions& o, std::int64_t seq, double memory_gb) {
   const HfConfig hf = load_hf_config(o.model);
   IL_CHECK(ch01::llama_family(hf.architecture()), hf.path, ": architecture '", hf.architecture(),
-           "' does not keep a Llama-style cache of 2 × L × K × H values per token; this table would be wrong for it");
+           "' does not keep a Llama-style cache of 2 × L × K × H values per token; this table would be wrong for it (",
+           ch01::chapter_that_runs(hf.architecture()), ")");
   const auto base = parse_transformer_config(hf);
   const std::int64_t N = base.num_heads;
   std::printf("%s: N = %lld query heads, H = %lld, L = %lld; S = %lld, f32 cache, %.1f GB budget\n\n", o.model.c_str(),

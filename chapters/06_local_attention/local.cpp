@@ -149,7 +149,8 @@ LocalLayout parse_local_layout(const HfConfig& hf, std::int64_t layers) {
   }
   IL_CHECK(ch01::llama_family(arch), hf.path, ": architecture '", arch,
            "' is not one chapter 06 runs (MistralForCausalLM, MinistralForCausalLM, Qwen2ForCausalLM, "
-           "Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, or another Llama-family decoder without windows)");
+           "Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, or another Llama-family decoder without windows); ",
+           ch01::chapter_that_runs(arch));
   return LocalLayout::global(layers);
 }
 

@@ -106,7 +106,8 @@ TEST(Gemma, BadFieldsAreRefusedByName) {
   };
   for (const Case& k :
        {Case{"attn_logit_softcapping", -1.0}, Case{"final_logit_softcapping", "thirty"}, Case{"query_pre_attn_scalar", -4},
-        Case{"hidden_activation", "relu"}, Case{"sliding_window", 0}, Case{"use_bidirectional_attention", true}}) {
+        Case{"query_pre_attn_scalar", 0}, Case{"attn_logit_softcapping", 0}, Case{"hidden_activation", "relu"},
+        Case{"sliding_window", 0}, Case{"use_bidirectional_attention", true}}) {
     auto j = base;
     j[k.field] = k.value;
     test::write_file(dir + "/config.json", j.dump());
@@ -162,6 +163,22 @@ INSTANTIATE_TEST_SUITE_P(Models, GemmaGguf, ::testing::Values("gemma2-gguf", "ge
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
 });
+
+// A refusal of an architecture names the chapter that runs it.
+TEST(Gemma, RefusalsNameTheChapterThatRuns) {
+  const std::string dir = ::testing::TempDir() + "/other-arch";
+  std::filesystem::create_directories(dir);
+  auto j = load_json(kFamily + "/gemma2-alternating/config.json");
+  for (const auto& [arch, chapter] : {std::pair{"MambaForCausalLM", "chapter 07 runs it (ch07_mamba)"},
+                                      std::pair{"DeepseekV3ForCausalLM", "chapter 04 runs it (ch04_mla)"},
+                                      std::pair{"InferLabMDLMForMaskedDiffusion", "chapter 08"}}) {
+    j["architectures"] = {arch};
+    test::write_file(dir + "/config.json", j.dump());
+    test::expect_error([&] { ch06::parse_local_layout(load_hf_config(dir), 4); }, {arch, chapter});
+    test::expect_error([&] { ch01::load_llama(dir); }, {chapter});
+  }
+  test::expect_error([&] { ch01::load_llama(kFamily + "/gemma3-gguf"); }, {"chapter 06", "ch06_local_attention"});
+}
 
 // Soft-capping reaches both attention paths: the reference loop and the threaded kernel agree,
 // and a cap changes the result.

@@ -22,7 +22,8 @@ class Qwen3Gguf : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Qwen3Gguf, TheGgufIsTheSameModelAsTheFolder) {
   const std::string name = GetParam(), dir = kFamily + "/" + name;
-  ASSERT_TRUE(std::filesystem::exists(dir + "/model.gguf")) << dir << "/model.gguf is missing (tools/make_family_goldens.py)";
+  ASSERT_TRUE(std::filesystem::exists(dir + "/model.gguf"))
+      << dir << "/model.gguf is missing (tools/make_family_goldens.py)";
   const ch01::Llama g = ch09::load_gguf(dir + "/model.gguf"), hf = ch01::load_llama(dir);
   const auto& c = g.config;
   EXPECT_EQ(c.architecture, "Qwen3ForCausalLM");
