@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Tiny random Qwen3, Gemma 2 and Gemma 3 (text) models and their goldens, made by transformers' own classes.
 
+(Also a Llama with Llama 3.2's kind of file, tied head and llama3 RoPE scaling, for its GGUF.)
+
 Qwen3 is a Llama-family decoder with one more piece (an RMSNorm over head_dim of every query and
 key head, before RoPE): chapters 01 and 02 run it. Gemma 2 and Gemma 3 interleave sliding-window
 and global layers, so chapter 06 runs them, with what else their layers do: norms after attention
@@ -55,6 +57,13 @@ MODELS: dict[str, tuple[str, str, str, dict, list[int], int]] = {
                   dict(num_hidden_layers=2, tie_word_embeddings=False), [0, 0], 1),
     "qwen3-tied": ("Qwen3ForCausalLM", "01", "Qwen3 with a tied head (as its small checkpoints are) and MHA",
                    dict(num_hidden_layers=2, num_key_value_heads=4, tie_word_embeddings=True), [0, 0], 2),
+    "llama32-tied": ("LlamaForCausalLM", "01",
+                     "Llama 3.2's shape of file: a tied head (no lm_head tensor) and llama3 rope_scaling (factor 4, "
+                     "original context 16, so that every band of the scaling is used), GQA; also written as model.gguf "
+                     "with llama.cpp's rope_freqs.weight",
+                     dict(num_hidden_layers=2, tie_word_embeddings=True,
+                          rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}), [0, 0], 7),
     "gemma2-alternating": ("Gemma2ForCausalLM", "06",
                            "Gemma 2: local (window 5) and global layers alternating, attention and final "
                            "soft-capping (3 and 4), query_pre_attn_scalar 20, post-block norms, GeGLU, √D embedding, "
@@ -85,8 +94,28 @@ MODELS: dict[str, tuple[str, str, str, dict, list[int], int]] = {
 }
 
 # The models also written as GGUF (write_gguf), and llama.cpp's architecture for each class.
-GGUF = {"qwen3-gqa", "qwen3-tied", "gemma2-gguf", "gemma3-gguf"}
-GGUF_ARCH = {"Qwen3ForCausalLM": "qwen3", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
+GGUF = {"qwen3-gqa", "qwen3-tied", "llama32-tied", "gemma2-gguf", "gemma3-gguf"}
+GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
+
+
+def llama3_rope_factors(cfg: dict) -> torch.Tensor:
+    """llama.cpp's rope_freqs.weight for a llama3 rope_scaling (conversion/llama.py): per pair, the
+    factor its frequency is divided by."""
+    import math
+    r, dim = cfg["rope_scaling"], cfg["head_dim"]
+    freqs = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    lo, hi, old = r["low_freq_factor"], r["high_freq_factor"], r["original_max_position_embeddings"]
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < old / hi:
+            out.append(1)
+        elif wavelen > old / lo:
+            out.append(r["factor"])
+        else:
+            smooth = (old / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - smooth) / r["factor"] + smooth))
+    return torch.tensor(out, dtype=torch.float32)
 
 
 def write_gguf(folder: pathlib.Path, cls: str) -> None:
@@ -124,10 +153,16 @@ def write_gguf(folder: pathlib.Path, cls: str) -> None:
         w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
     w.add_bos_token_id(cfg["bos_token_id"])
     w.add_eos_token_id(cfg["eos_token_id"])
+    if arch == "llama":
+        w.add_rope_dimension_count(cfg["head_dim"])
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg).numpy())
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), L)
     for name, t in sorted(load_file(str(folder / "model.safetensors")).items()):
         if arch == "gemma2" and name == "lm_head.weight":
             continue
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):  # llama.cpp's adjacent-pair order
+            heads = cfg["num_attention_heads"] if name.endswith("q_proj.weight") else cfg["num_key_value_heads"]
+            t = t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             t = t + 1
         out = names.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -202,6 +237,8 @@ def make(name: str) -> dict:
     def moved(**changes) -> float:
         return float((logits_with(folder, ids, **changes) - want).abs().max())
 
+    if cls == "LlamaForCausalLM":
+        checks["max_abs_logit_diff_without_rope_scaling"] = moved(rope_scaling=None)
     if cls.startswith("Gemma"):
         checks["max_abs_logit_diff_without_windows"] = moved(sliding_window=1 << 20)
         if fields["query_pre_attn_scalar"] != COMMON["head_dim"]:

@@ -281,11 +281,10 @@ TransformerConfig gguf_config(const gguf::File& f) {
   if (linear) c.rope_scaling = {{"rope_type", "linear"}, {"factor", positive(k + "rope.scaling.factor")}};
   // Other scaled RoPE (Llama 3.1's frequency factors, YaRN scaling) would run with the wrong
   // frequencies here: refuse it rather than generate from a different model.
-  const bool scaled = (f.has(k + "rope.scaling.type") && f.get_string(k + "rope.scaling.type") != "none" && !linear) ||
-                      f.contains("rope_freqs.weight");
-  IL_CHECK(!scaled, f.path(), ": the model scales its RoPE frequencies (", k,
-           "rope.scaling.* or rope_freqs.weight), "
-           "which this loader does not implement");
+  const bool scaled = f.has(k + "rope.scaling.type") && f.get_string(k + "rope.scaling.type") != "none" && !linear;
+  IL_CHECK(!scaled, f.path(), ": the model scales its RoPE frequencies (", k, "rope.scaling.type '",
+           scaled ? f.get_string(k + "rope.scaling.type") : "", "'), which this loader does not implement (linear, and ",
+           "llama3's factors in rope_freqs.weight, it does)");
   // The project's shared rules (KV heads dividing heads, an even head_dim, size limits), whose
   // messages use config.json's field names.
   c.validate(f.path() + " (" + arch + ".* metadata, named as in a config.json)");
@@ -357,6 +356,16 @@ ch01::Llama load_gguf_layers(const gguf::File& f, const std::vector<std::int64_t
   // qwen2 rotates the two halves of a head, as Hugging Face does, and its rows are as trained.
   m.rope_pairing = c.architecture != "LlamaForCausalLM" ? RopePairing::HalfSplit : RopePairing::Adjacent;
   m.inv_freq = ch01::rope_frequencies(c);
+  // Llama 3's scaling as llama.cpp stores it: one factor per pair that divides its frequency
+  // (the converter computes them from rope_scaling's llama3 fields, as transformers does).
+  if (f.contains("rope_freqs.weight")) {
+    const Tensor factors = dense("rope_freqs.weight", {c.head_dim / 2});
+    for (std::int64_t j = 0; j < c.head_dim / 2; ++j) {
+      const float s = factors.data<float>()[j];
+      IL_CHECK(s > 0, path, ": tensor rope_freqs.weight: factor ", j, " is ", s, ", not positive");
+      m.inv_freq.data<float>()[j] /= s;
+    }
+  }
   // Gemma 3's local layers rotate with a base of their own, unscaled.
   const Tensor local_freq = c.rope_local_base_freq > 0 ? rope_inv_freq(c.head_dim, c.rope_local_base_freq) : Tensor{};
   m.embed = dense("token_embd.weight", {c.vocab_size, c.hidden_size});

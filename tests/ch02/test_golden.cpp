@@ -164,7 +164,9 @@ TEST(Qwen3Golden, TheManifestListsTheModelsThisTestChecks) {
   std::vector<std::string> names;
   for (const auto& e : manifest["models"])
     if (e["chapter"] == "01") names.push_back(e["name"].get<std::string>());
-  EXPECT_EQ(names, kQwen3) << "tools/make_family_goldens.py and this test list different models";
+  auto all = kQwen3;
+  all.push_back("llama32-tied");
+  EXPECT_EQ(names, all) << "tools/make_family_goldens.py and this test list different models";
   EXPECT_EQ(manifest["compute_dtype"], "float64");
 }
 
@@ -189,6 +191,15 @@ INSTANTIATE_TEST_SUITE_P(Models, Qwen3Golden, ::testing::ValuesIn(kQwen3), [](co
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
 });
+
+// Llama 3.2's kind of folder: no lm_head tensor (tie_word_embeddings) and llama3 RoPE scaling.
+TEST(Llama32Golden, TiedHeadAndLlama3ScalingMatchTransformers) {
+  const std::string dir = kFamily + "/llama32-tied";
+  const ch01::Llama m = ch01::load_llama(dir);
+  EXPECT_TRUE(m.tied());
+  EXPECT_FALSE(m.config.rope_scaling.is_null());
+  expect_random_golden(m, dir, "llama32-tied");
+}
 
 // Without its per-head norms a Qwen3 is a different model: the golden would catch a loader that
 // dropped them (the test above), and this says by how much.

@@ -51,6 +51,26 @@ INSTANTIATE_TEST_SUITE_P(Models, Qwen3Gguf, ::testing::Values("qwen3-gqa", "qwen
   return n;
 });
 
+// Llama 3.2's kind of file: no output.weight (the head is the embedding table) and llama3 RoPE
+// scaling as llama.cpp stores it, one factor per pair in rope_freqs.weight; q and k rows in
+// llama.cpp's adjacent-pair order.
+TEST(Llama32Gguf, TiedHeadAndRopeFactorsAreTheFolderSModel) {
+  const std::string dir = kFamily + "/llama32-tied";
+  const ch01::Llama g = ch09::load_gguf(dir + "/model.gguf"), hf = ch01::load_llama(dir);
+  EXPECT_TRUE(g.tied());
+  EXPECT_EQ(g.rope_pairing, RopePairing::Adjacent);
+  const auto fg = g.inv_freq.to_double_vector(), fh = hf.inv_freq.to_double_vector();
+  ASSERT_EQ(fg.size(), fh.size());
+  for (std::size_t j = 0; j < fg.size(); ++j) EXPECT_NEAR(fg[j], fh[j], 1e-6 * fh[j]) << "pair " << j;
+  const SafetensorsFile gold(dir + "/golden.safetensors");
+  const auto ids = test::ids_of(gold.get("input_ids"));
+  const auto want = gold.get("logits").to_double_vector();
+  const auto got = ch01::forward(g, ids, true).to_double_vector();
+  test::expect_golden(g.config, got, want, "llama32-tied.gguf: logits");
+  const auto folder = ch01::forward(hf, ids, true).to_double_vector();
+  EXPECT_LE(test::max_diff(got, folder), test::two_path_bound(g.config, folder)) << "the GGUF against the folder";
+}
+
 TEST(GemmaGguf, RefusedHereNamingChapterSix) {
   for (const char* name : {"gemma2-gguf", "gemma3-gguf"})
     test::expect_error([&] { ch09::load_gguf(kFamily + "/" + name + "/model.gguf"); },
