@@ -508,8 +508,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CommonOptions go;
   go.model = data_dir() + "/models/tiny-swa";
-  auto* sg = app.add_subcommand("generate",
-                                "Text through the ring cache (tiny-swa, tiny-hybrid, or a Mistral/Ministral/Qwen2 folder)");
+  auto* sg = app.add_subcommand(
+      "generate",
+      "Text through the ring cache (tiny-swa, tiny-hybrid, a Mistral/Ministral/Qwen2/Qwen3/Gemma folder, or a GGUF)");
   add_model_option(*sg, go);
   add_generation_options(*sg, go);
   add_json_option(*sg, go.json);
