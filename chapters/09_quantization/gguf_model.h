@@ -37,7 +37,7 @@ ch01::Llama load_gguf(const gguf::File& f);
 /// (gguf_windows) given: they choose the RoPE base of Gemma 3's local layers.
 ch01::Llama load_gguf_layers(const gguf::File& f, const std::vector<std::int64_t>& windows);
 /// Per layer, the sliding window llama.cpp applies (0: global): gemma2 and gemma3 from
-/// <arch>.attention.sliding_window and .sliding_window_pattern, llama.cpp's defaults when absent
+/// ARCH.attention.sliding_window and ARCH.attention.sliding_window_pattern, llama.cpp's defaults when absent
 /// (gemma2: 4096, one layer in 2 global; gemma3: one in 6); 0 for every layer of the others.
 std::vector<std::int64_t> gguf_windows(const gguf::File& f, const TransformerConfig& c);
 
