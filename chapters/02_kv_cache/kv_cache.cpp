@@ -129,17 +129,21 @@ Tensor ContiguousKVCache::v(std::int64_t layer) const { return v_.at(static_cast
 
 // ---------------------------------------------------------------------------------------------
 // A batch: the sequences' new tokens as one list of rows.
-Batch::Batch(const Llama& m, const std::vector<SequenceStep>& seqs, AttendPath how) : path(how) {
+Batch::Batch(const Llama& m, const std::vector<SequenceStep>& seqs, AttendPath how)
+    : Batch(m.config.max_position_embeddings, m.device(), seqs, how) {}
+
+Batch::Batch(std::optional<std::int64_t> context, Device device, const std::vector<SequenceStep>& seqs, AttendPath how)
+    : path(how) {
   IL_CHECK(!seqs.empty(), "forward: an empty batch");
   std::vector<std::int32_t> p;
   begin.push_back(0);
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     const SequenceStep& s = seqs[b];
     IL_CHECK(s.cache != nullptr, "forward: sequence ", b, " of the batch has no cache");
-    IL_CHECK(!s.tokens.empty(), "forward: sequence ", b, " of the batch has no tokens");
+    IL_CHECK(!s.tokens.empty(), "forward: sequence ", b, " of the batch has no new tokens");
     const std::int64_t start = s.cache->length(), T = static_cast<std::int64_t>(s.tokens.size());
-    IL_CHECK(start + T <= m.config.max_position_embeddings, "forward: sequence ", b, " would reach position ", start + T,
-             ", beyond the model's context of ", m.config.max_position_embeddings);
+    IL_CHECK(!context || start + T <= *context, "forward: sequence ", b, " would reach position ", start + T,
+             ", beyond the model's context of ", context.value_or(0));
     for (std::int64_t t = 0; t < T; ++t) {
       tokens.push_back(s.tokens[static_cast<std::size_t>(t)]);
       // EXERCISE 02.2 BEGIN: the position of a new token
@@ -153,7 +157,7 @@ Batch::Batch(const Llama& m, const std::vector<SequenceStep>& seqs, AttendPath h
     begin.push_back(begin.back() + T);
     caches.push_back(s.cache);
   }
-  pos = Tensor::from_vector(p, {static_cast<std::int64_t>(p.size())}).to(m.device());
+  pos = Tensor::from_vector(p, {static_cast<std::int64_t>(p.size())}).to(device);
 }
 
 Tensor Batch::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v) const {
@@ -162,14 +166,15 @@ Tensor Batch::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const
   for (std::size_t b = 0; b < caches.size(); ++b) {
     const std::int64_t r0 = begin[b], r1 = begin[b + 1];
     auto rows = [&](const Tensor& t) { return t.defined() ? t.slice(0, r0, r1) : t; };  // k, v undefined: chapter 05
+    KVCache& kv = cache<KVCache>(b, "a cache of keys and values");
     CachedKV where;
-    if (path == AttendPath::Batched && k.defined() && caches[b]->store(layer, rows(k), rows(v), where)) {
+    if (path == AttendPath::Batched && k.defined() && kv.store(layer, rows(k), rows(v), where)) {
       where.q_begin = r0, where.q_end = r1;
       batched.push_back(std::move(where));
       continue;
     }
     Tensor ob = out.slice(0, r0, r1);
-    caches[b]->attend(layer, q.slice(0, r0, r1), rows(k), rows(v), ob);
+    kv.attend(layer, q.slice(0, r0, r1), rows(k), rows(v), ob);
   }
   if (!batched.empty()) ops::attention_cached(q, batched, out);
   return out;

@@ -102,10 +102,11 @@ class ContiguousKVCache : public RowCache {
 };
 
 /// One sequence's part of a batched forward pass: its new tokens (a whole prompt, a prefill
-/// chunk or one decode token) and the cache holding everything before them.
+/// chunk or one decode token) and the cache holding everything before them: a KVCache for an
+/// attention model, any Cache for a model whose layers keep something else (chapter 07's state).
 struct SequenceStep {
   std::vector<std::int32_t> tokens;
-  KVCache* cache = nullptr;
+  Cache* cache = nullptr;
   bool all_logits = false;  ///< logits for every new token (verification, perplexity), else the last one's
 };
 
@@ -120,14 +121,27 @@ struct Batch {
   std::vector<std::int32_t> tokens;  ///< all new tokens, sequence after sequence
   Tensor pos;                        ///< I32: each row's position in its own sequence
   std::vector<std::int64_t> begin;   ///< sequence b owns rows begin[b] .. begin[b+1] - 1
-  std::vector<KVCache*> caches;
+  std::vector<Cache*> caches;
   std::vector<std::int64_t> logit_rows;  ///< the rows whose logits the forward pass returns
   AttendPath path = AttendPath::Batched;
 
+  /// The batch of an attention model: positions checked against its context.
   Batch(const ch01::Llama& m, const std::vector<SequenceStep>& seqs, AttendPath path = AttendPath::Batched);
+  /// Any model's batch on `device`: positions checked against `context` where the model has one
+  /// (a state-space model has none).
+  Batch(std::optional<std::int64_t> context, Device device, const std::vector<SequenceStep>& seqs,
+        AttendPath path = AttendPath::Batched);
   /// Attention of every sequence's rows against its own cache (which stores k and v first; both
   /// undefined for a layer that projects none and reads what another layer stored, chapter 05).
   Tensor attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v) const;
+  /// Sequence b's cache as the kind a layer needs (a KVCache for attention, chapter 07's state for
+  /// its mixer); a cache of another kind is refused by name.
+  template <class C>
+  C& cache(std::size_t b, const char* kind) const {
+    auto* c = dynamic_cast<C*>(caches.at(b));
+    IL_CHECK(c != nullptr, "forward: the cache of sequence ", b, " is not ", kind);
+    return *c;
+  }
   /// The rows of x named by logit_rows.
   Tensor logits_input(const Tensor& x) const;
 };

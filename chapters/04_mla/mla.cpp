@@ -103,12 +103,6 @@ Tensor repeat_heads(const Tensor& x, std::int64_t N) {
   return y;
 }
 
-LatentCache& latent(ch02::KVCache* c, std::size_t b) {
-  auto* l = dynamic_cast<LatentCache*>(c);
-  IL_CHECK(l != nullptr, "MLA forward: the cache of sequence ", b, " is not a LatentCache");
-  return *l;
-}
-
 }  // namespace
 
 Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h, const ch02::Batch& batch,
@@ -127,7 +121,7 @@ Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h
   Tensor o = Tensor::empty({T, N, dv}, DType::F32);
   for (std::size_t b = 0; b < batch.caches.size(); ++b) {
     const std::int64_t r0 = batch.begin[b], r1 = batch.begin[b + 1], Tb = r1 - r0;
-    LatentCache& cache = latent(batch.caches[b], b);
+    LatentCache& cache = batch.cache<LatentCache>(b, "a LatentCache (MLA keeps latent rows)");
     const Tensor qb = q.slice(0, r0, r1);
     Tensor ob = o.slice(0, r0, r1);
     if (path == MlaPath::Plain) {

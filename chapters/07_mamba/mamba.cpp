@@ -318,17 +318,18 @@ Tensor& MambaState::ssm(std::int64_t layer) {
 }
 
 // --- the forward pass ------------------------------------------------------------------------
-Tensor mixer_block(const MambaModel& m, std::int64_t layer, const Tensor& h, const std::vector<SequenceStep>& seqs,
-                   const std::vector<std::int64_t>& begin, ScanPath path) {
+Tensor mixer_block(const MambaModel& m, std::int64_t layer, const Tensor& h, const ch02::Batch& batch, ScanPath path) {
   const MambaConfig& c = m.config;
   const MambaLayer& l = m.layers[static_cast<std::size_t>(layer)];
   const std::int64_t T = h.size(0), E = c.inner_size, N = c.state_size;
   const Tensor xz = linear(h, l.in_proj);  // [T, 2E]: the input branch x, then the gate z
   Tensor u = Tensor::empty({T, E}, DType::F32, h.device());
-  for (std::size_t b = 0; b < seqs.size(); ++b) {  // the convolution reads each sequence's own last inputs
+  const std::vector<std::int64_t>& begin = batch.begin;
+  auto state = [&](std::size_t b) -> MambaState& { return batch.cache<MambaState>(b, "a MambaState"); };
+  for (std::size_t b = 0; b < batch.caches.size(); ++b) {  // the convolution reads each sequence's own last inputs
     Tensor u_b = u.slice(0, begin[b], begin[b + 1]);
     const Tensor x_b = xz.slice(0, begin[b], begin[b + 1]).slice(1, 0, E);
-    Tensor& conv_state = seqs[b].state->conv(layer);
+    Tensor& conv_state = state(b).conv(layer);
     if (path == ScanPath::Reference) ref::causal_conv(x_b, l.conv_w, l.conv_b, conv_state, u_b);
     else causal_conv(x_b, l.conv_w, l.conv_b, conv_state, u_b);
   }
@@ -338,7 +339,7 @@ Tensor mixer_block(const MambaModel& m, std::int64_t layer, const Tensor& h, con
     dt = linear(linear(u, l.x_dt), l.dt_proj);  // [T, R] -> [T, E], softplus in the scan
   }
   Tensor y = Tensor::empty({T, E}, DType::F32, h.device());
-  for (std::size_t b = 0; b < seqs.size(); ++b) {
+  for (std::size_t b = 0; b < batch.caches.size(); ++b) {
     const std::int64_t r0 = begin[b], r1 = begin[b + 1];
     ScanInputs in;
     in.u = u.slice(0, r0, r1), in.z = xz.slice(0, r0, r1).slice(1, E, 2 * E), in.A = l.A, in.D = l.D;
@@ -349,49 +350,35 @@ Tensor mixer_block(const MambaModel& m, std::int64_t layer, const Tensor& h, con
       in.B = bc.slice(0, r0, r1).slice(1, 0, N), in.C = bc.slice(0, r0, r1).slice(1, N, 2 * N);
     }
     Tensor y_b = y.slice(0, r0, r1);
-    Tensor& state = seqs[b].state->ssm(layer);
+    Tensor& ssm = state(b).ssm(layer);
     switch (path) {
-      case ScanPath::Reference: ref::selective_scan(in, state, y_b); break;
-      case ScanPath::Fast: selective_scan(in, state, y_b); break;
-      case ScanPath::Parallel: parallel_scan(in, state, y_b); break;
-      case ScanPath::Convolution: lti_convolution(in, state, y_b); break;
+      case ScanPath::Reference: ref::selective_scan(in, ssm, y_b); break;
+      case ScanPath::Fast: selective_scan(in, ssm, y_b); break;
+      case ScanPath::Parallel: parallel_scan(in, ssm, y_b); break;
+      case ScanPath::Convolution: lti_convolution(in, ssm, y_b); break;
     }
   }
   return linear(y, l.out_proj);
 }
 
 Tensor forward(const MambaModel& m, std::vector<SequenceStep>& seqs, ScanPath path) {
-  IL_CHECK(!seqs.empty(), "forward: no sequences");
-  std::vector<std::int32_t> tokens;
-  std::vector<std::int64_t> begin = {0}, logit_rows;
   for (std::size_t b = 0; b < seqs.size(); ++b) {
-    const SequenceStep& s = seqs[b];
-    IL_CHECK(s.state != nullptr, "forward: sequence ", b, " has no state");
-    IL_CHECK(!s.tokens.empty(), "forward: sequence ", b, " has no new tokens");
-    IL_CHECK(s.state->device() == m.device(), "forward: sequence ", b, "'s state is on ", device_name(s.state->device()),
+    const auto* s = dynamic_cast<const MambaState*>(seqs[b].cache);
+    IL_CHECK(s != nullptr, "forward: sequence ", b, " has no MambaState");
+    IL_CHECK(s->device() == m.device(), "forward: sequence ", b, "'s state is on ", device_name(s->device()),
              ", the model on ", device_name(m.device()));
-    IL_CHECK(path != ScanPath::Convolution || s.state->length() == 0,
-             "forward: the convolution path runs from an empty "
-             "state; sequence ",
-             b, " has ", s.state->length(), " positions (decode with the scan)");
-    tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
-    const std::int64_t end = begin.back() + static_cast<std::int64_t>(s.tokens.size());
-    for (std::int64_t r = s.all_logits ? begin.back() : end - 1; r < end; ++r) logit_rows.push_back(r);
-    begin.push_back(end);
+    IL_CHECK(path != ScanPath::Convolution || s->length() == 0,
+             "forward: the convolution path runs from an empty state; sequence ", b, " has ", s->length(),
+             " positions (decode with the scan)");
   }
-  Tensor x = ch01::embed(m.skeleton, tokens);  // [rows, D]: the residual stream (chapter 01's)
+  const ch02::Batch batch(std::nullopt, m.device(), seqs);  // chapter 02's rows; a state has no context limit
+  Tensor x = ch01::embed(m.skeleton, batch.tokens);         // [rows, D]: the residual stream (chapter 01's)
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
     const Tensor h = ch01::norm(m.skeleton, x, m.layers[i].norm);
-    x = ops::add(x, mixer_block(m, static_cast<std::int64_t>(i), h, seqs, begin, path));  // no MLP: the mixer is the block
+    x = ops::add(x, mixer_block(m, static_cast<std::int64_t>(i), h, batch, path));  // no MLP: the mixer is the block
   }
-  for (std::size_t b = 0; b < seqs.size(); ++b) seqs[b].state->commit(begin[b + 1] - begin[b]);
-  if (static_cast<std::int64_t>(logit_rows.size()) == x.size(0)) return ch01::head(m.skeleton, x);
-  Tensor rows = Tensor::empty({static_cast<std::int64_t>(logit_rows.size()), x.size(1)}, DType::F32, x.device());
-  for (std::size_t i = 0; i < logit_rows.size(); ++i) {
-    const auto r = static_cast<std::int64_t>(i);
-    rows.slice(0, r, r + 1).copy_from(x.slice(0, logit_rows[i], logit_rows[i] + 1));
-  }
-  return ch01::head(m.skeleton, rows);
+  for (SequenceStep& s : seqs) s.cache->commit(static_cast<std::int64_t>(s.tokens.size()));
+  return ch01::head(m.skeleton, batch.logits_input(x));
 }
 
 Tensor forward_cached(const MambaModel& m, MambaState& state, const std::vector<std::int32_t>& tokens, bool all_positions,

@@ -132,19 +132,17 @@ class MambaState : public ch02::Cache {
 /// empty state, one convolution.
 enum class ScanPath { Reference, Fast, Parallel, Convolution };
 
-/// One sequence's part of a batched forward pass: its new tokens and the state before them.
-struct SequenceStep {
-  std::vector<std::int32_t> tokens;
-  MambaState* state = nullptr;
-  bool all_logits = false;  ///< logits for every new token, else the last one's
-};
+/// One sequence's part of a batched forward pass: chapter 02's, with the sequence's MambaState
+/// as its cache.
+using ch02::SequenceStep;
 
 /// The mixer of layer `layer` over the rows of all sequences (h [rows, D], already normed): the
-/// projections once for all rows, the convolution and the scan per sequence against its state.
-Tensor mixer_block(const MambaModel& m, std::int64_t layer, const Tensor& h, const std::vector<SequenceStep>& seqs,
-                   const std::vector<std::int64_t>& begin, ScanPath path);
+/// projections once for all rows, the convolution and the scan per sequence against its state
+/// (the batch's cache b).
+Tensor mixer_block(const MambaModel& m, std::int64_t layer, const Tensor& h, const ch02::Batch& batch, ScanPath path);
 
-/// Chapter 02's batch step with the mixer in place of attention and MLP: every sequence's new
+/// Chapter 02's batch step with the mixer in place of attention and MLP: the same Batch (rows,
+/// positions, the rows whose logits are wanted), the states as the caches. Every sequence's new
 /// tokens continue the sequence its state holds, and the states advance. Returns the logits of
 /// each sequence's last new token (all of them where all_logits is set), sequence after sequence.
 Tensor forward(const MambaModel& m, std::vector<SequenceStep>& seqs, ScanPath path = ScanPath::Fast);

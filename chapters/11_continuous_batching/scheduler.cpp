@@ -121,13 +121,4 @@ std::vector<Scheduled> Scheduler::schedule() {
   return plan;
 }
 
-std::unique_ptr<Sequence> Scheduler::finish(Sequence* s) {
-  const auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == s; });
-  IL_CHECK(it != running_.end(), "scheduler: request ", s->request.id, " is not running");
-  std::unique_ptr<Sequence> done = std::move(*it);
-  running_.erase(it);
-  pool_.free(*done);
-  return done;
-}
-
 }  // namespace inferlab::ch11

@@ -59,10 +59,8 @@ class Scheduler {
   void add(std::unique_ptr<Sequence> s);
   /// This iteration's work. Every running sequence advances, unless it is preempted.
   std::vector<Scheduled> schedule();
-  /// A running sequence that finished: its cache goes back to the pool and it leaves.
-  std::unique_ptr<Sequence> finish(Sequence* s);
-  /// A sequence that leaves early, running or waiting (a client went away, a stop string hit):
-  /// its cache goes back to the pool. Null when it is neither.
+  /// A sequence that leaves, running or waiting: one that finished, or one that leaves early (a
+  /// client went away, a stop string hit). Its cache goes back to the pool. Null when it is neither.
   std::unique_ptr<Sequence> remove(const Sequence* s);
   /// A sequence forked from a running one: it waits at the front of the queue, holding its cache,
   /// after any forks queued before it (admitted in the slots its parent kept for it).

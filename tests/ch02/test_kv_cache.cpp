@@ -358,7 +358,7 @@ TEST(BatchStep, MixedPrefillChunksAndDecodeTokensEqualEachSequenceAlone) {
   for (std::size_t b = 0; b < plan.size(); ++b) EXPECT_EQ(batched[b]->length(), alone[b]->length());
   // Entries the batch cannot run are errors that name the sequence.
   std::vector<ch02::SequenceStep> bad = {{{1}, batched[0].get()}, {{}, batched[1].get()}};
-  expect_error([&] { ch02::forward(m, bad); }, {"sequence 1", "no tokens"});
+  expect_error([&] { ch02::forward(m, bad); }, {"sequence 1", "no new tokens"});
   bad = {{{1}, nullptr}};
   expect_error([&] { ch02::forward(m, bad); }, {"sequence 0", "no cache"});
 }

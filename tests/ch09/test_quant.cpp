@@ -852,6 +852,8 @@ TEST(Gguf, BadTensorTablesAreClearErrorsNotCrashes) {
       {{16}, ~std::uint64_t{0} - 63, "runs past the end"},  // offset + bytes wrapped past 2^64: garbage read
       {{16}, std::uint64_t{1} << 63, "runs past the end"},
       {{17}, 0, "runs past the end"},
+      // A header that claims 16 TB names that tensor and those bytes, before anything is allocated.
+      {{std::uint64_t{1} << 22, std::uint64_t{1} << 20}, 0, "(17592186044416 bytes at offset 0) runs past the end"},
       {{16}, 4, "not a multiple of the alignment 32"},
   };
   for (const auto& c : cases) {

@@ -163,7 +163,8 @@ TEST(Scheduler, InvariantsHoldUnderTenThousandRandomEvents) {
 
       for (Sequence* q : execute(plan))
         if (q->generated() >= q->request.max_new_tokens || coin(rng) < 3) {  // its length, or a stop id
-          const auto out = s.finish(q);
+          const auto out = s.remove(q);
+          ASSERT_NE(out, nullptr);
           ASSERT_TRUE(done.insert(out->request.id).second) << "finished twice";
           ASSERT_EQ(out->cache, nullptr);
           ++finished;
@@ -202,7 +203,7 @@ TEST(Scheduler, StaticHoldsTheBatchContinuousRefillsIt) {
       for (const Scheduled& p : plan)
         if (p.seq->request.id == 3 && fourth_admitted < 0) fourth_admitted = step;
       for (Sequence* q : execute(plan))
-        if (q->generated() >= q->request.max_new_tokens) s.finish(q);
+        if (q->generated() >= q->request.max_new_tokens) s.remove(q);
     }
     if (policy == Policy::Static) {
       EXPECT_EQ(fourth_admitted, 101);  // after the 100-token request's 100 steps
