@@ -129,6 +129,8 @@ TransformerConfig parse_transformer_config(const HfConfig& cfg) {
            ": field 'partial_rotary_factor' is not 1: RoPE here rotates the whole head");
   if (f.has("head_dim")) {
     c.head_dim = f.get<std::int64_t>("head_dim");
+  } else if (gemma) {
+    c.head_dim = 256;  // Gemma's classes' default, whatever hidden_size / num_attention_heads is
   } else if (c.num_heads > 0) {
     IL_CHECK(c.hidden_size % c.num_heads == 0, cfg.path, ": hidden_size ", c.hidden_size,
              " is not a multiple of num_attention_heads ", c.num_heads, " (and no head_dim is given)");
