@@ -116,6 +116,10 @@ TEST(Gemma, BadFieldsAreRefusedByName) {
         {dir + "/config.json", k.field});
   }
   auto j = base;
+  j.erase("head_dim");  // Gemma's default, not hidden_size / num_attention_heads (8 here)
+  test::write_file(dir + "/config.json", j.dump());
+  EXPECT_EQ(parse_transformer_config(load_hf_config(dir)).head_dim, 256);
+  j = base;
   j["architectures"] = {"Gemma3ForCausalLM"};
   j["sliding_window_pattern"] = 0;
   j.erase("layer_types");
