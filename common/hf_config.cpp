@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "common/dtype.h"
 #include "common/json_file.h"
 #include "common/lab.h"
 
@@ -46,6 +47,44 @@ std::vector<std::int64_t> eos_token_ids(const HfConfig& cfg) {
   return ids;
 }
 
+bool gemma_family(const std::string& arch) { return arch == "Gemma2ForCausalLM" || arch == "Gemma3ForCausalLM"; }
+
+namespace {
+
+// Gemma 2 and 3 (transformers 4.57's Gemma2Config, Gemma3TextConfig): a Llama-family layer with
+// norms after each block as well, GeGLU, √D-scaled embeddings, its own attention scale, soft-
+// capping (Gemma 2), per-head q/k norms and a second RoPE base for local layers (Gemma 3).
+void read_gemma_fields(const JsonFields& f, const HfConfig& cfg, TransformerConfig& c) {
+  const bool v3 = c.architecture == "Gemma3ForCausalLM";
+  c.post_norms = true;
+  c.qk_norm = v3;
+  c.hidden_act = f.get_or<std::string>("hidden_activation", f.get_or<std::string>("hidden_act", "gelu_pytorch_tanh"));
+  // A null means none, as transformers reads it; absent means the class's default; a number must
+  // be positive (transformers would divide by a 0).
+  auto positive = [&](const char* key, double v) {
+    IL_CHECK(std::isfinite(v) && v > 0, cfg.path, ": field '", key, "' must be a positive number, got ", v);
+    return v;
+  };
+  auto optional = [&](const char* key, double fallback) {
+    if (!f.has(key)) return fallback;
+    return cfg.json[key].is_null() ? 0.0 : positive(key, f.get<double>(key));
+  };
+  c.query_pre_attn_scalar = positive("query_pre_attn_scalar", f.get_or<double>("query_pre_attn_scalar", 256));
+  c.attn_logit_softcapping = optional("attn_logit_softcapping", v3 ? 0 : 50);
+  c.final_logit_softcapping = optional("final_logit_softcapping", v3 ? 0 : 30);
+  if (v3) c.rope_local_base_freq = positive("rope_local_base_freq", f.get_or<double>("rope_local_base_freq", 10000));
+  // transformers multiplies by √D cast to the activations' dtype (bfloat16 turns √3072 = 55.43
+  // into 55.5); the checkpoint's dtype is the one a real run computes in.
+  const float s = static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
+  c.embed_scale = c.torch_dtype == "bfloat16"  ? bf16_to_f32(f32_to_bf16(s))
+                  : c.torch_dtype == "float16" ? f16_to_f32(f32_to_f16(s))
+                                               : std::sqrt(static_cast<double>(c.hidden_size));
+  IL_CHECK(!f.get_or<bool>("use_bidirectional_attention", false), cfg.path,
+           ": field 'use_bidirectional_attention' is true (an embedding model); the decoders here are causal");
+}
+
+}  // namespace
+
 std::string where_it_runs(const std::string& a) {
   const char* where = nullptr;
   if (a == "DeepseekV2ForCausalLM" || a == "DeepseekV3ForCausalLM") where = "chapter 04, ch04_mla";
@@ -55,7 +94,9 @@ std::string where_it_runs(const std::string& a) {
   if (a == "InferLabCLAForCausalLM") where = "chapter 05, ch05_cla";
   if (a == "MambaForCausalLM" || a == "InferLabLTIMambaForCausalLM") where = "chapter 07, ch07_mamba";
   if (a == "InferLabMDLMForMaskedDiffusion") where = "chapter 08, ch08_diffusion_lm";
-  for (const char* llama : {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "InternLM2ForCausalLM"})
+  if (gemma_family(a)) where = "chapter 06, ch06_local_attention (its local and global layers)";
+  for (const char* llama :
+       {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "InternLM2ForCausalLM"})
     if (a == llama) where = "chapter 01 and every chapter after it, ch01_naive_decode on";
   return where == nullptr ? "" : std::string(" (it runs in ") + where + ")";
 }
@@ -74,7 +115,9 @@ TransformerConfig parse_transformer_config(const HfConfig& cfg) {
   c.rms_norm_eps = f.get_or<double>("rms_norm_eps", 1e-6);
   c.rope_theta = f.get_or<double>("rope_theta", 10000.0);
   if (f.has("rope_scaling")) c.rope_scaling = cfg.json["rope_scaling"];
-  c.tie_word_embeddings = f.get_or<bool>("tie_word_embeddings", false);
+  const bool gemma = gemma_family(c.architecture);
+  // Gemma's classes tie by default, so save_pretrained leaves the field out.
+  c.tie_word_embeddings = f.get_or<bool>("tie_word_embeddings", gemma);
   // Qwen2's q/k/v biases are implied by its architecture rather than a config field. Llama's
   // attention_bias puts a bias on all four attention projections, o_proj too (transformers'
   // LlamaAttention: bias=config.attention_bias for q_proj, k_proj, v_proj and o_proj).
@@ -83,20 +126,30 @@ TransformerConfig parse_transformer_config(const HfConfig& cfg) {
   // Qwen2-MoE names its q/k/v biases qkv_bias (default true).
   if (c.architecture == "Qwen2MoeForCausalLM" || cfg.model_type() == "qwen2_moe")
     c.attention_bias = f.get_or<bool>("qkv_bias", true);
-  c.attention_out_bias = c.attention_bias && c.architecture == "LlamaForCausalLM";
+  c.attention_out_bias =
+      c.attention_bias && (c.architecture == "LlamaForCausalLM" || c.architecture == "Qwen3ForCausalLM" || gemma);
+  c.qk_norm = c.architecture == "Qwen3ForCausalLM";  // Qwen3's q_norm and k_norm
   c.mlp_bias = f.get_or<bool>("mlp_bias", false);
   c.torch_dtype = f.get_or<std::string>("torch_dtype", f.get_or<std::string>("dtype", ""));
   if (f.has("bos_token_id")) c.bos_token_id = f.get<std::int64_t>("bos_token_id");
   c.eos_token_ids = eos_token_ids(cfg);
   // Fields that change what a Llama-family layer computes: implemented, or refused by name
   // rather than run as a different model (rope_scaling is checked in validate()).
-  const std::string act = f.get_or<std::string>("hidden_act", "silu");
-  IL_CHECK(act == "silu" || act == "swish", cfg.path, ": field 'hidden_act' is '", act,
-           "'; the gated MLP here computes SiLU ('silu' or 'swish')");
+  if (gemma) {
+    read_gemma_fields(f, cfg, c);
+    IL_CHECK(c.hidden_act == "gelu_pytorch_tanh", cfg.path, ": field 'hidden_activation' is '", c.hidden_act,
+             "'; Gemma's MLP here computes GeGLU with the tanh GELU ('gelu_pytorch_tanh')");
+  } else {
+    const std::string act = f.get_or<std::string>("hidden_act", "silu");
+    IL_CHECK(act == "silu" || act == "swish", cfg.path, ": field 'hidden_act' is '", act,
+             "'; the gated MLP here computes SiLU ('silu' or 'swish')");
+  }
   IL_CHECK(f.get_or<double>("partial_rotary_factor", 1.0) == 1.0, cfg.path,
            ": field 'partial_rotary_factor' is not 1: RoPE here rotates the whole head");
   if (f.has("head_dim")) {
     c.head_dim = f.get<std::int64_t>("head_dim");
+  } else if (gemma) {
+    c.head_dim = 256;  // Gemma's classes' default, whatever hidden_size / num_attention_heads is
   } else if (c.num_heads > 0) {
     IL_CHECK(c.hidden_size % c.num_heads == 0, cfg.path, ": hidden_size ", c.hidden_size,
              " is not a multiple of num_attention_heads ", c.num_heads, " (and no head_dim is given)");
@@ -129,6 +182,17 @@ void TransformerConfig::validate(const std::string& where) const {
   IL_CHECK(rms_norm_eps > 0 && rms_norm_eps <= std::numeric_limits<float>::max() && static_cast<float>(rms_norm_eps) > 0,
            where, ": rms_norm_eps must be positive and within float32's range, got ", rms_norm_eps);
   IL_CHECK(std::isfinite(rope_theta) && rope_theta > 0, where, ": rope_theta must be positive, got ", rope_theta);
+  IL_CHECK(hidden_act == "silu" || hidden_act == "gelu_pytorch_tanh", where, ": hidden activation '", hidden_act,
+           "' is not one the MLP computes (silu, gelu_pytorch_tanh)");
+  // The Gemma fields: each finite, a scale positive, a cap or base 0 (none) or positive.
+  IL_CHECK(std::isfinite(embed_scale) && embed_scale > 0, where, ": the embedding scale must be positive, got ",
+           embed_scale);
+  for (auto [name, v] : {std::pair{"query_pre_attn_scalar", query_pre_attn_scalar},
+                         std::pair{"attn_logit_softcapping", attn_logit_softcapping},
+                         std::pair{"final_logit_softcapping", final_logit_softcapping},
+                         std::pair{"rope_local_base_freq", rope_local_base_freq}})
+    IL_CHECK(std::isfinite(v) && v >= 0 && v <= 1e12, where, ": field '", name, "' must be a positive number (or ",
+             "absent), got ", v);
   // A token id outside the vocabulary is never sampled: generation would not stop at that EOS.
   std::vector<std::pair<const char*, std::int64_t>> ids;
   if (bos_token_id) ids.emplace_back("bos_token_id", *bos_token_id);
@@ -199,7 +263,8 @@ std::int64_t TransformerConfig::num_parameters() const {
   const std::int64_t q = D * num_heads * H, kv = 2 * D * num_kv_heads * H, o = num_heads * H * D;
   const std::int64_t bias = (attention_bias ? (num_heads + 2 * num_kv_heads) * H : 0) + (attention_out_bias ? D : 0);
   const std::int64_t mlp = 3 * D * F + (mlp_bias ? 2 * F + D : 0);
-  const std::int64_t per_layer = q + kv + o + bias + mlp + 2 * D;  // two RMSNorm weights
+  const std::int64_t norms = (post_norms ? 4 : 2) * D + (qk_norm ? 2 * H : 0);  // RMSNorm weights
+  const std::int64_t per_layer = q + kv + o + bias + mlp + norms;
   // An MoE layer's router and experts in place of its dense MLP.
   std::int64_t moe_extra = 0;
   for (std::int64_t i = 0; moe && i < num_layers; ++i)

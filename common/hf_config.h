@@ -48,6 +48,15 @@ struct TransformerConfig {
   bool attention_bias = false;       ///< q/k/v projections have biases (Qwen2; Llama's attention_bias)
   bool attention_out_bias = false;   ///< so has the output projection (Llama's attention_bias, not Qwen2)
   bool mlp_bias = false;             ///< gate, up and down projections have biases (Llama's mlp_bias)
+  // Qwen3 and Gemma 2 / 3; each default is the plain Llama's.
+  bool qk_norm = false;                ///< RMSNorm of every query and key head over head_dim, before RoPE (Qwen3, Gemma 3)
+  bool post_norms = false;             ///< RMSNorm of each block's output before the residual add too (Gemma 2 / 3)
+  std::string hidden_act = "silu";     ///< the gated MLP's activation: "silu" or "gelu_pytorch_tanh" (Gemma)
+  double embed_scale = 1.0;            ///< multiplies the embeddings (Gemma: √D in the weights' dtype)
+  double query_pre_attn_scalar = 0;    ///< attention scale 1/√this (Gemma); 0: 1/√head_dim
+  double attn_logit_softcapping = 0;   ///< c of c·tanh(s/c) on attention scores (Gemma 2); 0: none
+  double final_logit_softcapping = 0;  ///< the same on the logits (Gemma 2); 0: none
+  double rope_local_base_freq = 0;     ///< RoPE base of sliding-window layers, unscaled (Gemma 3); 0: rope_theta
   std::optional<std::int64_t> bos_token_id;
   std::vector<std::int64_t> eos_token_ids;
   std::string torch_dtype;  ///< the dtype the weights were saved in, e.g. "bfloat16"
@@ -94,7 +103,12 @@ std::vector<std::int64_t> eos_token_ids(const HfConfig& cfg);
 /// so that a model given to the wrong chapter names the right one.
 std::string where_it_runs(const std::string& architecture);
 
-/// Reads a Llama-family config (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, ...),
+/// Whether an architecture is Gemma 2 or Gemma 3's text model (Gemma2ForCausalLM,
+/// Gemma3ForCausalLM), whose layers chapter 06 runs.
+bool gemma_family(const std::string& arch);
+
+/// Reads a Llama-family config (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+/// Qwen3ForCausalLM, and Gemma2ForCausalLM / Gemma3ForCausalLM with their extra fields),
 /// checking that the fields agree (heads divide hidden size, KV heads divide heads, ...).
 TransformerConfig parse_transformer_config(const HfConfig& cfg);
 

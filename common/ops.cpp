@@ -105,13 +105,24 @@ void softmax(const Tensor& x, const Tensor& out) {
   metrics::count("softmax", 4.0 * static_cast<double>(x.numel()), bytes(x) + bytes(out));
 }
 
-void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
-  want(gate, "swiglu", "gate"), want(up, "swiglu", "up"), want(out, "swiglu", "out");
-  want_dtype(gate, DType::F32, "swiglu", "gate"), want_dtype(up, DType::F32, "swiglu", "up");
-  want_dtype(out, DType::F32, "swiglu", "out");
-  same_device("swiglu", {&gate, &up, &out});
-  same_shape(gate, up, "swiglu", "gate", "up"), same_shape(gate, out, "swiglu", "gate", "out");
-  metrics::count("swiglu", 5.0 * static_cast<double>(gate.numel()), bytes(gate) + bytes(up) + bytes(out));
+namespace {
+// The gated MLP's activations: gate, up and out F32 of one shape, on one device.
+void gated(const char* op, const Tensor& gate, const Tensor& up, const Tensor& out, double flops_per_element) {
+  want(gate, op, "gate"), want(up, op, "up"), want(out, op, "out");
+  want_dtype(gate, DType::F32, op, "gate"), want_dtype(up, DType::F32, op, "up"), want_dtype(out, DType::F32, op, "out");
+  same_device(op, {&gate, &up, &out});
+  same_shape(gate, up, op, "gate", "up"), same_shape(gate, out, op, "gate", "out");
+  metrics::count(op, flops_per_element * static_cast<double>(gate.numel()), bytes(gate) + bytes(up) + bytes(out));
+}
+}  // namespace
+
+void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) { gated("swiglu", gate, up, out, 5); }
+void geglu(const Tensor& gate, const Tensor& up, const Tensor& out) { gated("geglu", gate, up, out, 9); }
+
+void elementwise(const char* op, const Tensor& x, float factor, const char* what) {
+  want(x, op, "x"), want_dtype(x, DType::F32, op, "x");
+  IL_CHECK(std::isfinite(factor) && factor > 0, op, ": ", what, " must be positive and finite, got ", factor);
+  metrics::count(op, 3.0 * static_cast<double>(x.numel()), 2 * bytes(x));
 }
 
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
@@ -153,6 +164,10 @@ AttentionParams attention_common(const char* op, const Tensor& q, const Tensor& 
   IL_CHECK(Nk > 0 && Nq % Nk == 0, op, ": ", Nq, " query heads cannot be grouped over ", Nk, " KV heads");
   IL_CHECK(p.window >= 0, op, ": negative window ", p.window);
   IL_CHECK(p.causal || p.window == 0, op, ": a sliding window needs causal attention");
+  IL_CHECK(std::isfinite(p.softcap) && p.softcap >= 0, op, ": softcap must be 0 (none) or positive, got ", p.softcap);
+  // The CUDA kernels have no soft-capping: refused rather than computed without it.
+  IL_CHECK(p.softcap == 0 || !q.is_cuda(), op,
+           ": logit soft-capping (Gemma 2) runs on the CPU only; run the model with --device cpu");
   AttentionParams r = p;
   if (r.scale == 0.0f) r.scale = 1.0f / std::sqrt(static_cast<float>(Dqk));
   return r;
@@ -406,6 +421,25 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
   Tensor out = Tensor::empty(gate.shape(), DType::F32, gate.device());
   swiglu(gate, up, out);
   return out;
+}
+
+// Gemma's pieces have no CUDA kernels: a model that needs them runs on the CPU.
+void geglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+  IL_CHECK(!gate.is_cuda(), "geglu (Gemma's MLP) runs on the CPU only; run the model with --device cpu");
+  ref::geglu(gate, up, out);
+}
+Tensor geglu(const Tensor& gate, const Tensor& up) {
+  Tensor out = Tensor::empty(gate.shape(), DType::F32, gate.device());
+  geglu(gate, up, out);
+  return out;
+}
+void softcap(Tensor& x, float cap) {
+  IL_CHECK(!x.is_cuda(), "softcap (Gemma 2's logit soft-capping) runs on the CPU only; run the model with --device cpu");
+  ref::softcap(x, cap);
+}
+void scale(Tensor& x, float s) {
+  IL_CHECK(!x.is_cuda(), "scale (Gemma's embedding multiplier) runs on the CPU only; run the model with --device cpu");
+  ref::scale(x, s);
 }
 
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {

@@ -44,6 +44,9 @@ struct AttentionParams {
   float scale = 0.0f;
   /// False gives bidirectional attention (every query sees every key).
   bool causal = true;
+  /// Logit soft-capping (Gemma 2): each scaled score s becomes c · tanh(s / c) before the
+  /// softmax, so no score exceeds ±c. 0 means none. CPU only.
+  float softcap = 0.0f;
 };
 
 /// Several sequences packed along the rows of q and of k/v, for one attention call (what
@@ -100,6 +103,14 @@ Tensor softmax(const Tensor& x);
 /// out = silu(gate) * up, silu(g) = g / (1 + e^-g): the gated MLP's activation.
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 Tensor swiglu(const Tensor& gate, const Tensor& up);
+/// out = gelu_tanh(gate) * up, gelu_tanh(g) = g/2 · (1 + tanh(√(2/π) · (g + 0.044715 g³))): Gemma's
+/// GeGLU (transformers' "gelu_pytorch_tanh"). CPU only.
+void geglu(const Tensor& gate, const Tensor& up, Tensor& out);
+Tensor geglu(const Tensor& gate, const Tensor& up);
+/// In place, x = c · tanh(x / c): Gemma 2's soft-capping of the final logits (c > 0). CPU only.
+void softcap(Tensor& x, float cap);
+/// In place, x = x · s: Gemma's embedding multiplier √D. CPU only.
+void scale(Tensor& x, float s);
 /// out[t,:] = table[ids[t],:] as F32; ids is I32 [T] and must be in range.
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 Tensor embedding(const Tensor& table, const Tensor& ids);
@@ -138,6 +149,9 @@ void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
 void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, RopePairing pairing, std::int64_t begin = 0);
 void softmax(const Tensor& x, Tensor& out);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
+void geglu(const Tensor& gate, const Tensor& up, Tensor& out);
+void softcap(Tensor& x, float cap);
+void scale(Tensor& x, float s);
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const AttentionParams& p = {});
 void attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
@@ -183,6 +197,9 @@ void rmsnorm(const Tensor& x, const Tensor& w, const Tensor& out);
 void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, std::int64_t begin);
 void softmax(const Tensor& x, const Tensor& out);
 void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out);
+void geglu(const Tensor& gate, const Tensor& up, const Tensor& out);
+/// softcap and scale: an F32 tensor and a positive, finite factor (`what` names it).
+void elementwise(const char* op, const Tensor& x, float factor, const char* what);
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
 /// Returns the resolved parameters (q_offset, scale filled in).
 AttentionParams attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const AttentionParams& p);

@@ -193,7 +193,9 @@ void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor
             const float* kr = K + (at * nk + kvh) * Dqk;  // read once for its whole group
             for (std::int64_t g = 0; g < G; ++g) {
               const std::int64_t qh = (kvh - h0) * G + g;
-              scores[static_cast<std::size_t>(qh * n + j)] = dot(qr + qh * Dqk, kr, Dqk) * p.scale;
+              float sc = dot(qr + qh * Dqk, kr, Dqk) * p.scale;
+              if (p.softcap > 0) sc = p.softcap * std::tanh(sc / p.softcap);  // Gemma 2's cap
+              scores[static_cast<std::size_t>(qh * n + j)] = sc;
             }
           }
         }

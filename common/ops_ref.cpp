@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <vector>
 
 #include "common/lab.h"
@@ -36,6 +37,7 @@ void attention_row(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& ou
     float s = 0.0f;
     for (std::int64_t d = 0; d < Dqk; ++d) s += qr[d] * kr[d];
     scratch[j] = s * p.scale;
+    if (p.softcap > 0) scratch[j] = p.softcap * std::tanh(scratch[j] / p.softcap);  // Gemma 2's cap
     mx = std::max(mx, scratch[j]);
   }
   float sum = 0.0f;
@@ -169,6 +171,36 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
   const float *G = gate.data<float>(), *U = up.data<float>();
   float* O = out.data<float>();
   for (std::int64_t i = 0; i < n; ++i) O[i] = G[i] / (1.0f + std::exp(-G[i])) * U[i];
+}
+
+// gelu_tanh(g) * u, GELU in its tanh approximation (Hendrycks & Gimpel 2016), as torch's
+// gelu(approximate="tanh") computes it.
+void geglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+  check::geglu(gate, up, out);
+  cpu_only(gate, "ref::geglu");
+  const std::int64_t n = gate.numel();
+  const float *G = gate.data<float>(), *U = up.data<float>();
+  float* O = out.data<float>();
+  const float k = std::sqrt(2.0f / std::numbers::pi_v<float>);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float g = G[i];
+    O[i] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * U[i];
+  }
+}
+
+// c · tanh(x / c): close to x while |x| is well below c, never beyond ±c.
+void softcap(Tensor& x, float cap) {
+  check::elementwise("softcap", x, cap, "the cap");
+  cpu_only(x, "ref::softcap");
+  float* X = x.data<float>();
+  for (std::int64_t i = 0; i < x.numel(); ++i) X[i] = cap * std::tanh(X[i] / cap);
+}
+
+void scale(Tensor& x, float s) {
+  check::elementwise("scale", x, s, "the factor");
+  cpu_only(x, "ref::scale");
+  float* X = x.data<float>();
+  for (std::int64_t i = 0; i < x.numel(); ++i) X[i] *= s;
 }
 
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {

@@ -19,11 +19,28 @@ namespace inferlab::ch01 {
 // ---------------------------------------------------------------------------------------------
 // The blocks.
 Tensor embed(const Llama& m, const std::vector<std::int32_t>& tokens) {
-  return ops::embedding(m.embed, Tensor::from_vector(tokens, {static_cast<std::int64_t>(tokens.size())}).to(m.device()));
+  Tensor x = ops::embedding(m.embed, Tensor::from_vector(tokens, {static_cast<std::int64_t>(tokens.size())}).to(m.device()));
+  if (m.config.embed_scale != 1.0) ops::scale(x, static_cast<float>(m.config.embed_scale));  // Gemma's √D
+  return x;
 }
 
 Tensor norm(const Llama& m, const Tensor& x, const Tensor& w) {
   return ops::rmsnorm(x, w, static_cast<float>(m.config.rms_norm_eps));
+}
+
+Tensor post_norm(const Llama& m, const Tensor& y, const Tensor& w) { return w.defined() ? norm(m, y, w) : y; }
+
+void head_norm(const Llama& m, Tensor& x, const Tensor& w) {
+  if (w.defined()) x = norm(m, x, w);  // over the last dimension, H: each head on its own
+}
+
+const Tensor& rope_freqs(const Llama& m, const LlamaLayer& l) { return l.inv_freq.defined() ? l.inv_freq : m.inv_freq; }
+
+AttentionParams attention_params(const TransformerConfig& c) {
+  AttentionParams p;
+  if (c.query_pre_attn_scalar > 0) p.scale = static_cast<float>(1.0 / std::sqrt(c.query_pre_attn_scalar));
+  p.softcap = static_cast<float>(c.attn_logit_softcapping);
+  return p;
 }
 
 Tensor positions(const Llama& m, std::int64_t begin, std::int64_t T) {
@@ -37,10 +54,15 @@ Tensor positions(const Llama& m, std::int64_t begin, std::int64_t T) {
 
 Tensor mlp_block(const LlamaLayer& l, const Tensor& h) {
   if (l.moe.defined()) return moe_block(l.moe, h);  // k of E experts per row
-  return linear(ops::swiglu(linear(h, l.w_gate), linear(h, l.w_up)), l.w_down);
+  const Tensor gate = linear(h, l.w_gate), up = linear(h, l.w_up);
+  return linear(l.geglu ? ops::geglu(gate, up) : ops::swiglu(gate, up), l.w_down);
 }
 
-Tensor head(const Llama& m, const Tensor& x) { return linear(norm(m, x, m.final_norm), m.lm_head); }
+Tensor head(const Llama& m, const Tensor& x) {
+  Tensor logits = linear(norm(m, x, m.final_norm), m.lm_head);
+  if (m.config.final_logit_softcapping > 0) ops::softcap(logits, static_cast<float>(m.config.final_logit_softcapping));
+  return logits;
+}
 
 // ---------------------------------------------------------------------------------------------
 // The forward pass: embed, then per layer attention and MLP with residuals, then the head.
@@ -49,8 +71,8 @@ Tensor forward(const Llama& m, const std::vector<std::int32_t>& tokens, bool all
   Tensor x = embed(m, tokens);                                                   // [T, D], the residual stream
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
     const LlamaLayer& l = m.layers[i];
-    ops::add(x, attention_block(m, l, norm(m, x, l.attn_norm), pos), x);
-    ops::add(x, mlp_block(l, norm(m, x, l.mlp_norm)), x);
+    ops::add(x, post_norm(m, attention_block(m, l, norm(m, x, l.attn_norm), pos), l.post_attn_norm), x);
+    ops::add(x, post_norm(m, mlp_block(l, norm(m, x, l.mlp_norm)), l.post_mlp_norm), x);
   }
   return head(m, all_positions ? x : x.slice(0, x.size(0) - 1, x.size(0)));  // logits [T, V] or [1, V]
 }
@@ -60,8 +82,11 @@ Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, con
   const auto& c = m.config;
   const std::int64_t T = h.size(0), N = c.num_heads, K = c.num_kv_heads, H = c.head_dim;
   Tensor q = linear(h, l.wq).view({T, N, H}), k = linear(h, l.wk).view({T, K, H}), v = linear(h, l.wv).view({T, K, H});
-  ops::rope(q, pos, m.inv_freq, m.rope_pairing);
-  ops::rope(k, pos, m.inv_freq, m.rope_pairing);
+  // Qwen3's and Gemma 3's per-head norms, before RoPE (nothing for the others):
+  head_norm(m, q, l.q_norm);
+  ops::rope(q, pos, rope_freqs(m, l), m.rope_pairing);
+  head_norm(m, k, l.k_norm);
+  ops::rope(k, pos, rope_freqs(m, l), m.rope_pairing);
   Tensor a = ops::attention(q, k, v);  // every position sees itself and the ones before it
   return linear(a.view({T, N * H}), l.wo);
 }
@@ -118,6 +143,10 @@ Llama assemble(const TransformerConfig& c, Get get) {
       l.wv.bias = get(p + "self_attn.v_proj.bias", Shape{KV}).to(DType::F32);
     }
     if (c.attention_out_bias) l.wo.bias = get(p + "self_attn.o_proj.bias", Shape{D}).to(DType::F32);
+    if (c.qk_norm) {  // Qwen3: one RMSNorm weight over head_dim, shared by every head
+      l.q_norm = get(p + "self_attn.q_norm.weight", Shape{c.head_dim});
+      l.k_norm = get(p + "self_attn.k_norm.weight", Shape{c.head_dim});
+    }
   });
   m.inv_freq = rope_frequencies(c);
   return m;
@@ -126,7 +155,8 @@ Llama assemble(const TransformerConfig& c, Get get) {
 }  // namespace
 
 bool llama_family(const std::string& arch) {
-  for (const char* a : {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "InternLM2ForCausalLM"})
+  for (const char* a :
+       {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "InternLM2ForCausalLM"})
     if (arch == a) return true;
   return false;
 }
@@ -161,9 +191,12 @@ Llama load_llama(const std::string& path) {
   IL_CHECK(arch != "DeepseekV2ForCausalLM" && arch != "DeepseekV3ForCausalLM", hf.path, ": architecture '", arch,
            "' has multi-head latent attention (and mixture-of-experts layers), which chapter 01 does not implement",
            where_it_runs(arch));
+  IL_CHECK(!gemma_family(arch), hf.path, ": ", arch,
+           " interleaves sliding-window and global layers, which chapter 01 would not window", where_it_runs(arch));
   IL_CHECK(llama_family(arch) || moe_llama_family(arch), hf.path, ": architecture '", arch,
            "' is not a Llama-family decoder this chapter can run (LlamaForCausalLM, MistralForCausalLM, "
-           "Qwen2ForCausalLM, and with mixture-of-experts layers MixtralForCausalLM, Qwen2MoeForCausalLM)",
+           "Qwen2ForCausalLM, Qwen3ForCausalLM, and with mixture-of-experts layers MixtralForCausalLM, "
+           "Qwen2MoeForCausalLM)",
            where_it_runs(arch));
   const TransformerConfig c = parse_transformer_config(hf);
   const JsonFields fields(hf.json, hf.path);
@@ -176,7 +209,7 @@ Llama load_llama(const std::string& path) {
              ": this Mixtral uses a sliding window of ", hf.json["sliding_window"].dump(),
              " tokens; chapter 06 (ch06_local_attention) runs windows for dense models only, and chapter 01 would "
              "attend to everything");
-  if (arch == "Qwen2ForCausalLM" || arch == "Qwen2MoeForCausalLM")
+  if (arch == "Qwen2ForCausalLM" || arch == "Qwen2MoeForCausalLM" || arch == "Qwen3ForCausalLM")
     IL_CHECK(!fields.get_or<bool>("use_sliding_window", false), hf.path,
              ": field 'use_sliding_window' is true; sliding windows are chapter 06's (ch06_local_attention), chapter 01 "
              "would attend to everything");
@@ -256,6 +289,9 @@ Llama random_llama(const TransformerConfig& c, std::uint64_t seed, DType dtype, 
       l.w_gate = mat(F, D), l.w_up = mat(F, D), l.w_down = mat(D, F);
       if (c.mlp_bias) l.w_gate.bias = bias(F), l.w_up.bias = bias(F), l.w_down.bias = bias(D);
     }
+    if (c.qk_norm) l.q_norm = norm(c.head_dim), l.k_norm = norm(c.head_dim);
+    if (c.post_norms) l.post_attn_norm = norm(D), l.post_mlp_norm = norm(D);
+    l.geglu = c.hidden_act == "gelu_pytorch_tanh";
     m.layers.push_back(l);
   }
   m.final_norm = norm(D);
@@ -276,7 +312,9 @@ std::int64_t Llama::matrix_bytes() const {
 
 std::int64_t Llama::weight_bytes() const {
   std::int64_t n = matrix_bytes() + static_cast<std::int64_t>(embed.nbytes() + final_norm.nbytes());
-  for (const auto& l : layers) n += static_cast<std::int64_t>(l.attn_norm.nbytes() + l.mlp_norm.nbytes());
+  for (const auto& l : layers)
+    for (const Tensor* t : {&l.attn_norm, &l.mlp_norm, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_mlp_norm})
+      n += t->defined() ? static_cast<std::int64_t>(t->nbytes()) : 0;
   return n;
 }
 
@@ -306,7 +344,8 @@ Llama Llama::to(Device device, DType dtype) const {
   for (std::size_t i = 0; i < m.layers.size(); ++i)
     with_context(at("layer " + std::to_string(i)), [&] {
       LlamaLayer& l = m.layers[i];
-      l.attn_norm = f32(l.attn_norm), l.mlp_norm = f32(l.mlp_norm);
+      for (Tensor* t : {&l.attn_norm, &l.mlp_norm, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_mlp_norm, &l.inv_freq})
+        *t = f32(*t);
       for (Linear* w : l.linears()) *w = w->to(device, dtype);
       if (l.moe.defined()) {
         for (Linear* w : l.moe.linears()) *w = w->to(device, dtype);

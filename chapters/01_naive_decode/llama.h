@@ -31,6 +31,13 @@ struct LlamaLayer {
   /// A mixture-of-experts FFN in place of w_gate/w_up/w_down, in the layers config.moe names
   /// (common/moe.h); undefined in a dense layer. Its matrices are not in linears().
   MoeFfn moe;
+  // Qwen3 and Gemma: undefined (absent) in a plain Llama layer.
+  Tensor q_norm, k_norm;  ///< [H] RMSNorm of each query and key head before RoPE (Qwen3, Gemma 3)
+  /// [D] RMSNorm of the attention and MLP outputs before their residual add (Gemma 2 / 3, whose
+  /// post_attention_layernorm is this one, and pre_feedforward_layernorm the mlp_norm)
+  Tensor post_attn_norm, post_mlp_norm;
+  Tensor inv_freq;     ///< [H/2] this layer's own RoPE frequencies (Gemma 3's local layers); else the model's
+  bool geglu = false;  ///< the MLP gates with tanh-GELU (Gemma) instead of SiLU
   /// The seven projections, for loops over all of them.
   std::array<Linear*, 7> linears() { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
   std::array<const Linear*, 7> linears() const { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
@@ -92,17 +99,29 @@ TransformerConfig memory_bound_shape(std::int64_t layers, std::int64_t kv_heads,
 Tensor rope_frequencies(const TransformerConfig& config);
 
 // --- the blocks every chapter's forward pass is made of ---------------------------------------
-/// The token embeddings of `tokens` [T, D]: the residual stream's first value. Throws naming a
-/// token id outside the vocabulary.
+/// The token embeddings of `tokens` [T, D] (times the config's embed_scale, Gemma's √D): the
+/// residual stream's first value. Throws naming a token id outside the vocabulary.
 Tensor embed(const Llama& m, const std::vector<std::int32_t>& tokens);
 /// RMSNorm of the rows of x with weight w and the model's eps.
 Tensor norm(const Llama& m, const Tensor& x, const Tensor& w);
+/// A block's output y before its residual add: y itself, or its RMSNorm with w where the layer
+/// has one there (Gemma's post_attention_layernorm and post_feedforward_layernorm).
+Tensor post_norm(const Llama& m, const Tensor& y, const Tensor& w);
+/// RMSNorm of each head of x [T, heads, H] where the layer has per-head norms (Qwen3, Gemma 3).
+void head_norm(const Llama& m, Tensor& x, const Tensor& w);
+/// The RoPE frequencies layer l rotates with: its own (Gemma 3's local layers) or the model's.
+const Tensor& rope_freqs(const Llama& m, const LlamaLayer& l);
+/// The scale and soft-capping of a config's attention scores (Gemma's query_pre_attn_scalar and
+/// attn_logit_softcapping; 1/√head_dim and none for every other family), for the caches that run
+/// Gemma (chapter 06's) to pass to the attention op.
+AttentionParams attention_params(const TransformerConfig& c);
 /// Positions begin .. begin + T - 1 as I32 [T] on the model's device (RoPE's input).
 Tensor positions(const Llama& m, std::int64_t begin, std::int64_t T);
-/// The MLP: down(silu(gate(h)) * up(h)), h [T, D] -> [T, D]; an MoE layer's experts instead
-/// (moe_block, common/moe.h).
+/// The MLP: down(silu(gate(h)) * up(h)), h [T, D] -> [T, D] (tanh-GELU for silu in Gemma); an
+/// MoE layer's experts instead (moe_block, common/moe.h).
 Tensor mlp_block(const LlamaLayer& l, const Tensor& h);
-/// The head: logits [T, V] of the final hidden rows x [T, D] (final norm, then lm_head).
+/// The head: logits [T, V] of the final hidden rows x [T, D] (final norm, then lm_head, then
+/// Gemma 2's soft-capping where the config has it).
 Tensor head(const Llama& m, const Tensor& x);
 
 /// Chapter 01's attention block over a whole sequence: q, k, v projections, RoPE at

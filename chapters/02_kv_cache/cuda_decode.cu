@@ -94,6 +94,14 @@ struct CudaDecoder::Impl {
       IL_CHECK(!l.w_gate.bias.defined() && !l.w_up.bias.defined(),
                "CudaDecoder: the fused gate/up kernel has no biases (mlp_bias); decode this model with the cached "
                "forward pass (generate_cached)");
+    for (const auto& l : m.layers)
+      IL_CHECK(!l.q_norm.defined() && !l.post_attn_norm.defined() && !l.geglu && !l.inv_freq.defined(),
+               "CudaDecoder: its fused kernels have no per-head q/k norms (Qwen3, Gemma 3) nor Gemma's post-block "
+               "norms and GeGLU; decode this model with the cached forward pass (generate_cached)");
+    IL_CHECK(c.embed_scale == 1.0 && c.final_logit_softcapping == 0 && c.attn_logit_softcapping == 0 &&
+                 c.query_pre_attn_scalar == 0,
+             "CudaDecoder: Gemma's embedding scale, attention scale and soft-capping are not in its kernels; decode "
+             "this model with the cached forward pass (generate_cached)");
     splits = cuda::decode::splits_for(capacity);
     auto f32 = [](Shape s) { return Tensor::zeros(s, DType::F32, Device::CUDA); };
     token = Tensor::zeros({1}, DType::I32, Device::CUDA), pos = Tensor::zeros({1}, DType::I32, Device::CUDA);

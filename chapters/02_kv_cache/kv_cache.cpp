@@ -19,8 +19,8 @@ Tensor forward(const Llama& m, std::vector<SequenceStep>& seqs, const AttentionB
   Tensor x = embed(m, batch.tokens);  // [T, D], the residual stream
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
     const LlamaLayer& l = m.layers[i];
-    ops::add(x, attention(m, l, norm(m, x, l.attn_norm), batch, i), x);  // cache
-    ops::add(x, mlp_block(l, norm(m, x, l.mlp_norm)), x);
+    ops::add(x, post_norm(m, attention(m, l, norm(m, x, l.attn_norm), batch, i), l.post_attn_norm), x);  // cache
+    ops::add(x, post_norm(m, mlp_block(l, norm(m, x, l.mlp_norm)), l.post_mlp_norm), x);
   }
   for (SequenceStep& s : seqs) s.cache->commit(static_cast<std::int64_t>(s.tokens.size()));  // cache
   return head(m, batch.logits_input(x));  // cache: each sequence's last row (or all of them)
@@ -32,8 +32,11 @@ Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, con
   const Tensor& pos = batch.pos;  // cache
   const std::int64_t T = h.size(0), N = c.num_heads, K = c.num_kv_heads, H = c.head_dim;
   Tensor q = linear(h, l.wq).view({T, N, H}), k = linear(h, l.wk).view({T, K, H}), v = linear(h, l.wv).view({T, K, H});
-  ops::rope(q, pos, m.inv_freq, m.rope_pairing);
-  ops::rope(k, pos, m.inv_freq, m.rope_pairing);
+  // Qwen3's and Gemma 3's per-head norms, before RoPE (nothing for the others):
+  head_norm(m, q, l.q_norm);
+  ops::rope(q, pos, rope_freqs(m, l), m.rope_pairing);
+  head_norm(m, k, l.k_norm);
+  ops::rope(k, pos, rope_freqs(m, l), m.rope_pairing);
   Tensor a = batch.attend(layer, q, k, v);  // cache: keep k and v, attend over every cached position
   return linear(a.view({T, N * H}), l.wo);
 }

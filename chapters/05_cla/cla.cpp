@@ -224,10 +224,13 @@ Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, con
   const Tensor& pos = batch.pos;  // cache
   const std::int64_t T = h.size(0), N = c.num_heads, K = c.num_kv_heads, H = c.head_dim;
   Tensor q = linear(h, l.wq).view({T, N, H}), k, v;  // CLA: k and v stay undefined in a sharing layer
-  ops::rope(q, pos, m.inv_freq, m.rope_pairing);
+  // Qwen3's and Gemma 3's per-head norms, before RoPE (nothing for the others):
+  head_norm(m, q, l.q_norm);
+  ops::rope(q, pos, rope_freqs(m, l), m.rope_pairing);
   if (l.wk.defined()) {  // CLA: only the first layer of a group has K and V projections
     k = linear(h, l.wk).view({T, K, H}), v = linear(h, l.wv).view({T, K, H});
-    ops::rope(k, pos, m.inv_freq, m.rope_pairing);
+    head_norm(m, k, l.k_norm);
+    ops::rope(k, pos, rope_freqs(m, l), m.rope_pairing);
   }
   Tensor a = batch.attend(layer, q, k, v);  // CLA: the cache keeps k and v, or hands a sharing layer its group's
   return linear(a.view({T, N * H}), l.wo);

@@ -6,6 +6,8 @@
 #include <limits>
 #include <sstream>
 
+#include "chapters/01_naive_decode/hf_weights.h"
+#include "chapters/09_quantization/gguf_model.h"
 #include "common/json_file.h"
 #include "common/lab.h"
 
@@ -125,7 +127,18 @@ LocalLayout parse_local_layout(const HfConfig& hf, std::int64_t layers) {
     const std::int64_t W = window();
     return W > 0 ? LocalLayout::local(layers, W) : LocalLayout::global(layers);
   }
-  if (arch == "Qwen2ForCausalLM") {
+  if (gemma_family(arch)) {
+    // Gemma 2 alternates (layer 0 local), Gemma 3 keeps one global layer in sliding_window_pattern
+    // (6); configs written by transformers 4.57 list layer_types, which say the same.
+    const std::int64_t W = f.has("sliding_window") ? window() : 4096;  // the classes' default
+    if (f.has("layer_types") && !hf.json["layer_types"].is_null()) return from_layer_types(W);
+    const std::int64_t every = arch == "Gemma2ForCausalLM" ? 2 : f.get_or<std::int64_t>("sliding_window_pattern", 6);
+    IL_CHECK(every >= 1 && every <= layers + 1, hf.path, ": field 'sliding_window_pattern' must be in [1, ", layers + 1,
+             "], got ", every);
+    IL_CHECK(W > 0, hf.path, ": Gemma needs a positive 'sliding_window' for its local layers");
+    return LocalLayout::hybrid(layers, W, every);
+  }
+  if (arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM") {
     const std::int64_t W = f.get_or<bool>("use_sliding_window", false) ? window() : 0;
     if (f.has("layer_types") && !hf.json["layer_types"].is_null()) return from_layer_types(W);
     LocalLayout l = LocalLayout::global(layers);
@@ -135,8 +148,8 @@ LocalLayout parse_local_layout(const HfConfig& hf, std::int64_t layers) {
     return l;
   }
   IL_CHECK(ch01::llama_family(arch), hf.path, ": architecture '", arch,
-           "' is not one chapter 06 runs (MistralForCausalLM, MinistralForCausalLM, Qwen2ForCausalLM, or another "
-           "Llama-family decoder without windows)",
+           "' is not one chapter 06 runs (MistralForCausalLM, MinistralForCausalLM, Qwen2ForCausalLM, "
+           "Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, or another Llama-family decoder without windows)",
            where_it_runs(arch));
   return LocalLayout::global(layers);
 }
@@ -149,10 +162,67 @@ LocalModel load_local(const std::string& path) {
     const std::int64_t L = m.config.num_layers;
     return {std::move(m), LocalLayout::global(L)};
   }
+  if (fs::path(path).extension() == ".gguf") {  // chapter 09's reader, with the windows llama.cpp applies
+    const gguf::File f(path);
+    LocalLayout layout;
+    layout.window = ch09::gguf_windows(f, ch09::gguf_config(f));
+    return {ch09::load_gguf_layers(f, layout.window), std::move(layout)};
+  }
   const HfConfig hf = load_hf_config(path);
   const TransformerConfig c = parse_transformer_config(hf);
   LocalLayout layout = parse_local_layout(hf, c.num_layers);
+  if (gemma_family(c.architecture)) return {load_gemma(hf, c, layout, path), std::move(layout)};
   return {ch01::load_hf_decoder(hf, c, path), std::move(layout)};
+}
+
+// Gemma 2 and 3: chapter 01's layer with the pieces their checkpoints add, under their names.
+ch01::Llama load_gemma(const HfConfig& hf, const TransformerConfig& c, const LocalLayout& layout, const std::string& path) {
+  ch01::HfWeights get(hf, c, path);
+  const std::int64_t D = c.hidden_size, F = c.intermediate_size, H = c.head_dim, Q = c.num_heads * H,
+                     KV = c.num_kv_heads * H;
+  // Gemma's RMSNorm multiplies by 1 + w (in float32, as transformers does): kept here as the
+  // weight the norm multiplies by, so that the norm op is everyone's.
+  auto norm = [&](const std::string& name, std::int64_t n) {
+    Tensor w = get(name, Shape{n}).to(DType::F32);
+    for (std::int64_t i = 0; i < n; ++i) w.data<float>()[i] += 1.0f;
+    return w;
+  };
+  ch01::Llama m;
+  m.config = c;
+  m.inv_freq = ch01::rope_frequencies(c);  // the global layers', with rope_scaling
+  // Gemma 3's local layers rotate with a base of their own, unscaled.
+  const Tensor local_freq = c.rope_local_base_freq > 0 ? rope_inv_freq(H, c.rope_local_base_freq) : Tensor{};
+  m.embed = get("model.embed_tokens.weight", Shape{c.vocab_size, D});
+  for (std::int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    ch01::LlamaLayer l;
+    l.attn_norm = norm(p + "input_layernorm.weight", D);
+    l.wq = get(p + "self_attn.q_proj.weight", Shape{Q, D});
+    l.wk = get(p + "self_attn.k_proj.weight", Shape{KV, D});
+    l.wv = get(p + "self_attn.v_proj.weight", Shape{KV, D});
+    l.wo = get(p + "self_attn.o_proj.weight", Shape{D, Q});
+    if (c.attention_bias) {  // on all four projections, as Gemma's attention_bias puts them
+      l.wq.bias = get(p + "self_attn.q_proj.bias", Shape{Q}).to(DType::F32);
+      l.wk.bias = get(p + "self_attn.k_proj.bias", Shape{KV}).to(DType::F32);
+      l.wv.bias = get(p + "self_attn.v_proj.bias", Shape{KV}).to(DType::F32);
+      l.wo.bias = get(p + "self_attn.o_proj.bias", Shape{D}).to(DType::F32);
+    }
+    if (c.qk_norm) l.q_norm = norm(p + "self_attn.q_norm.weight", H), l.k_norm = norm(p + "self_attn.k_norm.weight", H);
+    l.post_attn_norm = norm(p + "post_attention_layernorm.weight", D);  // Gemma's name for the norm after attention
+    l.mlp_norm = norm(p + "pre_feedforward_layernorm.weight", D);
+    l.post_mlp_norm = norm(p + "post_feedforward_layernorm.weight", D);
+    l.w_gate = get(p + "mlp.gate_proj.weight", Shape{F, D});
+    l.w_up = get(p + "mlp.up_proj.weight", Shape{F, D});
+    l.w_down = get(p + "mlp.down_proj.weight", Shape{D, F});
+    l.geglu = true;
+    if (local_freq.defined() && layout.is_local(i)) l.inv_freq = local_freq;
+    m.layers.push_back(std::move(l));
+  }
+  m.final_norm = norm("model.norm.weight", D);
+  m.lm_head = c.tie_word_embeddings ? Linear(m.embed) : Linear(get("lm_head.weight", Shape{c.vocab_size, D}));
+  get.check_all_used("does num_hidden_layers match the checkpoint?");
+  m.source = path;
+  return m;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -198,7 +268,7 @@ void RingKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, c
     // local layer's window is no mask here: every query p < sinks + W sees 0 .. p anyway.
     K.slice(0, start, end).copy_from(k);
     V.slice(0, start, end).copy_from(v);
-    AttentionParams p;
+    AttentionParams p = ch01::attention_params(config_);  // Gemma's scale and soft-capping, else the defaults
     p.q_offset = start;
     ops::attention(q, K.slice(0, 0, end), V.slice(0, 0, end), out, p);
     return;
@@ -209,7 +279,7 @@ void RingKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, c
     const std::int64_t pos = start + t, s = slot(layer, pos);
     K.slice(0, s, s + 1).copy_from(k.slice(0, t, t + 1));
     V.slice(0, s, s + 1).copy_from(v.slice(0, t, t + 1));
-    AttentionParams p;
+    AttentionParams p = ch01::attention_params(config_);
     p.causal = false;  // every filled slot is in the window, in whatever order
     Tensor o = out.slice(0, t, t + 1);
     const std::int64_t visible = std::min(pos + 1, rows);
@@ -245,7 +315,7 @@ void RingKVCache::release() {
 // ---------------------------------------------------------------------------------------------
 // The simple way: every position kept, the window a mask.
 MaskedKVCache::MaskedKVCache(const TransformerConfig& c, LocalLayout layout, std::int64_t capacity, Device device)
-    : ch02::ContiguousKVCache(c, capacity, device), layout_(std::move(layout)) {
+    : ch02::ContiguousKVCache(c, capacity, device), layout_(std::move(layout)), params_(ch01::attention_params(c)) {
   IL_CHECK(layout_.layers() == c.num_layers, "masked KV cache: a layout of ", layout_.layers(), " layers for a model of ",
            c.num_layers);
   IL_CHECK(layout_.sinks == 0, "masked KV cache: sink positions are the ring cache's (the attention op's window has none)");
@@ -256,7 +326,7 @@ void MaskedKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k,
   Tensor K = ContiguousKVCache::k(layer), V = ContiguousKVCache::v(layer);
   K.slice(0, start, end).copy_from(k);
   V.slice(0, start, end).copy_from(v);
-  AttentionParams p;
+  AttentionParams p = params_;
   p.q_offset = start;
   // EXERCISE 06.3 BEGIN: the sliding-window mask
   p.window = layout_.window.at(static_cast<std::size_t>(layer));  // 0: a global layer sees everything

@@ -87,9 +87,19 @@ struct LocalModel {
   const TransformerConfig& config() const { return base.config; }
 };
 
-/// Loads a Mistral, Ministral, Qwen2 or other Llama-family folder (tiny-swa, tiny-hybrid, the
-/// random models of data/golden/window-random) with its windows; a llama2.c file as all global.
+/// Loads a Mistral, Ministral, Qwen2, Qwen3, Gemma 2 / Gemma 3 or other Llama-family folder
+/// (tiny-swa, tiny-hybrid, the random models of data/golden/window-random and family-random) with
+/// its windows; a GGUF file (chapter 09's reader) with the windows llama.cpp reads from it; a
+/// llama2.c file as all global.
 LocalModel load_local(const std::string& path);
+
+/// Reads a Gemma 2 or Gemma 3 text checkpoint (Gemma2ForCausalLM, Gemma3ForCausalLM) as chapter
+/// 01's Llama with the pieces Gemma adds: norms after attention and MLP (post_attention_layernorm,
+/// post_feedforward_layernorm; pre_feedforward_layernorm is the MLP's), every norm weight w stored
+/// as the 1 + w Gemma multiplies by, GeGLU, Gemma 3's q/k norms and the RoPE base of its local
+/// layers (those `layout` marks local). The config carries the rest (embedding scale, attention
+/// scale, soft-capping).
+ch01::Llama load_gemma(const HfConfig& hf, const TransformerConfig& c, const LocalLayout& layout, const std::string& path);
 
 /// The cache of a local/global stack: per local layer a ring of min(capacity, sinks + W) slots,
 /// per global layer chapter 02's rows. attend(): store the new keys and values in their slots,
@@ -128,6 +138,7 @@ class MaskedKVCache : public ch02::ContiguousKVCache {
 
  private:
   LocalLayout layout_;
+  AttentionParams params_;  // the config's scale and soft-capping
 };
 
 /// Whether the token `d` positions before the last of `tokens` can reach the last position's

@@ -6,6 +6,7 @@
 //   ch06_local_attention speed       time per decode token against position, local against global
 //   ch06_local_attention recall      probe accuracy and a token's influence against distance, as a plot
 //   ch06_local_attention hybrids     the KV arithmetic of long-context hybrids for a model you choose
+//   ch06_local_attention gemma       the same for Gemma 2 and Gemma 3 as published, at 8K and 128K tokens
 //   ch06_local_attention generate    text through the ring cache
 #include <algorithm>
 #include <cmath>
@@ -17,6 +18,7 @@
 
 #include "chapters/00_workload/workload.h"
 #include "chapters/06_local_attention/local.h"
+#include "chapters/09_quantization/gguf_model.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/decode_bench.h"
@@ -313,9 +315,84 @@ int hybrids(const std::string& model, const std::vector<std::int64_t>& contexts,
   return 0;
 }
 
+// --- Gemma: the hybrid of this chapter in a real model family -----------------------------------
+// Gemma 2 alternates a local layer (window 4096) with a global one; Gemma 3 keeps one global layer
+// in six, its local ones with a window of 1024. Their published config.json values.
+struct GemmaShape {
+  std::string name;
+  TransformerConfig config;
+  LocalLayout layout;
+};
+
+GemmaShape gemma_shape(const std::string& name, std::int64_t D, std::int64_t F, std::int64_t L, std::int64_t N,
+                       std::int64_t K, std::int64_t H, std::int64_t V, std::int64_t context, std::int64_t window,
+                       std::int64_t global_every) {
+  TransformerConfig c;
+  c.architecture = global_every == 2 ? "Gemma2ForCausalLM" : "Gemma3ForCausalLM";
+  c.hidden_size = D, c.intermediate_size = F, c.num_layers = L, c.num_heads = N, c.num_kv_heads = K, c.head_dim = H;
+  c.vocab_size = V, c.max_position_embeddings = context, c.tie_word_embeddings = true;
+  return {name, c, LocalLayout::hybrid(L, window, global_every)};
+}
+
+std::vector<GemmaShape> gemma_shapes(const std::string& model) {
+  if (!model.empty()) {  // a Gemma (or any chapter 06) folder or config.json: its own layers
+    const HfConfig hf = load_hf_config(model);
+    const TransformerConfig c = parse_transformer_config(hf);
+    return {{model, c, parse_local_layout(hf, c.num_layers)}};
+  }
+  return {gemma_shape("gemma-2-9b", 3584, 14336, 42, 16, 8, 256, 256000, 8192, 4096, 2),
+          gemma_shape("gemma-2-27b", 4608, 36864, 46, 32, 16, 128, 256000, 8192, 4096, 2),
+          gemma_shape("gemma-3-4b", 2560, 10240, 34, 8, 4, 256, 262208, 131072, 1024, 6),
+          gemma_shape("gemma-3-27b", 5376, 21504, 62, 32, 16, 128, 262208, 131072, 1024, 6)};
+}
+
+int gemma(const std::string& model, const std::vector<std::int64_t>& contexts, std::int64_t bytes_per_value,
+          const std::string& json_path) {
+  std::printf(
+      "KV cache of one sequence, %lld bytes per value: the model's local/global layers (ring caches of W\n"
+      "slots for the local ones) against every layer global\n\n",
+      static_cast<ll>(bytes_per_value));
+  std::printf("%-14s %-32s", "model", "layers");
+  for (std::int64_t T : contexts) std::printf(" %10lld tokens: hybrid / global", static_cast<ll>(T));
+  std::printf("\n");
+  json rows = json::array();
+  for (const GemmaShape& g : gemma_shapes(model)) {
+    const std::int64_t W = g.layout.locals() ? *std::max_element(g.layout.window.begin(), g.layout.window.end()) : 0;
+    const std::string layers = std::to_string(g.layout.locals()) + " local (W = " + std::to_string(W) + "), " +
+                               std::to_string(g.layout.globals()) + " global";
+    std::printf("%-14s %-32s", g.name.c_str(), layers.c_str());
+    json points = json::array();
+    for (std::int64_t T : contexts) {
+      const std::int64_t hybrid = kv_cache_bytes(g.config, g.layout, T, bytes_per_value),
+                         dense = g.config.kv_cache_bytes(T, bytes_per_value);
+      std::printf(" %10s / %9s (%4.1f×)", metrics::human_bytes(static_cast<double>(hybrid)).c_str(),
+                  metrics::human_bytes(static_cast<double>(dense)).c_str(),
+                  static_cast<double>(dense) / static_cast<double>(hybrid));
+      points.push_back({{"tokens", T}, {"hybrid_bytes", hybrid}, {"global_bytes", dense}});
+    }
+    std::printf("%s\n", std::any_of(contexts.begin(), contexts.end(),
+                                    [&](std::int64_t T) { return T > g.config.max_position_embeddings; })
+                            ? "  (beyond its trained context)"
+                            : "");
+    rows.push_back({{"model", g.name},
+                    {"layers", g.config.num_layers},
+                    {"local_layers", g.layout.locals()},
+                    {"window", W},
+                    {"kv_heads", g.config.num_kv_heads},
+                    {"head_dim", g.config.head_dim},
+                    {"points", points}});
+  }
+  std::printf(
+      "\nA local layer holds W positions whatever the context; at long contexts the cache tends to the\n"
+      "global layers' share alone: L / (global layers) smaller (Gemma 3: one in six).\n");
+  if (!json_path.empty()) write_json(json_path, {{"bytes_per_value", bytes_per_value}, {"rows", rows}});
+  return 0;
+}
+
 int generate(const CommonOptions& o) {
   const LocalModel m = load_local(o.model);
-  const auto tok = Tokenizer::for_model(o.model);
+  const bool gguf_file = std::filesystem::path(o.model).extension() == ".gguf";  // its own tokenizer (chapter 09)
+  const auto tok = gguf_file ? ch09::gguf_tokenizer(gguf::File(o.model), "", o.model) : Tokenizer::for_model(o.model);
   const auto prompt = tok->encode(o.prompt);
   ch01::check_context(m.base, prompt.size(), o.max_new_tokens);
   const std::int64_t S = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
@@ -360,7 +437,7 @@ int headline(const std::string& json_path) {
   for (std::int64_t p : {512, 2048, 8192}) std::printf("  %35lld", static_cast<ll>(p));
   std::printf("\n");
   const json speed = speed_table(roof, 4, 512, {512, 2048, 8192}, 3, Device::CPU, true);
-  std::printf("  more: ch06_local_attention memory | speed | recall | hybrids | generate\n");
+  std::printf("  more: ch06_local_attention memory | speed | recall | hybrids | gemma | generate\n");
   if (!json_path.empty())
     write_json(json_path, {{"bytes", bytes}, {"influence", infl}, {"ceiling", metrics::to_json(roof)}, {"speed", speed}});
   return 0;
@@ -419,10 +496,22 @@ int main(int argc, char** argv) {
   sh->add_option("--bytes-per-value", bytes_per_value, "Bytes per cached value (2: bf16)")
       ->check(number_in(1, 8))
       ->capture_default_str();
+  std::string gemma_model;
+  std::vector<std::int64_t> gemma_contexts = {8192, 131072};
+  auto* sgm = app.add_subcommand("gemma",
+                                 "KV bytes of Gemma 2 and Gemma 3 (their published shapes and layer patterns) "
+                                 "against every layer global");
+  add_json_option(*sgm, json_path);
+  sgm->add_option("--model", gemma_model, "A model folder or config.json instead (Gemma's, or any chapter 06 runs)");
+  sgm->add_option("--contexts", gemma_contexts, "Sequence lengths")->delimiter(',')->check(number_in(1, 1 << 24));
+  sgm->add_option("--bytes-per-value", bytes_per_value, "Bytes per cached value (2: bf16)")
+      ->check(number_in(1, 8))
+      ->capture_default_str();
   CommonOptions go;
   go.model = data_dir() + "/models/tiny-swa";
-  auto* sg = app.add_subcommand("generate",
-                                "Text through the ring cache (tiny-swa, tiny-hybrid, or a Mistral/Ministral/Qwen2 folder)");
+  auto* sg = app.add_subcommand(
+      "generate",
+      "Text through the ring cache (tiny-swa, tiny-hybrid, a Mistral/Ministral/Qwen2/Qwen3/Gemma folder, or a GGUF)");
   add_model_option(*sg, go);
   add_generation_options(*sg, go);
   add_json_option(*sg, go.json);
@@ -433,6 +522,7 @@ int main(int argc, char** argv) {
     if (*ss) return speed(dev, layers, window, positions, steps, json_path);
     if (*sr) return recall(per_kind, svg, reach_svg, json_path);
     if (*sh) return hybrids(hybrid_model, hybrid_contexts, hybrid_window, bytes_per_value, json_path);
+    if (*sgm) return gemma(gemma_model, gemma_contexts, bytes_per_value, json_path);
     if (*sg) return generate(go);
     return headline(json_path);
   });

@@ -180,13 +180,64 @@ void export_gguf(const std::string& model, DType plain, const std::string& out) 
   save_gguf(out, ch01::load_llama(model).to(Device::CPU, plain), HfTokenizer::load(model));
 }
 
+namespace {
+// What llama.cpp's gemma2 and gemma3 read besides llama's keys (src/models/gemma2.cpp, gemma3.cpp),
+// with its defaults: soft caps (gemma2: 50 and 30), the embedding scale √D in float32, RMSNorm
+// weights stored with Gemma's + 1 already added (the converter adds it), and an attention scale
+// the file does not carry: 1/√head_dim, but 1/√(D / heads) for the 27B models (46 and 62 layers),
+// as Gemma's query_pre_attn_scalar is.
+void gemma_config(const gguf::File& f, const std::string& k, TransformerConfig& c) {
+  const bool v2 = k == "gemma2.";
+  auto cap = [&](const std::string& key, double fallback) {
+    const double v = f.has(k + key) ? f.get_float(k + key) : fallback;
+    IL_CHECK(std::isfinite(v) && v >= 0, f.path(), ": metadata '", k, key, "' = ", v, " must be 0 (none) or positive");
+    return v;
+  };
+  c.post_norms = true;
+  c.hidden_act = "gelu_pytorch_tanh";
+  c.embed_scale = std::sqrt(static_cast<float>(c.hidden_size));
+  c.attn_logit_softcapping = v2 ? cap("attn_logit_softcapping", 50) : 0;  // llama.cpp's gemma3 applies none
+  c.final_logit_softcapping = cap("final_logit_softcapping", v2 ? 30 : 0);
+  const bool big = c.num_layers == (v2 ? 46 : 62);
+  c.query_pre_attn_scalar = static_cast<double>(big ? c.hidden_size / c.num_heads : c.head_dim);
+  if (!v2) c.rope_local_base_freq = f.has(k + "rope.freq_base_swa") ? f.get_float(k + "rope.freq_base_swa") : 10000;
+}
+}  // namespace
+
+std::vector<std::int64_t> gguf_windows(const gguf::File& f, const TransformerConfig& c) {
+  const std::string& arch = f.get_string("general.architecture");
+  std::vector<std::int64_t> w(static_cast<std::size_t>(c.num_layers), 0);
+  if (arch != "gemma2" && arch != "gemma3") return w;
+  const std::string key = arch + ".attention.sliding_window", pattern = arch + ".attention.sliding_window_pattern";
+  // gemma3 without a window is all global (llama.cpp's LLAMA_SWA_TYPE_NONE); gemma2's default is 4096.
+  const std::int64_t W = f.has(key) ? f.get_int(key) : (arch == "gemma2" ? 4096 : 0);
+  IL_CHECK(W >= 0 && W < (std::int64_t{1} << 30), f.path(), ": metadata '", key, "' = ", W, " is not a window");
+  if (W == 0) return w;
+  // llama.cpp's pattern: n means layer i is local unless i % n == n - 1 (gemma2: 2, gemma3: 6), or
+  // one boolean per layer (true: local).
+  if (f.has(pattern) && f.get(pattern).kind == gguf::Value::Kind::Array) {
+    const auto& items = f.get(pattern).items;
+    IL_CHECK(static_cast<std::int64_t>(items.size()) == c.num_layers, f.path(), ": metadata '", pattern, "' has ",
+             items.size(), " entries for ", c.num_layers, " layers");
+    for (std::size_t i = 0; i < items.size(); ++i) w[i] = items[i].i ? W : 0;
+    return w;
+  }
+  const std::int64_t n = f.has(pattern) ? f.get_int(pattern) : (arch == "gemma2" ? 2 : 6);
+  IL_CHECK(n >= 1 && n <= c.num_layers + 1, f.path(), ": metadata '", pattern, "' = ", n, " must be in [1, ",
+           c.num_layers + 1, "]");
+  for (std::int64_t i = 0; i < c.num_layers; ++i) w[static_cast<std::size_t>(i)] = i % n < n - 1 ? W : 0;
+  return w;
+}
+
 TransformerConfig gguf_config(const gguf::File& f) {
   const std::string& arch = f.get_string("general.architecture");
   // qwen2 is llama with biases on q, k and v and RoPE over the two halves of a head (llama.cpp's
-  // NEOX pairing, the Hugging Face order): the same blocks, read under their own key prefix.
+  // NEOX pairing, the Hugging Face order): the same blocks, read under their own key prefix; so
+  // are qwen3 (per-head q/k norms instead of biases), gemma2 and gemma3 (gemma_config below).
   // qwen2moe is qwen2 with mixture-of-experts layers (gguf_moe.h), as llama with expert tensors is Mixtral.
-  IL_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen2moe", f.path(), ": architecture '", arch,
-           "' is not llama, qwen2 or qwen2moe",
+  IL_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen2moe" || arch == "qwen3" || arch == "gemma2" ||
+               arch == "gemma3",
+           f.path(), ": architecture '", arch, "' is not llama, qwen2, qwen2moe, qwen3, gemma2 or gemma3",
            arch == "deepseek2" ? " (DeepSeek's MLA runs in chapter 04 from a Hugging Face folder)" : "");
   const std::string k = arch + ".";
   // Counts are checked before anything divides by them or loops over them.
@@ -202,8 +253,14 @@ TransformerConfig gguf_config(const gguf::File& f) {
     return v;
   };
   TransformerConfig c;
-  c.architecture = arch == "qwen2" ? "Qwen2ForCausalLM" : arch == "qwen2moe" ? "Qwen2MoeForCausalLM" : "LlamaForCausalLM";
+  c.architecture = arch == "qwen2"      ? "Qwen2ForCausalLM"
+                   : arch == "qwen2moe" ? "Qwen2MoeForCausalLM"
+                   : arch == "qwen3"    ? "Qwen3ForCausalLM"
+                   : arch == "gemma2"   ? "Gemma2ForCausalLM"
+                   : arch == "gemma3"   ? "Gemma3ForCausalLM"
+                                        : "LlamaForCausalLM";
   c.attention_bias = arch == "qwen2" || arch == "qwen2moe";
+  c.qk_norm = arch == "qwen3" || arch == "gemma3";
   c.hidden_size = count(k + "embedding_length");
   c.intermediate_size = count(k + "feed_forward_length");
   c.num_layers = count(k + "block_count");
@@ -239,13 +296,16 @@ TransformerConfig gguf_config(const gguf::File& f) {
   };
   if (f.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = token("tokenizer.ggml.bos_token_id");
   if (f.has("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {token("tokenizer.ggml.eos_token_id")};
-  // Scaled RoPE (Llama 3.1's frequency factors, linear or YaRN scaling) would run with the wrong
+  if (arch == "gemma2" || arch == "gemma3") gemma_config(f, k, c);
+  // Linear RoPE scaling (Gemma 3's global layers) divides every frequency by the factor.
+  const bool linear = f.has(k + "rope.scaling.type") && f.get_string(k + "rope.scaling.type") == "linear";
+  if (linear) c.rope_scaling = {{"rope_type", "linear"}, {"factor", positive(k + "rope.scaling.factor")}};
+  // Other scaled RoPE (Llama 3.1's frequency factors, YaRN scaling) would run with the wrong
   // frequencies here: refuse it rather than generate from a different model.
-  const bool scaled =
-      (f.has(k + "rope.scaling.type") && f.get_string(k + "rope.scaling.type") != "none") || f.contains("rope_freqs.weight");
-  IL_CHECK(!scaled, f.path(), ": the model scales its RoPE frequencies (", k,
-           "rope.scaling.* or rope_freqs.weight), "
-           "which this loader does not implement");
+  const bool scaled = f.has(k + "rope.scaling.type") && f.get_string(k + "rope.scaling.type") != "none" && !linear;
+  IL_CHECK(!scaled, f.path(), ": the model scales its RoPE frequencies (", k, "rope.scaling.type '",
+           scaled ? f.get_string(k + "rope.scaling.type") : "", "'), which this loader does not implement (linear, and ",
+           "llama3's factors in rope_freqs.weight, it does)");
   // The project's shared rules (KV heads dividing heads, an even head_dim, size limits), whose
   // messages use config.json's field names.
   c.validate(f.path() + " (" + arch + ".* metadata, named as in a config.json)");
@@ -256,8 +316,19 @@ TransformerConfig gguf_config(const gguf::File& f) {
 ch01::Llama load_gguf(const std::string& path) { return load_gguf(gguf::File(path)); }
 
 ch01::Llama load_gguf(const gguf::File& f) {
+  const TransformerConfig c = gguf_config(f);
+  const auto w = gguf_windows(f, c);
+  IL_CHECK(std::all_of(w.begin(), w.end(), [](std::int64_t x) { return x == 0; }), f.path(), ": ", c.architecture,
+           " has sliding-window layers, which chapter 06 runs (ch06_local_attention generate --model ", f.path(),
+           "); this chapter would attend to everything");
+  return load_gguf_layers(f, w);
+}
+
+ch01::Llama load_gguf_layers(const gguf::File& f, const std::vector<std::int64_t>& windows) {
   const std::string& path = f.path();
   const TransformerConfig c = gguf_config(f);
+  IL_CHECK(static_cast<std::int64_t>(windows.size()) == c.num_layers, path, ": ", windows.size(), " windows for ",
+           c.num_layers, " layers");
   const gguf::Type qt = f.info("blk.0.attn_q.weight").type;
   const bool plain = qt == gguf::Type::F32 || qt == gguf::Type::F16 || qt == gguf::Type::BF16;
   // Every block type's matrices run packed: chapter 09's products read their bytes.
@@ -305,8 +376,20 @@ ch01::Llama load_gguf(const gguf::File& f) {
   m.config = c;
   // llama.cpp's llama rotates adjacent pairs (its converter reorders q and k rows to match);
   // qwen2 rotates the two halves of a head, as Hugging Face does, and its rows are as trained.
-  m.rope_pairing = c.attention_bias ? RopePairing::HalfSplit : RopePairing::Adjacent;
+  m.rope_pairing = c.architecture != "LlamaForCausalLM" ? RopePairing::HalfSplit : RopePairing::Adjacent;
   m.inv_freq = ch01::rope_frequencies(c);
+  // Llama 3's scaling as llama.cpp stores it: one factor per pair that divides its frequency
+  // (the converter computes them from rope_scaling's llama3 fields, as transformers does).
+  if (f.contains("rope_freqs.weight")) {
+    const Tensor factors = dense("rope_freqs.weight", {c.head_dim / 2});
+    for (std::int64_t j = 0; j < c.head_dim / 2; ++j) {
+      const float s = factors.data<float>()[j];
+      IL_CHECK(s > 0, path, ": tensor rope_freqs.weight: factor ", j, " is ", s, ", not positive");
+      m.inv_freq.data<float>()[j] /= s;
+    }
+  }
+  // Gemma 3's local layers rotate with a base of their own, unscaled.
+  const Tensor local_freq = c.rope_local_base_freq > 0 ? rope_inv_freq(c.head_dim, c.rope_local_base_freq) : Tensor{};
   m.embed = dense("token_embd.weight", {c.vocab_size, c.hidden_size});
   const std::int64_t D = c.hidden_size, F = c.intermediate_size, Q = c.num_heads * c.head_dim,
                      KV = c.num_kv_heads * c.head_dim;
@@ -326,6 +409,15 @@ ch01::Llama load_gguf(const gguf::File& f) {
       q.w_gate = matrix(b + "ffn_gate.weight", F, D), q.w_up = matrix(b + "ffn_up.weight", F, D);
       q.w_down = matrix(b + "ffn_down.weight", D, F);
     }
+    if (c.qk_norm) {  // qwen3, gemma3
+      q.q_norm = dense(b + "attn_q_norm.weight", {c.head_dim}), q.k_norm = dense(b + "attn_k_norm.weight", {c.head_dim});
+    }
+    if (c.post_norms) {  // gemma2, gemma3: ffn_norm is the one before the MLP
+      q.post_attn_norm = dense(b + "post_attention_norm.weight", {D}),
+      q.post_mlp_norm = dense(b + "post_ffw_norm.weight", {D});
+    }
+    q.geglu = c.hidden_act == "gelu_pytorch_tanh";
+    if (local_freq.defined() && windows[static_cast<std::size_t>(l)] > 0) q.inv_freq = local_freq;
     m.layers.push_back(std::move(q));
   }
   m.final_norm = dense("output_norm.weight", {D});

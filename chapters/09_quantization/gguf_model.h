@@ -28,9 +28,18 @@ void export_gguf(const std::string& model, const QuantSpec& spec, const std::str
 void export_gguf(const std::string& model, DType plain, const std::string& out);
 
 /// Reads a Llama GGUF (architecture llama, or qwen2: q/k/v biases, RoPE over the halves of each
-/// head) whose matrices are F32, F16, BF16 or one of the block types (README: which run packed).
+/// head; qwen3: per-head q/k norms) whose matrices are F32, F16, BF16 or one of the block types
+/// (README: which run packed). A model with sliding-window layers (gemma2, gemma3) is refused,
+/// naming chapter 06, which reads it with load_gguf_layers.
 ch01::Llama load_gguf(const std::string& path);
 ch01::Llama load_gguf(const gguf::File& f);
+/// The same for any of those architectures and gemma2 / gemma3, with the windows of its layers
+/// (gguf_windows) given: they choose the RoPE base of Gemma 3's local layers.
+ch01::Llama load_gguf_layers(const gguf::File& f, const std::vector<std::int64_t>& windows);
+/// Per layer, the sliding window llama.cpp applies (0: global): gemma2 and gemma3 from
+/// ARCH.attention.sliding_window and ARCH.attention.sliding_window_pattern, llama.cpp's defaults when absent
+/// (gemma2: 4096, one layer in 2 global; gemma3: one in 6); 0 for every layer of the others.
+std::vector<std::int64_t> gguf_windows(const gguf::File& f, const TransformerConfig& c);
 
 /// The config of a Llama GGUF from its llama.* metadata; throws naming the file and the key
 /// for a missing key, one of the wrong type, or a value out of range.

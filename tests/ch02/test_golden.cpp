@@ -12,6 +12,7 @@
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 #include "golden_util.h"
+#include "test_util.h"
 
 namespace inferlab {
 namespace {
@@ -103,21 +104,11 @@ TEST(LlamaRandomGolden, TheManifestListsTheModelsThisTestChecks) {
   EXPECT_EQ(manifest["compute_dtype"], "float64");
 }
 
-class LlamaRandomGolden : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(LlamaRandomGolden, BiasedLogitsAndGreedyTokensMatchTransformers) {
-  const std::string name = GetParam(), dir = kLlamaRandom + "/" + name;
-  ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors"))
-      << dir << " is missing (tools/make_llama_bias_goldens.py)";
-  const ch01::Llama m = ch01::load_llama(dir);
+// A random model's golden (data/golden/<set>/<name>): logits at every position through chapter
+// 01's pass and chapter 02's cache (one prefill, then a prefill of 3 and a token at a time), and
+// greedy tokens through both.
+void expect_random_golden(const ch01::Llama& m, const std::string& dir, const std::string& name) {
   const auto& c = m.config;
-  const bool mlp = name == "llama-all-bias";
-  ASSERT_TRUE(c.attention_bias && c.attention_out_bias);
-  ASSERT_EQ(c.mlp_bias, mlp);
-  for (const auto& l : m.layers) {
-    for (const Linear* w : {&l.wq, &l.wk, &l.wv, &l.wo}) EXPECT_TRUE(w->bias.defined());
-    for (const Linear* w : {&l.w_gate, &l.w_up, &l.w_down}) EXPECT_EQ(w->bias.defined(), mlp);
-  }
   const SafetensorsFile g(dir + "/golden.safetensors");
   const auto ids = ids_of(g.get("input_ids"));
   const auto want = g.get("logits").to_double_vector();
@@ -137,11 +128,96 @@ TEST_P(LlamaRandomGolden, BiasedLogitsAndGreedyTokensMatchTransformers) {
   EXPECT_EQ(ch02::generate_cached(m, ids, static_cast<int>(greedy.size()), s2, {}).generated, greedy);
 }
 
+class LlamaRandomGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LlamaRandomGolden, BiasedLogitsAndGreedyTokensMatchTransformers) {
+  const std::string name = GetParam(), dir = kLlamaRandom + "/" + name;
+  ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors"))
+      << dir << " is missing (tools/make_llama_bias_goldens.py)";
+  const ch01::Llama m = ch01::load_llama(dir);
+  const auto& c = m.config;
+  const bool mlp = name == "llama-all-bias";
+  ASSERT_TRUE(c.attention_bias && c.attention_out_bias);
+  ASSERT_EQ(c.mlp_bias, mlp);
+  for (const auto& l : m.layers) {
+    for (const Linear* w : {&l.wq, &l.wk, &l.wv, &l.wo}) EXPECT_TRUE(w->bias.defined());
+    for (const Linear* w : {&l.w_gate, &l.w_up, &l.w_down}) EXPECT_EQ(w->bias.defined(), mlp);
+  }
+  expect_random_golden(m, dir, name);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, LlamaRandomGolden, ::testing::ValuesIn(kBiasModels), [](const auto& info) {
   std::string n = info.param;
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
 });
+
+// Qwen3 (tools/make_family_goldens.py's random models in data/golden/family-random): a
+// Llama-family layer with an RMSNorm over head_dim on every query and key head before RoPE. The
+// same checks as the biased Llamas above; and the Gemma models of the same set refused by name,
+// with the chapter that runs them.
+const std::string kFamily = kData + "/golden/family-random";
+const std::vector<std::string> kQwen3 = {"qwen3-gqa", "qwen3-tied"};
+
+TEST(Qwen3Golden, TheManifestListsTheModelsThisTestChecks) {
+  const auto manifest = load_json(kFamily + "/manifest.json");
+  std::vector<std::string> names;
+  for (const auto& e : manifest["models"])
+    if (e["chapter"] == "01") names.push_back(e["name"].get<std::string>());
+  auto all = kQwen3;
+  all.push_back("llama32-tied");
+  EXPECT_EQ(names, all) << "tools/make_family_goldens.py and this test list different models";
+  EXPECT_EQ(manifest["compute_dtype"], "float64");
+}
+
+class Qwen3Golden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Qwen3Golden, LogitsAndGreedyTokensMatchTransformers) {
+  const std::string name = GetParam(), dir = kFamily + "/" + name;
+  ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors")) << dir << " is missing (tools/make_family_goldens.py)";
+  const ch01::Llama m = ch01::load_llama(dir);
+  const auto& c = m.config;
+  ASSERT_TRUE(c.qk_norm);
+  EXPECT_EQ(m.tied(), name == "qwen3-tied");
+  for (const auto& l : m.layers) {
+    ASSERT_TRUE(l.q_norm.defined() && l.k_norm.defined());
+    EXPECT_EQ(l.q_norm.shape(), (Shape{c.head_dim}));
+  }
+  expect_random_golden(m, dir, name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Qwen3Golden, ::testing::ValuesIn(kQwen3), [](const auto& info) {
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+});
+
+// Llama 3.2's kind of folder: no lm_head tensor (tie_word_embeddings) and llama3 RoPE scaling.
+TEST(Llama32Golden, TiedHeadAndLlama3ScalingMatchTransformers) {
+  const std::string dir = kFamily + "/llama32-tied";
+  const ch01::Llama m = ch01::load_llama(dir);
+  EXPECT_TRUE(m.tied());
+  EXPECT_FALSE(m.config.rope_scaling.is_null());
+  expect_random_golden(m, dir, "llama32-tied");
+}
+
+// Without its per-head norms a Qwen3 is a different model: the golden would catch a loader that
+// dropped them (the test above), and this says by how much.
+TEST(Qwen3Golden, TheHeadNormsChangeTheLogits) {
+  ch01::Llama m = ch01::load_llama(kFamily + "/qwen3-gqa");
+  const SafetensorsFile g(kFamily + "/qwen3-gqa/golden.safetensors");
+  const auto ids = test::ids_of(g.get("input_ids"));
+  const auto want = g.get("logits").to_double_vector();
+  for (auto& l : m.layers) l.q_norm = Tensor(), l.k_norm = Tensor();
+  EXPECT_GT(test::max_diff(ch01::forward(m, ids, true).to_double_vector(), want), 0.1);
+}
+
+// Gemma interleaves local and global layers: chapters 01 and 02 would attend to everything, so
+// they refuse it and name chapter 06, which runs it.
+TEST(Qwen3Golden, GemmaIsRefusedNamingChapterSix) {
+  for (const char* name : {"gemma2-alternating", "gemma3-pattern"})
+    test::expect_error([&] { ch01::load_llama(kFamily + "/" + name); }, {"chapter 06", "ch06_local_attention"});
+}
 
 }  // namespace
 }  // namespace inferlab

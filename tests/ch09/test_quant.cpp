@@ -724,7 +724,9 @@ TEST(Gguf, BadLlamaMetadataNamesTheKeyAndTheFile) {
       {"tokenizer.ggml.eos_token_id", gguf::Value::u32(999999), {"eos_token_id' = 999999", "[0, 1024)"}},
       {"general.architecture", gguf::Value::u32(1), {"'general.architecture' is UINT32", "STRING"}},
       // Scaled RoPE would load and run with the wrong frequencies.
-      {"llama.rope.scaling.type", gguf::Value::str("linear"), {"scales its RoPE frequencies"}},
+      {"llama.rope.scaling.type", gguf::Value::str("yarn"), {"scales its RoPE frequencies"}},
+      // Linear scaling runs (Gemma 3's), with its factor.
+      {"llama.rope.scaling.type", gguf::Value::str("linear"), {"missing metadata 'llama.rope.scaling.factor'"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.key + " " + gguf::kind_name(c.value.kind));
