@@ -160,9 +160,8 @@ void paged_decode_attention(const Tensor& q, const Tensor& k_pool, const Tensor&
   splits = std::max<std::int64_t>(splits, splits_for(longest));  // each range fits a chunk
   const int per = static_cast<int>((longest + splits - 1) / splits);
   const Tensor t = Tensor::from_vector(table, {static_cast<std::int64_t>(table.size())}).to(Device::CUDA);
-  auto* part = static_cast<float*>(
-      scratch(static_cast<std::size_t>(part_floats(static_cast<long long>(T) * N, static_cast<int>(splits), H)) *
-              sizeof(float)));
+  auto* part = static_cast<float*>(scratch(
+      static_cast<std::size_t>(part_floats(static_cast<long long>(T) * N, static_cast<int>(splits), H)) * sizeof(float)));
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(N), static_cast<unsigned>(T));
   decode::paged<<<grid, kThreads, 0, stream()>>>(q.data<float>(), k_pool.data<float>(), v_pool.data<float>(),
                                                  t.data<std::int32_t>(), B, N, K, H, static_cast<int>(q_offset), per,

@@ -27,11 +27,11 @@
 
 namespace inferlab::cuda::decode {
 
-constexpr int kChunk = 256;    // positions a block attends at most: one split
-constexpr int kThreads = 128;  // threads a block (versions 1, 2, 4, 5 and the merge)
-constexpr int kMaxHead = 256;  // head dimension of versions 1, 2 and 5 (q in shared memory)
-constexpr int kMaxQk = 1024;   // version 4: query/key width (MLA's q·k with RoPE, unabsorbed: 192)
-constexpr int kMaxGroup = 16;  // version 2: query heads per KV head
+constexpr int kChunk = 256;          // positions a block attends at most: one split
+constexpr int kThreads = 128;        // threads a block (versions 1, 2, 4, 5 and the merge)
+constexpr int kMaxHead = 256;        // head dimension of versions 1, 2 and 5 (q in shared memory)
+constexpr int kMaxQk = 1024;         // version 4: query/key width (MLA's q·k with RoPE, unabsorbed: 192)
+constexpr int kMaxGroup = 16;        // version 2: query heads per KV head
 constexpr int kMaxGroupDims = 2048;  // version 2: G·H values of q kept in shared memory
 constexpr int kLatentHeads = 16;     // version 3: query heads a block serves
 constexpr int kLatentThreads = 256;  // version 3: threads a block
@@ -99,7 +99,8 @@ __global__ void per_head(const float* __restrict__ q, const float* __restrict__ 
   const int kvh = h / (N / Kh);
   for (int d = threadIdx.x; d < H; d += blockDim.x) qs[d] = q[h * H + d] * scale;
   __syncthreads();
-  warp_scores(qs, H, n, [&](int j) { return kc + (static_cast<long long>(start + j) * Kh + kvh) * H; }, sc);
+  warp_scores(
+      qs, H, n, [&](int j) { return kc + (static_cast<long long>(start + j) * Kh + kvh) * H; }, sc);
   __syncthreads();
   float m, l;
   chunk_softmax(sc, n, m, l);
@@ -267,9 +268,9 @@ static_assert(kChunk % 4 == 0, "version 3's value loop reads the weights four po
 // ---- version 4: ragged over a batch -----------------------------------------------------------
 // The sequences of one launch, passed by value as a kernel argument (nothing copied first).
 struct RaggedSeqs {
-  long long row[kSeqs];                // the sequence's query row in q and out
-  long long kv_start[kSeqs];           // its first key row in k and v
-  long long lo[kSeqs], hi[kSeqs];      // the keys it attends, lo..hi (causal limit and window applied)
+  long long row[kSeqs];            // the sequence's query row in q and out
+  long long kv_start[kSeqs];       // its first key row in k and v
+  long long lo[kSeqs], hi[kSeqs];  // the keys it attends, lo..hi (causal limit and window applied)
 };
 
 namespace {
@@ -290,7 +291,8 @@ __global__ void ragged(const float* __restrict__ q, const float* __restrict__ k,
   const float* vb = v + (seqs.kv_start[b] + start) * Nk * Dv;
   for (long long d = threadIdx.x; d < Dqk; d += blockDim.x) qs[d] = q[(row * Nq + h) * Dqk + d] * scale;
   __syncthreads();
-  warp_scores(qs, Dqk, n, [&](int j) { return kb + (j * Nk + kvh) * Dqk; }, sc);
+  warp_scores(
+      qs, Dqk, n, [&](int j) { return kb + (j * Nk + kvh) * Dqk; }, sc);
   __syncthreads();
   float m, l;
   chunk_softmax(sc, n, m, l);
@@ -321,7 +323,8 @@ __global__ void paged(const float* __restrict__ q, const float* __restrict__ kp,
   if (n == 0) return empty_slot(out);
   for (int i = threadIdx.x; i < H; i += blockDim.x) qs[i] = q[(static_cast<long long>(t) * N + h) * H + i] * scale;
   __syncthreads();
-  warp_scores(qs, H, n, [&](int j) { return kp + (slot_of(table, B, lo + j) * K + g) * H; }, sc);  // from its slot
+  warp_scores(
+      qs, H, n, [&](int j) { return kp + (slot_of(table, B, lo + j) * K + g) * H; }, sc);  // from its slot
   __syncthreads();
   float m, l;
   chunk_softmax(sc, n, m, l);
@@ -372,10 +375,10 @@ inline long long part_floats(long long groups, int splits, long long D) { return
 /// Version 1 then the merge, as chapter 02's CUDA graph captures them: the last position is read
 /// from the device int *pos, and `splits` covers the cache's capacity (chunks past the position
 /// contribute nothing). q [N, H], out [N, H]; part holds part_floats(N, splits, H).
-inline void launch_per_head(const float* q, const float* k, const float* v, const int* pos, float* part, float* out,
-                            int N, int Kh, int H, int splits, float scale, cudaStream_t stream) {
-  per_head<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(splits)), kThreads, 0, stream>>>(q, k, v, pos, part, N,
-                                                                                                   Kh, H, scale);
+inline void launch_per_head(const float* q, const float* k, const float* v, const int* pos, float* part, float* out, int N,
+                            int Kh, int H, int splits, float scale, cudaStream_t stream) {
+  per_head<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(splits)), kThreads, 0, stream>>>(q, k, v, pos, part, N, Kh,
+                                                                                                   H, scale);
   IL_CUDA_LAUNCHED();
   merge<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(part, out, splits, H, SameRow{});
   IL_CUDA_LAUNCHED();

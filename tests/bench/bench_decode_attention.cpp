@@ -31,7 +31,8 @@ struct AttnShape {
   const char* name;
   std::int64_t N, K, H;
 };
-constexpr AttnShape kShapes[] = {{"GQA N32 K8 H128", 32, 8, 128}, {"MHA N32 K32 H128", 32, 32, 128}, {"MQA N32 K1 H128", 32, 1, 128}};
+constexpr AttnShape kShapes[] = {
+    {"GQA N32 K8 H128", 32, 8, 128}, {"MHA N32 K32 H128", 32, 32, 128}, {"MQA N32 K1 H128", 32, 1, 128}};
 
 double read_ceiling() {
   static const double c = cuda::measure_read_bandwidth(std::size_t(2) << 30);

@@ -173,8 +173,8 @@ TEST(Gemma, RefusalsNameTheChapterThatRuns) {
   const std::string dir = ::testing::TempDir() + "/other-arch";
   std::filesystem::create_directories(dir);
   auto j = load_json(kFamily + "/gemma2-alternating/config.json");
-  for (const auto& [arch, chapter] : {std::pair{"MambaForCausalLM", "chapter 07 runs it (ch07_mamba)"},
-                                      std::pair{"DeepseekV3ForCausalLM", "chapter 04 runs it (ch04_mla)"},
+  for (const auto& [arch, chapter] : {std::pair{"MambaForCausalLM", "it runs in chapter 07, ch07_mamba"},
+                                      std::pair{"DeepseekV3ForCausalLM", "it runs in chapter 04, ch04_mla"},
                                       std::pair{"InferLabMDLMForMaskedDiffusion", "chapter 08"}}) {
     j["architectures"] = {arch};
     test::write_file(dir + "/config.json", j.dump());
