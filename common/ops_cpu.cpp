@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -64,6 +65,54 @@ void two_rows_of(const float* x, std::int64_t M, std::int64_t K, const W* w, flo
   else dots<6, W, 2>(x, K, w, y, y_stride);
 }
 
+// ---- the tiled version for 8 to 32 rows ----------------------------------------------------------
+typedef Lanes<16>::f32 f32x16;
+
+// Weight rows w .. w + 3K against x rows x .. x + 7K: each step loads 4 weight vectors and 8 x
+// vectors for 32 multiply-adds of 16 lanes (the rows kernel: 1 weight vector and 8 x vectors for
+// 8). y[m·y_stride + r] gets x row m against weight row r; the K tail is added in order at the end.
+template <class W>
+void tile_4x8(const float* x, std::int64_t K, const W* w, float* y, std::int64_t y_stride) {
+  constexpr int R = 4, M = 8;
+  f32x16 acc[R][M] = {};
+  std::int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    f32x16 wv[R];
+    for (int r = 0; r < R; ++r) {
+      __builtin_prefetch(reinterpret_cast<const char*>(w + r * K + k) + kPrefetchBytes, 0, 2);
+      wv[r] = load<16>(w + r * K + k);
+    }
+    for (int m = 0; m < M; ++m) {
+      const f32x16 xv = load<16>(x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[r][m] += xv * wv[r];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) {
+      float s = 0.0f;
+      for (int i = 0; i < 16; ++i) s += acc[r][m][i];
+      for (std::int64_t j = k; j < K; ++j) s += x[m * K + j] * widen(w[r * K + j]);
+      y[m * y_stride + r] = s;
+    }
+}
+
+std::atomic<BatchGemv> g_batch_gemv{BatchGemv::Tiles};
+
+// M ≥ 8 rows by f32 or bf16 weights, four weight rows a task: the full groups of eight x rows by
+// tile_4x8, the rest of x's rows (and the last N mod 4 weight rows) by the rows kernel.
+template <class W>
+void gemv_tiles(const float* X, std::int64_t M, std::int64_t K, const W* w, std::int64_t N, float* Y) {
+  const std::int64_t M8 = M / 8 * 8, N4 = N / 4 * 4;
+#pragma omp parallel for schedule(static) if (M * N * K >= kParallelWork)
+  for (std::int64_t i = 0; i < N4 / 4; ++i) {
+    const std::int64_t n = 4 * i;
+    for (std::int64_t m0 = 0; m0 < M8; m0 += 8) tile_4x8(X + m0 * K, K, w + n * K, Y + m0 * N + n, N);
+    if (M8 < M)
+      for (std::int64_t r = 0; r < 4; ++r) dot_rows_of(X + M8 * K, M - M8, K, w + (n + r) * K, Y + M8 * N + n + r, N);
+  }
+  for (std::int64_t n = N4; n < N; ++n) dot_rows_of(X, M, K, w + n * K, Y + n, N);
+}
+
 // Up to kGemvMaxRows rows: each weight row is streamed from memory once and dotted with every row
 // of x, eight at a time; with 5 or 6 rows, two weight rows at a time.
 void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
@@ -71,6 +120,10 @@ void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
   const float* X = x.data<float>();
   float* Y = out.data<float>();
   const DType wt = w.dtype();
+  if (M >= 8 && g_batch_gemv.load(std::memory_order_relaxed) == BatchGemv::Tiles) {
+    if (wt == DType::F32) return gemv_tiles(X, M, K, w.data<float>(), N, Y);
+    if (wt == DType::BF16) return gemv_tiles(X, M, K, w.data<std::uint16_t>(), N, Y);
+  }
   const std::int64_t pair = (M == 5 || M == 6) && wt != DType::F16 ? 2 : 1;  // weight rows a task
 #pragma omp parallel for schedule(static) if (M * N * K >= kParallelWork)
   for (std::int64_t i = 0; i < (N + pair - 1) / pair; ++i) {
@@ -132,6 +185,9 @@ void dot_rows(const float* x, std::int64_t M, std::int64_t K, const float* w, fl
 void dot_rows(const float* x, std::int64_t M, std::int64_t K, const std::int8_t* w, float* y, std::int64_t y_stride) {
   dot_rows_of(x, M, K, w, y, y_stride);
 }
+
+void set_batch_gemv(BatchGemv k) { g_batch_gemv.store(k, std::memory_order_relaxed); }
+BatchGemv batch_gemv() { return g_batch_gemv.load(std::memory_order_relaxed); }
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   if (x.size(0) <= kGemvMaxRows) gemv(x, w, out);

@@ -19,26 +19,37 @@ namespace inferlab::cpu {
 /// The vector kernels of the fast paths, for other fast paths to share (chapter 12's paged attention).
 namespace simd {
 
-// SIMD through GCC/Clang vector extensions: 8 floats per vector (one AVX register, two NEON
-// ones), written once for every target instead of per-ISA intrinsics.
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef std::uint16_t u16x8 __attribute__((vector_size(16)));
-typedef std::uint32_t u32x8 __attribute__((vector_size(32)));
+// SIMD through GCC/Clang vector extensions: L floats per vector (L = 8: one AVX register, two
+// NEON ones; L = 16: one AVX-512 register), written once for every target instead of per-ISA
+// intrinsics.
+template <int L>
+struct Lanes {
+  typedef float f32 __attribute__((vector_size(4 * L)));
+  typedef std::uint16_t u16 __attribute__((vector_size(2 * L)));
+  typedef std::uint32_t u32 __attribute__((vector_size(4 * L)));
+};
+typedef Lanes<8>::f32 f32x8;
+typedef Lanes<8>::u16 u16x8;
+typedef Lanes<8>::u32 u32x8;
 
-inline f32x8 load8(const float* p) {
-  f32x8 v;
+template <int L>
+inline typename Lanes<L>::f32 load(const float* p) {
+  typename Lanes<L>::f32 v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-// Eight bf16 values widened to f32: each is the top half of a float.
-inline f32x8 load8(const std::uint16_t* p) {
-  u16x8 h;
+// L bf16 values widened to f32: each is the top half of a float.
+template <int L>
+inline typename Lanes<L>::f32 load(const std::uint16_t* p) {
+  typename Lanes<L>::u16 h;
   std::memcpy(&h, p, sizeof h);
-  const u32x8 w = __builtin_convertvector(h, u32x8) << 16;
-  f32x8 v;
+  const typename Lanes<L>::u32 w = __builtin_convertvector(h, typename Lanes<L>::u32) << 16;
+  typename Lanes<L>::f32 v;
   std::memcpy(&v, &w, sizeof v);
   return v;
 }
+inline f32x8 load8(const float* p) { return load<8>(p); }
+inline f32x8 load8(const std::uint16_t* p) { return load<8>(p); }
 // Eight int8 values as f32 (chapter 09's int8 rows; the scale is applied by the caller).
 // (GCC compiles the generic conversion one lane at a time, so AVX2 gets its two instructions.)
 inline f32x8 load8(const std::int8_t* p) {
@@ -117,6 +128,14 @@ using simd::dot;
 using simd::dots;
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out);
+/// How matmul multiplies 8 to 32 rows of x (a batched decode step) by f32 or bf16 weights:
+/// `Rows`, the simple version, dots each weight row with eight x rows at a time (dots<8>);
+/// `Tiles` (the default) keeps a tile of 4 weight rows × 8 x rows in 32 vector accumulators of 16
+/// lanes, so that each load feeds several multiply-adds and the arithmetic, not the loads, sets
+/// the pace. Both obey the reference loop's γ_K bound; benchmarks and tests pick one.
+enum class BatchGemv { Rows, Tiles };
+void set_batch_gemv(BatchGemv k);
+BatchGemv batch_gemv();
 /// Attention over a checked, resolved batch (a single sequence is a batch of one).
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, const RaggedBatch& batch,
                const AttentionParams& p);

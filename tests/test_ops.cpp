@@ -54,12 +54,18 @@ TEST_P(MatmulTest, ReferenceAndFastPathWithinTheDotProductBound) {
     }
   Tensor r = Tensor::empty({M, N}, DType::F32), f = Tensor::empty({M, N}, DType::F32);
   ref::matmul(x, w, r);
-  ops::matmul(x, w, f);
   expect_within(r.to_double_vector(), exact, bound, "ref::matmul vs float64");
-  expect_within(f.to_double_vector(), exact, bound, "ops::matmul vs float64");
   std::vector<double> both(bound.size());
   for (std::size_t i = 0; i < both.size(); ++i) both[i] = 2 * bound[i];
-  expect_within(f.to_double_vector(), r.to_double_vector(), both, "ops::matmul vs ref::matmul");
+  // Both versions of the batched GEMV (8 to 32 rows; the others ignore the choice).
+  for (const cpu::BatchGemv kind : {cpu::BatchGemv::Rows, cpu::BatchGemv::Tiles}) {
+    const std::string name = kind == cpu::BatchGemv::Rows ? " (rows)" : " (tiles)";
+    cpu::set_batch_gemv(kind);
+    ops::matmul(x, w, f);
+    cpu::set_batch_gemv(cpu::BatchGemv::Tiles);
+    expect_within(f.to_double_vector(), exact, bound, "ops::matmul vs float64" + name);
+    expect_within(f.to_double_vector(), r.to_double_vector(), both, "ops::matmul vs ref::matmul" + name);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
@@ -70,7 +76,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                                            MatmulCase{33, 128, 300, DType::BF16}, MatmulCase{9, 64, 40, DType::F16},
                                            MatmulCase{5, 300, 37, DType::F32}, MatmulCase{6, 130, 21, DType::BF16},
                                            MatmulCase{3, 1031, 515, DType::F32}, MatmulCase{5, 96, 2, DType::F16},
-                                           MatmulCase{5, 1031, 64, DType::BF16}, MatmulCase{6, 64, 40, DType::F32}),
+                                           MatmulCase{5, 1031, 64, DType::BF16}, MatmulCase{6, 64, 40, DType::F32},
+                                           // a batched decode step: whole tiles, row and column tails, a K tail
+                                           MatmulCase{8, 1024, 64, DType::F32}, MatmulCase{16, 1031, 130, DType::BF16},
+                                           MatmulCase{31, 70, 37, DType::F32}, MatmulCase{32, 300, 515, DType::F32}),
                          [](const auto& info) {
   return "M" + std::to_string(info.param.M) + "_K" + std::to_string(info.param.K) + "_N" + std::to_string(info.param.N) +
          "_" + std::string(dtype_name(info.param.wt));
