@@ -27,6 +27,7 @@
 #include "common/eval.h"
 #include "common/json_file.h"
 #include "common/llama2c.h"
+#include "common/ops_cpu.h"
 #include "common/safetensors.h"
 #include "golden_util.h"
 #include "small_tokenizer.h"
@@ -1420,6 +1421,14 @@ TransformerConfig super_block_config() {
 // either way from one build's rounding to another's; comparing two free-running greedy decodes
 // would test the rounding, not the products.
 void expect_runs_as_decoded(const ch01::Llama& m) {
+  // The decoded model's products must sum as the packed prefill does (cpu::dot_rows, the row
+  // kernel): each layer rounds its input through q8_0 blocks, and that rounding is a step
+  // function, so an ulp of difference upstream can move a value a whole q8_0 step and the two
+  // paths would no longer be comparable to their rounding bound.
+  struct RowKernel {
+    RowKernel() { cpu::set_batch_gemv(cpu::BatchGemv::Rows); }
+    ~RowKernel() { cpu::set_batch_gemv(cpu::BatchGemv::Tiles); }
+  } rows;
   for (const ch01::LlamaLayer& l : m.layers)
     for (const Linear* w : l.linears()) ASSERT_TRUE(w->packed) << "a projection was decoded at load";
   ASSERT_TRUE(m.lm_head.packed);
