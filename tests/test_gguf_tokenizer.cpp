@@ -219,9 +219,11 @@ void set(std::vector<std::pair<std::string, gguf::Value>>& meta, const std::stri
 
 }  // namespace
 
-// The campaign's hang: a piece of 1 MB made the reader compare every split of it (34 s). Loading
-// and tokenizing a short prompt now takes well under 50 ms; the merges found are the same.
-TEST(GgufTokenizer, AOneMegabytePieceLoadsAndTokenizesInUnderFiftyMilliseconds) {
+// The campaign's hang: a piece of 1 MB made the reader compare every split of it (34 s). The
+// merges found are the same without that search. How fast it is now (7.9 ms) is bench_tokenizer's
+// to measure; the limit here only catches the quadratic search coming back (100 times the
+// time it takes under AddressSanitizer, a seventh of what the search took).
+TEST(GgufTokenizer, AOneMegabytePieceLoadsAndTokenizesWithoutTheQuadraticSearch) {
   test::TempDir tmp;
   const std::string big(std::size_t(1) << 20, 'a');
   const std::string path = write_metadata(tmp, "big",
@@ -234,7 +236,7 @@ TEST(GgufTokenizer, AOneMegabytePieceLoadsAndTokenizesInUnderFiftyMilliseconds) 
   const auto tok = gguf::tokenizer(f);
   const auto ids = tok->encode("a aa b");
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_LT(ms, 50.0);
+  EXPECT_LT(ms, 5000.0) << "the split search is quadratic in a piece's length again";
   // ▁a, ▁a, a, ▁, and b's byte
   EXPECT_EQ(ids, (std::vector<std::int32_t>{2, 2, 1, 0, 4 + 'b'}));
   // Its merges: only the splits whose both halves are pieces ("▁" + "a" makes "▁a").
