@@ -5,11 +5,7 @@
 // (b_t = 0); dt likewise (dt_t = 0 for LTI).
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define IL_HD __host__ __device__
-#else
-#define IL_HD
-#endif
+#include "common/host_device.h"
 
 namespace inferlab::ch07 {
 
