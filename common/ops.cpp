@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "common/cached_batch.h"
 #include "common/cuda/backend.h"
 #include "common/hf_config.h"
 #include "common/metrics.h"
@@ -247,7 +248,8 @@ CachedAttention attention_cached(const Tensor& q, const std::vector<CachedKV>& s
   want_ndim(q, 3, op, "q"), want_ndim(out, 3, op, "out");
   want_dtype(q, DType::F32, op, "q"), want_dtype(out, DType::F32, op, "out");
   same_device(op, {&q, &out});
-  IL_CHECK(!q.is_cuda(), op, ": runs on the CPU (a CUDA batch attends sequence by sequence)");
+  IL_CHECK(p.softcap == 0 || !q.is_cuda(), op,
+           ": logit soft-capping (Gemma 2) runs on the CPU only; run the model with --device cpu");
   const std::int64_t T = q.size(0), Nq = q.size(1), Dqk = q.size(2);
   IL_CHECK(out.size(0) == T && out.size(1) == Nq, op, ": out ", out.describe(), " should have q's rows and heads (q is ",
            q.describe(), ")");
@@ -304,6 +306,22 @@ CachedAttention attention_cached(const Tensor& q, const std::vector<CachedKV>& s
   return r;
 }
 
+void store_cached(const CachedBatch& batch, std::int64_t layer, const Tensor& k, const Tensor& v) {
+  const char* op = "store_cached";
+  want(k, op, "k"), want(v, op, "v");
+  want_ndim(k, 3, op, "k"), want_ndim(v, 3, op, "v");
+  want_dtype(k, DType::F32, op, "k"), want_dtype(v, DType::F32, op, "v");
+  if (batch.seqs().empty()) return;
+  IL_CHECK(layer >= 0 && layer < batch.layers(), op, ": no layer ", layer, " in a batch of ", batch.layers());
+  const Tensor &sk = batch.seqs()[0].k[0], &sv = batch.seqs()[0].v[0];
+  IL_CHECK(k.device() == batch.device() && v.device() == batch.device(), op, ": k ", k.describe(), " and v ", v.describe(),
+           " must be on the device of the caches (", device_name(batch.device()), ")");
+  IL_CHECK(k.size(0) == batch.rows() && v.size(0) == batch.rows() && k.size(1) == sk.size(1) && k.size(2) == sk.size(2) &&
+               v.size(1) == sv.size(1) && v.size(2) == sv.size(2),
+           op, ": k ", k.describe(), " and v ", v.describe(), " should be the batch's ", batch.rows(),
+           " rows of the caches' rows ", sk.describe(), " and ", sv.describe());
+}
+
 void argmax(const Tensor& x, const Tensor& out) {
   want(x, "argmax", "x"), want(out, "argmax", "out");
   want_ndim(x, 2, "argmax", "x"), want_ndim(out, 1, "argmax", "out");
@@ -315,6 +333,108 @@ void argmax(const Tensor& x, const Tensor& out) {
 }
 
 }  // namespace check
+
+// ---------------------------------------------------------------------------------------------
+// The per-step context of attention over a batch's caches (common/cached_batch.h).
+CachedBatch::CachedBatch(std::vector<CachedSeq> seqs, std::int64_t rows, std::int64_t per)
+    : seqs_(std::move(seqs)), rows_(rows) {
+  using namespace cached_batch;
+  const char* op = "cached batch";
+  IL_CHECK(rows >= 0, op, ": ", rows, " query rows");
+  IL_CHECK(per >= 1 && per <= kRange, op, ": ranges of ", per, " positions (1 to ", kRange, " allowed)");
+  const std::int64_t B = static_cast<std::int64_t>(seqs_.size()), L = layers();
+  words_.assign(kHeader, 0);
+  words_[kSeqs] = B, words_[kRows] = rows, words_[kLayers] = L, words_[kPer] = per;
+  std::vector<std::int64_t> owner(static_cast<std::size_t>(rows), -1), tables;
+  for (std::int64_t b = 0; b < B; ++b) {
+    CachedSeq& s = seqs_[static_cast<std::size_t>(b)];
+    IL_CHECK(L > 0 && static_cast<std::int64_t>(s.k.size()) == L && static_cast<std::int64_t>(s.v.size()) == L, op,
+             ": sequence ", b, " has ", s.k.size(), " layers of keys and ", s.v.size(), " of values; sequence 0 has ", L);
+    std::int64_t held = -1;  // the fewest rows any layer's storage holds
+    for (std::int64_t l = 0; l < L; ++l) {
+      const Tensor &k = s.k[static_cast<std::size_t>(l)], &v = s.v[static_cast<std::size_t>(l)];
+      want(k, op, "k"), want(v, op, "v"), want_ndim(k, 3, op, "k"), want_ndim(v, 3, op, "v");
+      want_dtype(k, DType::F32, op, "k"), want_dtype(v, DType::F32, op, "v");
+      const Tensor &k0 = seqs_[0].k[0], &v0 = seqs_[0].v[0];
+      IL_CHECK(k.device() == k0.device() && v.device() == k0.device() && k.size(1) == k0.size(1) &&
+                   k.size(2) == k0.size(2) && v.size(0) == k.size(0) && v.size(1) == v0.size(1) && v.size(2) == v0.size(2),
+               op, ": sequence ", b, "'s layer ", l, " keeps k ", k.describe(), " and v ", v.describe(),
+               ", unlike sequence 0's layer 0 (k ", k0.describe(), ", v ", v0.describe(), ")");
+      held = held < 0 ? k.size(0) : std::min(held, k.size(0));
+      aligned16_ = aligned16_ && reinterpret_cast<std::uintptr_t>(k.raw_data()) % 16 == 0 &&
+                   reinterpret_cast<std::uintptr_t>(v.raw_data()) % 16 == 0;
+    }
+    const std::int64_t T = s.q_end - s.q_begin;
+    IL_CHECK(s.q_begin >= 0 && T >= 0 && s.q_end <= rows, op, ": sequence ", b, "'s query rows ", s.q_begin, "..", s.q_end,
+             " are not within the step's ", rows, " rows");
+    IL_CHECK(s.length > 0, op, ": sequence ", b, " holds no positions");
+    if (s.q_offset < 0) s.q_offset = s.length - T;
+    IL_CHECK(s.q_offset >= 0 && s.q_offset + T <= s.length, op, ": sequence ", b, "'s rows at positions ", s.q_offset, "..",
+             s.q_offset + T - 1, " are not among its ", s.length);
+    std::int64_t table_at = -1;
+    if (!s.table) {
+      s.block_size = 1;
+      IL_CHECK(s.length <= held, op, ": sequence ", b, " holds ", s.length, " positions in ", held, " rows");
+    } else {
+      const std::int64_t used = s.block_size > 0 ? (s.length + s.block_size - 1) / s.block_size : 0;
+      IL_CHECK(s.block_size > 0 && used <= static_cast<std::int64_t>(s.table->size()), op, ": sequence ", b, " holds ",
+               s.length, " positions, but its block table lists ", s.table->size(), " blocks of ", s.block_size);
+      table_at = static_cast<std::int64_t>(tables.size());
+      for (std::int64_t i = 0; i < used; ++i) {
+        const std::int64_t blk = (*s.table)[static_cast<std::size_t>(i)];
+        IL_CHECK(blk >= 0 && (blk + 1) * s.block_size <= held, op, ": sequence ", b, "'s block ", blk,
+                 " is outside its storage of ", held, " rows");
+        tables.push_back(blk);
+      }
+    }
+    for (std::int64_t i = s.q_begin; i < s.q_end; ++i) {
+      IL_CHECK(owner[static_cast<std::size_t>(i)] < 0, op, ": sequences ", owner[static_cast<std::size_t>(i)], " and ", b,
+               " both name query row ", i);
+      owner[static_cast<std::size_t>(i)] = b;
+    }
+    words_.insert(words_.end(), {s.q_begin, s.q_end, s.q_offset, s.length, table_at, s.block_size});
+  }
+  if (B > 0) {
+    device_ = seqs_[0].k[0].device();
+    const std::int64_t kw = seqs_[0].k[0].size(1) * seqs_[0].k[0].size(2),
+                       vw = seqs_[0].v[0].size(1) * seqs_[0].v[0].size(2);
+    aligned16_ = aligned16_ && kw % 4 == 0 && vw % 4 == 0;
+  }
+  words_[kRowsAt] = static_cast<std::int64_t>(words_.size());
+  words_.insert(words_.end(), owner.begin(), owner.end());
+  // A row's work items: its ranges of `per` positions over all of its sequence's positions, the
+  // most any row can see (a causal row or a window sees fewer: its last items are empty).
+  words_[kItemsAt] = static_cast<std::int64_t>(words_.size());
+  std::int64_t items = 0;
+  for (std::int64_t i = 0; i <= rows; ++i) {
+    words_.push_back(items);
+    const std::int64_t b = i < rows ? owner[static_cast<std::size_t>(i)] : -1;
+    if (b >= 0) items += (seqs_[static_cast<std::size_t>(b)].length + per - 1) / per;
+  }
+  words_[kTablesAt] = static_cast<std::int64_t>(words_.size());
+  words_.insert(words_.end(), tables.begin(), tables.end());
+  auto addresses = [&](int at, bool keys) {
+    words_[at] = static_cast<std::int64_t>(words_.size());
+    for (std::int64_t l = 0; l < L; ++l)
+      for (const CachedSeq& s : seqs_)
+        words_.push_back(reinterpret_cast<std::int64_t>((keys ? s.k : s.v)[static_cast<std::size_t>(l)].raw_data()));
+  };
+  addresses(kKAt, true), addresses(kVAt, false);
+  if (device_ == Device::CUDA)  // the one copy a step makes of it
+    device_words_ = Tensor::from_vector(words_, {static_cast<std::int64_t>(words_.size())}).to(Device::CUDA);
+}
+
+std::int64_t CachedBatch::items() const { return cached_batch::View{words_.data()}.first_item(rows_); }
+
+std::vector<CachedKV> CachedBatch::layer(std::int64_t l) const {
+  IL_CHECK(l >= 0 && l < layers(), "cached batch: no layer ", l, " in a batch of ", layers());
+  std::vector<CachedKV> out;
+  out.reserve(seqs_.size());
+  for (const CachedSeq& s : seqs_)
+    out.push_back({s.k[static_cast<std::size_t>(l)], s.v[static_cast<std::size_t>(l)], s.table, s.block_size, s.length,
+                   s.q_begin, s.q_end, s.q_offset});
+  return out;
+}
 
 Tensor rope_inv_freq(std::int64_t rot_dim, double theta) {
   IL_CHECK(rot_dim > 0 && rot_dim % 2 == 0, "rope_inv_freq: rotary dimension ", rot_dim, " must be positive and even");
@@ -488,7 +608,26 @@ Tensor attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, const
 
 void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor& out, const AttentionParams& p) {
   const check::CachedAttention r = check::attention_cached(q, seqs, out, p);
-  cpu::attention_cached(q, r.seqs, out, r.params);
+  if (!q.is_cuda()) return cpu::attention_cached(q, r.seqs, out, r.params);
+  if (r.seqs.empty()) return;
+  std::vector<CachedSeq> one_layer;
+  for (const CachedKV& s : r.seqs)
+    one_layer.push_back({{s.k}, {s.v}, s.table, s.block_size, s.length, s.q_begin, s.q_end, s.q_offset});
+  cuda::attention_cached(q, CachedBatch(std::move(one_layer), q.size(0)), 0, out, r.params);
+}
+
+void store_cached(const CachedBatch& batch, std::int64_t layer, const Tensor& k, const Tensor& v) {
+  check::store_cached(batch, layer, k, v);
+  if (batch.seqs().empty()) return;
+  batch.device() == Device::CUDA ? cuda::store_cached(batch, layer, k, v) : cpu::store_cached(batch, layer, k, v);
+}
+
+void attention_cached(const Tensor& q, const CachedBatch& batch, std::int64_t layer, Tensor& out, const AttentionParams& p) {
+  if (batch.seqs().empty()) return;
+  const check::CachedAttention r = check::attention_cached(q, batch.layer(layer), out, p);
+  IL_CHECK(q.device() == batch.device(), "attention_cached: q ", q.describe(), " and the caches (",
+           device_name(batch.device()), ") are on different devices");
+  q.is_cuda() ? cuda::attention_cached(q, batch, layer, out, r.params) : cpu::attention_cached(q, r.seqs, out, r.params);
 }
 
 void argmax(const Tensor& x, Tensor& out) {

@@ -79,6 +79,8 @@ struct CachedKV {
   std::int64_t q_offset = -1;
 };
 
+class CachedBatch;  // common/cached_batch.h: the per-step context of attention over a batch's caches
+
 namespace ops {
 
 /// out[M,N] = x[M,K] · w[N,K]ᵀ (w stored as PyTorch's Linear stores it: one row per output).
@@ -131,9 +133,20 @@ Tensor attention_ragged(const Tensor& q, const Tensor& k, const Tensor& v, const
 /// q_end − 1 of q [T, Nq, Dqk]) attend over its own cached positions, read where its cache keeps
 /// them, into the same rows of out [T, Nq, Dv]. Equal, bit for bit, to one attention() call per
 /// sequence over its rows gathered in order. Rows no sequence names are left as they are (a
-/// caller attends them some other way). CPU; window, scale and causal as in attention(),
-/// q_offset per sequence.
+/// caller attends them some other way). Window, scale and causal as in attention(), q_offset per
+/// sequence. On CUDA (no soft cap) the sequences are packed and uploaded for the call: a batch
+/// step that attends in every layer builds its CachedBatch once and uses the two calls below.
 void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor& out, const AttentionParams& p = {});
+/// A batch step's new keys and values of layer `layer`, k [rows, Nk, Dqk] and v [rows, Nk, Dv],
+/// written straight into their slots: row i of a sequence of the batch to the storage row of its
+/// position (CachedSeq::q_offset + i − q_begin), through its block table where it has one. Rows
+/// no sequence names are skipped. One launch on the GPU.
+void store_cached(const CachedBatch& batch, std::int64_t layer, const Tensor& k, const Tensor& v);
+/// attention_cached over the batch's caches in layer `layer`: the same bits on the CPU; on the
+/// GPU one launch for every query row of the batch (prefill chunks and decode rows alike, split
+/// into ranges of positions) and one merging the ranges, reading the context uploaded once a step.
+void attention_cached(const Tensor& q, const CachedBatch& batch, std::int64_t layer, Tensor& out,
+                      const AttentionParams& p = {});
 /// Index of the largest element of each row of x[M,N] (I32 [M]); ties go to the lowest index,
 /// and NaN counts as the largest value (as torch.argmax does), so a NaN never hides.
 void argmax(const Tensor& x, Tensor& out);
@@ -217,6 +230,8 @@ struct CachedAttention {
 };
 CachedAttention attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, const Tensor& out,
                                  const AttentionParams& p);
+/// store_cached's k and v against the batch's rows, heads and device.
+void store_cached(const CachedBatch& batch, std::int64_t layer, const Tensor& k, const Tensor& v);
 void argmax(const Tensor& x, const Tensor& out);
 }  // namespace check
 

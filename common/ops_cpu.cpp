@@ -9,6 +9,7 @@
 #include <vector>
 #include <Eigen/Core>
 
+#include "common/cached_batch.h"
 #include "common/ops_cpu.h"
 
 namespace inferlab::cpu {
@@ -276,6 +277,21 @@ void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor
           }
         }
       }
+  }
+}
+
+// Row by row, each to the slot of its position: the arithmetic of cached_batch::View, the same
+// functions the GPU's kernel runs, on the words the GPU reads.
+void store_cached(const CachedBatch& batch, std::int64_t layer, const Tensor& k, const Tensor& v) {
+  const cached_batch::View c{batch.words().data()};
+  const std::int64_t kw = k.size(1) * k.size(2), vw = v.size(1) * v.size(2);
+  const float *K = k.data<float>(), *V = v.data<float>();
+  for (std::int64_t i = 0; i < c.rows(); ++i) {
+    const std::int64_t b = c.sequence_of(i);
+    if (b < 0) continue;  // a row its cache stores itself
+    const std::int64_t at = c.row(b, c.position(b, i));
+    std::memcpy(c.k(layer, b) + at * kw, K + i * kw, static_cast<std::size_t>(kw) * sizeof(float));
+    std::memcpy(c.v(layer, b) + at * vw, V + i * vw, static_cast<std::size_t>(vw) * sizeof(float));
   }
 }
 

@@ -141,6 +141,8 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, c
                const AttentionParams& p);
 /// Attention over the caches of a checked, resolved batch (every q_offset filled in).
 void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor& out, const AttentionParams& p);
+/// A checked batch step's new keys and values into their slots (ops::store_cached).
+void store_cached(const CachedBatch& batch, std::int64_t layer, const Tensor& k, const Tensor& v);
 
 /// y[m·y_stride] = x[m, :] · w for m < M: M dot products of length K against one f32 (or int8)
 /// row, reading and widening the row once (the fast GEMV's inner kernel, for other chapters'

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "attention_exact.h"
+#include "common/cached_batch.h"
 #include "common/hf_config.h"
 #include "common/metrics.h"
 #include "common/ops.h"
@@ -736,6 +737,94 @@ TEST(AttentionCached, EqualsOneCallPerSequenceExactly) {
       }
     }
   }
+}
+
+// A batch step through its context (a CachedBatch, as chapter 02's batch builds it once a step;
+// test::step_caches: blocks of a shared pool through shuffled tables and rows of their own, decode
+// rows beside prefill chunks and whole prompts, one over three ranges of 256 positions).
+// ops::store_cached puts each new key and value row at its sequence's position, through the block
+// table where there is one, and writes nothing else; ops::attention_cached over the second of two
+// layers is, bit for bit, one ops::attention call per sequence over its positions gathered in
+// order: MHA, GQA, MQA and MLA's head sizes; causal, a window and bidirectional. A row no
+// sequence names is left as it was.
+TEST(AttentionCached, ABatchStepThroughItsContextEqualsOneCallPerSequence) {
+  test::ThreadCount threads(2);
+  auto rng = test::rng_for_test();
+  struct Heads {
+    std::int64_t Nq, Nk, Dqk, Dv;
+  };
+  const std::int64_t L = 2, layer = 1;
+  for (const Heads& h : {Heads{8, 8, 16, 16}, Heads{8, 2, 16, 12}, Heads{8, 1, 16, 16}, Heads{4, 4, 192, 128}}) {
+    const test::StepCaches c = test::step_caches(rng, test::step_lengths(rng), h.Nq, h.Nk, h.Dqk, h.Dv, L);
+    // The storage as it should be after the store: copies, each new row put where its position lives.
+    std::vector<CachedSeq> want = c.seqs;
+    std::vector<Tensor> pool_k, pool_v;  // sequence 0 is paged: the pool's copies, shared
+    for (std::int64_t l = 0; l < L; ++l) pool_k.push_back(c.seqs[0].k[l].clone()), pool_v.push_back(c.seqs[0].v[l].clone());
+    for (CachedSeq& s : want) {
+      for (std::int64_t l = 0; l < L; ++l) {
+        s.k[l] = s.table ? pool_k[l] : s.k[l].clone();
+        s.v[l] = s.table ? pool_v[l] : s.v[l].clone();
+      }
+      for (std::int64_t i = s.q_begin; i < s.q_end; ++i) {
+        const std::int64_t pos = s.length - (s.q_end - s.q_begin) + i - s.q_begin;
+        const std::int64_t at = s.table ? (*s.table)[static_cast<std::size_t>(pos / 16)] * 16 + pos % 16 : pos;
+        s.k[layer].slice(0, at, at + 1).copy_from(c.k.slice(0, i, i + 1));
+        s.v[layer].slice(0, at, at + 1).copy_from(c.v.slice(0, i, i + 1));
+      }
+    }
+    const CachedBatch batch(c.seqs, c.rows);
+    ops::store_cached(batch, layer, c.k, c.v);
+    const std::string heads = "heads " + std::to_string(h.Nq) + "/" + std::to_string(h.Nk);
+    for (std::size_t b = 0; b < want.size(); ++b)
+      for (std::int64_t l = 0; l < L; ++l)
+        if (!want[b].table || b == 0) {  // the pool once
+          EXPECT_EQ(c.seqs[b].k[l].to_float_vector(), want[b].k[l].to_float_vector())
+              << heads << ", sequence " << b << ", layer " << l << ": keys";
+          EXPECT_EQ(c.seqs[b].v[l].to_float_vector(), want[b].v[l].to_float_vector())
+              << heads << ", sequence " << b << ", layer " << l << ": values";
+        }
+    AttentionParams causal, window, bidir;
+    window.window = 5, bidir.causal = false;
+    for (const AttentionParams& p : {causal, window, bidir}) {
+      Tensor out = Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(c.rows * h.Nq * h.Dv), 7.0f),
+                                       {c.rows, h.Nq, h.Dv});
+      ops::attention_cached(c.q, batch, layer, out, p);
+      EXPECT_EQ(rows(out, c.gap, c.gap + 1), std::vector<double>(static_cast<std::size_t>(h.Nq * h.Dv), 7.0))
+          << heads << ": a row no sequence names was written";
+      for (std::size_t b = 0; b < c.seqs.size(); ++b) {
+        const CachedSeq& s = c.seqs[b];
+        if (s.q_end == s.q_begin) continue;
+        const auto [kb, vb] = c.gather(b, layer);
+        EXPECT_EQ(rows(out, s.q_begin, s.q_end),
+                  ops::attention(c.q.slice(0, s.q_begin, s.q_end), kb, vb, p).to_double_vector())
+            << heads << ", sequence " << b << (s.table ? " (paged)" : " (rows)") << ", T " << s.q_end - s.q_begin << ", S "
+            << s.length << ", window " << p.window << (p.causal ? "" : ", bidirectional");
+      }
+    }
+  }
+}
+
+// The context refuses what does not fit, naming the sequence.
+TEST(AttentionCached, TheStepContextRefusesWhatDoesNotFit) {
+  auto rng = test::rng_for_test();
+  const test::StepCaches c = test::step_caches(rng, {{1, 20}, {2, 9}}, 2, 1, 4, 4, 2);
+  auto with = [&](auto change) {
+    std::vector<CachedSeq> seqs = c.seqs;
+    change(seqs);
+    return [seqs, &c] { CachedBatch{seqs, c.rows}; };
+  };
+  CachedBatch{c.seqs, c.rows};  // as it is, it fits
+  expect_error(with([](auto& s) { s[1].length = 15; }), {"cached batch", "sequence 1 holds 15 positions in 14 rows"});
+  expect_error(with([](auto& s) { s[0].length = 50; }), {"sequence 0 holds 50 positions, but its block table lists 2"});
+  expect_error(with([](auto& s) { s[1].q_begin = 0; }), {"sequences 0 and 1 both name query row 0"});
+  expect_error(with([](auto& s) { s[1].q_offset = 8; }), {"sequence 1's rows at positions 8..9 are not among its 9"});
+  expect_error(with([](auto& s) { s[1].k.pop_back(); }), {"sequence 1 has 1 layers of keys and 2 of values"});
+  expect_error(with([](auto& s) { s[1].v[1] = Tensor::zeros({14, 1, 5}, DType::F32); }), {"sequence 1's layer 1 keeps"});
+  expect_error([&] { CachedBatch{c.seqs, c.rows, 300}; }, {"ranges of 300 positions"});
+  const CachedBatch batch(c.seqs, c.rows);
+  expect_error([&] { ops::store_cached(batch, 2, c.k, c.v); }, {"store_cached", "no layer 2"});
+  expect_error([&] { ops::store_cached(batch, 0, c.k.slice(0, 0, 2), c.v.slice(0, 0, 2)); },
+               {"store_cached", "the batch's 4 rows"});
 }
 
 TEST(AttentionCached, Errors) {

@@ -228,6 +228,82 @@ TEST(Cuda, AttentionRaggedEqualsOneCallPerSequence) {
   }
 }
 
+// A batch step's attention on the GPU, as every layer of the engine's step runs it: the step's
+// new keys and values stored through a CachedBatch (uploaded once) and every sequence attended in
+// one launch (test::step_caches: blocks of a shared pool through shuffled tables and rows of their
+// own; decode rows beside prefill chunks, whole prompts, a sequence with no rows and one over
+// three ranges of 256 positions). MHA, GQA, MQA, MLA's head sizes and rows of a width no multiple
+// of 4 (the store's float path); causal, with a window and bidirectional; the second of two
+// layers. The stores land where the CPU's do, bit for bit; each sequence's output is within the
+// float64 bound and within both bounds of the CPU's per-sequence attention; the one-layer call
+// gives the same bits; a row no sequence names is left as it was.
+TEST(Cuda, AttentionCachedOverABatchStepWithinTheBound) {
+  IL_REQUIRE_CUDA();
+  auto rng = test::rng_for_test();
+  struct Heads {
+    std::int64_t Nq, Nk, Dqk, Dv;
+  };
+  const std::int64_t L = 2, layer = 1;
+  for (const Heads& h :
+       {Heads{8, 8, 64, 64}, Heads{8, 2, 128, 128}, Heads{8, 1, 64, 64}, Heads{4, 4, 192, 128}, Heads{6, 3, 10, 6}}) {
+    const test::StepCaches cpu = test::step_caches(rng, test::step_lengths(rng), h.Nq, h.Nk, h.Dqk, h.Dv, L);
+    // The GPU's storage: a copy of the CPU's, the pool once for the sequences that share it.
+    std::vector<CachedSeq> gpu = cpu.seqs;
+    std::vector<Tensor> pool_k, pool_v;
+    for (std::int64_t l = 0; l < L; ++l)
+      pool_k.push_back(on_gpu(cpu.seqs[0].k[l])), pool_v.push_back(on_gpu(cpu.seqs[0].v[l]));  // sequence 0 is paged
+    for (CachedSeq& s : gpu)
+      for (std::int64_t l = 0; l < L; ++l) {
+        s.k[l] = s.table ? pool_k[l] : on_gpu(s.k[l]);
+        s.v[l] = s.table ? pool_v[l] : on_gpu(s.v[l]);
+      }
+    const CachedBatch on_cpu(cpu.seqs, cpu.rows), on_device(gpu, cpu.rows);
+    ASSERT_EQ(on_device.items(), on_cpu.items());
+    ops::store_cached(on_cpu, layer, cpu.k, cpu.v);
+    ops::store_cached(on_device, layer, on_gpu(cpu.k), on_gpu(cpu.v));
+    const std::string heads = "heads " + std::to_string(h.Nq) + "/" + std::to_string(h.Nk) + ", Dqk " +
+                              std::to_string(h.Dqk) + ", Dv " + std::to_string(h.Dv);
+    for (std::size_t b = 0; b < gpu.size(); ++b)
+      for (std::int64_t l = 0; l < L; ++l) {
+        EXPECT_EQ(gpu[b].k[l].to(Device::CPU).to_float_vector(), cpu.seqs[b].k[l].to_float_vector())
+            << heads << ": sequence " << b << "'s keys in layer " << l;
+        EXPECT_EQ(gpu[b].v[l].to(Device::CPU).to_float_vector(), cpu.seqs[b].v[l].to_float_vector())
+            << heads << ": sequence " << b << "'s values in layer " << l;
+      }
+    AttentionParams causal, window, bidir;
+    window.window = 20, bidir.causal = false;
+    for (const AttentionParams& p : {causal, window, bidir}) {
+      const std::vector<float> sevens(static_cast<std::size_t>(cpu.rows * h.Nq * h.Dv), 7.0f);
+      Tensor out = on_gpu(Tensor::from_vector(sevens, {cpu.rows, h.Nq, h.Dv})), one_call = on_gpu(out);
+      ops::attention_cached(on_gpu(cpu.q), on_device, layer, out, p);
+      ops::attention_cached(on_gpu(cpu.q), on_device.layer(layer), one_call, p);  // uploaded for the call
+      const Tensor got = out.to(Device::CPU);
+      EXPECT_EQ(got.to_float_vector(), one_call.to(Device::CPU).to_float_vector()) << heads << ": one call, one layer";
+      EXPECT_EQ(got.slice(0, cpu.gap, cpu.gap + 1).to_double_vector(),
+                std::vector<double>(static_cast<std::size_t>(h.Nq * h.Dv), 7.0))
+          << heads << ": a row no sequence names was written";
+      for (std::size_t b = 0; b < cpu.seqs.size(); ++b) {
+        const CachedSeq& s = cpu.seqs[b];
+        if (s.q_end == s.q_begin) continue;
+        const auto [kb, vb] = cpu.gather(b, layer);
+        const Tensor qb = cpu.q.slice(0, s.q_begin, s.q_end);
+        const auto g = got.slice(0, s.q_begin, s.q_end).to_double_vector();
+        const auto alone = ops::attention(qb, kb, vb, p).to_double_vector();
+        const double chunks = std::ceil(static_cast<double>(s.length) / 128.0);
+        const test::AttnRef eg = test::attention_exact(qb, kb, vb, p, (2 * chunks + 4) * u),
+                            ec = test::attention_exact(qb, kb, vb, p);
+        const std::string what = heads + ", sequence " + std::to_string(b) + (s.table ? " (paged)" : " (rows)") + ", T " +
+                                 std::to_string(s.q_end - s.q_begin) + ", S " + std::to_string(s.length) + ", window " +
+                                 std::to_string(p.window) + (p.causal ? "" : ", bidirectional");
+        expect_within(g, eg.out, eg.bound, "cuda batch step vs float64, " + what);
+        std::vector<double> both(eg.bound.size());
+        for (std::size_t i = 0; i < both.size(); ++i) both[i] = eg.bound[i] + ec.bound[i];
+        expect_within(g, alone, both, "cuda batch step vs the cpu per sequence, " + what);
+      }
+    }
+  }
+}
+
 TEST(Cuda, AttentionRefusesHeadsAboveItsLimits) {
   IL_REQUIRE_CUDA();
   Tensor q = on_gpu(Tensor::zeros({1, 1, 8}, DType::F32)), k = on_gpu(Tensor::zeros({2, 1, 8}, DType::F32));

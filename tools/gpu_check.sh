@@ -45,6 +45,8 @@ finish() {
     grep -h "ERROR SUMMARY" "$RAW"/memcheck_*.txt 2> /dev/null | sort | uniq -c
     echo "--- benchmarks and measurements"
     grep -hE "^(BM_|Benchmark)" "$RAW"/bench_*.txt 2> /dev/null | cut -c1-200
+    echo "--- GPU launches per step (chapters 11 and 12; the batched step's do not grow with the batch)"
+    grep -H "launches per step" "$RAW"/ch1[12]_*.txt 2> /dev/null | sed "s|^$RAW/||; s|\.txt:| |"
     for f in "$RAW"/ch*.txt; do [ -f "$f" ] && { echo "# $(basename "$f" .txt)"; tail -25 "$f"; }; done
   } > "$OUT/summary.txt"
   cat "$OUT/summary.txt"
@@ -164,6 +166,19 @@ step ch11_trace_random 60 "$B"/ch11_continuous_batching trace --device cuda --ra
   --prompt-median 64 --max-running 32 --step-tokens 512 --budget-mib 16384 --json "$RAW/ch11_trace_random.json"
 step ch12_memory 45 "$B"/ch12_paged_attention memory --device cuda --requests 256 --max-running 64 \
   --step-tokens 512 --budget-mib 16 --json "$RAW/ch12_memory.json"
+# Chapters 11 and 12: the engine's kernel launches per step at a cap of 4 sequences and of 32 (64
+# for chapter 12). The batched step (each layer: one launch storing every new K and V, one
+# attending every sequence, one merging) makes as many at any batch; cache by cache
+# (--attend per-sequence) they grow with it.
+for cap in 4 32; do
+  step ch11_launches_b$cap 45 "$B"/ch11_continuous_batching trace --device cuda --requests 64 --rate 0 \
+    --policy continuous --max-running $cap --step-tokens 512 --budget-mib 1024 --json "$RAW/ch11_launches_b$cap.json"
+done
+step ch11_launches_b32_per_sequence 45 "$B"/ch11_continuous_batching trace --device cuda --requests 64 --rate 0 \
+  --policy continuous --max-running 32 --step-tokens 512 --budget-mib 1024 --attend per-sequence \
+  --json "$RAW/ch11_launches_b32_per_sequence.json"
+step ch12_memory_b4 45 "$B"/ch12_paged_attention memory --device cuda --requests 64 --max-running 4 \
+  --step-tokens 512 --budget-mib 16 --json "$RAW/ch12_memory_b4.json"
 # Chapter 05: decode at a fixed memory budget for caches, each sharing factor at the batch it fits.
 step ch05_throughput 45 "$B"/ch05_cla throughput --device cuda --seq 4096 --memory-mb 2048 --layers 8 \
   --shares 1,2,4 --json "$RAW/ch05_throughput.json"

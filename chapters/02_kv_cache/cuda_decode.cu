@@ -205,6 +205,7 @@ struct CudaDecoder::Impl {
         greedy_graph = greedy;
       }
       IL_CUDA(cudaGraphLaunch(graph, stream()));
+      cuda::count_launch();  // the whole step, one launch from the host
     }
     cache.commit(1);  // the step's kernel wrote the position's keys and values
   }

@@ -95,17 +95,14 @@ void ContiguousKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor
   // EXERCISE 02.1 END
 }
 
-bool ContiguousKVCache::store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) {
+bool ContiguousKVCache::locate(std::int64_t T, CachedSeq& where) {
   // A subclass that attends its own way (chapter 06's mask, a test's gather) is read through its
-  // own attend(): the batched op would skip what it changes.
+  // own attend(): the batched ops would skip what it changes.
   if (typeid(*this) != typeid(ContiguousKVCache)) return false;
-  if (k_.empty() || k_[0].device() != Device::CPU || dtype_ != DType::F32 || !k.defined()) return false;
-  const std::int64_t end = end_of_step(k.size(0));
-  // attend() over no queries keeps k and v exactly as a step with queries does.
-  Tensor none = Tensor::empty({0, config_.num_heads, k.size(2)}, DType::F32);
-  attend(layer, none, k, v, none);
-  where.k = k_[static_cast<std::size_t>(layer)], where.v = v_[static_cast<std::size_t>(layer)];
-  where.table = nullptr, where.block_size = 1, where.length = end;
+  if (k_.empty() || dtype_ != DType::F32) return false;
+  where.k = k_, where.v = v_;     // position p in row p of each layer's storage
+  where.length = end_of_step(T);  // an error if the step does not fit
+  where.table = nullptr, where.block_size = 1;
   return true;
 }
 
@@ -158,25 +155,34 @@ Batch::Batch(std::optional<std::int64_t> context, Device device, const std::vect
     caches.push_back(s.cache);
   }
   pos = Tensor::from_vector(p, {static_cast<std::int64_t>(p.size())}).to(device);
+  // The batched path's context: once here, for every layer.
+  in_cached.assign(caches.size(), false);
+  if (path != AttendPath::Batched) return;
+  std::vector<CachedSeq> found;
+  for (std::size_t b = 0; b < caches.size(); ++b) {
+    auto* kv = dynamic_cast<KVCache*>(caches[b]);
+    CachedSeq where;
+    if (!kv || !kv->locate(begin[b + 1] - begin[b], where)) continue;
+    where.q_begin = begin[b], where.q_end = begin[b + 1];
+    found.push_back(std::move(where));
+    in_cached[b] = true;
+  }
+  if (!found.empty()) cached.emplace(std::move(found), begin.back());
 }
 
 Tensor Batch::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v) const {
   Tensor out = Tensor::empty(q.shape(), DType::F32, q.device());
-  std::vector<CachedKV> batched;  // the sequences whose caches one attention_cached call reads
+  // A layer that projects no keys and values (chapter 05: it reads another layer's) attends cache by cache.
+  const bool together = cached && k.defined();
+  if (together) ops::store_cached(*cached, layer, k, v);  // every sequence's new rows into their slots
   for (std::size_t b = 0; b < caches.size(); ++b) {
+    if (together && in_cached[b]) continue;
     const std::int64_t r0 = begin[b], r1 = begin[b + 1];
     auto rows = [&](const Tensor& t) { return t.defined() ? t.slice(0, r0, r1) : t; };  // k, v undefined: chapter 05
-    KVCache& kv = cache<KVCache>(b, "a cache of keys and values");
-    CachedKV where;
-    if (path == AttendPath::Batched && k.defined() && kv.store(layer, rows(k), rows(v), where)) {
-      where.q_begin = r0, where.q_end = r1;
-      batched.push_back(std::move(where));
-      continue;
-    }
     Tensor ob = out.slice(0, r0, r1);
-    kv.attend(layer, q.slice(0, r0, r1), rows(k), rows(v), ob);
+    cache<KVCache>(b, "a cache of keys and values").attend(layer, q.slice(0, r0, r1), rows(k), rows(v), ob);
   }
-  if (!batched.empty()) ops::attention_cached(q, batched, out);
+  if (together) ops::attention_cached(q, *cached, layer, out);  // every sequence of the context at once
   return out;
 }
 

@@ -19,6 +19,7 @@
 
 #include "chapters/01_naive_decode/generate.h"
 #include "chapters/01_naive_decode/llama.h"
+#include "common/cached_batch.h"
 
 namespace inferlab::ch02 {
 
@@ -49,12 +50,14 @@ class KVCache : public Cache {
   /// length() .. length() + T - 1) and writes their queries' causal attention over every cached
   /// position of that layer, these included, to out [T, N, H] (q [T, N, H]).
   virtual void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) = 0;
-  /// The batched path's half of attend(): stores layer `layer`'s new keys and values as attend()
-  /// does and says where the layer's keys and values now are (where.k, v, table, block_size,
-  /// length), so that one ops::attention_cached call attends every sequence of a batch
-  /// (Batch::attend). False, storing nothing, when that op cannot read this cache (a ring of
-  /// recent rows, a latent cache, one on the GPU): the batch then calls attend().
-  virtual bool store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) { return false; }
+  /// The batched path's part of a step's context (Batch::cached): says where this cache keeps each
+  /// layer's keys and values (where.k, v, table, block_size) and how many positions it will hold
+  /// once the step's `T` new ones are in (where.length), so that every layer stores the batch's
+  /// new rows with one ops::store_cached call and attends every sequence with one
+  /// ops::attention_cached call (Batch::attend). Called once a step, before any layer; refuses,
+  /// naming the cache, a step it has no room for. False when those ops cannot read this cache (a
+  /// ring of recent rows, a latent cache, 16-bit rows): the batch then calls attend().
+  virtual bool locate(std::int64_t T, CachedSeq& where) { return false; }
 };
 
 /// The bookkeeping of a cache whose positions are rows: position p in row p of per-layer
@@ -84,7 +87,7 @@ class ContiguousKVCache : public RowCache {
                     DType dtype = DType::F32);
   std::int64_t layers() const { return static_cast<std::int64_t>(k_.size()); }
   void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) override;
-  bool store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) override;
+  bool locate(std::int64_t T, CachedSeq& where) override;
   /// capacity × K × H × L × 2 × bytes per element (TransformerConfig::kv_cache_bytes).
   std::int64_t bytes() const override;
   void release() override;
@@ -111,9 +114,11 @@ struct SequenceStep {
 };
 
 /// How a batch attends: each sequence through its cache's attend() (the simple path), or every
-/// sequence in one ops::attention_cached call over the caches where they are (threads over the
-/// rows and heads of the whole batch; one call a layer, whatever the batch). The two give the same
-/// bits on contiguous caches; a cache the op cannot read attends on its own either way.
+/// sequence together over the caches where they are: per layer one ops::store_cached call that
+/// writes every new key and value into its slot, and one ops::attention_cached call (threads over
+/// the rows and heads of the whole batch on the CPU; on the GPU a launch each, whatever the
+/// batch). The two give the same bits on contiguous CPU caches, and agree within the rounding of
+/// split-K on the GPU; a cache the ops cannot read attends on its own either way.
 enum class AttendPath { PerSequence, Batched };
 
 /// A batch as the model sees it: every sequence's new tokens one after the other, as rows.
@@ -124,6 +129,12 @@ struct Batch {
   std::vector<Cache*> caches;
   std::vector<std::int64_t> logit_rows;  ///< the rows whose logits the forward pass returns
   AttendPath path = AttendPath::Batched;
+  /// The batched path's context (AttendPath::Batched): every sequence whose cache the batched ops
+  /// can read (KVCache::locate), with where it keeps each layer's keys and values and where this
+  /// step's go. Built here once, uploaded once on the GPU, read by every layer; none when no cache
+  /// can be read that way.
+  std::optional<CachedBatch> cached;
+  std::vector<bool> in_cached;  ///< whether sequence b is in `cached` (else it attends on its own)
 
   /// The batch of an attention model: positions checked against its context.
   Batch(const ch01::Llama& m, const std::vector<SequenceStep>& seqs, AttendPath path = AttendPath::Batched);

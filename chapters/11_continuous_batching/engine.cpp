@@ -5,6 +5,7 @@
 
 #include "chapters/01_naive_decode/generate.h"
 #include "common/ceiling.h"
+#include "common/cuda/backend.h"
 #include "common/decode_bench.h"
 #include "common/metrics.h"
 
@@ -45,9 +46,9 @@ void GrowingKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k
   rows_->attend(layer, q, k, v, out);
 }
 
-bool GrowingKVCache::store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) {
+bool GrowingKVCache::locate(std::int64_t T, CachedSeq& where) {
   IL_CHECK(rows_ != nullptr, "growing KV cache: attend before any room was made");
-  return rows_->store(layer, k, v, where);
+  return rows_->locate(T, where);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -231,8 +232,11 @@ bool Engine::step() {
   Tensor logits;
   {
     metrics::CountScope work;
+    const cuda::Launches before = cuda::launches();
     logits = ch02::forward(m_, batch, ch02::attention_block, c_.attend_path).to(Device::CPU);  // a row per sequence
+    const cuda::Launches after = cuda::launches();
     rec.flops = work.work().flops;
+    rec.launches = after.kernels - before.kernels, rec.copies = after.copies - before.copies;
   }
 
   // A sequence whose pending tokens are all through samples its next token.

@@ -35,7 +35,7 @@ class GrowingKVCache : public ch02::KVCache {
   std::int64_t bytes() const override { return rows_ ? rows_->bytes() : 0; }
   void release() override { rows_.reset(); }
   void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) override;
-  bool store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) override;
+  bool locate(std::int64_t T, CachedSeq& where) override;
 
  private:
   TransformerConfig config_;
@@ -85,6 +85,8 @@ struct StepRecord {
   std::int64_t waiting = 0;       ///< requests queued behind it
   double bytes_read = 0;          ///< the fewest bytes it must read: weights once, every sequence's cache
   double flops = 0;               ///< its floating-point operations, as the ops counted them
+  /// Kernel launches and host–device copies it queued on the GPU (cuda::launches; 0 on the CPU).
+  std::int64_t launches = 0, copies = 0;
 };
 
 struct EngineConfig {

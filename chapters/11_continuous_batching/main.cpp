@@ -27,6 +27,7 @@ struct ServeOptions {
   Allocation allocation = Allocation::MaxLength;
   double budget_mib = 64;
   Clock clock = Clock::Measured;
+  ch02::AttendPath attend = ch02::AttendPath::Batched;
 };
 
 struct Served {
@@ -41,6 +42,7 @@ Served serve(const ch01::Llama& m, const std::vector<Request>& trace, const Serv
   c.scheduler = o.scheduler;
   c.scheduler.policy = policy;
   c.clock = o.clock;
+  c.attend_path = o.attend;
   Engine e(m, pool, c);
   for (const Request& r : trace) e.add(r);
   e.run();
@@ -179,6 +181,11 @@ json run_trace(const ch01::Llama& m, const std::vector<std::int32_t>& text, cons
                                 "and GFLOP/s the FLOPs the ops counted, over the time in steps, against "
                                 "the measured read ceilings below and the f32 GEMM peak");
   legend.print(pad);
+  if (m.device() == Device::CUDA)  // the batched step's launches do not grow with the batch; cache by cache they do
+    for (std::size_t i = 0; i < at_once.size(); ++i)
+      std::printf("%sGPU, %s, %s attention, %.2f sequences a step: %s\n", pad, policy_name(t.policies[i]),
+                  o.attend == ch02::AttendPath::Batched ? "batched" : "per-sequence", at_once[i].report.mean_batch,
+                  launches_line(at_once[i].report, m.config.num_layers).c_str());
   const double end = std::max(at_once.front().end, at_once.back().end);
   std::printf("%sslots in use over time, %s:\n", pad, t.rates.empty() ? "all at once" : "the first rate");
   for (std::size_t i = 0; i < at_once.size(); ++i)
@@ -254,7 +261,7 @@ int main(int argc, char** argv) {
   TraceOptions t;
   ServeOptions o;
   t.spec.sampling.temperature = 0.8f;
-  std::string allocation = "max-length", policy = "both", clock = "measured";
+  std::string allocation = "max-length", policy = "both", clock = "measured", attend = "batched";
   bool random_model = false;
   std::int64_t budget_mib = 64;
   auto* st = app.add_subcommand("trace", "Serve a seeded trace: static against continuous batching at chosen arrival rates");
@@ -304,6 +311,10 @@ int main(int argc, char** argv) {
         "measured (seconds) or steps (every step costs 1: the lecture's memory-bound model; rates in requests per step)")
       ->check(CLI::IsMember({"measured", "steps"}))
       ->capture_default_str();
+  st->add_option("--attend", attend,
+                 "batched (each layer's attention one call over every cache) or per-sequence (cache by cache)")
+      ->check(CLI::IsMember({"batched", "per-sequence"}))
+      ->capture_default_str();
   st->add_option("--svg", t.svg, "Also plot the sequences per step over time (the first rate) as SVG")->check(output_file());
   add_json_option(*st, json_path);
   auto* se = app.add_subcommand("example", "The lecture's example: 10, 50 and 100-token requests at batch 3, in steps");
@@ -327,6 +338,7 @@ int main(int argc, char** argv) {
     o.budget_mib = static_cast<double>(budget_mib);
     o.allocation = allocation == "on-demand" ? Allocation::OnDemand : Allocation::MaxLength;
     o.clock = clock == "steps" ? Clock::Steps : Clock::Measured;
+    o.attend = attend == "per-sequence" ? ch02::AttendPath::PerSequence : ch02::AttendPath::Batched;
     if (policy != "both") t.policies = {policy == "static" ? Policy::Static : Policy::Continuous};
     o.scheduler.validate();
     const auto text = eval::tokenize_documents(*tok, data_dir() + "/corpus/val.txt");  // in the model's own tokens

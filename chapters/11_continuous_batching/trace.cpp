@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <nlohmann/json.hpp>
 
@@ -112,6 +113,9 @@ Report report(const Engine& e) {
     r.bytes_read += s.bytes_read;
     r.busy += s.end - s.start;
     r.flops += s.flops;
+    r.launches_per_step += static_cast<double>(s.launches), r.copies_per_step += static_cast<double>(s.copies);
+    r.launches_min = &s == &e.steps().front() ? s.launches : std::min(r.launches_min, s.launches);
+    r.launches_max = std::max(r.launches_max, s.launches);
   }
   double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;  // the least-squares line through (tokens, seconds)
   for (const StepRecord& s : e.steps()) {
@@ -123,6 +127,7 @@ Report report(const Engine& e) {
     r.step_fixed = (sy - r.step_per_token * sx) / n;
   }
   if (r.steps) {
+    r.launches_per_step /= static_cast<double>(r.steps), r.copies_per_step /= static_cast<double>(r.steps);
     r.mean_batch = seqs / static_cast<double>(r.steps);
     r.slot_utilisation = r.mean_batch / static_cast<double>(e.scheduler().config().max_running);
   }
@@ -175,7 +180,19 @@ nlohmann::json to_json(const Report& r) {
           {"bytes_read", r.bytes_read},
           {"flops", r.flops},
           {"step_fixed_seconds", r.step_fixed},
-          {"step_seconds_per_token", r.step_per_token}};
+          {"step_seconds_per_token", r.step_per_token},
+          {"launches_per_step", r.launches_per_step},
+          {"launches_min", r.launches_min},
+          {"launches_max", r.launches_max},
+          {"copies_per_step", r.copies_per_step}};
+}
+
+std::string launches_line(const Report& r, std::int64_t layers) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "kernel launches per step: %.1f (%lld to %lld; %.1f per layer), copies per step: %.1f",
+                r.launches_per_step, static_cast<long long>(r.launches_min), static_cast<long long>(r.launches_max),
+                r.launches_per_step / static_cast<double>(std::max<std::int64_t>(1, layers)), r.copies_per_step);
+  return buf;
 }
 
 }  // namespace inferlab::ch11

@@ -64,8 +64,15 @@ struct Report {
   /// steps): what a step costs whatever its batch, and what each row adds. The lecture's argument
   /// for batching is that the first dominates.
   double step_fixed = 0, step_per_token = 0;
+  /// Kernel launches and host–device copies a step queued on the GPU: the mean, and the fewest
+  /// and most of any step (all 0 on the CPU). The batched step's launches do not grow with the batch.
+  double launches_per_step = 0, copies_per_step = 0;
+  std::int64_t launches_min = 0, launches_max = 0;
 };
 Report report(const Engine& e);
+/// "kernel launches per step: 87 (87 to 87; 17.4 per layer), copies per step: 4.0": a report's
+/// GPU work per step, for a model of `layers` layers.
+std::string launches_line(const Report& r, std::int64_t layers);
 
 /// The share of the batch's slots in use over time, from 0 to `end` on the engine's clock, as one
 /// line of `width` characters (▁ … █; a space where no step ran).

@@ -173,6 +173,8 @@ json memory(const ch01::Llama& m, const std::vector<std::int32_t>& text, const M
                                    : "contiguous, each request's maximum length";
     std::printf("%s  %-44s %10.2f %8.1f%% %8lld %8.0f %8.2fs\n", pad, name.c_str(), s.report.mean_batch, 100 * s.waste,
                 static_cast<ll>(s.report.preemptions), s.report.throughput, s.report.e2e.p50);
+    if (m.device() == Device::CUDA)  // one attention launch a layer for the whole batch, paged or not
+      std::printf("%s    GPU: %s\n", pad, ch11::launches_line(s.report, m.config.num_layers).c_str());
     json j = ch11::to_json(s.report);
     j["kv_memory"] = name, j["waste"] = s.waste;
     if (i > 0) j["block_size"] = block_sizes[i - 1];

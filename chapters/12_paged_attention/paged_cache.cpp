@@ -97,15 +97,17 @@ void PagedKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, 
   paged_attention(q, kv, length_, out);
 }
 
-bool PagedKVCache::store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) {
-  const Tensor &kp = pool_.k(layer), &vp = pool_.v(layer);
-  if (kp.device() != Device::CPU || !k.defined()) return false;
-  check_writable(layer, k.size(0));
+bool PagedKVCache::locate(std::int64_t T, CachedSeq& where) {
   const std::int64_t B = pool_.block_size();
-  write_slots({kp, vp, table_, B}, length_, k, v);
-  const Shape rows{kp.size(0) * B, kp.size(2), kp.size(3)};  // [blocks, B, K, H] as rows
-  where.k = kp.view(rows), where.v = vp.view(rows);
-  where.table = &table_, where.block_size = B, where.length = length_ + k.size(0);
+  IL_CHECK(length_ + T <= static_cast<std::int64_t>(table_.size()) * B, "paged cache: positions up to ", length_ + T,
+           " but the block table holds ", table_.size(), " blocks (reserve first)");
+  check_writable(0, T);
+  for (std::int64_t l = 0; l < pool_.layers(); ++l) {  // [blocks, B, K, H] as rows
+    const Tensor &kp = pool_.k(l), &vp = pool_.v(l);
+    where.k.push_back(kp.view({kp.size(0) * B, kp.size(2), kp.size(3)}));
+    where.v.push_back(vp.view({vp.size(0) * B, vp.size(2), vp.size(3)}));
+  }
+  where.table = &table_, where.block_size = B, where.length = length_ + T;
   return true;
 }
 

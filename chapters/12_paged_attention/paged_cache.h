@@ -42,9 +42,10 @@ class PagedKVCache : public ch02::KVCache {
   /// Stores k, v through the slot mapping of positions length() .. length() + T − 1, then paged
   /// attention of q over positions 0 .. length() + T − 1. reserve(T) must have made room.
   void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) override;
-  /// The batched path: stores k, v through the slot mapping as attend() does, and names the pool's
-  /// rows and this cache's block table for ops::attention_cached (CPU).
-  bool store(std::int64_t layer, const Tensor& k, const Tensor& v, CachedKV& where) override;
+  /// The batched path: names the pool's rows in every layer and this cache's block table, through
+  /// which ops::store_cached writes the step's keys and values (slot mapping) and
+  /// ops::attention_cached reads them, on the CPU or the GPU. reserve(T) must have made room.
+  bool locate(std::int64_t T, CachedSeq& where) override;
 
   /// Makes room for n more positions: a private copy of a partly filled last block that is
   /// shared (or in the prefix cache), and new blocks as needed. False, changing nothing, when

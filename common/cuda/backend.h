@@ -66,13 +66,28 @@ void decode_attention(DecodeAttention version, const Tensor& q, const Tensor& k,
 /// values being their first r columns; scores scaled by `scale`; out [1, N, r].
 void latent_decode_attention(const Tensor& q, const Tensor& latent, std::int64_t len, float scale, std::int64_t r,
                              Tensor& out);
-/// Version 5 over a pool: query rows q [T, N, H] at positions q_offset .. q_offset + T − 1, each
-/// seeing the positions up to its own; k_pool, v_pool [slots, K, H] (or [blocks, block_size, K, H])
-/// in blocks of `block_size` slots, position p in block table[p / block_size]; at least `splits`
-/// ranges of positions.
+/// Version 5 over a pool, for one sequence: query rows q [T, N, H] at positions q_offset ..
+/// q_offset + T − 1, each seeing the positions up to its own; k_pool, v_pool [slots, K, H] (or
+/// [blocks, block_size, K, H]) in blocks of `block_size` slots, position p in block
+/// table[p / block_size]; at least `splits` ranges of positions. A batch of one (CachedBatch),
+/// uploaded for the call.
 void paged_decode_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                             const std::vector<std::int32_t>& table, std::int64_t block_size, std::int64_t q_offset,
                             Tensor& out, std::int64_t splits = 1);
+
+/// A batch step's new keys and values into their slots (ops::store_cached, checked): one launch.
+void store_cached(const CachedBatch& batch, std::int64_t layer, const Tensor& k, const Tensor& v);
+/// Version 5 over a batch step (ops::attention_cached, checked and resolved): one launch for
+/// every query row of every sequence of the batch, then the merge of their ranges.
+void attention_cached(const Tensor& q, const CachedBatch& batch, std::int64_t layer, Tensor& out, const AttentionParams& p);
+
+/// What this process has queued on the GPU so far: kernel launches (every launch of ours, and
+/// each cuBLAS call as one) and cuda::memcpy copies. A caller reads them before and after a piece
+/// of work (chapter 11's engine, a step) to count its launches. Zero in a build without CUDA.
+struct Launches {
+  std::int64_t kernels = 0, copies = 0;
+};
+Launches launches();
 
 /// Fills a CUDA tensor (F32, F16 or BF16) with uniform random values in [lo, hi) from a
 /// counter-based hash of (seed, index): large random models without a trip through the host.

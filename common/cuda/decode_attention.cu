@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "common/cached_batch.h"
 #include "common/cuda/backend.h"
 #include "common/cuda/decode_attention.cuh"
 
@@ -153,22 +154,43 @@ void latent_decode_attention(const Tensor& q, const Tensor& latent, std::int64_t
 void paged_decode_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                             const std::vector<std::int32_t>& table, std::int64_t block_size, std::int64_t q_offset,
                             Tensor& out, std::int64_t splits) {
-  const int T = static_cast<int>(q.size(0)), N = static_cast<int>(q.size(1)), H = static_cast<int>(q.size(2));
-  const int K = static_cast<int>(k_pool.size(-2)), B = static_cast<int>(block_size);  // [slots, K, H] or [blocks, B, K, H]
+  const std::int64_t T = q.size(0), H = q.size(2), K = k_pool.size(-2);  // [slots, K, H] or [blocks, B, K, H]
   IL_CHECK(H <= kMaxHead, "paged_decode_attention: head dimension ", H, " is above the kernel's limit of ", kMaxHead);
   const std::int64_t longest = q_offset + T;
   splits = std::max<std::int64_t>(splits, splits_for(longest));  // each range fits a chunk
-  const int per = static_cast<int>((longest + splits - 1) / splits);
-  const Tensor t = Tensor::from_vector(table, {static_cast<std::int64_t>(table.size())}).to(Device::CUDA);
-  auto* part = static_cast<float*>(scratch(
-      static_cast<std::size_t>(part_floats(static_cast<long long>(T) * N, static_cast<int>(splits), H)) * sizeof(float)));
-  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(N), static_cast<unsigned>(T));
-  decode::paged<<<grid, kThreads, 0, stream()>>>(q.data<float>(), k_pool.data<float>(), v_pool.data<float>(),
-                                                 t.data<std::int32_t>(), B, N, K, H, static_cast<int>(q_offset), per,
-                                                 1.0f / std::sqrt(static_cast<float>(H)), part);
+  const Shape rows{k_pool.numel() / (K * H), K, H};
+  CachedSeq one{{k_pool.view(rows)}, {v_pool.view(rows)}, &table, block_size, longest, 0, T, q_offset};
+  AttentionParams p;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(H));
+  attention_cached(q, CachedBatch({std::move(one)}, T, (longest + splits - 1) / splits), 0, out, p);
+}
+
+void store_cached(const CachedBatch& batch, std::int64_t layer, const Tensor& k, const Tensor& v) {
+  const auto* ctx = batch.device_words().data<std::int64_t>();
+  const unsigned rows = static_cast<unsigned>(batch.rows());
+  if (rows == 0) return;
+  const long long kw = k.size(1) * k.size(2), vw = v.size(1) * v.size(2);
+  if (batch.aligned16() && aligned16(k) && aligned16(v))  // 16-byte loads and stores
+    store_rows<float4><<<rows, kThreads, 0, stream()>>>(ctx, layer, reinterpret_cast<const float4*>(k.data<float>()),
+                                                        reinterpret_cast<const float4*>(v.data<float>()), kw / 4, vw / 4);
+  else store_rows<float><<<rows, kThreads, 0, stream()>>>(ctx, layer, k.data<float>(), v.data<float>(), kw, vw);
   IL_CUDA_LAUNCHED();
-  merge<<<static_cast<unsigned>(T * N), kThreads, 0, stream()>>>(part, out.data<float>(), static_cast<int>(splits), H,
-                                                                 SameRow{});
+}
+
+void attention_cached(const Tensor& q, const CachedBatch& batch, std::int64_t layer, Tensor& out, const AttentionParams& p) {
+  const char* who = "attention_cached (CUDA)";
+  const long long Nq = q.size(1), Dqk = q.size(2), Dv = out.size(2), items = batch.items();
+  const long long Nk = batch.seqs().at(0).k.at(0).size(1);
+  IL_CHECK(Dqk <= kMaxQk, who, ": query/key head dimension ", Dqk, " is above the kernel's limit of ", kMaxQk);
+  IL_CHECK(Nq <= 65535 && items < (1LL << 31) && batch.rows() * Nq < (1LL << 31), who, ": ", items,
+           " ranges of positions × ", Nq, " heads over ", batch.rows(), " rows exceed what one launch can hold");
+  if (items == 0) return;
+  const auto* ctx = batch.device_words().data<std::int64_t>();
+  auto* part = static_cast<float*>(scratch(static_cast<std::size_t>(items * Nq * (Dv + 2)) * sizeof(float)));
+  decode::paged<<<dim3(static_cast<unsigned>(items), static_cast<unsigned>(Nq)), kThreads, 0, stream()>>>(
+      ctx, layer, q.data<float>(), Nq, Nk, Dqk, Dv, p.window, p.causal, p.scale, part);
+  IL_CUDA_LAUNCHED();
+  merge_paged<<<static_cast<unsigned>(batch.rows() * Nq), kThreads, 0, stream()>>>(ctx, part, out.data<float>(), Nq, Dv);
   IL_CUDA_LAUNCHED();
 }
 

@@ -13,8 +13,12 @@
 //                first r columns of the same rows (chapter 04's absorbed decode)
 //   4 ragged     version 1 over a batch: one launch for every sequence's decode row, each with its
 //                own keys (a slice of packed rows), window and causal limit (ops::attention's decode rows)
-//   5 paged      version 1 through a block table, several query rows at positions q_offset.. with a
-//                causal limit each (chapter 12's lesson)
+//   5 paged      version 1 over a batch step's caches (common/cached_batch.h, the context uploaded
+//                once a step): every query row of every sequence, prefill chunks and decode rows
+//                alike, each sequence's keys through its block table (chapter 12's pool) or, without
+//                one, in rows of its own as version 4 reads them (chapter 02's caches); a causal limit
+//                and window per row. One launch a layer for the whole batch, whatever its size,
+//                beside one that writes the step's new keys and values into their slots (store_rows)
 //
 // One set of constants, one partial layout, one merge, and every version scales q before the dot
 // products and uses expf. Host code picks a version through cuda::decode_attention
@@ -23,6 +27,7 @@
 
 #include <cstdint>
 
+#include "common/cached_batch.h"
 #include "common/cuda/util.cuh"
 
 namespace inferlab::cuda::decode {
@@ -37,6 +42,7 @@ constexpr int kLatentHeads = 16;     // version 3: query heads a block serves
 constexpr int kLatentThreads = 256;  // version 3: threads a block
 constexpr int kMaxLatent = 1024;     // version 3: r + dr, a row held as at most 8 float4 a lane
 constexpr int kSeqs = 32;            // version 4: sequences one launch carries by value
+static_assert(cached_batch::kRange <= kChunk, "version 5 attends a work item's range in one chunk");
 
 // Where a (group o, split c)'s partial result lives: [m, l, acc[0 .. D − 1]], o the output row
 // × head index in the version's own order.
@@ -304,33 +310,53 @@ __global__ void ragged(const float* __restrict__ q, const float* __restrict__ k,
   if (threadIdx.x == 0) out[0] = m, out[1] = l;
 }
 
-// ---- version 5: paged -------------------------------------------------------------------------
-__device__ inline long long slot_of(const int* table, int B, int p) {
-  return static_cast<long long>(table[p / B]) * B + p % B;
-}
-
-// One block per (range r of `per` ≤ kChunk positions, query head h, query row t): version 1
-// with every key and value row found through the block table (blocks of B rows of the pools
-// [slots, K, H]), query row t at position q_offset + t seeing positions 0 .. q_offset + t.
-__global__ void paged(const float* __restrict__ q, const float* __restrict__ kp, const float* __restrict__ vp,
-                      const int* __restrict__ table, int B, int N, int K, int H, int q_offset, int per, float scale,
+// ---- version 5: paged, over a batch step --------------------------------------------------------
+// One block per (work item, query head h) of a batch step's context (cached_batch.h): a work item
+// is one query row's range of at most `per` positions, counted from the first key the row sees.
+// The row's sequence, its position and where that sequence keeps its keys (through its block
+// table, or rows of its own) all come from the context; Dqk ≠ Dv allowed. The storage rows of the
+// range's positions are looked up once, into shared memory, then read as version 1 reads its own.
+__global__ void paged(const std::int64_t* __restrict__ ctx, long long layer, const float* __restrict__ q, long long Nq,
+                      long long Nk, long long Dqk, long long Dv, long long window, bool causal, float scale,
                       float* __restrict__ part) {
-  __shared__ float qs[kMaxHead];
+  __shared__ float qs[kMaxQk];
   __shared__ float sc[kChunk];
-  const int r = blockIdx.x, h = blockIdx.y, t = blockIdx.z, splits = gridDim.x, g = h / (N / K);
-  const int lo = r * per, n = max(0, min(q_offset + t + 1, lo + per) - lo);
-  float* out = slot(part, static_cast<long long>(t) * N + h, r, splits, H);
+  __shared__ long long at[kChunk];
+  const cached_batch::View c{ctx};
+  const long long item = blockIdx.x, h = blockIdx.y, kvh = h / (Nq / Nk);
+  const cached_batch::Range r = cached_batch::range(c, item, causal, window);
+  float* out = part + (item * Nq + h) * (Dv + 2);
+  const int n = static_cast<int>(r.n);
   if (n == 0) return empty_slot(out);
-  for (int i = threadIdx.x; i < H; i += blockDim.x) qs[i] = q[(static_cast<long long>(t) * N + h) * H + i] * scale;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) at[j] = c.row(r.sequence, r.start + j);
+  for (long long d = threadIdx.x; d < Dqk; d += blockDim.x) qs[d] = q[(r.row * Nq + h) * Dqk + d] * scale;
   __syncthreads();
+  const float* __restrict__ kc = c.k(layer, r.sequence);
+  const float* __restrict__ vc = c.v(layer, r.sequence);
   warp_scores(
-      qs, H, n, [&](int j) { return kp + (slot_of(table, B, lo + j) * K + g) * H; }, sc);  // from its slot
+      qs, Dqk, n, [&](int j) { return kc + (at[j] * Nk + kvh) * Dqk; }, sc);
   __syncthreads();
   float m, l;
   chunk_softmax(sc, n, m, l);
-  for (int d = threadIdx.x; d < H; d += blockDim.x)
-    out[2 + d] = weighted_rows(sc, n, [&](int j) { return vp[(slot_of(table, B, lo + j) * K + g) * H + d]; });
+  for (long long d = threadIdx.x; d < Dv; d += blockDim.x)
+    out[2 + d] = weighted_rows(sc, n, [&](int j) { return vc[(at[j] * Nk + kvh) * Dv + d]; });
   if (threadIdx.x == 0) out[0] = m, out[1] = l;
+}
+
+// A batch step's new keys and values of one layer into their slots (ops::store_cached): one block
+// per query row, its k row and v row copied to the storage row of its position. T is float4 where
+// every row starts on 16 bytes (CachedBatch::aligned16; kw, vw in T), else float.
+template <class T>
+__global__ void store_rows(const std::int64_t* __restrict__ ctx, long long layer, const T* __restrict__ k,
+                           const T* __restrict__ v, long long kw, long long vw) {
+  const cached_batch::View c{ctx};
+  const long long i = blockIdx.x, b = c.sequence_of(i);
+  if (b < 0) return;  // a row whose cache stores it itself
+  const long long at = c.row(b, c.position(b, i));
+  T* __restrict__ kd = reinterpret_cast<T*>(c.k(layer, b)) + at * kw;
+  T* __restrict__ vd = reinterpret_cast<T*>(c.v(layer, b)) + at * vw;
+  for (long long e = threadIdx.x; e < kw; e += blockDim.x) kd[e] = k[i * kw + e];
+  for (long long e = threadIdx.x; e < vw; e += blockDim.x) vd[e] = v[i * vw + e];
 }
 
 // ---- the merge --------------------------------------------------------------------------------
@@ -344,25 +370,42 @@ struct RaggedRow {  // version 4: group b · Nq + h is head h of sequence b's qu
   __device__ long long operator()(long long o) const { return seqs.row[o / Nq] * Nq + o % Nq; }
 };
 
-// One block per output row × head: the chunks rescaled by e^(m_c − M), divided by the total sum.
-template <class To>
-__global__ void merge(const float* __restrict__ part, float* __restrict__ out, int splits, long long D, To to) {
-  const long long o = blockIdx.x;
-  const float* pr = part + o * splits * (D + 2);
+// One output row × head, by the block, from the partial results of its `splits` chunks, `stride`
+// floats apart: the chunks rescaled by e^(m_c − M), divided by the total sum.
+__device__ inline void merge_row(const float* __restrict__ pr, long long stride, int splits, long long D,
+                                 float* __restrict__ dst) {
   float M = -INFINITY;
-  for (int c = 0; c < splits; ++c) M = fmaxf(M, pr[c * (D + 2)]);
+  for (int c = 0; c < splits; ++c) M = fmaxf(M, pr[c * stride]);
   float L = 0.0f;
   for (int c = 0; c < splits; ++c)
-    if (pr[c * (D + 2) + 1] != 0.0f) L += pr[c * (D + 2) + 1] * expf(pr[c * (D + 2)] - M);
-  float* dst = out + to(o) * D;
+    if (pr[c * stride + 1] != 0.0f) L += pr[c * stride + 1] * expf(pr[c * stride] - M);
   for (long long d = threadIdx.x; d < D; d += blockDim.x) {
     float a = 0.0f;
     for (int c = 0; c < splits; ++c) {
-      const float* x = pr + c * (D + 2);
+      const float* x = pr + c * stride;
       if (x[1] != 0.0f) a += x[2 + d] * expf(x[0] - M);
     }
     dst[d] = a / L;
   }
+}
+
+// One block per output row × head, its chunks side by side.
+template <class To>
+__global__ void merge(const float* __restrict__ part, float* __restrict__ out, int splits, long long D, To to) {
+  const long long o = blockIdx.x;
+  merge_row(part + o * splits * (D + 2), D + 2, splits, D, out + to(o) * D);
+}
+
+// Version 5's merge: one block per query row × head of the step; a row's work items are its
+// chunks, item e's partial result for head h at (e · Nq + h) · (D + 2). Rows the context does not
+// name are left as they are (their caches attended them).
+__global__ void merge_paged(const std::int64_t* __restrict__ ctx, const float* __restrict__ part, float* __restrict__ out,
+                            long long Nq, long long D) {
+  const cached_batch::View c{ctx};
+  const long long o = blockIdx.x, i = o / Nq, h = o % Nq;
+  if (c.sequence_of(i) < 0) return;
+  const long long first = c.first_item(i);
+  merge_row(part + (first * Nq + h) * (D + 2), Nq * (D + 2), static_cast<int>(c.first_item(i + 1) - first), D, out + o * D);
 }
 }  // namespace
 

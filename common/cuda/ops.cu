@@ -64,6 +64,7 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
     IL_CUBLAS(cublasSgemm(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
                           &alpha, w.data<float>(), static_cast<int>(K), x.data<float>(), static_cast<int>(K), &beta,
                           out.data<float>(), static_cast<int>(N)));
+    count_launch();  // a cuBLAS call counts as one launch
     return;
   }
   // 16-bit weights: cuBLAS wants both inputs in one type, so the activations are rounded to the
@@ -79,6 +80,7 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   IL_CUBLAS(cublasGemmEx(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
                          &alpha, w.raw_data(), t, static_cast<int>(K), xh, t, static_cast<int>(K), &beta, out.data<float>(),
                          CUDA_R_32F, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  count_launch();
 }
 
 // ---------------------------------------------------------------------------------------------

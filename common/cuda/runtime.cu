@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -23,6 +24,14 @@ void cuda_failed(cudaError_t e, const char* what, const char* file, int line) {
 void cublas_failed(cublasStatus_t s, const char* what, const char* file, int line) {
   fail("cuBLAS error: ", cublasGetStatusString(s), " in ", what, " at ", file, ":", line);
 }
+
+namespace {
+std::atomic<std::int64_t> g_kernels{0}, g_copies{0};
+}  // namespace
+
+void count_launch() { g_kernels.fetch_add(1, std::memory_order_relaxed); }
+
+Launches launches() { return {g_kernels.load(std::memory_order_relaxed), g_copies.load(std::memory_order_relaxed)}; }
 
 bool built() { return true; }
 
@@ -153,6 +162,7 @@ void device_free(void* p) {
 void memcpy(void* dst, const void* src, std::size_t bytes) {
   // Unified addressing tells the driver the direction.
   IL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
+  g_copies.fetch_add(1, std::memory_order_relaxed);
   IL_CUDA(cudaStreamSynchronize(stream()));
 }
 

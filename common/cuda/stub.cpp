@@ -40,6 +40,9 @@ void paged_decode_attention(const Tensor&, const Tensor&, const Tensor&, const s
                             std::int64_t, Tensor&, std::int64_t) {
   no_cuda();
 }
+void store_cached(const CachedBatch&, std::int64_t, const Tensor&, const Tensor&) { no_cuda(); }
+void attention_cached(const Tensor&, const CachedBatch&, std::int64_t, Tensor&, const AttentionParams&) { no_cuda(); }
+Launches launches() { return {}; }
 void fill_uniform(Tensor&, std::uint64_t, float, float) { no_cuda(); }
 void set_gemv_kernel(GemvKernel) {}
 double measure_read_bandwidth(std::size_t) { no_cuda(); }

@@ -23,8 +23,15 @@ namespace inferlab::cuda {
     cublasStatus_t il_s_ = (call);                                                                         \
     if (il_s_ != CUBLAS_STATUS_SUCCESS) ::inferlab::cuda::cublas_failed(il_s_, #call, __FILE__, __LINE__); \
   } while (0)
-/// After every kernel launch: a bad launch configuration surfaces here, not later.
-#define IL_CUDA_LAUNCHED() IL_CUDA(cudaGetLastError())
+/// Counts one kernel launch (cuda::launches()): IL_CUDA_LAUNCHED does after every launch.
+void count_launch();
+/// After every kernel launch: a bad launch configuration surfaces here, not later; and the launch
+/// is counted.
+#define IL_CUDA_LAUNCHED()            \
+  do {                                \
+    IL_CUDA(cudaGetLastError());      \
+    ::inferlab::cuda::count_launch(); \
+  } while (0)
 
 /// The stream all of InferLab's device work is queued on (non-default, so it can be captured
 /// into a CUDA graph).

@@ -9,14 +9,20 @@
 //   version 1 per_head, 2 grouped, 4 ragged, 5 paged: GQA as Llama-3-8B (N 32, K 8, H 128), MHA
 //             and MQA beside it, at 4K, 16K and 32K positions
 //   version 3 latent: MLA's absorbed decode as DeepSeek-V2-Lite (16 heads, r 512 + dr 64)
+//   version 5 over a batch step (BM_CudaDecodeAttentionBatch): 1, 8 and 64 sequences of 4K
+//             positions, contiguous caches and a pool of blocks, with the store of the step's rows
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
+#include <random>
 #include <string>
 #include <tuple>
 
 #include "../attention_exact.h"
+#include "common/cached_batch.h"
 #include "common/cuda/backend.h"
 #include "common/metrics.h"
 #include "common/ops.h"
@@ -130,6 +136,81 @@ void BM_CudaDecodeAttentionLatent(benchmark::State& state) {
   state.SetLabel("3 latent, N16 r512 dr64");
 }
 BENCHMARK(BM_CudaDecodeAttentionLatent)->Arg(4096)->Arg(16384)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// Version 5 over a whole batch step, as each layer of the engine's batched step runs it: one
+// ops::store_cached call (the step's new keys and values into their slots) and one
+// ops::attention_cached call over a CachedBatch built and uploaded once. B sequences of `len`
+// positions (GQA as Llama-3-8B), a decode row each, in contiguous caches of their own (paged 0) or
+// in blocks of 16 positions of one pool through shuffled tables (paged 1). The first and the last
+// sequence are checked against the float64 reference first; GB/s counts every sequence's cached K
+// and V; `launches` are those of one call pair, the same at any B. Args: paged, B, positions.
+void BM_CudaDecodeAttentionBatch(benchmark::State& state) {
+  const std::string reason = cuda::unavailable_reason();
+  if (!reason.empty()) return state.SkipWithError(("no CUDA device available: " + reason).c_str());
+  const bool paged = state.range(0) != 0;
+  const std::int64_t B = state.range(1), S = state.range(2), block = 16;
+  const AttnShape s = kShapes[0];
+  auto filled = [](const inferlab::Shape& shape, std::uint64_t seed, float lo, float hi) {
+    Tensor t = Tensor::empty(shape, DType::F32, Device::CUDA);
+    cuda::fill_uniform(t, seed, lo, hi);
+    return t;
+  };
+  std::vector<std::vector<std::int32_t>> tables(static_cast<std::size_t>(B));
+  std::vector<CachedSeq> seqs;
+  if (paged) {
+    const std::int64_t blocks = B * S / block;
+    const Tensor kp = filled({blocks * block, s.K, s.H}, 2, -2, 2), vp = filled({blocks * block, s.K, s.H}, 3, -1, 1);
+    std::vector<std::int32_t> order(static_cast<std::size_t>(blocks));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(7));
+    for (std::int64_t b = 0; b < B; ++b) {
+      auto& table = tables[static_cast<std::size_t>(b)];
+      table.assign(order.begin() + b * S / block, order.begin() + (b + 1) * S / block);
+      seqs.push_back({{kp}, {vp}, &table, block, S, b, b + 1, -1});
+    }
+  } else {
+    for (std::int64_t b = 0; b < B; ++b)
+      seqs.push_back({{filled({S, s.K, s.H}, 10 + 2 * static_cast<std::uint64_t>(b), -2, 2)},
+                      {filled({S, s.K, s.H}, 11 + 2 * static_cast<std::uint64_t>(b), -1, 1)},
+                      nullptr,
+                      1,
+                      S,
+                      b,
+                      b + 1,
+                      -1});
+  }
+  const Tensor q = filled({B, s.N, s.H}, 4, -2, 2), k = filled({B, s.K, s.H}, 5, -2, 2), v = filled({B, s.K, s.H}, 6, -1, 1);
+  const CachedBatch batch(seqs, B);
+  Tensor out = Tensor::empty({B, s.N, s.H}, DType::F32, Device::CUDA);
+  auto run = [&] {
+    ops::store_cached(batch, 0, k, v);
+    ops::attention_cached(q, batch, 0, out);
+  };
+  const cuda::Launches before = cuda::launches();
+  run();
+  const std::int64_t launches = cuda::launches().kernels - before.kernels;
+  for (const std::int64_t b : {std::int64_t{0}, B - 1}) {  // the sequence's positions, gathered in order
+    const CachedSeq& c = seqs[static_cast<std::size_t>(b)];
+    Tensor kb = Tensor::empty({S, s.K, s.H}, DType::F32), vb = Tensor::empty({S, s.K, s.H}, DType::F32);
+    for (std::int64_t p = 0; p < S; p += block) {
+      const std::int64_t at = c.table ? (*c.table)[static_cast<std::size_t>(p / block)] * block : p;
+      kb.slice(0, p, p + block).copy_from(c.k[0].slice(0, at, at + block).to(Device::CPU));
+      vb.slice(0, p, p + block).copy_from(c.v[0].slice(0, at, at + block).to(Device::CPU));
+    }
+    const test::AttnRef e = test::attention_exact(q.slice(0, b, b + 1).to(Device::CPU), kb, vb, {},
+                                                  (2 * std::ceil(static_cast<double>(S) / 128.0) + 4) * u);
+    if (const std::string bad = check(out.slice(0, b, b + 1).to(Device::CPU), e); !bad.empty())
+      return state.SkipWithError(("sequence " + std::to_string(b) + " outside the float64 bound at " + bad).c_str());
+  }
+  time_it(state, static_cast<double>(B) * s.K * S * s.H * 2 * 4, run);
+  state.counters["launches"] = static_cast<double>(launches);
+  state.SetLabel(std::string("5 paged over a batch step, ") + (paged ? "a pool of blocks of 16, " : "contiguous caches, ") +
+                 s.name);
+}
+BENCHMARK(BM_CudaDecodeAttentionBatch)
+    ->ArgsProduct({{0, 1}, {1, 8, 64}, {4096}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -1,17 +1,22 @@
 // Chapter 12 on the GPU: the paged attention kernel against the float64 formula (block sizes
-// 1, 16 and 32, shuffled tables, split-KV), and chapter 11's engine on a paged GPU cache giving
-// the CPU's tokens (skipped, with the driver's reason, without a GPU).
+// 1, 16 and 32, shuffled tables, split-KV), chapter 11's engine on a paged GPU cache giving the
+// CPU's tokens, the batched step (one attention launch a layer) against the CPU's cache-by-cache
+// step, and its launches per step, the same at any batch (skipped, with the driver's reason,
+// without a GPU).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <numeric>
 
 #include "attention_exact.h"
+#include "bundled_model.h"
 #include "chapters/11_continuous_batching/trace.h"
 #include "chapters/12_paged_attention/paged_attention.h"
 #include "chapters/12_paged_attention/paged_cache.h"
+#include "common/cuda/backend.h"
 #include "common/eval.h"
-#include "test_util.h"
+#include "engine_runs.h"
+#include "golden_util.h"
 
 namespace inferlab {
 namespace {
@@ -72,6 +77,89 @@ TEST(CudaPaged, TheEngineOnAPagedGpuCacheEqualsTheCpu) {
     for (const auto& s : e.finished()) out[on_gpu][static_cast<std::size_t>(s->request.id)] = s->tokens;
   }
   EXPECT_EQ(out[1], out[0]);
+}
+
+// Chapter 11's engine on the GPU with each layer's attention one launch over the whole batch
+// (AttendPath::Batched: contiguous caches and the paged pool) and cache by cache (the simple
+// path), against the CPU's simple path: MHA, GQA and MQA, requests arriving while others decode,
+// so that prefill chunks share steps with decode rows. The same tokens, and every sampled token's
+// logits within the two-path bound.
+TEST(CudaPaged, TheBatchedStepOnTheGpuEqualsTheCpuCacheByCache) {
+  IL_REQUIRE_CUDA();
+  using ch02::AttendPath;
+  const auto requests = test::mixed_requests(INFERLAB_DATA_DIR);
+  for (const char* name : {"tiny-mha", "tiny-gqa", "tiny-mqa"}) {
+    const ch01::Llama& cpu = test::bundled_llama(name);
+    const ch01::Llama gpu = cpu.to(Device::CUDA, DType::F32);
+    const std::int64_t budget = cpu.config.kv_cache_bytes(4096, 4);
+    ch11::ContiguousPool on_cpu(cpu.config, budget, ch11::Allocation::MaxLength);
+    const auto want = test::serve(cpu, on_cpu, requests, AttendPath::PerSequence);
+    ch11::ContiguousPool rows(gpu.config, budget, ch11::Allocation::MaxLength, Device::CUDA),
+        rows_alone(gpu.config, budget, ch11::Allocation::MaxLength, Device::CUDA);
+    ch12::PagedPool paged(gpu.config, budget, 16, Device::CUDA);
+    const std::vector<std::pair<std::string, std::vector<test::Served>>> runs = {
+        {"contiguous, batched", test::serve(gpu, rows, requests, AttendPath::Batched)},
+        {"paged, batched", test::serve(gpu, paged, requests, AttendPath::Batched)},
+        {"contiguous, cache by cache", test::serve(gpu, rows_alone, requests, AttendPath::PerSequence)}};
+    for (const auto& [how, got] : runs)
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(got[i].tokens, want[i].tokens) << name << ", " << how << ", request " << i;
+        for (std::size_t t = 0; t < want[i].logits.size(); ++t) {
+          const std::vector<double> w(want[i].logits[t].begin(), want[i].logits[t].end());
+          const double bound = test::two_path_bound(cpu.config, w);
+          for (std::size_t x = 0; x < w.size(); ++x)
+            ASSERT_NEAR(got[i].logits[t][x], w[x], bound) << name << ", " << how << ", request " << i << ", token " << t;
+        }
+      }
+  }
+}
+
+// The kernel launches of one step do not grow with the batch when each layer attends in one call
+// (a store, an attention launch and its merge a layer, whatever the batch); cache by cache they
+// do. A step of B sequences, each with 20 cached positions: a prefill chunk of 7 for the first, a
+// decode row for each other; contiguous caches and the paged pool.
+TEST(CudaPaged, LaunchesPerStepDoNotGrowWithTheBatch) {
+  IL_REQUIRE_CUDA();
+  using ch02::AttendPath;
+  const ch01::Llama m = test::bundled_llama("tiny-gqa").to(Device::CUDA, DType::F32);
+  const auto text = eval::validation_tokens(INFERLAB_DATA_DIR, 2000);
+  auto launches = [&](std::int64_t B, bool paged, AttendPath path) {
+    ch12::BlockPool pool(m.config, 8 * B, 16, Device::CUDA);
+    std::vector<std::unique_ptr<ch02::KVCache>> caches;
+    for (std::int64_t b = 0; b < B; ++b)
+      caches.push_back(paged ? std::unique_ptr<ch02::KVCache>(std::make_unique<ch12::PagedKVCache>(pool))
+                             : std::make_unique<ch02::ContiguousKVCache>(m.config, 64, Device::CUDA));
+    auto step = [&](std::int64_t first, std::int64_t others) {
+      std::vector<ch02::SequenceStep> seqs;
+      for (std::int64_t b = 0; b < B; ++b) {
+        const std::int64_t n = b == 0 ? first : others, at = 50 * b + caches[static_cast<std::size_t>(b)]->length();
+        if (paged) {
+          EXPECT_TRUE(static_cast<ch12::PagedKVCache&>(*caches[static_cast<std::size_t>(b)]).reserve(n));
+        }
+        seqs.push_back({std::vector<std::int32_t>(text.begin() + at, text.begin() + at + n),
+                        caches[static_cast<std::size_t>(b)].get(), false});
+      }
+      return seqs;
+    };
+    auto prompts = step(20, 20);
+    ch02::forward(m, prompts, ch02::attention_block, path);
+    auto seqs = step(7, 1);
+    const cuda::Launches before = cuda::launches();
+    ch02::forward(m, seqs, ch02::attention_block, path);
+    return cuda::launches().kernels - before.kernels;
+  };
+  for (const bool paged : {false, true}) {
+    const char* kind = paged ? "paged" : "contiguous";
+    const std::int64_t two = launches(2, paged, AttendPath::Batched), eight = launches(8, paged, AttendPath::Batched);
+    EXPECT_EQ(two, eight) << kind << ": the batched step's launches grew with the batch";
+    EXPECT_EQ(launches(1, paged, AttendPath::Batched), two) << kind;
+    const std::int64_t alone_two = launches(2, paged, AttendPath::PerSequence),
+                       alone_eight = launches(8, paged, AttendPath::PerSequence);
+    EXPECT_GT(alone_eight, alone_two) << kind << ": cache by cache, a step launches more for more sequences";
+    EXPECT_LT(eight, alone_eight) << kind;
+    // Cache by cache, six more sequences add at least a launch each in every layer.
+    EXPECT_GE(alone_eight - alone_two, 6 * m.config.num_layers) << kind;
+  }
 }
 
 }  // namespace

@@ -8,8 +8,10 @@
 
 #include "bundled_model.h"
 #include "chapters/11_continuous_batching/trace.h"
+#include "chapters/12_paged_attention/paged_attention.h"
 #include "chapters/12_paged_attention/paged_cache.h"
 #include "common/eval.h"
+#include "engine_runs.h"
 #include "golden_util.h"
 
 using namespace inferlab;
@@ -207,44 +209,12 @@ TEST(PagedCache, ForwardEqualsTheContiguousCache) {
 
 namespace {
 
-// Chapter 11's two-path requests, for the engine on either cache.
-std::vector<ch11::Request> mixed_requests() {
-  const auto text = eval::validation_tokens(kData, 4000);
-  std::vector<ch11::Request> out;
-  for (int i = 0; i < 10; ++i) {
-    ch11::Request r;
-    r.id = i;
-    const std::size_t p = 3 + static_cast<std::size_t>((i * 11) % 37), at = static_cast<std::size_t>(i) * 307;
-    r.prompt.assign(text.begin() + static_cast<long>(at), text.begin() + static_cast<long>(at + p));
-    r.max_new_tokens = 10 + (i * 17) % 40;
-    if (i % 2) r.sampling.temperature = 0.8f, r.sampling.seed = 3 + static_cast<std::uint64_t>(i);
-    r.sampling.vocab = 988;
-    r.arrival = static_cast<double>((i * 3) % 7);
-    r.keep_logits = true;
-    out.push_back(std::move(r));
-  }
-  return out;
-}
+std::vector<ch11::Request> mixed_requests() { return test::mixed_requests(kData); }
 
-struct Served {
-  std::vector<std::int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-};
-
-std::vector<Served> serve(ch11::KVPool& pool, const std::vector<ch11::Request>& requests,
-                          std::int64_t* preemptions = nullptr, ch02::AttendPath path = ch02::AttendPath::Batched,
-                          const ch01::Llama& m = tiny_mha()) {
-  ch11::EngineConfig c;
-  c.scheduler = {ch11::Policy::Continuous, 6, 24};
-  c.clock = ch11::Clock::Steps;
-  c.attend_path = path;
-  ch11::Engine e(m, pool, c);
-  for (const auto& r : requests) e.add(r);
-  e.run();
-  if (preemptions) *preemptions = e.scheduler().preemptions();
-  std::vector<Served> out(requests.size());
-  for (const auto& s : e.finished()) out[static_cast<std::size_t>(s->request.id)] = {s->tokens, s->logits};
-  return out;
+std::vector<test::Served> serve(ch11::KVPool& pool, const std::vector<ch11::Request>& requests,
+                                std::int64_t* preemptions = nullptr, ch02::AttendPath path = ch02::AttendPath::Batched,
+                                const ch01::Llama& m = tiny_mha()) {
+  return test::serve(m, pool, requests, path, preemptions);
 }
 
 }  // namespace
@@ -311,6 +281,137 @@ TEST(PagedCache, TheBatchedStepEqualsTheSequenceBySequenceStep) {
       }
     }
   }
+}
+
+namespace {
+
+// A contiguous cache of another type: the batched ops do not read it (ContiguousKVCache::locate
+// refuses subclasses, which may attend their own way), so it attends on its own beside the batch.
+class OwnWayCache : public ch02::ContiguousKVCache {
+ public:
+  using ch02::ContiguousKVCache::ContiguousKVCache;
+};
+
+// One batch's caches: two paged ones in a pool whose free list earlier allocations shuffled (their
+// block tables are not 0, 1, 2, ...), a contiguous one and one that attends on its own.
+struct FourCaches {
+  BlockPool pool;
+  PagedKVCache a, b;
+  ch02::ContiguousKVCache rows;
+  OwnWayCache own;
+  explicit FourCaches(const ch01::Llama& m)
+      : pool(m.config, 40, 4), a(pool), b(pool), rows(m.config, 48), own(m.config, 48) {
+    std::vector<std::int32_t> taken;
+    for (int i = 0; i < 6; ++i) taken.push_back(pool.allocate());
+    for (const int i : {4, 0, 2}) pool.release(taken[static_cast<std::size_t>(i)]);
+  }
+  // A step of n[i] new tokens for cache i (the paged ones reserved first), from its own stretch of text.
+  std::vector<ch02::SequenceStep> step(const std::vector<std::int32_t>& text, const std::vector<std::int64_t>& n) {
+    EXPECT_TRUE(a.reserve(n[0]) && b.reserve(n[1]));
+    const std::vector<ch02::KVCache*> caches = {&a, &b, &rows, &own};
+    std::vector<ch02::SequenceStep> out;
+    for (std::size_t i = 0; i < caches.size(); ++i) {
+      const auto from = text.begin() + static_cast<long>(40 * i + static_cast<std::size_t>(caches[i]->length()));
+      out.push_back({std::vector<std::int32_t>(from, from + n[i]), caches[i], true});
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+// The batched step's context (Batch::cached, built once a step and, on the GPU, uploaded once)
+// holds what each cache's own attend() would use: every query row's sequence and position, the
+// storage row its new keys and values go to (through the block table for a paged cache, row p for
+// a contiguous one), each layer's storage; its work items (the GPU's blocks) cover exactly the
+// positions each row attends, causal, with a window and bidirectional, in ranges of `per`; and the
+// store through it writes what each cache's own write would. The packed words are read with the
+// functions the CUDA kernels run.
+TEST(PagedCache, TheStepContextHoldsWhatEachCacheUses) {
+  const ch01::Llama& m = test::bundled_llama("tiny-gqa");
+  const auto text = eval::validation_tokens(kData, 400);
+  FourCaches w(m);
+  auto prompt = w.step(text, {9, 6, 7, 3});
+  ch02::forward(m, prompt);
+  const std::vector<ch02::SequenceStep> seqs = w.step(text, {1, 11, 5, 2});  // a decode row and three chunks
+  const ch02::Batch batch(m, seqs);
+  ASSERT_TRUE(batch.cached.has_value());
+  EXPECT_EQ(batch.in_cached, (std::vector<bool>{true, true, true, false}));
+  const CachedBatch& c = *batch.cached;
+  ASSERT_EQ(c.seqs().size(), 3u);
+  ASSERT_EQ(c.layers(), m.config.num_layers);
+  EXPECT_EQ(c.rows(), 1 + 11 + 5 + 2);
+  EXPECT_NE(w.a.block_table(), (std::vector<std::int32_t>{0, 1, 2}));
+  const cached_batch::View v{c.words().data()};
+  const std::int32_t* pos = batch.pos.data<std::int32_t>();
+  const std::vector<const std::vector<std::int32_t>*> tables = {&w.a.block_table(), &w.b.block_table(), nullptr};
+  for (std::int64_t b = 0, s = 0; b < 4; ++b) {
+    const std::string what = "sequence " + std::to_string(b);
+    for (std::int64_t i = batch.begin[static_cast<std::size_t>(b)]; i < batch.begin[static_cast<std::size_t>(b + 1)]; ++i) {
+      if (b == 3) {
+        EXPECT_EQ(v.sequence_of(i), -1) << what << ": it attends on its own";
+        continue;
+      }
+      ASSERT_EQ(v.sequence_of(i), s) << what << ", row " << i;
+      ASSERT_EQ(v.position(s, i), pos[i]) << what << ", row " << i;
+      const auto* table = tables[static_cast<std::size_t>(s)];
+      EXPECT_EQ(v.row(s, pos[i]), table ? slot(*table, 4, pos[i]) : pos[i]) << what << ", position " << pos[i];
+    }
+    if (b == 3) continue;
+    for (std::int64_t l = 0; l < m.config.num_layers; ++l) {
+      const void* k = b < 2 ? w.pool.k(l).raw_data() : w.rows.k(l).raw_data();
+      const void* vv = b < 2 ? w.pool.v(l).raw_data() : w.rows.v(l).raw_data();
+      EXPECT_EQ(static_cast<const void*>(v.k(l, s)), k) << what << ", layer " << l;
+      EXPECT_EQ(static_cast<const void*>(v.v(l, s)), vv) << what << ", layer " << l;
+    }
+    EXPECT_EQ(v.field(s, cached_batch::kLength),
+              seqs[static_cast<std::size_t>(b)].cache->length() +
+                  static_cast<std::int64_t>(seqs[static_cast<std::size_t>(b)].tokens.size()));
+    ++s;
+  }
+  // The work items, as the kernel's blocks take them: ranges of 256 positions, and of 2.
+  for (const CachedBatch& ranges : {c, CachedBatch(c.seqs(), c.rows(), 2)}) {
+    const cached_batch::View r{ranges.words().data()};
+    for (const auto& [causal, window] : std::vector<std::pair<bool, std::int64_t>>{{true, 0}, {true, 3}, {false, 0}}) {
+      std::map<std::int64_t, std::vector<std::int64_t>> seen;  // row → the positions its items attend
+      for (std::int64_t item = 0; item < ranges.items(); ++item) {
+        const cached_batch::Range x = cached_batch::range(r, item, causal, window);
+        ASSERT_LE(x.n, r.per());
+        ASSERT_EQ(x.sequence, r.sequence_of(x.row));
+        for (std::int64_t p = x.start; p < x.start + x.n; ++p) seen[x.row].push_back(p);
+      }
+      for (std::int64_t i = 0; i < batch.begin[3]; ++i) {  // every row of the three cached sequences
+        const std::int64_t s = r.sequence_of(i), length = r.field(s, cached_batch::kLength);
+        const std::int64_t hi = causal ? pos[i] : length - 1, lo = window ? std::max<std::int64_t>(0, hi - window + 1) : 0;
+        std::vector<std::int64_t> want;
+        for (std::int64_t p = lo; p <= hi; ++p) want.push_back(p);
+        EXPECT_EQ(seen[i], want) << "row " << i << ", ranges of " << r.per() << (causal ? ", causal" : "") << ", window "
+                                 << window;
+      }
+    }
+  }
+  // The store through the context against each cache's own write (chapter 12's write_slots, and
+  // chapter 02's rows), on copies of the storage.
+  auto rng = test::rng_for_test();
+  const std::int64_t K = m.config.num_kv_heads, H = m.config.head_dim, last = m.config.num_layers - 1;
+  const Tensor k = test::uniform(rng, {c.rows(), K, H}), vals = test::uniform(rng, {c.rows(), K, H});
+  const Tensor pool_k = w.pool.k(last).clone(), pool_v = w.pool.v(last).clone();
+  const Tensor rows_k = w.rows.k(last).clone(), rows_v = w.rows.v(last).clone(), own_k = w.own.k(last).clone();
+  ops::store_cached(c, last, k, vals);
+  for (std::size_t b = 0; b < 3; ++b) {
+    const std::int64_t r0 = batch.begin[b], r1 = batch.begin[b + 1], start = seqs[b].cache->length();
+    if (b < 2) {
+      write_slots({pool_k, pool_v, *tables[b], 4}, start, k.slice(0, r0, r1), vals.slice(0, r0, r1));
+    } else {
+      rows_k.slice(0, start, start + r1 - r0).copy_from(k.slice(0, r0, r1));
+      rows_v.slice(0, start, start + r1 - r0).copy_from(vals.slice(0, r0, r1));
+    }
+  }
+  EXPECT_EQ(w.pool.k(last).to_float_vector(), pool_k.to_float_vector());
+  EXPECT_EQ(w.pool.v(last).to_float_vector(), pool_v.to_float_vector());
+  EXPECT_EQ(w.rows.k(last).to_float_vector(), rows_k.to_float_vector());
+  EXPECT_EQ(w.rows.v(last).to_float_vector(), rows_v.to_float_vector());
+  EXPECT_EQ(w.own.k(last).to_float_vector(), own_k.to_float_vector()) << "a cache outside the context was written";
 }
 
 // Prefix caching: requests that share a prompt prefix share its blocks, compute only what
