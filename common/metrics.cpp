@@ -3,7 +3,9 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -29,7 +31,15 @@ CountScope::~CountScope() {
   }
 }
 
-bool Timer::work_runs_alone() { return omp_get_max_threads() == 1; }
+bool Timer::work_runs_alone() {
+  // INFERLAB_CLOCK=wall keeps every timer on the wall clock: for comparisons with programs that
+  // time themselves that way (tools/llamacpp_bench.sh).
+  static const bool wall = [] {
+    const char* c = std::getenv("INFERLAB_CLOCK");
+    return c != nullptr && std::string_view(c) == "wall";
+  }();
+  return !wall && omp_get_max_threads() == 1;
+}
 
 double Timer::now() const {
   if (cpu_) {

@@ -53,7 +53,7 @@ enum class Clock {
   Wall,  ///< steady clock: what a user waits
   Work,  ///< the wall clock, except where the work runs on the calling thread alone (OpenMP on one
          ///< thread, on the CPU): then that thread's CPU time, so that other programs taking turns
-         ///< on its core are not counted as the work's time
+         ///< on its core are not counted as the work's time (INFERLAB_CLOCK=wall: always the wall)
 };
 
 /// A stopwatch. A speed set against a ceiling times its work with Clock::Work: on a machine that
