@@ -180,13 +180,13 @@ Spread measure_cpu_read_spread(std::size_t bytes, int threads, int reps) {
   for (std::size_t i = 0; i < n; ++i) a[i] = static_cast<float>(i & 1023) * 1e-3f;
   volatile float sink = 0;
   // One pass to warm the caches (and, for an array in cache, to see how many passes last 20 ms).
-  Timer warm;
+  Timer warm(Clock::Work);
   sink = sink + sum_passes(a.get(), n, threads, 1);
   const double one = std::max(warm.seconds(), 1e-7);
   const int passes = static_cast<int>(std::clamp(0.02 / one, 1.0, 1e6));
   std::vector<double> rates;
   for (int r = 0; r < reps; ++r) {
-    Timer t;
+    Timer t(Clock::Work);
     sink = sink + sum_passes(a.get(), n, threads, passes);
     rates.push_back(static_cast<double>(n * sizeof(float)) * passes / t.seconds());
   }
@@ -326,7 +326,7 @@ Spread measure_cpu_matmul_spread(int n, int reps) {
   c.noalias() = a * b;
   std::vector<double> rates;
   for (int r = 0; r < reps; ++r) {
-    Timer t;
+    Timer t(Clock::Work);
     c.noalias() = a * b;
     rates.push_back(2.0 * n * n * static_cast<double>(n) / t.seconds());
   }

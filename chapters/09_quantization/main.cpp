@@ -218,7 +218,7 @@ SpeedRun measure_speed(Device dev, const TransformerConfig& c, const std::vector
     ch02::forward_cached(model, cache, std::vector<std::int32_t>(static_cast<std::size_t>(context), 3));
     SpeedRow r{name, bits(model), model.matrix_bytes(), 1e300, 0};
     for (int i = 0; i < steps; ++i) {
-      metrics::Timer t;
+      metrics::Timer t = metrics::Timer::work(dev == Device::CPU);
       ch02::forward_cached(model, cache, {3});
       if (dev == Device::CUDA) cuda::synchronize();
       r.seconds = std::min(r.seconds, t.seconds());
