@@ -11,7 +11,6 @@
 #include "chapters/02_kv_cache/kv_cache.h"
 #include "chapters/09_quantization/awq.h"
 #include "chapters/09_quantization/gguf_model.h"
-#include "chapters/09_quantization/repack.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/cuda/backend.h"
@@ -385,9 +384,7 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   // plain matrices as f32.
   ch01::Llama m = load_gguf(f);
   if (dev != Device::CPU) m = m.to(dev, DType::F32);
-  else
-    interleave_blocks(
-        m);  // q4_0, q8_0, iq4_nl, q4_k, q6_k and iq4_xs matrices eight rows at a time, for the CPU's decode product (repack.h)
+  else interleave_blocks(m);  // q4_0, q8_0, iq4_nl, q4_k, q6_k and iq4_xs matrices eight rows at a time (qmodel.h)
   const auto tok = gguf_tokenizer(f, tokenizer, o.model);
   const SamplingParams sp = o.sampling(*tok, m.config.vocab_size);
   const auto ids = tok->encode(o.prompt);

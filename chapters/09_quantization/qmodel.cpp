@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "chapters/09_quantization/quant_impl.h"
+
 namespace inferlab::ch09 {
 
 std::int64_t width_multiple(const QuantSpec& s) {
@@ -59,6 +61,51 @@ const QMatrix& qmatrix(const Linear& l, const std::string& what) {
   const auto* q = dynamic_cast<const QMatrix*>(l.packed.get());
   IL_CHECK(q != nullptr, what, " is not a quantised matrix");
   return *q;
+}
+
+bool interleavable(const QMatrix& q) {
+  return blocks_activations(q.spec.format) && q.device() == Device::CPU &&
+         quant::interleavable(gguf_type(q.spec.format), q.rows, q.cols);
+}
+
+namespace {
+quant::Interleaved8 layout_of(const QMatrix& q) {
+  IL_CHECK(interleavable(q),
+           "interleaved blocks: need a CPU q4_0, q8_0, iq4_nl, q4_k, q6_k or iq4_xs matrix with rows a multiple of 8 ",
+           "(and a CPU with AVX2), got ", q.spec.name(), " ", q.rows, " × ", q.cols, " on ", device_name(q.device()));
+  return quant::Interleaved8(gguf_type(q.spec.format), q.rows, q.cols, q.data.data<std::uint8_t>());
+}
+}  // namespace
+
+Interleaved8::Interleaved8(const QMatrix& q) : spec_(q.spec), layout_(layout_of(q)) {}
+
+QMatrix Interleaved8::rows_in_order() const {
+  return QMatrix(spec_, layout_.rows(), layout_.cols(), layout_.rows_in_order());
+}
+
+std::shared_ptr<const PackedMatrix> Interleaved8::to_device(Device d) const {
+  if (d == Device::CPU) return std::make_shared<Interleaved8>(*this);
+  return std::make_shared<QMatrix>(rows_in_order().to(d));
+}
+
+void Interleaved8::matmul(const Tensor& x, Tensor& out) const {
+  layout_.check_operands(x, out, spec_.name() + " (interleaved) product");
+  check_finite_activations(x, spec_.name());
+  layout_.matmul(blocked_activations_fast(x), out.data<float>());
+}
+
+void interleave_blocks(ch01::Llama& m, int* count) {
+  int n = 0;
+  auto swap = [&](Linear& l) {
+    const auto* q = dynamic_cast<const QMatrix*>(l.packed.get());
+    if (q == nullptr || !interleavable(*q)) return;
+    l.packed = std::make_shared<Interleaved8>(*q);
+    ++n;
+  };
+  for (auto& layer : m.layers)
+    for (Linear* w : layer.linears()) swap(*w);
+  swap(m.lm_head);
+  if (count) *count = n;
 }
 
 }  // namespace inferlab::ch09

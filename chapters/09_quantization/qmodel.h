@@ -7,8 +7,11 @@
 /// forward pass chapter 02's, unchanged: each projection is a Linear, and linear() multiplies a
 /// packed (quantised) one with qmatmul().
 
+#include <memory>
+
 #include "chapters/01_naive_decode/llama.h"
 #include "chapters/09_quantization/quant.h"
+#include "common/quant/interleaved.h"
 
 namespace inferlab::ch09 {
 
@@ -29,5 +32,35 @@ std::int64_t matrix_weights(const ch01::Llama& m);
 /// The packed matrix of a quantised Linear; throws naming `what` if it is not one of chapter
 /// 09's formats.
 const QMatrix& qmatrix(const Linear& l, const std::string& what);
+
+/// A QMatrix laid out for the CPU's decode product: eight rows' blocks together
+/// (common/quant/interleaved.h), so that one instruction serves eight rows. The values are the
+/// matrix's, and so are its products (x as q8_0 blocks, as the row order's).
+class Interleaved8 : public PackedMatrix {
+ public:
+  explicit Interleaved8(const QMatrix& q);  ///< throws unless interleavable(q)
+  /// The matrix back, in row order.
+  QMatrix rows_in_order() const;
+
+  void matmul(const Tensor& x, Tensor& out) const override;
+  std::int64_t out_features() const override { return layout_.rows(); }
+  std::int64_t in_features() const override { return layout_.cols(); }
+  std::int64_t bytes() const override { return layout_.bytes(); }
+  Device device() const override { return Device::CPU; }
+  /// On the CPU a copy of this; elsewhere the matrix in row order (the CUDA kernels read that).
+  std::shared_ptr<const PackedMatrix> to_device(Device d) const override;
+  std::string format() const override { return spec_.name(); }
+
+ private:
+  QuantSpec spec_;
+  quant::Interleaved8 layout_;
+};
+
+/// Whether q can be stored as Interleaved8: a q4_0, q8_0, iq4_nl, q4_k, q6_k or iq4_xs matrix on
+/// the CPU, rows a multiple of 8, in a build with the kernels (quant::interleaved_kernels()).
+bool interleavable(const QMatrix& q);
+/// `m` with every matrix that can be interleaved so (`run` does this on the CPU); the number
+/// changed in `count` when given.
+void interleave_blocks(ch01::Llama& m, int* count = nullptr);
 
 }  // namespace inferlab::ch09

@@ -22,8 +22,8 @@
 #include "chapters/02_kv_cache/kv_cache.h"
 #include "chapters/09_quantization/awq.h"
 #include "chapters/09_quantization/gguf_model.h"
+#include "chapters/09_quantization/qmodel.h"
 #include "chapters/09_quantization/quant_impl.h"
-#include "chapters/09_quantization/repack.h"
 #include "common/eval.h"
 #include "common/json_file.h"
 #include "common/llama2c.h"
@@ -266,7 +266,7 @@ TEST(Quant, Q4_0MultipliesXRoundedThroughQ8_0Blocks) {
 // row order exactly and multiply x rounded through q8_0 blocks within the row-order bound, for
 // decode (the eight-row kernel) and prefill rows; what they cannot hold is refused.
 TEST(Quant, InterleavedBlocksAreTheSameMatrix) {
-  if (!interleaved_kernels())
+  if (!quant::interleaved_kernels())
     GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   auto rng = test::rng_for_test();
   test::ThreadCount threads(2);
@@ -547,7 +547,7 @@ TEST(Q8_0, TheFastActivationQuantiserIsTheReferenceBitForBit) {
   // d = 1 again: the largest float below each half, which std::round takes toward zero
   for (std::int64_t k = 128; k < 160; ++k)
     p[2 * K + k] = k == 128 ? 127.0f : static_cast<float>(k % 3) + std::nextafter(0.5f, 0.0f);
-  const BlockedActivations ref(x), fast = blocked_activations_fast(x);
+  const BlockedActivations ref = q8_0_blocks(x), fast = blocked_activations_fast(x);
   EXPECT_EQ(fast.q, ref.q);
   EXPECT_EQ(fast.sum, ref.sum);
   EXPECT_EQ(fast.sum16, ref.sum16);
@@ -1165,7 +1165,7 @@ void expect_products_within_the_bound(const QMatrix& q, const std::string& what,
 // give their bytes back in row order exactly and multiply within the same bound as the row-order
 // products.
 TEST(Gguf, InterleavedKQuantsAreTheSameMatrix) {
-  if (!interleaved_kernels())
+  if (!quant::interleaved_kernels())
     GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   test::ThreadCount threads(2);
   for (const auto& [f, bb] : std::vector<std::pair<Format, std::int64_t>>{
@@ -1477,7 +1477,7 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
 
 // Q4_0, Q8_0, IQ4_NL, Q4_K, Q6_K and IQ4_XS files whose matrices run interleaved (as `run` does on the CPU) run as the files do.
 TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
-  if (!interleaved_kernels())
+  if (!quant::interleaved_kernels())
     GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   for (const gguf::Type t :
        {gguf::Type::Q4_0, gguf::Type::Q8_0, gguf::Type::IQ4_NL, gguf::Type::Q4_K, gguf::Type::Q6_K, gguf::Type::IQ4_XS}) {

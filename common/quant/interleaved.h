@@ -1,9 +1,9 @@
 #pragma once
-/// @file repack.h
-/// @brief Chapter 09: q4_0, q8_0, iq4_nl, q4_k, q6_k and iq4_xs matrices with eight rows' blocks interleaved, for the CPU's decode product.
+/// @file interleaved.h
+/// @brief q4_0, q8_0, iq4_nl, q4_k, q6_k and iq4_xs matrices with eight rows' blocks interleaved, for the CPU's decode product.
 ///
 /// A q4_0 or q8_0 row stores its 32-weight blocks one after another, and the row-at-a-time product
-/// (quant_fast.cpp) pays per row and block for a horizontal sum and a scalar scale. Stored eight
+/// (blocks.h) pays per row and block for a horizontal sum and a scalar scale. Stored eight
 /// rows at a time instead, block b of rows r..r+7 is one unit: the eight f16 scales, then the eight
 /// rows' quant bytes (16 for q4_0, 32 for q8_0) in pieces of 4, piece j of row i at byte
 /// 16 + 32·j + 4·i. One vpdpbusd then multiplies four values of all eight rows by the same four
@@ -23,44 +23,48 @@
 /// four rows of x) puts each block back in ggml's bytes and decodes it with the format's ref::
 /// decoder, as the row-order path does.
 
-#include <memory>
+#include <cstdint>
+#include <string>
 
-#include "chapters/01_naive_decode/llama.h"
-#include "chapters/09_quantization/quant.h"
+#include "common/gguf.h"
+#include "common/quant/blocks.h"
+#include "common/tensor.h"
 
-namespace inferlab::ch09 {
+namespace inferlab::quant {
 
-/// A q4_0, q8_0, iq4_nl, q4_k, q6_k or iq4_xs matrix (CPU, rows a multiple of 8) in the interleaved order. Its
-/// products take x as q8_0 blocks, as the matrix's own do.
-class Interleaved8 : public PackedMatrix {
+/// A matrix of one of those block types (CPU, rows a multiple of 8) in the interleaved order. Its
+/// products take x as q8_0 blocks, as the row-order ones do.
+class Interleaved8 {
  public:
-  explicit Interleaved8(const QMatrix& q);  ///< throws unless interleavable(q)
-  /// The matrix back, in row order.
-  QMatrix rows_in_order() const;
+  /// `rows` × `cols` of type t from their row-order bytes (gguf::row_bytes(t, cols) a row); throws
+  /// unless interleavable(t, rows, cols).
+  Interleaved8(gguf::Type t, std::int64_t rows, std::int64_t cols, const std::uint8_t* row_bytes);
+  /// The row-order bytes back, U8 [rows, gguf::row_bytes(t, cols)].
+  Tensor rows_in_order() const;
+  /// out [M, rows] = x̂ · Wᵀ for x (CPU, contiguous f32 [M, cols], finite) as q8_0 blocks.
+  void matmul(const Tensor& x, Tensor& out) const;
+  /// Throws, naming `what`, unless x is contiguous f32 [M, cols] and out contiguous f32 [M, rows], on the CPU.
+  void check_operands(const Tensor& x, const Tensor& out, const std::string& what) const;
+  /// Y [M, rows] = a's values times Wᵀ.
+  void matmul(const BlockedActivations& a, float* Y) const;
 
-  void matmul(const Tensor& x, Tensor& out) const override;
-  std::int64_t out_features() const override { return rows_; }
-  std::int64_t in_features() const override { return cols_; }
-  std::int64_t bytes() const override { return static_cast<std::int64_t>(data_.nbytes()); }
-  Device device() const override { return Device::CPU; }
-  /// On the CPU a copy of this; elsewhere the matrix in row order (the CUDA kernels read that).
-  std::shared_ptr<const PackedMatrix> to_device(Device d) const override;
-  std::string format() const override { return spec_.name(); }
+  gguf::Type type() const { return type_; }
+  std::int64_t rows() const { return rows_; }
+  std::int64_t cols() const { return cols_; }
+  std::int64_t bytes() const { return static_cast<std::int64_t>(data_.nbytes()); }
 
  private:
-  QuantSpec spec_;
+  gguf::Type type_;
   std::int64_t rows_, cols_;
   Tensor
       data_;  ///< rows/8 units a block: 8 · 18 (q4_0, iq4_nl), 8 · 34 (q8_0), 8 · 148 (q4_k), 8 · 210 (q6_k) or 8 · 138 (iq4_xs) bytes
 };
 
 /// Whether this build has the eight-row kernels (they need AVX2, FMA and F16C; without them no
-/// matrix is interleaved and `run` keeps the row order).
+/// matrix is interleaved and every product keeps the row order).
 bool interleaved_kernels();
-/// Whether q can be stored as Interleaved8: a q4_0, q8_0, iq4_nl, q4_k, q6_k or iq4_xs matrix on the CPU, rows a
-/// multiple of 8, in a build with the kernels.
-bool interleavable(const QMatrix& q);
-/// `m` with every matrix that can be interleaved so; the number changed in `count` when given.
-void interleave_blocks(ch01::Llama& m, int* count = nullptr);
+/// Whether a `rows` × `cols` matrix of type t can be Interleaved8: a q4_0, q8_0, iq4_nl, q4_k, q6_k
+/// or iq4_xs matrix with rows a multiple of 8 and whole blocks, in a build with the kernels.
+bool interleavable(gguf::Type t, std::int64_t rows, std::int64_t cols);
 
-}  // namespace inferlab::ch09
+}  // namespace inferlab::quant

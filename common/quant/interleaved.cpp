@@ -1,23 +1,23 @@
-#include "chapters/09_quantization/repack.h"
+#include "common/quant/interleaved.h"
 
 #include <omp.h>
 
 #include <cstring>
 #include <vector>
 
-#include "chapters/09_quantization/quant_impl.h"
-#include "chapters/09_quantization/simd.h"
+#include "common/error.h"
 #include "common/gguf.h"
 #include "common/ops_cpu.h"
+#include "common/quant/simd.h"
 
-namespace inferlab::ch09 {
+namespace inferlab::quant {
 
 namespace {
 
 // A format's values and bytes a block, the unit of eight rows' blocks, its row ↔ unit copies and
 // its eight-row kernel.
 struct Codec {
-  Format format;
+  gguf::Type type;
   std::int64_t values, block, unit;
   void (*pack)(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i);
   void (*unpack)(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk);
@@ -26,7 +26,7 @@ struct Codec {
 
 // Interleaving pays only where the kernels below run: without AVX2 no matrix is interleaved (the
 // row-order products keep their plain paths), and codec_of has no formats.
-#if INFERLAB_CH09_SIMD
+#if INFERLAB_QUANT_SIMD
 // A format's block: its quant bytes per row (q4_0: 16, two values a byte; q8_0: 32), the unit of
 // eight rows' blocks, and the centre taken off each quant value (q4_0: 8; q8_0's stored w + 128: 128).
 struct Layout {
@@ -125,9 +125,9 @@ __m256i iq4_dot4(__m256i s, __m256i table, __m256i q, __m256i xb) {
 // q4_0, q8_0 and iq4_nl: y[i] = Σ_b d_ib · dx_b · (Σ_k q_ik xq_k − centre · Σ_k xq_k). iq4_nl's
 // blocks are q4_0's, its nibbles indexes into the levels gguf::kIq4nlValues (one vpshufb for 32),
 // taken + 128 (unsigned, centre 128) where vpdpbusd sums them exactly, else as signed bytes.
-template <Format F>
+template <gguf::Type F>
 void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nb, float* y) {
-  constexpr bool kEightBit = F == Format::Q8_0, kLevels = F == Format::IQ4_NL;
+  constexpr bool kEightBit = F == gguf::Type::Q8_0, kLevels = F == gguf::Type::IQ4_NL;
   constexpr Layout l{kEightBit};
   constexpr std::int32_t kCentre = kLevels ? kIq4Centre : kEightBit && !kVnni ? 0 : l.centre();
   [[maybe_unused]] const __m256i levels = iq4_table();
@@ -338,21 +338,21 @@ void unpack_iq4xs(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
   for (std::int64_t t = 0; t < 128; ++t) blk[8 + t] = u[iq4xs_quant_byte(i, t)];
 }
 
-const Codec* codec_of(Format f) {
+const Codec* codec_of(gguf::Type t) {
   static const Codec codecs[] = {
-      {Format::Q4_0, 32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<Format::Q4_0>},
-      {Format::Q8_0, 32, 34, Layout{true}.unit(), pack_32<true>, unpack_32<true>, group_dot<Format::Q8_0>},
-      {Format::IQ4_NL, 32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<Format::IQ4_NL>},
-      {Format::Q4_K, 256, 144, kQ4kUnit, pack_q4k, unpack_q4k, group_dot_q4k},
-      {Format::Q6_K, 256, 210, kQ6kUnit, pack_q6k, unpack_q6k, group_dot_q6k},
-      {Format::IQ4_XS, 256, 136, kIq4xsUnit, pack_iq4xs, unpack_iq4xs, group_dot_iq4xs},
+      {gguf::Type::Q4_0, 32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<gguf::Type::Q4_0>},
+      {gguf::Type::Q8_0, 32, 34, Layout{true}.unit(), pack_32<true>, unpack_32<true>, group_dot<gguf::Type::Q8_0>},
+      {gguf::Type::IQ4_NL, 32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<gguf::Type::IQ4_NL>},
+      {gguf::Type::Q4_K, 256, 144, kQ4kUnit, pack_q4k, unpack_q4k, group_dot_q4k},
+      {gguf::Type::Q6_K, 256, 210, kQ6kUnit, pack_q6k, unpack_q6k, group_dot_q6k},
+      {gguf::Type::IQ4_XS, 256, 136, kIq4xsUnit, pack_iq4xs, unpack_iq4xs, group_dot_iq4xs},
   };
   for (const Codec& c : codecs)
-    if (c.format == f) return &c;
+    if (c.type == t) return &c;
   return nullptr;
 }
 #else
-const Codec* codec_of(Format) { return nullptr; }
+const Codec* codec_of(gguf::Type) { return nullptr; }
 #endif
 
 // fn(unit, block, i) for every block of every row: the unit holding it (units: the interleaved
@@ -368,50 +368,50 @@ void each_block(const Codec& c, std::int64_t rows, std::int64_t cols, U* units, 
 
 }  // namespace
 
-bool interleaved_kernels() { return codec_of(Format::Q4_0) != nullptr; }
+bool interleaved_kernels() { return codec_of(gguf::Type::Q4_0) != nullptr; }
 
-bool interleavable(const QMatrix& q) {
-  const Codec* c = codec_of(q.spec.format);
-  return c != nullptr && q.device() == Device::CPU && q.rows % 8 == 0 && q.cols % c->values == 0;
+bool interleavable(gguf::Type t, std::int64_t rows, std::int64_t cols) {
+  const Codec* c = codec_of(t);
+  return c != nullptr && rows % 8 == 0 && cols % c->values == 0;
 }
 
-Interleaved8::Interleaved8(const QMatrix& q) : spec_(q.spec), rows_(q.rows), cols_(q.cols) {
-  IL_CHECK(interleavable(q),
-           "interleaved blocks: need a CPU q4_0, q8_0, iq4_nl, q4_k, q6_k or iq4_xs matrix with rows a multiple of 8 ",
-           "(and a CPU with AVX2), got ", q.spec.name(), " ", q.rows, " × ", q.cols, " on ", device_name(q.device()));
-  const Codec& c = *codec_of(spec_.format);
+Interleaved8::Interleaved8(gguf::Type t, std::int64_t rows, std::int64_t cols, const std::uint8_t* row_bytes)
+    : type_(t), rows_(rows), cols_(cols) {
+  IL_CHECK(interleavable(t, rows, cols),
+           "interleaved blocks: need a q4_0, q8_0, iq4_nl, q4_k, q6_k or iq4_xs matrix with rows a multiple of 8 ",
+           "(and a CPU with AVX2), got ", gguf::type_name(t), " ", rows, " × ", cols);
+  const Codec& c = *codec_of(t);
   data_ = Tensor::zeros({rows_ / 8 * (cols_ / c.values) * c.unit},
                         DType::U8);  // zeros: q6_k's codec writes a few bits at a time
-  each_block(c, rows_, cols_, data_.data<std::uint8_t>(), q.data.data<std::uint8_t>(),
+  each_block(c, rows_, cols_, data_.data<std::uint8_t>(), row_bytes,
              [&](std::uint8_t* u, const std::uint8_t* blk, std::int64_t i) { c.pack(blk, u, i); });
 }
 
-QMatrix Interleaved8::rows_in_order() const {
-  const Codec& c = *codec_of(spec_.format);
+Tensor Interleaved8::rows_in_order() const {
+  const Codec& c = *codec_of(type_);
   Tensor bytes = Tensor::zeros({rows_ * (cols_ / c.values) * c.block}, DType::U8);
   each_block(c, rows_, cols_, data_.data<std::uint8_t>(), bytes.data<std::uint8_t>(),
              [&](const std::uint8_t* u, std::uint8_t* blk, std::int64_t i) { c.unpack(u, i, blk); });
-  return QMatrix(spec_, rows_, cols_, bytes);
+  return bytes;
 }
 
-std::shared_ptr<const PackedMatrix> Interleaved8::to_device(Device d) const {
-  if (d == Device::CPU) return std::make_shared<Interleaved8>(*this);
-  return std::make_shared<QMatrix>(rows_in_order().to(d));
-}
-
-void Interleaved8::matmul(const Tensor& x, Tensor& out) const {
-  const std::string what = spec_.name() + " (interleaved) product";
+void Interleaved8::check_operands(const Tensor& x, const Tensor& out, const std::string& what) const {
   IL_CHECK(x.ndim() == 2 && x.dtype() == DType::F32 && x.is_contiguous() && x.device() == Device::CPU && x.size(1) == cols_,
            what, ": x must be contiguous f32 [M, ", cols_, "] on the CPU, got ", x.describe());
   IL_CHECK(out.ndim() == 2 && out.size(0) == x.size(0) && out.size(1) == rows_ && out.dtype() == DType::F32 &&
                out.is_contiguous() && out.device() == Device::CPU,
            what, ": out ", out.describe(), " should be contiguous f32 [", x.size(0), ", ", rows_, "]");
-  check_finite_activations(x, spec_.name());
-  const BlockedActivations a = blocked_activations_fast(x);
-  const Codec& c = *codec_of(spec_.format);
+}
+
+void Interleaved8::matmul(const Tensor& x, Tensor& out) const {
+  check_operands(x, out, gguf::type_name(type_) + " (interleaved) product");
+  matmul(blocked_activations_fast(x), out.data<float>());
+}
+
+void Interleaved8::matmul(const BlockedActivations& a, float* Y) const {
+  const Codec& c = *codec_of(type_);
   const std::int64_t M = a.rows, groups = rows_ / 8, units = cols_ / c.values, group_bytes = units * c.unit;
   const std::uint8_t* W = data_.data<std::uint8_t>();
-  float* Y = out.data<float>();
   if (M <= kDirectRows) {
 #pragma omp parallel for schedule(static) if (M * rows_ * cols_ >= kParallel)
     for (std::int64_t g = 0; g < groups; ++g)
@@ -424,36 +424,17 @@ void Interleaved8::matmul(const Tensor& x, Tensor& out) const {
   }
   // Prefill, as in row order: x rounded through its blocks times each weight row decoded to f32,
   // every block back in ggml's bytes and through the format's ref:: decoder.
-  const std::vector<float> xh = a.rounded();
-  const gguf::Type type = gguf_type(spec_.format);
-#pragma omp parallel if (M * rows_ * cols_ >= kParallel)
-  {
-    std::vector<float> w(static_cast<std::size_t>(cols_));
-    std::vector<std::uint8_t> blk(static_cast<std::size_t>(c.block));
-#pragma omp for schedule(static)
-    for (std::int64_t g = 0; g < groups; ++g)
-      for (std::int64_t i = 0; i < 8; ++i) {
-        for (std::int64_t b = 0; b < units; ++b) {
-          c.unpack(W + g * group_bytes + b * c.unit, i, blk.data());
-          gguf::dequantize_block(type, blk.data(), w.data() + b * c.values);
-        }
-        cpu::dot_rows(xh.data(), M, cols_, w.data(), Y + 8 * g + i, rows_);
-      }
-  }
+  decoded_matmul(
+      a.rounded().data(), M, rows_, cols_,
+      [&](std::int64_t n, float* w) {
+    std::uint8_t blk[256];  // the largest block, q6_k's, is 210 bytes
+    const std::uint8_t* group = W + n / 8 * group_bytes;
+    for (std::int64_t b = 0; b < units; ++b) {
+      c.unpack(group + b * c.unit, n % 8, blk);
+      gguf::dequantize_block(type_, blk, w + b * c.values);
+    }
+      },
+      Y);
 }
 
-void interleave_blocks(ch01::Llama& m, int* count) {
-  int n = 0;
-  auto swap = [&](Linear& l) {
-    const auto* q = dynamic_cast<const QMatrix*>(l.packed.get());
-    if (q == nullptr || !interleavable(*q)) return;
-    l.packed = std::make_shared<Interleaved8>(*q);
-    ++n;
-  };
-  for (auto& layer : m.layers)
-    for (Linear* w : layer.linears()) swap(*w);
-  swap(m.lm_head);
-  if (count) *count = n;
-}
-
-}  // namespace inferlab::ch09
+}  // namespace inferlab::quant
