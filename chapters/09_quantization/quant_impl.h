@@ -6,6 +6,10 @@
 #include "common/gguf.h"
 #include "common/quant/blocks.h"
 
+namespace inferlab::quant {
+class Interleaved8;
+}
+
 namespace inferlab::ch09 {
 
 /// The fast CPU products' threading and decode policy (quant_rows.cpp): below kParallel
@@ -53,6 +57,10 @@ void quantize_rows_int8(const Tensor& x, const std::vector<char>& skip, std::vec
 /// from the packed bytes, more rows share one unpacked copy of each weight row; the GGUF block
 /// formats through quant::blocks_matmul).
 void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out);
+/// LLM.int8() on int8 rows laid out eight rows at a time (qmodel.h's Interleaved8): x quantised per
+/// row outside the outlier columns, as qmatmul_fast does, its int8 products summed by the
+/// interleaved kernel, the outlier columns' 16-bit part added.
+void llm_int8_interleaved(const Tensor& x, const quant::Interleaved8& w, float threshold, Tensor& out);
 /// The CUDA product (quant_cuda.cu; a stub without CUDA).
 void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out);
 

@@ -1,5 +1,7 @@
-// The fast CPU products of the formats that keep x in f32 (and LLM.int8()), threaded over output
-// rows. The GGUF block formats, which take x as q8_0 blocks, run in common/quant/blocks.cpp.
+// The CPU products of a QMatrix in row order (--kernel reference), threaded over output rows: the
+// formats that keep x in f32, and LLM.int8(). The GGUF block formats, which take x as q8_0 blocks,
+// run in common/quant/blocks.cpp; the fast kernel (qmodel.h's Interleaved8) in
+// common/quant/interleaved.cpp.
 //
 // Decoding (a few rows of x) is memory-bound only if turning the packed bytes into numbers costs
 // less than reading them, so with AVX2 each weight row is multiplied straight from its bytes, a
@@ -20,6 +22,7 @@
 
 #include "chapters/09_quantization/quant_impl.h"
 #include "common/ops_cpu.h"
+#include "common/quant/interleaved.h"
 #include "common/quant/simd.h"
 
 namespace inferlab::ch09 {
@@ -171,6 +174,21 @@ float direct_dot(const QMatrix& q, std::int64_t n, const float* x) {
 }
 #endif
 
+// The 16-bit part of LLM.int8(): Σ over the outlier columns of f16(x)·f16(w), w(n, k) = weight(n, k).
+template <class W>
+float outlier_part(const float* x, const std::vector<std::int64_t>& cols, W&& weight, std::int64_t n) {
+  float hi = 0.0f;
+  for (std::int64_t k : cols) hi += f16_to_f32(f32_to_f16(x[k])) * f16_to_f32(f32_to_f16(weight(n, k)));
+  return hi;
+}
+
+std::vector<std::int64_t> outlier_list(const std::vector<char>& O) {
+  std::vector<std::int64_t> cols;  // the outlier columns, few
+  for (std::size_t k = 0; k < O.size(); ++k)
+    if (O[k]) cols.push_back(static_cast<std::int64_t>(k));
+  return cols;
+}
+
 void llm_int8(const Tensor& x, const QMatrix& w, Tensor& out) {
   const std::int64_t M = x.size(0), n_in = x.size(1), n_out = w.rows;
   const float* X = x.data<float>();
@@ -179,20 +197,18 @@ void llm_int8(const Tensor& x, const QMatrix& w, Tensor& out) {
   std::vector<std::int8_t> xq;
   std::vector<float> sx;
   quantize_rows_int8(x, O, xq, sx);  // outlier columns hold 0 here
-  std::vector<std::int64_t> cols;    // the outlier columns, few
-  for (std::int64_t k = 0; k < n_in; ++k)
-    if (O[static_cast<std::size_t>(k)]) cols.push_back(k);
+  const std::vector<std::int64_t> cols = outlier_list(O);
+  auto weight = [&w](std::int64_t n, std::int64_t k) {
+    return static_cast<float>(w.data.data<std::int8_t>()[n * w.cols + k]) * w.scales.data<float>()[n];
+  };
 #pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
   for (std::int64_t n = 0; n < n_out; ++n) {
     const std::int8_t* wr = w.data.data<std::int8_t>() + n * n_in;
     const float sw = w.scales.data<float>()[n];
-    for (std::int64_t m = 0; m < M; ++m) {
-      float hi = 0.0f;
-      for (std::int64_t k : cols)
-        hi += f16_to_f32(f32_to_f16(X[m * n_in + k])) * f16_to_f32(f32_to_f16(static_cast<float>(wr[k]) * sw));
+    for (std::int64_t m = 0; m < M; ++m)
       Y[m * n_out + n] =
-          static_cast<float>(quant::dot_i8(wr, xq.data() + m * n_in, n_in)) * sx[static_cast<std::size_t>(m)] * sw + hi;
-    }
+          static_cast<float>(quant::dot_i8(wr, xq.data() + m * n_in, n_in)) * sx[static_cast<std::size_t>(m)] * sw +
+          outlier_part(X + m * n_in, cols, weight, n);
   }
 }
 
@@ -203,6 +219,30 @@ void unpacked(const float* X, std::int64_t M, const QMatrix& w, float* Y) {
 }
 
 }  // namespace
+
+void llm_int8_interleaved(const Tensor& x, const quant::Interleaved8& w, float threshold, Tensor& out) {
+  const std::int64_t M = x.size(0), n_in = x.size(1), n_out = w.rows();
+  const auto O = outlier_columns(x, threshold);
+  std::vector<std::int8_t> xq;
+  std::vector<float> sx;
+  quantize_rows_int8(x, O, xq, sx);
+  // x's int8 rows as blocks that all carry their row's scale: the kernel then sums s_x · Σ xq·wq.
+  BlockedActivations a(M, n_in);
+  a.q = std::move(xq);
+  for (std::int64_t b = 0; b < M * n_in / 32; ++b) {
+    a.d[static_cast<std::size_t>(b)] = sx[static_cast<std::size_t>(b / (n_in / 32))];
+    a.sum_block(b);
+  }
+  float* Y = out.data<float>();
+  w.matmul(a, Y);
+  const std::vector<std::int64_t> cols = outlier_list(O);
+  if (cols.empty()) return;
+  const float* X = x.data<float>();
+  auto weight = [&w](std::int64_t n, std::int64_t k) { return w.value(n, k); };
+#pragma omp parallel for schedule(static) if (M * n_out * static_cast <std::int64_t>(cols.size()) * 32 >= kParallel)
+  for (std::int64_t n = 0; n < n_out; ++n)
+    for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] += outlier_part(X + m * n_in, cols, weight, n);
+}
 
 void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out) {
   if (w.spec.format == Format::LlmInt8) return llm_int8(x, w, out);
