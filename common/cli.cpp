@@ -317,8 +317,11 @@ void wait_passively(char** argv) {
       changed = true;
       std::fprintf(stderr,
                    "%s: other work keeps %.1f of this machine's %d cores busy: running on %d thread%s, so that its "
-                   "timings hold (OMP_NUM_THREADS chooses)\n",
-                   std::filesystem::path(argv[0]).filename().c_str(), busy, cores, n, n == 1 ? "" : "s");
+                   "timings hold%s (OMP_NUM_THREADS chooses)\n",
+                   std::filesystem::path(argv[0]).filename().c_str(), busy, cores, n, n == 1 ? "" : "s",
+                   n == 1 ? "; the work is timed by its thread's time on the CPU, which other programs taking turns "
+                            "on its core do not add to"
+                          : "");
     }
   }
   if (!changed) return;

@@ -140,6 +140,9 @@ void help_footer(CLI::App& app, const std::string& bare_run, const std::string& 
 ///    (OMP_NUM_THREADS, unless the environment sets it; a line on stderr says so): a region of
 ///    two threads ends when the later one does, and on a taken core the scheduler sets it aside
 ///    for a time slice now and then, which short regions feel most.
+///  - On one thread, a measured speed counts the thread's CPU time (metrics::Clock::Work), so a
+///    thread that takes turns on a core with other work is timed by the turns it ran, and its
+///    ceiling is measured the same way.
 /// OpenMP reads its settings once, when the program loads, so this sets them and runs the program
 /// again (execv of /proc/self/exe with the same argv); where that cannot be done the program
 /// carries on as it is.

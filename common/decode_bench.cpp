@@ -57,7 +57,7 @@ ThroughputPoint time_decode(std::int64_t batch, double bytes_per_step, int steps
   if (device == Device::CUDA) cuda::synchronize();
   double best = 1e300;
   for (int s = 0; s < steps; ++s) {
-    metrics::Timer t;
+    metrics::Timer t = metrics::Timer::work(device == Device::CPU);
     step();
     if (device == Device::CUDA) cuda::synchronize();
     best = std::min(best, t.seconds());

@@ -101,6 +101,14 @@ std::string where_it_runs(const std::string& a) {
   return where == nullptr ? "" : std::string(" (it runs in ") + where + ")";
 }
 
+std::string where_gguf_runs(const std::string& a) {
+  const char* where = nullptr;
+  if (a == "deepseek2") where = "chapter 04, ch04_mla generate --model FILE.gguf";
+  if (a == "gemma2" || a == "gemma3") where = "chapter 06, ch06_local_attention generate --model FILE.gguf";
+  if (a == "llama" || a == "qwen2" || a == "qwen2moe" || a == "qwen3") where = "chapter 09, ch09_quantization run FILE.gguf";
+  return where == nullptr ? "" : std::string(" (it runs in ") + where + ")";
+}
+
 TransformerConfig parse_transformer_config(const HfConfig& cfg) {
   JsonFields f(cfg.json, cfg.path);
   TransformerConfig c;

@@ -103,6 +103,11 @@ std::vector<std::int64_t> eos_token_ids(const HfConfig& cfg);
 /// so that a model given to the wrong chapter names the right one.
 std::string where_it_runs(const std::string& architecture);
 
+/// The same for a GGUF file's `general.architecture` (llama.cpp's names): " (it runs in chapter
+/// 04, ch04_mla generate --model FILE.gguf)" for deepseek2, chapter 06's generate for gemma2 and
+/// gemma3, chapter 09's run for llama, qwen2, qwen2moe and qwen3; "" for one no chapter reads.
+std::string where_gguf_runs(const std::string& gguf_architecture);
+
 /// Whether an architecture is Gemma 2 or Gemma 3's text model (Gemma2ForCausalLM,
 /// Gemma3ForCausalLM), whose layers chapter 06 runs.
 bool gemma_family(const std::string& arch);

@@ -7,7 +7,6 @@
 /// wraps one forward pass in a CountScope and times it; ceiling.h places the result against
 /// what the machine can do.
 
-#include <chrono>
 #include <map>
 #include <string>
 
@@ -49,16 +48,35 @@ class CountScope {
   CountScope* parent_;
 };
 
-/// Wall-clock stopwatch (steady clock).
+/// What a Timer counts: the time on the wall, or the time the measured work ran.
+enum class Clock {
+  Wall,  ///< steady clock: what a user waits
+  Work,  ///< the wall clock, except where the work runs on the calling thread alone (OpenMP on one
+         ///< thread, on the CPU): then that thread's CPU time, so that other programs taking turns
+         ///< on its core are not counted as the work's time (INFERLAB_CLOCK=wall: always the wall)
+};
+
+/// A stopwatch. A speed set against a ceiling times its work with Clock::Work: on a machine that
+/// other work keeps busy, cli's wait_passively runs a program on one thread, and a thread that
+/// shares its core runs in turns; its CPU time is the time its work took, and the ceiling,
+/// measured the same way, stays comparable. Latencies a client sees (serving) keep Clock::Wall.
 class Timer {
  public:
-  Timer() { reset(); }
-  void reset() { start_ = std::chrono::steady_clock::now(); }
-  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  explicit Timer(Clock clock = Clock::Wall) : cpu_(clock == Clock::Work && work_runs_alone()) { reset(); }
+  /// Clock::Work for work on `on_cpu`'s device: the wall clock when the work runs on a GPU.
+  static Timer work(bool on_cpu = true) { return Timer(on_cpu ? Clock::Work : Clock::Wall); }
+  void reset() { start_ = now(); }
+  double seconds() const { return now() - start_; }
   double ms() const { return seconds() * 1e3; }
+  /// True when this Timer counts the calling thread's CPU time.
+  bool counts_cpu_time() const { return cpu_; }
+  /// OpenMP runs parallel regions on the calling thread alone (one thread).
+  static bool work_runs_alone();
 
  private:
-  std::chrono::steady_clock::time_point start_;
+  double now() const;
+  bool cpu_;
+  double start_ = 0;
 };
 
 /// {"flops": ..., "bytes": ...}

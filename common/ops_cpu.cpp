@@ -96,7 +96,7 @@ void tile_4x8(const float* x, std::int64_t K, const W* w, float* y, std::int64_t
     }
 }
 
-std::atomic<BatchGemv> g_batch_gemv{BatchGemv::Tiles};
+std::atomic<BatchGemv> g_batch_gemv{kDefaultBatchGemv};
 
 // M ≥ 8 rows by f32 or bf16 weights, four weight rows a task: the full groups of eight x rows by
 // tile_4x8, the rest of x's rows (and the last N mod 4 weight rows) by the rows kernel.
@@ -113,6 +113,56 @@ void gemv_tiles(const float* X, std::int64_t M, std::int64_t K, const W* w, std:
   for (std::int64_t n = N4; n < N; ++n) dot_rows_of(X, M, K, w + n * K, Y + n, N);
 }
 
+// ---- the broadcast version: the batch's rows in the lanes ---------------------------------------
+// x is transposed once into xt[k·16V + m] (V vectors of 16 rows; zero past M). Then each weight
+// w[n, k] is broadcast and multiplied into all of the batch's rows at once, R weight rows at a
+// time: R·V accumulators whose lanes are rows of x, so no lane sums are left at the end, every
+// weight is read once, and each y[m, n] is summed over k in order, as the reference loop does.
+// Per k the loop loads V vectors of xt and R weights for R·V multiply-adds; x is read from L1 or
+// L2 as a stream of 64·V bytes per k, where the tiles re-read eight whole rows of x per weight
+// group and run out of L1.
+template <int R, int V>
+void broadcast_rows(const float* xt, std::int64_t K, const float* w, float* y, std::int64_t M, std::int64_t N) {
+  f32x16 acc[R][V] = {};
+  std::int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    for (int r = 0; r < R; ++r) __builtin_prefetch(w + r * K + k + kPrefetchBytes / 4, 0, 2);
+    for (int kk = 0; kk < 16; ++kk) {
+      f32x16 xv[V];
+      for (int v = 0; v < V; ++v) xv[v] = load<16>(xt + (k + kk) * 16 * V + 16 * v);
+      for (int r = 0; r < R; ++r) {
+        const float s = w[r * K + k + kk];
+        for (int v = 0; v < V; ++v) acc[r][v] += xv[v] * s;
+      }
+    }
+  }
+  for (; k < K; ++k) {
+    for (int v = 0; v < V; ++v) {
+      const f32x16 xv = load<16>(xt + k * 16 * V + 16 * v);
+      for (int r = 0; r < R; ++r) acc[r][v] += xv * w[r * K + k];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v)
+      for (int i = 0; i < 16 && 16 * v + i < M; ++i) y[(16 * v + i) * N + r] = acc[r][v][i];
+}
+
+// M ≥ 8 rows by f32 weights: V = 1 for up to 16 rows (24 weight rows a task), V = 2 for up to 32
+// (12 weight rows a task: 24 accumulators, with the loads of x and the broadcasts in registers).
+template <int V>
+void gemv_broadcast(const float* X, std::int64_t M, std::int64_t K, const float* w, std::int64_t N, float* Y) {
+  constexpr int R = V == 1 ? 24 : 12;
+  thread_local std::vector<float> xt;
+  xt.assign(static_cast<std::size_t>(K * 16 * V), 0.0f);
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t k = 0; k < K; ++k) xt[static_cast<std::size_t>(k * 16 * V + m)] = X[m * K + k];
+  const float* T = xt.data();
+  const std::int64_t tiles = N / R;
+#pragma omp parallel for schedule(static) if (M * N * K >= kParallelWork)
+  for (std::int64_t i = 0; i < tiles; ++i) broadcast_rows<R, V>(T, K, w + i * R * K, Y + i * R, M, N);
+  for (std::int64_t n = tiles * R; n < N; ++n) broadcast_rows<1, V>(T, K, w + n * K, Y + n, M, N);
+}
+
 // Up to kGemvMaxRows rows: each weight row is streamed from memory once and dotted with every row
 // of x, eight at a time; with 5 or 6 rows, two weight rows at a time.
 void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
@@ -120,7 +170,9 @@ void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
   const float* X = x.data<float>();
   float* Y = out.data<float>();
   const DType wt = w.dtype();
-  if (M >= 8 && g_batch_gemv.load(std::memory_order_relaxed) == BatchGemv::Tiles) {
+  if (M >= 8 && wt == DType::F32 && g_batch_gemv.load(std::memory_order_relaxed) == BatchGemv::Broadcast)
+    return M <= 16 ? gemv_broadcast<1>(X, M, K, w.data<float>(), N, Y) : gemv_broadcast<2>(X, M, K, w.data<float>(), N, Y);
+  if (M >= 8 && g_batch_gemv.load(std::memory_order_relaxed) != BatchGemv::Rows) {
     if (wt == DType::F32) return gemv_tiles(X, M, K, w.data<float>(), N, Y);
     if (wt == DType::BF16) return gemv_tiles(X, M, K, w.data<std::uint16_t>(), N, Y);
   }

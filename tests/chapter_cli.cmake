@@ -166,3 +166,11 @@ inferlab_cli_test(ch13_serve.AMissingChatTemplateIsAUsageError PASS "--chat-temp
   FAIL "serving .* on http" COMMAND ch13_serve --chat-template /nonexistent/t.jinja --port 0)
 inferlab_cli_test(ch13_serve.AMistypedFlagIsRefused PASS "--max-num-seq" FAIL "serving .* on http"
   COMMAND ch13_serve --max-num-seq 4 --port 0)
+
+# A GGUF given to a chapter that does not run its architecture names the chapter that does.
+inferlab_cli_test(ch04_mla.AGgufOfAnotherArchitectureNamesItsChapter
+  PASS "architecture 'llama' is not deepseek2, the GGUF architecture chapter 04 runs \\(it runs in chapter 09, ch09_quantization run FILE.gguf\\)"
+  COMMAND ch04_mla generate --model "${PROJECT_SOURCE_DIR}/data/golden/moe-random/mixtral/model.gguf")
+inferlab_cli_test(ch09_quantization.ADeepseek2GgufNamesChapter04
+  PASS "architecture 'deepseek2' is not llama, qwen2, qwen2moe, qwen3, gemma2 or gemma3 \\(it runs in chapter 04, ch04_mla generate --model FILE.gguf\\)"
+  COMMAND ch09_quantization run "${PROJECT_SOURCE_DIR}/data/golden/moe-random/deepseek-v3-noaux/model.gguf")

@@ -1,5 +1,6 @@
 // Work counting, the roofline arithmetic, the ceiling measurements' sanity, and the order of the
 // quality tables' probe columns.
+#include <omp.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -7,6 +8,9 @@
 #include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <thread>
 
 #include "common/ceiling.h"
 #include "common/cli.h"
@@ -73,6 +77,34 @@ TEST(Metrics, CountScopesNestAndStop) {
   EXPECT_EQ(a.work().bytes, 22);
   EXPECT_EQ(a.by_op().at("a").flops, 1);
   EXPECT_EQ(a.by_op().at("b").bytes, 20);
+}
+
+// On one thread, Clock::Work counts the thread's time on the CPU: a wait (as when other work has
+// the core) is not the work's time; the wall clock counts it. On more threads both are the wall.
+TEST(Metrics, TheWorkClockCountsCpuTimeOnOneThreadAndTheWallOtherwise) {
+  const int threads = omp_get_max_threads();
+  auto waited = [](metrics::Clock clock) {
+    metrics::Timer t(clock);
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    return std::pair{t.seconds(), t.counts_cpu_time()};
+  };
+  omp_set_num_threads(1);
+  const auto [work, cpu] = waited(metrics::Clock::Work);
+  const auto [wall, wall_cpu] = waited(metrics::Clock::Wall);
+  EXPECT_TRUE(cpu);
+  EXPECT_FALSE(wall_cpu);
+  EXPECT_LT(work, 0.02);  // a sleeping thread runs for microseconds
+  EXPECT_GE(wall, 0.06);
+  EXPECT_FALSE(metrics::Timer::work(false).counts_cpu_time()) << "work on a GPU is timed on the wall";
+  // Work that runs counts as CPU time too: a busy loop of ~30 ms is ~30 ms of either clock.
+  metrics::Timer busy(metrics::Clock::Work), busy_wall;
+  volatile double x = 0;
+  while (busy_wall.seconds() < 0.03) x = x + 1;
+  EXPECT_GT(busy.seconds(), 0.001);  // at least some of it ran, however busy the machine
+  EXPECT_LE(busy.seconds(), busy_wall.seconds() + 0.002);
+  omp_set_num_threads(2);
+  EXPECT_FALSE(metrics::Timer(metrics::Clock::Work).counts_cpu_time());
+  omp_set_num_threads(threads);
 }
 
 TEST(Metrics, CpuCeilingsAreMeasured) {

@@ -58,11 +58,13 @@ TEST_P(MatmulTest, ReferenceAndFastPathWithinTheDotProductBound) {
   std::vector<double> both(bound.size());
   for (std::size_t i = 0; i < both.size(); ++i) both[i] = 2 * bound[i];
   // Both versions of the batched GEMV (8 to 32 rows; the others ignore the choice).
-  for (const cpu::BatchGemv kind : {cpu::BatchGemv::Rows, cpu::BatchGemv::Tiles}) {
-    const std::string name = kind == cpu::BatchGemv::Rows ? " (rows)" : " (tiles)";
+  for (const cpu::BatchGemv kind : {cpu::BatchGemv::Rows, cpu::BatchGemv::Tiles, cpu::BatchGemv::Broadcast}) {
+    const std::string name = kind == cpu::BatchGemv::Rows    ? " (rows)"
+                             : kind == cpu::BatchGemv::Tiles ? " (tiles)"
+                                                             : " (broadcast)";
     cpu::set_batch_gemv(kind);
     ops::matmul(x, w, f);
-    cpu::set_batch_gemv(cpu::BatchGemv::Tiles);
+    cpu::set_batch_gemv(cpu::kDefaultBatchGemv);
     expect_within(f.to_double_vector(), exact, bound, "ops::matmul vs float64" + name);
     expect_within(f.to_double_vector(), r.to_double_vector(), both, "ops::matmul vs ref::matmul" + name);
   }

@@ -43,10 +43,12 @@ llamacpp_build() {
   LLAMACPP_COMMIT="vendored in llama-cpp-python $LLAMACPP_VERSION${c:+, commit $c}"
 }
 
-# The random 100M-parameter Llama (tools/random_llama.py), made once; prints its folder.
+# A random Llama of shape $2 (tools/random_llama.py: 100m, the default, or 135m), made once;
+# prints its folder.
 llamacpp_random_model() {
-  local dir=$LLAMACPP_WORK/random-100m
-  [ -f "$dir/model.safetensors" ] || "$1" tools/random_llama.py "$dir" >&2
+  local shape=${2:-100m}
+  local dir=$LLAMACPP_WORK/random-$shape
+  [ -f "$dir/model.safetensors" ] || "$1" tools/random_llama.py "$dir" --shape "$shape" >&2
   echo "$dir"
 }
 

@@ -17,6 +17,7 @@ float32 casts); logits and cache rows are stored as float32 rounded from float64
 goldens are, so tests/golden_util.h's bound applies.
 
 Run from the repository root:  tools/.venv/bin/python tools/make_mla_goldens.py
+(then tools/make_moe_gguf.py, which writes model.gguf into two of these folders, remade here)
 Deterministic for the versions pinned in tools/requirements.txt (one thread).
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ std::vector<metrics::RooflinePoint> measure_matmul_points(Device device, const m
     ops::matmul(x, w, out);  // warm-up
     if (device == Device::CUDA) cuda::synchronize();
     metrics::CountScope scope;
-    metrics::Timer t;
+    metrics::Timer t = metrics::Timer::work(device == Device::CPU);
     int reps = 0;
     do {
       ops::matmul(x, w, out);

@@ -27,11 +27,11 @@ Generation generate(const std::vector<std::int32_t>& prompt, int max_new, Sample
   Generation g;
   g.tokens = prompt;
   std::vector<std::int32_t> input = prompt;  // the first step feeds the prompt either way
-  metrics::Timer total;
+  metrics::Timer total = metrics::Timer::work(device == Device::CPU);
   for (int i = 0; i < max_new; ++i) {
     Step s;
     s.tokens_in = static_cast<std::int64_t>(input.size());
-    metrics::Timer timer;
+    metrics::Timer timer = metrics::Timer::work(device == Device::CPU);
     // Anything that fails in this step (the forward pass, the sampler, the device) says which
     // token it was making and at which position it sits.
     with_context(

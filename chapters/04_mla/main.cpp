@@ -4,10 +4,11 @@
 //                       the absorbed path, measured against context length and rows per step, then
 //                       the weight bytes of mixture-of-experts decode (k of E experts) by batch size
 //   ch04_mla quality    tiny-mla's perplexity and probes beside tiny-mha, tiny-gqa and tiny-mqa
-//   ch04_mla generate   text from an MLA model (tiny-mla, or a DeepseekV3 folder) by both paths
+//   ch04_mla generate   text from an MLA model (tiny-mla, a DeepseekV2/V3 folder or a deepseek2 GGUF) by both paths
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -18,6 +19,7 @@
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/eval.h"
+#include "common/gguf_tokenizer.h"
 #include "common/metrics.h"
 #include "common/plot.h"
 #include "common/tokenizer.h"
@@ -117,7 +119,7 @@ Measured measure_block(const DecodeLayer& L, std::int64_t S, std::int64_t T, ch0
   }
   out.seconds = 1e300;
   for (int i = 0; i < reps; ++i) {
-    metrics::Timer t;
+    metrics::Timer t(metrics::Clock::Work);  // the CPU's work
     ch04::attention_block(L.m, L.m.attn[0], h, batch, 0, path);
     out.seconds = std::min(out.seconds, t.seconds());
   }
@@ -277,9 +279,15 @@ int quality(const std::string& json_path, std::int64_t windows, std::int64_t per
 // plain one: the same tokens (greedy), and what each step cost.
 int generate(const CommonOptions& o) {
   const ch04::MlaModel m = ch04::load_mla(o.model);
-  const auto tok = Tokenizer::for_model(o.model);
+  // A GGUF file carries its tokenizer (tokenizer.ggml.*) and the ids llama.cpp stops at.
+  const bool gguf_file = std::filesystem::path(o.model).extension() == ".gguf";
+  const auto tok = gguf_file ? Tokenizer::load(o.model) : Tokenizer::for_model(o.model);
   const auto prompt = tok->encode(o.prompt);
   const auto& c = m.config();
+  std::vector<std::int64_t> stops = c.eos_token_ids;
+  if (gguf_file)
+    for (std::int64_t id : gguf::stop_ids(gguf::File(o.model)))
+      if (std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
   ch01::check_context(m.base, prompt.size(), o.max_new_tokens);
   const std::int64_t S = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
   const ch04::LatentCache cache(c, m.mla, S);
@@ -298,7 +306,7 @@ int generate(const CommonOptions& o) {
     std::optional<TextStream> stream;
     if (show) stream.emplace(*tok, prompt);
     const ch01::Generation g =
-        ch04::generate_cached(m, prompt, o.max_new_tokens, sampler, c.eos_token_ids, path, [&](const ch01::Generation& gen) {
+        ch04::generate_cached(m, prompt, o.max_new_tokens, sampler, stops, path, [&](const ch01::Generation& gen) {
           if (stream) stream->print(gen.tokens);
         });
     if (show) std::printf("\n\n"), first = g.generated;
@@ -344,7 +352,8 @@ int main(int argc, char** argv) {
   add_quality_options(*sq, windows, per_kind);
   CommonOptions go;
   go.model = data_dir() + "/models/tiny-mla";
-  auto* sg = app.add_subcommand("generate", "Text from an MLA model (a DeepseekV3ForCausalLM folder) by both decode paths");
+  auto* sg = app.add_subcommand(
+      "generate", "Text from an MLA model (a DeepseekV3ForCausalLM folder, or a deepseek2 GGUF) by both decode paths");
   add_model_option(*sg, go);
   add_generation_options(*sg, go);
   add_json_option(*sg, go.json);

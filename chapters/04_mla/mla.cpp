@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <random>
 
 #include "chapters/01_naive_decode/hf_weights.h"
 #include "chapters/04_mla/cuda_mla.h"
+#include "chapters/04_mla/mla_gguf.h"
 #include "common/json_file.h"
 #include "common/lab.h"
 
@@ -337,9 +339,10 @@ Tensor scale_rope_rows(const Tensor& w, std::int64_t period, std::int64_t begin,
   return y;
 }
 
+}  // namespace
+
 // Chapter 01's decoder (embedding, norms, MLPs, head) with MLA attention read into m.attn.
-template <class Get>
-MlaModel assemble(const TransformerConfig& c, const MlaConfig& mla, Get get) {
+MlaModel assemble_mla(const TransformerConfig& c, const MlaConfig& mla, const TensorGetter& get) {
   const std::int64_t D = c.hidden_size, N = c.num_heads, r = mla.kv_lora_rank, Q = N * mla.qk_head_dim();
   const std::int64_t dn = mla.qk_nope_head_dim, dr = mla.qk_rope_head_dim, dq = mla.qk_head_dim();
   const double af = mla.rope_attention_factor;
@@ -369,9 +372,8 @@ MlaModel assemble(const TransformerConfig& c, const MlaConfig& mla, Get get) {
   return m;
 }
 
-}  // namespace
-
 MlaModel load_mla(const std::string& path) {
+  if (std::filesystem::path(path).extension() == ".gguf") return load_mla_gguf(path);
   const HfConfig hf = load_hf_config(path);
   // DeepseekV2's dense layer is V3's with adjacent-pair RoPE and no YaRN softmax mscale
   // (parse_mla_config refuses the configs where that would differ).
@@ -381,7 +383,7 @@ MlaModel load_mla(const std::string& path) {
   const TransformerConfig c = parse_transformer_config(hf);
   const MlaConfig mla = parse_mla_config(hf, c);
   ch01::HfWeights weights(hf, c, path);
-  MlaModel m = assemble(c, mla, std::ref(weights));
+  MlaModel m = assemble_mla(c, mla, std::ref(weights));
   weights.check_all_used("a multi-token-prediction layer, or num_hidden_layers too small?");
   m.base.source = path;
   return m;
@@ -395,7 +397,7 @@ MlaModel random_mla(const TransformerConfig& c, const MlaConfig& mla, std::uint6
     for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
     return t;
   };
-  MlaModel m = assemble(c, mla, [&](const std::string& n, const Shape& s) {
+  MlaModel m = assemble_mla(c, mla, [&](const std::string& n, const Shape& s) {
     if (s.size() == 1) return fill(s, 0.8f, 1.2f);  // a norm
     const float a = 1.0f / std::sqrt(static_cast<float>(s[1]));
     (void)n;

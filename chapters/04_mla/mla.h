@@ -90,6 +90,7 @@
 /// turns from memory-bound towards compute-bound, which is the point.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -160,8 +161,19 @@ MlaConfig parse_mla_config(const HfConfig& hf, const TransformerConfig& c);
 
 /// Loads a DeepseekV3ForCausalLM or DeepseekV2ForCausalLM Hugging Face folder (tiny-mla, the
 /// random models of data/golden/mla-random). Checks every tensor's shape against the config,
-/// and that the checkpoint holds no tensor the config does not explain.
+/// and that the checkpoint holds no tensor the config does not explain. A path ending in .gguf
+/// is read as llama.cpp's deepseek2 (load_mla_gguf, mla_gguf.h).
 MlaModel load_mla(const std::string& path);
+
+/// Where the model's tensors come from: get(name, shape) under Hugging Face's names
+/// ("model.layers.3.self_attn.kv_b_proj.weight"), checked against the shape: a checkpoint, a
+/// GGUF file (its names translated, mla_gguf.h), or random draws.
+using TensorGetter = std::function<Tensor(const std::string& name, const Shape& shape)>;
+
+/// The model of a config from a getter: chapter 01's decoder layout (ch01::read_decoder, its MoE
+/// layers included) with MLA attention, the YaRN factor moved into the rope rows, the absorbed
+/// path's weights taken out of kv_b_proj, RoPE frequencies and pairing from `mla`.
+MlaModel assemble_mla(const TransformerConfig& c, const MlaConfig& mla, const TensorGetter& get);
 
 /// Random weights for a config (the two-path tests), as ch01::random_llama draws them.
 MlaModel random_mla(const TransformerConfig& c, const MlaConfig& mla, std::uint64_t seed);

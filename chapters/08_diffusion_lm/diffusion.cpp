@@ -170,7 +170,7 @@ DiffusionRun sample_llada(const Denoiser& denoise, const std::vector<std::int32_
   std::mt19937_64 rng(o.seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   metrics::CountScope count;
-  metrics::Timer clock;
+  metrics::Timer clock(o.clock);
   std::int64_t step = 0;
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::size_t lo = P + static_cast<std::size_t>(b * o.block_length),
@@ -212,7 +212,7 @@ DiffusionRun sample_mdlm(const Denoiser& denoise, const std::vector<std::int32_t
   std::mt19937_64 rng(o.seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   metrics::CountScope count;
-  metrics::Timer clock;
+  metrics::Timer clock(o.clock);
   for (std::int64_t i = 0; i < o.steps; ++i) {
     const double t = 1.0 - static_cast<double>(i) / static_cast<double>(o.steps);
     const double s = 1.0 - static_cast<double>(i + 1) / static_cast<double>(o.steps);

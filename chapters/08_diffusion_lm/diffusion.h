@@ -77,6 +77,7 @@ struct SamplerOptions {
   double temperature = 0;          ///< τ of the Gumbel-max draw; 0: argmax
   Remasking remasking = Remasking::LowConfidence;
   std::uint64_t seed = 0;
+  metrics::Clock clock = metrics::Clock::Wall;  ///< how DiffusionRun::seconds counts (Work: set against a ceiling)
   /// Throws naming the option that is out of range or does not divide.
   void check() const;
 };

@@ -235,10 +235,9 @@ TransformerConfig gguf_config(const gguf::File& f) {
   // NEOX pairing, the Hugging Face order): the same blocks, read under their own key prefix; so
   // are qwen3 (per-head q/k norms instead of biases), gemma2 and gemma3 (gemma_config below).
   // qwen2moe is qwen2 with mixture-of-experts layers (gguf_moe.h), as llama with expert tensors is Mixtral.
-  IL_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen2moe" || arch == "qwen3" || arch == "gemma2" ||
-               arch == "gemma3",
-           f.path(), ": architecture '", arch, "' is not llama, qwen2, qwen2moe, qwen3, gemma2 or gemma3",
-           arch == "deepseek2" ? " (DeepSeek's MLA runs in chapter 04 from a Hugging Face folder)" : "");
+  IL_CHECK(
+      arch == "llama" || arch == "qwen2" || arch == "qwen2moe" || arch == "qwen3" || arch == "gemma2" || arch == "gemma3",
+      f.path(), ": architecture '", arch, "' is not llama, qwen2, qwen2moe, qwen3, gemma2 or gemma3", where_gguf_runs(arch));
   const std::string k = arch + ".";
   // Counts are checked before anything divides by them or loops over them.
   auto count = [&](const std::string& key) {

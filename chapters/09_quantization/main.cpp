@@ -248,7 +248,7 @@ SpeedRun measure_speed(Device dev, const TransformerConfig& c, const std::vector
     std::optional<metrics::ReadPasses> passes;
     if (dev == Device::CPU) passes.emplace(r.bytes);
     for (int i = 0; i < steps; ++i) {
-      metrics::Timer t;
+      metrics::Timer t = metrics::Timer::work(dev == Device::CPU);
       ch02::forward_cached(model, cache, {3});
       if (dev == Device::CUDA) cuda::synchronize();
       r.seconds = std::min(r.seconds, t.seconds());

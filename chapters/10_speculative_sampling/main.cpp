@@ -71,7 +71,7 @@ double verify_cost(const Setup& s, std::int64_t rows) {
   CachedModel m(s.target, n0 + rows + 1, s.params);
   m.feed(s.prompt);
   auto time_pass = [&](std::int64_t n) {
-    metrics::Timer t;
+    metrics::Timer t = metrics::Timer::work(s.target.device() == Device::CPU);
     m.feed(std::vector<std::int32_t>(static_cast<std::size_t>(n), s.prompt.back()));
     const double dt = t.seconds();
     m.truncate(n0);

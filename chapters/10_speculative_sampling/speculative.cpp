@@ -114,10 +114,15 @@ struct Round {
   double draft_seconds = 0, target_seconds = 0;
 };
 
+// How a run is timed: the work's time on the CPU (metrics::Clock::Work), the wall clock on a GPU.
+metrics::Clock work_clock(const Model& target, const Model& draft) {
+  return target.device() == Device::CPU && draft.device() == Device::CPU ? metrics::Clock::Work : metrics::Clock::Wall;
+}
+
 // Runs f() and adds its duration to `total`.
 template <class F>
-auto timed(double& total, F&& f) {
-  metrics::Timer t;
+auto timed(double& total, metrics::Clock clock, F&& f) {
+  metrics::Timer t(clock);
   auto out = f();
   total += t.seconds();
   return out;
@@ -138,15 +143,18 @@ Round host_round(Model& target, Model& draft, const std::vector<std::int32_t>& t
                  const Residual& residual_of) {
   Round r;
   std::vector<Distribution> p;
+  const metrics::Clock clock = work_clock(target, draft);
   if (g > 0) {
-    p.push_back(timed(r.draft_seconds, [&] { return draft.feed({tokens.begin() + draft.length(), tokens.end()}).back(); }));
+    p.push_back(timed(r.draft_seconds, clock, [&] {
+      return draft.feed({tokens.begin() + draft.length(), tokens.end()}).back();
+    }));
     for (std::int64_t i = 0; i < g; ++i) {
       r.drafts.push_back(rng.draw(p.back()));
-      if (i + 1 < g) p.push_back(timed(r.draft_seconds, [&] { return draft.feed({r.drafts.back()}).back(); }));
+      if (i + 1 < g) p.push_back(timed(r.draft_seconds, clock, [&] { return draft.feed({r.drafts.back()}).back(); }));
     }
   }
   const std::vector<Distribution> all =
-      timed(r.target_seconds, [&] { return target.feed(target_feed(target, tokens, r.drafts)); });
+      timed(r.target_seconds, clock, [&] { return target.feed(target_feed(target, tokens, r.drafts)); });
   const std::vector<Distribution> q(all.end() - (g + 1), all.end());
   for (std::int64_t i = 0; i < g; ++i)
     r.alpha_sum += acceptance(p[static_cast<std::size_t>(i)], q[static_cast<std::size_t>(i)]);
@@ -201,7 +209,7 @@ SpeculativeRun speculative_generate(Model& target, Model& draft, const std::vect
   const bool on_device = target.device() == Device::CUDA && draft.device() == Device::CUDA && is_the_residual(residual_of);
   SpeculativeRun run;
   run.tokens = prompt;
-  metrics::Timer clock;
+  metrics::Timer clock(work_clock(target, draft));
   auto is_eos = [&](std::int32_t t) { return std::find(eos_ids.begin(), eos_ids.end(), t) != eos_ids.end(); };
   while (static_cast<int>(run.generated.size()) < max_new && !run.stopped_at_eos) {
     const auto n = static_cast<std::int64_t>(run.tokens.size());

@@ -207,7 +207,7 @@ bool Engine::step() {
     clock_ = std::max(clock_, incoming_.back().arrival);  // idle: nothing to run until the next arrival
     arrive();
   }
-  metrics::Timer timer;
+  metrics::Timer timer = metrics::Timer::work(m_.device() == Device::CPU);  // the engine's clock advances by it
   StepRecord rec;
   rec.start = clock_;
   const std::vector<Scheduled> plan = scheduler_.schedule();

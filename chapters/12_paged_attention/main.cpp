@@ -299,7 +299,7 @@ json speed(std::int64_t context, std::int64_t block_size, Device d, const metric
     if (d == Device::CUDA) cuda::synchronize();
     double b = 1e30;
     for (int i = 0; i < 7; ++i) {
-      metrics::Timer t;
+      metrics::Timer t = metrics::Timer::work(d == Device::CPU);
       f();
       if (d == Device::CUDA) cuda::synchronize();
       b = std::min(b, t.seconds());

@@ -44,7 +44,8 @@ void Subscription::offer(const std::shared_ptr<const Snapshot>& s) {
     }
     Update& u = *pending_;
     u.latest = s;
-    if (s->map) u.map = s->map, wants_map_ = false;
+    u.map = s->map;  // a map drawn for an older snapshot would disagree with the counts beside it
+    if (s->map) wants_map_ = false;
     if (s->stepped) {
       ++u.steps;
       u.busy_seconds += s->step_seconds;

@@ -82,7 +82,7 @@ struct Snapshot {
 /// What a watcher takes: the latest snapshot, with everything since its last take merged in.
 struct Update {
   std::shared_ptr<const Snapshot> latest;
-  std::shared_ptr<const BlockMap> map;  ///< the newest drawn (null if none since the last take)
+  std::shared_ptr<const BlockMap> map;  ///< latest's map: null when that snapshot drew none (never an older one)
   std::int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0;
   double busy_seconds = 0;
   std::vector<Latency> ttft, tpot;
@@ -102,7 +102,8 @@ class Subscription {
   /// Waits up to `timeout` for an update whose latest snapshot draws the blocks, and takes it.
   /// The engine draws them at its next step for a watcher waiting here (and always as it goes
   /// idle), so the map a watcher gets is never older than the counts beside it. On a timeout
-  /// (a step longer than `timeout`): whatever came, maybe nothing.
+  /// (a step longer than `timeout`): whatever came, maybe nothing, and without a map if the
+  /// latest snapshot drew none (the watcher keeps drawing the one it has).
   std::optional<Update> take(std::chrono::milliseconds timeout);
   /// From the engine thread: merges s into the mailbox. Never waits for the reader.
   void offer(const std::shared_ptr<const Snapshot>& s);

@@ -185,6 +185,7 @@ void Server::loop() {
     for (auto& s : engine_.take_finished()) finish(*s);
     publish_gauges();
     watch_.publish(engine_, stepping, [this] { return gauges().waiting; });
+    if (stepping && c_.after_step) c_.after_step(engine_);
   }
   publish_gauges();
 }

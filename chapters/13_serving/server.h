@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,6 +41,9 @@ struct ServerConfig {
   std::int64_t block_size = 16;                                        ///< --block-size
   bool prefix_caching = true;
   std::int64_t max_waiting = 64;  ///< requests accepted and not yet running, at most (then 429)
+  /// Called on the engine thread after each step, once its events are out (left empty, nothing
+  /// is called). A test holds the engine here until a watcher has seen a step, whatever the load.
+  std::function<void(const ch11::Engine&)> after_step;
 };
 
 /// What a request's client receives from the engine thread, in order.

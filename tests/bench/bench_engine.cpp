@@ -4,8 +4,8 @@
 // ops::attention_cached call a layer over every cache). The roofline time of a step is the larger
 // of its bytes (the weights once, every sequence's cache) over the read ceiling measured for that
 // many bytes, and its FLOPs over the measured GEMM peak; of_roofline is that time over the step's.
-// The projections' product of B rows runs either version of the batched GEMV (cpu::BatchGemv:
-// rows, the simple one, or tiles, the default), so one run compares them.
+// The projections' product of B rows runs each version of the batched GEMV (cpu::BatchGemv:
+// rows, the simple one, tiles, or broadcast, the default), so one run compares them.
 //
 //   bench_engine [--benchmark_filter=...] [--benchmark_out=FILE --benchmark_out_format=json]
 #include <benchmark/benchmark.h>
@@ -37,11 +37,12 @@ double peak_flops() {
   return peak;
 }
 
-// Arguments: B, paged (0/1), batched attention (0/1), the batched GEMV (0 rows, 1 tiles).
+// Arguments: B, paged (0/1), batched attention (0/1), the batched GEMV (0 rows, 1 tiles, 2 broadcast).
 void BM_EngineDecodeStep(benchmark::State& state) {
   const std::int64_t B = state.range(0), context = 128;
-  const bool paged = state.range(1) != 0, batched = state.range(2) != 0, tiles = state.range(3) != 0;
-  cpu::set_batch_gemv(tiles ? cpu::BatchGemv::Tiles : cpu::BatchGemv::Rows);
+  const bool paged = state.range(1) != 0, batched = state.range(2) != 0;
+  const cpu::BatchGemv kernel = static_cast<cpu::BatchGemv>(state.range(3));
+  cpu::set_batch_gemv(kernel);
   const ch01::Llama& m = model();
   const std::int64_t budget = m.config.kv_cache_bytes(B * (context + 64), 4);
   std::unique_ptr<ch11::KVPool> pool;
@@ -76,13 +77,16 @@ void BM_EngineDecodeStep(benchmark::State& state) {
   state.counters["tokens/s"] = static_cast<double>(B * n) / seconds;
   state.counters["GB/s"] = bytes / seconds / 1e9;
   state.counters["ceiling_GB/s"] = ceiling.bytes_per_s() / 1e9;
-  cpu::set_batch_gemv(cpu::BatchGemv::Tiles);
+  cpu::set_batch_gemv(cpu::kDefaultBatchGemv);
   state.SetLabel(std::string(paged ? "paged" : "contiguous") + ", " + (batched ? "batched" : "per sequence") +
-                 " attention, " + (tiles ? "tiled" : "row") + " GEMV, B=" + std::to_string(B) + ", context ~" +
-                 std::to_string(context) + " (" + ceiling.kind + ")");
+                 " attention, " +
+                 (kernel == cpu::BatchGemv::Rows    ? "row"
+                  : kernel == cpu::BatchGemv::Tiles ? "tiled"
+                                                    : "broadcast") +
+                 " GEMV, B=" + std::to_string(B) + ", context ~" + std::to_string(context) + " (" + ceiling.kind + ")");
 }
 BENCHMARK(BM_EngineDecodeStep)
-    ->ArgsProduct({{16, 32}, {0, 1}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{16, 32}, {0, 1}, {0, 1}, {0, 1, 2}})
     ->UseManualTime()
     ->Iterations(20)
     ->Unit(benchmark::kMillisecond);

@@ -52,6 +52,13 @@ INSTANTIATE_TEST_SUITE_P(Models, MoeGguf, ::testing::Values("mixtral", "qwen2-mo
   return n;
 });
 
+// DeepSeek's deepseek2 files (MLA with MoE) run in chapter 04, which the refusal names.
+TEST(MoeGguf, ADeepseek2FileNamesTheChapterThatRunsIt) {
+  test::expect_error(
+      [&] { ch09::load_gguf(kDir + "/deepseek-v3-noaux/model.gguf"); },
+      {"architecture 'deepseek2' is not llama", "(it runs in chapter 04, ch04_mla generate --model FILE.gguf)"});
+}
+
 // A weight as f32 values, packed or plain.
 std::vector<double> values(const Linear& w) {
   return (w.packed ? ch09::dequantize(dynamic_cast<const ch09::QMatrix&>(*w.packed)) : w.weight.to(DType::F32))

@@ -1539,7 +1539,7 @@ void expect_runs_as_decoded(const ch01::Llama& m) {
   // paths would no longer be comparable to their rounding bound.
   struct RowKernel {
     RowKernel() { cpu::set_batch_gemv(cpu::BatchGemv::Rows); }
-    ~RowKernel() { cpu::set_batch_gemv(cpu::BatchGemv::Tiles); }
+    ~RowKernel() { cpu::set_batch_gemv(cpu::kDefaultBatchGemv); }
   } rows;
   for (const ch01::LlamaLayer& l : m.layers)
     for (const Linear* w : l.linears()) ASSERT_TRUE(w->packed) << "a projection was decoded at load";
