@@ -194,6 +194,35 @@ Spread measure_cpu_read_spread(std::size_t bytes, int threads, int reps) {
   return spread_of(rates);
 }
 
+ReadPasses::ReadPasses(double working_set_bytes, int threads)
+    : working_set_(working_set_bytes),
+      n_(std::max<std::size_t>(static_cast<std::size_t>(working_set_bytes) / sizeof(float) / 16, 1) * 16),
+      threads_(threads > 0 ? threads : omp_get_max_threads()) {
+  a_.reset(new float[n_]);
+#pragma omp parallel for num_threads(threads_) schedule(static)
+  for (std::size_t i = 0; i < n_; ++i) a_[i] = static_cast<float>(i & 1023) * 1e-3f;
+}
+
+void ReadPasses::run() {
+  volatile float sink = 0;
+  Timer t(Clock::Work);  // as the steps it takes turns with are timed
+  sink = sink + sum_passes(a_.get(), n_, threads_, 1);
+  (void)sink;
+  rates_.push_back(static_cast<double>(n_ * sizeof(float)) / t.seconds());
+}
+
+ReadCeiling ReadPasses::ceiling() const {
+  ReadCeiling c;
+  c.working_set_bytes = working_set_;
+  c.measured_bytes = static_cast<double>(n_ * sizeof(float));
+  c.rate = spread_of(rates_);
+  // The figure's data and the array take turns: both stay in the cache where the two fit together,
+  // and where one alone fills it, each evicts the other.
+  const double llc = last_level_cache_bytes();
+  c.kind = 2 * working_set_ <= llc ? "in cache" : working_set_ >= llc ? "from memory" : "partly in cache";
+  return c;
+}
+
 double measure_cpu_read_bandwidth(std::size_t bytes, int threads, int reps) {
   return measure_cpu_read_spread(bytes, threads, reps).best;
 }

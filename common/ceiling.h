@@ -7,6 +7,7 @@
 /// argument that decoding is memory-bound, as a number.
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,30 @@ double measure_cpu_read_bandwidth(std::size_t bytes = std::size_t(1) << 30, int 
 /// often enough to last about 20 ms (the passes inside one parallel region, so that waking the
 /// threads is not what is measured).
 Spread measure_cpu_read_spread(std::size_t bytes, int threads = 0, int reps = 5);
+/// A read ceiling taken in turns with the figure it is the ceiling of: one streaming pass at a time
+/// over an array of a working set's size (first touched by the reading threads), run between the
+/// figure's own runs (a step, a pass, a step, …). Both then see the same moments of a shared
+/// machine and the same cache: where the two do not fit in it together, each pass evicts what the
+/// last step left and each step what the last pass left, so a working set beyond the cache is read
+/// from memory by both; where they fit, both read from the cache.
+class ReadPasses {
+ public:
+  explicit ReadPasses(double working_set_bytes, int threads = 0);
+  /// One pass over the array; its rate is kept.
+  void run();
+  /// The ceiling of the passes run so far: their spread, and its kind: in cache where the working
+  /// set and the array fit in the last-level cache together, from memory where the working set
+  /// alone fills it, else partly in cache.
+  ReadCeiling ceiling() const;
+
+ private:
+  double working_set_;
+  std::unique_ptr<float[]> a_;
+  std::size_t n_;
+  int threads_;
+  std::vector<double> rates_;
+};
+
 /// The array size for a read ceiling "from memory": 4 × the last-level cache, at least 1 GiB,
 /// at most an eighth of physical memory.
 std::size_t memory_ceiling_bytes();

@@ -160,6 +160,23 @@ TEST(Metrics, AFigureIsComparedWithACeilingOfItsOwnKind) {
   EXPECT_EQ(metrics::cpu_read_ceiling(small).bytes_per_s(), c.bytes_per_s());
 }
 
+// A ceiling taken in turns with a figure's runs: one pass per run over as many bytes as the figure
+// reads (whole 64-byte rows of 16 floats); in cache where the figure's data and the array fit in
+// the last-level cache together.
+TEST(Metrics, ACeilingTakenInTurnsHasOnePassPerRun) {
+  const double small = std::min(1048576.0, metrics::last_level_cache_bytes() / 4) + 100;
+  metrics::ReadPasses passes(small);
+  for (int i = 0; i < 3; ++i) passes.run();
+  const metrics::ReadCeiling c = passes.ceiling();
+  EXPECT_EQ(c.rate.runs, 3);
+  EXPECT_EQ(c.kind, "in cache");
+  EXPECT_EQ(c.working_set_bytes, small);
+  EXPECT_EQ(c.measured_bytes, std::floor(small / 64) * 64);
+  EXPECT_GT(c.rate.worst, 0);
+  EXPECT_LE(c.rate.worst, c.rate.best);
+  EXPECT_LT(c.bytes_per_s(), 1e14);
+}
+
 TEST(Metrics, AFigureAboveItsCeilingSaysWhy) {
   metrics::ReadCeiling c;
   c.rate = metrics::spread_of({100e9, 90e9, 80e9});

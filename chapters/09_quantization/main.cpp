@@ -6,12 +6,12 @@
 //   ch09_quantization run FILE.gguf   generate with a GGUF model
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "chapters/02_kv_cache/kv_cache.h"
 #include "chapters/09_quantization/awq.h"
 #include "chapters/09_quantization/gguf_model.h"
-#include "chapters/09_quantization/repack.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/cuda/backend.h"
@@ -24,6 +24,25 @@ using namespace inferlab::ch09;
 using nlohmann::json;
 
 namespace {
+
+// Which CPU products the quantised models run (--kernel): the fast kernel lays out every matrix that
+// can be eight rows at a time (qmodel.h's interleave_blocks: x as q8_0 blocks, integer sums), the
+// reference kernel keeps each matrix in row order (quant_rows.cpp: int8 and int4 multiply x in f32).
+enum class Kernel { Fast, Reference };
+Kernel kernel_named(const std::string& name) { return name == "reference" ? Kernel::Reference : Kernel::Fast; }
+const char* kernel_name(Kernel k) { return k == Kernel::Fast ? "fast" : "reference"; }
+void add_kernel_option(CLI::App& app, std::string& kernel) {
+  app.add_option("--kernel", kernel,
+                 "CPU products of the quantised matrices: fast (eight rows at a time, x as q8_0 blocks, integer sums) "
+                 "or reference (row by row; int8 and int4 keep x in f32)")
+      ->check(CLI::IsMember({"fast", "reference"}))
+      ->capture_default_str();
+}
+// m with its matrices laid out for `kernel` (on the CPU: interleave_blocks for the fast one).
+ch01::Llama for_kernel(ch01::Llama m, Kernel kernel) {
+  if (kernel == Kernel::Fast && m.device() == Device::CPU) interleave_blocks(m);
+  return m;
+}
 
 struct Row {
   std::string name;
@@ -53,7 +72,7 @@ double bits(const ch01::Llama& m) {
 }
 
 std::vector<Row> rows_for(const ch01::Llama& m, const std::vector<QuantSpec>& specs, const std::vector<QuantSpec>& awq_specs,
-                          const std::vector<std::int32_t>& calibration) {
+                          const std::vector<std::int32_t>& calibration, Kernel kernel) {
   std::vector<Row> rows;
   rows.push_back({"f32 (unquantised)", m, {}});
   // A format that cannot hold every matrix (an input width not whole blocks or groups, as
@@ -65,12 +84,12 @@ std::vector<Row> rows_for(const ch01::Llama& m, const std::vector<QuantSpec>& sp
       std::printf("(%s skipped: no matrix width is a multiple of its group)\n", s.name().c_str());
       continue;
     }
-    rows.push_back({s.name(), std::move(q), kept});
+    rows.push_back({s.name(), for_kernel(std::move(q), kernel), kept});
   }
   for (const QuantSpec& s : awq_specs)
     if (fits(m, s)) {
       std::vector<AwqGroup> report;
-      const ch01::Llama q = quantize_model(awq_scale(m, calibration, s, &report), s);
+      const ch01::Llama q = for_kernel(quantize_model(awq_scale(m, calibration, s, &report), s), kernel);
       int better = 0;
       double rtn = 0, awq = 0;
       for (const auto& g : report) better += g.loss_awq < g.loss_rtn, rtn += g.loss_rtn, awq += g.loss_awq;
@@ -97,7 +116,7 @@ struct QualityRow {
 // Scores each row as it is ready, calling on_row (to print as it goes: a full table takes minutes).
 std::vector<QualityRow> measure_quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::int64_t windows,
                                         std::int64_t per_kind, const std::vector<QuantSpec>& awq,
-                                        std::size_t calibration_tokens,
+                                        std::size_t calibration_tokens, Kernel kernel,
                                         const std::function<void(const QualityRow&)>& on_row = nullptr,
                                         const std::string& tokenizer = "") {
   const ch01::Llama m = ch01::load_llama(o.model).to(Device::CPU, DType::F32);
@@ -118,7 +137,7 @@ std::vector<QualityRow> measure_quality(const CommonOptions& o, const std::vecto
   auto calib = eval::tokenize_documents(*tok, data + "/corpus/train-sample.txt");
   calib.resize(std::min(calib.size(), calibration_tokens));
   std::vector<QualityRow> out;
-  for (const auto& r : rows_for(m, specs, awq, calib)) {
+  for (const auto& r : rows_for(m, specs, awq, calib, kernel)) {
     const eval::LogitsFn f = [&r](const std::vector<std::int32_t>& t) { return ch01::forward(r.model, t, true); };
     QualityRow q{r.name, bits(r.model), matrix_bytes(r.model), {}, {}, r.kept_f32};
     q.ppl = eval::perplexity(f, val, 512, windows, o.model + " as " + r.name + ": validation perplexity");
@@ -135,17 +154,19 @@ json to_json(const QualityRow& r) {
 }
 
 int quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::int64_t windows, std::int64_t per_kind,
-            const std::vector<QuantSpec>& awq, const std::string& tokenizer) {
+            const std::vector<QuantSpec>& awq, const std::string& tokenizer, Kernel kernel) {
   std::vector<std::string> kinds;
   double base = 0;
   json out = json::array();
   measure_quality(
-      o, specs, windows, per_kind, awq, 2048,
+      o, specs, windows, per_kind, awq, 2048, kernel,
       [&](const QualityRow& r) {
     if (out.empty()) {
       std::printf(
-          "%s: the projections and head quantised; perplexity on %s validation windows of 512, probes %lld per kind\n\n",
-          o.model.c_str(), windows ? std::to_string(windows).c_str() : "all", static_cast<long long>(per_kind));
+          "%s: the projections and head quantised (%s kernel); perplexity on %s validation windows of 512, probes %lld "
+          "per kind\n\n",
+          o.model.c_str(), kernel_name(kernel), windows ? std::to_string(windows).c_str() : "all",
+          static_cast<long long>(per_kind));
       std::printf("%-22s %8s %12s %9s %9s", "format", "bits/w", "matrix bytes", "val ppl", "Δ ppl");
       kinds = eval::kinds_in_reading_order(r.probes.accuracy);
       for (const auto& k : kinds) std::printf(" %10s", k.c_str());
@@ -161,7 +182,7 @@ int quality(const CommonOptions& o, const std::vector<QuantSpec>& specs, std::in
     out.push_back(to_json(r));
       },
       tokenizer);
-  if (!o.json.empty()) write_json(o.json, {{"model", o.model}, {"rows", out}}, {o.model});
+  if (!o.json.empty()) write_json(o.json, {{"model", o.model}, {"kernel", kernel_name(kernel)}, {"rows", out}}, {o.model});
   return 0;
 }
 
@@ -197,6 +218,7 @@ struct SpeedRow {
 };
 struct SpeedRun {
   std::string device;
+  Kernel kernel = Kernel::Fast;  // the quantised rows' CPU products
   TransformerConfig shape;
   metrics::Ceiling roof;  // the device's ceilings, measured in the same run (common/ceiling.h)
   int context = 0, steps = 0;
@@ -205,11 +227,11 @@ struct SpeedRun {
 
 // Decode speed of each format at B = 1 after a prefill of `context` tokens, on a random model of
 // `shape`: the best of `steps` timed steps, each against the read ceiling of its own kind measured
-// in the same run (on the CPU, a streaming read over as many bytes as its step reads: a 4-bit
-// model's weights may sit in a cache that an f32 model's overflow).
+// in the same run (on the CPU, a streaming read over as many bytes as its step reads, in turns with
+// the steps: a 4-bit model's weights may sit in a cache that an f32 model's overflow).
 SpeedRun measure_speed(Device dev, const TransformerConfig& c, const std::vector<QuantSpec>& specs, int context, int steps,
-                       const std::function<void(const SpeedRun&, const SpeedRow&)>& on_row = nullptr) {
-  SpeedRun run{std::string(device_name(dev)), c, {}, context, steps, {}};
+                       Kernel kernel, const std::function<void(const SpeedRun&, const SpeedRow&)>& on_row = nullptr) {
+  SpeedRun run{std::string(device_name(dev)), kernel, c, {}, context, steps, {}};
   run.roof = metrics::measure_ceiling(dev);
   const ch01::Llama base = ch01::random_llama(c, 1, DType::F32);
   const DType base_dtype = dev == Device::CUDA ? DType::BF16 : DType::F32;
@@ -217,22 +239,29 @@ SpeedRun measure_speed(Device dev, const TransformerConfig& c, const std::vector
     ch02::ContiguousKVCache cache(c, context + steps, dev);
     ch02::forward_cached(model, cache, std::vector<std::int32_t>(static_cast<std::size_t>(context), 3));
     SpeedRow r{name, bits(model), model.matrix_bytes(), 1e300, 0};
+    r.bytes = static_cast<double>(model.matrix_bytes()) + 4.0 * c.hidden_size * (2 * c.num_layers + 2) +
+              static_cast<double>(c.kv_cache_bytes(context + 1, 4));
+    // On the CPU the ceiling takes turns with the steps: a step, a streaming read over as many
+    // bytes, a step, … (common/ceiling.h's ReadPasses). Both see the same moments of the machine
+    // and the same cache: an f32 step beyond the last-level cache and the read beside it each
+    // evict what the other left, so both come from memory; a 4-bit step and its read both fit.
+    std::optional<metrics::ReadPasses> passes;
+    if (dev == Device::CPU) passes.emplace(r.bytes);
     for (int i = 0; i < steps; ++i) {
       metrics::Timer t = metrics::Timer::work(dev == Device::CPU);
       ch02::forward_cached(model, cache, {3});
       if (dev == Device::CUDA) cuda::synchronize();
       r.seconds = std::min(r.seconds, t.seconds());
+      if (passes) passes->run();
     }
-    r.bytes = static_cast<double>(model.matrix_bytes()) + 4.0 * c.hidden_size * (2 * c.num_layers + 2) +
-              static_cast<double>(c.kv_cache_bytes(context + 1, 4));
-    r.read = metrics::read_ceiling_for(run.roof, r.bytes);
+    r.read = passes ? passes->ceiling() : metrics::read_ceiling_for(run.roof, r.bytes);
     run.rows.push_back(r);
   };
   time_steps(std::string(dtype_name(base_dtype)), base.to(dev, base_dtype));
   if (on_row) on_row(run, run.rows.back());
   for (const auto& spec : specs)
     if (fits(base, spec)) {
-      time_steps(spec.name(), quantize_model(base, spec).to(dev, base_dtype));
+      time_steps(spec.name(), for_kernel(quantize_model(base, spec).to(dev, base_dtype), kernel));
       if (on_row) on_row(run, run.rows.back());
     }
   return run;
@@ -252,6 +281,7 @@ json to_json(const SpeedRun& run) {
                     {"read_ceiling", metrics::to_json(r.read)},
                     {"vs_base", r.tokens_per_s() / run.rows.front().tokens_per_s()}});
   return {{"device", run.device},
+          {"kernel", kernel_name(run.kernel)},
           {"ceiling", metrics::to_json(run.roof)},
           {"parameters", run.shape.num_parameters()},
           {"context", run.context},
@@ -261,13 +291,14 @@ json to_json(const SpeedRun& run) {
 
 void print_speed_header(const SpeedRun& run) {
   std::printf(
-      "Decode speed, B = 1, context %d, random weights (%.0f M parameters), %s, best of %d steps; "
+      "Decode speed, B = 1, context %d, random weights (%.0f M parameters), %s, %s kernel, best of %d steps; "
       "read from memory %s\n",
-      run.context, static_cast<double>(run.shape.num_parameters()) / 1e6, run.device.c_str(), run.steps,
-      metrics::describe(run.roof.read, "B").c_str());
+      run.context, static_cast<double>(run.shape.num_parameters()) / 1e6, run.device.c_str(), kernel_name(run.kernel),
+      run.steps, metrics::describe(run.roof.read, "B").c_str());
   std::printf(
       "bytes per token = the matrices as stored + norms + embedding row + KV cache; each row's GB/s against a\n"
-      "streaming read over as many bytes (cache: in the %s last-level cache, part: partly, mem: from memory)\n\n",
+      "streaming read over as many bytes, in turns with its steps (cache: in the %s last-level cache, part:\n"
+      "partly, mem: from memory)\n\n",
       metrics::human_bytes(metrics::last_level_cache_bytes()).c_str());
 }
 
@@ -279,9 +310,9 @@ void print_speed_legend(const SpeedRun& run) {
   legend.print("");
 }
 
-int speed(const CommonOptions& o, const std::vector<QuantSpec>& specs) {
+int speed(const CommonOptions& o, const std::vector<QuantSpec>& specs, Kernel kernel) {
   const SpeedRun run =
-      measure_speed(o.resolved_device(), speed_shape(), specs, 64, 8, [](const SpeedRun& run, const SpeedRow& r) {
+      measure_speed(o.resolved_device(), speed_shape(), specs, 64, 8, kernel, [](const SpeedRun& run, const SpeedRow& r) {
         if (run.rows.size() == 1) {
           print_speed_header(run);
           std::printf("%-18s %8s %14s %12s %10s %16s %9s\n", "format", "bits/w", "matrix bytes", "tokens/s", "GB/s",
@@ -335,14 +366,14 @@ void plot_headline(const std::vector<QualityRow>& quality, const SpeedRun& run, 
 // speed is the decode step of a random model of bare_speed_shape() in the same formats, at
 // context 16, the best of 8 steps, each against the read ceiling of its own kind. `table` and
 // `speed` run the full versions.
-int headline(const CommonOptions& o, const std::string& svg) {
+int headline(const CommonOptions& o, const std::string& svg, Kernel kernel) {
   const std::vector<QuantSpec> specs = {QuantSpec{Format::Int8Row}, QuantSpec{Format::Int4Asym, 32}};
   const std::int64_t windows = 4;
   std::printf("Quantisation (lecture: 量化): bits per weight against quality and decode speed\n");
-  const auto quality_rows = measure_quality(o, specs, windows, 0, {QuantSpec{Format::Int4Asym, 32}}, 512);
-  const SpeedRun run = measure_speed(Device::CPU, bare_speed_shape(), specs, 16, 8);
-  std::printf("quality: %s, perplexity on %lld validation windows of 512 tokens\n", o.model.c_str(),
-              static_cast<long long>(windows));
+  const auto quality_rows = measure_quality(o, specs, windows, 0, {QuantSpec{Format::Int4Asym, 32}}, 512, kernel);
+  const SpeedRun run = measure_speed(Device::CPU, bare_speed_shape(), specs, 16, 8, kernel);
+  std::printf("quality: %s, perplexity on %lld validation windows of 512 tokens, %s kernel\n", o.model.c_str(),
+              static_cast<long long>(windows), kernel_name(kernel));
   print_speed_header(run);
   std::printf("%-22s %8s %9s %9s %11s %10s %14s %8s\n", "format", "bits/w", "val ppl", "Δ ppl", "tokens/s", "GB/s",
               "of its ceiling", "vs f32");
@@ -365,7 +396,10 @@ int headline(const CommonOptions& o, const std::string& svg) {
   if (!o.json.empty()) {
     json q = json::array();
     for (const auto& r : quality_rows) q.push_back(to_json(r));
-    write_json(o.json, {{"quality", {{"model", o.model}, {"windows", windows}, {"rows", q}}}, {"speed", to_json(run)}},
+    write_json(o.json,
+               {{"kernel", kernel_name(kernel)},
+                {"quality", {{"model", o.model}, {"windows", windows}, {"rows", q}}},
+                {"speed", to_json(run)}},
                {o.model});
   }
   return 0;
@@ -378,16 +412,14 @@ int export_to(const CommonOptions& o, const std::string& format, const std::stri
   return 0;
 }
 
-int run_gguf(const CommonOptions& o, const std::string& file, const std::string& tokenizer) {
+int run_gguf(const CommonOptions& o, const std::string& file, const std::string& tokenizer, Kernel kernel) {
   const Device dev = o.resolved_device();
   const gguf::File f(file);
   // On the CPU every tensor runs as it is stored (F16 and BF16 matrices too); the GPU path takes
   // plain matrices as f32.
   ch01::Llama m = load_gguf(f);
   if (dev != Device::CPU) m = m.to(dev, DType::F32);
-  else
-    interleave_blocks(
-        m);  // q4_0, q8_0, iq4_nl, q4_k, q6_k and iq4_xs matrices eight rows at a time, for the CPU's decode product (repack.h)
+  else m = for_kernel(std::move(m), kernel);  // q4_0, q8_0, iq4_nl, q4_k, q6_k, iq4_xs: eight rows at a time (qmodel.h)
   const auto tok = gguf_tokenizer(f, tokenizer, o.model);
   const SamplingParams sp = o.sampling(*tok, m.config.vocab_size);
   const auto ids = tok->encode(o.prompt);
@@ -452,8 +484,9 @@ int main(int argc, char** argv) {
   CommonOptions o;
   add_model_option(app, o);  // the bare run: a short table on --model
   add_json_option(app, o.json);
-  std::string svg;
+  std::string svg, kernel = "fast";
   app.add_option("--svg", svg, "Also plot perplexity and tokens/s against bits per weight as SVG")->check(output_file());
+  add_kernel_option(app, kernel);
   help_footer(app,
               "int8_row, int4_g32_asym and AWQ on tiny-mha: bits per weight and perplexity on 4 validation "
               "windows, beside decode tokens/s and GB/s against the measured read bandwidth on a 101 M random model",
@@ -486,10 +519,12 @@ int main(int argc, char** argv) {
   st->add_flag("--no-awq", no_awq, "Skip the AWQ rows");
   st->add_option("--tokenizer", tokenizer,
                  "Tokenizer: a tokenizer.json, a folder holding one, or a llama2.c .bin (default: the model's own)");
+  add_kernel_option(*st, kernel);
   auto* ss = app.add_subcommand("speed", "Decode speed per format on a larger random model");
   add_device_option(*ss, o);
   add_json_option(*ss, o.json);
   ss->add_option("--formats", formats, "Comma-separated formats (default: all)")->delimiter(',')->check(known_format);
+  add_kernel_option(*ss, kernel);
   auto* se = app.add_subcommand("export", "Write the model quantised as GGUF");
   add_model_option(*se, o);
   se->add_option("output", out, "The .gguf file")->required()->check(output_file());
@@ -507,6 +542,7 @@ int main(int argc, char** argv) {
   sr->add_option("--tokenizer", tokenizer,
                  "Tokenizer: a tokenizer.json, a folder holding one, or a llama2.c .bin (default: the GGUF's own, "
                  "from its tokenizer.ggml.* metadata)");
+  add_kernel_option(*sr, kernel);
   add_json_option(*sr, o.json);
   app.require_subcommand(0, 1);
   bare_run_options_only(app);
@@ -518,10 +554,10 @@ int main(int argc, char** argv) {
       return quality(o, specs, windows, per_kind,
                      no_awq ? std::vector<QuantSpec>{}
                             : std::vector<QuantSpec>{{Format::Int4Asym, 32}, {Format::Int4Asym, 64}, {Format::Int4Sym, 32}},
-                     tokenizer);
-    if (*ss) return speed(o, specs);
+                     tokenizer, kernel_named(kernel));
+    if (*ss) return speed(o, specs, kernel_named(kernel));
     if (*se) return export_to(o, format, out);
-    if (*sr) return run_gguf(o, file, tokenizer);
-    return headline(o, svg);
+    if (*sr) return run_gguf(o, file, tokenizer, kernel_named(kernel));
+    return headline(o, svg, kernel_named(kernel));
   });
 }

@@ -132,13 +132,6 @@ float scale_for(float range, float steps) {
 
 }  // namespace
 
-// 1 / d for a llama.cpp block scale, or 0 where d is 0 or so small that 1 / d overflows: such a
-// block is stored as zeros (its f16 scale is 0 anyway), where inf would be cast to an integer.
-float inverse_scale(float d) {
-  const float id = d != 0 ? 1.0f / d : 0.0f;
-  return std::isfinite(id) ? id : 0.0f;
-}
-
 // Q8_0 and Q4_0 as llama.cpp's reference quantisers (and the gguf package) do them, for every
 // block whose scale f16 can hold.
 void quantize_q8_0_block(const float* x, std::uint8_t* out) {
@@ -485,42 +478,22 @@ gguf::Type gguf_type(Format f) {
   fail("gguf_type: ", QuantSpec{f}.name(), " is not a GGUF block format");
 }
 
-BlockedActivations::BlockedActivations(std::int64_t m, std::int64_t n_in) : rows(m), cols(n_in) {
-  IL_CHECK(cols % 32 == 0, "q8_0 activations: the input width ", cols, " is not a multiple of 32");
-  const std::int64_t nb = cols / 32;
-  q.resize(static_cast<std::size_t>(rows * cols));
-  d.resize(static_cast<std::size_t>(rows * nb));
-  sum.resize(static_cast<std::size_t>(rows * nb));
-  sum16.resize(static_cast<std::size_t>(rows * nb * 2));
-}
-
-BlockedActivations::BlockedActivations(const Tensor& x) : BlockedActivations(x.size(0), x.size(1)) {
-  const std::int64_t nb = cols / 32;
+BlockedActivations q8_0_blocks(const Tensor& x) {
+  BlockedActivations a(x.size(0), x.size(1));
   std::uint8_t blk[34];
-  for (std::int64_t m = 0; m < rows; ++m)
-    for (std::int64_t b = 0; b < nb; ++b) {
-      quantize_q8_0_block(x.data<float>() + m * cols + b * 32, blk);
-      const std::size_t i = static_cast<std::size_t>(m * nb + b);
-      d[i] = from_half(blk);
-      std::memcpy(q.data() + m * cols + b * 32, blk + 2, 32);
-      std::int32_t half_sums[2] = {0, 0};  // |Σ| ≤ 16 · 127: an int16
-      for (int j = 0; j < 32; ++j) half_sums[j / 16] += q[static_cast<std::size_t>(m * cols + b * 32 + j)];
-      sum[i] = half_sums[0] + half_sums[1];
-      sum16[2 * i] = static_cast<std::int16_t>(half_sums[0]), sum16[2 * i + 1] = static_cast<std::int16_t>(half_sums[1]);
-    }
-}
-
-std::vector<float> BlockedActivations::rounded() const {
-  std::vector<float> out(static_cast<std::size_t>(rows * cols));
-  for (std::int64_t m = 0; m < rows; ++m)
-    for (std::int64_t k = 0; k < cols; ++k) out[static_cast<std::size_t>(m * cols + k)] = value(m, k);
-  return out;
+  for (std::int64_t b = 0; b < a.rows * a.cols / 32; ++b) {
+    quantize_q8_0_block(x.data<float>() + 32 * b, blk);
+    a.d[static_cast<std::size_t>(b)] = from_half(blk);
+    std::memcpy(a.q.data() + 32 * b, blk + 2, 32);
+    a.sum_block(b);
+  }
+  return a;
 }
 
 Tensor q8_0_activations(const Tensor& x_in) {
   IL_CHECK(x_in.ndim() == 2, "q8_0_activations: x must be a matrix, got ", x_in.describe());
   const Tensor x = x_in.to(Device::CPU).to(DType::F32).contiguous();
-  const BlockedActivations a(x);
+  const BlockedActivations a = q8_0_blocks(x);
   Tensor out = Tensor::empty({a.rows, a.cols}, DType::F32);
   for (std::int64_t m = 0; m < a.rows; ++m)
     for (std::int64_t k = 0; k < a.cols; ++k) out.data<float>()[m * a.cols + k] = a.value(m, k);
@@ -605,7 +578,7 @@ void qmatmul_ref(const Tensor& x, const QMatrix& w, Tensor& out) {
   // q4_0 and the other GGUF block formats: y = Σ_k x̂_k · w(n, k), x̂ = x rounded through q8_0 blocks. The fast path
   // sums the same products in int32 per block, so only the float rounding differs.
   if (blocks_activations(w.spec.format)) {
-    const BlockedActivations a(x);
+    const BlockedActivations a = q8_0_blocks(x);
     for (std::int64_t m = 0; m < M; ++m)
       for (std::int64_t n = 0; n < n_out; ++n) {
         float y = 0.0f;

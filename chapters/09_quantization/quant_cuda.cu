@@ -2,7 +2,8 @@
 // them in registers; llm_int8 and q8_0 accumulate int8·int8 products in int32 (__dp4a). The other
 // GGUF block formats (q4_0, q4_1, q5_0, q5_1, q2_k … q6_k, iq4_nl, iq4_xs) multiply x rounded through q8_0
 // blocks, the function their CPU products compute; their kernels then multiply in f32 (q8_0's
-// __dp4a sums would be the next step for them too).
+// __dp4a sums would be the next step for them too). The values of the GGUF types beyond q8_0 and
+// q4_0 decode in common/quant/blocks.cuh, beside the CPU products of common/quant/blocks.h.
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include "chapters/09_quantization/quant_impl.h"
 #include "common/cuda/backend.h"
 #include "common/cuda/util.cuh"
+#include "common/quant/blocks.cuh"
 
 namespace inferlab::ch09 {
 
@@ -21,8 +23,6 @@ constexpr int kWarps = 8;
 constexpr int kMaxRows = 8;  // rows of x per launch
 
 __constant__ float kE4m3[256];
-// iq4_nl's and iq4_xs's levels (gguf::kIq4nlValues), in constant memory.
-__constant__ std::int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 struct View {  // the quantised matrix as raw device pointers
   const std::uint8_t* data;
@@ -31,10 +31,23 @@ struct View {  // the quantised matrix as raw device pointers
   int K, group;
 };
 
-__device__ inline float half_at(const std::uint8_t* p) {
-  __half h;
-  memcpy(&h, p, 2);
-  return __half2float(h);
+using quant::half_at;
+
+// The block type of the GGUF formats whose values common/quant/blocks.cuh decodes (F32: none).
+__host__ __device__ constexpr gguf::Type gguf_type_of(Format f) {
+  switch (f) {
+    case Format::Q4_1: return gguf::Type::Q4_1;
+    case Format::Q5_0: return gguf::Type::Q5_0;
+    case Format::Q5_1: return gguf::Type::Q5_1;
+    case Format::Q4_K: return gguf::Type::Q4_K;
+    case Format::Q5_K: return gguf::Type::Q5_K;
+    case Format::Q6_K: return gguf::Type::Q6_K;
+    case Format::Q2_K: return gguf::Type::Q2_K;
+    case Format::Q3_K: return gguf::Type::Q3_K;
+    case Format::IQ4_NL: return gguf::Type::IQ4_NL;
+    case Format::IQ4_XS: return gguf::Type::IQ4_XS;
+    default: return gguf::Type::F32;
+  }
 }
 
 // The 8 weights of row `n` starting at column k (k a multiple of 8), as floats.
@@ -65,84 +78,8 @@ __device__ inline void unpack8(const View& v, long long n, int k, float* w) {
       const int q = o < 16 ? (b[2 + o + j] & 15) : (b[2 + o - 16 + j] >> 4);
       w[j] = static_cast<float>(q - 8) * d;
     }
-  } else if constexpr (F == Format::Q4_1 || F == Format::Q5_0 || F == Format::Q5_1) {
-    // 8 weights of one block of 32: nibbles as q4_0, the fifth bit from qh (weight_value in quant.cpp).
-    constexpr bool kMin = F != Format::Q5_0, kFive = F != Format::Q4_1;
-    constexpr int kBytes = 18 + (kMin ? 2 : 0) + (kFive ? 4 : 0), kQh = kMin ? 4 : 2, kQs = kQh + (kFive ? 4 : 0);
-    const std::uint8_t* b = v.data + n * (K / 32 * kBytes) + (k / 32) * kBytes;
-    const float d = half_at(b), m = kMin ? half_at(b + 2) : 0.0f;
-    const int o = k % 32;
-    unsigned qh = 0;
-    if (kFive) memcpy(&qh, b + kQh, 4);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      int q = o < 16 ? (b[kQs + o + j] & 15) : (b[kQs + o - 16 + j] >> 4);
-      if (kFive) q |= static_cast<int>((qh >> (o + j)) & 1) << 4;
-      w[j] = kMin ? d * static_cast<float>(q) + m : d * static_cast<float>(q - 16);
-    }
-  } else if constexpr (F == Format::Q4_K || F == Format::Q5_K) {
-    // 8 weights of one 32-value sub-block: one 6-bit scale and min (weight_value in quant.cpp);
-    // q5_k's fifth bit of sub-block s is bit s of qh[l].
-    constexpr bool kFive = F == Format::Q5_K;
-    constexpr int kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
-    const std::uint8_t* b = v.data + n * (K / 256 * kBytes) + (k / 256) * kBytes;
-    const int i = k % 256, j = i / 64, l = i % 32, high = (i % 64) / 32, sub = 2 * j + high;
-    const std::uint8_t* q = b + 4;
-    const int sc = sub < 4 ? q[sub] & 63 : (q[sub + 4] & 0xF) | ((q[sub - 4] >> 6) << 4);
-    const int mn = sub < 4 ? q[sub + 4] & 63 : (q[sub + 4] >> 4) | ((q[sub] >> 6) << 4);
-    const float d = half_at(b) * static_cast<float>(sc), m = half_at(b + 2) * static_cast<float>(mn);
-#pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      int qv = (b[kQs + 32 * j + l + t] >> (4 * high)) & 15;
-      if (kFive) qv |= ((b[16 + l + t] >> sub) & 1) << 4;
-      w[t] = d * static_cast<float>(qv) - m;
-    }
-  } else if constexpr (F == Format::Q6_K) {
-    // 8 weights of one 16-value scale group of one quarter (weight_value in quant.cpp).
-    const std::uint8_t* b = v.data + n * (K / 256 * 210) + (k / 256) * 210;
-    const int i = k % 256, half = i / 128, r = (i % 128) / 32, l = i % 32;
-    const std::uint8_t *ql = b + 64 * half + 32 * (r % 2), *qh = b + 128 + 32 * half;
-    const float d =
-        half_at(b + 208) * static_cast<float>(reinterpret_cast<const std::int8_t*>(b + 192 + 8 * half)[l / 16 + 2 * r]);
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-      w[t] = d * static_cast<float>((((ql[l + t] >> (4 * (r / 2))) & 15) | (((qh[l + t] >> (2 * r)) & 3) << 4)) - 32);
-  } else if constexpr (F == Format::Q2_K || F == Format::Q3_K) {
-    // 8 weights of one 16-value group of quarter j of half h (weight_value in quant.cpp).
-    constexpr bool kTwo = F == Format::Q2_K;
-    constexpr int kBytes = kTwo ? 84 : 110, kQs = kTwo ? 16 : 32;
-    const std::uint8_t* b = v.data + n * (K / 256 * kBytes) + (k / 256) * kBytes;
-    const int i = k % 256, h = i / 128, j = (i % 128) / 32, l = i % 32, g = i / 16;
-    float d, m = 0.0f;
-    if (kTwo) {
-      d = half_at(b + 80) * static_cast<float>(b[g] & 15), m = half_at(b + 82) * static_cast<float>(b[g] >> 4);
-    } else {
-      const int low = g < 8 ? b[96 + g] & 15 : b[96 + g - 8] >> 4, high = (b[104 + g % 4] >> (2 * (g / 4))) & 3;
-      d = half_at(b + 108) * static_cast<float>((low | (high << 4)) - 32);
-    }
-#pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      const int q = (b[kQs + 32 * h + l + t] >> (2 * j)) & 3;
-      w[t] = kTwo ? d * static_cast<float>(q) - m : d * static_cast<float>(q - (((b[l + t] >> (4 * h + j)) & 1) ? 0 : 4));
-    }
-  } else if constexpr (F == Format::IQ4_NL || F == Format::IQ4_XS) {
-    // 8 weights of one 32-value block (iq4_nl) or sub-block (iq4_xs), nibbles as q4_0; each
-    // indexes the table of levels (weight_value in quant.cpp).
-    constexpr bool kXs = F == Format::IQ4_XS;
-    constexpr int kBytes = kXs ? 136 : 18, kValues = kXs ? 256 : 32;
-    const std::uint8_t* b = v.data + n * (K / kValues * kBytes) + (k / kValues) * kBytes;
-    const int i = k % kValues, j = i / 32, o = i % 32;
-    const std::uint8_t* qs = b + (kXs ? 8 + 16 * j : 2);
-    float d = half_at(b);
-    if (kXs) {
-      const int high = ((b[2] | (b[3] << 8)) >> (2 * j)) & 3, low = (b[4 + j / 2] >> (4 * (j % 2))) & 15;
-      d *= static_cast<float>((low | (high << 4)) - 32);
-    }
-#pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      const int q = o < 16 ? (qs[o + t] & 15) : (qs[o - 16 + t] >> 4);
-      w[t] = d * static_cast<float>(kIq4nl[q]);
-    }
+  } else if constexpr (gguf_type_of(F) != gguf::Type::F32) {
+    quant::block_values8<gguf_type_of(F)>(v.data, n, v.K, k, w);  // the other GGUF types (common/quant/blocks.cuh)
   } else if constexpr (F == Format::Fp8E4M3) {
     const float s = v.scales[0];
     const uint2 raw = *reinterpret_cast<const uint2*>(v.data + n * K + k);

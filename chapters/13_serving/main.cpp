@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "chapters/09_quantization/gguf_model.h"
-#include "chapters/09_quantization/repack.h"
+#include "chapters/09_quantization/qmodel.h"
 #include "chapters/13_serving/demo.h"
 #include "chapters/13_serving/http.h"
 #include "common/cli.h"

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "chapters/09_quantization/qmodel.h"
 #include "chapters/09_quantization/quant.h"
 #include "chapters/09_quantization/quant_impl.h"
 #include "common/ceiling.h"
@@ -124,8 +125,24 @@ void quantised_on(benchmark::State& state, Device dev) {
   run(state, dev, static_cast<double>(q.bytes()), spec.name(), [&] { qmatmul(x, q, out); });
 }
 void BM_CpuMatvec(benchmark::State& state) { quantised_on(state, Device::CPU); }
+// The same matrices laid out for the fast kernel (eight rows' blocks together, qmodel.h), where a
+// format has that layout: the int8 and int4 formats then multiply x as q8_0 blocks in integer SIMD,
+// as the GGUF formats do.
+void BM_CpuMatvecInterleaved(benchmark::State& state) {
+  const QuantSpec spec = kSpecs.at(static_cast<std::size_t>(state.range(0)));
+  const QMatrix q = from_gguf(spec.format) ? gguf_blocks(spec.format) : quantize(weights(), spec);
+  if (!interleavable(q)) {
+    state.SkipWithError((spec.name() + " has no interleaved layout in this build").c_str());
+    return;
+  }
+  const Interleaved8 il(q);
+  const Tensor x = Tensor::zeros({1, K}, DType::F32);
+  Tensor out = Tensor::empty({1, N}, DType::F32);
+  run(state, Device::CPU, static_cast<double>(il.bytes()), spec.name() + " (interleaved)", [&] { il.matmul(x, out); });
+}
 void BM_CudaMatvec(benchmark::State& state) { quantised_on(state, Device::CUDA); }
 BENCHMARK(BM_CpuMatvec)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CpuMatvecInterleaved)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaMatvec)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // A pass over R rows of x (a speculative draft's catch-up after a fully accepted round, R = 2; a

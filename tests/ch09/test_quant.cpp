@@ -22,8 +22,8 @@
 #include "chapters/02_kv_cache/kv_cache.h"
 #include "chapters/09_quantization/awq.h"
 #include "chapters/09_quantization/gguf_model.h"
+#include "chapters/09_quantization/qmodel.h"
 #include "chapters/09_quantization/quant_impl.h"
-#include "chapters/09_quantization/repack.h"
 #include "common/eval.h"
 #include "common/json_file.h"
 #include "common/llama2c.h"
@@ -266,7 +266,7 @@ TEST(Quant, Q4_0MultipliesXRoundedThroughQ8_0Blocks) {
 // row order exactly and multiply x rounded through q8_0 blocks within the row-order bound, for
 // decode (the eight-row kernel) and prefill rows; what they cannot hold is refused.
 TEST(Quant, InterleavedBlocksAreTheSameMatrix) {
-  if (!interleaved_kernels())
+  if (!quant::interleaved_kernels())
     GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   auto rng = test::rng_for_test();
   test::ThreadCount threads(2);
@@ -289,13 +289,125 @@ TEST(Quant, InterleavedBlocksAreTheSameMatrix) {
     }
   const QMatrix odd = quantize(weights(rng, 12, 64), {Format::Q4_0});
   EXPECT_FALSE(interleavable(odd));
-  EXPECT_FALSE(interleavable(quantize(weights(rng, 8, 64), {Format::Int8Row})));
+  EXPECT_FALSE(interleavable(quantize(weights(rng, 8, 64), {Format::Fp8E4M3})));   // no integer form
+  EXPECT_FALSE(interleavable(quantize(weights(rng, 8, 200), {Format::Int8Row})));  // n_in not whole blocks of 32
   test::expect_error([&] { Interleaved8 bad(odd); }, {"rows a multiple of 8"});
   const Interleaved8 il(quantize(weights(rng, 8, 64), {Format::Q4_0}));
   Tensor x = Tensor::zeros({1, 64}, DType::F32), y = Tensor::empty({1, 8}, DType::F32);
   x.data<float>()[5] = std::numeric_limits<float>::infinity();
   test::expect_error([&] { il.matmul(x, y); }, {"the activations hold inf at row 0, column 5"});
   test::expect_error([&] { il.matmul(Tensor::zeros({1, 32}, DType::F32), y); }, {"x must be contiguous f32 [M, 64]"});
+}
+
+// The formats the lecture names, laid out for the fast kernel (int8 rows, int4 groups of 32, 64
+// and 128, centred or with zero points): the row-order matrix comes back exactly, the layout
+// reads the bytes the format stores, and the products (the eight-row kernel at M ≤ 4, decoded
+// rows for more) are the float64 product of x rounded through q8_0 blocks with the format's
+// weights, within the dot product's bound. The integer sums are exact, so the float roundings are
+// the q8_0 ones: dx·S per block, the accumulation, and the row's or group's scale.
+TEST(Quant, TheLecturesFormatsRunOnTheInterleavedKernels) {
+  if (!quant::interleaved_kernels()) GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels";
+  auto rng = test::rng_for_test();
+  test::ThreadCount threads(2);
+  for (const QuantSpec& spec :
+       {QuantSpec{Format::Int8Row}, QuantSpec{Format::Int8Tensor}, QuantSpec{Format::Int4Sym, 32},
+        QuantSpec{Format::Int4Asym, 32}, QuantSpec{Format::Int4Sym, 64}, QuantSpec{Format::Int4Asym, 64},
+        QuantSpec{Format::Int4Sym, 128}, QuantSpec{Format::Int4Asym, 128}})
+    for (const auto& [M, N, K] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+             {1, 16, 256}, {3, 24, 384}, {4, 8, 512}, {9, 16, 256}, {1, 1024, 512}}) {
+      SCOPED_TRACE(spec.name() + ", M = " + std::to_string(M) + ", N = " + std::to_string(N) + ", K = " + std::to_string(K));
+      const Tensor x = test::uniform(rng, {M, K});
+      const QMatrix q = quantize(weights(rng, N, K), spec);
+      ASSERT_TRUE(interleavable(q));
+      const Interleaved8 il(q);
+      const QMatrix back = il.rows_in_order();
+      EXPECT_EQ(il.format(), spec.name());
+      for (const auto& [a, b] : std::vector<std::pair<const Tensor*, const Tensor*>>{
+               {&q.data, &back.data}, {&q.scales, &back.scales}, {&q.zeros, &back.zeros}}) {
+        ASSERT_EQ(a->defined(), b->defined());
+        if (!a->defined()) continue;
+        ASSERT_EQ(a->nbytes(), b->nbytes());
+        EXPECT_EQ(std::memcmp(a->raw_data(), b->raw_data(), a->nbytes()), 0);
+      }
+      // int8_tensor's one scale is kept once a row
+      EXPECT_EQ(il.bytes(), q.bytes() + (spec.format == Format::Int8Tensor ? 4 * (N - 1) : 0));
+      const auto [exact, b] = blocked_product(x, q, 4);
+      Tensor y = Tensor::empty({M, N}, DType::F32);
+      il.matmul(x, y);
+      expect_within(y.to_double_vector(), exact, b, "interleaved");
+    }
+}
+
+// The fast kernel (the matrix interleaved) and the reference kernel (the matrix in row order: int8
+// and int4 multiply x in f32) compute two functions: the fast one multiplies x̂, x rounded through
+// q8_0 blocks. They differ by at most what that rounding moves, Σ_k |x̂_k − x_k|·|w_k|, plus each
+// product's own float bound.
+TEST(Quant, TheFastKernelDiffersFromTheReferenceByTheRoundingOfX) {
+  if (!quant::interleaved_kernels()) GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels";
+  auto rng = test::rng_for_test();
+  test::ThreadCount threads(2);
+  const std::int64_t M = 3, N = 64, K = 512;
+  for (const QuantSpec& spec :
+       {QuantSpec{Format::Int8Row}, QuantSpec{Format::Int4Asym, 32}, QuantSpec{Format::Int4Sym, 128}}) {
+    SCOPED_TRACE(spec.name());
+    const Tensor x = test::uniform(rng, {M, K}, -3, 3);
+    const QMatrix q = quantize(weights(rng, N, K), spec);
+    const auto D = dequantize(q).to_double_vector(), X = x.to_double_vector(), Xr = q8_0_activations(x).to_double_vector();
+    Tensor fast = Tensor::empty({M, N}, DType::F32);
+    Interleaved8(q).matmul(x, fast);
+    const Tensor reference = qmatmul(x, q);
+    double largest_move = 0;
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < N; ++n) {
+        double moved = 0, a = 0;
+        for (std::int64_t k = 0; k < K; ++k) {
+          const double w = std::fabs(D[n * K + k]);
+          moved += std::fabs(Xr[m * K + k] - X[m * K + k]) * w;
+          a += (std::fabs(X[m * K + k]) + std::fabs(Xr[m * K + k])) * w;
+        }
+        const double got = fast.data<float>()[m * N + n], want = reference.data<float>()[m * N + n];
+        EXPECT_LE(std::fabs(got - want), moved + (gamma(K) + 4 * u) * a) << m << ", " << n;
+        largest_move = std::max(largest_move, moved);
+      }
+    EXPECT_GT(largest_move, 0);  // the two functions do differ
+  }
+}
+
+// LLM.int8() interleaved: x quantised by row outside the outlier columns, as the row-order product
+// does, its int8 sums through the eight-row kernel (an exact int32 sum per block, so only the
+// float steps differ: s_x·S per block, their sum, s_w; for more than four rows the decoded path,
+// s_x·xq and s_w·wq each rounded, then a dot product of K terms) and the outlier columns in 16
+// bits, summed as the reference does.
+TEST(LlmInt8, TheInterleavedProductIsTheReferenceWithinItsFloatSteps) {
+  if (!quant::interleaved_kernels()) GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels";
+  auto rng = test::rng_for_test();
+  test::ThreadCount threads(2);
+  for (const auto& [M, N, K] :
+       std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{{1, 64, 256}, {3, 600, 512}, {9, 16, 256}}) {
+    SCOPED_TRACE("M = " + std::to_string(M) + ", N = " + std::to_string(N) + ", K = " + std::to_string(K));
+    Tensor x = test::uniform(rng, {M, K}, -2, 2);
+    x.at<float>({0, 5}) = 60.0f, x.at<float>({M - 1, 77}) = -9.0f;  // two outlier features
+    const QuantSpec spec{Format::LlmInt8};
+    const QMatrix q = quantize(weights(rng, N, K), spec);
+    Tensor fast = Tensor::empty({M, N}, DType::F32), ref = Tensor::empty({M, N}, DType::F32);
+    Interleaved8(q).matmul(x, fast);
+    qmatmul_ref(x, q, ref);
+    const auto O = outlier_columns(x, spec.threshold);
+    EXPECT_EQ(std::count(O.begin(), O.end(), 1), 2);
+    std::vector<std::int8_t> xq;
+    std::vector<float> sx;
+    quantize_rows_int8(x, O, xq, sx);
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < N; ++n) {
+        double a = 0;  // Σ |s_x·xq·s_w·wq| over the int8 columns
+        for (std::int64_t k = 0; k < K; ++k)
+          a += std::fabs(double{sx[m]} * xq[m * K + k] * q.scales.data<float>()[n] * q.data.data<std::int8_t>()[n * K + k]);
+        const double hi = std::fabs(ref.data<float>()[m * N + n]) + a;  // bounds the outlier part and the sum
+        const double g = M <= kDirectRows ? gamma(K / 32) + 6 * u : gamma(K) + 6 * u;
+        EXPECT_LE(std::fabs(fast.data<float>()[m * N + n] - ref.data<float>()[m * N + n]), g * a + 2 * u * hi)
+            << m << ", " << n;
+      }
+  }
 }
 
 TEST(Quant, TheFastFp8DecoderGivesEveryFinitePatternExactly) {
@@ -547,7 +659,7 @@ TEST(Q8_0, TheFastActivationQuantiserIsTheReferenceBitForBit) {
   // d = 1 again: the largest float below each half, which std::round takes toward zero
   for (std::int64_t k = 128; k < 160; ++k)
     p[2 * K + k] = k == 128 ? 127.0f : static_cast<float>(k % 3) + std::nextafter(0.5f, 0.0f);
-  const BlockedActivations ref(x), fast = blocked_activations_fast(x);
+  const BlockedActivations ref = q8_0_blocks(x), fast = blocked_activations_fast(x);
   EXPECT_EQ(fast.q, ref.q);
   EXPECT_EQ(fast.sum, ref.sum);
   EXPECT_EQ(fast.sum16, ref.sum16);
@@ -1165,7 +1277,7 @@ void expect_products_within_the_bound(const QMatrix& q, const std::string& what,
 // give their bytes back in row order exactly and multiply within the same bound as the row-order
 // products.
 TEST(Gguf, InterleavedKQuantsAreTheSameMatrix) {
-  if (!interleaved_kernels())
+  if (!quant::interleaved_kernels())
     GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   test::ThreadCount threads(2);
   for (const auto& [f, bb] : std::vector<std::pair<Format, std::int64_t>>{
@@ -1475,9 +1587,31 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
   expect_runs_as_decoded(m);
 }
 
+// Generates `tokens` tokens greedily from a fixed prompt with `il`, every matrix of which is
+// Interleaved8, and holds each product on the model's own activations to blocked_product's bound;
+// returns how many products it checked.
+int generate_checking_products(const ch01::Llama& il, int tokens) {
+  int checked = 0;
+  LinearHook hook([&](const Linear& l, const Tensor& x) {
+    const auto* iv = dynamic_cast<const Interleaved8*>(l.packed.get());
+    ASSERT_NE(iv, nullptr);
+    const QMatrix q = iv->rows_in_order();
+    Tensor y = Tensor::empty({x.size(0), q.rows}, DType::F32);
+    iv->matmul(x, y);
+    const auto [exact, b] = blocked_product(x, q, 4);
+    expect_within(y.to_double_vector(), exact, b,
+                  iv->format() + " " + std::to_string(q.rows) + " × " + std::to_string(q.cols));
+    ++checked;
+  });
+  Sampler sampler({});
+  const auto emitted = ch02::generate_cached(il, {0, 523, 524, 278, 525, 522, 482}, tokens, sampler, {}).generated;
+  EXPECT_EQ(emitted.size(), static_cast<std::size_t>(tokens));
+  return checked;
+}
+
 // Q4_0, Q8_0, IQ4_NL, Q4_K, Q6_K and IQ4_XS files whose matrices run interleaved (as `run` does on the CPU) run as the files do.
 TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
-  if (!interleaved_kernels())
+  if (!quant::interleaved_kernels())
     GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   for (const gguf::Type t :
        {gguf::Type::Q4_0, gguf::Type::Q8_0, gguf::Type::IQ4_NL, gguf::Type::Q4_K, gguf::Type::Q6_K, gguf::Type::IQ4_XS}) {
@@ -1507,23 +1641,30 @@ TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
     // products meet (blocked_product's, as expect_products_within_the_bound). The logits themselves are not compared:
     // rounding x through q8_0 blocks is a step function, so a float32 difference in one product can
     // move a later layer's x by a whole step.
-    int checked = 0;
-    LinearHook hook([&](const Linear& l, const Tensor& x) {
-      const auto* iv = dynamic_cast<const Interleaved8*>(l.packed.get());
-      ASSERT_NE(iv, nullptr);
-      const QMatrix q = iv->rows_in_order();
-      Tensor y = Tensor::empty({x.size(0), q.rows}, DType::F32);
-      iv->matmul(x, y);
-      const auto [exact, b] = blocked_product(x, q, 4);
-      expect_within(y.to_double_vector(), exact, b,
-                    iv->format() + " " + std::to_string(q.rows) + " × " + std::to_string(q.cols));
-      ++checked;
-    });
-    Sampler sampler({});
-    const auto emitted = ch02::generate_cached(il, {0, 523, 524, 278, 525, 522, 482}, 16, sampler, {}).generated;
-    EXPECT_EQ(emitted.size(), 16u);
-    EXPECT_EQ(checked, 16 * count);  // the prompt's step and 15 more
+    EXPECT_EQ(generate_checking_products(il, 16), 16 * count);  // the prompt's step and 15 more
     EXPECT_NE(dynamic_cast<const Interleaved8*>(il.layers[0].wq.packed->to_device(Device::CPU).get()), nullptr);
+  }
+}
+
+// tiny-mha quantised to the lecture's formats and laid out for the fast kernel (as the chapter's
+// tables run it): every matrix is interleaved, the step reads the format's bytes, and generating
+// from a prompt (prefill: decoded rows; then a token a step: the eight-row kernel) every product
+// on the model's own activations is the float64 product of x rounded through q8_0 blocks with the
+// format's weights, within blocked_product's bound (LLM.int8(), whose x is quantised by row, is
+// held to its reference by LlmInt8.TheInterleavedProductIsTheReferenceWithinItsFloatSteps).
+TEST(Quant, AQuantisedZooModelRunsOnTheFastKernel) {
+  if (!quant::interleaved_kernels()) GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels";
+  const ch01::Llama m = ch01::load_llama(kData + "/models/tiny-mha");
+  for (const QuantSpec& spec :
+       {QuantSpec{Format::Int8Row}, QuantSpec{Format::Int4Asym, 32}, QuantSpec{Format::Int4Sym, 64}}) {
+    SCOPED_TRACE(spec.name());
+    const ch01::Llama q = quantize_model(m, spec);
+    ch01::Llama il = q;
+    int count = 0;
+    interleave_blocks(il, &count);
+    EXPECT_EQ(count, 7 * m.config.num_layers + 1);
+    EXPECT_EQ(il.step_weight_bytes(), q.step_weight_bytes());
+    EXPECT_EQ(generate_checking_products(il, 8), 8 * count);
   }
 }
 
@@ -1618,6 +1759,8 @@ TEST(Ch09Cli, OptionsAreCheckedAndDeviceOnlyWhereItIsUsed) {
            {"export " + dir.file("x.gguf") + " --device cuda", 2, "not expected: cuda --device"},
            {"--device cuda", 2, "not expected: cuda --device"},
            {"--model x speed", 2, "speed excludes --model"},
+           {"--kernel fastest", 2, "--kernel: fastest not in {fast,reference}"},
+           {"table --kernel simple", 2, "--kernel: simple not in {fast,reference}"},
        }) {
     SCOPED_TRACE(args);
     const Ch09Run r = run_ch09(dir, args);
@@ -1643,6 +1786,25 @@ TEST(Ch09Cli, OptionsAreCheckedAndDeviceOnlyWhereItIsUsed) {
   std::filesystem::copy_file(kData + "/models/tiny-mha/tokenizer.json", dir.file("custom.json"));
   const Ch09Run r = run_ch09(dir, "run " + path + " --tokenizer " + dir.file("custom.json") + " --max-new-tokens 2");
   EXPECT_EQ(r.status, 0) << r.err;
+}
+
+// --kernel picks the products a table runs: the fast kernel interleaves the matrices, the reference
+// kernel keeps them in row order; both score the model, and the JSON says which ran.
+TEST(Ch09Cli, TheTableRunsOnEitherKernel) {
+  if (!std::filesystem::exists(ch09_exe())) GTEST_SKIP() << ch09_exe() << " is not built";
+  test::TempDir dir;
+  for (const std::string kernel : {"fast", "reference"}) {
+    SCOPED_TRACE(kernel);
+    const Ch09Run r = run_ch09(dir,
+                               "table --formats int8_row,int4_g32_asym --no-awq --windows 1 --probes-per-kind 0 "
+                               "--kernel " +
+                                   kernel + " --json " + dir.file(kernel + ".json"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const auto j = nlohmann::json::parse(test::read_file(dir.file(kernel + ".json")));
+    EXPECT_EQ(j.at("kernel"), kernel);
+    ASSERT_EQ(j.at("rows").size(), 3u);  // f32 and the two formats
+    for (const auto& row : j.at("rows")) EXPECT_TRUE(std::isfinite(row.at("val_ppl").get<double>())) << row.dump();
+  }
 }
 
 TEST(Awq, NeverLosesToRoundToNearestAndKeepsTheFunction) {

@@ -1,15 +1,10 @@
-// The fast CPU products, threaded over output rows.
+// The CPU products of llama.cpp's block types with x as q8_0 blocks (blocks.h), threaded over
+// output rows.
 //
 // Decoding (a few rows of x) is memory-bound only if turning the packed bytes into numbers costs
-// less than reading them, so with AVX2 each weight row is multiplied straight from its bytes, a
-// format's scale applied once per row, group or block rather than per weight:
-//   int8 rows       y = s · Σ x_k q_k   (any build: the core's dot_rows widens the bytes in registers,
-//                                        once for every eight rows of x)
-//   int4 groups     y = Σ_g s_g · Σ_{k ∈ g} x_k (q_k − z_g)
-//   fp8 e4m3        y = s · Σ x_k e4m3(q_k)   (a byte becomes an f16 with two shifts, see fp8_32)
-//   llm_int8        int8 · int8 sums in int32, exactly as the reference loop
-// The formats whose products take x as q8_0 blocks (x_k = dx_b · xq_k) sum byte products in
-// int32 per block of 32 (vpmaddubsw: 32 products in two instructions), then scale once:
+// less than reading them, so with AVX2 each weight row is multiplied straight from its bytes. x is
+// q8_0 blocks (x_k = dx_b · xq_k), so the products sum bytes times bytes in int32 per block of 32
+// (vpmaddubsw: 32 products in two instructions, or one vpdpbusd), then scale once:
 //   q8_0 blocks     y = Σ_b (dw_b · dx_b) · Σ_{k ∈ b} q_k xq_k
 //   q4_0 blocks     y = Σ_b (dw_b · dx_b) · Σ_{k ∈ b} (q_k − 8) xq_k       (q5_0: q_k − 16)
 //   q4_1 blocks     y = Σ_b dx_b · (dw_b · Σ_{k ∈ b} q_k xq_k + m_b · Σ_{k ∈ b} xq_k)   (q5_1 too)
@@ -20,8 +15,10 @@
 //   q2_k            y = Σ_b dx_b · Σ_{g ⊂ b} (d · sc_g · Σ_{k ∈ g} q_k xq_k − dmin · m_g · Σ_{k ∈ g} xq_k)
 //   iq4_nl blocks   y = Σ_b (dw_b · dx_b) · Σ_{k ∈ b} T[q_k] xq_k     (T the 16 int8 levels, one vpshufb)
 //   iq4_xs          y = Σ_j (d · (sc_j − 32) · dx_j) · Σ_{k ∈ j} T[q_k] xq_k   (sub-blocks j of 32)
-// Prefill (many rows of x) unpacks each weight row once into f32 and reuses it for every row (of
-// x, or of x rounded through its q8_0 blocks). Without AVX2 both cases take the unpacking path.
+// Prefill (many rows of x) decodes each weight row once into f32 and multiplies it with every row
+// of x rounded through its q8_0 blocks. Without AVX2 both cases take the decoding path.
+#include "common/quant/blocks.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -29,59 +26,13 @@
 #include <cstring>
 #include <vector>
 
-#include "chapters/09_quantization/quant_impl.h"
-#include "chapters/09_quantization/simd.h"
-#include "common/gguf.h"
+#include "common/error.h"
 #include "common/ops_cpu.h"
+#include "common/quant/simd.h"
 
-namespace inferlab::ch09 {
+namespace inferlab::quant {
 
 namespace {
-
-// The fp8 table: decoding a byte is a lookup in the unpacking path.
-const std::vector<float>& fp8_table() {
-  static const std::vector<float> t = [] {
-    std::vector<float> v(256);
-    for (int b = 0; b < 256; ++b) v[static_cast<std::size_t>(b)] = e4m3_to_f32(static_cast<std::uint8_t>(b));
-    return v;
-  }();
-  return t;
-}
-
-// Unpacks row n into f32 (the same values as weight_value()); the int8 formats and llm_int8 never
-// unpack.
-void unpack_row(const QMatrix& q, std::int64_t n, float* __restrict__ out) {
-  const std::int64_t n_in = q.cols;
-  switch (q.spec.format) {
-    case Format::Int4Sym:
-    case Format::Int4Asym: {
-      const std::int64_t G = q.spec.group, H = G / 2;
-      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (n_in / 2);
-      for (std::int64_t g = 0; g < n_in / G; ++g) {
-        const float s = q.scales.data<float>()[n * (n_in / G) + g];
-        const int z = q.spec.format == Format::Int4Sym ? 8 : q.zeros.data<std::uint8_t>()[n * (n_in / G) + g];
-        for (std::int64_t j = 0; j < H; ++j) {
-          out[g * G + j] = static_cast<float>((r[g * H + j] & 15) - z) * s;
-          out[g * G + H + j] = static_cast<float>((r[g * H + j] >> 4) - z) * s;
-        }
-      }
-      return;
-    }
-    case Format::Fp8E4M3: {
-      const float* t = fp8_table().data();
-      const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * n_in;
-      const float s = q.scales.data<float>()[0];
-      for (std::int64_t k = 0; k < n_in; ++k) out[k] = t[r[k]] * s;
-      return;
-    }
-    default: break;
-  }
-  // The GGUF block formats: each block decoded as gguf::dequantize_block does (the ref:: decoder).
-  const gguf::Type t = gguf_type(q.spec.format);
-  const std::int64_t bv = gguf::block_values(t), bb = gguf::row_bytes(t, bv);
-  const std::uint8_t* __restrict__ r = q.data.data<std::uint8_t>() + n * (n_in / bv * bb);
-  for (std::int64_t b = 0; b < n_in / bv; ++b) gguf::dequantize_block(t, r + b * bb, out + b * bv);
-}
 
 // Σ a_k · b_k over int8 vectors, in int32 (exact).
 std::int32_t dot_i8_scalar(const std::int8_t* a, const std::int8_t* b, std::int64_t n) {
@@ -90,18 +41,8 @@ std::int32_t dot_i8_scalar(const std::int8_t* a, const std::int8_t* b, std::int6
   return acc;
 }
 
-#if INFERLAB_CH09_SIMD
-float hsum(__m128 s) {
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-float hsum(__m256 v) { return hsum(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1))); }
-
-std::int32_t hsum(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
-}
+#if INFERLAB_QUANT_SIMD
+using simd::hsum;
 
 __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
@@ -111,7 +52,7 @@ __m128i fold4(__m256i a, __m256i b, __m256i c, __m256i d) {
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
-// The f16 at p as a float, in one instruction (from_half's value, inlined where it runs per block).
+// The f16 at p as a float, in one instruction (f16_to_f32's value, inlined where it runs per block).
 float half(const std::uint8_t* p) {
   std::uint16_t h;
   std::memcpy(&h, p, 2);
@@ -132,89 +73,6 @@ __m256i dot32_i8(const std::int8_t* w, const std::int8_t* x) { return dot32_i8(l
 __m256i nibbles32(const std::uint8_t* p) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
-}
-
-std::int32_t dot_i8(const std::int8_t* w, const std::int8_t* x, std::int64_t n) {
-  __m256i acc = _mm256_setzero_si256();
-  std::int64_t k = 0;
-  for (; k + 32 <= n; k += 32) acc = _mm256_add_epi32(acc, dot32_i8(w + k, x + k));
-  return hsum(acc) + dot_i8_scalar(w + k, x + k, n - k);
-}
-
-// Four independent sums: one chain of fused multiply-adds waits about five cycles per step, so a
-// single accumulator would cap these loops at a third of what the core can issue.
-struct Acc4 {
-  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  __m256 sum() const { return _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])); }
-};
-
-// 16 packed bytes hold 32 four-bit values: the low nibbles go with x_lo[0..15], the high ones
-// with x_hi[0..15] (int4's layout, which is q4_0's). Adds Σ (q − z)·x to the accumulators of each
-// of M rows of x (row i at x_lo + i·stride, x_hi + i·stride): the bytes are widened once for all
-// of them, which is what makes a pass over a few tokens cost about one over a single token. Each
-// 32-bit lane gets one whole byte, so one widening serves both of its nibbles; q − z is a small
-// integer, exact in float. Every row's sums are the ones it would get alone.
-template <int M>
-void nibbles16(const std::uint8_t* p, __m256i z, const float* x_lo, const float* x_hi, std::int64_t stride, Acc4* acc) {
-  const __m256i m = _mm256_set1_epi32(15);
-  for (int h = 0; h < 2; ++h) {
-    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * h)));
-    const __m256 lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, m), z));
-    const __m256 hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v, 4), z));
-    for (int i = 0; i < M; ++i) {
-      acc[i].a[2 * h] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x_lo + i * stride + 8 * h), acc[i].a[2 * h]);
-      acc[i].a[2 * h + 1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x_hi + i * stride + 8 * h), acc[i].a[2 * h + 1]);
-    }
-  }
-}
-
-// Row n of an int4 matrix times M rows of X [M, n_in]: y_i = Σ_g s_g · Σ_{k ∈ g} x_ik (q_k − z_g),
-// written to Y[i · y_stride].
-template <int M>
-void int4_dots(const QMatrix& q, std::int64_t n, const float* X, float* Y, std::int64_t y_stride) {
-  const std::int64_t n_in = q.cols, G = q.spec.group, H = G / 2, ng = n_in / G;
-  const std::uint8_t* r = q.data.data<std::uint8_t>() + n * (n_in / 2);
-  const float* s = q.scales.data<float>() + n * ng;
-  const std::uint8_t* zs = q.spec.format == Format::Int4Asym ? q.zeros.data<std::uint8_t>() + n * ng : nullptr;
-  __m256 y[M];
-  for (int i = 0; i < M; ++i) y[i] = _mm256_setzero_ps();
-  for (std::int64_t g = 0; g < ng; ++g) {
-    const __m256i z = _mm256_set1_epi32(zs ? zs[g] : 8);
-    Acc4 acc[M];
-    for (std::int64_t j = 0; j < H; j += 16) nibbles16<M>(r + g * H + j, z, X + g * G + j, X + g * G + H + j, n_in, acc);
-    for (int i = 0; i < M; ++i) y[i] = _mm256_fmadd_ps(acc[i].sum(), _mm256_set1_ps(s[g]), y[i]);
-  }
-  for (int i = 0; i < M; ++i) Y[i * y_stride] = hsum(y[i]);
-}
-
-// Row n of an int4 matrix times all M rows of X, four at a time (the row stays in L1 between them).
-void int4_rows(const QMatrix& q, std::int64_t n, const float* X, std::int64_t M, float* Y, std::int64_t y_stride) {
-  for (std::int64_t m = 0; m < M; m += 4) {
-    const float* x = X + m * q.cols;
-    float* y = Y + m * y_stride;
-    switch (std::min<std::int64_t>(4, M - m)) {
-      case 1: int4_dots<1>(q, n, x, y, y_stride); break;
-      case 2: int4_dots<2>(q, n, x, y, y_stride); break;
-      case 3: int4_dots<3>(q, n, x, y, y_stride); break;
-      default: int4_dots<4>(q, n, x, y, y_stride); break;
-    }
-  }
-}
-
-// E4M3 (s eeee mmm, bias 7) laid out as s.0eeee.mmm0000000 is an f16 (bias 15) worth exactly
-// value · 2^-8, subnormals included, and vcvtph2ps widens it exactly. A byte interleaved into the
-// high half of a 16-bit lane is b << 8; one arithmetic shift right puts eeee.mmm in place and
-// copies the sign into bit 14, which the mask clears. The NaN pattern would read as 480 · 2^-8,
-// which is why quantize() refuses non-finite weights. Adds 32 products to the accumulators.
-void fp8_32(const std::uint8_t* p, const float* x, Acc4& acc) {
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), zero = _mm256_setzero_si256();
-  const __m256i keep = _mm256_set1_epi16(static_cast<short>(0xBFFF));
-  const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(zero, b), 1), keep);  // bytes 0-7, 16-23
-  const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(zero, b), 1), keep);  // bytes 8-15, 24-31
-  acc.a[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(lo)), _mm256_loadu_ps(x), acc.a[0]);
-  acc.a[1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(hi)), _mm256_loadu_ps(x + 8), acc.a[1]);
-  acc.a[2] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1)), _mm256_loadu_ps(x + 16), acc.a[2]);
-  acc.a[3] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1)), _mm256_loadu_ps(x + 24), acc.a[3]);
 }
 
 // The 32 bits at p (little-endian) as 32 bytes: byte j is 16 where bit j is set, else 0 (the
@@ -238,9 +96,10 @@ __m256i fifth_bits(const std::uint8_t* p) {
 //
 // Four blocks at a time, as q8_0_dot: their eight-lane partial sums fold into four exact int32
 // sums (fold4), so the centring and the scales (dw·dx, m·dx) apply as four-lane vectors.
-template <Format F>
+template <gguf::Type F>
 float q32_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nb) {
-  constexpr bool kMin = F == Format::Q4_1 || F == Format::Q5_1, kFive = F == Format::Q5_0 || F == Format::Q5_1;
+  constexpr bool kMin = F == gguf::Type::Q4_1 || F == gguf::Type::Q5_1,
+                 kFive = F == gguf::Type::Q5_0 || F == gguf::Type::Q5_1;
   constexpr int kBytes = 18 + (kMin ? 2 : 0) + (kFive ? 4 : 0), kQh = kMin ? 4 : 2, kQs = kQh + (kFive ? 4 : 0);
   constexpr int kCentreShift = kFive ? 4 : 3;  // c = 16 or 8
   auto block = [&](const std::uint8_t* blk, const std::int8_t* x) {
@@ -278,9 +137,9 @@ float q32_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, 
 // q4_k and q5_k · q8_0 for one output: a sub-block of 32 is one x block. Its values (0-15, or
 // 0-31 with q5_k's bit from qh) meet x's bytes in vpmaddubsw directly; the minimum's term needs
 // only Σ xq, summed once per call.
-template <Format F>
+template <gguf::Type F>
 float qk_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, const std::int32_t* xs, std::int64_t nb) {
-  constexpr bool kFive = F == Format::Q5_K;
+  constexpr bool kFive = F == gguf::Type::Q5_K;
   constexpr int kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
   const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
   __m128 y = _mm_setzero_ps(), ym = _mm_setzero_ps();
@@ -371,9 +230,9 @@ float q6_k_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx,
 // part that does not depend on q comes from x's 16-value sums S_g, once per super-block: q2_k's
 // minimums dmin·Σ_g m_g·S_g, and q3_k's − 4 as 4·Σ_g sc_g·S_g (bit 4h + j of hmask adds 4 back
 // into q, so q runs 0-7 there). q3_k's 16 six-bit scales unpack four to a 32-bit word.
-template <Format F>
+template <gguf::Type F>
 float k23_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* dx, const std::int16_t* xs16, std::int64_t nb) {
-  constexpr bool kTwo = F == Format::Q2_K;
+  constexpr bool kTwo = F == gguf::Type::Q2_K;
   constexpr int kBytes = kTwo ? 84 : 110, kQs = kTwo ? 16 : 32;
   const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
   __m128 y = _mm_setzero_ps();
@@ -466,53 +325,30 @@ float iq4_xs_q8_dot(const std::uint8_t* r, const std::int8_t* xq, const float* d
   return hsum(y);
 }
 
-// One output of a format that takes x as q8_0 blocks: row n of W times row m of a.
-float blocked_dot(const QMatrix& q, std::int64_t n, const BlockedActivations& a, std::int64_t m) {
-  const std::int64_t n_in = q.cols, nb = n_in / 32;
+// One output: row n of W (block type t, row-order bytes w) times row m of a.
+float blocked_dot(gguf::Type t, const std::uint8_t* w, std::int64_t n, std::int64_t n_in, const BlockedActivations& a,
+                  std::int64_t m) {
+  const std::int64_t nb = n_in / 32;
   const std::int8_t* xq = a.q.data() + m * n_in;
   const float* dx = a.d.data() + m * nb;
   const std::int32_t* xs = a.sum.data() + m * nb;
   const std::int16_t* xs16 = a.sum16.data() + m * nb * 2;
-  const std::uint8_t* w = q.data.data<std::uint8_t>();
-  switch (q.spec.format) {
-    case Format::Q4_0: return q32_q8_dot<Format::Q4_0>(w + n * nb * 18, xq, dx, xs, nb);
-    case Format::Q4_1: return q32_q8_dot<Format::Q4_1>(w + n * nb * 20, xq, dx, xs, nb);
-    case Format::Q5_0: return q32_q8_dot<Format::Q5_0>(w + n * nb * 22, xq, dx, xs, nb);
-    case Format::Q5_1: return q32_q8_dot<Format::Q5_1>(w + n * nb * 24, xq, dx, xs, nb);
-    case Format::Q4_K: return qk_q8_dot<Format::Q4_K>(w + n * (n_in / 256 * 144), xq, dx, xs, n_in / 256);
-    case Format::Q5_K: return qk_q8_dot<Format::Q5_K>(w + n * (n_in / 256 * 176), xq, dx, xs, n_in / 256);
-    case Format::Q6_K: return q6_k_q8_dot(w + n * (n_in / 256 * 210), xq, dx, xs16, n_in / 256);
-    case Format::Q2_K: return k23_q8_dot<Format::Q2_K>(w + n * (n_in / 256 * 84), xq, dx, xs16, n_in / 256);
-    case Format::Q3_K: return k23_q8_dot<Format::Q3_K>(w + n * (n_in / 256 * 110), xq, dx, xs16, n_in / 256);
-    case Format::IQ4_NL: return iq4_nl_q8_dot(w + n * nb * 18, xq, dx, nb);
-    case Format::IQ4_XS: return iq4_xs_q8_dot(w + n * (n_in / 256 * 136), xq, dx, n_in / 256);
+  using T = gguf::Type;
+  switch (t) {
+    case T::Q4_0: return q32_q8_dot<T::Q4_0>(w + n * nb * 18, xq, dx, xs, nb);
+    case T::Q4_1: return q32_q8_dot<T::Q4_1>(w + n * nb * 20, xq, dx, xs, nb);
+    case T::Q5_0: return q32_q8_dot<T::Q5_0>(w + n * nb * 22, xq, dx, xs, nb);
+    case T::Q5_1: return q32_q8_dot<T::Q5_1>(w + n * nb * 24, xq, dx, xs, nb);
+    case T::Q4_K: return qk_q8_dot<T::Q4_K>(w + n * (n_in / 256 * 144), xq, dx, xs, n_in / 256);
+    case T::Q5_K: return qk_q8_dot<T::Q5_K>(w + n * (n_in / 256 * 176), xq, dx, xs, n_in / 256);
+    case T::Q6_K: return q6_k_q8_dot(w + n * (n_in / 256 * 210), xq, dx, xs16, n_in / 256);
+    case T::Q2_K: return k23_q8_dot<T::Q2_K>(w + n * (n_in / 256 * 84), xq, dx, xs16, n_in / 256);
+    case T::Q3_K: return k23_q8_dot<T::Q3_K>(w + n * (n_in / 256 * 110), xq, dx, xs16, n_in / 256);
+    case T::IQ4_NL: return iq4_nl_q8_dot(w + n * nb * 18, xq, dx, nb);
+    case T::IQ4_XS: return iq4_xs_q8_dot(w + n * (n_in / 256 * 136), xq, dx, n_in / 256);
     default: break;
   }
-  fail("blocked_dot: ", q.spec.name(), " does not take x as q8_0 blocks");
-}
-
-// One output of a weight-only format: row n of W times one row x of length n_in.
-float direct_dot(const QMatrix& q, std::int64_t n, const float* x) {
-  const std::int64_t n_in = q.cols;
-  switch (q.spec.format) {
-    case Format::Int4Sym:
-    case Format::Int4Asym: {
-      float y;
-      int4_dots<1>(q, n, x, &y, 1);
-      return y;
-    }
-    case Format::Fp8E4M3: {
-      const std::uint8_t* r = q.data.data<std::uint8_t>() + n * n_in;
-      Acc4 acc;
-      std::int64_t k = 0;
-      for (; k + 32 <= n_in; k += 32) fp8_32(r + k, x + k, acc);
-      float y = hsum(acc.sum());
-      for (; k < n_in; ++k) y += x[k] * (e4m3_to_f32(r[k]) * 0x1p-8f);
-      return y * (q.scales.data<float>()[0] * 256.0f);
-    }
-    default: break;
-  }
-  fail("direct_dot: ", q.spec.name(), " is not a weight-only format");
+  fail("blocked_dot: ", gguf::type_name(t), " has no integer product with q8_0 blocks");
 }
 
 // q8_0 · q8_0 for one output: each block's integer sum exact, then scaled by d_w · d_x. Four
@@ -537,90 +373,70 @@ float q8_0_dot(const std::uint8_t* w, const std::int8_t* xq, const float* dx, st
   float r = hsum(y);
   for (; b < nb; ++b) {
     const std::uint8_t* blk = w + b * 34;
-    r += static_cast<float>(dot_i8(reinterpret_cast<const std::int8_t*>(blk + 2), xq + b * 32, 32)) *
-         (from_half(blk) * dx[b]);
+    r += static_cast<float>(dot_i8(reinterpret_cast<const std::int8_t*>(blk + 2), xq + b * 32, 32)) * (half(blk) * dx[b]);
   }
   return r;
 }
 #else
-std::int32_t dot_i8(const std::int8_t* w, const std::int8_t* x, std::int64_t n) { return dot_i8_scalar(w, x, n); }
+float half(const std::uint8_t* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
 
 float q8_0_dot(const std::uint8_t* w, const std::int8_t* xq, const float* dx, std::int64_t nb) {
   float y = 0.0f;
   for (std::int64_t b = 0; b < nb; ++b)
     y += static_cast<float>(dot_i8_scalar(reinterpret_cast<const std::int8_t*>(w + b * 34 + 2), xq + b * 32, 32)) *
-         (from_half(w + b * 34) * dx[b]);
+         (half(w + b * 34) * dx[b]);
   return y;
 }
 #endif
 
-void llm_int8(const Tensor& x, const QMatrix& w, Tensor& out) {
-  const std::int64_t M = x.size(0), n_in = x.size(1), n_out = w.rows;
-  const float* X = x.data<float>();
-  float* Y = out.data<float>();
-  const auto O = outlier_columns(x, w.spec.threshold);
-  std::vector<std::int8_t> xq;
-  std::vector<float> sx;
-  quantize_rows_int8(x, O, xq, sx);  // outlier columns hold 0 here
-  std::vector<std::int64_t> cols;    // the outlier columns, few
-  for (std::int64_t k = 0; k < n_in; ++k)
-    if (O[static_cast<std::size_t>(k)]) cols.push_back(k);
-#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
-  for (std::int64_t n = 0; n < n_out; ++n) {
-    const std::int8_t* wr = w.data.data<std::int8_t>() + n * n_in;
-    const float sw = w.scales.data<float>()[n];
-    for (std::int64_t m = 0; m < M; ++m) {
-      float hi = 0.0f;
-      for (std::int64_t k : cols)
-        hi += f16_to_f32(f32_to_f16(X[m * n_in + k])) * f16_to_f32(f32_to_f16(static_cast<float>(wr[k]) * sw));
-      Y[m * n_out + n] =
-          static_cast<float>(dot_i8(wr, xq.data() + m * n_in, n_in)) * sx[static_cast<std::size_t>(m)] * sw + hi;
-    }
-  }
-}
-
-// Prefill: each weight row unpacked once into f32 and multiplied with every row of X [M, n_in].
-void unpacked(const float* X, std::int64_t M, const QMatrix& w, float* Y) {
-  const std::int64_t n_in = w.cols, n_out = w.rows;
-#pragma omp parallel if (M * n_out * n_in >= kParallel)
-  {
-    std::vector<float> row(static_cast<std::size_t>(n_in));
-#pragma omp for schedule(static)
-    for (std::int64_t n = 0; n < n_out; ++n) {
-      unpack_row(w, n, row.data());
-      cpu::dot_rows(X, M, n_in, row.data(), Y + n, n_out);
-    }
-  }
-}
-
-void q8_0(const BlockedActivations& a, const QMatrix& w, float* Y) {
-  const std::int64_t M = a.rows, n_in = a.cols, n_out = w.rows, nb = n_in / 32;
-#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
-  for (std::int64_t n = 0; n < n_out; ++n)
-    for (std::int64_t m = 0; m < M; ++m)
-      Y[m * n_out + n] = q8_0_dot(w.data.data<std::uint8_t>() + n * nb * 34, a.q.data() + m * n_in, a.d.data() + m * nb, nb);
-}
-
-// q4_0 and the other GGUF block formats but q8_0: integer products at decode; at prefill x̂ (x rounded through its blocks) in f32
-// against each unpacked row, the same function.
-void blocked(const BlockedActivations& a, const QMatrix& w, float* Y) {
-  const std::int64_t M = a.rows;
-#if INFERLAB_CH09_SIMD
-  if (M <= kDirectRows) {
-    const std::int64_t n_in = a.cols, n_out = w.rows;
-#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
-    for (std::int64_t n = 0; n < n_out; ++n)
-      for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] = blocked_dot(w, n, a, m);
-    return;
-  }
-#endif
-  unpacked(a.rounded().data(), M, w, Y);
-}
-
 }  // namespace
 
+BlockedActivations::BlockedActivations(std::int64_t m, std::int64_t n_in) : rows(m), cols(n_in) {
+  IL_CHECK(cols % 32 == 0, "q8_0 activations: the input width ", cols, " is not a multiple of 32");
+  const std::int64_t nb = cols / 32;
+  q.resize(static_cast<std::size_t>(rows * cols));
+  d.resize(static_cast<std::size_t>(rows * nb));
+  sum.resize(static_cast<std::size_t>(rows * nb));
+  sum16.resize(static_cast<std::size_t>(rows * nb * 2));
+}
+
+void BlockedActivations::sum_block(std::int64_t b) {
+  std::int32_t half_sums[2] = {0, 0};  // |Σ| ≤ 16 · 127: an int16
+  for (int j = 0; j < 32; ++j) half_sums[j / 16] += q[static_cast<std::size_t>(32 * b + j)];
+  const auto i = static_cast<std::size_t>(b);
+  sum[i] = half_sums[0] + half_sums[1];
+  sum16[2 * i] = static_cast<std::int16_t>(half_sums[0]), sum16[2 * i + 1] = static_cast<std::int16_t>(half_sums[1]);
+}
+
+std::vector<float> BlockedActivations::rounded() const {
+  std::vector<float> out(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t m = 0; m < rows; ++m)
+    for (std::int64_t k = 0; k < cols; ++k) out[static_cast<std::size_t>(m * cols + k)] = value(m, k);
+  return out;
+}
+
+float inverse_scale(float d) {
+  const float id = d != 0 ? 1.0f / d : 0.0f;
+  return std::isfinite(id) ? id : 0.0f;
+}
+
+std::int32_t dot_i8(const std::int8_t* w, const std::int8_t* x, std::int64_t n) {
+#if INFERLAB_QUANT_SIMD
+  __m256i acc = _mm256_setzero_si256();
+  std::int64_t k = 0;
+  for (; k + 32 <= n; k += 32) acc = _mm256_add_epi32(acc, dot32_i8(w + k, x + k));
+  return hsum(acc) + dot_i8_scalar(w + k, x + k, n - k);
+#else
+  return dot_i8_scalar(w, x, n);
+#endif
+}
+
 BlockedActivations blocked_activations_fast(const Tensor& x) {
-#if INFERLAB_CH09_SIMD
+#if INFERLAB_QUANT_SIMD
   BlockedActivations a(x.size(0), x.size(1));
   const std::int64_t blocks = a.rows * a.cols / 32;
   const float* X = x.data<float>();
@@ -634,7 +450,7 @@ BlockedActivations blocked_activations_fast(const Tensor& x) {
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-    // quantize_q8_0_block's scale and its inverse, as it computes them
+    // llama.cpp's scale and its inverse, as its reference quantiser computes them
     const float dq = amax / 127.0f, id = inverse_scale(dq);
     a.d[static_cast<std::size_t>(b)] = f16_to_f32(f32_to_f16(dq));
     // std::round (halves away from zero) of p = x·id: trunc(p + copysign(0.5⁻, p)), exact for |p| < 2^22
@@ -657,48 +473,62 @@ BlockedActivations blocked_activations_fast(const Tensor& x) {
   }
   return a;
 #else
-  return BlockedActivations(x);
+  BlockedActivations a(x.size(0), x.size(1));
+  for (std::int64_t b = 0; b < a.rows * a.cols / 32; ++b) {
+    const float* v = x.data<float>() + 32 * b;
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float dq = amax / 127.0f, id = inverse_scale(dq);
+    a.d[static_cast<std::size_t>(b)] = f16_to_f32(f32_to_f16(dq));
+    for (int i = 0; i < 32; ++i) a.q[static_cast<std::size_t>(32 * b + i)] = static_cast<std::int8_t>(std::round(v[i] * id));
+    a.sum_block(b);
+  }
+  return a;
 #endif
 }
 
-void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out) {
-  if (w.spec.format == Format::LlmInt8) return llm_int8(x, w, out);
-  float* Y = out.data<float>();
-  if (blocks_activations(w.spec.format)) {
-    const BlockedActivations a = blocked_activations_fast(x);  // x into q8_0 blocks, once per product
-    return w.spec.format == Format::Q8_0 ? q8_0(a, w, Y) : blocked(a, w, Y);
-  }
-  const std::int64_t M = x.size(0);
-  const float* X = x.data<float>();
-  const std::int64_t n_in = x.size(1), n_out = w.rows;
-  if (w.spec.format == Format::Int8Row || w.spec.format == Format::Int8Tensor) {
-    // Each int8 row is read and widened in registers once for every eight rows of x (so a
-    // verification pass over γ + 1 tokens costs about one over a single token), then each output
-    // is scaled once. This is what unpacking would do, without the f32 copy.
-    const bool per_row = w.spec.format == Format::Int8Row;
-#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
-    for (std::int64_t n = 0; n < n_out; ++n) {
-      cpu::dot_rows(X, M, n_in, w.data.data<std::int8_t>() + n * n_in, Y + n, n_out);
-      const float s = w.scales.data<float>()[per_row ? n : 0];
-      for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] *= s;
+void decoded_matmul(const float* X, std::int64_t M, std::int64_t rows, std::int64_t cols,
+                    const std::function<void(std::int64_t n, float* out)>& decode_row, float* Y) {
+#pragma omp parallel if (M * rows * cols >= kParallel)
+  {
+    std::vector<float> row(static_cast<std::size_t>(cols));
+#pragma omp for schedule(static)
+    for (std::int64_t n = 0; n < rows; ++n) {
+      decode_row(n, row.data());
+      cpu::dot_rows(X, M, cols, row.data(), Y + n, rows);
     }
+  }
+}
+
+void blocks_matmul(gguf::Type t, const std::uint8_t* w, std::int64_t rows, std::int64_t cols, const BlockedActivations& a,
+                   float* Y) {
+  const std::int64_t M = a.rows, bv = gguf::block_values(t), bb = gguf::row_bytes(t, bv);
+  IL_CHECK(a.cols == cols && cols % bv == 0, "blocks_matmul: a ", gguf::type_name(t), " matrix of ", rows, " × ", cols,
+           " against x of width ", a.cols);
+  if (t == gguf::Type::Q8_0) {  // bytes times bytes at any M: nothing to decode
+    const std::int64_t nb = cols / 32;
+#pragma omp parallel for schedule(static) if (M * rows * cols >= kParallel)
+    for (std::int64_t n = 0; n < rows; ++n)
+      for (std::int64_t m = 0; m < M; ++m)
+        Y[m * rows + n] = q8_0_dot(w + n * nb * 34, a.q.data() + m * cols, a.d.data() + m * nb, nb);
     return;
   }
-#if INFERLAB_CH09_SIMD
-  const bool int4 = w.spec.format == Format::Int4Sym || w.spec.format == Format::Int4Asym;
-  if (M <= (int4 ? kInt4DirectRows : kDirectRows)) {
-#pragma omp parallel for schedule(static) if (M * n_out * n_in >= kParallel)
-    for (std::int64_t n = 0; n < n_out; ++n) {
-      if (int4) {  // each weight row widened once for every four rows of x
-        int4_rows(w, n, X, M, Y + n, n_out);
-      } else {
-        for (std::int64_t m = 0; m < M; ++m) Y[m * n_out + n] = direct_dot(w, n, X + m * n_in);
-      }
-    }
+#if INFERLAB_QUANT_SIMD
+  if (M <= kDirectRows) {
+#pragma omp parallel for schedule(static) if (M * rows * cols >= kParallel)
+    for (std::int64_t n = 0; n < rows; ++n)
+      for (std::int64_t m = 0; m < M; ++m) Y[m * rows + n] = blocked_dot(t, w, n, cols, a, m);
     return;
   }
 #endif
-  unpacked(X, M, w, Y);
+  // x̂ (x rounded through its blocks) in f32 against each decoded row: the same function.
+  const std::int64_t row_bytes = cols / bv * bb;
+  decoded_matmul(
+      a.rounded().data(), M, rows, cols,
+      [&](std::int64_t n, float* out) {
+    for (std::int64_t b = 0; b < cols / bv; ++b) gguf::dequantize_block(t, w + n * row_bytes + b * bb, out + b * bv);
+      },
+      Y);
 }
 
-}  // namespace inferlab::ch09
+}  // namespace inferlab::quant

@@ -1,12 +1,14 @@
 #pragma once
-// Chapter 09's x86 vector helpers shared by the row-order products (quant_fast.cpp) and the
-// interleaved ones (repack.cpp). INFERLAB_CH09_SIMD is set where the CPU has AVX2, FMA and F16C;
-// without them both files take their plain paths.
+// x86 vector helpers shared by the row-order products (blocks.cpp, chapter 09's quant_rows.cpp)
+// and the interleaved ones (interleaved.cpp). INFERLAB_QUANT_SIMD is set where the CPU has AVX2, FMA and F16C;
+// without them these files take their plain paths.
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
-#define INFERLAB_CH09_SIMD 1
 
-namespace inferlab::ch09::simd {
+#include <cstdint>
+#define INFERLAB_QUANT_SIMD 1
+
+namespace inferlab::quant::simd {
 
 #if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
 inline constexpr bool kVnni = true;
@@ -28,5 +30,17 @@ inline __m256i dot4_acc(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
-}  // namespace inferlab::ch09::simd
+// The sum of the lanes.
+inline float hsum(__m128 s) {
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline float hsum(__m256 v) { return hsum(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1))); }
+inline std::int32_t hsum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+}  // namespace inferlab::quant::simd
 #endif

@@ -1,43 +1,50 @@
-#include "chapters/09_quantization/repack.h"
+#include "common/quant/interleaved.h"
 
 #include <omp.h>
 
 #include <cstring>
 #include <vector>
 
-#include "chapters/09_quantization/quant_impl.h"
-#include "chapters/09_quantization/simd.h"
+#include "common/error.h"
 #include "common/gguf.h"
 #include "common/ops_cpu.h"
+#include "common/quant/simd.h"
 
-namespace inferlab::ch09 {
+namespace inferlab::quant {
 
 namespace {
 
-// A format's values and bytes a block, the unit of eight rows' blocks, its row ↔ unit copies and
-// its eight-row kernel.
+// A layout's values and bytes a block (in row order), the unit of eight rows' blocks, its row ↔
+// unit copies, its eight-row kernel and, for the plain layouts, its decoder (the block types decode
+// through ggml's bytes and gguf::dequantize_block).
 struct Codec {
-  Format format;
+  Layout layout;
   std::int64_t values, block, unit;
   void (*pack)(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i);
   void (*unpack)(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk);
   void (*dot)(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t units, float* y);
+  void (*decode)(const std::uint8_t* u, std::int64_t i, float* out) = nullptr;  ///< row i's `values` values
 };
 
 // Interleaving pays only where the kernels below run: without AVX2 no matrix is interleaved (the
 // row-order products keep their plain paths), and codec_of has no formats.
-#if INFERLAB_CH09_SIMD
-// A format's block: its quant bytes per row (q4_0: 16, two values a byte; q8_0: 32), the unit of
-// eight rows' blocks, and the centre taken off each quant value (q4_0: 8; q8_0's stored w + 128: 128).
-struct Layout {
-  bool eight_bit;
+#if INFERLAB_QUANT_SIMD
+// A block of 32: its quant bytes per row (q4_0: 16, two values a byte; q8_0 and int8 rows: 32),
+// the unit of eight rows' blocks (after the eight f16 scales, 16 bytes, where the block has them),
+// and the centre taken off each quant value (q4_0: 8; q8_0's stored w + 128: 128).
+struct Block32 {
+  bool eight_bit, scales = true;
+  constexpr std::int64_t head() const { return scales ? 16 : 0; }
   constexpr std::int64_t quant_bytes() const { return eight_bit ? 32 : 16; }
-  constexpr std::int64_t unit() const { return 8 * (2 + quant_bytes()); }
+  constexpr std::int64_t unit() const { return head() + 8 * quant_bytes(); }
   constexpr std::int32_t centre() const { return eight_bit ? 128 : 8; }
 };
 
-// Where byte t of row i's quants sits in its unit.
-constexpr std::int64_t quant_byte(std::int64_t i, std::int64_t t) { return 16 + 32 * (t / 4) + 4 * i + t % 4; }
+// Where byte t of row i's quants sits in its unit, after `head` bytes of scales: pieces of 4,
+// piece j of every row together.
+constexpr std::int64_t quant_byte(std::int64_t i, std::int64_t t, std::int64_t head = 16) {
+  return head + 32 * (t / 4) + 4 * i + t % 4;
+}
 
 // q4_k: a super-block of eight rows (256 values each) is one unit of 1184 bytes: the eight d, the
 // eight dmin (f16), each sub-block j's eight 6-bit scales and then its eight minimums unpacked to a
@@ -124,11 +131,13 @@ __m256i iq4_dot4(__m256i s, __m256i table, __m256i q, __m256i xb) {
 //
 // q4_0, q8_0 and iq4_nl: y[i] = Σ_b d_ib · dx_b · (Σ_k q_ik xq_k − centre · Σ_k xq_k). iq4_nl's
 // blocks are q4_0's, its nibbles indexes into the levels gguf::kIq4nlValues (one vpshufb for 32),
-// taken + 128 (unsigned, centre 128) where vpdpbusd sums them exactly, else as signed bytes.
-template <Format F>
+// taken + 128 (unsigned, centre 128) where vpdpbusd sums them exactly, else as signed bytes. Int8
+// rows are q8_0 without the block scales (kScales false): y[i] = Σ_b dx_b · Σ_k q_ik xq_k, the row's
+// scale applied by the caller.
+template <gguf::Type F, bool kScales = true>
 void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nb, float* y) {
-  constexpr bool kEightBit = F == Format::Q8_0, kLevels = F == Format::IQ4_NL;
-  constexpr Layout l{kEightBit};
+  constexpr bool kEightBit = F == gguf::Type::Q8_0, kLevels = F == gguf::Type::IQ4_NL;
+  constexpr Block32 l{kEightBit, kScales};
   constexpr std::int32_t kCentre = kLevels ? kIq4Centre : kEightBit && !kVnni ? 0 : l.centre();
   [[maybe_unused]] const __m256i levels = iq4_table();
   const std::int8_t* xq = a.q.data() + m * a.cols;
@@ -141,7 +150,7 @@ void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int6
     const std::int8_t* x = xq + 32 * b;
     __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int j = 0; j < l.quant_bytes() / 4; ++j) {  // piece j of every row; four independent sums
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 16 + 32 * j));
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + l.head() + 32 * j));
       if constexpr (kEightBit) {
         if constexpr (kVnni) {
           s[j % 4] = dot4_acc(s[j % 4], v, broadcast4(x + 4 * j));
@@ -159,10 +168,53 @@ void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int6
     }
     __m256i sum = _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
     if constexpr (kCentre != 0) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(kCentre * xs[b]));  // exact
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)));
-    acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(dx[b])), acc[b & 1]);
+    if constexpr (kScales) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)));
+      acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(dx[b])), acc[b & 1]);
+    } else {
+      acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(dx[b]), acc[b & 1]);
+    }
   }
   _mm256_storeu_ps(y, _mm256_add_ps(acc[0], acc[1]));
+}
+
+// Int4 groups of G, eight rows: y[i] = Σ_g s_ig · Σ_{b ⊂ g} dx_b · (Σ_{k ∈ b} q_ik xq_k − z_ig · Σ_{k ∈ b} xq_k),
+// z = 8 without zero points. A unit is one group: the eight f32 scales, the eight zero points, then
+// the nibbles in pieces of 4 (piece p: bytes 4p … 4p + 3 of every row), whose low nibbles are values
+// 4p … 4p + 3 of the group and high ones G/2 + 4p …: x block p / 8 and G/64 + p / 8 of the group.
+// The sums per x block are exact in int32 (|Σ| ≤ 32 · 15 · 127), and so is taking z·Σ xq off.
+template <int G, bool kZero>
+void group_dot_int4(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t ng, float* y) {
+  constexpr int kBlocks = G / 32, kPieces = G / 8;
+  constexpr std::int64_t kHead = kZero ? 40 : 32, kUnit = kHead + 4 * G;
+  const std::int8_t* xq = a.q.data() + m * a.cols;
+  const float* dx = a.d.data() + m * (a.cols / 32);
+  const std::int32_t* xs = a.sum.data() + m * (a.cols / 32);
+  const __m256i low = _mm256_set1_epi8(15);
+  __m256 out = _mm256_setzero_ps();
+  for (std::int64_t g = 0; g < ng; ++g) {
+    const std::uint8_t* u = group + g * kUnit;
+    const std::int8_t* x = xq + G * g;
+    __m256i s[kBlocks][2];  // per x block, the low and the high nibbles' sums apart: two chains
+    for (auto& sb : s) sb[0] = sb[1] = _mm256_setzero_si256();
+    for (int p = 0; p < kPieces; ++p) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + kHead + 32 * p));
+      s[p / 8][0] = dot4_acc(s[p / 8][0], _mm256_and_si256(v, low), broadcast4(x + 4 * p));
+      s[G / 64 + p / 8][1] =
+          dot4_acc(s[G / 64 + p / 8][1], _mm256_and_si256(_mm256_srli_epi16(v, 4), low), broadcast4(x + G / 2 + 4 * p));
+    }
+    const __m256i z =
+        kZero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + 32))) : _mm256_set1_epi32(8);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < kBlocks; ++b) {
+      const std::int64_t xb = g * kBlocks + b;
+      const __m256i sum =
+          _mm256_sub_epi32(_mm256_add_epi32(s[b][0], s[b][1]), _mm256_mullo_epi32(z, _mm256_set1_epi32(xs[xb])));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(dx[xb]), acc);
+    }
+    out = _mm256_fmadd_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(u)), acc, out);
+  }
+  _mm256_storeu_ps(y, out);
 }
 // q4_k, eight rows: y[i] = Σ_sb d_i·Σ_j sc_ij·dx_j·S_ij − dmin_i·Σ_j m_ij·dx_j·Σx_j, with S_ij = Σ_k q·xq
 // over sub-block j (exact, and exact times sc ≤ 63).
@@ -277,18 +329,54 @@ void group_dot_q6k(const std::uint8_t* group, const BlockedActivations& a, std::
   _mm256_storeu_ps(y, out);
 }
 
-// Row i's block (row order, ggml's bytes) into its place in a unit, and back.
-template <bool kEightBit>
+// Row i's block (row order, ggml's bytes) into its place in a unit, and back. Without scales (int8
+// rows) a block is its 32 bytes alone.
+template <bool kEightBit, bool kScales = true>
 void pack_32(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i) {
-  constexpr Layout l{kEightBit};
-  std::memcpy(u + 2 * i, blk, 2);  // the f16 d, then the quant bytes (q8_0's as w + 128)
-  for (std::int64_t t = 0; t < l.quant_bytes(); ++t) u[quant_byte(i, t)] = blk[2 + t] ^ (kEightBit ? 0x80 : 0);
+  constexpr Block32 l{kEightBit, kScales};
+  constexpr std::int64_t kQs = kScales ? 2 : 0;
+  if (kScales) std::memcpy(u + 2 * i, blk, 2);  // the f16 d, then the quant bytes (q8_0's as w + 128)
+  for (std::int64_t t = 0; t < l.quant_bytes(); ++t) u[quant_byte(i, t, l.head())] = blk[kQs + t] ^ (kEightBit ? 0x80 : 0);
 }
-template <bool kEightBit>
+template <bool kEightBit, bool kScales = true>
 void unpack_32(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
-  constexpr Layout l{kEightBit};
-  std::memcpy(blk, u + 2 * i, 2);
-  for (std::int64_t t = 0; t < l.quant_bytes(); ++t) blk[2 + t] = u[quant_byte(i, t)] ^ (kEightBit ? 0x80 : 0);
+  constexpr Block32 l{kEightBit, kScales};
+  constexpr std::int64_t kQs = kScales ? 2 : 0;
+  if (kScales) std::memcpy(blk, u + 2 * i, 2);
+  for (std::int64_t t = 0; t < l.quant_bytes(); ++t) blk[kQs + t] = u[quant_byte(i, t, l.head())] ^ (kEightBit ? 0x80 : 0);
+}
+// Int8 rows' values, unscaled (the row's scale applies after).
+void decode_i8(const std::uint8_t* u, std::int64_t i, float* out) {
+  for (std::int64_t t = 0; t < 32; ++t) out[t] = static_cast<float>(static_cast<std::int8_t>(u[quant_byte(i, t, 0)] ^ 0x80));
+}
+
+// An int4 group in row order: its f32 scale, its zero point (with zero points), its G/2 bytes.
+template <int G, bool kZero>
+void pack_int4(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i) {
+  constexpr std::int64_t kHead = kZero ? 40 : 32, kQs = kZero ? 5 : 4;
+  std::memcpy(u + 4 * i, blk, 4);
+  if (kZero) u[32 + i] = blk[4];
+  for (std::int64_t t = 0; t < G / 2; ++t) u[quant_byte(i, t, kHead)] = blk[kQs + t];
+}
+template <int G, bool kZero>
+void unpack_int4(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
+  constexpr std::int64_t kHead = kZero ? 40 : 32, kQs = kZero ? 5 : 4;
+  std::memcpy(blk, u + 4 * i, 4);
+  if (kZero) blk[4] = u[32 + i];
+  for (std::int64_t t = 0; t < G / 2; ++t) blk[kQs + t] = u[quant_byte(i, t, kHead)];
+}
+// (q − z)·s for the G values of row i's group, as chapter 09's weight_value computes them.
+template <int G, bool kZero>
+void decode_int4(const std::uint8_t* u, std::int64_t i, float* out) {
+  constexpr std::int64_t kHead = kZero ? 40 : 32;
+  float s;
+  std::memcpy(&s, u + 4 * i, 4);
+  const int z = kZero ? u[32 + i] : 8;
+  for (std::int64_t t = 0; t < G / 2; ++t) {
+    const int v = u[quant_byte(i, t, kHead)];
+    out[t] = static_cast<float>((v & 15) - z) * s;
+    out[t + G / 2] = static_cast<float>((v >> 4) - z) * s;
+  }
 }
 void pack_q4k(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i) {  // blk: d, dmin, scales[12], qs[128]
   std::memcpy(u + 2 * i, blk, 2);
@@ -338,21 +426,38 @@ void unpack_iq4xs(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
   for (std::int64_t t = 0; t < 128; ++t) blk[8 + t] = u[iq4xs_quant_byte(i, t)];
 }
 
-const Codec* codec_of(Format f) {
+template <int G, bool kZero>
+Codec int4_codec() {
+  return {Layout::int4_groups(G, kZero), G,
+          (kZero ? 5 : 4) + G / 2,       (kZero ? 40 : 32) + 4 * G,
+          pack_int4<G, kZero>,           unpack_int4<G, kZero>,
+          group_dot_int4<G, kZero>,      decode_int4<G, kZero>};
+}
+
+const Codec* codec_of(const Layout& layout) {
+  using T = gguf::Type;
   static const Codec codecs[] = {
-      {Format::Q4_0, 32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<Format::Q4_0>},
-      {Format::Q8_0, 32, 34, Layout{true}.unit(), pack_32<true>, unpack_32<true>, group_dot<Format::Q8_0>},
-      {Format::IQ4_NL, 32, 18, Layout{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<Format::IQ4_NL>},
-      {Format::Q4_K, 256, 144, kQ4kUnit, pack_q4k, unpack_q4k, group_dot_q4k},
-      {Format::Q6_K, 256, 210, kQ6kUnit, pack_q6k, unpack_q6k, group_dot_q6k},
-      {Format::IQ4_XS, 256, 136, kIq4xsUnit, pack_iq4xs, unpack_iq4xs, group_dot_iq4xs},
+      {Layout::blocks(T::Q4_0), 32, 18, Block32{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<T::Q4_0>},
+      {Layout::blocks(T::Q8_0), 32, 34, Block32{true}.unit(), pack_32<true>, unpack_32<true>, group_dot<T::Q8_0>},
+      {Layout::blocks(T::IQ4_NL), 32, 18, Block32{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<T::IQ4_NL>},
+      {Layout::blocks(T::Q4_K), 256, 144, kQ4kUnit, pack_q4k, unpack_q4k, group_dot_q4k},
+      {Layout::blocks(T::Q6_K), 256, 210, kQ6kUnit, pack_q6k, unpack_q6k, group_dot_q6k},
+      {Layout::blocks(T::IQ4_XS), 256, 136, kIq4xsUnit, pack_iq4xs, unpack_iq4xs, group_dot_iq4xs},
+      {Layout::int8_rows(), 32, 32, Block32{true, false}.unit(), pack_32<true, false>, unpack_32<true, false>,
+       group_dot<T::Q8_0, false>, decode_i8},
+      int4_codec<32, false>(),
+      int4_codec<32, true>(),
+      int4_codec<64, false>(),
+      int4_codec<64, true>(),
+      int4_codec<128, false>(),
+      int4_codec<128, true>(),
   };
   for (const Codec& c : codecs)
-    if (c.format == f) return &c;
+    if (c.layout == layout) return &c;
   return nullptr;
 }
 #else
-const Codec* codec_of(Format) { return nullptr; }
+const Codec* codec_of(const Layout&) { return nullptr; }
 #endif
 
 // fn(unit, block, i) for every block of every row: the unit holding it (units: the interleaved
@@ -368,92 +473,117 @@ void each_block(const Codec& c, std::int64_t rows, std::int64_t cols, U* units, 
 
 }  // namespace
 
-bool interleaved_kernels() { return codec_of(Format::Q4_0) != nullptr; }
-
-bool interleavable(const QMatrix& q) {
-  const Codec* c = codec_of(q.spec.format);
-  return c != nullptr && q.device() == Device::CPU && q.rows % 8 == 0 && q.cols % c->values == 0;
+std::string Layout::name() const {
+  switch (kind) {
+    case Kind::Blocks: return gguf::type_name(type);
+    case Kind::Int8Rows: return "int8 rows";
+    case Kind::Int4Groups:
+      return "int4 groups of " + std::to_string(group) + (zero_points ? " (zero points)" : " (centred at 8)");
+  }
+  return "?";
 }
 
-Interleaved8::Interleaved8(const QMatrix& q) : spec_(q.spec), rows_(q.rows), cols_(q.cols) {
-  IL_CHECK(interleavable(q),
-           "interleaved blocks: need a CPU q4_0, q8_0, iq4_nl, q4_k, q6_k or iq4_xs matrix with rows a multiple of 8 ",
-           "(and a CPU with AVX2), got ", q.spec.name(), " ", q.rows, " × ", q.cols, " on ", device_name(q.device()));
-  const Codec& c = *codec_of(spec_.format);
+std::int64_t Layout::row_bytes(std::int64_t cols) const {
+  switch (kind) {
+    case Kind::Blocks: return gguf::row_bytes(type, cols);
+    case Kind::Int8Rows: return cols;
+    case Kind::Int4Groups: return cols / group * ((zero_points ? 5 : 4) + group / 2);
+  }
+  return 0;
+}
+
+bool interleaved_kernels() { return codec_of(Layout::blocks(gguf::Type::Q4_0)) != nullptr; }
+
+bool interleavable(const Layout& layout, std::int64_t rows, std::int64_t cols) {
+  const Codec* c = codec_of(layout);
+  return c != nullptr && rows % 8 == 0 && cols % c->values == 0;
+}
+
+Interleaved8::Interleaved8(const Layout& layout, std::int64_t rows, std::int64_t cols, const std::uint8_t* row_blocks,
+                           const float* row_scales)
+    : layout_(layout), rows_(rows), cols_(cols) {
+  IL_CHECK(interleavable(layout, rows, cols), "interleaved blocks: need a q4_0, q8_0, iq4_nl, q4_k, q6_k, iq4_xs, ",
+           "int8-row or int4-group matrix with rows a multiple of 8 and whole blocks (and a CPU with AVX2), got ",
+           layout.name(), " ", rows, " × ", cols);
+  const Codec& c = *codec_of(layout);
   data_ = Tensor::zeros({rows_ / 8 * (cols_ / c.values) * c.unit},
                         DType::U8);  // zeros: q6_k's codec writes a few bits at a time
-  each_block(c, rows_, cols_, data_.data<std::uint8_t>(), q.data.data<std::uint8_t>(),
+  each_block(c, rows_, cols_, data_.data<std::uint8_t>(), row_blocks,
              [&](std::uint8_t* u, const std::uint8_t* blk, std::int64_t i) { c.pack(blk, u, i); });
+  if (layout.kind == Layout::Kind::Int8Rows) {
+    IL_CHECK(row_scales != nullptr, "interleaved int8 rows: the rows' scales are missing");
+    row_scales_ = Tensor::empty({rows_}, DType::F32);
+    std::memcpy(row_scales_.data<float>(), row_scales, static_cast<std::size_t>(rows_) * sizeof(float));
+  }
 }
 
-QMatrix Interleaved8::rows_in_order() const {
-  const Codec& c = *codec_of(spec_.format);
+Tensor Interleaved8::rows_in_order() const {
+  const Codec& c = *codec_of(layout_);
   Tensor bytes = Tensor::zeros({rows_ * (cols_ / c.values) * c.block}, DType::U8);
   each_block(c, rows_, cols_, data_.data<std::uint8_t>(), bytes.data<std::uint8_t>(),
              [&](const std::uint8_t* u, std::uint8_t* blk, std::int64_t i) { c.unpack(u, i, blk); });
-  return QMatrix(spec_, rows_, cols_, bytes);
+  return bytes;
 }
 
-std::shared_ptr<const PackedMatrix> Interleaved8::to_device(Device d) const {
-  if (d == Device::CPU) return std::make_shared<Interleaved8>(*this);
-  return std::make_shared<QMatrix>(rows_in_order().to(d));
-}
-
-void Interleaved8::matmul(const Tensor& x, Tensor& out) const {
-  const std::string what = spec_.name() + " (interleaved) product";
+void Interleaved8::check_operands(const Tensor& x, const Tensor& out, const std::string& what) const {
   IL_CHECK(x.ndim() == 2 && x.dtype() == DType::F32 && x.is_contiguous() && x.device() == Device::CPU && x.size(1) == cols_,
            what, ": x must be contiguous f32 [M, ", cols_, "] on the CPU, got ", x.describe());
   IL_CHECK(out.ndim() == 2 && out.size(0) == x.size(0) && out.size(1) == rows_ && out.dtype() == DType::F32 &&
                out.is_contiguous() && out.device() == Device::CPU,
            what, ": out ", out.describe(), " should be contiguous f32 [", x.size(0), ", ", rows_, "]");
-  check_finite_activations(x, spec_.name());
-  const BlockedActivations a = blocked_activations_fast(x);
-  const Codec& c = *codec_of(spec_.format);
+}
+
+void Interleaved8::matmul(const Tensor& x, Tensor& out) const {
+  check_operands(x, out, layout_.name() + " (interleaved) product");
+  matmul(blocked_activations_fast(x), out.data<float>());
+}
+
+namespace {
+// The values of block b of row n (c.values of them into out), unscaled by a row scale.
+void decode_block(const Codec& c, const Layout& layout, const std::uint8_t* group, std::int64_t b, std::int64_t i,
+                  float* out) {
+  if (c.decode) return c.decode(group + b * c.unit, i, out);
+  std::uint8_t blk[256];  // the largest block, q6_k's, is 210 bytes
+  c.unpack(group + b * c.unit, i, blk);
+  gguf::dequantize_block(layout.type, blk, out);
+}
+}  // namespace
+
+float Interleaved8::value(std::int64_t n, std::int64_t k) const {
+  const Codec& c = *codec_of(layout_);
+  float v[256];  // the largest block holds 256 values
+  decode_block(c, layout_, data_.data<std::uint8_t>() + n / 8 * (cols_ / c.values * c.unit), k / c.values, n % 8, v);
+  const float w = v[k % c.values];
+  return row_scales_.defined() ? w * row_scales_.data<float>()[n] : w;
+}
+
+void Interleaved8::matmul(const BlockedActivations& a, float* Y) const {
+  const Codec& c = *codec_of(layout_);
   const std::int64_t M = a.rows, groups = rows_ / 8, units = cols_ / c.values, group_bytes = units * c.unit;
   const std::uint8_t* W = data_.data<std::uint8_t>();
-  float* Y = out.data<float>();
+  const float* row_scale = row_scales_.defined() ? row_scales_.data<float>() : nullptr;
   if (M <= kDirectRows) {
 #pragma omp parallel for schedule(static) if (M * rows_ * cols_ >= kParallel)
     for (std::int64_t g = 0; g < groups; ++g)
       for (std::int64_t m = 0; m < M; ++m) {
         float y[8];
         c.dot(W + g * group_bytes, a, m, units, y);
+        if (row_scale)
+          for (int i = 0; i < 8; ++i) y[i] *= row_scale[8 * g + i];
         std::memcpy(Y + m * rows_ + 8 * g, y, sizeof y);
       }
     return;
   }
-  // Prefill, as in row order: x rounded through its blocks times each weight row decoded to f32,
-  // every block back in ggml's bytes and through the format's ref:: decoder.
-  const std::vector<float> xh = a.rounded();
-  const gguf::Type type = gguf_type(spec_.format);
-#pragma omp parallel if (M * rows_ * cols_ >= kParallel)
-  {
-    std::vector<float> w(static_cast<std::size_t>(cols_));
-    std::vector<std::uint8_t> blk(static_cast<std::size_t>(c.block));
-#pragma omp for schedule(static)
-    for (std::int64_t g = 0; g < groups; ++g)
-      for (std::int64_t i = 0; i < 8; ++i) {
-        for (std::int64_t b = 0; b < units; ++b) {
-          c.unpack(W + g * group_bytes + b * c.unit, i, blk.data());
-          gguf::dequantize_block(type, blk.data(), w.data() + b * c.values);
-        }
-        cpu::dot_rows(xh.data(), M, cols_, w.data(), Y + 8 * g + i, rows_);
-      }
-  }
+  // Prefill, as in row order: x rounded through its blocks times each weight row decoded to f32
+  // (a block type's blocks back in ggml's bytes and through its ref:: decoder).
+  decoded_matmul(
+      a.rounded().data(), M, rows_, cols_,
+      [&](std::int64_t n, float* w) {
+    for (std::int64_t b = 0; b < units; ++b) decode_block(c, layout_, W + n / 8 * group_bytes, b, n % 8, w + b * c.values);
+    if (row_scale)
+      for (std::int64_t k = 0; k < cols_; ++k) w[k] *= row_scale[n];
+      },
+      Y);
 }
 
-void interleave_blocks(ch01::Llama& m, int* count) {
-  int n = 0;
-  auto swap = [&](Linear& l) {
-    const auto* q = dynamic_cast<const QMatrix*>(l.packed.get());
-    if (q == nullptr || !interleavable(*q)) return;
-    l.packed = std::make_shared<Interleaved8>(*q);
-    ++n;
-  };
-  for (auto& layer : m.layers)
-    for (Linear* w : layer.linears()) swap(*w);
-  swap(m.lm_head);
-  if (count) *count = n;
-}
-
-}  // namespace inferlab::ch09
+}  // namespace inferlab::quant
