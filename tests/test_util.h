@@ -106,4 +106,16 @@ class ThreadCount {
 /// The shared read-only test data folder (../shared), or "" when it is absent.
 std::string shared_dir();
 
+/// A parameterised test's name from its model folder's name ("qwen3-gqa" → "qwen3_gqa"): GoogleTest
+/// names allow no '-'.
+struct ModelName {
+  template <class Info>
+  std::string operator()(const Info& info) const {
+    std::string n = info.param;
+    for (char& c : n)
+      if (c == '-') c = '_';
+    return n;
+  }
+};
+
 }  // namespace inferlab::test

@@ -146,11 +146,7 @@ TEST_P(LlamaRandomGolden, BiasedLogitsAndGreedyTokensMatchTransformers) {
   expect_random_golden(m, dir, name);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, LlamaRandomGolden, ::testing::ValuesIn(kBiasModels), [](const auto& info) {
-  std::string n = info.param;
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Models, LlamaRandomGolden, ::testing::ValuesIn(kBiasModels), test::ModelName());
 
 // Qwen3 (tools/make_family_goldens.py's random models in data/golden/family-random): a
 // Llama-family layer with an RMSNorm over head_dim on every query and key head before RoPE. The
@@ -186,11 +182,7 @@ TEST_P(Qwen3Golden, LogitsAndGreedyTokensMatchTransformers) {
   expect_random_golden(m, dir, name);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Qwen3Golden, ::testing::ValuesIn(kQwen3), [](const auto& info) {
-  std::string n = info.param;
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Models, Qwen3Golden, ::testing::ValuesIn(kQwen3), test::ModelName());
 
 // Llama 3.2's kind of folder: no lm_head tensor (tie_word_embeddings) and llama3 RoPE scaling.
 TEST(Llama32Golden, TiedHeadAndLlama3ScalingMatchTransformers) {

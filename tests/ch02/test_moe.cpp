@@ -63,11 +63,7 @@ TEST_P(MoeLlamaGolden, LogitsAndGreedyTokensMatchTransformers) {
   EXPECT_EQ(ch02::generate_cached(m, ids, static_cast<int>(greedy.size()), sampler, {}).generated, greedy);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, MoeLlamaGolden, ::testing::Values("mixtral", "qwen2-moe"), [](const auto& info) {
-  std::string n = info.param;
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Models, MoeLlamaGolden, ::testing::Values("mixtral", "qwen2-moe"), test::ModelName());
 
 // ---------------------------------------------------------------------------------------------
 // Routing on hand-made logits: each rule's choice and weights.

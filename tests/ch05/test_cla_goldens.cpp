@@ -120,11 +120,7 @@ TEST_P(ClaRandomGolden, LogitsStorageLayersAndGreedyTokensMatchTheReference) {
   check_sequence(m, SafetensorsFile(dir + "/golden.safetensors"), "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, ClaRandomGolden, ::testing::ValuesIn(kModels), [](const auto& info) {
-  std::string n = info.param;
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Models, ClaRandomGolden, ::testing::ValuesIn(kModels), test::ModelName());
 
 }  // namespace
 }  // namespace inferlab

@@ -73,11 +73,7 @@ TEST_P(GemmaGolden, WindowsLogitsAndGreedyTokensMatchTransformers) {
   EXPECT_EQ(ch06::generate_cached(m, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GemmaGolden, ::testing::ValuesIn(kGemma), [](const auto& info) {
-  std::string n = info.param;
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Models, GemmaGolden, ::testing::ValuesIn(kGemma), test::ModelName());
 
 TEST(Gemma, ConfigsReadAsTransformersReadsThem) {
   const ch06::LocalModel g2 = ch06::load_local(kFamily + "/gemma2-alternating");
@@ -162,11 +158,7 @@ TEST_P(GemmaGguf, TheGgufIsTheSameModelAsTheFolder) {
   EXPECT_EQ(ch06::generate_cached(g, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GemmaGguf, ::testing::Values("gemma2-gguf", "gemma3-gguf"), [](const auto& info) {
-  std::string n = info.param;
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Models, GemmaGguf, ::testing::Values("gemma2-gguf", "gemma3-gguf"), test::ModelName());
 
 // A refusal of an architecture names the chapter that runs it.
 TEST(Gemma, RefusalsNameTheChapterThatRuns) {

@@ -99,11 +99,7 @@ TEST_P(ZooWindowGolden, LogitsCachesAndGreedyTokensMatchTransformers) {
   EXPECT_EQ(ch06::generate_cached(m, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
 }
 
-INSTANTIATE_TEST_SUITE_P(Zoo, ZooWindowGolden, ::testing::Values("tiny-swa", "tiny-hybrid"), [](const auto& info) {
-  std::string n = info.param;
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Zoo, ZooWindowGolden, ::testing::Values("tiny-swa", "tiny-hybrid"), test::ModelName());
 
 TEST(WindowRandomGoldens, ModelList) {
   const auto manifest = load_json(kRandom + "/manifest.json");
@@ -133,11 +129,7 @@ TEST_P(WindowRandomGolden, WindowsLogitsAndGreedyTokensMatchTransformers) {
   EXPECT_EQ(ch06::generate_cached(m, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, WindowRandomGolden, ::testing::ValuesIn(kModels), [](const auto& info) {
-  std::string n = info.param;
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Models, WindowRandomGolden, ::testing::ValuesIn(kModels), test::ModelName());
 
 }  // namespace
 }  // namespace inferlab

@@ -45,11 +45,7 @@ TEST_P(Qwen3Gguf, TheGgufIsTheSameModelAsTheFolder) {
   EXPECT_EQ(ch02::generate_cached(g, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Qwen3Gguf, ::testing::Values("qwen3-gqa", "qwen3-tied"), [](const auto& info) {
-  std::string n = info.param;
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Models, Qwen3Gguf, ::testing::Values("qwen3-gqa", "qwen3-tied"), test::ModelName());
 
 // Llama 3.2's kind of file: no output.weight (the head is the embedding table) and llama3 RoPE
 // scaling as llama.cpp stores it, one factor per pair in rope_freqs.weight; q and k rows in

@@ -46,11 +46,7 @@ TEST_P(MoeGguf, LogitsAndGreedyTokensMatchTransformersAndTheHfPath) {
   EXPECT_EQ(ch02::generate_cached(g, ids, static_cast<int>(greedy.size()), sampler, {}).generated, greedy);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, MoeGguf, ::testing::Values("mixtral", "qwen2-moe"), [](const auto& info) {
-  std::string n = info.param;
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Models, MoeGguf, ::testing::Values("mixtral", "qwen2-moe"), test::ModelName());
 
 // DeepSeek's deepseek2 files (MLA with MoE) run in chapter 04, which the refusal names.
 TEST(MoeGguf, ADeepseek2FileNamesTheChapterThatRunsIt) {
