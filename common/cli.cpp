@@ -308,7 +308,7 @@ int threads_beside(double busy, int cores) {
 void wait_passively(char** argv) {
   bool changed = false;
   if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr)
-    changed = setenv("OMP_WAIT_POLICY", "passive", 1) == 0;
+    changed = setenv("GOMP_SPINCOUNT", kWaitSpins, 1) == 0;
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     const int cores = usable_cores();
     const double busy = busy_cores(0.05);

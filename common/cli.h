@@ -132,10 +132,14 @@ void help_footer(CLI::App& app, const std::string& bare_run, const std::string& 
 
 /// The first line of every chapter's main(): sets OpenMP up so that timings hold on a machine
 /// other jobs are using.
-///  - Waiting threads sleep instead of spin (OMP_WAIT_POLICY=passive), unless the environment
-///    sets OMP_WAIT_POLICY or GOMP_SPINCOUNT. With the default policy, threads that finish a
-///    parallel region first spin for their next one and take the cores the program's own threads
-///    need: a decode step measured 400 ms spinning and 11 ms passive (docs/performance.md).
+///  - Waiting threads spin briefly, then sleep (GOMP_SPINCOUNT=kWaitSpins: some 20-50 µs of
+///    `pause`), unless the environment sets OMP_WAIT_POLICY or GOMP_SPINCOUNT. With the default
+///    policy, threads that finish a parallel region first spin for milliseconds and take the cores
+///    the program's own threads need: a decode step measured 400 ms spinning and 11 ms passive
+///    (docs/performance.md). Sleeping at once (OMP_WAIT_POLICY=passive) costs a wake-up, tens of
+///    µs on a VM, at every one of a decode step's dozens of regions, which is as long as a small
+///    model's products themselves; a spin that short catches the next region without holding a
+///    core another program needs for longer than that.
 ///  - Cores that other work keeps busy (sampled over 50 ms, busy_cores) are left to it
 ///    (OMP_NUM_THREADS, unless the environment sets it; a line on stderr says so): a region of
 ///    two threads ends when the later one does, and on a taken core the scheduler sets it aside
@@ -147,6 +151,9 @@ void help_footer(CLI::App& app, const std::string& bare_run, const std::string& 
 /// again (execv of /proc/self/exe with the same argv); where that cannot be done the program
 /// carries on as it is.
 void wait_passively(char** argv);
+/// The spin count wait_passively sets (libgomp's GOMP_SPINCOUNT): iterations of a `pause` loop,
+/// 20 ns each on the development machine's Xeon.
+inline constexpr const char* kWaitSpins = "1000";
 /// How many of the cores this process may run on other work keeps busy, sampled from
 /// /proc/stat's per-CPU lines over `seconds` (-1 when it cannot tell).
 double busy_cores(double seconds);

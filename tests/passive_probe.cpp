@@ -8,7 +8,8 @@
 int main(int argc, char** argv) {
   inferlab::wait_passively(argv);
   const char* policy = std::getenv("OMP_WAIT_POLICY");
-  std::printf("policy=%s", policy ? policy : "(unset)");
+  const char* spins = std::getenv("GOMP_SPINCOUNT");
+  std::printf("policy=%s spins=%s", policy ? policy : "(unset)", spins ? spins : "(unset)");
   for (int i = 1; i < argc; ++i) std::printf(" %s", argv[i]);
   std::printf("\n");
   return 0;

@@ -226,12 +226,13 @@ TEST(Metrics, ExecutablesLeaveBusyCoresToTheWorkOnThem) {
   EXPECT_LE(busy, cores + 1e-9);
 }
 
-TEST(Metrics, ExecutablesWaitPassivelyUnlessTheUserChose) {
-  // The program runs again with the policy set, before OpenMP loads it, and the same arguments.
-  EXPECT_EQ(run_probe(""), "policy=passive one two words\n");
+TEST(Metrics, ExecutablesSpinBrieflyThenSleepUnlessTheUserChose) {
+  // The program runs again with the short spin set, before OpenMP loads it, and the same arguments.
+  EXPECT_EQ(run_probe(""), std::string("policy=(unset) spins=") + kWaitSpins + " one two words\n");
   // A policy the user set is kept, and so is a spin count they chose.
-  EXPECT_EQ(run_probe("OMP_WAIT_POLICY=active"), "policy=active one two words\n");
-  EXPECT_EQ(run_probe("GOMP_SPINCOUNT=1000"), "policy=(unset) one two words\n");
+  EXPECT_EQ(run_probe("OMP_WAIT_POLICY=passive"), "policy=passive spins=(unset) one two words\n");
+  EXPECT_EQ(run_probe("OMP_WAIT_POLICY=active"), "policy=active spins=(unset) one two words\n");
+  EXPECT_EQ(run_probe("GOMP_SPINCOUNT=50"), "policy=(unset) spins=50 one two words\n");
 }
 #endif
 

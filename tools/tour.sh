@@ -3,7 +3,7 @@
 # each one works on the bundled default model and prints its headline result in a few lines.
 # The one exception is chapter 13's server, which run bare serves until it is stopped: the tour
 # runs `ch13_serve demo` (it serves on a loopback port, drives itself with clients, and stops).
-# Each sets OpenMP's waiting threads to sleep rather than spin (common/cli.h, wait_passively), so
+# Each sets OpenMP's waiting threads to sleep after a short spin (common/cli.h, wait_passively), so
 # its figures hold when other jobs share the machine; the tour says how long each took.
 set -uo pipefail
 bin=${1:-build/release/bin}
