@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -69,56 +70,77 @@ inline float widen(std::int8_t b) { return static_cast<float>(b); }
 // M dot products of x's rows with each of R consecutive weight rows (w, w + K, ...): each slice
 // of w is loaded once and used for all M rows of x (decode, even batched, reads the weights once).
 // Independent vector accumulators (M·U per weight row) keep the multiply-adds from waiting on each
-// other without spilling the vector registers. U depends on M only, so a row's sum runs in the
-// same order whatever R is: y is the same, bit for bit. Any summation order obeys the reference
-// loop's γ_K error bound. y[m·y_stride + r] gets x row m against weight row r.
+// other without spilling the vector registers. The lanes L and U depend on M only, so a row's sum
+// runs in the same order whatever R is: y is the same, bit for bit. Any summation order obeys the
+// reference loop's γ_K error bound. y[m·y_stride + r] gets x row m against weight row r.
 //
-// From two rows on, the loop also asks for the weights kPrefetchBytes ahead, into L2 (locality
-// hint 2, x86's prefetcht1). Each cache line of w then carries M multiply-adds and M loads of x,
-// so the out-of-order window holds fewer lines in flight than a one-row loop's, and the hardware
-// prefetcher alone no longer keeps the stream at the read ceiling. Into L2, not L1: a prefetch
-// into L1 holds one of the core's few L1 miss buffers until its line arrives, which is what the
-// demand loads of x and w wait for; one into L2 does not. On a 2-core Zen VM a 5-row pass over a
-// 100M-parameter f32 model costs 1.6-1.9 one-row passes with the L1 hint and 1.0-1.4 with this
-// one (2.4 and 1.6 on one core; docs/performance.md, "Prefetching into L2").
+// One row of x (plain decode) takes 16 lanes, one AVX-512 register (two AVX ones): 256 bytes of
+// f32 weights an iteration in four loads, where 8 lanes needed eight (attention's short dot
+// products below keep 8).
+//
+// The GEMV loop asks for the weights kPrefetchBytes ahead, into L2 (locality hint 2, x86's prefetcht1).
+// With x's rows in the loop each cache line of w carries M multiply-adds and M loads of x, so the
+// out-of-order window holds fewer lines in flight than the stream needs, and the hardware
+// prefetcher alone does not keep it at the read ceiling; on the development machine's Xeon not
+// even for one row (a 400 MB pass of 1024-wide f32 rows: 11.1 GB/s without, 15.7-17.4 with, against
+// 17.0 for a plain sum of the same array, one thread). Into L2, not L1: a prefetch into L1 holds one
+// of the core's few L1 miss buffers until its line arrives, which is what the demand loads of x and w
+// wait for; one into L2 does not. On a 2-core Zen VM a 5-row pass over a 100M-parameter f32 model
+// costs 1.6-1.9 one-row passes with the L1 hint and 1.0-1.4 with this one (2.4 and 1.6 on one
+// core; docs/performance.md, "Prefetching into L2").
 //
 // R = 2 makes each load of x feed two multiply-adds. With the weights streaming, a 5-row pass
 // issues M + 1 loads for M multiply-adds and the loads, not the arithmetic, hold it back; with two
 // weight rows it is M + 2 loads for 2M (docs/performance.md, "Two weight rows at a time").
 constexpr std::int64_t kPrefetchBytes = 16384;
 
-template <int M, class W, int R = 1>
+// L weights from p as f32 (int8 rows come eight at a time).
+template <int L, class W>
+inline typename Lanes<L>::f32 load_weights(const W* p) {
+  if constexpr (std::is_same_v<W, std::int8_t>) {
+    static_assert(L == 8, "int8 weights load eight lanes");
+    return load8(p);
+  } else {
+    return load<L>(p);
+  }
+}
+
+template <int M, class W, int R = 1, int L = M == 1 && !std::is_same_v<W, std::int8_t> ? 16 : 8>
 inline void dots(const float* x, std::int64_t K, const W* w, float* y, std::int64_t y_stride) {
   constexpr int U = M <= 2 ? 4 : M <= 4 ? 2 : 1;
-  f32x8 acc[R][M][U] = {};
+  typedef typename Lanes<L>::f32 vec;
+  vec acc[R][M][U] = {};
   std::int64_t k = 0;
-  for (; k + 8 * U <= K; k += 8 * U) {
-    f32x8 wv[R][U];
+  for (; k + L * U <= K; k += L * U) {
+    vec wv[R][U];
     for (int r = 0; r < R; ++r) {
-      if constexpr (M >= 2) __builtin_prefetch(reinterpret_cast<const char*>(w + r * K + k) + kPrefetchBytes, 0, 2);
-      for (int u = 0; u < U; ++u) wv[r][u] = load8(w + r * K + k + 8 * u);
+      if constexpr (M >= 2 || L == 16)
+        for (int line = 0; line < L * U * static_cast<int>(sizeof(W)); line += 64)
+          __builtin_prefetch(reinterpret_cast<const char*>(w + r * K + k) + kPrefetchBytes + line, 0, 2);
+      for (int u = 0; u < U; ++u) wv[r][u] = load_weights<L>(w + r * K + k + L * u);
     }
     for (int m = 0; m < M; ++m)
       for (int u = 0; u < U; ++u) {
-        const f32x8 xv = load8(x + m * K + k + 8 * u);
+        const vec xv = load<L>(x + m * K + k + L * u);
         for (int r = 0; r < R; ++r) acc[r][m][u] += xv * wv[r][u];
       }
   }
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) {
-      f32x8 t = acc[r][m][0];
+      vec t = acc[r][m][0];
       for (int u = 1; u < U; ++u) t += acc[r][m][u];
       float s = 0.0f;
-      for (int i = 0; i < 8; ++i) s += t[i];
+      for (int i = 0; i < L; ++i) s += t[i];
       for (std::int64_t j = k; j < K; ++j) s += x[m * K + j] * widen(w[r * K + j]);
       y[m * y_stride + r] = s;
     }
 }
 
-/// x · w over K floats, vectorised: the kernel of the fast attention paths.
+/// x · w over K floats, vectorised: the kernel of the fast attention paths. Eight lanes and no
+/// prefetch: a head's 32 to 128 values at a time, and the next key row is not 16 KiB ahead.
 inline float dot(const float* x, const float* w, std::int64_t K) {
   float y;
-  dots<1>(x, K, w, &y, 1);
+  dots<1, float, 1, 8>(x, K, w, &y, 1);
   return y;
 }
 
