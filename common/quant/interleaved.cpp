@@ -104,14 +104,12 @@ void set_q6k_block_value(std::uint8_t* b, std::int64_t v, int q) {
 using simd::dot4_acc;
 using simd::kVnni;
 
-// Each kernel asks for its unit's bytes this far ahead, into L2, a line at a time as it starts
-// the unit (locality hint 2, as cpu::simd::dots asks for f32 weights): the units of a product are
-// one stream, and on the development machine's Xeon the hardware prefetcher alone left a q6_k
-// decode reading at a third of the read ceiling, its loads of quant bytes waiting on memory.
-constexpr std::int64_t kAheadBytes = 16384;
+// Each kernel asks for its unit's bytes kAheadBytes ahead as it starts the unit (blocks.h): the
+// units of a product are one stream, and a q6_k decode read at a third of the read ceiling
+// without, its loads of quant bytes waiting on memory.
 template <std::int64_t kUnit>
 inline void ask_ahead(const std::uint8_t* u) {
-  for (std::int64_t o = 0; o < kUnit; o += 64) __builtin_prefetch(u + kAheadBytes + o, 0, 2);
+  quant::ask_ahead(u, kUnit);
 }
 
 __m256i broadcast4(const std::int8_t* p) {
