@@ -115,7 +115,8 @@ inline const char* gemv_version_name(GemvVersion v) {
 inline constexpr GemvVersion kDefaultGemvVersion = GemvVersion::NormFused;
 /// The newest version ops::matmul (M = 1, GemvKernel::Own) and chapter 02's CudaDecoder (read when
 /// it is constructed) may use: a product with no RMSNorm before it runs version 2 under 3. Older
-/// versions stay selectable for the tests and benchmarks.
+/// versions stay selectable for the tests and benchmarks. Until set_gemv_version is called, the
+/// environment's INFERLAB_GEMV_VERSION (1, 2 or 3) chooses, for runs of whole programs.
 void set_gemv_version(GemvVersion v);
 GemvVersion gemv_version();
 

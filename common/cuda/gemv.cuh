@@ -382,15 +382,19 @@ inline long long shared_limit() {
 }
 
 // Blocks of `kernel` with `bytes` of dynamic shared memory that one SM holds at once, asked of the
-// occupancy calculator once per (kernel, bytes). The first time, the kernel is also allowed the
-// device's whole shared memory a block (more than the default 48 KiB must be asked for).
+// occupancy calculator once per (kernel, bytes). The first time, the kernel is also allowed all
+// the shared memory a block may have beside its static arrays (block_sum's): more than the default
+// 48 KiB must be asked for.
 inline int resident_blocks(const void* kernel, std::size_t bytes) {
   static std::mutex mutex;
   static std::map<std::pair<const void*, std::size_t>, int> known;
   const std::lock_guard<std::mutex> lock(mutex);
   auto [it, fresh] = known.try_emplace({kernel, bytes}, 0);
   if (fresh) {
-    IL_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_limit())));
+    cudaFuncAttributes a{};
+    IL_CUDA(cudaFuncGetAttributes(&a, kernel));
+    const long long dynamic = shared_limit() - static_cast<long long>(a.sharedSizeBytes);
+    IL_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic)));
     IL_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, gemv_index::kWarps * 32, bytes));
   }
   return it->second;

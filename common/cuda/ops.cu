@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "common/cuda/backend.h"
@@ -38,7 +40,8 @@ __global__ void convert_f32(const float* __restrict__ in, W* __restrict__ out, l
 }
 
 GemvKernel g_gemv = GemvKernel::Own;
-GemvVersion g_gemv_version = kDefaultGemvVersion;
+// 0 until chosen: then INFERLAB_GEMV_VERSION, or the default.
+int g_gemv_version = 0;
 
 }  // namespace
 
@@ -46,9 +49,17 @@ void set_gemv_kernel(GemvKernel k) { g_gemv = k; }
 void set_gemv_version(GemvVersion v) {
   IL_CHECK(v >= GemvVersion::WarpRow && v <= GemvVersion::NormFused, "set_gemv_version: no GEMV version ",
            static_cast<int>(v), " (there are 1 to 3)");
-  g_gemv_version = v;
+  g_gemv_version = static_cast<int>(v);
 }
-GemvVersion gemv_version() { return g_gemv_version; }
+GemvVersion gemv_version() {
+  if (g_gemv_version == 0) {
+    const char* env = std::getenv("INFERLAB_GEMV_VERSION");
+    const std::string v = env ? env : "";
+    IL_CHECK(v.empty() || v == "1" || v == "2" || v == "3", "INFERLAB_GEMV_VERSION=", v, ": expected 1, 2 or 3");
+    g_gemv_version = v.empty() ? static_cast<int>(kDefaultGemvVersion) : v[0] - '0';
+  }
+  return static_cast<GemvVersion>(g_gemv_version);
+}
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   const long long M = x.size(0), K = x.size(1), N = w.size(0);
@@ -61,7 +72,7 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
                               {static_cast<int>(N), 0, 0},
                               1};
       // No RMSNorm precedes a plain product: version 3 is version 2 here.
-      if (g_gemv_version == GemvVersion::WarpRow) launch_gemv(s, x.data<float>(), out.data<float>(), K, false);
+      if (gemv_version() == GemvVersion::WarpRow) launch_gemv(s, x.data<float>(), out.data<float>(), K, false);
       else launch_gemv_staged(s, x.data<float>(), out.data<float>(), K, false);
     });
     return;
