@@ -21,7 +21,7 @@ def variant_name(v):
 
 def read(path):
     with open(path) as f:
-        data = json.load(f)
+        data = json.load(f)  # a run cut at its time limit may leave it unfinished: main() says so
     shapes = {}
     for b in data.get("benchmarks", []):
         parts = b.get("name", "").split("/")
@@ -56,7 +56,11 @@ def read(path):
 def main():
     if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
-    t = read(sys.argv[1])
+    try:
+        t = read(sys.argv[1])
+    except (OSError, ValueError, KeyError) as e:
+        print(f"gemv_table: cannot read {sys.argv[1]}: {e}")
+        return
     if not t["shapes"]:
         print(f"gemv_table: no BM_CudaGemv results in {sys.argv[1]}")
         return
