@@ -9,6 +9,7 @@
 
 #include "attention_exact.h"
 #include "common/cuda/backend.h"
+#include "common/cuda/gemv_index.h"
 #include "common/ops.h"
 #include "common/sampling.h"
 #include "test_util.h"
@@ -47,10 +48,255 @@ void matmul_case(std::int64_t M, std::int64_t K, std::int64_t N, DType wt, cuda:
 
 TEST(Cuda, MatmulGemvOwnKernel) {
   IL_REQUIRE_CUDA();
-  for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
-    matmul_case(1, 4096, 300, wt, cuda::GemvKernel::Own);  // vectorised path
-    matmul_case(1, 1001, 77, wt, cuda::GemvKernel::Own);   // K not a multiple of 8: scalar path
+  for (auto v : {cuda::GemvVersion::WarpRow, cuda::GemvVersion::SharedX, cuda::GemvVersion::NormFused}) {
+    cuda::set_gemv_version(v);
+    for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
+      matmul_case(1, 4096, 300, wt, cuda::GemvKernel::Own);  // vectorised path
+      matmul_case(1, 1001, 77, wt, cuda::GemvKernel::Own);   // K not a multiple of 8: scalar path
+    }
   }
+  cuda::set_gemv_version(cuda::kDefaultGemvVersion);
+}
+
+// The GEMV family's index arithmetic (common/cuda/gemv_index.h), walked on the CPU as versions 2
+// and 3 walk it: every output row computed by exactly one warp of one block, whatever the grid,
+// and a grid that fills the GPU; every 16-byte load of a row issued once into the slot its step
+// reads, in pipelined order; every stacked row found in its own matrix.
+TEST(GemvIndex, EveryRowAndEveryLoadExactlyOnce) {
+  namespace gi = cuda::gemv_index;
+  for (int sms : {1, 108, 132})
+    for (int resident : {1, 3, 8}) {
+      for (long long total : {1LL, 7LL, 8LL, 9LL, 2048LL, 3072LL, 4097LL, 14336LL, 128256LL}) {
+        const int rows = gi::rows_per_warp(total, sms);
+        ASSERT_TRUE(rows == 2 || rows == 4);
+        const long long groups = gi::groups(total, rows), grid = gi::grid(groups, sms, resident);
+        ASSERT_TRUE(grid >= 1 && grid <= groups && grid <= static_cast<long long>(sms) * resident);
+        // The last group is not empty: no rows past the end but the last group's.
+        EXPECT_LT(gi::first_row(groups - 1, 0, rows), total);
+        std::vector<int> seen(static_cast<std::size_t>(total), 0);
+        long long most = 0, least = groups;
+        for (long long block = 0; block < grid; ++block) {
+          long long mine = 0;
+          for (long long g = block; g < groups; g += grid, ++mine)
+            for (int warp = 0; warp < gi::kWarps; ++warp)
+              for (int j = 0; j < rows; ++j) {
+                const long long row = gi::first_row(g, warp, rows) + j;
+                const long long read = gi::clamp_row(row, total);
+                ASSERT_TRUE(read >= 0 && read < total) << "row " << row << " of " << total;
+                if (row < total) ++seen[static_cast<std::size_t>(row)];
+              }
+          most = std::max(most, mine), least = std::min(least, mine);
+        }
+        EXPECT_LE(most - least, 1) << "blocks of unequal work: " << total << " rows, grid " << grid;
+        // As few rounds as the GPU allows: no block does more groups than the slots force.
+        const long long slots = static_cast<long long>(sms) * resident;
+        EXPECT_EQ(most, (groups + slots - 1) / slots) << total << " rows, grid " << grid;
+        for (long long r = 0; r < total; ++r)
+          ASSERT_EQ(seen[static_cast<std::size_t>(r)], 1)
+              << "row " << r << " of " << total << ", " << sms << " SMs, " << resident << " blocks each";
+      }
+      // A 2048-row matrix (Llama-3.2-1B's projections) still gives every SM a block where two fit.
+      if (resident >= 2) {
+        EXPECT_GE(gi::grid(gi::groups(2048, gi::rows_per_warp(2048, sms)), sms, resident), std::min(sms, 256));
+      }
+    }
+  for (int kN : {1, 2, 3, 4, 8, 16}) {
+    const int U = gi::unroll(kN);
+    ASSERT_GE(U, 1);
+    ASSERT_LE(U * kN, std::max(gi::kLoads, kN));
+    for (long long n : {0LL, 1LL, 31LL, 32LL, 33LL, 255LL, 256LL, 257LL, 512LL, 1791LL, 1792LL}) {
+      // slot[lane][u]: the load requested into that register slot and not yet used (−1: none).
+      std::vector<std::vector<long long>> slot(32, std::vector<long long>(static_cast<std::size_t>(U), -1));
+      std::vector<int> used(static_cast<std::size_t>(n), 0);
+      for (int lane = 0; lane < 32; ++lane)
+        for (int u = 0; u < U; ++u)
+          if (const long long i = gi::chunk(0, u, lane, U); i < n) slot[lane][u] = i;
+      for (long long step = 0; step < gi::steps(n, U); ++step)
+        for (int lane = 0; lane < 32; ++lane)
+          for (int u = 0; u < U; ++u) {
+            const long long i = gi::chunk(step, u, lane, U);
+            if (i < n) {
+              ASSERT_EQ(slot[lane][u], i) << "n " << n << " unroll " << U << " step " << step;
+              ++used[static_cast<std::size_t>(i)];
+              slot[lane][u] = -1;
+            }
+            if (const long long next = gi::chunk(step + 1, u, lane, U); next < n) {
+              ASSERT_EQ(slot[lane][u], -1);
+              slot[lane][u] = next;
+            }
+          }
+      for (long long i = 0; i < n; ++i) ASSERT_EQ(used[static_cast<std::size_t>(i)], 1) << "load " << i << " of " << n;
+      for (const auto& l : slot)
+        for (long long v : l) EXPECT_EQ(v, -1) << "a load requested and never used";
+    }
+  }
+  struct Stack {
+    int rows[3], count;
+  };
+  for (const Stack& st :
+       {Stack{{7, 0, 0}, 1}, Stack{{3, 4, 0}, 2}, Stack{{2048, 512, 512}, 3}, Stack{{5, 0, 3}, 3}, Stack{{1, 1, 1}, 3}}) {
+    long long total = 0, offset[3] = {0, 0, 0};
+    for (int i = 0; i < st.count; ++i) offset[i] = total, total += st.rows[i];
+    for (long long row = 0; row < total; ++row) {
+      long long local = -1;
+      const int seg = gi::segment_of(row, st.rows[0], st.rows[1], st.count, local);
+      ASSERT_TRUE(seg >= 0 && seg < st.count);
+      EXPECT_TRUE(local >= 0 && local < st.rows[seg]) << "row " << row;
+      EXPECT_EQ(offset[seg] + local, row);
+    }
+  }
+}
+
+// One GEMV case of the family's test: the stacked matrices' rows, whether they have biases,
+// whether the product adds into out or is gate/up with SwiGLU, and whether x starts 4 bytes past
+// a 16-byte boundary (the scalar path, as K not a multiple of the weights per load also takes).
+struct GemvCase {
+  std::int64_t K;
+  std::vector<std::int64_t> rows;
+  bool bias = false, accumulate = false, swiglu = false, misaligned_x = false;
+};
+
+std::string describe(const GemvCase& c) {
+  std::string s = "K=" + std::to_string(c.K) + " rows";
+  for (auto r : c.rows) s += " " + std::to_string(r);
+  return s + (c.bias ? " bias" : "") + (c.accumulate ? " accumulate" : "") + (c.swiglu ? " swiglu" : "") +
+         (c.misaligned_x ? " misaligned x" : "");
+}
+
+// Every version of the GEMV family on the same inputs, each within the float64 reference's bound
+// and within twice it of the CPU path (rmsnorm, then ops::matmul per matrix, bias, swiglu, the
+// residual): 16-byte and scalar paths, K of 14336 (x above the default 48 KiB of shared memory),
+// odd row counts, q/k/v stacked with biases, a residual add, gate/up with SwiGLU, and enough rows
+// for 4 a warp. Version 3 normalises x first.
+TEST(Cuda, EveryGemvVersionWithinTheFloat64Bound) {
+  IL_REQUIRE_CUDA();
+  auto rng = test::rng_for_test();
+  const float eps = 1e-5f;
+  const std::vector<GemvCase> cases = {
+      {4096, {300}},
+      {1001, {77}},  // K not a multiple of 8
+      {2048, {2048, 512, 512}, true},
+      {520, {33}, true, true},
+      {1000, {131}, false, false, true},
+      {777, {45}, false, false, true},
+      {14336, {37}, false, true},
+      {136, {9001}},  // 4 rows a warp
+      {256, {5000}, false, false, true},
+      {512, {70, 0, 19}},  // an empty middle matrix
+      {4096, {65}, true, true, false, true},
+      {1024, {66}, false, false, true, true},
+  };
+  for (DType wt : {DType::F32, DType::BF16, DType::F16})
+    for (const GemvCase& c : cases) {
+      const std::int64_t K = c.K;
+      Tensor xfull = test::uniform(rng, {K + 1}, -2, 2), norm = test::uniform(rng, {K}, 0.5f, 1.5f);
+      const Tensor x = xfull.slice(0, c.misaligned_x ? 1 : 0, K + (c.misaligned_x ? 1 : 0));
+      std::vector<Tensor> w, b;
+      std::int64_t total = 0;
+      // SwiGLU: gate and up, both of c.rows[0] rows.
+      for (auto r : c.swiglu ? std::vector<std::int64_t>{c.rows[0], c.rows[0]} : c.rows) {
+        w.push_back(test::uniform_as(rng, {r, K}, wt));
+        b.push_back(c.bias ? test::uniform(rng, {r}) : Tensor());
+        total += r;
+      }
+      const std::int64_t out_rows = c.swiglu ? c.rows[0] : total;
+      Tensor y0 = test::uniform(rng, {out_rows});
+      const auto X = x.to_double_vector(), G = norm.to_double_vector(), Y0 = y0.to_double_vector();
+      for (auto version : {cuda::GemvVersion::WarpRow, cuda::GemvVersion::SharedX, cuda::GemvVersion::NormFused}) {
+        const bool fused = version == cuda::GemvVersion::NormFused;
+        const std::string what = std::string("GEMV version ") + cuda::gemv_version_name(version) + ", " +
+                                 std::string(dtype_name(wt)) + ", " + describe(c);
+        // x' = x, or x normalised (version 3): each value within δ relative of exact, the
+        // bound of Cuda.RmsNormRopeEmbedding's GPU side.
+        std::vector<double> h = X;
+        double delta = 0;
+        if (fused) {
+          double ss = 0;
+          for (double v : X) ss += v * v;
+          const double inv = 1.0 / std::sqrt(ss / static_cast<double>(K) + static_cast<double>(eps));
+          for (std::int64_t k = 0; k < K; ++k) h[k] = X[k] * inv * G[k];
+          delta = 0.5 * gamma(K + 2) + 8 * u;
+        }
+        // Each row's dot product: its value and Σ|w·x'|. Summing K products and up to two more
+        // terms (the bias, the old out) in any order errs by γ_{K+2} of their absolute sum; x'
+        // off by δ relative moves the dot by δ·Σ|w·x'|.
+        std::vector<double> dot, mag;
+        for (const Tensor& wi : w) {
+          const auto Wd = wi.to_double_vector();
+          for (std::int64_t r = 0; r < wi.size(0); ++r) {
+            double d = 0, a = 0;
+            for (std::int64_t k = 0; k < K; ++k) d += Wd[r * K + k] * h[k], a += std::fabs(Wd[r * K + k] * h[k]);
+            dot.push_back(d), mag.push_back(a);
+          }
+        }
+        std::vector<double> exact(out_rows), bound(out_rows);
+        if (c.swiglu) {
+          // silu'(t) ∈ [−0.1, 1.1]: an error e in the gate moves silu by at most 1.1e. The
+          // kernel's g / (1 + expf(−g)) · u adds 4u (expf, 2 ulp), u, u and u: 8u with slack.
+          for (std::int64_t r = 0; r < out_rows; ++r) {
+            const double g = dot[r], up = dot[out_rows + r];
+            const double bg = delta * mag[r] + gamma(K) * (1 + delta) * mag[r];
+            const double bu = delta * mag[out_rows + r] + gamma(K) * (1 + delta) * mag[out_rows + r];
+            const double silu = g / (1 + std::exp(-g));
+            exact[r] = silu * up;
+            bound[r] = 1.1 * bg * (std::fabs(up) + bu) + std::fabs(silu) * bu +
+                       8 * u * (std::fabs(silu) + 1.1 * bg) * (std::fabs(up) + bu);
+          }
+        } else {
+          std::int64_t r = 0;
+          for (std::size_t i = 0; i < w.size(); ++i) {
+            const auto B = b[i].defined() ? b[i].to_double_vector() : std::vector<double>(w[i].size(0), 0.0);
+            for (std::int64_t j = 0; j < w[i].size(0); ++j, ++r) {
+              const double old = c.accumulate ? Y0[r] : 0.0;
+              exact[r] = dot[r] + B[j] + old;
+              bound[r] = delta * mag[r] + gamma(K + 2) * ((1 + delta) * mag[r] + std::fabs(B[j]) + std::fabs(old));
+            }
+          }
+        }
+        cuda::GemvArgs a;
+        for (const Tensor& wi : w) a.weights.push_back(on_gpu(wi));
+        if (c.bias)
+          for (const Tensor& bi : b) a.biases.push_back(on_gpu(bi));
+        a.accumulate = c.accumulate, a.swiglu = c.swiglu;
+        if (fused) a.norm = on_gpu(norm), a.eps = eps;
+        const Tensor gfull = on_gpu(xfull);
+        const Tensor gx = gfull.slice(0, c.misaligned_x ? 1 : 0, K + (c.misaligned_x ? 1 : 0));
+        Tensor out = on_gpu(y0);
+        cuda::gemv(version, gx, a, out);
+        const auto got = out.to_double_vector();
+        expect_within(got, exact, bound, what + " vs float64");
+
+        // The CPU path: rmsnorm (version 3), then one ops::matmul per matrix, each with its bias,
+        // then SwiGLU or the residual. It obeys the same bound, so the two are within twice it.
+        Tensor hx = x.clone().view({1, K});
+        if (fused) hx = ops::rmsnorm(hx, norm, eps);
+        std::vector<double> cpu;
+        if (c.swiglu) {
+          cpu = ops::swiglu(ops::matmul(hx, w[0]), ops::matmul(hx, w[1])).to_double_vector();
+        } else {
+          for (std::size_t i = 0; i < w.size(); ++i) {
+            Tensor part = ops::matmul(hx, w[i]);
+            if (b[i].defined()) part = ops::add(part, b[i]);
+            for (double v : part.to_double_vector()) cpu.push_back(v);
+          }
+          if (c.accumulate)
+            for (std::int64_t r = 0; r < out_rows; ++r) cpu[r] += Y0[r];
+        }
+        std::vector<double> twice(bound.size());
+        for (std::size_t i = 0; i < bound.size(); ++i) twice[i] = 2 * bound[i];
+        expect_within(got, cpu, twice, what + " vs the CPU path");
+      }
+    }
+  // Version 3 needs the norm's weight; the others take none.
+  Tensor x = Tensor::zeros({64}, DType::F32, Device::CUDA), out = Tensor::zeros({8}, DType::F32, Device::CUDA);
+  cuda::GemvArgs a;
+  a.weights = {Tensor::zeros({8, 64}, DType::BF16, Device::CUDA)};
+  test::expect_error([&] { cuda::gemv(cuda::GemvVersion::NormFused, x, a, out); }, {"cuda::gemv", "version 3"});
+  a.norm = Tensor::zeros({64}, DType::F32, Device::CUDA);
+  test::expect_error([&] { cuda::gemv(cuda::GemvVersion::SharedX, x, a, out); }, {"cuda::gemv", "version 3"});
+  a.norm = Tensor();
+  Tensor short_out = Tensor::zeros({7}, DType::F32, Device::CUDA);
+  test::expect_error([&] { cuda::gemv(cuda::GemvVersion::SharedX, x, a, short_out); }, {"cuda::gemv", "8 elements"});
 }
 
 TEST(Cuda, MatmulCublas) {

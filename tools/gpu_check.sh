@@ -6,6 +6,7 @@
 # summary prints last; every detail (GoogleTest and Google Benchmark JSON, each step's output)
 # goes into one archive, so that the results are a handful of files:
 #   $OUT/summary.txt  $OUT/steps.txt  $OUT/machine.txt  $OUT/gpu_check.log  $OUT/results.tar.gz
+#   $OUT/gemv.json (the GEMV versions against cuBLAS, tools/gemv_table.py)
 #
 #   tools/gpu_check.sh              # builds here first (CUDA required; needs the C++ packages)
 #   tools/gpu_check.sh --prebuilt   # runs the binaries tools/gpu_pack.sh packed into .gpu/
@@ -45,6 +46,10 @@ finish() {
     grep -h "ERROR SUMMARY" "$RAW"/memcheck_*.txt 2> /dev/null | sort | uniq -c
     echo "--- benchmarks and measurements"
     grep -hE "^(BM_|Benchmark)" "$RAW"/bench_*.txt 2> /dev/null | cut -c1-200
+    if [ -f "$RAW/bench_core.json" ]; then
+      echo "--- GEMV versions against cuBLAS (also in gemv.json)"
+      python3 "$ROOT/tools/gemv_table.py" "$RAW/bench_core.json" "$OUT/gemv.json" 2>&1
+    fi
     echo "--- GPU launches per step (chapters 11 and 12; the batched step's do not grow with the batch)"
     grep -H "launches per step" "$RAW"/ch1[12]_*.txt 2> /dev/null | sed "s|^$RAW/||; s|\.txt:| |"
     for f in "$RAW"/ch*.txt; do [ -f "$f" ] && { echo "# $(basename "$f" .txt)"; tail -25 "$f"; }; done

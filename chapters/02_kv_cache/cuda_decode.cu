@@ -78,9 +78,18 @@ struct CudaDecoder::Impl {
   Tensor token, pos, log, x, h, qkv, attn, hid, logits, part;
   cudaGraphExec_t graph = nullptr;
   bool greedy_graph = false;
+  // The GEMV version (cuda::gemv_version() when constructed) and whether each RMSNorm is folded
+  // into the product after it (version 3, where the hidden state fits in a block's shared memory).
+  // `plain` is the version of the products with no RMSNorm before them (version 3 is 2 there).
+  cuda::GemvVersion gemv, plain;
+  bool fuse_norm = false;
 
   Impl(const ch01::Llama& model, std::int64_t capacity, bool graph)
-      : m(model), cache(model.config, capacity, Device::CUDA), use_graph(graph) {
+      : m(model),
+        cache(model.config, capacity, Device::CUDA),
+        use_graph(graph),
+        gemv(cuda::gemv_version()),
+        plain(gemv == cuda::GemvVersion::WarpRow ? gemv : cuda::GemvVersion::SharedX) {
     const auto& c = m.config;
     bool plain_bf16 = m.device() == Device::CUDA && m.weight_dtype() == DType::BF16 && !m.lm_head.packed;
     for (const auto& l : m.layers)
@@ -103,6 +112,7 @@ struct CudaDecoder::Impl {
              "CudaDecoder: Gemma's embedding scale, attention scale and soft-capping are not in its kernels; decode "
              "this model with the cached forward pass (generate_cached)");
     splits = cuda::decode::splits_for(capacity);
+    fuse_norm = gemv == cuda::GemvVersion::NormFused && cuda::gemv_stages(D);
     auto f32 = [](Shape s) { return Tensor::zeros(s, DType::F32, Device::CUDA); };
     token = Tensor::zeros({1}, DType::I32, Device::CUDA), pos = Tensor::zeros({1}, DType::I32, Device::CUDA);
     log = Tensor::zeros({capacity}, DType::I32, Device::CUDA);
@@ -123,6 +133,19 @@ struct CudaDecoder::Impl {
                     1};
   }
 
+  // y = W·in (+ bias), or y += W·in (+ bias).
+  void product(const Segments& s, const float* in, float* y, std::int64_t K, bool accumulate) {
+    cuda::launch_gemv(plain, s, in, y, K, accumulate);
+  }
+
+  // y = W·rmsnorm(x) (+ bias): one launch with version 3, else the norm into h, then the product.
+  void normed_product(const Tensor& norm, const Segments& s, float* y, float eps) {
+    if (fuse_norm) return cuda::launch_gemv(gemv, s, x.data<float>(), y, D, false, norm.data<float>(), eps);
+    cuda::rmsnorm_rows<float><<<1, 1024, 0, stream()>>>(x.data<float>(), norm.data<float>(), h.data<float>(), D, eps);
+    IL_CUDA_LAUNCHED();
+    product(s, h.data<float>(), y, D, false);
+  }
+
   // The whole decode step, as a sequence of launches on stream(): captured once into a graph.
   void enqueue_step(bool greedy) {
     const auto& c = m.config;
@@ -133,16 +156,13 @@ struct CudaDecoder::Impl {
     IL_CUDA_LAUNCHED();
     for (std::size_t li = 0; li < m.layers.size(); ++li) {
       const auto& l = m.layers[li];
-      cuda::rmsnorm_rows<float>
-          <<<1, 1024, 0, stream()>>>(x.data<float>(), l.attn_norm.data<float>(), h.data<float>(), D, eps);
-      IL_CUDA_LAUNCHED();
       const Segments qkv_s{{static_cast<const bf16*>(l.wq.weight.raw_data()),
                             static_cast<const bf16*>(l.wk.weight.raw_data()),
                             static_cast<const bf16*>(l.wv.weight.raw_data())},
                            {bias(l.wq.bias), bias(l.wk.bias), bias(l.wv.bias)},
                            {static_cast<int>(N * H), static_cast<int>(Kh * H), static_cast<int>(Kh * H)},
                            3};
-      cuda::launch_gemv(qkv_s, h.data<float>(), qkv.data<float>(), D, false);
+      normed_product(l.attn_norm, qkv_s, qkv.data<float>(), eps);
       const long long work = (N + Kh) * half + Kh * H;
       rope_and_store<<<blocks_for(work, 256), 256, 0, stream()>>>(
           qkv.data<float>(), m.inv_freq.data<float>(), pos.data<std::int32_t>(), cache.k(li).data<float>(),
@@ -153,26 +173,20 @@ struct CudaDecoder::Impl {
       cuda::decode::launch_per_head(qkv.data<float>(), cache.k(li).data<float>(), cache.v(li).data<float>(),
                                     pos.data<std::int32_t>(), part.data<float>(), attn.data<float>(), static_cast<int>(N),
                                     static_cast<int>(Kh), static_cast<int>(H), splits, scale, stream());
-      cuda::launch_gemv(one(l.wo, D), attn.data<float>(), x.data<float>(), N * H, true);  // x += Wo·attn + bo
-      cuda::rmsnorm_rows<float>
-          <<<1, 1024, 0, stream()>>>(x.data<float>(), l.mlp_norm.data<float>(), h.data<float>(), D, eps);
-      IL_CUDA_LAUNCHED();
-      const bf16* gate_up[2] = {static_cast<const bf16*>(l.w_gate.weight.raw_data()),
-                                static_cast<const bf16*>(l.w_up.weight.raw_data())};
-      const unsigned gate_blocks = blocks_for(F, cuda::kGemvWarps);
-      if (cuda::gemv_vectorizable<bf16>(D, h.data<float>(), {gate_up[0], gate_up[1]}))
-        cuda::gemv_swiglu<bf16, true><<<gate_blocks, cuda::kGemvWarps * 32, 0, stream()>>>(
-            gate_up[0], gate_up[1], h.data<float>(), hid.data<float>(), F, D);
-      else
-        cuda::gemv_swiglu<bf16, false><<<gate_blocks, cuda::kGemvWarps * 32, 0, stream()>>>(
-            gate_up[0], gate_up[1], h.data<float>(), hid.data<float>(), F, D);
-      IL_CUDA_LAUNCHED();
-      cuda::launch_gemv(one(l.w_down, D), hid.data<float>(), x.data<float>(), F, true);  // x += Wdown·hid
+      product(one(l.wo, D), attn.data<float>(), x.data<float>(), N * H, true);  // x += Wo·attn + bo
+      const bf16* wg = static_cast<const bf16*>(l.w_gate.weight.raw_data());
+      const bf16* wu = static_cast<const bf16*>(l.w_up.weight.raw_data());
+      if (fuse_norm) {  // hid = silu(Wg·rmsnorm(x)) · (Wu·rmsnorm(x)), the norm in the product's prologue
+        cuda::launch_gemv_swiglu(gemv, wg, wu, x.data<float>(), hid.data<float>(), F, D, l.mlp_norm.data<float>(), eps);
+      } else {
+        cuda::rmsnorm_rows<float>
+            <<<1, 1024, 0, stream()>>>(x.data<float>(), l.mlp_norm.data<float>(), h.data<float>(), D, eps);
+        IL_CUDA_LAUNCHED();
+        cuda::launch_gemv_swiglu(plain, wg, wu, h.data<float>(), hid.data<float>(), F, D);
+      }
+      product(one(l.w_down, D), hid.data<float>(), x.data<float>(), F, true);  // x += Wdown·hid
     }
-    cuda::rmsnorm_rows<float>
-        <<<1, 1024, 0, stream()>>>(x.data<float>(), m.final_norm.data<float>(), h.data<float>(), D, eps);
-    IL_CUDA_LAUNCHED();
-    cuda::launch_gemv(one(m.lm_head, V), h.data<float>(), logits.data<float>(), D, false);
+    normed_product(m.final_norm, one(m.lm_head, V), logits.data<float>(), eps);
     // Greedy steps choose the next token and advance the position on the device; step() sets
     // both from the host before each launch instead.
     if (greedy) {

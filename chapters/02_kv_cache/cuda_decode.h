@@ -5,9 +5,11 @@
 /// Decoding one token reads every weight once, so its speed is the memory bandwidth. This
 /// decoder keeps the weights in bf16 (half the bytes of f32) and does its arithmetic in f32, and
 /// cuts everything that is not weight reading:
-/// - one GEMV kernel streams each weight row in 16-byte loads, several in flight per lane;
+/// - one GEMV family streams each weight row in 16-byte loads, several in flight per lane;
 ///   q, k and v come from one launch, gate and up from one launch with SwiGLU applied in it,
-///   and the output projections add straight into the residual stream;
+///   and the output projections add straight into the residual stream; its version 3 (the
+///   default, cuda::gemv_version() when the decoder is constructed) folds each RMSNorm into the
+///   product after it;
 /// - RoPE on q and k and the write of k and v into the cache are one kernel;
 /// - attention over the cache is split into chunks of 256 positions computed in parallel
 ///   and merged with their softmax statistics (flash-decoding), so a long context still fills

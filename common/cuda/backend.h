@@ -98,6 +98,47 @@ enum class GemvKernel { Own, Cublas };
 /// The GEMV used for M = 1 (ours by default; cuBLAS for comparison in benchmarks).
 void set_gemv_kernel(GemvKernel k);
 
+/// The GEMV family (common/cuda/gemv.cuh), by number: 1 a warp per row reading x from global
+/// memory (the simple version), 2 x staged once per block in shared memory and several rows a
+/// warp, 3 version 2 with the RMSNorm of x folded into its prologue.
+enum class GemvVersion { WarpRow = 1, SharedX = 2, NormFused = 3 };
+/// "1 warp_row", "2 shared_x", "3 norm_fused"
+inline const char* gemv_version_name(GemvVersion v) {
+  switch (v) {
+    case GemvVersion::WarpRow: return "1 warp_row";
+    case GemvVersion::SharedX: return "2 shared_x";
+    case GemvVersion::NormFused: return "3 norm_fused";
+  }
+  return "unknown";
+}
+/// The version used unless set_gemv_version chose another.
+inline constexpr GemvVersion kDefaultGemvVersion = GemvVersion::NormFused;
+/// The newest version ops::matmul (M = 1, GemvKernel::Own) and chapter 02's CudaDecoder (read when
+/// it is constructed) may use: a product with no RMSNorm before it runs version 2 under 3. Older
+/// versions stay selectable for the tests and benchmarks. Until set_gemv_version is called, the
+/// environment's INFERLAB_GEMV_VERSION (1, 2 or 3) chooses, for runs of whole programs.
+void set_gemv_version(GemvVersion v);
+GemvVersion gemv_version();
+
+/// One GEMV by a given version on tensors, so that the tests and benchmarks run every version on
+/// the same inputs. x [K] (or [1, K]) f32 on the device; out f32 with as many elements as the
+/// weights have rows together.
+struct GemvArgs {
+  /// 1 to 3 matrices [rows_i, K] of one dtype (F32, BF16 or F16), stacked into out (q, k and v in
+  /// one launch); with `swiglu`, exactly two of the same shape, gate and up.
+  std::vector<Tensor> weights;
+  /// None, or one f32 [rows_i] per matrix (an undefined tensor: none); not with `swiglu`.
+  std::vector<Tensor> biases;
+  /// out += W·x + bias (a residual add) instead of out = W·x + bias; not with `swiglu`.
+  bool accumulate = false;
+  /// out[r] = silu(gate[r]·x) · (up[r]·x), the MLP's first half in one pass over both weights.
+  bool swiglu = false;
+  /// Version 3 only (required there): x is replaced by x / sqrt(mean(x²) + eps) · norm, norm f32 [K].
+  Tensor norm;
+  float eps = 1e-5f;
+};
+void gemv(GemvVersion version, const Tensor& x, const GemvArgs& args, Tensor& out);
+
 /// Read bandwidth of a streaming kernel over `bytes` of device memory (bytes/s, best of 20).
 double measure_read_bandwidth(std::size_t bytes);
 /// cuBLAS bf16 GEMM throughput at n×n×n (FLOP/s, best of 10).

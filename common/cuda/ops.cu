@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "common/cuda/backend.h"
@@ -38,10 +40,26 @@ __global__ void convert_f32(const float* __restrict__ in, W* __restrict__ out, l
 }
 
 GemvKernel g_gemv = GemvKernel::Own;
+// 0 until chosen: then INFERLAB_GEMV_VERSION, or the default.
+int g_gemv_version = 0;
 
 }  // namespace
 
 void set_gemv_kernel(GemvKernel k) { g_gemv = k; }
+void set_gemv_version(GemvVersion v) {
+  IL_CHECK(v >= GemvVersion::WarpRow && v <= GemvVersion::NormFused, "set_gemv_version: no GEMV version ",
+           static_cast<int>(v), " (there are 1 to 3)");
+  g_gemv_version = static_cast<int>(v);
+}
+GemvVersion gemv_version() {
+  if (g_gemv_version == 0) {
+    const char* env = std::getenv("INFERLAB_GEMV_VERSION");
+    const std::string v = env ? env : "";
+    IL_CHECK(v.empty() || v == "1" || v == "2" || v == "3", "INFERLAB_GEMV_VERSION=", v, ": expected 1, 2 or 3");
+    g_gemv_version = v.empty() ? static_cast<int>(kDefaultGemvVersion) : v[0] - '0';
+  }
+  return static_cast<GemvVersion>(g_gemv_version);
+}
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   const long long M = x.size(0), K = x.size(1), N = w.size(0);
@@ -53,7 +71,9 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
                               {nullptr, nullptr, nullptr},
                               {static_cast<int>(N), 0, 0},
                               1};
-      launch_gemv(s, x.data<float>(), out.data<float>(), K, false);
+      // No RMSNorm precedes a plain product: version 3 is version 2 here.
+      if (gemv_version() == GemvVersion::WarpRow) launch_gemv(s, x.data<float>(), out.data<float>(), K, false);
+      else launch_gemv_staged(s, x.data<float>(), out.data<float>(), K, false);
     });
     return;
   }
@@ -81,6 +101,61 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
                          &alpha, w.raw_data(), t, static_cast<int>(K), xh, t, static_cast<int>(K), &beta, out.data<float>(),
                          CUDA_R_32F, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   count_launch();
+}
+
+void gemv(GemvVersion version, const Tensor& x, const GemvArgs& a, Tensor& out) {
+  const char* who = "cuda::gemv";
+  IL_CHECK(version >= GemvVersion::WarpRow && version <= GemvVersion::NormFused, who, ": no GEMV version ",
+           static_cast<int>(version), " (there are 1 to 3)");
+  const int count = static_cast<int>(a.weights.size());
+  IL_CHECK(count >= 1 && count <= 3 && (!a.swiglu || count == 2), who,
+           ": expected 1 to 3 weight matrices (2 with swiglu), got ", count);
+  IL_CHECK(x.is_cuda() && x.dtype() == DType::F32 && x.is_contiguous() && x.ndim() >= 1 && x.ndim() <= 2 &&
+               (x.ndim() == 1 || x.size(0) == 1),
+           who, ": x must be one contiguous f32 row on CUDA, got ", x.describe());
+  const long long K = x.numel();
+  long long total = 0;
+  for (const Tensor& w : a.weights) {
+    IL_CHECK(w.is_cuda() && w.is_contiguous() && w.ndim() == 2 && w.size(1) == K && w.dtype() == a.weights[0].dtype(), who,
+             ": weights must be contiguous [rows, ", K, "] on CUDA, all of one dtype; got ", w.describe());
+    total += w.size(0);
+  }
+  IL_CHECK(!a.swiglu || a.weights[0].shape() == a.weights[1].shape(), who, ": gate ", a.weights[0].describe(), " and up ",
+           a.weights[1].describe(), " differ in shape");
+  const long long rows = a.swiglu ? a.weights[0].size(0) : total;
+  IL_CHECK(out.is_cuda() && out.dtype() == DType::F32 && out.is_contiguous() && out.numel() == rows, who,
+           ": out must be contiguous f32 on CUDA with ", rows, " elements, got ", out.describe());
+  IL_CHECK(a.biases.empty() || (!a.swiglu && a.biases.size() == a.weights.size()), who,
+           ": biases: none, or one per weight matrix (none with swiglu)");
+  IL_CHECK(!(a.swiglu && a.accumulate), who, ": swiglu does not accumulate");
+  const float* bias[3] = {nullptr, nullptr, nullptr};
+  for (std::size_t i = 0; i < a.biases.size(); ++i) {
+    const Tensor& b = a.biases[i];
+    if (!b.defined()) continue;
+    IL_CHECK(b.is_cuda() && b.dtype() == DType::F32 && b.is_contiguous() && b.numel() == a.weights[i].size(0), who,
+             ": bias ", i, " must be contiguous f32 on CUDA with ", a.weights[i].size(0), " elements, got ", b.describe());
+    bias[i] = b.data<float>();
+  }
+  const bool fused = version == GemvVersion::NormFused;
+  IL_CHECK(fused == a.norm.defined(), who, ": version 3 needs the RMSNorm's weight (norm), versions 1 and 2 take none");
+  if (fused)
+    IL_CHECK(a.norm.is_cuda() && a.norm.dtype() == DType::F32 && a.norm.is_contiguous() && a.norm.numel() == K, who,
+             ": norm must be contiguous f32 on CUDA with ", K, " elements, got ", a.norm.describe());
+  const float* norm = fused ? a.norm.data<float>() : nullptr;
+  if (total == 0) return;
+  with_weight_type(a.weights[0].dtype(), [&](auto* tag) {
+    using W = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
+    const W* w[3] = {nullptr, nullptr, nullptr};
+    int n[3] = {0, 0, 0};
+    for (int i = 0; i < count; ++i)
+      w[i] = static_cast<const W*>(a.weights[i].raw_data()), n[i] = static_cast<int>(a.weights[i].size(0));
+    if (a.swiglu) {
+      launch_gemv_swiglu(version, w[0], w[1], x.data<float>(), out.data<float>(), n[0], K, norm, a.eps);
+    } else {
+      const GemvSegments<W> s{{w[0], w[1], w[2]}, {bias[0], bias[1], bias[2]}, {n[0], n[1], n[2]}, count};
+      launch_gemv(version, s, x.data<float>(), out.data<float>(), K, a.accumulate, norm, a.eps);
+    }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

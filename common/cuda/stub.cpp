@@ -45,6 +45,9 @@ void attention_cached(const Tensor&, const CachedBatch&, std::int64_t, Tensor&, 
 Launches launches() { return {}; }
 void fill_uniform(Tensor&, std::uint64_t, float, float) { no_cuda(); }
 void set_gemv_kernel(GemvKernel) {}
+void set_gemv_version(GemvVersion) {}
+GemvVersion gemv_version() { return kDefaultGemvVersion; }
+void gemv(GemvVersion, const Tensor&, const GemvArgs&, Tensor&) { no_cuda(); }
 double measure_read_bandwidth(std::size_t) { no_cuda(); }
 double measure_gemm_flops(int) { no_cuda(); }
 

@@ -6,7 +6,13 @@
 #include <benchmark/benchmark.h>
 
 #include <cmath>
+#include <cstdint>
+#include <map>
 #include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "common/ceiling.h"
 #include "common/cuda/backend.h"
@@ -137,45 +143,118 @@ void BM_CudaReadBandwidth(benchmark::State& state) {
 }
 BENCHMARK(BM_CudaReadBandwidth)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
 
+// The GEMV family (common/cuda/gemv.cuh) against cuBLAS at M = 1: bf16 weights [N, K], f32 x and
+// y. Variant 0 is cuBLAS through ops::matmul (x rounded to bf16 first, as cuBLAS wants both inputs
+// in one type), 1 to 3 the family's versions by number through cuda::gemv (3 normalises x by an
+// RMSNorm in its prologue, as the decoder runs it before q/k/v, gate/up and the head). Each case
+// is first checked against the float64 product within its dtype's bound: a mismatch is reported
+// as an error, not a figure. GB/s counts the weights, x and y (and version 3's norm weight) once;
+// of_bw_ceiling divides it by the read bandwidth measured in the same run.
+//   bench_core --benchmark_filter='CudaGemv/.*/2/'     # version 2 at every shape
+struct GemvRef {
+  std::vector<double> exact, mag;  // the float64 product and Σ|w·x| of each row
+};
+
+// The float64 product of the bf16 weights w (on the device) with x, normalised first when `norm`
+// is defined (as version 3 does), for the check before timing. Computed once per shape and kind.
+const GemvRef& gemv_reference(const Tensor& w, const Tensor& x, const Tensor& norm, float eps) {
+  static std::map<std::tuple<std::int64_t, std::int64_t, bool>, GemvRef> cache;
+  const std::int64_t N = w.size(0), K = w.size(1);
+  GemvRef& r = cache[{N, K, norm.defined()}];
+  if (!r.exact.empty()) return r;
+  const Tensor wh = w.to(Device::CPU);
+  const std::uint16_t* W = static_cast<const std::uint16_t*>(wh.raw_data());
+  std::vector<double> h = x.to(Device::CPU).to_double_vector();
+  if (norm.defined()) {
+    const auto g = norm.to(Device::CPU).to_double_vector();
+    double ss = 0;
+    for (double v : h) ss += v * v;
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(K) + static_cast<double>(eps));
+    for (std::int64_t k = 0; k < K; ++k) h[k] = h[k] * inv * g[k];
+  }
+  r.exact.resize(N), r.mag.resize(N);
+  for (std::int64_t n = 0; n < N; ++n) {
+    double d = 0, a = 0;
+    for (std::int64_t k = 0; k < K; ++k) {
+      const double p = static_cast<double>(bf16_to_f32(W[n * K + k])) * h[k];
+      d += p, a += std::fabs(p);
+    }
+    r.exact[n] = d, r.mag[n] = a;
+  }
+  return r;
+}
+
 void BM_CudaGemv(benchmark::State& state) {
   if (skip_without_cuda(state)) return;
   const std::int64_t N = state.range(0), K = state.range(1);
-  const auto kernel = state.range(2) ? cuda::GemvKernel::Cublas : cuda::GemvKernel::Own;
-  // Several weight copies, rotated, so that the 60 MB L2 cannot serve repeated reads.
+  const int variant = static_cast<int>(state.range(2));
+  const bool fused = variant == static_cast<int>(cuda::GemvVersion::NormFused);
+  const float eps = 1e-5f;
+  // Several weight copies, rotated, so that the 50 to 60 MB L2 cannot serve repeated reads.
   const int copies = std::max<int>(2, static_cast<int>(std::ceil(256e6 / (N * K * 2.0))));
   std::vector<Tensor> ws;
-  for (int i = 0; i < copies; ++i) ws.push_back(random({N, K}, DType::BF16, 10 + i).to(Device::CUDA));
-  Tensor x = random({1, K}, DType::F32, 1).to(Device::CUDA), out = Tensor::empty({1, N}, DType::F32, Device::CUDA);
-  cuda::set_gemv_kernel(kernel);
-  metrics::Work work;
-  {
-    metrics::CountScope s;
-    ops::matmul(x, ws[0], out);
-    work = s.work();
+  for (int i = 0; i < copies; ++i) {
+    ws.push_back(Tensor::empty({N, K}, DType::BF16, Device::CUDA));
+    cuda::fill_uniform(ws.back(), 10 + static_cast<std::uint64_t>(i), -1, 1);
   }
+  Tensor x = random({1, K}, DType::F32, 1).to(Device::CUDA), out = Tensor::empty({1, N}, DType::F32, Device::CUDA);
+  const Tensor norm = fused ? random({K}, DType::F32, 3).to(Device::CUDA) : Tensor();
+  std::vector<cuda::GemvArgs> args(static_cast<std::size_t>(copies));
+  for (int i = 0; i < copies; ++i) {
+    args[i].weights = {ws[i]};
+    args[i].norm = norm, args[i].eps = eps;
+  }
+  auto run = [&](int i) {
+    if (variant == 0) ops::matmul(x, ws[i], out);
+    else cuda::gemv(static_cast<cuda::GemvVersion>(variant), x, args[i], out);
+  };
+  if (variant == 0) cuda::set_gemv_kernel(cuda::GemvKernel::Cublas);
+  // The check: |y − exact| ≤ (γ_{K+2} + δ) Σ|w·x'|, δ the normalised x's error (version 3, as in
+  // the tests) or cuBLAS' rounding of x to bf16.
+  run(0);
+  const auto got = out.to_double_vector();
+  const GemvRef& ref = gemv_reference(ws[0], x, norm, eps);
+  const double g = (K + 2) * 0x1p-24 / (1 - (K + 2) * 0x1p-24);
+  const double delta = variant == 0 ? 0x1p-8 : fused ? 0.5 * g + 8 * 0x1p-24 : 0.0;
+  for (std::int64_t n = 0; n < N; ++n)
+    if (!(std::fabs(got[n] - ref.exact[n]) <= (delta + g * (1 + delta)) * ref.mag[n])) {
+      cuda::set_gemv_kernel(cuda::GemvKernel::Own);
+      state.SkipWithError(("row " + std::to_string(n) + ": " + std::to_string(got[n]) + " against the float64 " +
+                           std::to_string(ref.exact[n]))
+                              .c_str());
+      return;
+    }
   constexpr int kBatch = 50;
   double total = 0;
   for (auto _ : state) {
     cuda::synchronize();
     metrics::Timer t;
-    for (int i = 0; i < kBatch; ++i) ops::matmul(x, ws[i % copies], out);
+    for (int i = 0; i < kBatch; ++i) run(i % copies);
     cuda::synchronize();
     const double dt = t.seconds() / kBatch;
     state.SetIterationTime(dt);
     total += dt;
   }
   cuda::set_gemv_kernel(cuda::GemvKernel::Own);
+  const metrics::Work work{2.0 * N * K, 2.0 * N * K + 4.0 * K + 4.0 * N + (fused ? 4.0 * K : 0.0)};
   report(state, work, total, cuda_ceiling());
-  state.SetLabel(kernel == cuda::GemvKernel::Own ? "own kernel, bf16" : "cuBLAS, bf16");
+  state.SetLabel(variant == 0 ? std::string("cuBLAS, bf16")
+                              : std::string("version ") + cuda::gemv_version_name(static_cast<cuda::GemvVersion>(variant)) +
+                                    ", bf16");
 }
-// Llama-3.2-1B (2048 wide, MLP 8192) and Llama-3.1-8B (4096 wide, MLP 14336) layer shapes.
+// Llama-3.2-1B (2048 wide, MLP 8192) and Llama-3.1-8B (4096 wide, MLP 14336) layer shapes and the
+// 8B's head (vocabulary 128256), each by cuBLAS (variant 0) and every version (1 to 3).
 BENCHMARK(BM_CudaGemv)
-    ->Args({2048, 2048, 0})
-    ->Args({8192, 2048, 0})
-    ->Args({4096, 4096, 0})
-    ->Args({14336, 4096, 0})
-    ->Args({4096, 14336, 0})
-    ->Args({14336, 4096, 1})
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (auto [N, K] : {std::pair<std::int64_t, std::int64_t>{2048, 2048},
+                          {8192, 2048},
+                          {2048, 8192},
+                          {4096, 4096},
+                          {14336, 4096},
+                          {4096, 14336},
+                          {128256, 4096}})
+        for (std::int64_t v = 0; v <= 3; ++v) b->Args({N, K, v});
+    })
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -7,12 +7,14 @@
 //
 // CPU: a ~350M-parameter GQA model (f32 and bf16 weights), B = 1, 64 tokens of context.
 // CUDA: Llama-3.2-1B and Llama-3.1-8B shapes in bf16 through chapter 02's CudaDecoder (CUDA
-// graph, device-side greedy), B = 1, 256 tokens of context.
+// graph, device-side greedy), B = 1, 256 tokens of context, with each version of the GEMV family
+// (the second argument: 3, the default, folds the RMSNorms into the products after them).
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <string>
 
 #include "chapters/02_kv_cache/cuda_decode.h"
 #include "chapters/02_kv_cache/kv_cache.h"
@@ -117,8 +119,11 @@ void BM_CudaDecode(benchmark::State& state) {
   const int context = 256, warmup = 4, steps = 64;
   double total = 0, bytes = 0;
   std::int64_t n = 0;
+  const auto version = static_cast<cuda::GemvVersion>(state.range(1));
   for (auto _ : state) {
+    cuda::set_gemv_version(version);                      // read by the decoder when it is constructed
     ch02::CudaDecoder dec(*m, context + warmup + steps);  // every position the loop below fills
+    cuda::set_gemv_version(cuda::kDefaultGemvVersion);
     dec.prefill(std::vector<std::int32_t>(context, 7));
     dec.greedy(7, warmup);  // captures the graph
     cuda::synchronize();
@@ -133,10 +138,10 @@ void BM_CudaDecode(benchmark::State& state) {
   }
   report(state, bytes / static_cast<double>(n), total / static_cast<double>(n), ceiling,
          static_cast<double>(c.num_parameters()));
-  state.SetLabel(state.range(0) == 1 ? "Llama-3.2-1B shape, bf16, context 256, B=1"
-                                     : "Llama-3.1-8B shape, bf16, context 256, B=1");
+  state.SetLabel(std::string(state.range(0) == 1 ? "Llama-3.2-1B shape" : "Llama-3.1-8B shape") +
+                 ", bf16, context 256, B=1, GEMV version " + cuda::gemv_version_name(version));
 }
-BENCHMARK(BM_CudaDecode)->Arg(1)->Arg(8)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CudaDecode)->ArgsProduct({{1, 8}, {1, 2, 3}})->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "chapters/02_kv_cache/cuda_decode.h"
+#include "common/cuda/backend.h"
 #include "test_util.h"
 
 namespace inferlab {
@@ -44,19 +46,29 @@ void adopt_cache(ch02::ContiguousKVCache& cpu, const ch02::CudaDecoder& dec) {
   cpu.commit(dec.length());
 }
 
+// Every version of the GEMV family (common/cuda/gemv.cuh), which the decoder takes from
+// cuda::gemv_version() when it is constructed: version 3 folds each RMSNorm into the product after it.
+constexpr cuda::GemvVersion kGemvVersions[] = {cuda::GemvVersion::WarpRow, cuda::GemvVersion::SharedX,
+                                               cuda::GemvVersion::NormFused};
+
 TEST(CudaDecoder, MatchesTheCpuPathOnTinyMha) {
   IL_REQUIRE_CUDA();
   const ch01::Llama cpu = ch01::load_llama(kData + "/models/tiny-mha").to(Device::CPU, DType::BF16);
   const ch01::Llama gpu = cpu.to(Device::CUDA, DType::BF16);
   const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
-  ch02::CudaDecoder dec(gpu, 64);
-  ch02::ContiguousKVCache cache(cpu.config, 64);
-  expect_close(dec.prefill(prompt), ch02::forward_cached(cpu, cache, prompt), cpu.config, true, "prefill");
-  EXPECT_EQ(dec.length(), cache.length());
-  adopt_cache(cache, dec);
-  for (std::int32_t t : {15, 7, 300, 42, 1000}) {
-    expect_close(dec.step(t), ch02::forward_cached(cpu, cache, {t}), cpu.config, false, "decode step");
+  for (cuda::GemvVersion v : kGemvVersions) {
+    SCOPED_TRACE(std::string("GEMV version ") + cuda::gemv_version_name(v));
+    cuda::set_gemv_version(v);
+    ch02::CudaDecoder dec(gpu, 64);
+    cuda::set_gemv_version(cuda::kDefaultGemvVersion);
+    ch02::ContiguousKVCache cache(cpu.config, 64);
+    expect_close(dec.prefill(prompt), ch02::forward_cached(cpu, cache, prompt), cpu.config, true, "prefill");
     EXPECT_EQ(dec.length(), cache.length());
+    adopt_cache(cache, dec);
+    for (std::int32_t t : {15, 7, 300, 42, 1000}) {
+      expect_close(dec.step(t), ch02::forward_cached(cpu, cache, {t}), cpu.config, false, "decode step");
+      EXPECT_EQ(dec.length(), cache.length());
+    }
   }
 }
 
@@ -115,12 +127,17 @@ TEST(CudaDecoder, LlamaAttentionBiasesIncludingOProj) {
   ASSERT_TRUE(cpu.layers[0].wo.bias.defined());
   const ch01::Llama gpu = cpu.to(Device::CUDA, DType::BF16);
   const std::vector<std::int32_t> prompt = {3, 141, 59, 265, 35, 89, 79, 323};
-  ch02::CudaDecoder dec(gpu, 64);
-  ch02::ContiguousKVCache cache(c, 64);
-  expect_close(dec.prefill(prompt), ch02::forward_cached(cpu, cache, prompt), c, true, "prefill with o_proj bias");
-  adopt_cache(cache, dec);
-  for (std::int32_t t : {7, 8})
-    expect_close(dec.step(t), ch02::forward_cached(cpu, cache, {t}), c, false, "decode step with o_proj bias");
+  for (cuda::GemvVersion v : kGemvVersions) {
+    SCOPED_TRACE(std::string("GEMV version ") + cuda::gemv_version_name(v));
+    cuda::set_gemv_version(v);
+    ch02::CudaDecoder dec(gpu, 64);
+    cuda::set_gemv_version(cuda::kDefaultGemvVersion);
+    ch02::ContiguousKVCache cache(c, 64);
+    expect_close(dec.prefill(prompt), ch02::forward_cached(cpu, cache, prompt), c, true, "prefill with o_proj bias");
+    adopt_cache(cache, dec);
+    for (std::int32_t t : {7, 8})
+      expect_close(dec.step(t), ch02::forward_cached(cpu, cache, {t}), c, false, "decode step with o_proj bias");
+  }
   c.mlp_bias = true;
   const ch01::Llama mlp = ch01::random_llama(c, 11, DType::BF16).to(Device::CUDA, DType::BF16);
   test::expect_error([&] { ch02::CudaDecoder d(mlp, 16); }, {"CudaDecoder", "mlp_bias"});
