@@ -32,12 +32,6 @@ constexpr std::int64_t kParallelWork = 1 << 18;
 // order either way, so the result is the same bit for bit.
 constexpr std::int64_t kParallelAttention = 1 << 15;
 
-inline float dot_f16(const float* x, const std::uint16_t* w, std::int64_t K) {
-  float acc = 0.0f;
-  for (std::int64_t k = 0; k < K; ++k) acc += x[k] * static_cast<float>(std::bit_cast<Eigen::half>(w[k]));
-  return acc;
-}
-
 // dot_rows for any weight type dots<> reads: eight x rows at a time, the weight row hot in L1
 // for the later groups.
 template <class W>
@@ -164,6 +158,20 @@ void gemv_broadcast(const float* X, std::int64_t M, std::int64_t K, const float*
   for (std::int64_t n = tiles * R; n < N; ++n) broadcast_rows<1, V>(T, K, w + n * K, Y + n, M, N);
 }
 
+// gemv for one weight type: the tiles from 8 rows of x, else the rows kernel (two weight rows a
+// task for 5 or 6 rows of x).
+template <class W>
+void gemv_of(const float* X, std::int64_t M, std::int64_t K, const W* w, std::int64_t N, float* Y) {
+  if (M >= 8 && g_batch_gemv.load(std::memory_order_relaxed) != BatchGemv::Rows) return gemv_tiles(X, M, K, w, N, Y);
+  const std::int64_t pair = M == 5 || M == 6 ? 2 : 1;  // weight rows a task
+#pragma omp parallel for schedule(static) if (M * N * K >= kParallelWork)
+  for (std::int64_t i = 0; i < (N + pair - 1) / pair; ++i) {
+    const std::int64_t n = i * pair;
+    const W* row = w + n * K;
+    pair == 2 && n + 1 < N ? two_rows_of(X, M, K, row, Y + n, N) : dot_rows_of(X, M, K, row, Y + n, N);
+  }
+}
+
 // Up to kGemvMaxRows rows: each weight row is streamed from memory once and dotted with every row
 // of x, eight at a time; with 5 or 6 rows, two weight rows at a time.
 void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
@@ -173,24 +181,10 @@ void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
   const DType wt = w.dtype();
   if (M >= 8 && wt == DType::F32 && g_batch_gemv.load(std::memory_order_relaxed) == BatchGemv::Broadcast)
     return M <= 16 ? gemv_broadcast<1>(X, M, K, w.data<float>(), N, Y) : gemv_broadcast<2>(X, M, K, w.data<float>(), N, Y);
-  if (M >= 8 && g_batch_gemv.load(std::memory_order_relaxed) != BatchGemv::Rows) {
-    if (wt == DType::F32) return gemv_tiles(X, M, K, w.data<float>(), N, Y);
-    if (wt == DType::BF16) return gemv_tiles(X, M, K, w.data<std::uint16_t>(), N, Y);
-  }
-  const std::int64_t pair = (M == 5 || M == 6) && wt != DType::F16 ? 2 : 1;  // weight rows a task
-#pragma omp parallel for schedule(static) if (M * N * K >= kParallelWork)
-  for (std::int64_t i = 0; i < (N + pair - 1) / pair; ++i) {
-    const std::int64_t n = i * pair;
-    const bool two = pair == 2 && n + 1 < N;
-    if (wt == DType::F32) {
-      const float* row = w.data<float>() + n * K;
-      two ? two_rows_of(X, M, K, row, Y + n, N) : dot_rows_of(X, M, K, row, Y + n, N);
-    } else if (wt == DType::BF16) {
-      const std::uint16_t* row = w.data<std::uint16_t>() + n * K;
-      two ? two_rows_of(X, M, K, row, Y + n, N) : dot_rows_of(X, M, K, row, Y + n, N);
-    } else {
-      for (std::int64_t m = 0; m < M; ++m) Y[m * N + n] = dot_f16(X + m * K, w.data<std::uint16_t>() + n * K, K);
-    }
+  switch (wt) {
+    case DType::F32: return gemv_of(X, M, K, w.data<float>(), N, Y);
+    case DType::BF16: return gemv_of(X, M, K, w.data<std::uint16_t>(), N, Y);
+    default: return gemv_of(X, M, K, reinterpret_cast<const Half*>(w.data<std::uint16_t>()), N, Y);  // F16
   }
 }
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
-#if defined(__AVX2__)
+#if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -40,13 +40,51 @@ inline typename Lanes<L>::f32 load(const float* p) {
   return v;
 }
 // L bf16 values widened to f32: each is the top half of a float.
+// (GCC builds the generic widening of 16 lanes out of 8-lane halves; AVX-512 gets its two
+// instructions.)
 template <int L>
 inline typename Lanes<L>::f32 load(const std::uint16_t* p) {
+  typename Lanes<L>::f32 v;
+#if defined(__AVX512F__)
+  if constexpr (L == 16) {
+    const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+    std::memcpy(&v, &w, sizeof v);
+    return v;
+  }
+#endif
   typename Lanes<L>::u16 h;
   std::memcpy(&h, p, sizeof h);
   const typename Lanes<L>::u32 w = __builtin_convertvector(h, typename Lanes<L>::u32) << 16;
-  typename Lanes<L>::f32 v;
   std::memcpy(&v, &w, sizeof v);
+  return v;
+}
+/// IEEE binary16 weights (GGUF's F16), kept apart from bf16's uint16_t so that each widens its own way.
+struct Half {
+  std::uint16_t bits;
+};
+// L binary16 values widened to f32 (exact): F16C's vcvtph2ps, 8 or 16 at a time.
+template <int L>
+inline typename Lanes<L>::f32 load(const Half* p) {
+  typename Lanes<L>::f32 v;
+#if defined(__F16C__)
+  if constexpr (L == 16) {
+#if defined(__AVX512F__)
+    const __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    std::memcpy(&v, &w, sizeof v);
+#else
+    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+    std::memcpy(&v, &lo, sizeof lo);
+    std::memcpy(reinterpret_cast<char*>(&v) + sizeof lo, &hi, sizeof hi);
+#endif
+  } else {
+    static_assert(L == 8, "binary16 weights load 8 or 16 lanes");
+    const __m256 w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    std::memcpy(&v, &w, sizeof v);
+  }
+#else
+  for (int i = 0; i < L; ++i) v[i] = f16_to_f32(p[i].bits);
+#endif
   return v;
 }
 inline f32x8 load8(const float* p) { return load<8>(p); }
@@ -66,6 +104,7 @@ inline f32x8 load8(const std::int8_t* p) {
 inline float widen(float v) { return v; }
 inline float widen(std::uint16_t b) { return bf16_to_f32(b); }
 inline float widen(std::int8_t b) { return static_cast<float>(b); }
+inline float widen(Half h) { return f16_to_f32(h.bits); }
 
 // M dot products of x's rows with each of R consecutive weight rows (w, w + K, ...): each slice
 // of w is loaded once and used for all M rows of x (decode, even batched, reads the weights once).
@@ -150,7 +189,7 @@ using simd::dot;
 using simd::dots;
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out);
-/// How matmul multiplies 8 to 32 rows of x (a batched decode step) by f32 or bf16 weights:
+/// How matmul multiplies 8 to 32 rows of x (a batched decode step) by f32, bf16 or f16 weights:
 /// `Rows`, the simple version, dots each weight row with eight x rows at a time (dots<8>);
 /// `Tiles` (the default) keeps a tile of 4 weight rows × 8 x rows in 32 vector accumulators of 16
 /// lanes, so that each load feeds several multiply-adds and the arithmetic, not the loads, sets

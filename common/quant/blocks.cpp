@@ -508,16 +508,20 @@ void blocks_matmul(gguf::Type t, const std::uint8_t* w, std::int64_t rows, std::
   if (t == gguf::Type::Q8_0) {  // bytes times bytes at any M: nothing to decode
     const std::int64_t nb = cols / 32;
 #pragma omp parallel for schedule(static) if (M * rows * cols >= kParallel)
-    for (std::int64_t n = 0; n < rows; ++n)
+    for (std::int64_t n = 0; n < rows; ++n) {
+      ask_ahead(w + n * nb * 34, nb * 34);
       for (std::int64_t m = 0; m < M; ++m)
         Y[m * rows + n] = q8_0_dot(w + n * nb * 34, a.q.data() + m * cols, a.d.data() + m * nb, nb);
+    }
     return;
   }
 #if INFERLAB_QUANT_SIMD
   if (M <= kDirectRows) {
 #pragma omp parallel for schedule(static) if (M * rows * cols >= kParallel)
-    for (std::int64_t n = 0; n < rows; ++n)
+    for (std::int64_t n = 0; n < rows; ++n) {
+      ask_ahead(w + n * (cols / bv * bb), cols / bv * bb);
       for (std::int64_t m = 0; m < M; ++m) Y[m * rows + n] = blocked_dot(t, w, n, cols, a, m);
+    }
     return;
   }
 #endif

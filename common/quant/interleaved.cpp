@@ -125,6 +125,14 @@ void set_q6k_block_value(std::uint8_t* b, std::int64_t v, int q) {
 using simd::dot4_acc;
 using simd::kVnni;
 
+// Each kernel asks for its unit's bytes kAheadBytes ahead as it starts the unit (blocks.h): the
+// units of a product are one stream, and a q6_k decode read at a third of the read ceiling
+// without, its loads of quant bytes waiting on memory.
+template <std::int64_t kUnit>
+inline void ask_ahead(const std::uint8_t* u) {
+  quant::ask_ahead(u, kUnit);
+}
+
 __m256i broadcast4(const std::int8_t* p) {
   std::int32_t v;
   std::memcpy(&v, p, 4);
@@ -174,6 +182,7 @@ void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int6
   [[maybe_unused]] __m256 acc_m = _mm256_setzero_ps();
   for (std::int64_t b = 0; b < nb; ++b) {
     const std::uint8_t* u = group + b * l.unit();
+    ask_ahead<l.unit()>(u);
     const std::int8_t* x = xq + 32 * b;
     [[maybe_unused]] __m256i high;
     if constexpr (kFive) high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + l.high_bits()));
@@ -231,6 +240,7 @@ void group_dot_int4(const std::uint8_t* group, const BlockedActivations& a, std:
   __m256 out = _mm256_setzero_ps();
   for (std::int64_t g = 0; g < ng; ++g) {
     const std::uint8_t* u = group + g * kUnit;
+    ask_ahead<kUnit>(u);
     const std::int8_t* x = xq + G * g;
     __m256i s[kBlocks][2];  // per x block, the low and the high nibbles' sums apart: two chains
     for (auto& sb : s) sb[0] = sb[1] = _mm256_setzero_si256();
@@ -265,6 +275,7 @@ void group_dot_q4k(const std::uint8_t* group, const BlockedActivations& a, std::
   __m256 out = _mm256_setzero_ps();
   for (std::int64_t sb = 0; sb < nsb; ++sb) {
     const std::uint8_t* u = group + sb * kUnit;
+    ask_ahead<kUnit>(u);
     __m256 acc_d = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
     for (int c = 0; c < 4; ++c) {
       const std::int64_t j = 8 * sb + 2 * c;  // x's block for sub-block 2c; 2c + 1 follows it
@@ -307,6 +318,7 @@ void group_dot_iq4xs(const std::uint8_t* group, const BlockedActivations& a, std
   __m256 out = _mm256_setzero_ps();
   for (std::int64_t sb = 0; sb < nsb; ++sb) {
     const std::uint8_t* u = group + sb * kIq4xsUnit;
+    ask_ahead<kIq4xsUnit>(u);
     __m256 acc = _mm256_setzero_ps();
     for (int j = 0; j < 8; ++j) {
       const std::int64_t b = 8 * sb + j;
@@ -337,6 +349,7 @@ void group_dot_q6k(const std::uint8_t* group, const BlockedActivations& a, std::
   __m256 out = _mm256_setzero_ps();
   for (std::int64_t sb = 0; sb < nsb; ++sb) {
     const std::uint8_t* u = group + sb * kQ6kUnit;
+    ask_ahead<kQ6kUnit>(u);
     __m256 acc = _mm256_setzero_ps();
     for (int c = 0; c < 4; ++c) {
       const std::int64_t blk = 8 * sb + 2 * c;  // x's blocks 2c (low nibbles) and 2c + 1 (high) of the super-block
