@@ -16,12 +16,12 @@
 /// scales, their m·Σx taken from x's block sums; q5_0 and q5_1 add 32 bytes of fifth bits laid out
 /// as a piece: byte 4·i + t holds in bit 4·h + j the fifth bit of nibble h of byte t of piece j of
 /// row i, so one load serves a block and a shift and an AND move a piece's bits to bit 4 of each
-/// byte, ORed onto the nibbles: each reads exactly its format's bytes.) q4_k's 256-value super-blocks interleave the same way, their 6-bit
-/// scales and minimums unpacked to a byte each (16 bytes a row and super-block instead of 12, so
-/// such a matrix reads 148/144 of its bytes), applied per 32-value sub-block as 8-lane vectors;
-/// q5_k's are q4_k's with 32 bytes of fifth bits a row laid out as q5_0's (two sub-blocks' pieces
-/// 0-3, then 4-7, as a block's: 180/176 of its bytes);
-/// q6_k's 6-bit values are split into q4_k's nibble layout and a byte of top bits per four values
+/// byte, ORed onto the nibbles: each reads exactly its format's bytes.) q4_k's 256-value
+/// super-blocks interleave the same way, their 6-bit scales and minimums unpacked to a byte each
+/// (16 bytes a row and super-block instead of 12, so such a matrix reads 148/144 of its bytes),
+/// applied per 32-value sub-block as 8-lane vectors; q5_k's are q4_k's with 32 bytes of fifth bits
+/// a row laid out as q5_0's (two sub-blocks' pieces 0-3, then 4-7, as a block's: 180/176 of its
+/// bytes); q6_k's 6-bit values are split into q4_k's nibble layout and a byte of top bits per four values
 /// (the same 210 bytes a row and super-block). llama.cpp repacks tensors in the same spirit at load
 /// (its log names the layout, e.g. "repack tensor blk.0.attn_q.weight with q4_0_8x8").
 ///
