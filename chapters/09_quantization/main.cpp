@@ -419,7 +419,7 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   // plain matrices as f32.
   ch01::Llama m = load_gguf(f);
   if (dev != Device::CPU) m = m.to(dev, DType::F32);
-  else m = for_kernel(std::move(m), kernel);  // q4_0, q8_0, iq4_nl, q4_k, q6_k, iq4_xs: eight rows at a time (qmodel.h)
+  else m = for_kernel(std::move(m), kernel);  // the GGUF block types but q2_k and q3_k: eight rows at a time (qmodel.h)
   const auto tok = gguf_tokenizer(f, tokenizer, o.model);
   const SamplingParams sp = o.sampling(*tok, m.config.vocab_size);
   const auto ids = tok->encode(o.prompt);

@@ -86,7 +86,8 @@ std::optional<quant::Layout> layout_for(const QMatrix& q) {
 std::int64_t int4_block_bytes(const QuantSpec& s) { return (s.format == Format::Int4Asym ? 5 : 4) + s.group / 2; }
 
 quant::Interleaved8 interleaved(const QMatrix& q) {
-  IL_CHECK(interleavable(q), "interleaved blocks: need a CPU q4_0, q8_0, iq4_nl, q4_k, q6_k, iq4_xs, int8 or int4 ",
+  IL_CHECK(interleavable(q),
+           "interleaved blocks: need a CPU q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q4_k, q5_k, q6_k, iq4_xs, int8 or int4 ",
            "matrix with rows a multiple of 8 and n_in whole blocks of 32 (and a CPU with AVX2), got ", q.spec.name(), " ",
            q.rows, " × ", q.cols, " on ", device_name(q.device()));
   const quant::Layout l = *layout_for(q);

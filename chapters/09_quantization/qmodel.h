@@ -61,8 +61,8 @@ class Interleaved8 : public PackedMatrix {
 };
 
 /// Whether q can be stored as Interleaved8: a CPU matrix of any format but fp8 (whose values have
-/// no integer form) and the GGUF ones without an eight-row kernel (q4_1, q5_0, q5_1, q5_k, q2_k,
-/// q3_k), rows a multiple of 8 and n_in whole blocks (32, 256 for q4_k, q6_k and iq4_xs, the group
+/// no integer form) and the GGUF ones without an eight-row kernel (q2_k, q3_k), rows a multiple of 8
+/// and n_in whole blocks (32, 256 for q4_k, q5_k, q6_k and iq4_xs, the group
 /// for int4), in a build with the kernels (quant::interleaved_kernels()).
 bool interleavable(const QMatrix& q);
 /// `m` with every matrix that can be interleaved so; the number changed in `count` when given.

@@ -30,15 +30,31 @@ struct Codec {
 // row-order products keep their plain paths), and codec_of has no formats.
 #if INFERLAB_QUANT_SIMD
 // A block of 32: its quant bytes per row (q4_0: 16, two values a byte; q8_0 and int8 rows: 32),
-// the unit of eight rows' blocks (after the eight f16 scales, 16 bytes, where the block has them),
-// and the centre taken off each quant value (q4_0: 8; q8_0's stored w + 128: 128).
+// the unit of eight rows' blocks (after the eight f16 scales, 16 bytes, where the block has them;
+// then, with minimums (q4_1, q5_1), the eight f16 m; then, with a fifth bit (q5_0, q5_1), the
+// eight rows' 32 bytes of fifth bits), and the centre taken off each quant value (q4_0: 8; q5_0:
+// 16; q8_0's stored w + 128: 128; none with minimums, whose m·Σx is added instead).
 struct Block32 {
-  bool eight_bit, scales = true;
-  constexpr std::int64_t head() const { return scales ? 16 : 0; }
+  bool eight_bit, scales = true, minimums = false, fifth_bit = false;
+  constexpr std::int64_t high_bits() const { return (scales ? 16 : 0) + (minimums ? 16 : 0); }
+  constexpr std::int64_t head() const { return high_bits() + (fifth_bit ? 32 : 0); }
   constexpr std::int64_t quant_bytes() const { return eight_bit ? 32 : 16; }
   constexpr std::int64_t unit() const { return head() + 8 * quant_bytes(); }
-  constexpr std::int32_t centre() const { return eight_bit ? 128 : 8; }
+  constexpr std::int32_t centre() const { return eight_bit ? 128 : minimums ? 0 : fifth_bit ? 16 : 8; }
 };
+
+// The fifth bits of eight rows' 32 values (q5_0, q5_1) or of a q5_k chunk's half (pieces 0-3 or
+// 4-7 of its two sub-blocks) as 32 bytes laid out as a piece's quant bytes: byte 4i + t holds in
+// bit k = 4h + p row i's fifth bit of the value that nibble h (0 low, 1 high) of byte t of piece p
+// holds. One load serves a block's (a half-chunk's) eight pieces; fifth_bit(H, k) is the bits of
+// piece and nibble k moved to bit 4 of each byte (0x10 or 0), ready to OR onto the nibbles: a
+// 16-bit shift and an AND (the shift moves bit k to bit 4 within each byte, k ≤ 7).
+constexpr std::int64_t fifth_bit_byte(std::int64_t i, std::int64_t t) { return 4 * i + t; }
+__m256i fifth_bit(__m256i h, int k) {
+  const __m256i moved =
+      k < 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - k)) : _mm256_srl_epi16(h, _mm_cvtsi32_si128(k - 4));
+  return _mm256_and_si256(moved, _mm256_set1_epi8(0x10));
+}
 
 // Where byte t of row i's quants sits in its unit, after `head` bytes of scales: pieces of 4,
 // piece j of every row together.
@@ -51,9 +67,14 @@ constexpr std::int64_t quant_byte(std::int64_t i, std::int64_t t, std::int64_t h
 // byte (at 32 + 8j + i and 96 + 8j + i), then the quants. Row i's quant byte t (ggml's order: byte
 // 32c + l holds value l of sub-block 2c in its low nibble, of sub-block 2c + 1 in its high one)
 // sits in chunk c's 256 bytes in pieces of 4 as the 32-blocks' do.
-constexpr std::int64_t kQ4kUnit = 1184;
+//
+// q5_k: the same, the quants 256 bytes later, after the fifth bits: chunk c's 64 bytes at 160 + 64c,
+// pieces 0-3 then 4-7 of its two sub-blocks as fifth_bit_byte lays out a block's (nibble h = 0:
+// sub-block 2c, 1: 2c + 1): 1440 bytes, 180 a row and super-block for ggml's 176.
+constexpr std::int64_t kQ4kUnit = 1184, kQ5kUnit = 1440, kQ5kHigh = 160;
+template <bool kFive = false>
 constexpr std::int64_t q4k_quant_byte(std::int64_t i, std::int64_t t) {
-  return 160 + 256 * (t / 32) + quant_byte(i, t % 32) - 16;
+  return (kFive ? 416 : 160) + 256 * (t / 32) + quant_byte(i, t % 32) - 16;
 }
 
 // iq4_xs: a super-block of eight rows is one unit of 1104 bytes: the eight d (f16), each
@@ -137,7 +158,10 @@ __m256i iq4_dot4(__m256i s, __m256i table, __m256i q, __m256i xb) {
 // Each kernel: y[0..7] = the eight rows of one group times row m of x (as q8_0 blocks), over
 // `units` blocks (32 values) or super-blocks (256).
 //
-// q4_0, q8_0 and iq4_nl: y[i] = Σ_b d_ib · dx_b · (Σ_k q_ik xq_k − centre · Σ_k xq_k). iq4_nl's
+// q4_0, q5_0, q8_0 and iq4_nl: y[i] = Σ_b d_ib · dx_b · (Σ_k q_ik xq_k − centre · Σ_k xq_k); q4_1 and
+// q5_1 (w = d·q + m): y[i] = Σ_b d_ib · dx_b · Σ_k q_ik xq_k + m_ib · dx_b · Σ_k xq_k. A fifth bit
+// (q5_0, q5_1) is ORed onto its nibble as bit 4: the values then reach 31, and vpmaddubsw's pairs
+// (without VNNI) stay below 2 · 31 · 127 < 2^15, exact. iq4_nl's
 // blocks are q4_0's, its nibbles indexes into the levels gguf::kIq4nlValues (one vpshufb for 32),
 // taken + 128 (unsigned, centre 128) where vpdpbusd sums them exactly, else as signed bytes. Int8
 // rows are q8_0 without the block scales (kScales false): y[i] = Σ_b dx_b · Σ_k q_ik xq_k, the row's
@@ -145,7 +169,9 @@ __m256i iq4_dot4(__m256i s, __m256i table, __m256i q, __m256i xb) {
 template <gguf::Type F, bool kScales = true>
 void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nb, float* y) {
   constexpr bool kEightBit = F == gguf::Type::Q8_0, kLevels = F == gguf::Type::IQ4_NL;
-  constexpr Block32 l{kEightBit, kScales};
+  constexpr bool kMin = F == gguf::Type::Q4_1 || F == gguf::Type::Q5_1,
+                 kFive = F == gguf::Type::Q5_0 || F == gguf::Type::Q5_1;
+  constexpr Block32 l{kEightBit, kScales, kMin, kFive};
   constexpr std::int32_t kCentre = kLevels ? kIq4Centre : kEightBit && !kVnni ? 0 : l.centre();
   [[maybe_unused]] const __m256i levels = iq4_table();
   const std::int8_t* xq = a.q.data() + m * a.cols;
@@ -153,10 +179,13 @@ void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int6
   const std::int32_t* xs = a.sum.data() + m * (a.cols / 32);
   const __m256i low = _mm256_set1_epi8(15);
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // two chains: blocks alternate
+  [[maybe_unused]] __m256 acc_m = _mm256_setzero_ps();
   for (std::int64_t b = 0; b < nb; ++b) {
     const std::uint8_t* u = group + b * l.unit();
     ask_ahead<l.unit()>(u);
     const std::int8_t* x = xq + 32 * b;
+    [[maybe_unused]] __m256i high;
+    if constexpr (kFive) high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + l.high_bits()));
     __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int j = 0; j < l.quant_bytes() / 4; ++j) {  // piece j of every row; four independent sums
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + l.head() + 32 * j));
@@ -168,7 +197,9 @@ void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int6
           s[j % 4] = dot4_acc(s[j % 4], _mm256_abs_epi8(w), _mm256_sign_epi8(broadcast4(x + 4 * j), w));
         }
       } else {
-        const __m256i q[2] = {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)};
+        __m256i q[2] = {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)};
+        if constexpr (kFive)
+          for (int h = 0; h < 2; ++h) q[h] = _mm256_or_si256(q[h], fifth_bit(high, 4 * h + j));
         for (int h = 0; h < 2; ++h) {
           const __m256i xb = broadcast4(x + 16 * h + 4 * j);
           s[j] = kLevels ? iq4_dot4(s[j], levels, q[h], xb) : dot4_acc(s[j], q[h], xb);
@@ -183,8 +214,14 @@ void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int6
     } else {
       acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(dx[b]), acc[b & 1]);
     }
+    if constexpr (kMin) {
+      const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 16)));
+      acc_m = _mm256_fmadd_ps(mn, _mm256_set1_ps(dx[b] * static_cast<float>(xs[b])), acc_m);
+    }
   }
-  _mm256_storeu_ps(y, _mm256_add_ps(acc[0], acc[1]));
+  __m256 total = _mm256_add_ps(acc[0], acc[1]);
+  if constexpr (kMin) total = _mm256_add_ps(total, acc_m);
+  _mm256_storeu_ps(y, total);
 }
 
 // Int4 groups of G, eight rows: y[i] = Σ_g s_ig · Σ_{b ⊂ g} dx_b · (Σ_{k ∈ b} q_ik xq_k − z_ig · Σ_{k ∈ b} xq_k),
@@ -226,27 +263,34 @@ void group_dot_int4(const std::uint8_t* group, const BlockedActivations& a, std:
   }
   _mm256_storeu_ps(y, out);
 }
-// q4_k, eight rows: y[i] = Σ_sb d_i·Σ_j sc_ij·dx_j·S_ij − dmin_i·Σ_j m_ij·dx_j·Σx_j, with S_ij = Σ_k q·xq
-// over sub-block j (exact, and exact times sc ≤ 63).
+// q4_k and q5_k, eight rows: y[i] = Σ_sb d_i·Σ_j sc_ij·dx_j·S_ij − dmin_i·Σ_j m_ij·dx_j·Σx_j, with S_ij = Σ_k q·xq
+// over sub-block j (exact, and exact times sc ≤ 63: |S| ≤ 32·31·127 with q5_k's fifth bit, ORed on as bit 4).
+template <bool kFive = false>
 void group_dot_q4k(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nsb, float* y) {
+  constexpr std::int64_t kUnit = kFive ? kQ5kUnit : kQ4kUnit, kQs = q4k_quant_byte<kFive>(0, 0);
   const std::int8_t* xq = a.q.data() + m * a.cols;
   const float* dx = a.d.data() + m * (a.cols / 32);
   const std::int32_t* xs = a.sum.data() + m * (a.cols / 32);
   const __m256i low = _mm256_set1_epi8(15);
   __m256 out = _mm256_setzero_ps();
   for (std::int64_t sb = 0; sb < nsb; ++sb) {
-    const std::uint8_t* u = group + sb * kQ4kUnit;
-    ask_ahead<kQ4kUnit>(u);
+    const std::uint8_t* u = group + sb * kUnit;
+    ask_ahead<kUnit>(u);
     __m256 acc_d = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
     for (int c = 0; c < 4; ++c) {
       const std::int64_t j = 8 * sb + 2 * c;  // x's block for sub-block 2c; 2c + 1 follows it
       const std::int8_t* x = xq + 32 * j;
       __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+      [[maybe_unused]] __m256i high;
       for (int p = 0; p < 8; ++p) {  // low nibbles: sub-block 2c, high: 2c + 1; two sums each
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 160 + 256 * c + 32 * p));
-        s[p & 1] = dot4_acc(s[p & 1], _mm256_and_si256(v, low), broadcast4(x + 4 * p));
-        s[2 + (p & 1)] =
-            dot4_acc(s[2 + (p & 1)], _mm256_and_si256(_mm256_srli_epi16(v, 4), low), broadcast4(x + 32 + 4 * p));
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + kQs + 256 * c + 32 * p));
+        __m256i q0 = _mm256_and_si256(v, low), q1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        if constexpr (kFive) {
+          if (p % 4 == 0) high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + kQ5kHigh + 64 * c + 8 * p));
+          q0 = _mm256_or_si256(q0, fifth_bit(high, p % 4)), q1 = _mm256_or_si256(q1, fifth_bit(high, 4 + p % 4));
+        }
+        s[p & 1] = dot4_acc(s[p & 1], q0, broadcast4(x + 4 * p));
+        s[2 + (p & 1)] = dot4_acc(s[2 + (p & 1)], q1, broadcast4(x + 32 + 4 * p));
       }
       for (int h = 0; h < 2; ++h) {
         const __m256i sum = _mm256_add_epi32(s[2 * h], s[2 * h + 1]);
@@ -358,6 +402,42 @@ void unpack_32(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
   if (kScales) std::memcpy(blk, u + 2 * i, 2);
   for (std::int64_t t = 0; t < l.quant_bytes(); ++t) blk[kQs + t] = u[quant_byte(i, t, l.head())] ^ (kEightBit ? 0x80 : 0);
 }
+// q4_1, q5_0 and q5_1 (ggml's bytes: d, m with minimums, qh[4] with a fifth bit, qs[16]; bit v of
+// qh is value v's fifth bit, value v being byte v % 16's low nibble below 16 and its high one
+// from 16) into a unit, and back: the f16 d and m, the fifth bits (fifth_bit_byte), the nibbles.
+template <gguf::Type F>
+void pack_32_more(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i) {
+  constexpr bool kMin = F != gguf::Type::Q5_0, kFive = F != gguf::Type::Q4_1;
+  constexpr Block32 l{false, true, kMin, kFive};
+  constexpr std::int64_t kQs = kMin ? (kFive ? 8 : 4) : 6;
+  std::memcpy(u + 2 * i, blk, 2);
+  if (kMin) std::memcpy(u + 16 + 2 * i, blk + 2, 2);
+  if (kFive) {
+    std::uint32_t qh;
+    std::memcpy(&qh, blk + kQs - 4, 4);
+    for (int v = 0; v < 32; ++v) {
+      std::uint8_t& h = u[l.high_bits() + fifth_bit_byte(i, v % 4)];
+      h = static_cast<std::uint8_t>(h | ((qh >> v) & 1) << (4 * (v / 16) + v % 16 / 4));
+    }
+  }
+  for (std::int64_t t = 0; t < 16; ++t) u[quant_byte(i, t, l.head())] = blk[kQs + t];
+}
+template <gguf::Type F>
+void unpack_32_more(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
+  constexpr bool kMin = F != gguf::Type::Q5_0, kFive = F != gguf::Type::Q4_1;
+  constexpr Block32 l{false, true, kMin, kFive};
+  constexpr std::int64_t kQs = kMin ? (kFive ? 8 : 4) : 6;
+  std::memcpy(blk, u + 2 * i, 2);
+  if (kMin) std::memcpy(blk + 2, u + 16 + 2 * i, 2);
+  if (kFive) {
+    std::uint32_t qh = 0;
+    for (int v = 0; v < 32; ++v)
+      qh |= static_cast<std::uint32_t>((u[l.high_bits() + fifth_bit_byte(i, v % 4)] >> (4 * (v / 16) + v % 16 / 4)) & 1)
+            << v;
+    std::memcpy(blk + kQs - 4, &qh, 4);
+  }
+  for (std::int64_t t = 0; t < 16; ++t) blk[kQs + t] = u[quant_byte(i, t, l.head())];
+}
 // Int8 rows' values, unscaled (the row's scale applies after).
 void decode_i8(const std::uint8_t* u, std::int64_t i, float* out) {
   for (std::int64_t t = 0; t < 32; ++t) out[t] = static_cast<float>(static_cast<std::int8_t>(u[quant_byte(i, t, 0)] ^ 0x80));
@@ -391,13 +471,26 @@ void decode_int4(const std::uint8_t* u, std::int64_t i, float* out) {
     out[t + G / 2] = static_cast<float>((v >> 4) - z) * s;
   }
 }
-void pack_q4k(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i) {  // blk: d, dmin, scales[12], qs[128]
+// q4_k (blk: d, dmin, scales[12], qs[128]) and q5_k (d, dmin, scales[12], qh[32], qs[128]; the
+// fifth bit of sub-block 2c's value l is bit 2c of qh[l], of sub-block 2c + 1's bit 2c + 1).
+template <bool kFive = false>
+void pack_q4k(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i) {
+  constexpr std::int64_t kQs = kFive ? 48 : 16;
   std::memcpy(u + 2 * i, blk, 2);
   std::memcpy(u + 16 + 2 * i, blk + 2, 2);
   for (int j = 0; j < 8; ++j) gguf::scale_min_k4(j, blk + 4, u[32 + 8 * j + i], u[96 + 8 * j + i]);
-  for (std::int64_t t = 0; t < 128; ++t) u[q4k_quant_byte(i, t)] = blk[16 + t];
+  for (std::int64_t t = 0; t < 128; ++t) u[q4k_quant_byte<kFive>(i, t)] = blk[kQs + t];
+  if (kFive)
+    for (int c = 0; c < 4; ++c)
+      for (int h = 0; h < 2; ++h)
+        for (int l = 0; l < 32; ++l) {
+          std::uint8_t& b = u[kQ5kHigh + 64 * c + 32 * (l / 16) + fifth_bit_byte(i, l % 4)];
+          b = static_cast<std::uint8_t>(b | ((blk[16 + l] >> (2 * c + h)) & 1) << (4 * h + l % 16 / 4));
+        }
 }
+template <bool kFive = false>
 void unpack_q4k(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
+  constexpr std::int64_t kQs = kFive ? 48 : 16;
   std::memcpy(blk, u + 2 * i, 2);
   std::memcpy(blk + 2, u + 16 + 2 * i, 2);
   std::uint8_t* sc = blk + 4;  // scale_min_k4's packing undone: 6-bit values, j ≥ 4 split over three bytes
@@ -408,7 +501,16 @@ void unpack_q4k(const std::uint8_t* u, std::int64_t i, std::uint8_t* blk) {
     sc[j + 4] = static_cast<std::uint8_t>(m0 | (m1 >> 4) << 6);
     sc[j + 8] = static_cast<std::uint8_t>((s1 & 15) | (m1 & 15) << 4);
   }
-  for (std::int64_t t = 0; t < 128; ++t) blk[16 + t] = u[q4k_quant_byte(i, t)];
+  for (std::int64_t t = 0; t < 128; ++t) blk[kQs + t] = u[q4k_quant_byte<kFive>(i, t)];
+  if (kFive) {
+    std::memset(blk + 16, 0, 32);
+    for (int c = 0; c < 4; ++c)
+      for (int h = 0; h < 2; ++h)
+        for (int l = 0; l < 32; ++l) {
+          const std::uint8_t b = u[kQ5kHigh + 64 * c + 32 * (l / 16) + fifth_bit_byte(i, l % 4)];
+          blk[16 + l] = static_cast<std::uint8_t>(blk[16 + l] | ((b >> (4 * h + l % 16 / 4)) & 1) << (2 * c + h));
+        }
+  }
 }
 void pack_q6k(const std::uint8_t* blk, std::uint8_t* u, std::int64_t i) {  // blk: ql[128], qh[64], scales[16], d
   std::memcpy(u + 2 * i, blk + 208, 2);
@@ -454,6 +556,13 @@ const Codec* codec_of(const Layout& layout) {
       {Layout::blocks(T::Q8_0), 32, 34, Block32{true}.unit(), pack_32<true>, unpack_32<true>, group_dot<T::Q8_0>},
       {Layout::blocks(T::IQ4_NL), 32, 18, Block32{false}.unit(), pack_32<false>, unpack_32<false>, group_dot<T::IQ4_NL>},
       {Layout::blocks(T::Q4_K), 256, 144, kQ4kUnit, pack_q4k, unpack_q4k, group_dot_q4k},
+      {Layout::blocks(T::Q5_K), 256, 176, kQ5kUnit, pack_q4k<true>, unpack_q4k<true>, group_dot_q4k<true>},
+      {Layout::blocks(T::Q4_1), 32, 20, Block32{false, true, true, false}.unit(), pack_32_more<T::Q4_1>,
+       unpack_32_more<T::Q4_1>, group_dot<T::Q4_1>},
+      {Layout::blocks(T::Q5_0), 32, 22, Block32{false, true, false, true}.unit(), pack_32_more<T::Q5_0>,
+       unpack_32_more<T::Q5_0>, group_dot<T::Q5_0>},
+      {Layout::blocks(T::Q5_1), 32, 24, Block32{false, true, true, true}.unit(), pack_32_more<T::Q5_1>,
+       unpack_32_more<T::Q5_1>, group_dot<T::Q5_1>},
       {Layout::blocks(T::Q6_K), 256, 210, kQ6kUnit, pack_q6k, unpack_q6k, group_dot_q6k},
       {Layout::blocks(T::IQ4_XS), 256, 136, kIq4xsUnit, pack_iq4xs, unpack_iq4xs, group_dot_iq4xs},
       {Layout::int8_rows(), 32, 32, Block32{true, false}.unit(), pack_32<true, false>, unpack_32<true, false>,
@@ -515,7 +624,8 @@ bool interleavable(const Layout& layout, std::int64_t rows, std::int64_t cols) {
 Interleaved8::Interleaved8(const Layout& layout, std::int64_t rows, std::int64_t cols, const std::uint8_t* row_blocks,
                            const float* row_scales)
     : layout_(layout), rows_(rows), cols_(cols) {
-  IL_CHECK(interleavable(layout, rows, cols), "interleaved blocks: need a q4_0, q8_0, iq4_nl, q4_k, q6_k, iq4_xs, ",
+  IL_CHECK(interleavable(layout, rows, cols),
+           "interleaved blocks: need a q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q4_k, q5_k, q6_k, iq4_xs, ",
            "int8-row or int4-group matrix with rows a multiple of 8 and whole blocks (and a CPU with AVX2), got ",
            layout.name(), " ", rows, " × ", cols);
   const Codec& c = *codec_of(layout);

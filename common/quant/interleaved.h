@@ -1,6 +1,6 @@
 #pragma once
 /// @file interleaved.h
-/// @brief Quantised matrices with eight rows' blocks interleaved, for the CPU's decode product: llama.cpp's q4_0, q8_0, iq4_nl, q4_k, q6_k and iq4_xs, and int8 rows and int4 groups.
+/// @brief Quantised matrices with eight rows' blocks interleaved, for the CPU's decode product: llama.cpp's q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q4_k, q5_k, q6_k and iq4_xs, and int8 rows and int4 groups.
 ///
 /// A q4_0 or q8_0 row stores its 32-weight blocks one after another, and the row-at-a-time product
 /// (blocks.h) pays per row and block for a horizontal sum and a scalar scale. Stored eight
@@ -12,10 +12,16 @@
 /// ones 16+4j..; q8_0's signed bytes are kept as w + 128, unsigned as vpdpbusd wants them, and
 /// 128·Σx is taken off again. iq4_nl's blocks are q4_0's; its nibbles become their levels, + 128,
 /// with one vpshufb. iq4_xs's super-blocks are eight such blocks, their 6-bit scales unpacked to a
-/// byte each, 138 bytes read for every 136.) q4_k's 256-value super-blocks interleave the same way, their 6-bit
-/// scales and minimums unpacked to a byte each (16 bytes a row and super-block instead of 12, so
-/// such a matrix reads 148/144 of its bytes), applied per 32-value sub-block as 8-lane vectors;
-/// q6_k's 6-bit values are split into q4_k's nibble layout and a byte of top bits per four values
+/// byte each, 138 bytes read for every 136. q4_1 and q5_1 add the eight f16 minimums m after the
+/// scales, their m·Σx taken from x's block sums; q5_0 and q5_1 add 32 bytes of fifth bits laid out
+/// as a piece: byte 4·i + t holds in bit 4·h + j the fifth bit of nibble h of byte t of piece j of
+/// row i, so one load serves a block and a shift and an AND move a piece's bits to bit 4 of each
+/// byte, ORed onto the nibbles: each reads exactly its format's bytes.) q4_k's 256-value
+/// super-blocks interleave the same way, their 6-bit scales and minimums unpacked to a byte each
+/// (16 bytes a row and super-block instead of 12, so such a matrix reads 148/144 of its bytes),
+/// applied per 32-value sub-block as 8-lane vectors; q5_k's are q4_k's with 32 bytes of fifth bits
+/// a row laid out as q5_0's (two sub-blocks' pieces 0-3, then 4-7, as a block's: 180/176 of its
+/// bytes); q6_k's 6-bit values are split into q4_k's nibble layout and a byte of top bits per four values
 /// (the same 210 bytes a row and super-block). llama.cpp repacks tensors in the same spirit at load
 /// (its log names the layout, e.g. "repack tensor blk.0.attn_q.weight with q4_0_8x8").
 ///
@@ -97,7 +103,8 @@ class Interleaved8 {
  private:
   Layout layout_;
   std::int64_t rows_, cols_;
-  Tensor data_;  ///< rows/8 groups of units: 8 · 18 (q4_0, iq4_nl), 8 · 34 (q8_0), 8 · 148 (q4_k), 8 · 210 (q6_k),
+  Tensor data_;  ///< rows/8 groups of units: 8 · 18 (q4_0, iq4_nl), 8 · 20 (q4_1), 8 · 22 (q5_0), 8 · 24 (q5_1),
+                 ///< 8 · 34 (q8_0), 8 · 148 (q4_k), 8 · 180 (q5_k), 8 · 210 (q6_k),
                  ///< 8 · 138 (iq4_xs), 8 · 32 (int8 rows) or 8 · (4 + G/2), + 8 with zero points (int4 groups) bytes
   Tensor row_scales_;
 };
@@ -105,8 +112,8 @@ class Interleaved8 {
 /// Whether this build has the eight-row kernels (they need AVX2, FMA and F16C; without them no
 /// matrix is interleaved and every product keeps the row order).
 bool interleaved_kernels();
-/// Whether a `rows` × `cols` matrix in `layout` can be Interleaved8: a q4_0, q8_0, iq4_nl, q4_k,
-/// q6_k or iq4_xs matrix, int8 rows, or int4 groups of 32, 64 or 128, with rows a multiple of 8 and
+/// Whether a `rows` × `cols` matrix in `layout` can be Interleaved8: a q4_0, q4_1, q5_0, q5_1, q8_0,
+/// iq4_nl, q4_k, q5_k, q6_k or iq4_xs matrix, int8 rows, or int4 groups of 32, 64 or 128, with rows a multiple of 8 and
 /// whole blocks (32 values; 256 for the super-blocks; a group), in a build with the kernels.
 bool interleavable(const Layout& layout, std::int64_t rows, std::int64_t cols);
 

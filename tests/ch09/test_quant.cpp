@@ -1272,16 +1272,23 @@ void expect_products_within_the_bound(const QMatrix& q, const std::string& what,
   }
 }
 
-// q4_k, q6_k, iq4_nl and iq4_xs interleaved eight rows at a time (q4_k's and iq4_xs's scales
-// unpacked to bytes, q6_k's values split into their low four and top two bits, iq4_nl's blocks as q4_0's)
-// give their bytes back in row order exactly and multiply within the same bound as the row-order
-// products.
+// q4_k, q5_k, q6_k, iq4_nl, iq4_xs, q4_1, q5_0 and q5_1 interleaved eight rows at a time (q4_k's,
+// q5_k's and iq4_xs's scales unpacked to bytes, q6_k's values split into their low four and top two
+// bits, the fifth bits of q5_0, q5_1 and q5_k gathered a piece at a time, iq4_nl's blocks as
+// q4_0's) give their bytes back in row order exactly and multiply within the same bound as the
+// row-order products.
 TEST(Gguf, InterleavedKQuantsAreTheSameMatrix) {
   if (!quant::interleaved_kernels())
     GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
   test::ThreadCount threads(2);
-  for (const auto& [f, bb] : std::vector<std::pair<Format, std::int64_t>>{
-           {Format::Q4_K, 144}, {Format::Q6_K, 210}, {Format::IQ4_NL, 18}, {Format::IQ4_XS, 136}}) {
+  for (const auto& [f, bb] : std::vector<std::pair<Format, std::int64_t>>{{Format::Q4_K, 144},
+                                                                          {Format::Q5_K, 176},
+                                                                          {Format::Q6_K, 210},
+                                                                          {Format::IQ4_NL, 18},
+                                                                          {Format::IQ4_XS, 136},
+                                                                          {Format::Q4_1, 20},
+                                                                          {Format::Q5_0, 22},
+                                                                          {Format::Q5_1, 24}}) {
     SCOPED_TRACE(QuantSpec{f}.name());
     const std::int64_t N = 16, K = 512, bv = gguf::block_values(gguf_type(f));  // two super-blocks a row
     Tensor bytes = Tensor::empty({N * K / bv * bb}, DType::U8);
@@ -1295,9 +1302,10 @@ TEST(Gguf, InterleavedKQuantsAreTheSameMatrix) {
     ASSERT_TRUE(interleavable(q));
     const Interleaved8 il(q);
     expect_the_same_blocks(il, q);
-    // q4_k: each row's scales and minimums as 16 bytes instead of 12; iq4_xs's 6 bytes of scales
-    // as 8; q6_k and iq4_nl: the same bytes
+    // q4_k and q5_k: each row's scales and minimums as 16 bytes instead of 12; iq4_xs's 6 bytes of
+    // scales as 8; the others: the same bytes
     EXPECT_EQ(il.bytes(), f == Format::Q4_K     ? q.bytes() / 144 * 148
+                          : f == Format::Q5_K   ? q.bytes() / 176 * 180
                           : f == Format::IQ4_XS ? q.bytes() / 136 * 138
                                                 : q.bytes());
     expect_products_within_the_bound(q, QuantSpec{f}.name(), &il);
@@ -1609,12 +1617,13 @@ int generate_checking_products(const ch01::Llama& il, int tokens) {
   return checked;
 }
 
-// Q4_0, Q8_0, IQ4_NL, Q4_K, Q6_K and IQ4_XS files whose matrices run interleaved (as `run` does on the CPU) run as the files do.
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS files whose matrices run
+// interleaved (as `run` does on the CPU) run as the files do.
 TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
   if (!quant::interleaved_kernels())
     GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels: run keeps every matrix in row order";
-  for (const gguf::Type t :
-       {gguf::Type::Q4_0, gguf::Type::Q8_0, gguf::Type::IQ4_NL, gguf::Type::Q4_K, gguf::Type::Q6_K, gguf::Type::IQ4_XS}) {
+  for (const gguf::Type t : {gguf::Type::Q4_0, gguf::Type::Q4_1, gguf::Type::Q5_0, gguf::Type::Q5_1, gguf::Type::Q8_0,
+                             gguf::Type::IQ4_NL, gguf::Type::Q4_K, gguf::Type::Q5_K, gguf::Type::Q6_K, gguf::Type::IQ4_XS}) {
     SCOPED_TRACE(gguf::type_name(t));
     test::TempDir dir;
     const TransformerConfig c = super_block_config();
@@ -1625,11 +1634,11 @@ TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
     interleave_blocks(il, &count);
     EXPECT_EQ(count, 7 * c.num_layers + 1);
     EXPECT_NE(dynamic_cast<const Interleaved8*>(il.layers[0].wq.packed.get()), nullptr);
-    // the same bytes a step, but q4_k's 12 bytes of scales and minimums a super-block and row,
-    // which become 16, and iq4_xs's 6 bytes of scales, which become 8
+    // the same bytes a step, but q4_k's and q5_k's 12 bytes of scales and minimums a super-block
+    // and row, which become 16, and iq4_xs's 6 bytes of scales, which become 8
     std::int64_t scale_bytes = 0;
-    if (t == gguf::Type::Q4_K || t == gguf::Type::IQ4_XS) {
-      const std::int64_t bb = gguf::row_bytes(t, 256), more = t == gguf::Type::Q4_K ? 4 : 2;
+    if (t == gguf::Type::Q4_K || t == gguf::Type::Q5_K || t == gguf::Type::IQ4_XS) {
+      const std::int64_t bb = gguf::row_bytes(t, 256), more = t == gguf::Type::IQ4_XS ? 2 : 4;
       for (const ch01::LlamaLayer& l : m.layers)
         for (const Linear* w : l.linears()) scale_bytes += w->bytes() / bb * more;
       scale_bytes += m.lm_head.bytes() / bb * more;
