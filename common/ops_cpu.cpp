@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -267,9 +266,9 @@ void weighted_values_heads(const float* p, std::int64_t n, std::int64_t Dv, RowO
   std::int64_t d = 0;
   for (; d + 64 <= Dv; d += 64) weighted_values_block<GH, 4>(p, n, d, v_row, o, Dv);
   for (; d + 16 <= Dv; d += 16) weighted_values_block<GH, 1>(p, n, d, v_row, o, Dv);
-  // The last Dv mod 16 values one at a time, each product added by one fused multiply-add as the
-  // vectors' are (written out: left to the compiler, a loop like this one was contracted in one
-  // inlined copy and not in another, and paged and contiguous caches differed in the last bit).
+  // The last Dv mod 16 values one at a time, each product added by one fused multiply-add, written
+  // out: left to the compiler, a loop like this one was contracted in one inlined copy and not in
+  // another, and paged and contiguous caches differed in the last bit.
   for (; d < Dv; ++d)
     for (int g = 0; g < GH; ++g) {
       float s = 0.0f;
@@ -290,9 +289,10 @@ void weighted_values(const float* p, std::int64_t n, std::int64_t G, std::int64_
 }
 
 // Attention, fast path. Each task takes one query row and a range of KV heads with their whole
-// query groups: every cached key and value row is read once per group rather than once per
-// query head (the saving GQA is for), rows are walked in position order (all of the range's heads
-// at position j, then j + 1), and the q·k products use the SIMD dot above. The tasks of a batch
+// query groups: every cached key row is read once per group rather than once per query head (the
+// saving GQA is for), and every value row once per four of its group's heads (weighted_values);
+// keys are walked in position order (all of the range's heads at position j, then j + 1), and the
+// q·k products use the SIMD dot above. The tasks of a batch
 // are those of all its sequences together, so decode rows of many sequences share the threads;
 // each row only needs to know its sequence, and where that sequence's cache keeps position j
 // (row j of its storage, or the row its block table names).

@@ -74,7 +74,7 @@ constexpr std::int64_t quant_byte(std::int64_t i, std::int64_t t, std::int64_t h
 constexpr std::int64_t kQ4kUnit = 1184, kQ5kUnit = 1440, kQ5kHigh = 160;
 template <bool kFive = false>
 constexpr std::int64_t q4k_quant_byte(std::int64_t i, std::int64_t t) {
-  return (kFive ? 416 : 160) + 256 * (t / 32) + quant_byte(i, t % 32) - 16;
+  return (kFive ? kQ5kHigh + 256 : 160) + 256 * (t / 32) + quant_byte(i, t % 32) - 16;
 }
 
 // iq4_xs: a super-block of eight rows is one unit of 1104 bytes: the eight d (f16), each
@@ -133,6 +133,19 @@ inline void ask_ahead(const std::uint8_t* u) {
   quant::ask_ahead(u, kUnit);
 }
 
+// Row m of x as q8_0 blocks, as the kernels read it: its int8 values, each block's scale, and the
+// sums of each block's values (of 32, and of each half: q6_k's groups of 16).
+struct XRow {
+  const std::int8_t* q;
+  const float* d;
+  const std::int32_t* sum;
+  const std::int16_t* sum16;
+};
+XRow x_row(const BlockedActivations& a, std::int64_t m) {
+  return {a.q.data() + m * a.cols, a.d.data() + m * (a.cols / 32), a.sum.data() + m * (a.cols / 32),
+          a.sum16.data() + m * (a.cols / 16)};
+}
+
 __m256i broadcast4(const std::int8_t* p) {
   std::int32_t v;
   std::memcpy(&v, p, 4);
@@ -174,9 +187,7 @@ void group_dot(const std::uint8_t* group, const BlockedActivations& a, std::int6
   constexpr Block32 l{kEightBit, kScales, kMin, kFive};
   constexpr std::int32_t kCentre = kLevels ? kIq4Centre : kEightBit && !kVnni ? 0 : l.centre();
   [[maybe_unused]] const __m256i levels = iq4_table();
-  const std::int8_t* xq = a.q.data() + m * a.cols;
-  const float* dx = a.d.data() + m * (a.cols / 32);
-  const std::int32_t* xs = a.sum.data() + m * (a.cols / 32);
+  const auto [xq, dx, xs, xs16] = x_row(a, m);
   const __m256i low = _mm256_set1_epi8(15);
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // two chains: blocks alternate
   [[maybe_unused]] __m256 acc_m = _mm256_setzero_ps();
@@ -233,9 +244,7 @@ template <int G, bool kZero>
 void group_dot_int4(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t ng, float* y) {
   constexpr int kBlocks = G / 32, kPieces = G / 8;
   constexpr std::int64_t kHead = kZero ? 40 : 32, kUnit = kHead + 4 * G;
-  const std::int8_t* xq = a.q.data() + m * a.cols;
-  const float* dx = a.d.data() + m * (a.cols / 32);
-  const std::int32_t* xs = a.sum.data() + m * (a.cols / 32);
+  const auto [xq, dx, xs, xs16] = x_row(a, m);
   const __m256i low = _mm256_set1_epi8(15);
   __m256 out = _mm256_setzero_ps();
   for (std::int64_t g = 0; g < ng; ++g) {
@@ -268,9 +277,7 @@ void group_dot_int4(const std::uint8_t* group, const BlockedActivations& a, std:
 template <bool kFive = false>
 void group_dot_q4k(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nsb, float* y) {
   constexpr std::int64_t kUnit = kFive ? kQ5kUnit : kQ4kUnit, kQs = q4k_quant_byte<kFive>(0, 0);
-  const std::int8_t* xq = a.q.data() + m * a.cols;
-  const float* dx = a.d.data() + m * (a.cols / 32);
-  const std::int32_t* xs = a.sum.data() + m * (a.cols / 32);
+  const auto [xq, dx, xs, xs16] = x_row(a, m);
   const __m256i low = _mm256_set1_epi8(15);
   __m256 out = _mm256_setzero_ps();
   for (std::int64_t sb = 0; sb < nsb; ++sb) {
@@ -311,9 +318,7 @@ void group_dot_q4k(const std::uint8_t* group, const BlockedActivations& a, std::
 // iq4_xs, eight rows: y[i] = Σ_sb d_i · Σ_j sc_ij · dx_j · S_ij, with S_ij = Σ_k T[q]·xq over
 // sub-block j (exact, and exact times |sc| ≤ 32), sub-block j being x's block 8·sb + j.
 void group_dot_iq4xs(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nsb, float* y) {
-  const std::int8_t* xq = a.q.data() + m * a.cols;
-  const float* dx = a.d.data() + m * (a.cols / 32);
-  const std::int32_t* xs = a.sum.data() + m * (a.cols / 32);
+  const auto [xq, dx, xs, xs16] = x_row(a, m);
   const __m256i low = _mm256_set1_epi8(15), table = iq4_table();
   __m256 out = _mm256_setzero_ps();
   for (std::int64_t sb = 0; sb < nsb; ++sb) {
@@ -342,9 +347,7 @@ void group_dot_iq4xs(const std::uint8_t* group, const BlockedActivations& a, std
 // q6_k, eight rows: y[i] = Σ_sb d_i · Σ_b dx_b · Σ_{g ⊂ b} sc_ig · (S_ig − 32 · Σ_{k ∈ g} xq_k), S_ig = Σ_{k ∈ g} q·xq,
 // all in int32 but the block scale dx_b and d_i.
 void group_dot_q6k(const std::uint8_t* group, const BlockedActivations& a, std::int64_t m, std::int64_t nsb, float* y) {
-  const std::int8_t* xq = a.q.data() + m * a.cols;
-  const float* dx = a.d.data() + m * (a.cols / 32);
-  const std::int16_t* xs16 = a.sum16.data() + m * (a.cols / 16);
+  const auto [xq, dx, xs, xs16] = x_row(a, m);
   const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30), bits01 = _mm256_set1_epi8(3);
   __m256 out = _mm256_setzero_ps();
   for (std::int64_t sb = 0; sb < nsb; ++sb) {
