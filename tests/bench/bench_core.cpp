@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/ceiling.h"
+#include "common/cli.h"
 #include "common/cuda/backend.h"
 #include "common/metrics.h"
 #include "common/ops.h"
@@ -286,6 +287,7 @@ BENCHMARK(BM_CudaGemm)->Args({4096, 4096, 4096})->UseManualTime()->Unit(benchmar
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively(argv);  // as the executables wait (common/cli.h)
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   try {

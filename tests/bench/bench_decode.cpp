@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "bench_main.h"
 #include "chapters/02_kv_cache/cuda_decode.h"
 #include "chapters/02_kv_cache/kv_cache.h"
 #include "common/ceiling.h"
@@ -145,4 +146,4 @@ BENCHMARK(BM_CudaDecode)->ArgsProduct({{1, 8}, {1, 2, 3}})->UseManualTime()->Ite
 
 }  // namespace
 
-BENCHMARK_MAIN();
+INFERLAB_BENCHMARK_MAIN()

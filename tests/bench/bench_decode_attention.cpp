@@ -22,6 +22,7 @@
 #include <tuple>
 
 #include "../attention_exact.h"
+#include "bench_main.h"
 #include "common/cached_batch.h"
 #include "common/cuda/backend.h"
 #include "common/metrics.h"
@@ -214,4 +215,4 @@ BENCHMARK(BM_CudaDecodeAttentionBatch)
 
 }  // namespace
 
-BENCHMARK_MAIN();
+INFERLAB_BENCHMARK_MAIN()

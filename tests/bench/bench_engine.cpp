@@ -12,6 +12,7 @@
 
 #include <memory>
 
+#include "bench_main.h"
 #include "chapters/11_continuous_batching/engine.h"
 #include "chapters/12_paged_attention/paged_cache.h"
 #include "common/ceiling.h"
@@ -93,4 +94,4 @@ BENCHMARK(BM_EngineDecodeStep)
 
 }  // namespace
 
-BENCHMARK_MAIN();
+INFERLAB_BENCHMARK_MAIN()

@@ -6,6 +6,7 @@
 // by bench_decode_attention.
 #include <benchmark/benchmark.h>
 
+#include "bench_main.h"
 #include "common/ceiling.h"
 #include "common/metrics.h"
 #include "common/ops.h"
@@ -42,4 +43,4 @@ BENCHMARK(BM_CpuDecodeAttention)->ArgsProduct({{4096, 16384}, {N, K}})->UseManua
 
 }  // namespace
 
-BENCHMARK_MAIN();
+INFERLAB_BENCHMARK_MAIN()

@@ -16,6 +16,7 @@
 
 #include <cmath>
 
+#include "bench_main.h"
 #include "chapters/03_gqa/cuda_gqa.h"
 #include "chapters/04_mla/cuda_mla.h"
 #include "common/cuda/backend.h"
@@ -131,4 +132,4 @@ BENCHMARK(BM_CudaMlaDecode)
 
 }  // namespace
 
-BENCHMARK_MAIN();
+INFERLAB_BENCHMARK_MAIN()

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "bench_main.h"
 #include "chapters/09_quantization/qmodel.h"
 #include "chapters/09_quantization/quant.h"
 #include "chapters/09_quantization/quant_impl.h"
@@ -183,4 +184,4 @@ BENCHMARK(BM_CpuFewRows)->ArgsProduct({{2}, {12, 16, 24, 32, 33}})->UseManualTim
 
 }  // namespace
 
-BENCHMARK_MAIN();
+INFERLAB_BENCHMARK_MAIN()

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_main.h"
 #include "common/gguf.h"
 #include "common/gguf_tokenizer.h"
 
@@ -69,4 +70,4 @@ BENCHMARK(BM_GgufSentencePieceLongestPiece)->RangeMultiplier(4)->Range(1 << 10, 
 
 }  // namespace
 
-BENCHMARK_MAIN();
+INFERLAB_BENCHMARK_MAIN()
