@@ -40,4 +40,29 @@ Tensor linear(const Tensor& x, const Linear& l) {
   return out;
 }
 
+std::vector<Tensor> linears(const Tensor& x, const std::vector<const Linear*>& ls) {
+  IL_CHECK(x.ndim() == 2, "linears: x must be [M, K], got ", x.describe());
+  std::vector<Tensor> outs;
+  bool plain = true;
+  for (const Linear* l : ls) {
+    IL_CHECK(l->defined(), "linears: a layer has no weight");
+    outs.push_back(Tensor::empty({x.size(0), l->out_features()}, DType::F32, x.device()));
+    plain = plain && !l->packed;
+  }
+  if (!plain) {
+    for (std::size_t j = 0; j < ls.size(); ++j) linear(x, *ls[j], outs[j]);
+    return outs;
+  }
+  std::vector<const Tensor*> ws;
+  std::vector<Tensor*> ys;
+  for (std::size_t j = 0; j < ls.size(); ++j) {
+    if (active_hook) active_hook->fn_(*ls[j], x);
+    ws.push_back(&ls[j]->weight), ys.push_back(&outs[j]);
+  }
+  ops::matmuls(x, ws, ys);
+  for (std::size_t j = 0; j < ls.size(); ++j)
+    if (ls[j]->bias.defined()) ops::add(outs[j], ls[j]->bias, outs[j]);
+  return outs;
+}
+
 }  // namespace inferlab

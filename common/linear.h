@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "common/tensor.h"
 
@@ -57,6 +58,10 @@ struct Linear {
 /// out [M, N] = x [M, K] · Wᵀ + b.
 void linear(const Tensor& x, const Linear& l, Tensor& out);
 Tensor linear(const Tensor& x, const Linear& l);
+/// linear(x, *l) for several layers that share their input (q, k and v; gate and up). Plain
+/// weights go through ops::matmuls (on the CPU at decode, one pass of the threads over all of
+/// their rows); packed ones one linear() each. The results are linear()'s, bit for bit.
+std::vector<Tensor> linears(const Tensor& x, const std::vector<const Linear*>& ls);
 
 /// While alive, every linear() on this thread first calls `fn(layer, x)`: a way to watch what a
 /// model's layers are fed (chapter 09's AWQ records each layer's calibration inputs this way)
@@ -71,6 +76,7 @@ class LinearHook {
 
  private:
   friend void linear(const Tensor&, const Linear&, Tensor&);
+  friend std::vector<Tensor> linears(const Tensor&, const std::vector<const Linear*>&);
   Fn fn_;
   LinearHook* parent_;
 };

@@ -487,6 +487,12 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   check::matmul(x, w, out);
   x.is_cuda() ? cuda::matmul(x, w, out) : cpu::matmul(x, w, out);
 }
+void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& outs) {
+  IL_CHECK(ws.size() == outs.size(), "matmuls: ", ws.size(), " weights but ", outs.size(), " outputs");
+  for (std::size_t j = 0; j < ws.size(); ++j) check::matmul(x, *ws[j], *outs[j]);
+  if (!x.is_cuda()) return cpu::matmuls(x, ws, outs);
+  for (std::size_t j = 0; j < ws.size(); ++j) cuda::matmul(x, *ws[j], *outs[j]);
+}
 Tensor matmul(const Tensor& x, const Tensor& w) {
   Tensor out = Tensor::empty({x.size(0), w.size(0)}, DType::F32, x.device());
   matmul(x, w, out);

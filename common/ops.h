@@ -86,6 +86,10 @@ namespace ops {
 /// out[M,N] = x[M,K] · w[N,K]ᵀ (w stored as PyTorch's Linear stores it: one row per output).
 void matmul(const Tensor& x, const Tensor& w, Tensor& out);
 Tensor matmul(const Tensor& x, const Tensor& w);
+/// out_j = x · w_jᵀ for several weights that share their input (q, k and v; gate and up): the
+/// same sums as one matmul each, but on the CPU at decode one pass of the threads over the rows of
+/// them all (cpu::matmuls).
+void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& outs);
 /// out = a + b, where b has a's shape or is one row [N] broadcast over a's rows.
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 Tensor add(const Tensor& a, const Tensor& b);

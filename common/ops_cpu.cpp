@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <vector>
 #include <Eigen/Core>
 
@@ -238,6 +239,56 @@ BatchGemv batch_gemv() { return g_batch_gemv.load(std::memory_order_relaxed); }
 void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   if (x.size(0) <= kGemvMaxRows) gemv(x, w, out);
   else gemm(x, w, out);
+}
+
+namespace {
+
+// The rows kernel of gemv_of over several weights of one type: a task is one weight row (two for
+// 5 or 6 rows of x) of one of the weights, numbered across them all, so one parallel region
+// covers every row and each row is summed exactly as gemv_of sums it.
+template <class W>
+void gemv_rows_of(const float* X, std::int64_t M, std::int64_t K, const std::vector<const W*>& ws,
+                  const std::vector<std::int64_t>& ns, const std::vector<float*>& ys) {
+  const std::int64_t pair = M == 5 || M == 6 ? 2 : 1;
+  std::vector<std::int64_t> first(ws.size() + 1, 0);  // the first task of each weight
+  for (std::size_t j = 0; j < ws.size(); ++j) first[j + 1] = first[j] + (ns[j] + pair - 1) / pair;
+  const std::int64_t tasks = first.back(), rows = std::accumulate(ns.begin(), ns.end(), std::int64_t{0});
+#pragma omp parallel for schedule(static) if (M * rows * K >= kParallelWork)
+  for (std::int64_t t = 0; t < tasks; ++t) {
+    std::size_t j = 0;
+    while (t >= first[j + 1]) ++j;
+    const std::int64_t n = (t - first[j]) * pair, N = ns[j];
+    const W* row = ws[j] + n * K;
+    float* y = ys[j] + n;
+    pair == 2 && n + 1 < N ? two_rows_of(X, M, K, row, y, N) : dot_rows_of(X, M, K, row, y, N);
+  }
+}
+
+template <class W>
+void gemv_rows_of(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& outs) {
+  std::vector<const W*> w;
+  std::vector<std::int64_t> n;
+  std::vector<float*> y;
+  for (std::size_t j = 0; j < ws.size(); ++j)
+    w.push_back(static_cast<const W*>(ws[j]->raw_data())), n.push_back(ws[j]->size(0)), y.push_back(outs[j]->data<float>());
+  gemv_rows_of(x.data<float>(), x.size(0), x.size(1), w, n, y);
+}
+
+}  // namespace
+
+void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& outs) {
+  const DType wt = ws.empty() ? DType::F32 : ws[0]->dtype();
+  bool shared = x.size(0) < 8;  // the rows kernel (from 8 rows, the tiles or a GEMM: one call each)
+  for (const Tensor* w : ws) shared = shared && w->dtype() == wt;
+  if (!shared) {
+    for (std::size_t j = 0; j < ws.size(); ++j) matmul(x, *ws[j], *outs[j]);
+    return;
+  }
+  switch (wt) {
+    case DType::F32: return gemv_rows_of<float>(x, ws, outs);
+    case DType::BF16: return gemv_rows_of<std::uint16_t>(x, ws, outs);
+    default: return gemv_rows_of<Half>(x, ws, outs);  // F16
+  }
 }
 
 // o[g·Dv + d] = Σ_j p[g·n + j] · v_row(j)[d] for the G query heads of one KV head, over its n

@@ -189,6 +189,10 @@ using simd::dot;
 using simd::dots;
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out);
+/// matmul of one x by several checked weights (q, k and v; gate and up): below 8 rows of x, one
+/// parallel region over the rows of all of them, each row summed as matmul sums it, so the threads
+/// are woken once and a weight too small to split on its own is split with the others.
+void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& outs);
 /// How matmul multiplies 8 to 32 rows of x (a batched decode step) by f32, bf16 or f16 weights:
 /// `Rows`, the simple version, dots each weight row with eight x rows at a time (dots<8>);
 /// `Tiles` (the default) keeps a tile of 4 weight rows × 8 x rows in 32 vector accumulators of 16

@@ -65,6 +65,27 @@ TEST(Linear, PlainAndPackedWeightsGiveTheSameProductPlusBias) {
   test::expect_error([&] { linear(x, Linear{}); }, {"linear", "no weight"});
 }
 
+TEST(Linear, LayersSharingAnInputGiveWhatEachGivesAlone) {
+  auto rng = test::rng_for_test();
+  const Tensor x = test::uniform(rng, {3, 40});
+  const Linear q(test::uniform(rng, {24, 40}), test::uniform(rng, {24})), k(test::uniform(rng, {8, 40}));
+  const Linear v(std::make_shared<DoubleMatrix>(test::uniform(rng, {8, 40})), test::uniform(rng, {8}));
+  for (const std::vector<const Linear*>& ls : {std::vector<const Linear*>{&q, &k}, {&q, &k, &v}}) {  // plain; one packed
+    std::vector<const Linear*> seen;
+    const LinearHook hook([&](const Linear& l, const Tensor& in) {
+      EXPECT_EQ(in.data<float>(), x.data<float>());
+      seen.push_back(&l);
+    });
+    const std::vector<Tensor> outs = linears(x, ls);
+    ASSERT_EQ(outs.size(), ls.size());
+    EXPECT_EQ(seen, ls);  // the hook sees each layer once
+    for (std::size_t j = 0; j < ls.size(); ++j)
+      EXPECT_EQ(outs[j].to_double_vector(), linear(x, *ls[j]).to_double_vector()) << "layer " << j;
+  }
+  const Linear none;
+  test::expect_error([&] { linears(x, {&q, &none}); }, {"linears", "no weight"});
+}
+
 TEST(Linear, HooksSeeEveryInputInnermostFirst) {
   auto rng = test::rng_for_test();
   const Tensor x = test::uniform(rng, {2, 8});

@@ -108,6 +108,33 @@ TEST(Matmul, TwoWeightRowsAtATimeEqualOneAtATimeExactly) {
   }
 }
 
+TEST(Matmul, SeveralWeightsSharingXEqualOneMatmulEachExactly) {
+  test::ThreadCount threads(2);
+  auto rng = test::rng_for_test();
+  // q, k and v of a small model: k and v alone are below the work one op splits over threads;
+  // K has a tail past the vectors, the Ns are odd. From 8 rows of x, one matmul each.
+  const std::int64_t K = 1031;
+  for (const DType wt : {DType::F32, DType::BF16, DType::F16})
+    for (const std::int64_t M : {1, 3, 5, 6, 8}) {
+      SCOPED_TRACE(std::string(dtype_name(wt)) + ", M = " + std::to_string(M));
+      const Tensor x = test::uniform(rng, {M, K});
+      std::vector<Tensor> w, fused, alone;
+      for (const std::int64_t N : {301, 67, 67}) {
+        w.push_back(test::uniform_as(rng, {N, K}, wt));
+        fused.push_back(Tensor::empty({M, N}, DType::F32)), alone.push_back(ops::matmul(x, w.back()));
+      }
+      ops::matmuls(x, {&w[0], &w[1], &w[2]}, {&fused[0], &fused[1], &fused[2]});
+      for (std::size_t j = 0; j < w.size(); ++j)
+        for (std::int64_t i = 0; i < alone[j].numel(); ++i)
+          ASSERT_EQ(fused[j].data<float>()[i], alone[j].data<float>()[i]) << "weight " << j << ", element " << i;
+    }
+  Tensor x = Tensor::zeros({2, 8}, DType::F32), w = Tensor::zeros({4, 8}, DType::F32),
+         out = Tensor::zeros({2, 4}, DType::F32);
+  const Tensor narrow = Tensor::zeros({4, 7}, DType::F32);
+  expect_error([&] { ops::matmuls(x, {&w, &narrow}, {&out, &out}); }, {"matmul", "inner dimension"});
+  expect_error([&] { ops::matmuls(x, {&w, &w}, {&out}); }, {"matmuls", "2 weights", "1 outputs"});
+}
+
 TEST(Matmul, CountsItsWork) {
   Tensor x = Tensor::zeros({3, 8}, DType::F32), w = Tensor::zeros({5, 8}, DType::BF16);
   metrics::CountScope outer;

@@ -53,8 +53,9 @@ Tensor positions(const Llama& m, std::int64_t begin, std::int64_t T) {
 }
 
 Tensor mlp_block(const LlamaLayer& l, const Tensor& h) {
-  if (l.moe.defined()) return moe_block(l.moe, h);  // k of E experts per row
-  const Tensor gate = linear(h, l.w_gate), up = linear(h, l.w_up);
+  if (l.moe.defined()) return moe_block(l.moe, h);                       // k of E experts per row
+  const std::vector<Tensor> gate_up = linears(h, {&l.w_gate, &l.w_up});  // one pass over h for both
+  const Tensor &gate = gate_up[0], &up = gate_up[1];
   return linear(l.geglu ? ops::geglu(gate, up) : ops::swiglu(gate, up), l.w_down);
 }
 
@@ -81,7 +82,8 @@ Tensor forward(const Llama& m, const std::vector<std::int32_t>& tokens, bool all
 Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, const Tensor& pos) {
   const auto& c = m.config;
   const std::int64_t T = h.size(0), N = c.num_heads, K = c.num_kv_heads, H = c.head_dim;
-  Tensor q = linear(h, l.wq).view({T, N, H}), k = linear(h, l.wk).view({T, K, H}), v = linear(h, l.wv).view({T, K, H});
+  const std::vector<Tensor> qkv = linears(h, {&l.wq, &l.wk, &l.wv});  // one pass over h for the three
+  Tensor q = qkv[0].view({T, N, H}), k = qkv[1].view({T, K, H}), v = qkv[2].view({T, K, H});
   // Qwen3's and Gemma 3's per-head norms, before RoPE (nothing for the others):
   head_norm(m, q, l.q_norm);
   ops::rope(q, pos, rope_freqs(m, l), m.rope_pairing);

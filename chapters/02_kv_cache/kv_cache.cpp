@@ -31,7 +31,8 @@ Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, con
   const auto& c = m.config;
   const Tensor& pos = batch.pos;  // cache
   const std::int64_t T = h.size(0), N = c.num_heads, K = c.num_kv_heads, H = c.head_dim;
-  Tensor q = linear(h, l.wq).view({T, N, H}), k = linear(h, l.wk).view({T, K, H}), v = linear(h, l.wv).view({T, K, H});
+  const std::vector<Tensor> qkv = linears(h, {&l.wq, &l.wk, &l.wv});  // one pass over h for the three
+  Tensor q = qkv[0].view({T, N, H}), k = qkv[1].view({T, K, H}), v = qkv[2].view({T, K, H});
   // Qwen3's and Gemma 3's per-head norms, before RoPE (nothing for the others):
   head_norm(m, q, l.q_norm);
   ops::rope(q, pos, rope_freqs(m, l), m.rope_pairing);
