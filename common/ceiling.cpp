@@ -327,6 +327,16 @@ std::string against(double achieved, const ReadCeiling& c) {
   return note.empty() ? s : s + " [" + note + "]";
 }
 
+std::string against_in_turns(const Spread& a, const ReadCeiling& c) {
+  const auto share = [](double x, double of) { return of > 0 ? 100 * x / of : 0.0; };
+  char buf[240];
+  std::snprintf(buf, sizeof buf, "%s median of %d = %.0f%% of the sums' median %s (best %.3g = %.0f%% of %.3g), %s",
+                human_rate(a.median, "B").c_str(), a.runs, share(a.median, c.rate.median),
+                human_rate(c.rate.median, "B").c_str(), a.best / unit_scale(c.rate.median), share(a.best, c.rate.best),
+                c.rate.best / unit_scale(c.rate.median), c.kind.c_str());
+  return buf;
+}
+
 double CeilingLegend::percent(const std::string& label, double achieved, const ReadCeiling& c) {
   bool seen = false;
   for (const auto& u : used_) seen = seen || (u.measured_bytes == c.measured_bytes && u.kind == c.kind);

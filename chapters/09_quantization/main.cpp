@@ -454,12 +454,20 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   }
   const double tpot = g.tpot_s();
   const metrics::ReadCeiling read = passes ? passes->ceiling() : metrics::read_ceiling_for(roof, step_bytes);
+  // Each decode step's read rate. Against sums taken in turns with the steps, like against like:
+  // the median step against the median sum, the best against the best (the mean step against the
+  // best sum mixes a figure's typical moment with the ceiling's luckiest one).
+  std::vector<double> rates;
+  for (std::size_t i = 1; i < g.steps.size(); ++i)
+    if (g.steps[i].seconds > 0) rates.push_back(step_bytes / g.steps[i].seconds);
+  const metrics::Spread step_rates = metrics::spread_of(rates);
   std::fprintf(stderr,
                "%zu prompt tokens, %zu generated%s; first token %.1f ms, then %.2f ms per token (%.1f tokens/s): "
                "%s of weights a step, %s\n",
                ids.size(), g.generated.size(), g.stopped_at_eos ? " (stopped at an end token)" : "", g.ttft_s() * 1e3,
                tpot * 1e3, tpot > 0 ? 1 / tpot : 0.0, metrics::human_bytes(step_bytes).c_str(),
-               metrics::against(tpot > 0 ? step_bytes / tpot : 0, read).c_str());
+               passes && step_rates.runs > 0 ? metrics::against_in_turns(step_rates, read).c_str()
+                                             : metrics::against(tpot > 0 ? step_bytes / tpot : 0, read).c_str());
   if (!o.json.empty()) {
     nlohmann::json steps = nlohmann::json::array();
     for (const auto& s : g.steps)
@@ -477,7 +485,9 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
                 {"tpot_s", tpot},
                 {"step_weight_bytes", step_bytes},
                 {"achieved_bytes_per_s", tpot > 0 ? step_bytes / tpot : 0},
+                {"step_bytes_per_s", metrics::to_json(step_rates)},
                 {"read_ceiling", metrics::to_json(read)},
+                {"ceiling_in_turns", passes.has_value()},
                 {"steps", steps}},
                {file});
   }
