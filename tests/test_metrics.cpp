@@ -177,6 +177,15 @@ TEST(Metrics, ACeilingTakenInTurnsHasOnePassPerRun) {
   EXPECT_LT(c.bytes_per_s(), 1e14);
 }
 
+TEST(Metrics, StepsAgainstSumsInTurnsCompareLikeWithLike) {
+  metrics::ReadCeiling c;
+  c.rate = metrics::spread_of({40e9, 36e9, 20e9});  // median 36, best 40
+  c.kind = "from memory";
+  const metrics::Spread steps = metrics::spread_of({30e9, 27e9, 9e9, 28e9});  // median 27.5, best 30
+  EXPECT_EQ(metrics::against_in_turns(steps, c),
+            "27.5 GB/s median of 4 = 76% of the sums' median 36 GB/s (best 30 = 75% of 40), from memory");
+}
+
 TEST(Metrics, AFigureAboveItsCeilingSaysWhy) {
   metrics::ReadCeiling c;
   c.rate = metrics::spread_of({100e9, 90e9, 80e9});
