@@ -145,6 +145,136 @@ BENCHMARK(BM_CpuMatvec)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchma
 BENCHMARK(BM_CpuMatvecInterleaved)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaMatvec)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
+// Every version of the CUDA product (qgemv_version) of the formats with a version 2, at the GEMV
+// table's Llama-3.2-1B and Llama-3.1-8B layer shapes, against the bf16 GEMV (the default version)
+// at the same shape, timed in the same run. Several copies of each matrix, rotated, so that the
+// 50 MB L2 cannot serve repeated reads (a 4-bit 14336 × 4096 matrix is 33 MB). Each version's
+// result is checked against the CPU's product of the same function before timing: x̂ · Wᵀ (x̂ x's
+// q8_0 blocks) for version 2 and the GGUF formats, x · Wᵀ for version 1 of int8_row and int4,
+// within 2(γ_K + 2u) Σ |x_k w_k| as the tests bound it.
+const std::vector<QuantSpec> kGemvSpecs = {{Format::Int8Row},     {Format::Q8_0},         {Format::Q4_0},
+                                           {Format::Int4Sym, 32}, {Format::Int4Sym, 128}, {Format::Int4Asym, 128}};
+const std::vector<std::pair<std::int64_t, std::int64_t>> kGemvShapes = {
+    {14336, 4096}, {4096, 14336}, {2048, 8192}, {8192, 2048}};
+
+Tensor random_matrix(std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+  Tensor t = Tensor::empty({rows, cols}, DType::F32);
+  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    t.data<float>()[i] = static_cast<float>(static_cast<std::int64_t>(s >> 40) - (1 << 23)) * 0x1p-23f;
+  }
+  return t;
+}
+
+// One format at one shape, shared by its versions (they run one after another): the matrix on the
+// CPU and its device copies, x and x̂ (x's q8_0 blocks), Σ_k |x_k w_k| a row for each, and the bf16
+// GEMV's time at the shape.
+struct QgemvCase {
+  int spec = -1, shape = -1;
+  QMatrix q;
+  std::vector<QMatrix> copies;
+  Tensor x, xhat, xd;
+  std::vector<double> mag, mag_hat;
+  double bf16 = 0;
+};
+
+// Seconds per call of f(i) over `copies` rotated inputs: the best of five batches of 50 after one
+// warm call.
+template <class F>
+double seconds_per_call(int copies, F&& f) {
+  f(0);
+  cuda::synchronize();
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    metrics::Timer t;
+    for (int i = 0; i < 50; ++i) f(i % copies);
+    cuda::synchronize();
+    best = std::min(best, t.seconds() / 50);
+  }
+  return best;
+}
+
+const QgemvCase& qgemv_case(int spec_index, int shape_index) {
+  static QgemvCase c;
+  if (c.spec == spec_index && c.shape == shape_index) return c;
+  c = QgemvCase{};
+  const auto [rows, cols] = kGemvShapes.at(static_cast<std::size_t>(shape_index));
+  c.q = quantize(random_matrix(rows, cols, 1), kGemvSpecs.at(static_cast<std::size_t>(spec_index)));
+  const int copies = std::max<int>(2, static_cast<int>(std::ceil(256e6 / static_cast<double>(c.q.bytes()))));
+  for (int i = 0; i < copies; ++i) c.copies.push_back(c.q.to(Device::CUDA));  // the same values: one check serves all
+  c.x = random_matrix(1, cols, 2), c.xhat = q8_0_activations(c.x), c.xd = c.x.to(Device::CUDA);
+  const Tensor D = dequantize(c.q);
+  c.mag.assign(static_cast<std::size_t>(rows), 0.0), c.mag_hat.assign(static_cast<std::size_t>(rows), 0.0);
+  for (std::int64_t n = 0; n < rows; ++n)
+    for (std::int64_t k = 0; k < cols; ++k) {
+      const double w = std::fabs(D.data<float>()[n * cols + k]);
+      c.mag[n] += w * std::fabs(c.x.data<float>()[k]), c.mag_hat[n] += w * std::fabs(c.xhat.data<float>()[k]);
+    }
+  // The bf16 GEMV at this shape (ops::matmul, M = 1: its default version).
+  const int bf_copies = std::max<int>(2, static_cast<int>(std::ceil(256e6 / (rows * cols * 2.0))));
+  std::vector<Tensor> bfs;
+  for (int i = 0; i < bf_copies; ++i) {
+    bfs.push_back(Tensor::empty({rows, cols}, DType::BF16, Device::CUDA));
+    cuda::fill_uniform(bfs.back(), 10 + static_cast<std::uint64_t>(i), -1, 1);
+  }
+  Tensor out = Tensor::empty({1, rows}, DType::F32, Device::CUDA);
+  c.bf16 = seconds_per_call(bf_copies, [&](int i) { ops::matmul(c.xd, bfs[static_cast<std::size_t>(i)], out); });
+  c.spec = spec_index, c.shape = shape_index;
+  return c;
+}
+
+void BM_CudaQgemv(benchmark::State& state) {
+  if (skip_without(Device::CUDA, state)) return;
+  const int version = static_cast<int>(state.range(0));
+  const int spec_index = static_cast<int>(state.range(1)), shape_index = static_cast<int>(state.range(2));
+  const QuantSpec spec = kGemvSpecs.at(static_cast<std::size_t>(spec_index));
+  const auto [rows, cols] = kGemvShapes.at(static_cast<std::size_t>(shape_index));
+  const QgemvCase& c = qgemv_case(spec_index, shape_index);
+  const int before = qgemv_version();
+  set_qgemv_version(version);
+  Tensor out = Tensor::empty({1, rows}, DType::F32, Device::CUDA);
+  // The check.
+  qmatmul(c.xd, c.copies[0], out);
+  const auto got = out.to_double_vector();
+  const bool blocks = blocks_activations(spec.format) || version == 2;
+  const auto want = qmatmul(blocks ? c.xhat : c.x, c.q).to_double_vector();
+  const std::vector<double>& mag = blocks ? c.mag_hat : c.mag;
+  const double u = 0x1p-24, g = static_cast<double>(cols) * u / (1 - static_cast<double>(cols) * u);
+  for (std::int64_t n = 0; n < rows; ++n)
+    if (!(std::fabs(got[n] - want[n]) <= 2 * (g + 2 * u) * mag[n])) {
+      set_qgemv_version(before);
+      state.SkipWithError(
+          ("row " + std::to_string(n) + ": " + std::to_string(got[n]) + " against the CPU's " + std::to_string(want[n]))
+              .c_str());
+      return;
+    }
+  const int copies = static_cast<int>(c.copies.size());
+  double total = 0;
+  for (auto _ : state) {
+    const double dt = seconds_per_call(copies, [&](int i) { qmatmul(c.xd, c.copies[static_cast<std::size_t>(i)], out); });
+    state.SetIterationTime(dt);
+    total += dt;
+  }
+  set_qgemv_version(before);
+  const double per = total / static_cast<double>(state.iterations()), bytes = static_cast<double>(c.q.bytes());
+  state.counters["GB/s"] = bytes / per / 1e9;
+  state.counters["of_ceiling"] = bytes / per / ceiling(Device::CUDA, bytes);
+  state.counters["bits/w"] = 8 * bytes / static_cast<double>(rows * cols);
+  state.counters["vs_bf16"] = c.bf16 / per;
+  state.counters["bf16_us"] = c.bf16 * 1e6;
+  state.SetLabel(spec.name() + " " + std::to_string(rows) + "x" + std::to_string(cols) + " v" + std::to_string(version));
+}
+// Arguments: the version, the format (kGemvSpecs), the shape (kGemvShapes); the first varies
+// fastest, so that one format and shape's setup serves both versions.
+BENCHMARK(BM_CudaQgemv)
+    ->ArgsProduct({{1, 2},
+                   benchmark::CreateDenseRange(0, static_cast<int>(kGemvSpecs.size()) - 1, 1),
+                   benchmark::CreateDenseRange(0, static_cast<int>(kGemvShapes.size()) - 1, 1)})
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMicrosecond);
+
 // A pass over R rows of x (a speculative draft's catch-up after a fully accepted round, R = 2; a
 // verification, R = γ + 1) against a pass over one, taking turns in every iteration so that the
 // host's drifting bandwidth cancels: "vs_one_row" is its cost in one-row passes, about 1 while
