@@ -164,7 +164,7 @@ for b in "$B"/bench_*; do
 done
 # The quantised GEMV's versions at the 1B/8B layer shapes against bf16 (tools/gemv_table.py --quant):
 # 48 cases, each format and shape quantised once on the CPU for both versions.
-[ -x "$B/bench_quant" ] && step qgemv 150 "$B/bench_quant" --benchmark_filter=BM_CudaQgemv \
+[ -x "$B/bench_quant" ] && step qgemv 90 "$B/bench_quant" --benchmark_filter=BM_CudaQgemv \
   --benchmark_out="$RAW/qgemv.json" --benchmark_out_format=json --benchmark_counters_tabular=true
 
 # 3. The chapters' GPU measurements.

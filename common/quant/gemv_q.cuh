@@ -18,10 +18,10 @@ namespace inferlab::quant::qgemv {
 
 /// The weights as version 2 reads them (device pointers).
 struct Weights {
-  const std::uint8_t* quants;    ///< row n at quants + n · row_bytes(kind, K), 16-byte aligned
-  const std::uint16_t* d;        ///< q8_0, q4_0: f16 bits per block of 32 [N, K / 32]
-  const float* scales;           ///< int8_row: one per row; int4: one per group [N, K / G]
-  const std::uint8_t* zeros;     ///< int4_asym: one per group
+  const std::uint8_t* quants;  ///< row n at quants + n · row_bytes(kind, K), 16-byte aligned
+  const std::uint16_t* d;      ///< q8_0, q4_0: f16 bits per block of 32 [N, K / 32]
+  const float* scales;         ///< int8_row: one per row; int4: one per group [N, K / G]
+  const std::uint8_t* zeros;   ///< int4_asym: one per group
   int K, G;
 };
 
@@ -36,9 +36,8 @@ struct XBlocks {
 /// x into blocks of 32 as the CPU's quantiser makes them (quant::blocked_activations_fast): d =
 /// max |x| / 127 rounded to f16, q = round(x · (1 / d)) with halves away from zero (0 where 1 / d
 /// is not finite), a warp a block (blocks: M · K / 32).
-__global__ void __launch_bounds__(128)
-    quantize_x(const float* __restrict__ x, long long blocks, std::int8_t* __restrict__ q, float* __restrict__ d,
-               int* __restrict__ sum) {
+__global__ void __launch_bounds__(128) quantize_x(const float* __restrict__ x, long long blocks, std::int8_t* __restrict__ q,
+                                                  float* __restrict__ d, int* __restrict__ sum) {
   const long long b = blockIdx.x * 4LL + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (b >= blocks) return;
@@ -168,8 +167,9 @@ inline int sms() {
 
 template <Kind T, int R, int kM>
 void launch(const Weights& w, const XBlocks& x, float* y, int M, int N) {
-  gemv_v2<T, R, kM><<<static_cast<unsigned>(cuda::gemv_index::groups(N, R)), cuda::gemv_index::kWarps * 32, 0,
-                      cuda::stream()>>>(w, x, y, M, N);
+  gemv_v2<T, R, kM>
+      <<<static_cast<unsigned>(cuda::gemv_index::groups(N, R)), cuda::gemv_index::kWarps * 32, 0, cuda::stream()>>>(w, x, y,
+                                                                                                                    M, N);
   IL_CUDA_LAUNCHED();
 }
 }  // namespace detail

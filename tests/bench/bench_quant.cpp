@@ -200,9 +200,18 @@ const QgemvCase& qgemv_case(int spec_index, int shape_index) {
   if (c.spec == spec_index && c.shape == shape_index) return c;
   c = QgemvCase{};
   const auto [rows, cols] = kGemvShapes.at(static_cast<std::size_t>(shape_index));
-  c.q = quantize(random_matrix(rows, cols, 1), kGemvSpecs.at(static_cast<std::size_t>(spec_index)));
+  static std::pair<int, Tensor> w{-1, Tensor{}};  // the f32 matrix of the shape, for every format
+  if (w.first != shape_index) w = {shape_index, random_matrix(rows, cols, 1)};
+  c.q = quantize(w.second, kGemvSpecs.at(static_cast<std::size_t>(spec_index)));
   const int copies = std::max<int>(2, static_cast<int>(std::ceil(256e6 / static_cast<double>(c.q.bytes()))));
-  for (int i = 0; i < copies; ++i) c.copies.push_back(c.q.to(Device::CUDA));  // the same values: one check serves all
+  // The same values (one check serves all), repacked once and copied on the device.
+  c.copies.push_back(c.q.to(Device::CUDA));
+  for (int i = 1; i < copies; ++i) {
+    QMatrix d = c.copies[0];
+    for (Tensor* t : {&d.data, &d.scales, &d.zeros, &d.gpu_quants, &d.gpu_scales})
+      if (t->defined()) *t = t->clone();
+    c.copies.push_back(std::move(d));
+  }
   c.x = random_matrix(1, cols, 2), c.xhat = q8_0_activations(c.x), c.xd = c.x.to(Device::CUDA);
   const Tensor D = dequantize(c.q);
   c.mag.assign(static_cast<std::size_t>(rows), 0.0), c.mag_hat.assign(static_cast<std::size_t>(rows), 0.0);
