@@ -16,26 +16,26 @@
 
 namespace inferlab::quant::qgemv {
 
-/// The weights as version 2 reads them (device pointers).
+// The weights as version 2 reads them (device pointers).
 struct Weights {
-  const std::uint8_t* quants;  ///< row n at quants + n · row_bytes(kind, K), 16-byte aligned
-  const std::uint16_t* d;      ///< q8_0, q4_0: f16 bits per block of 32 [N, K / 32]
-  const float* scales;         ///< int8_row: one per row; int4: one per group [N, K / G]
-  const std::uint8_t* zeros;   ///< int4_asym: one per group
+  const std::uint8_t* quants;  // row n at quants + n · row_bytes(kind, K), 16-byte aligned
+  const std::uint16_t* d;      // q8_0, q4_0: f16 bits per block of 32 [N, K / 32]
+  const float* scales;         // int8_row: one per row; int4: one per group [N, K / G]
+  const std::uint8_t* zeros;   // int4_asym: one per group
   int K, G;
 };
 
-/// x [M, K] as blocks of 32 (device pointers): int8 values, each block's scale (its f16 as a
-/// float) and the sum of its values.
+// x [M, K] as blocks of 32 (device pointers): int8 values, each block's scale (its f16 as a
+// float) and the sum of its values.
 struct XBlocks {
   const std::int8_t* q;
   const float* d;
   const int* sum;
 };
 
-/// x into blocks of 32 as the CPU's quantiser makes them (quant::blocked_activations_fast): d =
-/// max |x| / 127 rounded to f16, q = round(x · (1 / d)) with halves away from zero (0 where 1 / d
-/// is not finite), a warp a block (blocks: M · K / 32).
+// x into blocks of 32 as the CPU's quantiser makes them (quant::blocked_activations_fast): d =
+// max |x| / 127 rounded to f16, q = round(x · (1 / d)) with halves away from zero (0 where 1 / d
+// is not finite), a warp a block (blocks: M · K / 32).
 __global__ void __launch_bounds__(128) quantize_x(const float* __restrict__ x, long long blocks, std::int8_t* __restrict__ q,
                                                   float* __restrict__ d, int* __restrict__ sum) {
   const long long b = blockIdx.x * 4LL + threadIdx.x / 32;
@@ -67,9 +67,9 @@ __device__ inline void x_unit(const std::int8_t* xm, long long i, int (&v)[8]) {
   }
 }
 
-/// y[m, n] = Σ_k x̂[m, k] · w(n, k) for rows n of the block's warps and the first M ≤ kM rows of
-/// x̂ (x's blocks). A warp computes R consecutive rows (the last row again past the end, its
-/// result not written); launch gemv_index::groups(N, R) blocks of gemv_index::kWarps · 32 threads.
+// y[m, n] = Σ_k x̂[m, k] · w(n, k) for rows n of the block's warps and the first M ≤ kM rows of
+// x̂ (x's blocks). A warp computes R consecutive rows (the last row again past the end, its
+// result not written); launch gemv_index::groups(N, R) blocks of gemv_index::kWarps · 32 threads.
 template <Kind T, int R, int kM>
 __global__ void __launch_bounds__(cuda::gemv_index::kWarps * 32)
     gemv_v2(Weights w, XBlocks x, float* __restrict__ y, int M, int N) {
@@ -123,16 +123,12 @@ __global__ void __launch_bounds__(cuda::gemv_index::kWarps * 32)
             int xv[8];
             x_unit<kFour>(x.q + static_cast<long long>(m) * K, i, xv);
             const float dx = x.d[static_cast<long long>(m) * nb + b];
-            [[maybe_unused]] const int sx = kFour ? x.sum[static_cast<long long>(m) * nb + b] : 0;
+            const int sx = kFour ? x.sum[static_cast<long long>(m) * nb + b] : 0;
+            const int x4[4] = {xv[0], xv[1], xv[2], xv[3]};
 #pragma unroll
             for (int j = 0; j < R; ++j) {
               const unsigned wv[4] = {r[j][u].x, r[j][u].y, r[j][u].z, r[j][u].w};
-              int s;
-              if constexpr (kFour) s = dot_nibble_unit(wv, xv) - z[j] * sx;
-              else {
-                const int x4[4] = {xv[0], xv[1], xv[2], xv[3]};
-                s = dot_int8_unit(wv, x4);
-              }
+              const int s = kFour ? dot_nibble_unit(wv, xv) - z[j] * sx : dot_int8_unit(wv, x4);
               acc[m][j] = fmaf(sw[j] * dx, static_cast<float>(s), acc[m][j]);
             }
           }
@@ -174,9 +170,9 @@ void launch(const Weights& w, const XBlocks& x, float* y, int M, int N) {
 }
 }  // namespace detail
 
-/// y [M, N] = x̂ · Wᵀ by version 2, x [M, K] f32 on the device (x̂: its blocks of 32), on
-/// cuda::stream(). Scratch: cuda::scratch. One launch for M = 1 (decode), else launches of up to 8
-/// rows of x each.
+// y [M, N] = x̂ · Wᵀ by version 2, x [M, K] f32 on the device (x̂: its blocks of 32), on
+// cuda::stream(). Scratch: cuda::scratch. One launch for M = 1 (decode), else launches of up to 8
+// rows of x each.
 template <Kind T>
 void gemv(const Weights& w, const float* x, int M, float* y, int N) {
   const long long K = w.K, blocks = static_cast<long long>(M) * (K / 32);
