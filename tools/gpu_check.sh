@@ -163,7 +163,7 @@ for b in "$B"/bench_*; do
     --benchmark_out="$RAW/$n.json" --benchmark_out_format=json --benchmark_counters_tabular=true
 done
 # The quantised GEMV's versions at the 1B/8B layer shapes against bf16 (tools/gemv_table.py --quant):
-# 48 cases, each format and shape quantised once on the CPU for both versions.
+# 56 cases, each format and shape quantised once on the CPU for both versions.
 [ -x "$B/bench_quant" ] && step qgemv 90 "$B/bench_quant" --benchmark_filter=BM_CudaQgemv \
   --benchmark_out="$RAW/qgemv.json" --benchmark_out_format=json --benchmark_counters_tabular=true
 

@@ -426,17 +426,20 @@ QMatrix QMatrix::to(Device d) const {
   q.data = data.to(d);
   if (scales.defined()) q.scales = scales.to(d);
   if (zeros.defined()) q.zeros = zeros.to(d);
-  q.gpu_quants = q.gpu_scales = Tensor{};
+  q.gpu_quants = q.gpu_scales = q.gpu_sub = Tensor{};
   const auto kind = qgemv_kind(spec.format);
   if (d == Device::CUDA && kind && quant::qgemv::repacked(*kind, spec.group)) {
     // Version 2's layout, made once here on the CPU (the same functions a CPU test checks).
+    using namespace quant::qgemv;
     const Tensor host = data.to(Device::CPU);
-    Tensor quants = Tensor::empty({rows, quant::qgemv::row_bytes(*kind, cols)}, DType::U8);
-    Tensor d16 = Tensor::empty({rows, cols / 32}, DType::F16);
-    quant::qgemv::repack(*kind, spec.group, static_cast<const std::uint8_t*>(host.raw_data()), rows, cols,
-                         quants.data<std::uint8_t>(), static_cast<std::uint16_t*>(d16.raw_data()));
+    Tensor quants = Tensor::empty({rows, row_bytes(*kind, cols)}, DType::U8);
+    Tensor d16 = Tensor::empty({rows, std::max<std::int64_t>(1, half_scales(*kind, cols))}, DType::F16);
+    Tensor sub = Tensor::empty({rows, std::max<std::int64_t>(1, sub_scale_bytes(*kind, cols))}, DType::U8);
+    repack(*kind, spec.group, static_cast<const std::uint8_t*>(host.raw_data()), rows, cols, quants.data<std::uint8_t>(),
+           static_cast<std::uint16_t*>(d16.raw_data()), sub.data<std::uint8_t>());
     q.gpu_quants = quants.to(d);
-    if (*kind == quant::qgemv::Kind::Q8_0 || *kind == quant::qgemv::Kind::Q4_0) q.gpu_scales = d16.to(d);
+    if (half_scales(*kind, cols) > 0) q.gpu_scales = d16.to(d);
+    if (sub_scale_bytes(*kind, cols) > 0) q.gpu_sub = sub.to(d);
   }
   return q;
 }
@@ -449,6 +452,7 @@ std::optional<quant::qgemv::Kind> qgemv_kind(Format f) {
     case Format::Q4_0: return Kind::Q4_0;
     case Format::Int4Sym: return Kind::Int4Sym;
     case Format::Int4Asym: return Kind::Int4Asym;
+    case Format::Q4_K: return Kind::Q4_K;
     default: return std::nullopt;
   }
 }

@@ -106,10 +106,11 @@ struct QMatrix : PackedMatrix {
   Tensor scales;  ///< F32: one (int8_tensor, fp8), per row (int8_row, llm_int8), per group (int4)
   Tensor zeros;   ///< U8 per group (int4 asym)
   /// On CUDA, the quants in the layout of the product's version 2 (common/quant/gemv_q.h: a row's
-  /// quants contiguous for 16-byte loads, the f16 scales of q8_0 and q4_0 in `gpu_scales`), made by
-  /// to(Device::CUDA) for the formats whose data is not already in it (q8_0, q4_0, int4 with
-  /// groups of 64 or 128); undefined otherwise. Version 1 reads `data`.
-  Tensor gpu_quants, gpu_scales;
+  /// quants contiguous for 16-byte loads, the f16 scales of q8_0, q4_0 and q4_k in `gpu_scales`,
+  /// q4_k's sub-block scales and mins in `gpu_sub`), made by to(Device::CUDA) for the formats whose
+  /// data is not already in it (q8_0, q4_0, q4_k, int4 with groups of 64 or 128); undefined
+  /// otherwise. Version 1 reads `data`.
+  Tensor gpu_quants, gpu_scales, gpu_sub;
 
   QMatrix() = default;
   QMatrix(QuantSpec spec_, std::int64_t rows_, std::int64_t cols_, Tensor data_, Tensor scales_ = {}, Tensor zeros_ = {})
@@ -166,7 +167,7 @@ Tensor qmatmul(const Tensor& x, const QMatrix& w);
 /// The CUDA products by number, as the bf16 GEMV's versions (cuda::GemvVersion):
 ///   1  one warp per output row reading the packed data with 8-byte loads, unpacking to f32 (the
 ///      simple version; llm_int8 and q8_0 multiply int8 by dp4a on the blocks as stored)
-///   2  int8_row, q8_0, q4_0 and int4: the quants repacked for 16-byte loads, x quantised per block
+///   2  int8_row, q8_0, q4_0, int4 and q4_k: the quants repacked for 16-byte loads, x quantised per block
 ///      of 32 to int8 (as q8_0_activations()), int8 products by dp4a, several rows a warp
 ///      (common/quant/gemv_q.cuh); the other formats run version 1
 /// Version 2 changes the function of int8_row and int4, which keep x in f32 on the CPU and in

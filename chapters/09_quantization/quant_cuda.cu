@@ -1,5 +1,5 @@
-// Chapter 09's CUDA products, by number (qgemv_version()). Version 2, for int8_row, q8_0, q4_0
-// and int4, lives in common/quant/gemv_q.cuh: the quants repacked for 16-byte loads when the matrix
+// Chapter 09's CUDA products, by number (qgemv_version()). Version 2, for int8_row, q8_0, q4_0,
+// int4 and q4_k, lives in common/quant/gemv_q.cuh: the quants repacked for 16-byte loads when the matrix
 // went to the GPU, x in int8 blocks, dp4a. The rest of this file is version 1, every format's.
 //
 // Version 1: one warp per output row streams the packed weights and unpacks
@@ -257,6 +257,7 @@ void launch_v2(quant::qgemv::Kind kind, const QMatrix& w, const Tensor& x, Tenso
   const quant::qgemv::Weights v{
       static_cast<const std::uint8_t*>(w.gpu_quants.defined() ? w.gpu_quants.raw_data() : w.data.raw_data()),
       w.gpu_scales.defined() ? static_cast<const std::uint16_t*>(w.gpu_scales.raw_data()) : nullptr,
+      w.gpu_sub.defined() ? w.gpu_sub.data<std::uint8_t>() : nullptr,
       w.scales.defined() ? w.scales.data<float>() : nullptr,
       w.zeros.defined() ? w.zeros.data<std::uint8_t>() : nullptr,
       static_cast<int>(w.cols),
@@ -272,6 +273,7 @@ void launch_v2(quant::qgemv::Kind kind, const QMatrix& w, const Tensor& x, Tenso
     case Kind::Q4_0: return quant::qgemv::gemv<Kind::Q4_0>(v, xp, M, y, N);
     case Kind::Int4Sym: return quant::qgemv::gemv<Kind::Int4Sym>(v, xp, M, y, N);
     case Kind::Int4Asym: return quant::qgemv::gemv<Kind::Int4Asym>(v, xp, M, y, N);
+    case Kind::Q4_K: return quant::qgemv::gemv<Kind::Q4_K>(v, xp, M, y, N);
   }
 }
 

@@ -19,7 +19,8 @@ namespace inferlab::quant::qgemv {
 // The weights as version 2 reads them (device pointers).
 struct Weights {
   const std::uint8_t* quants;  // row n at quants + n · row_bytes(kind, K), 16-byte aligned
-  const std::uint16_t* d;      // q8_0, q4_0: f16 bits per block of 32 [N, K / 32]
+  const std::uint16_t* d;      // q8_0, q4_0: f16 bits per block of 32 [N, K / 32]; q4_k: d, dmin [N, K / 256, 2]
+  const std::uint8_t* sub;     // q4_k: each block's 6-bit scale and min [N, K / 32, 2]
   const float* scales;         // int8_row: one per row; int4: one per group [N, K / G]
   const std::uint8_t* zeros;   // int4_asym: one per group
   int K, G;
@@ -74,7 +75,9 @@ template <Kind T, int R, int kM>
 __global__ void __launch_bounds__(cuda::gemv_index::kWarps * 32)
     gemv_v2(Weights w, XBlocks x, float* __restrict__ y, int M, int N) {
   constexpr bool kFour = four_bit(T);
-  constexpr int U = cuda::gemv_index::unroll(R);
+  // Loads in flight a row: gemv_index::kLoads shared among the R rows, halved where up to 8 rows of
+  // x keep their sums beside them (the registers would spill).
+  constexpr int U = kM == 1 ? cuda::gemv_index::unroll(R) : (cuda::gemv_index::unroll(R) + 1) / 2;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const long long first = cuda::gemv_index::first_row(blockIdx.x, warp, R);
   if (first >= N) return;  // no block-wide synchronisation follows
@@ -106,16 +109,26 @@ __global__ void __launch_bounds__(cuda::gemv_index::kWarps * 32)
       const long long i = cuda::gemv_index::chunk(step, u, lane, U);
       if (i < units) {
         const long long b = kFour ? i : i / 2;  // the block of 32 the unit is in
-        // Each weight row's scale of this unit, and its offset (the 4-bit formats).
-        float sw[R];
+        // Each weight row's scale of this unit, its integer offset (8, int4_asym's zero point) or
+        // q4_k's minimum (dmin · m, taken off as a float).
+        float sw[R], mw[R];
         int z[R];
 #pragma unroll
         for (int j = 0; j < R; ++j) {
           const long long blk = n[j] * nb + b;
-          if constexpr (T == Kind::Q8_0 || T == Kind::Q4_0) sw[j] = __half2float(__ushort_as_half(w.d[blk]));
-          else if constexpr (T == Kind::Int8Row) sw[j] = 1.0f;  // the row's scale multiplies at the end
-          else sw[j] = w.scales[n[j] * (K / w.G) + b * 32 / w.G];
-          z[j] = T == Kind::Int4Asym ? w.zeros[n[j] * (K / w.G) + b * 32 / w.G] : 8;
+          mw[j] = 0.0f;
+          if constexpr (T == Kind::Q8_0 || T == Kind::Q4_0) {
+            sw[j] = __half2float(__ushort_as_half(w.d[blk]));
+          } else if constexpr (T == Kind::Int8Row) {
+            sw[j] = 1.0f;                          // the row's scale multiplies at the end
+          } else if constexpr (T == Kind::Q4_K) {  // (d · sc) and (dmin · m), as gguf's decoder forms them
+            const long long o = 2 * (n[j] * (K / 256) + b / 8);
+            sw[j] = __half2float(__ushort_as_half(w.d[o])) * static_cast<float>(w.sub[2 * blk]);
+            mw[j] = __half2float(__ushort_as_half(w.d[o + 1])) * static_cast<float>(w.sub[2 * blk + 1]);
+          } else {
+            sw[j] = w.scales[n[j] * (K / w.G) + b * 32 / w.G];
+          }
+          z[j] = T == Kind::Int4Asym ? w.zeros[n[j] * (K / w.G) + b * 32 / w.G] : T == Kind::Q4_K ? 0 : 8;
         }
 #pragma unroll
         for (int m = 0; m < kM; ++m)
@@ -130,6 +143,7 @@ __global__ void __launch_bounds__(cuda::gemv_index::kWarps * 32)
               const unsigned wv[4] = {r[j][u].x, r[j][u].y, r[j][u].z, r[j][u].w};
               const int s = kFour ? dot_nibble_unit(wv, xv) - z[j] * sx : dot_int8_unit(wv, x4);
               acc[m][j] = fmaf(sw[j] * dx, static_cast<float>(s), acc[m][j]);
+              if constexpr (T == Kind::Q4_K) acc[m][j] = fmaf(-(mw[j] * dx), static_cast<float>(sx), acc[m][j]);
             }
           }
       }

@@ -12,11 +12,13 @@
 /// quants with one 16-byte load (LDG.128) at a time:
 ///
 ///   8-bit (int8_row, q8_0)   a 16-byte load holds 16 int8 quants: half a block of 32
-///   4-bit (q4_0, int4)       a 16-byte load holds one block of 32: byte i holds value i in its
+///   4-bit (q4_0, int4, q4_k) a 16-byte load holds one block of 32: byte i holds value i in its
 ///                            low nibble and value i + 16 in its high one (q4_0's order)
 ///
 /// x is quantised per block of 32 as q8_0 does (the f16 scale d = max |x| / 127, 32 int8 values,
 /// and their sum), so a block's products are int8 · int8 sums in int32 (dp4a: four at a time).
+/// q4_k's super-blocks of 256 become eight such blocks, each with its 6-bit scale and min
+/// unpacked into two bytes, and the super-block's f16 d and dmin kept apart.
 /// Nibbles unpack with two bit operations a 32-bit word (q & 0x0F0F0F0F, (q >> 4) & 0x0F0F0F0F),
 /// and the 4-bit formats' offset (8, or int4_asym's zero point z) is subtracted once a block
 /// through x's block sum: Σ (q − z)·x = Σ q·x − z·Σ x.
@@ -28,11 +30,18 @@
 
 namespace inferlab::quant::qgemv {
 
-/// The formats version 2 multiplies (chapter 09's int8_row, q8_0, q4_0, int4_gG_sym, int4_gG_asym).
-enum class Kind { Int8Row, Q8_0, Q4_0, Int4Sym, Int4Asym };
+/// The formats version 2 multiplies (chapter 09's int8_row, q8_0, q4_0, int4_gG_sym, int4_gG_asym, q4_k).
+enum class Kind { Int8Row, Q8_0, Q4_0, Int4Sym, Int4Asym, Q4_K };
 
 /// Whether a kind's quants are 4-bit (one block of 32 per 16-byte load) or 8-bit (half a block).
-IL_HD constexpr bool four_bit(Kind k) { return k == Kind::Q4_0 || k == Kind::Int4Sym || k == Kind::Int4Asym; }
+IL_HD constexpr bool four_bit(Kind k) { return k != Kind::Int8Row && k != Kind::Q8_0; }
+/// f16 scales a row of K values keeps in the layout: one a block (q8_0, q4_0), d and dmin a
+/// super-block of 256 (q4_k), none (int8_row and int4 keep chapter 09's f32 scales).
+IL_HD constexpr long long half_scales(Kind k, long long K) {
+  return k == Kind::Q8_0 || k == Kind::Q4_0 ? K / 32 : k == Kind::Q4_K ? K / 256 * 2 : 0;
+}
+/// Bytes of sub-block scales a row keeps: q4_k's 6-bit scale and min of each block of 32, a byte each.
+IL_HD constexpr long long sub_scale_bytes(Kind k, long long K) { return k == Kind::Q4_K ? K / 32 * 2 : 0; }
 /// Values per 16-byte load of quants.
 IL_HD constexpr int unit_values(Kind k) { return four_bit(k) ? 32 : 16; }
 /// Bytes of quants per row of K values.
@@ -96,15 +105,33 @@ IL_HD inline int dot_nibble_unit(const unsigned (&w)[4], const int (&x)[8]) {
 /// Whether version 2 reads a copy of the quants (repack()) rather than chapter 09's data itself:
 /// int8_row's rows and int4's groups of 32 already are runs of 16-byte loads.
 IL_HD constexpr bool repacked(Kind k, int G) {
-  return k == Kind::Q8_0 || k == Kind::Q4_0 || ((k == Kind::Int4Sym || k == Kind::Int4Asym) && G != 32);
+  return k == Kind::Q8_0 || k == Kind::Q4_0 || k == Kind::Q4_K || ((k == Kind::Int4Sym || k == Kind::Int4Asym) && G != 32);
 }
 
-/// Version 2's layout of a [rows, cols] matrix: `quants` (row_bytes(k, cols) bytes a row) and, for
-/// q8_0 and q4_0, `scales` (one f16's bits per block of 32, [rows, cols / 32]); int8_row and int4
-/// keep their f32 scales (and zero points) where chapter 09 stores them.
-/// `packed` is the matrix's data as chapter 09 stores it. cols is a multiple of 32 (and of G).
+/// Sub-block s (0-7) of a q4_k super-block of 144 bytes (f16 d, f16 dmin, 12 bytes of packed 6-bit
+/// scales and mins, 128 bytes of nibbles: 32 bytes hold sub-block 2j in their low nibbles and
+/// 2j + 1 in their high ones) as a run, with its scale and min (gguf::scale_min_k4's unpacking).
+IL_HD inline void q4_k_run(const std::uint8_t* sb, int s, std::uint8_t* run, std::uint8_t* sc, std::uint8_t* m) {
+  const std::uint8_t* q = sb + 4;
+  if (s < 4) {
+    *sc = q[s] & 63, *m = q[s + 4] & 63;
+  } else {
+    *sc = static_cast<std::uint8_t>((q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4));
+    *m = static_cast<std::uint8_t>((q[s + 4] >> 4) | ((q[s] >> 6) << 4));
+  }
+  const std::uint8_t* qs = sb + 16 + 32 * (s / 2);
+  const int shift = 4 * (s % 2);
+  for (int i = 0; i < 16; ++i)
+    run[i] = static_cast<std::uint8_t>(((qs[i] >> shift) & 15) | (((qs[16 + i] >> shift) & 15) << 4));
+}
+
+/// Version 2's layout of a [rows, cols] matrix: `quants` (row_bytes(k, cols) bytes a row),
+/// `scales` (half_scales(k, cols) f16s' bits a row) and `sub` (sub_scale_bytes(k, cols) a row: q4_k's
+/// scale and min of each block); int8_row and int4 keep their f32 scales (and zero points) where
+/// chapter 09 stores them. `packed` is the matrix's data as chapter 09 stores it. cols is a multiple
+/// of 32 (and of G, and of 256 for q4_k).
 inline void repack(Kind k, int G, const std::uint8_t* packed, long long rows, long long cols, std::uint8_t* quants,
-                   std::uint16_t* scales) {
+                   std::uint16_t* scales, std::uint8_t* sub) {
   const long long nb = cols / 32;
   for (long long n = 0; n < rows; ++n)
     for (long long b = 0; b < nb; ++b) {
@@ -117,6 +144,16 @@ inline void repack(Kind k, int G, const std::uint8_t* packed, long long rows, lo
         case Kind::Int4Asym: {
           const long long g = b * 32 / G, j = b % (G / 32);  // group of the row, block within it
           int4_run(packed + n * (cols / 2) + g * (G / 2), G, static_cast<int>(j), quants + blk * 16);
+          break;
+        }
+        case Kind::Q4_K: {
+          const std::uint8_t* sb = packed + (n * (cols / 256) + b / 8) * 144;
+          q4_k_run(sb, static_cast<int>(b % 8), quants + blk * 16, sub + 2 * blk, sub + 2 * blk + 1);
+          if (b % 8 == 0) {  // the super-block's d and dmin
+            const long long o = 2 * (n * (cols / 256) + b / 8);
+            scales[o] = static_cast<std::uint16_t>(sb[0] | (sb[1] << 8));
+            scales[o + 1] = static_cast<std::uint16_t>(sb[2] | (sb[3] << 8));
+          }
           break;
         }
       }

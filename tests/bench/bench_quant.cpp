@@ -103,9 +103,9 @@ const int kLastSpec = static_cast<int>(kSpecs.size()) - 1;
 // Formats that come from GGUF files, not from quantize(): blocks of pseudo-random bytes (every
 // quant and sub-block scale pattern is valid) with their f16 scales (d, and m or dmin) set to 1/16.
 bool from_gguf(Format f) { return f != Format::Q8_0 && f != Format::Q4_0 && blocks_activations(f); }
-QMatrix gguf_blocks(Format f) {
+QMatrix gguf_blocks(Format f, std::int64_t rows = N, std::int64_t cols = K) {
   const gguf::Type t = gguf_type(f);
-  const std::int64_t bv = gguf::block_values(t), bb = gguf::row_bytes(t, bv), blocks = N * K / bv;
+  const std::int64_t bv = gguf::block_values(t), bb = gguf::row_bytes(t, bv), blocks = rows * cols / bv;
   Tensor bytes = Tensor::empty({blocks * bb}, DType::U8);
   auto* p = bytes.data<std::uint8_t>();
   std::uint64_t s = 7;
@@ -113,7 +113,7 @@ QMatrix gguf_blocks(Format f) {
     s ^= s << 13, s ^= s >> 7, s ^= s << 17, p[i] = static_cast<std::uint8_t>(s >> 32);
   for (std::int64_t b = 0; b < blocks; ++b)
     for (const int o : half_offsets(f)) p[b * bb + o] = 0x00, p[b * bb + o + 1] = 0x2C;  // 0x2C00: 1/16
-  return QMatrix({f}, N, K, bytes);
+  return QMatrix({f}, rows, cols, bytes);
 }
 
 void quantised_on(benchmark::State& state, Device dev) {
@@ -153,7 +153,8 @@ BENCHMARK(BM_CudaMatvec)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchm
 // q8_0 blocks) for version 2 and the GGUF formats, x · Wᵀ for version 1 of int8_row and int4,
 // within 2(γ_K + 2u) Σ |x_k w_k| as the tests bound it.
 const std::vector<QuantSpec> kGemvSpecs = {{Format::Int8Row},     {Format::Q8_0},         {Format::Q4_0},
-                                           {Format::Int4Sym, 32}, {Format::Int4Sym, 128}, {Format::Int4Asym, 128}};
+                                           {Format::Int4Sym, 32}, {Format::Int4Sym, 128}, {Format::Int4Asym, 128},
+                                           {Format::Q4_K}};
 const std::vector<std::pair<std::int64_t, std::int64_t>> kGemvShapes = {
     {14336, 4096}, {4096, 14336}, {2048, 8192}, {8192, 2048}};
 
@@ -202,7 +203,8 @@ const QgemvCase& qgemv_case(int spec_index, int shape_index) {
   const auto [rows, cols] = kGemvShapes.at(static_cast<std::size_t>(shape_index));
   static std::pair<int, Tensor> w{-1, Tensor{}};  // the f32 matrix of the shape, for every format
   if (w.first != shape_index) w = {shape_index, random_matrix(rows, cols, 1)};
-  c.q = quantize(w.second, kGemvSpecs.at(static_cast<std::size_t>(spec_index)));
+  const QuantSpec spec = kGemvSpecs.at(static_cast<std::size_t>(spec_index));
+  c.q = from_gguf(spec.format) ? gguf_blocks(spec.format, rows, cols) : quantize(w.second, spec);
   const int copies = std::max<int>(2, static_cast<int>(std::ceil(256e6 / static_cast<double>(c.q.bytes()))));
   // The same values (one check serves all), repacked once and copied on the device.
   c.copies.push_back(c.q.to(Device::CUDA));
@@ -217,7 +219,13 @@ const QgemvCase& qgemv_case(int spec_index, int shape_index) {
   c.mag.assign(static_cast<std::size_t>(rows), 0.0), c.mag_hat.assign(static_cast<std::size_t>(rows), 0.0);
   for (std::int64_t n = 0; n < rows; ++n)
     for (std::int64_t k = 0; k < cols; ++k) {
-      const double w = std::fabs(D.data<float>()[n * cols + k]);
+      double w = std::fabs(D.data<float>()[n * cols + k]);
+      if (spec.format == Format::Q4_K) {  // its minimum's term, summed apart: 2 |dmin · m| (as the tests bound it)
+        const std::uint8_t* sb = c.q.data.data<std::uint8_t>() + (n * (cols / 256) + k / 256) * 144;
+        std::uint8_t sc, m;
+        gguf::scale_min_k4(static_cast<int>(k % 256 / 32), sb + 4, sc, m);
+        w += 2 * std::fabs(static_cast<double>(from_half(sb + 2)) * m);
+      }
       c.mag[n] += w * std::fabs(c.x.data<float>()[k]), c.mag_hat[n] += w * std::fabs(c.xhat.data<float>()[k]);
     }
   // The bf16 GEMV at this shape (ops::matmul, M = 1: its default version).
@@ -250,8 +258,9 @@ void BM_CudaQgemv(benchmark::State& state) {
   const auto want = qmatmul(blocks ? c.xhat : c.x, c.q).to_double_vector();
   const std::vector<double>& mag = blocks ? c.mag_hat : c.mag;
   const double u = 0x1p-24, g = static_cast<double>(cols) * u / (1 - static_cast<double>(cols) * u);
+  const double roundings = spec.format == Format::Q4_K ? 4 : 2;  // the sub-block scales' extra ones
   for (std::int64_t n = 0; n < rows; ++n)
-    if (!(std::fabs(got[n] - want[n]) <= 2 * (g + 2 * u) * mag[n])) {
+    if (!(std::fabs(got[n] - want[n]) <= 2 * (g + roundings * u) * mag[n])) {
       set_qgemv_version(before);
       state.SkipWithError(
           ("row " + std::to_string(n) + ": " + std::to_string(got[n]) + " against the CPU's " + std::to_string(want[n]))

@@ -1843,7 +1843,7 @@ TEST(Awq, NeverLosesToRoundToNearestAndKeepsTheFunction) {
 TEST(QgemvLayout, RepackedQuantsHoldEveryWeightsValue) {
   using quant::qgemv::Kind;
   auto rng = test::rng_for_test();
-  const std::int64_t N = 5, K = 256, nb = K / 32;
+  std::vector<QMatrix> matrices;
   for (const QuantSpec& spec : std::vector<QuantSpec>{{Format::Int8Row},
                                                       {Format::Q8_0},
                                                       {Format::Q4_0},
@@ -1851,15 +1851,22 @@ TEST(QgemvLayout, RepackedQuantsHoldEveryWeightsValue) {
                                                       {Format::Int4Sym, 64},
                                                       {Format::Int4Sym, 128},
                                                       {Format::Int4Asym, 32},
-                                                      {Format::Int4Asym, 128}}) {
+                                                      {Format::Int4Asym, 128}})
+    matrices.push_back(quantize(weights(rng, 5, 256), spec));
+  // q4_k from a GGUF file's blocks (the golden blocks: every bit pattern of quants, scales and mins).
+  const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
+  const Tensor q4k = f.get("Q4_K.f32");
+  matrices.emplace_back(QuantSpec{Format::Q4_K}, q4k.size(0), q4k.size(1), f.get("Q4_K.bytes").clone());
+  for (const QMatrix& q : matrices) {
+    const QuantSpec& spec = q.spec;
     SCOPED_TRACE(spec.name());
-    const QMatrix q = quantize(weights(rng, N, K), spec);
+    const std::int64_t N = q.rows, K = q.cols, nb = K / 32, G = spec.group;
     const Kind kind = qgemv_kind(spec.format).value();
-    const std::int64_t G = spec.group;
     std::vector<std::uint8_t> quants(static_cast<std::size_t>(N * quant::qgemv::row_bytes(kind, K)));
-    std::vector<std::uint16_t> d(static_cast<std::size_t>(N * nb));
+    std::vector<std::uint16_t> d(static_cast<std::size_t>(N * quant::qgemv::half_scales(kind, K)));
+    std::vector<std::uint8_t> sub(static_cast<std::size_t>(N * quant::qgemv::sub_scale_bytes(kind, K)));
     quant::qgemv::repack(kind, spec.group, static_cast<const std::uint8_t*>(q.data.raw_data()), N, K, quants.data(),
-                         d.data());
+                         d.data(), sub.data());
     if (!quant::qgemv::repacked(kind, spec.group)) {
       EXPECT_EQ(0, std::memcmp(quants.data(), q.data.raw_data(), quants.size()));
     }
@@ -1867,20 +1874,26 @@ TEST(QgemvLayout, RepackedQuantsHoldEveryWeightsValue) {
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t k = 0; k < K; ++k) {
         const std::int64_t blk = n * nb + k / 32;
+        const int nibble = quant::qgemv::four_bit(kind) ? quant::qgemv::run_nibble(&quants[blk * 16], k % 32) : 0;
         float v = 0;
         switch (kind) {
           case Kind::Int8Row:
             v = static_cast<float>(static_cast<std::int8_t>(quants[n * K + k])) * q.scales.data<float>()[n];
             break;
           case Kind::Q8_0: v = static_cast<float>(static_cast<std::int8_t>(quants[n * K + k])) * f16_to_f32(d[blk]); break;
-          case Kind::Q4_0:
-            v = static_cast<float>(quant::qgemv::run_nibble(&quants[blk * 16], k % 32) - 8) * f16_to_f32(d[blk]);
-            break;
+          case Kind::Q4_0: v = static_cast<float>(nibble - 8) * f16_to_f32(d[blk]); break;
           case Kind::Int4Sym:
           case Kind::Int4Asym: {
             const std::int64_t g = n * (K / G) + k / G;
             const int z = kind == Kind::Int4Sym ? 8 : q.zeros.data<std::uint8_t>()[g];
-            v = static_cast<float>(quant::qgemv::run_nibble(&quants[blk * 16], k % 32) - z) * q.scales.data<float>()[g];
+            v = static_cast<float>(nibble - z) * q.scales.data<float>()[g];
+            break;
+          }
+          case Kind::Q4_K: {  // (d · sc) · q − dmin · m, as gguf::dequantize_block forms it
+            const std::int64_t o = 2 * (n * (K / 256) + k / 256);
+            const float scale = f16_to_f32(d[o]) * static_cast<float>(sub[2 * blk]);
+            const float minimum = f16_to_f32(d[o + 1]) * static_cast<float>(sub[2 * blk + 1]);
+            v = scale * static_cast<float>(nibble) - minimum;
             break;
           }
         }
@@ -1965,28 +1978,31 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
       }
   }
   // The block types read from GGUF files (the golden blocks: every bit pattern of quants and scales).
+  // Both versions (version 2 has q4_k; the others run version 1 under it).
   const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
-  for (const Format fmt : {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K, Format::Q4_K, Format::Q5_K,
-                           Format::Q6_K, Format::IQ4_NL, Format::IQ4_XS}) {
-    const std::string name = gguf::type_name(gguf_type(fmt));
-    SCOPED_TRACE(name);
-    const Tensor want = f.get(name + ".f32");
-    const QMatrix q({fmt}, want.size(0), want.size(1), f.get(name + ".bytes").clone());
-    const std::int64_t N = q.rows, K = q.cols, M = 5;
-    const Tensor x = test::uniform(rng, {M, K});
-    const auto cpu = qmatmul(x, q).to_double_vector();
-    const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_double_vector();
-    const auto D = want.to_double_vector(), Dm = minimum_terms(q), X = q8_0_activations(x).to_double_vector();
-    std::vector<double> b(cpu.size());
-    for (std::int64_t m = 0; m < M; ++m)
-      for (std::int64_t n = 0; n < N; ++n) {
-        double a = 0;
-        for (std::int64_t k = 0; k < K; ++k)
-          a += std::fabs(X[m * K + k]) * (std::fabs(D[n * K + k]) + 2 * std::fabs(Dm[n * K + k]));
-        b[m * N + n] = 2 * (gamma(K) + 4 * u) * a;  // each side's bound (expect_products_within_the_bound)
-      }
-    expect_within(gpu, cpu, b, "cuda vs cpu");
-  }
+  for (const int version : {1, 2})
+    for (const Format fmt : {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K, Format::Q4_K,
+                             Format::Q5_K, Format::Q6_K, Format::IQ4_NL, Format::IQ4_XS}) {
+      const QgemvVersion chosen(version);
+      const std::string name = gguf::type_name(gguf_type(fmt));
+      SCOPED_TRACE(name + " version " + std::to_string(version));
+      const Tensor want = f.get(name + ".f32");
+      const QMatrix q({fmt}, want.size(0), want.size(1), f.get(name + ".bytes").clone());
+      const std::int64_t N = q.rows, K = q.cols, M = 5;
+      const Tensor x = test::uniform(rng, {M, K});
+      const auto cpu = qmatmul(x, q).to_double_vector();
+      const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_double_vector();
+      const auto D = want.to_double_vector(), Dm = minimum_terms(q), X = q8_0_activations(x).to_double_vector();
+      std::vector<double> b(cpu.size());
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t n = 0; n < N; ++n) {
+          double a = 0;
+          for (std::int64_t k = 0; k < K; ++k)
+            a += std::fabs(X[m * K + k]) * (std::fabs(D[n * K + k]) + 2 * std::fabs(Dm[n * K + k]));
+          b[m * N + n] = 2 * (gamma(K) + 4 * u) * a;  // each side's bound (expect_products_within_the_bound)
+        }
+      expect_within(gpu, cpu, b, "cuda vs cpu");
+    }
   // Integer accumulation is exact: llm_int8 without outliers and single-block q8_0 agree bit for bit.
   QuantSpec inf{Format::LlmInt8};
   inf.threshold = std::numeric_limits<float>::infinity();
