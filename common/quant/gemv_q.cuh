@@ -16,16 +16,6 @@
 
 namespace inferlab::quant::qgemv {
 
-// The weights as version 2 reads them (device pointers).
-struct Weights {
-  const std::uint8_t* quants;  // row n at quants + n · row_bytes(kind, K), 16-byte aligned
-  const std::uint16_t* d;      // q8_0, q4_0: f16 bits per block of 32 [N, K / 32]; q4_k: d, dmin [N, K / 256, 2]
-  const std::uint8_t* sub;     // q4_k: each block's 6-bit scale and min [N, K / 32, 2]
-  const float* scales;         // int8_row: one per row; int4: one per group [N, K / G]
-  const std::uint8_t* zeros;   // int4_asym: one per group
-  int K, G;
-};
-
 // x [M, K] as blocks of 32 (device pointers): int8 values, each block's scale (its f16 as a
 // float) and the sum of its values.
 struct XBlocks {
@@ -108,42 +98,21 @@ __global__ void __launch_bounds__(cuda::gemv_index::kWarps * 32)
     for (int u = 0; u < U; ++u) {
       const long long i = cuda::gemv_index::chunk(step, u, lane, U);
       if (i < units) {
-        const long long b = kFour ? i : i / 2;  // the block of 32 the unit is in
-        // Each weight row's scale of this unit, its integer offset (8, int4_asym's zero point) or
-        // q4_k's minimum (dmin · m, taken off as a float).
-        float sw[R], mw[R];
-        int z[R];
+        const long long b = block_of(T, i);
+        BlockScale sc[R];
 #pragma unroll
-        for (int j = 0; j < R; ++j) {
-          const long long blk = n[j] * nb + b;
-          mw[j] = 0.0f;
-          if constexpr (T == Kind::Q8_0 || T == Kind::Q4_0) {
-            sw[j] = __half2float(__ushort_as_half(w.d[blk]));
-          } else if constexpr (T == Kind::Int8Row) {
-            sw[j] = 1.0f;                          // the row's scale multiplies at the end
-          } else if constexpr (T == Kind::Q4_K) {  // (d · sc) and (dmin · m), as gguf's decoder forms them
-            const long long o = 2 * (n[j] * (K / 256) + b / 8);
-            sw[j] = __half2float(__ushort_as_half(w.d[o])) * static_cast<float>(w.sub[2 * blk]);
-            mw[j] = __half2float(__ushort_as_half(w.d[o + 1])) * static_cast<float>(w.sub[2 * blk + 1]);
-          } else {
-            sw[j] = w.scales[n[j] * (K / w.G) + b * 32 / w.G];
-          }
-          z[j] = T == Kind::Int4Asym ? w.zeros[n[j] * (K / w.G) + b * 32 / w.G] : T == Kind::Q4_K ? 0 : 8;
-        }
+        for (int j = 0; j < R; ++j) sc[j] = block_scale(T, w, n[j], b);
 #pragma unroll
         for (int m = 0; m < kM; ++m)
           if (m < M) {
-            int xv[8];
+            int xv[8] = {};
             x_unit<kFour>(x.q + static_cast<long long>(m) * K, i, xv);
             const float dx = x.d[static_cast<long long>(m) * nb + b];
             const int sx = kFour ? x.sum[static_cast<long long>(m) * nb + b] : 0;
-            const int x4[4] = {xv[0], xv[1], xv[2], xv[3]};
 #pragma unroll
             for (int j = 0; j < R; ++j) {
               const unsigned wv[4] = {r[j][u].x, r[j][u].y, r[j][u].z, r[j][u].w};
-              const int s = kFour ? dot_nibble_unit(wv, xv) - z[j] * sx : dot_int8_unit(wv, x4);
-              acc[m][j] = fmaf(sw[j] * dx, static_cast<float>(s), acc[m][j]);
-              if constexpr (T == Kind::Q4_K) acc[m][j] = fmaf(-(mw[j] * dx), static_cast<float>(sx), acc[m][j]);
+              acc[m][j] = unit_fma(T, wv, xv, sc[j], dx, sx, acc[m][j]);
             }
           }
       }

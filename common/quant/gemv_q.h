@@ -23,9 +23,15 @@
 /// and the 4-bit formats' offset (8, or int4_asym's zero point z) is subtracted once a block
 /// through x's block sum: Σ (q − z)·x = Σ q·x − z·Σ x.
 
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#endif
+
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "common/dtype.h"
 #include "common/host_device.h"
 
 namespace inferlab::quant::qgemv {
@@ -123,6 +129,70 @@ IL_HD inline void q4_k_run(const std::uint8_t* sb, int s, std::uint8_t* run, std
   const int shift = 4 * (s % 2);
   for (int i = 0; i < 16; ++i)
     run[i] = static_cast<std::uint8_t>(((qs[i] >> shift) & 15) | (((qs[16 + i] >> shift) & 15) << 4));
+}
+
+/// The weights as version 2 reads them: device pointers in the kernels, host pointers in the tests.
+struct Weights {
+  const std::uint8_t* quants;  ///< row n at quants + n · row_bytes(kind, K), 16-byte aligned
+  const std::uint16_t* d;      ///< q8_0, q4_0: f16 bits per block of 32 [N, K / 32]; q4_k: d, dmin [N, K / 256, 2]
+  const std::uint8_t* sub;     ///< q4_k: each block's 6-bit scale and min [N, K / 32, 2]
+  const float* scales;         ///< int8_row: one per row; int4: one per group [N, K / G]
+  const std::uint8_t* zeros;   ///< int4_asym: one per group
+  int K, G;
+};
+
+/// The float of f16 bits.
+IL_HD inline float half_value(std::uint16_t h) {
+#ifdef __CUDA_ARCH__
+  return __half2float(__ushort_as_half(h));
+#else
+  return f16_to_f32(h);
+#endif
+}
+
+/// The block of 32 that load i of a row lies in.
+IL_HD constexpr long long block_of(Kind k, long long i) { return four_bit(k) ? i : i / 2; }
+
+/// What row n's block b multiplies its integer sum by: the scale (1 for int8_row, whose row scale
+/// multiplies at the end), the integer offset of the 4-bit quants (8, int4_asym's zero point; 0
+/// for q4_k) and q4_k's minimum (dmin · m; 0 elsewhere).
+struct BlockScale {
+  float scale, minimum;
+  int offset;
+};
+IL_HD inline BlockScale block_scale(Kind k, const Weights& w, long long n, long long b) {
+  const long long blk = n * (w.K / 32) + b;
+  switch (k) {
+    case Kind::Int8Row: return {1.0f, 0.0f, 0};
+    case Kind::Q8_0: return {half_value(w.d[blk]), 0.0f, 0};
+    case Kind::Q4_0: return {half_value(w.d[blk]), 0.0f, 8};
+    case Kind::Q4_K: {  // (d · sc) and (dmin · m), as gguf's decoder forms them
+      const long long o = 2 * (n * (w.K / 256) + b / 8);
+      return {half_value(w.d[o]) * static_cast<float>(w.sub[2 * blk]),
+              half_value(w.d[o + 1]) * static_cast<float>(w.sub[2 * blk + 1]), 0};
+    }
+    case Kind::Int4Sym:
+    case Kind::Int4Asym: break;
+  }
+  const long long g = n * (w.K / w.G) + b * 32 / w.G;
+  return {w.scales[g], 0.0f, k == Kind::Int4Asym ? static_cast<int>(w.zeros[g]) : 8};
+}
+
+/// acc plus one load's products: the quants wv (four words) times x's values xv (16 int8 in
+/// xv[0 .. 3], or a block of 32 in xv[0 .. 7] for the 4-bit kinds), dx and sx the scale and sum of
+/// x's block. The integer sum is exact; it is scaled once (and q4_k's minimum taken off once).
+IL_HD inline float unit_fma(Kind k, const unsigned (&wv)[4], const int (&xv)[8], const BlockScale& s, float dx, int sx,
+                            float acc) {
+  int isum;
+  if (four_bit(k)) {
+    isum = dot_nibble_unit(wv, xv) - s.offset * sx;
+  } else {
+    const int x4[4] = {xv[0], xv[1], xv[2], xv[3]};
+    isum = dot_int8_unit(wv, x4);
+  }
+  acc = fmaf(s.scale * dx, static_cast<float>(isum), acc);
+  if (k == Kind::Q4_K) acc = fmaf(-(s.minimum * dx), static_cast<float>(sx), acc);
+  return acc;
 }
 
 /// Version 2's layout of a [rows, cols] matrix: `quants` (row_bytes(k, cols) bytes a row),

@@ -1902,6 +1902,62 @@ TEST(QgemvLayout, RepackedQuantsHoldEveryWeightsValue) {
   }
 }
 
+// Version 2's whole product on the CPU: every row walked load by load through the kernel's own
+// functions (block_scale, unit_fma: the scale, offset and minimum of each block, the dp4a sums),
+// on the repacked layout and x's blocks as the GPU's quantiser makes them, equals the float64
+// product of x̂ and the decoded weights within the dot product's bound.
+TEST(QgemvLayout, RowsWalkedAsTheKernelDoesGiveTheProduct) {
+  using quant::qgemv::Kind;
+  auto rng = test::rng_for_test();
+  std::vector<QMatrix> matrices;
+  for (const QuantSpec& spec : std::vector<QuantSpec>{{Format::Int8Row},
+                                                      {Format::Q8_0},
+                                                      {Format::Q4_0},
+                                                      {Format::Int4Sym, 32},
+                                                      {Format::Int4Sym, 128},
+                                                      {Format::Int4Asym, 64}})
+    matrices.push_back(quantize(weights(rng, 7, 512), spec));
+  const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
+  const Tensor q4k = f.get("Q4_K.f32");
+  matrices.emplace_back(QuantSpec{Format::Q4_K}, q4k.size(0), q4k.size(1), f.get("Q4_K.bytes").clone());
+  for (const QMatrix& q : matrices) {
+    SCOPED_TRACE(q.spec.name());
+    const std::int64_t N = q.rows, K = q.cols, nb = K / 32;
+    const Kind kind = qgemv_kind(q.spec.format).value();
+    std::vector<std::uint8_t> quants(static_cast<std::size_t>(N * quant::qgemv::row_bytes(kind, K)));
+    std::vector<std::uint16_t> d(static_cast<std::size_t>(N * quant::qgemv::half_scales(kind, K)) + 1);
+    std::vector<std::uint8_t> sub(static_cast<std::size_t>(N * quant::qgemv::sub_scale_bytes(kind, K)) + 1);
+    quant::qgemv::repack(kind, q.spec.group, static_cast<const std::uint8_t*>(q.data.raw_data()), N, K, quants.data(),
+                         d.data(), sub.data());
+    const std::uint8_t* layout =
+        quant::qgemv::repacked(kind, q.spec.group) ? quants.data() : static_cast<const std::uint8_t*>(q.data.raw_data());
+    const quant::qgemv::Weights w{layout,
+                                  d.data(),
+                                  sub.data(),
+                                  q.scales.defined() ? q.scales.data<float>() : nullptr,
+                                  q.zeros.defined() ? q.zeros.data<std::uint8_t>() : nullptr,
+                                  static_cast<int>(K),
+                                  q.spec.group};
+    const Tensor x = test::uniform(rng, {1, K});
+    const BlockedActivations a = blocked_activations_fast(x);
+    const auto [exact, bound] = blocked_product(x, q, 4);
+    for (std::int64_t n = 0; n < N; ++n) {
+      float acc = 0;
+      for (std::int64_t i = 0; i < K / quant::qgemv::unit_values(kind); ++i) {
+        const std::int64_t b = quant::qgemv::block_of(kind, i);
+        unsigned wv[4];
+        int xv[8] = {};
+        std::memcpy(wv, layout + n * quant::qgemv::row_bytes(kind, K) + 16 * i, 16);
+        std::memcpy(xv, a.q.data() + (quant::qgemv::four_bit(kind) ? 32 * i : 16 * i),
+                    quant::qgemv::four_bit(kind) ? 32 : 16);
+        acc = quant::qgemv::unit_fma(kind, wv, xv, quant::qgemv::block_scale(kind, w, n, b), a.d[b], a.sum[b], acc);
+      }
+      if (kind == Kind::Int8Row) acc *= q.scales.data<float>()[n];
+      EXPECT_NEAR(acc, exact[n], bound[n]) << "row " << n << " of " << nb << " blocks";
+    }
+  }
+}
+
 // The kernels' integer arithmetic (dp4a on the CPU): a 16-byte load of int8 quants or of a run of
 // nibbles times x's int8 values equals the plain sum of products.
 TEST(QgemvLayout, UnitDotsEqualPlainSums) {
