@@ -122,7 +122,8 @@ void quantised_on(benchmark::State& state, Device dev) {
   const QMatrix q = (from_gguf(spec.format) ? gguf_blocks(spec.format) : quantize(weights(), spec)).to(dev);
   const Tensor x = Tensor::zeros({1, K}, DType::F32, dev);
   Tensor out = Tensor::empty({1, N}, DType::F32, dev);
-  run(state, dev, static_cast<double>(q.bytes()), spec.name(), [&] { qmatmul(x, q, out); });
+  const std::string version = dev == Device::CUDA && has_qgemv_v2(spec) ? " v" + std::to_string(qgemv_version()) : "";
+  run(state, dev, static_cast<double>(q.bytes()), spec.name() + version, [&] { qmatmul(x, q, out); });
 }
 void BM_CpuMatvec(benchmark::State& state) { quantised_on(state, Device::CPU); }
 // The same matrices laid out for the fast kernel (eight rows' blocks together, qmodel.h), where a
