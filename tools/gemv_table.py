@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The GEMV family against cuBLAS, from bench_core's Google Benchmark JSON (BM_CudaGemv).
+"""The GEMV family against cuBLAS, from bench_core's Google Benchmark JSON (BM_CudaGemv); with
+--quant, the quantised GEMV's versions against the bf16 GEMV, from bench_quant's (BM_CudaQgemv).
 
 For each shape (N x K, bf16 weights, M = 1) and each variant (cuBLAS, then the family's versions
 by number) it prints the time, GB/s and share of the read ceiling measured in the same run, and
@@ -8,6 +9,11 @@ check against the float64 product failed shows its error instead of figures. Wit
 argument the same table is written there as JSON.
 
     tools/gemv_table.py bench_core.json [gemv.json]
+    tools/gemv_table.py --quant bench_quant.json [qgemv.json]
+
+The quantised table has a row per format and shape (N x K, M = 1): each version's time, GB/s of
+the format's own bytes and share of the read ceiling, its speed over the bf16 GEMV at the same
+shape (timed in the same run), and the best version.
 """
 import json
 import sys
@@ -53,7 +59,81 @@ def read(path):
     return {"source": path, "context": data.get("context", {}), "shapes": table}
 
 
+def read_quant(path):
+    with open(path) as f:
+        data = json.load(f)
+    rows = {}
+    for b in data.get("benchmarks", []):
+        parts = b.get("name", "").split("/")
+        if parts[0] != "BM_CudaQgemv" or b.get("run_type") == "aggregate" or len(parts) < 4:
+            continue
+        label = b.get("label", "").split()  # "<format> <N>x<K> v<version>"
+        version = int(parts[1])
+        if len(label) == 3:
+            fmt, shape = label[0], label[1]
+        else:  # an error leaves no label: the arguments name the case
+            fmt, shape = f"format {parts[2]}", f"shape {parts[3]}"
+        e = {"version": version}
+        if b.get("error_occurred"):
+            e["error"] = b.get("error_message", "error")
+        else:
+            e["time_us"] = b["real_time"] * TO_SECONDS[b.get("time_unit", "ns")] * 1e6
+            for key in ("GB/s", "of_ceiling", "vs_bf16", "bf16_us", "bits/w"):
+                e[key] = b.get(key)
+        rows.setdefault((fmt, shape), []).append(e)
+    table = []
+    for (fmt, shape), entries in rows.items():
+        entries.sort(key=lambda e: e["version"])
+        row = {"format": fmt, "shape": shape, "versions": entries}
+        timed = [e for e in entries if "time_us" in e]
+        if timed:
+            best = min(timed, key=lambda e: e["time_us"])
+            row["best"] = f"v{best['version']}"
+            row["best_vs_bf16"] = best["vs_bf16"]
+        table.append(row)
+    return {"source": path, "context": data.get("context", {}), "rows": table}
+
+
+def main_quant(args):
+    try:
+        t = read_quant(args[0])
+    except (OSError, ValueError, KeyError) as e:
+        print(f"gemv_table: cannot read {args[0]}: {e}")
+        return
+    if not t["rows"]:
+        print(f"gemv_table: no BM_CudaQgemv results in {args[0]}")
+        return
+    versions = sorted({e["version"] for r in t["rows"] for e in r["versions"]})
+    print("Quantised GEMV at M = 1: per version time (us), GB/s, share of the read ceiling, speed over bf16; best")
+    print(f"{'format':>16} {'N x K':>12} " + " ".join(f"{'v' + str(v):>30}" for v in versions) +
+          f" {'best':>5} {'x bf16':>7}")
+    for r in t["rows"]:
+        cells = []
+        for v in versions:
+            e = next((e for e in r["versions"] if e["version"] == v), None)
+            if e is None:
+                cells.append(f"{'-':>30}")
+            elif "error" in e:
+                cells.append(f"{'check failed':>30}")
+            else:
+                cells.append(f"{e['time_us']:8.1f} {e['GB/s']:6.0f} {100 * e['of_ceiling']:5.1f}% {e['vs_bf16']:5.2f}x")
+        best = r.get("best_vs_bf16")
+        print(f"{r['format']:>16} {r['shape']:>12} " + " ".join(cells) + f" {r.get('best', '-'):>5} " +
+              (f"{best:6.2f}x" if best is not None else f"{'-':>7}"))
+    for r in t["rows"]:
+        for e in r["versions"]:
+            if "error" in e:
+                print(f"  {r['format']} {r['shape']} v{e['version']}: {e['error']}")
+    if len(args) == 2:
+        with open(args[1], "w") as f:
+            json.dump(t, f, indent=1)
+
+
 def main():
+    if len(sys.argv) >= 2 and sys.argv[1] == "--quant":
+        if len(sys.argv) not in (3, 4):
+            sys.exit(__doc__)
+        return main_quant(sys.argv[2:])
     if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
     try:

@@ -7,6 +7,7 @@
 # goes into one archive, so that the results are a handful of files:
 #   $OUT/summary.txt  $OUT/steps.txt  $OUT/machine.txt  $OUT/gpu_check.log  $OUT/results.tar.gz
 #   $OUT/gemv.json (the GEMV versions against cuBLAS, tools/gemv_table.py)
+#   $OUT/qgemv.json (the quantised GEMV's versions against bf16, tools/gemv_table.py --quant)
 #
 #   tools/gpu_check.sh              # builds here first (CUDA required; needs the C++ packages)
 #   tools/gpu_check.sh --prebuilt   # runs the binaries tools/gpu_pack.sh packed into .gpu/
@@ -49,6 +50,10 @@ finish() {
     if [ -f "$RAW/bench_core.json" ]; then
       echo "--- GEMV versions against cuBLAS (also in gemv.json)"
       python3 "$ROOT/tools/gemv_table.py" "$RAW/bench_core.json" "$OUT/gemv.json" 2>&1
+    fi
+    if [ -f "$RAW/qgemv.json" ]; then
+      echo "--- quantised GEMV versions against bf16 (also in qgemv.json)"
+      python3 "$ROOT/tools/gemv_table.py" --quant "$RAW/qgemv.json" "$OUT/qgemv.json" 2>&1
     fi
     echo "--- GPU launches per step (chapters 11 and 12; the batched step's do not grow with the batch)"
     grep -H "launches per step" "$RAW"/ch1[12]_*.txt 2> /dev/null | sed "s|^$RAW/||; s|\.txt:| |"
@@ -152,9 +157,15 @@ if [ $no_device -eq 1 ]; then finish; exit 1; fi
 # half second: that is still thousands of launches.
 for b in "$B"/bench_*; do
   n=$(basename "$b")
-  step "$n" 120 "$b" --benchmark_filter=Cuda --benchmark_min_time="${BENCH_MIN_TIME:-0.02}" \
+  filter=Cuda
+  [ "$n" = bench_quant ] && filter=BM_CudaMatvec  # BM_CudaQgemv is the step after the loop
+  step "$n" 120 "$b" --benchmark_filter="$filter" --benchmark_min_time="${BENCH_MIN_TIME:-0.02}" \
     --benchmark_out="$RAW/$n.json" --benchmark_out_format=json --benchmark_counters_tabular=true
 done
+# The quantised GEMV's versions at the 1B/8B layer shapes against bf16 (tools/gemv_table.py --quant):
+# 56 cases, each format and shape quantised once on the CPU for both versions.
+[ -x "$B/bench_quant" ] && step qgemv 90 "$B/bench_quant" --benchmark_filter=BM_CudaQgemv \
+  --benchmark_out="$RAW/qgemv.json" --benchmark_out_format=json --benchmark_counters_tabular=true
 
 # 3. The chapters' GPU measurements.
 # Chapter 10: int4 self-speculation on a random 100M-parameter target, both models on the GPU.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cfenv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -425,7 +426,56 @@ QMatrix QMatrix::to(Device d) const {
   q.data = data.to(d);
   if (scales.defined()) q.scales = scales.to(d);
   if (zeros.defined()) q.zeros = zeros.to(d);
+  q.gpu_quants = q.gpu_scales = q.gpu_sub = Tensor{};
+  const auto kind = qgemv_kind(spec.format);
+  if (d == Device::CUDA && kind && quant::qgemv::repacked(*kind, spec.group)) {
+    // Version 2's layout, made once here on the CPU (the same functions a CPU test checks).
+    using namespace quant::qgemv;
+    const Tensor host = data.to(Device::CPU);
+    Tensor quants = Tensor::empty({rows, row_bytes(*kind, cols)}, DType::U8);
+    Tensor d16 = Tensor::empty({rows, std::max<std::int64_t>(1, half_scales(*kind, cols))}, DType::F16);
+    Tensor sub = Tensor::empty({rows, std::max<std::int64_t>(1, sub_scale_bytes(*kind, cols))}, DType::U8);
+    repack(*kind, spec.group, static_cast<const std::uint8_t*>(host.raw_data()), rows, cols, quants.data<std::uint8_t>(),
+           static_cast<std::uint16_t*>(d16.raw_data()), sub.data<std::uint8_t>());
+    q.gpu_quants = quants.to(d);
+    if (half_scales(*kind, cols) > 0) q.gpu_scales = d16.to(d);
+    if (sub_scale_bytes(*kind, cols) > 0) q.gpu_sub = sub.to(d);
+  }
   return q;
+}
+
+std::optional<quant::qgemv::Kind> qgemv_kind(Format f) {
+  using quant::qgemv::Kind;
+  switch (f) {
+    case Format::Int8Row: return Kind::Int8Row;
+    case Format::Q8_0: return Kind::Q8_0;
+    case Format::Q4_0: return Kind::Q4_0;
+    case Format::Int4Sym: return Kind::Int4Sym;
+    case Format::Int4Asym: return Kind::Int4Asym;
+    case Format::Q4_K: return Kind::Q4_K;
+    default: return std::nullopt;
+  }
+}
+
+bool has_qgemv_v2(const QuantSpec& spec) { return qgemv_kind(spec.format).has_value(); }
+
+namespace {
+int g_qgemv_version = 0;  // 0 until chosen: then INFERLAB_QGEMV_VERSION, or 2
+}  // namespace
+
+void set_qgemv_version(int version) {
+  IL_CHECK(version == 1 || version == 2, "set_qgemv_version: no quantised GEMV version ", version, " (there are 1 and 2)");
+  g_qgemv_version = version;
+}
+
+int qgemv_version() {
+  if (g_qgemv_version == 0) {
+    const char* env = std::getenv("INFERLAB_QGEMV_VERSION");
+    const std::string v = env ? env : "";
+    IL_CHECK(v.empty() || v == "1" || v == "2", "INFERLAB_QGEMV_VERSION=", v, ": expected 1 or 2");
+    g_qgemv_version = v.empty() ? 2 : v[0] - '0';
+  }
+  return g_qgemv_version;
 }
 
 // --- the products -----------------------------------------------------------------------------

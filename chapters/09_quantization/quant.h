@@ -105,6 +105,12 @@ struct QMatrix : PackedMatrix {
   Tensor data;
   Tensor scales;  ///< F32: one (int8_tensor, fp8), per row (int8_row, llm_int8), per group (int4)
   Tensor zeros;   ///< U8 per group (int4 asym)
+  /// On CUDA, the quants in the layout of the product's version 2 (common/quant/gemv_q.h: a row's
+  /// quants contiguous for 16-byte loads, the f16 scales of q8_0, q4_0 and q4_k in `gpu_scales`,
+  /// q4_k's sub-block scales and mins in `gpu_sub`), made by to(Device::CUDA) for the formats whose
+  /// data is not already in it (q8_0, q4_0, q4_k, int4 with groups of 64 or 128); undefined
+  /// otherwise. Version 1 reads `data`.
+  Tensor gpu_quants, gpu_scales, gpu_sub;
 
   QMatrix() = default;
   QMatrix(QuantSpec spec_, std::int64_t rows_, std::int64_t cols_, Tensor data_, Tensor scales_ = {}, Tensor zeros_ = {})
@@ -157,6 +163,20 @@ Tensor q8_0_activations(const Tensor& x);
 /// On CUDA tensors this runs the CUDA kernels.
 void qmatmul(const Tensor& x, const QMatrix& w, Tensor& out);
 Tensor qmatmul(const Tensor& x, const QMatrix& w);
+
+/// The CUDA products by number, as the bf16 GEMV's versions (cuda::GemvVersion):
+///   1  one warp per output row reading the packed data with 8-byte loads, unpacking to f32 (the
+///      simple version; llm_int8 and q8_0 multiply int8 by dp4a on the blocks as stored)
+///   2  int8_row, q8_0, q4_0, int4 and q4_k: the quants repacked for 16-byte loads, x quantised per block
+///      of 32 to int8 (as q8_0_activations()), int8 products by dp4a, several rows a warp
+///      (common/quant/gemv_q.cuh); the other formats run version 1
+/// Version 2 changes the function of int8_row and int4, which keep x in f32 on the CPU and in
+/// version 1: they compute q8_0_activations(x) · Wᵀ. Until set_qgemv_version is called, the
+/// environment's INFERLAB_QGEMV_VERSION (1 or 2) chooses, else 2.
+void set_qgemv_version(int version);
+int qgemv_version();
+/// Whether version 2 multiplies `spec` (else version 1 runs under it).
+bool has_qgemv_v2(const QuantSpec& spec);
 
 /// The reference versions: plain loops, CPU only, same results as qmatmul up to float
 /// summation order (the integer parts are exact).

@@ -1,4 +1,8 @@
-// Chapter 09's CUDA products: one warp per output row streams the packed weights and unpacks
+// Chapter 09's CUDA products, by number (qgemv_version()). Version 2, for int8_row, q8_0, q4_0,
+// int4 and q4_k, lives in common/quant/gemv_q.cuh: the quants repacked for 16-byte loads when the matrix
+// went to the GPU, x in int8 blocks, dp4a. The rest of this file is version 1, every format's.
+//
+// Version 1: one warp per output row streams the packed weights and unpacks
 // them in registers; llm_int8 and q8_0 accumulate int8·int8 products in int32 (__dp4a). The other
 // GGUF block formats (q4_0, q4_1, q5_0, q5_1, q2_k … q6_k, iq4_nl, iq4_xs) multiply x rounded through q8_0
 // blocks, the function their CPU products compute; their kernels then multiply in f32 (q8_0's
@@ -12,6 +16,7 @@
 #include "common/cuda/backend.h"
 #include "common/cuda/util.cuh"
 #include "common/quant/blocks.cuh"
+#include "common/quant/gemv_q.cuh"
 
 namespace inferlab::ch09 {
 
@@ -246,6 +251,32 @@ void launch_blocked(const View& v, const Tensor& x, Tensor& out, int N) {
   launch_weight_only<F>(v, xh, M, out, N);
 }
 
+// Version 2 of `kind` (common/quant/gemv_q.cuh) on w's repacked quants where it has them, else its data.
+void launch_v2(quant::qgemv::Kind kind, const QMatrix& w, const Tensor& x, Tensor& out) {
+  using quant::qgemv::Kind;
+  const quant::qgemv::Weights v{
+      static_cast<const std::uint8_t*>(w.gpu_quants.defined() ? w.gpu_quants.raw_data() : w.data.raw_data()),
+      w.gpu_scales.defined() ? static_cast<const std::uint16_t*>(w.gpu_scales.raw_data()) : nullptr,
+      w.gpu_sub.defined() ? w.gpu_sub.data<std::uint8_t>() : nullptr,
+      w.scales.defined() ? w.scales.data<float>() : nullptr,
+      w.zeros.defined() ? w.zeros.data<std::uint8_t>() : nullptr,
+      static_cast<int>(w.cols),
+      w.spec.group};
+  IL_CHECK(w.gpu_quants.defined() == quant::qgemv::repacked(kind, w.spec.group), "qmatmul (CUDA): a ", w.spec.name(),
+           " matrix without version 2's layout; move it with QMatrix::to(Device::CUDA)");
+  const int M = static_cast<int>(x.size(0)), N = static_cast<int>(w.rows);
+  const float* xp = x.data<float>();
+  float* y = out.data<float>();
+  switch (kind) {
+    case Kind::Int8Row: return quant::qgemv::gemv<Kind::Int8Row>(v, xp, M, y, N);
+    case Kind::Q8_0: return quant::qgemv::gemv<Kind::Q8_0>(v, xp, M, y, N);
+    case Kind::Q4_0: return quant::qgemv::gemv<Kind::Q4_0>(v, xp, M, y, N);
+    case Kind::Int4Sym: return quant::qgemv::gemv<Kind::Int4Sym>(v, xp, M, y, N);
+    case Kind::Int4Asym: return quant::qgemv::gemv<Kind::Int4Asym>(v, xp, M, y, N);
+    case Kind::Q4_K: return quant::qgemv::gemv<Kind::Q4_K>(v, xp, M, y, N);
+  }
+}
+
 }  // namespace
 
 void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
@@ -262,6 +293,8 @@ void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
   IL_CHECK(!blocks_activations(w.spec.format) || K % gguf::block_values(gguf_type(w.spec.format)) == 0,
            "qmatmul (CUDA): ", w.spec.name(), " rows are whole super-blocks of 256, got n_in = ", K);
   if (M == 0 || N == 0) return;  // nothing to compute (and a grid of zero blocks is a launch error)
+  if (qgemv_version() == 2)
+    if (const auto kind = qgemv_kind(w.spec.format)) return launch_v2(*kind, w, x, out);
   const View v{static_cast<const std::uint8_t*>(w.data.raw_data()), w.scales.defined() ? w.scales.data<float>() : nullptr,
                w.zeros.defined() ? w.zeros.data<std::uint8_t>() : nullptr, K, w.spec.group};
   switch (w.spec.format) {

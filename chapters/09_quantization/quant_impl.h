@@ -1,10 +1,12 @@
 #pragma once
 // Chapter 09's internals shared by the reference loops, the fast CPU path and the CUDA kernels.
+#include <optional>
 #include <vector>
 
 #include "chapters/09_quantization/quant.h"
 #include "common/gguf.h"
 #include "common/quant/blocks.h"
+#include "common/quant/gemv_q.h"
 
 namespace inferlab::quant {
 class Interleaved8;
@@ -61,6 +63,8 @@ void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out);
 /// row outside the outlier columns, as qmatmul_fast does, its int8 products summed by the
 /// interleaved kernel, the outlier columns' 16-bit part added.
 void llm_int8_interleaved(const Tensor& x, const quant::Interleaved8& w, float threshold, Tensor& out);
+/// The layout and kernel of the CUDA product's version 2 for `f`, where it has one.
+std::optional<quant::qgemv::Kind> qgemv_kind(Format f);
 /// The CUDA product (quant_cuda.cu; a stub without CUDA).
 void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out);
 

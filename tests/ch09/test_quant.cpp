@@ -1837,62 +1837,237 @@ TEST(Awq, NeverLosesToRoundToNearestAndKeepsTheFunction) {
   for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-3 * (1 + std::fabs(a[i]))) << i;
 }
 
+// Version 2's layout (common/quant/gemv_q.h), on the CPU: the repacked quants with their scales
+// give every weight the value the format gives it, and where repacked() says the data already is
+// the layout (int8_row, int4 groups of 32), repack() copies it unchanged.
+TEST(QgemvLayout, RepackedQuantsHoldEveryWeightsValue) {
+  using quant::qgemv::Kind;
+  auto rng = test::rng_for_test();
+  std::vector<QMatrix> matrices;
+  for (const QuantSpec& spec : std::vector<QuantSpec>{{Format::Int8Row},
+                                                      {Format::Q8_0},
+                                                      {Format::Q4_0},
+                                                      {Format::Int4Sym, 32},
+                                                      {Format::Int4Sym, 64},
+                                                      {Format::Int4Sym, 128},
+                                                      {Format::Int4Asym, 32},
+                                                      {Format::Int4Asym, 128}})
+    matrices.push_back(quantize(weights(rng, 5, 256), spec));
+  // q4_k from a GGUF file's blocks (the golden blocks: every bit pattern of quants, scales and mins).
+  const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
+  const Tensor q4k = f.get("Q4_K.f32");
+  matrices.emplace_back(QuantSpec{Format::Q4_K}, q4k.size(0), q4k.size(1), f.get("Q4_K.bytes").clone());
+  for (const QMatrix& q : matrices) {
+    const QuantSpec& spec = q.spec;
+    SCOPED_TRACE(spec.name());
+    const std::int64_t N = q.rows, K = q.cols, nb = K / 32, G = spec.group;
+    const Kind kind = qgemv_kind(spec.format).value();
+    std::vector<std::uint8_t> quants(static_cast<std::size_t>(N * quant::qgemv::row_bytes(kind, K)));
+    std::vector<std::uint16_t> d(static_cast<std::size_t>(N * quant::qgemv::half_scales(kind, K)));
+    std::vector<std::uint8_t> sub(static_cast<std::size_t>(N * quant::qgemv::sub_scale_bytes(kind, K)));
+    quant::qgemv::repack(kind, spec.group, static_cast<const std::uint8_t*>(q.data.raw_data()), N, K, quants.data(),
+                         d.data(), sub.data());
+    if (!quant::qgemv::repacked(kind, spec.group)) {
+      EXPECT_EQ(0, std::memcmp(quants.data(), q.data.raw_data(), quants.size()));
+    }
+    const Tensor want = dequantize(q);
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t k = 0; k < K; ++k) {
+        const std::int64_t blk = n * nb + k / 32;
+        const int nibble = quant::qgemv::four_bit(kind) ? quant::qgemv::run_nibble(&quants[blk * 16], k % 32) : 0;
+        float v = 0;
+        switch (kind) {
+          case Kind::Int8Row:
+            v = static_cast<float>(static_cast<std::int8_t>(quants[n * K + k])) * q.scales.data<float>()[n];
+            break;
+          case Kind::Q8_0: v = static_cast<float>(static_cast<std::int8_t>(quants[n * K + k])) * f16_to_f32(d[blk]); break;
+          case Kind::Q4_0: v = static_cast<float>(nibble - 8) * f16_to_f32(d[blk]); break;
+          case Kind::Int4Sym:
+          case Kind::Int4Asym: {
+            const std::int64_t g = n * (K / G) + k / G;
+            const int z = kind == Kind::Int4Sym ? 8 : q.zeros.data<std::uint8_t>()[g];
+            v = static_cast<float>(nibble - z) * q.scales.data<float>()[g];
+            break;
+          }
+          case Kind::Q4_K: {  // (d · sc) · q − dmin · m, as gguf::dequantize_block forms it
+            const std::int64_t o = 2 * (n * (K / 256) + k / 256);
+            const float scale = f16_to_f32(d[o]) * static_cast<float>(sub[2 * blk]);
+            const float minimum = f16_to_f32(d[o + 1]) * static_cast<float>(sub[2 * blk + 1]);
+            v = scale * static_cast<float>(nibble) - minimum;
+            break;
+          }
+        }
+        ASSERT_EQ(v, want.at<float>({n, k})) << "n " << n << ", k " << k;
+      }
+  }
+}
+
+// Version 2's whole product on the CPU: every row walked load by load through the kernel's own
+// functions (block_scale, unit_fma: the scale, offset and minimum of each block, the dp4a sums),
+// on the repacked layout and x's blocks as the GPU's quantiser makes them, equals the float64
+// product of x̂ and the decoded weights within the dot product's bound.
+TEST(QgemvLayout, RowsWalkedAsTheKernelDoesGiveTheProduct) {
+  using quant::qgemv::Kind;
+  auto rng = test::rng_for_test();
+  std::vector<QMatrix> matrices;
+  for (const QuantSpec& spec : std::vector<QuantSpec>{{Format::Int8Row},
+                                                      {Format::Q8_0},
+                                                      {Format::Q4_0},
+                                                      {Format::Int4Sym, 32},
+                                                      {Format::Int4Sym, 128},
+                                                      {Format::Int4Asym, 64}})
+    matrices.push_back(quantize(weights(rng, 7, 512), spec));
+  const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
+  const Tensor q4k = f.get("Q4_K.f32");
+  matrices.emplace_back(QuantSpec{Format::Q4_K}, q4k.size(0), q4k.size(1), f.get("Q4_K.bytes").clone());
+  for (const QMatrix& q : matrices) {
+    SCOPED_TRACE(q.spec.name());
+    const std::int64_t N = q.rows, K = q.cols, nb = K / 32;
+    const Kind kind = qgemv_kind(q.spec.format).value();
+    std::vector<std::uint8_t> quants(static_cast<std::size_t>(N * quant::qgemv::row_bytes(kind, K)));
+    std::vector<std::uint16_t> d(static_cast<std::size_t>(N * quant::qgemv::half_scales(kind, K)) + 1);
+    std::vector<std::uint8_t> sub(static_cast<std::size_t>(N * quant::qgemv::sub_scale_bytes(kind, K)) + 1);
+    quant::qgemv::repack(kind, q.spec.group, static_cast<const std::uint8_t*>(q.data.raw_data()), N, K, quants.data(),
+                         d.data(), sub.data());
+    const std::uint8_t* layout =
+        quant::qgemv::repacked(kind, q.spec.group) ? quants.data() : static_cast<const std::uint8_t*>(q.data.raw_data());
+    const quant::qgemv::Weights w{layout,
+                                  d.data(),
+                                  sub.data(),
+                                  q.scales.defined() ? q.scales.data<float>() : nullptr,
+                                  q.zeros.defined() ? q.zeros.data<std::uint8_t>() : nullptr,
+                                  static_cast<int>(K),
+                                  q.spec.group};
+    const Tensor x = test::uniform(rng, {1, K});
+    const BlockedActivations a = blocked_activations_fast(x);
+    const auto [exact, bound] = blocked_product(x, q, 4);
+    for (std::int64_t n = 0; n < N; ++n) {
+      float acc = 0;
+      for (std::int64_t i = 0; i < K / quant::qgemv::unit_values(kind); ++i) {
+        const std::int64_t b = quant::qgemv::block_of(kind, i);
+        unsigned wv[4];
+        int xv[8] = {};
+        std::memcpy(wv, layout + n * quant::qgemv::row_bytes(kind, K) + 16 * i, 16);
+        std::memcpy(xv, a.q.data() + (quant::qgemv::four_bit(kind) ? 32 * i : 16 * i),
+                    quant::qgemv::four_bit(kind) ? 32 : 16);
+        acc = quant::qgemv::unit_fma(kind, wv, xv, quant::qgemv::block_scale(kind, w, n, b), a.d[b], a.sum[b], acc);
+      }
+      if (kind == Kind::Int8Row) acc *= q.scales.data<float>()[n];
+      EXPECT_NEAR(acc, exact[n], bound[n]) << "row " << n << " of " << nb << " blocks";
+    }
+  }
+}
+
+// The kernels' integer arithmetic (dp4a on the CPU): a 16-byte load of int8 quants or of a run of
+// nibbles times x's int8 values equals the plain sum of products.
+TEST(QgemvLayout, UnitDotsEqualPlainSums) {
+  auto rng = test::rng_for_test();
+  std::uniform_int_distribution<unsigned> word(0, 0xFFFFFFFFu);
+  for (int trial = 0; trial < 200; ++trial) {
+    unsigned w[4];
+    int x[8];
+    for (unsigned& v : w) v = word(rng);
+    for (int& v : x) v = static_cast<int>(word(rng));
+    // Extremes: every byte -128 or 127 at times.
+    if (trial == 0) std::fill(std::begin(x), std::end(x), static_cast<int>(0x80808080u)), std::fill(w, w + 4, 0x80808080u);
+    if (trial == 1) std::fill(std::begin(x), std::end(x), 0x7F7F7F7F), std::fill(w, w + 4, 0xFFFFFFFFu);
+    std::uint8_t wb[16];
+    std::int8_t xb[32];
+    std::memcpy(wb, w, 16), std::memcpy(xb, x, 32);
+    int want8 = 0, want4 = 0;
+    for (int i = 0; i < 16; ++i) want8 += static_cast<std::int8_t>(wb[i]) * xb[i];
+    for (int i = 0; i < 32; ++i) want4 += quant::qgemv::run_nibble(wb, i) * xb[i];
+    const int x4[4] = {x[0], x[1], x[2], x[3]};
+    EXPECT_EQ(quant::qgemv::dot_int8_unit(w, x4), want8) << trial;
+    EXPECT_EQ(quant::qgemv::dot_nibble_unit(w, x), want4) << trial;
+  }
+}
+
+// The CUDA product's version 2 selected for a scope, and the version before it restored after.
+struct QgemvVersion {
+  int before = qgemv_version();
+  explicit QgemvVersion(int v) { set_qgemv_version(v); }
+  ~QgemvVersion() { set_qgemv_version(before); }
+};
+
 TEST(CudaQuant, ProductsMatchTheCpu) {
   IL_REQUIRE_CUDA();
   auto rng = test::rng_for_test();
-  // M = 11 runs past one launch's rows (8), and the large activations in columns 5 and 700 are
+  // Every version on odd and short N (fewer rows than a block's warps compute), several K, and M
+  // = 1 (decode's launch), 3 and 11 (past one launch's 8 rows of x). The large activations are
   // LLM.int8()'s outliers (threshold 6): its mixed-precision half runs too.
-  for (const std::int64_t M : {3, 11})
-    for (const QuantSpec& spec : all_specs()) {
-      SCOPED_TRACE(spec.name() + " M=" + std::to_string(M));
-      const Tensor w = weights(rng, 300, 1024);
-      Tensor x = test::uniform(rng, {M, 1024});
-      x.at<float>({1, 5}) = 8.0f, x.at<float>({0, 700}) = -7.0f, x.at<float>({M - 1, 700}) = 9.5f;
-      const QMatrix q = quantize(w, spec);
+  struct Shape {
+    std::int64_t M, N, K;
+  };
+  std::vector<QuantSpec> specs = all_specs();
+  specs.push_back({Format::Int4Sym, 64});
+  for (const int version : {1, 2}) {
+    const QgemvVersion chosen(version);
+    for (const Shape& sh : {Shape{1, 301, 1024}, Shape{3, 300, 256}, Shape{11, 7, 4096}, Shape{1, 2051, 512}})
+      for (const QuantSpec& spec : specs) {
+        const std::int64_t M = sh.M, N = sh.N, K = sh.K;
+        SCOPED_TRACE(spec.name() + " version " + std::to_string(version) + " M=" + std::to_string(M) +
+                     " N=" + std::to_string(N) + " K=" + std::to_string(K));
+        const Tensor w = weights(rng, N, K);
+        Tensor x = test::uniform(rng, {M, K});
+        x.at<float>({std::min<std::int64_t>(1, M - 1), 5}) = 8.0f, x.at<float>({0, K / 2 + 3}) = -7.0f,
+                                                       x.at<float>({M - 1, K / 2 + 3}) = 9.5f;
+        const QMatrix q = quantize(w, spec);
+        // Version 2 multiplies x's int8 blocks for int8_row and int4 too: the CPU product of those
+        // blocks' values is the function it computes.
+        const bool blocks = blocks_activations(spec.format) || (version == 2 && has_qgemv_v2(spec));
+        const Tensor xin = blocks ? q8_0_activations(x) : x;
+        const auto cpu = qmatmul(xin, q).to_double_vector();
+        const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_double_vector();
+        const auto D = dequantize(q).to_double_vector();
+        const auto X = xin.to_double_vector();
+        std::vector<double> b(cpu.size());
+        for (std::int64_t m = 0; m < M; ++m)
+          for (std::int64_t n = 0; n < N; ++n) {
+            double a = 0;
+            for (std::int64_t k = 0; k < K; ++k) a += std::fabs(X[m * K + k] * D[n * K + k]);
+            // Both sides within γ_K of the same value (the integer formats' int32 sums are exact;
+            // their float scaling and block sums reorder).
+            b[m * N + n] = 2 * (gamma(K) + 2 * u) * a;
+          }
+        expect_within(gpu, cpu, b, "cuda vs cpu");
+      }
+  }
+  // The block types read from GGUF files (the golden blocks: every bit pattern of quants and scales).
+  // Both versions (version 2 has q4_k; the others run version 1 under it).
+  const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
+  for (const int version : {1, 2})
+    for (const Format fmt : {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K, Format::Q4_K,
+                             Format::Q5_K, Format::Q6_K, Format::IQ4_NL, Format::IQ4_XS}) {
+      const QgemvVersion chosen(version);
+      const std::string name = gguf::type_name(gguf_type(fmt));
+      SCOPED_TRACE(name + " version " + std::to_string(version));
+      const Tensor want = f.get(name + ".f32");
+      const QMatrix q({fmt}, want.size(0), want.size(1), f.get(name + ".bytes").clone());
+      const std::int64_t N = q.rows, K = q.cols, M = 5;
+      const Tensor x = test::uniform(rng, {M, K});
       const auto cpu = qmatmul(x, q).to_double_vector();
       const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_double_vector();
-      const auto D = dequantize(q).to_double_vector();
-      const auto X = (blocks_activations(spec.format) ? q8_0_activations(x) : x).to_double_vector();
+      const auto D = want.to_double_vector(), Dm = minimum_terms(q), X = q8_0_activations(x).to_double_vector();
       std::vector<double> b(cpu.size());
       for (std::int64_t m = 0; m < M; ++m)
-        for (std::int64_t n = 0; n < 300; ++n) {
+        for (std::int64_t n = 0; n < N; ++n) {
           double a = 0;
-          for (std::int64_t k = 0; k < 1024; ++k) a += std::fabs(X[m * 1024 + k] * D[n * 1024 + k]);
-          // Both sides within γ_K of the same value (the integer formats' int32 sums are exact; their
-          // float scaling and block sums reorder).
-          b[m * 300 + n] = 2 * (gamma(1024) + 2 * u) * a;
+          for (std::int64_t k = 0; k < K; ++k)
+            a += std::fabs(X[m * K + k]) * (std::fabs(D[n * K + k]) + 2 * std::fabs(Dm[n * K + k]));
+          b[m * N + n] = 2 * (gamma(K) + 4 * u) * a;  // each side's bound (expect_products_within_the_bound)
         }
       expect_within(gpu, cpu, b, "cuda vs cpu");
     }
-  // The block types read from GGUF files (the golden blocks: every bit pattern of quants and scales).
-  const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
-  for (const Format fmt : {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K, Format::Q4_K, Format::Q5_K,
-                           Format::Q6_K, Format::IQ4_NL, Format::IQ4_XS}) {
-    const std::string name = gguf::type_name(gguf_type(fmt));
-    SCOPED_TRACE(name);
-    const Tensor want = f.get(name + ".f32");
-    const QMatrix q({fmt}, want.size(0), want.size(1), f.get(name + ".bytes").clone());
-    const std::int64_t N = q.rows, K = q.cols, M = 5;
-    const Tensor x = test::uniform(rng, {M, K});
-    const auto cpu = qmatmul(x, q).to_double_vector();
-    const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_double_vector();
-    const auto D = want.to_double_vector(), Dm = minimum_terms(q), X = q8_0_activations(x).to_double_vector();
-    std::vector<double> b(cpu.size());
-    for (std::int64_t m = 0; m < M; ++m)
-      for (std::int64_t n = 0; n < N; ++n) {
-        double a = 0;
-        for (std::int64_t k = 0; k < K; ++k)
-          a += std::fabs(X[m * K + k]) * (std::fabs(D[n * K + k]) + 2 * std::fabs(Dm[n * K + k]));
-        b[m * N + n] = 2 * (gamma(K) + 4 * u) * a;  // each side's bound (expect_products_within_the_bound)
-      }
-    expect_within(gpu, cpu, b, "cuda vs cpu");
-  }
   // Integer accumulation is exact: llm_int8 without outliers and single-block q8_0 agree bit for bit.
   QuantSpec inf{Format::LlmInt8};
   inf.threshold = std::numeric_limits<float>::infinity();
   const Tensor w = weights(rng, 64, 512), x = test::uniform(rng, {4, 512});
   const QMatrix q = quantize(w, inf);
   EXPECT_EQ(qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_float_vector(), qmatmul(x, q).to_float_vector());
+  // Version 1 scales each block's whole int32 sum once, as the CPU does; version 2 scales its two
+  // halves (a 16-byte load each), so only its integer parts are exact.
+  const QgemvVersion v1(1);
   const Tensor w32 = weights(rng, 64, 32), x32 = test::uniform(rng, {2, 32});
   const QMatrix q32 = quantize(w32, {Format::Q8_0});
   EXPECT_EQ(qmatmul(x32.to(Device::CUDA), q32.to(Device::CUDA)).to_float_vector(), qmatmul(x32, q32).to_float_vector());
@@ -1907,22 +2082,26 @@ TEST(CudaQuant, Q8_0BlockOfXEqualsTheCpusBitForBit) {
   Tensor eye = Tensor::zeros({32, 32}, DType::F32);
   for (std::int64_t n = 0; n < 32; ++n) eye.at<float>({n, n}) = 1.0f;
   const QMatrix q = quantize(eye, {Format::Q8_0});
-  for (const float amax : {1.0f, 0.99f, 9.5f, 1e-3f, 127.0f / 128.0f}) {
-    Tensor x = test::uniform(rng, {2, 32}, -amax, amax);
-    x.at<float>({0, 7}) = amax, x.at<float>({1, 30}) = -amax;
-    const auto cpu = qmatmul(x, q).to_float_vector();
-    const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_float_vector();
-    std::uint8_t block[34];
-    quantize_q8_0_block(x.data<float>(), block);
-    const float unit = 127.0f * from_half(q.data.data<std::uint8_t>());  // 127·d_w: y_n = unit·q_n·d_x
-    std::ostringstream why;
-    why << "amax " << amax << ": the CPU's block of row 0 has d_x " << from_half(block)
-        << "; n, x, CPU's q, y_cpu / (127·d_w), y_gpu / (127·d_w):";
-    for (int n = 0; n < 32; ++n)
-      why << "\n  " << n << " " << x.at<float>({0, n}) << " " << int(static_cast<std::int8_t>(block[2 + n])) << " "
-          << cpu[static_cast<std::size_t>(n)] / unit << " " << gpu[static_cast<std::size_t>(n)] / unit;
-    EXPECT_EQ(gpu, cpu) << why.str();
-  }
+  // Both versions quantise x on the GPU (version 2 in its own kernel); one of a block's halves
+  // holds the product of an identity row, the other sums to 0, so version 2 is exact too.
+  for (const int version : {1, 2})
+    for (const float amax : {1.0f, 0.99f, 9.5f, 1e-3f, 127.0f / 128.0f}) {
+      const QgemvVersion chosen(version);
+      Tensor x = test::uniform(rng, {2, 32}, -amax, amax);
+      x.at<float>({0, 7}) = amax, x.at<float>({1, 30}) = -amax;
+      const auto cpu = qmatmul(x, q).to_float_vector();
+      const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_float_vector();
+      std::uint8_t block[34];
+      quantize_q8_0_block(x.data<float>(), block);
+      const float unit = 127.0f * from_half(q.data.data<std::uint8_t>());  // 127·d_w: y_n = unit·q_n·d_x
+      std::ostringstream why;
+      why << "version " << version << ", amax " << amax << ": the CPU's block of row 0 has d_x " << from_half(block)
+          << "; n, x, CPU's q, y_cpu / (127·d_w), y_gpu / (127·d_w):";
+      for (int n = 0; n < 32; ++n)
+        why << "\n  " << n << " " << x.at<float>({0, n}) << " " << int(static_cast<std::int8_t>(block[2 + n])) << " "
+            << cpu[static_cast<std::size_t>(n)] / unit << " " << gpu[static_cast<std::size_t>(n)] / unit;
+      EXPECT_EQ(gpu, cpu) << why.str();
+    }
 }
 
 }  // namespace
