@@ -6,12 +6,12 @@
 
 #include "common/cli.h"
 
-#define INFERLAB_BENCHMARK_MAIN()                                        \
-  int main(int argc, char** argv) {                                      \
-    inferlab::wait_passively(argv);                                      \
-    ::benchmark::Initialize(&argc, argv);                                \
-    if (::benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;  \
-    ::benchmark::RunSpecifiedBenchmarks();                               \
-    ::benchmark::Shutdown();                                             \
-    return 0;                                                            \
+#define INFERLAB_BENCHMARK_MAIN()                                       \
+  int main(int argc, char** argv) {                                     \
+    inferlab::wait_passively(argv);                                     \
+    ::benchmark::Initialize(&argc, argv);                               \
+    if (::benchmark::ReportUnrecognizedArguments(argc, argv)) return 1; \
+    ::benchmark::RunSpecifiedBenchmarks();                              \
+    ::benchmark::Shutdown();                                            \
+    return 0;                                                           \
   }
