@@ -94,39 +94,54 @@ def read_quant(path):
     return {"source": path, "context": data.get("context", {}), "rows": table}
 
 
-def main_quant(args):
+def load(read_fn, path, key, bench):
+    """The table read_fn makes of path, or None after saying why there is none."""
     try:
-        t = read_quant(args[0])
+        t = read_fn(path)
     except (OSError, ValueError, KeyError) as e:
-        print(f"gemv_table: cannot read {args[0]}: {e}")
-        return
-    if not t["rows"]:
-        print(f"gemv_table: no BM_CudaQgemv results in {args[0]}")
+        print(f"gemv_table: cannot read {path}: {e}")
+        return None
+    if not t[key]:
+        print(f"gemv_table: no {bench} results in {path}")
+        return None
+    return t
+
+
+def cells(entries, names, name_of, width, figures):
+    """One cell per name: the entry's figures, its failed check, or '-' where it did not run."""
+    out = []
+    for n in names:
+        e = next((e for e in entries if name_of(e) == n), None)
+        out.append(f"{'-':>{width}}" if e is None else f"{'check failed':>{width}}" if "error" in e else figures(e))
+    return out
+
+
+def finish(t, key, entries_key, where, name_of, args):
+    """The failed checks' messages under the table, then the table as JSON where a path was given."""
+    for r in t[key]:
+        for e in r[entries_key]:
+            if "error" in e:
+                print(f"  {where(r)} {name_of(e)}: {e['error']}")
+    if len(args) == 2:
+        with open(args[1], "w") as f:
+            json.dump(t, f, indent=1)
+
+
+def main_quant(args):
+    t = load(read_quant, args[0], "rows", "BM_CudaQgemv")
+    if t is None:
         return
     versions = sorted({e["version"] for r in t["rows"] for e in r["versions"]})
     print("Quantised GEMV at M = 1: per version time (us), GB/s, share of the read ceiling, speed over bf16; best")
     print(f"{'format':>16} {'N x K':>12} " + " ".join(f"{'v' + str(v):>30}" for v in versions) +
           f" {'best':>5} {'x bf16':>7}")
     for r in t["rows"]:
-        cells = []
-        for v in versions:
-            e = next((e for e in r["versions"] if e["version"] == v), None)
-            if e is None:
-                cells.append(f"{'-':>30}")
-            elif "error" in e:
-                cells.append(f"{'check failed':>30}")
-            else:
-                cells.append(f"{e['time_us']:8.1f} {e['GB/s']:6.0f} {100 * e['of_ceiling']:5.1f}% {e['vs_bf16']:5.2f}x")
+        row = cells(r["versions"], versions, lambda e: e["version"], 30,
+                    lambda e: f"{e['time_us']:8.1f} {e['GB/s']:6.0f} {100 * e['of_ceiling']:5.1f}% {e['vs_bf16']:5.2f}x")
         best = r.get("best_vs_bf16")
-        print(f"{r['format']:>16} {r['shape']:>12} " + " ".join(cells) + f" {r.get('best', '-'):>5} " +
+        print(f"{r['format']:>16} {r['shape']:>12} " + " ".join(row) + f" {r.get('best', '-'):>5} " +
               (f"{best:6.2f}x" if best is not None else f"{'-':>7}"))
-    for r in t["rows"]:
-        for e in r["versions"]:
-            if "error" in e:
-                print(f"  {r['format']} {r['shape']} v{e['version']}: {e['error']}")
-    if len(args) == 2:
-        with open(args[1], "w") as f:
-            json.dump(t, f, indent=1)
+    finish(t, "rows", "versions", lambda r: f"{r['format']} {r['shape']}", lambda e: f"v{e['version']}", args)
 
 
 def main():
@@ -136,37 +151,20 @@ def main():
         return main_quant(sys.argv[2:])
     if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
-    try:
-        t = read(sys.argv[1])
-    except (OSError, ValueError, KeyError) as e:
-        print(f"gemv_table: cannot read {sys.argv[1]}: {e}")
-        return
-    if not t["shapes"]:
-        print(f"gemv_table: no BM_CudaGemv results in {sys.argv[1]}")
+    args = sys.argv[1:]
+    t = load(read, args[0], "shapes", "BM_CudaGemv")
+    if t is None:
         return
     names = sorted({e["name"] for s in t["shapes"] for e in s["variants"]}, key=lambda n: (n != "cuBLAS", n))
     print("GEMV at M = 1, bf16 weights: time (us), GB/s, share of the measured read ceiling; best; best own / cuBLAS time")
     print(f"{'N x K':>14} " + " ".join(f"{n:>22}" for n in names) + f" {'best':>7} {'own/cuBLAS':>10}")
     for s in t["shapes"]:
-        cells = []
-        for n in names:
-            e = next((e for e in s["variants"] if e["name"] == n), None)
-            if e is None:
-                cells.append(f"{'-':>22}")
-            elif "error" in e:
-                cells.append(f"{'check failed':>22}")
-            else:
-                cells.append(f"{e['time_us']:8.1f} {e['GB/s']:6.0f} {100 * e['of_ceiling']:5.1f}%")
+        row = cells(s["variants"], names, lambda e: e["name"], 22,
+                    lambda e: f"{e['time_us']:8.1f} {e['GB/s']:6.0f} {100 * e['of_ceiling']:5.1f}%")
         ratio = s.get("best_own_over_cublas_time")
-        print(f"{s['N']:>6} x {s['K']:<5} " + " ".join(cells) + f" {s.get('best', '-'):>7} " +
+        print(f"{s['N']:>6} x {s['K']:<5} " + " ".join(row) + f" {s.get('best', '-'):>7} " +
               (f"{ratio:10.3f}" if ratio is not None else f"{'-':>10}"))
-    for s in t["shapes"]:
-        for e in s["variants"]:
-            if "error" in e:
-                print(f"  {s['N']} x {s['K']} {e['name']}: {e['error']}")
-    if len(sys.argv) == 3:
-        with open(sys.argv[2], "w") as f:
-            json.dump(t, f, indent=1)
+    finish(t, "shapes", "variants", lambda s: f"{s['N']} x {s['K']}", lambda e: e["name"], args)
 
 
 if __name__ == "__main__":
