@@ -1837,36 +1837,58 @@ TEST(Awq, NeverLosesToRoundToNearestAndKeepsTheFunction) {
   for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-3 * (1 + std::fabs(a[i]))) << i;
 }
 
+// Matrices of each spec quantised from random weights, then q4_k from a GGUF file's golden blocks
+// (every bit pattern of quants, scales and mins): what version 2's layout tests run over.
+std::vector<QMatrix> qgemv_matrices(std::mt19937_64& rng, std::int64_t rows, std::int64_t cols,
+                                    const std::vector<QuantSpec>& specs) {
+  std::vector<QMatrix> matrices;
+  for (const QuantSpec& spec : specs) matrices.push_back(quantize(weights(rng, rows, cols), spec));
+  const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
+  const Tensor q4k = f.get("Q4_K.f32");
+  matrices.emplace_back(QuantSpec{Format::Q4_K}, q4k.size(0), q4k.size(1), f.get("Q4_K.bytes").clone());
+  return matrices;
+}
+
+// A matrix in version 2's layout, made on the CPU by repack() (one spare element in d and sub, so
+// that their data() is a pointer where the format keeps none).
+struct Repacked {
+  std::vector<std::uint8_t> quants;
+  std::vector<std::uint16_t> d;
+  std::vector<std::uint8_t> sub;
+  explicit Repacked(const QMatrix& q) {
+    const quant::qgemv::Kind kind = qgemv_kind(q.spec.format).value();
+    const std::int64_t N = q.rows, K = q.cols;
+    quants.resize(static_cast<std::size_t>(N * quant::qgemv::row_bytes(kind, K)));
+    d.resize(static_cast<std::size_t>(N * quant::qgemv::half_scales(kind, K)) + 1);
+    sub.resize(static_cast<std::size_t>(N * quant::qgemv::sub_scale_bytes(kind, K)) + 1);
+    quant::qgemv::repack(kind, q.spec.group, static_cast<const std::uint8_t*>(q.data.raw_data()), N, K, quants.data(),
+                         d.data(), sub.data());
+  }
+};
+
 // Version 2's layout (common/quant/gemv_q.h), on the CPU: the repacked quants with their scales
 // give every weight the value the format gives it, and where repacked() says the data already is
 // the layout (int8_row, int4 groups of 32), repack() copies it unchanged.
 TEST(QgemvLayout, RepackedQuantsHoldEveryWeightsValue) {
   using quant::qgemv::Kind;
   auto rng = test::rng_for_test();
-  std::vector<QMatrix> matrices;
-  for (const QuantSpec& spec : std::vector<QuantSpec>{{Format::Int8Row},
-                                                      {Format::Q8_0},
-                                                      {Format::Q4_0},
-                                                      {Format::Int4Sym, 32},
-                                                      {Format::Int4Sym, 64},
-                                                      {Format::Int4Sym, 128},
-                                                      {Format::Int4Asym, 32},
-                                                      {Format::Int4Asym, 128}})
-    matrices.push_back(quantize(weights(rng, 5, 256), spec));
-  // q4_k from a GGUF file's blocks (the golden blocks: every bit pattern of quants, scales and mins).
-  const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
-  const Tensor q4k = f.get("Q4_K.f32");
-  matrices.emplace_back(QuantSpec{Format::Q4_K}, q4k.size(0), q4k.size(1), f.get("Q4_K.bytes").clone());
+  const std::vector<QMatrix> matrices = qgemv_matrices(rng, 5, 256,
+                                                       {{Format::Int8Row},
+                                                        {Format::Q8_0},
+                                                        {Format::Q4_0},
+                                                        {Format::Int4Sym, 32},
+                                                        {Format::Int4Sym, 64},
+                                                        {Format::Int4Sym, 128},
+                                                        {Format::Int4Asym, 32},
+                                                        {Format::Int4Asym, 128}});
   for (const QMatrix& q : matrices) {
     const QuantSpec& spec = q.spec;
     SCOPED_TRACE(spec.name());
     const std::int64_t N = q.rows, K = q.cols, nb = K / 32, G = spec.group;
     const Kind kind = qgemv_kind(spec.format).value();
-    std::vector<std::uint8_t> quants(static_cast<std::size_t>(N * quant::qgemv::row_bytes(kind, K)));
-    std::vector<std::uint16_t> d(static_cast<std::size_t>(N * quant::qgemv::half_scales(kind, K)));
-    std::vector<std::uint8_t> sub(static_cast<std::size_t>(N * quant::qgemv::sub_scale_bytes(kind, K)));
-    quant::qgemv::repack(kind, spec.group, static_cast<const std::uint8_t*>(q.data.raw_data()), N, K, quants.data(),
-                         d.data(), sub.data());
+    const Repacked r(q);
+    const auto &quants = r.quants, &sub = r.sub;
+    const auto& d = r.d;
     if (!quant::qgemv::repacked(kind, spec.group)) {
       EXPECT_EQ(0, std::memcmp(quants.data(), q.data.raw_data(), quants.size()));
     }
@@ -1909,31 +1931,23 @@ TEST(QgemvLayout, RepackedQuantsHoldEveryWeightsValue) {
 TEST(QgemvLayout, RowsWalkedAsTheKernelDoesGiveTheProduct) {
   using quant::qgemv::Kind;
   auto rng = test::rng_for_test();
-  std::vector<QMatrix> matrices;
-  for (const QuantSpec& spec : std::vector<QuantSpec>{{Format::Int8Row},
-                                                      {Format::Q8_0},
-                                                      {Format::Q4_0},
-                                                      {Format::Int4Sym, 32},
-                                                      {Format::Int4Sym, 128},
-                                                      {Format::Int4Asym, 64}})
-    matrices.push_back(quantize(weights(rng, 7, 512), spec));
-  const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
-  const Tensor q4k = f.get("Q4_K.f32");
-  matrices.emplace_back(QuantSpec{Format::Q4_K}, q4k.size(0), q4k.size(1), f.get("Q4_K.bytes").clone());
+  const std::vector<QMatrix> matrices = qgemv_matrices(rng, 7, 512,
+                                                       {{Format::Int8Row},
+                                                        {Format::Q8_0},
+                                                        {Format::Q4_0},
+                                                        {Format::Int4Sym, 32},
+                                                        {Format::Int4Sym, 128},
+                                                        {Format::Int4Asym, 64}});
   for (const QMatrix& q : matrices) {
     SCOPED_TRACE(q.spec.name());
     const std::int64_t N = q.rows, K = q.cols, nb = K / 32;
     const Kind kind = qgemv_kind(q.spec.format).value();
-    std::vector<std::uint8_t> quants(static_cast<std::size_t>(N * quant::qgemv::row_bytes(kind, K)));
-    std::vector<std::uint16_t> d(static_cast<std::size_t>(N * quant::qgemv::half_scales(kind, K)) + 1);
-    std::vector<std::uint8_t> sub(static_cast<std::size_t>(N * quant::qgemv::sub_scale_bytes(kind, K)) + 1);
-    quant::qgemv::repack(kind, q.spec.group, static_cast<const std::uint8_t*>(q.data.raw_data()), N, K, quants.data(),
-                         d.data(), sub.data());
+    const Repacked r(q);
     const std::uint8_t* layout =
-        quant::qgemv::repacked(kind, q.spec.group) ? quants.data() : static_cast<const std::uint8_t*>(q.data.raw_data());
+        quant::qgemv::repacked(kind, q.spec.group) ? r.quants.data() : static_cast<const std::uint8_t*>(q.data.raw_data());
     const quant::qgemv::Weights w{layout,
-                                  d.data(),
-                                  sub.data(),
+                                  r.d.data(),
+                                  r.sub.data(),
                                   q.scales.defined() ? q.scales.data<float>() : nullptr,
                                   q.zeros.defined() ? q.zeros.data<std::uint8_t>() : nullptr,
                                   static_cast<int>(K),
