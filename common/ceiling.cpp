@@ -204,7 +204,13 @@ Spread measure_cpu_read_spread(std::size_t bytes, int threads, int reps) {
 
 ReadPasses::ReadPasses(double working_set_bytes, int threads)
     : working_set_(working_set_bytes),
-      n_(std::max<std::size_t>(static_cast<std::size_t>(working_set_bytes) / sizeof(float) / 16, 1) * 16),
+      // A working set beyond memory_ceiling_bytes() is read from memory as an array of that size is:
+      // an 8B model's 32 GB of f32 weights need no second 32 GB beside them.
+      n_(std::max<std::size_t>(
+             static_cast<std::size_t>(std::min(working_set_bytes, static_cast<double>(memory_ceiling_bytes()))) /
+                 sizeof(float) / 16,
+             1) *
+         16),
       threads_(threads > 0 ? threads : omp_get_max_threads()) {
   a_.reset(new float[n_]);
 #pragma omp parallel for num_threads(threads_) schedule(static)

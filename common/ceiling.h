@@ -153,7 +153,9 @@ Spread measure_cpu_read_spread(std::size_t bytes, int threads = 0, int reps = 5)
 /// figure's own runs (a step, a pass, a step, …). Both then see the same moments of a shared
 /// machine and the same cache: where the two do not fit in it together, each pass evicts what the
 /// last step left and each step what the last pass left, so a working set beyond the cache is read
-/// from memory by both; where they fit, both read from the cache.
+/// from memory by both; where they fit, both read from the cache. The array is at most
+/// memory_ceiling_bytes() (four times the last-level cache, at least 1 GiB, at most an eighth of
+/// the memory), so that a large model's passes do not allocate its size again.
 class ReadPasses {
  public:
   explicit ReadPasses(double working_set_bytes, int threads = 0);

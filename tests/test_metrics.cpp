@@ -177,6 +177,16 @@ TEST(Metrics, ACeilingTakenInTurnsHasOnePassPerRun) {
   EXPECT_LT(c.bytes_per_s(), 1e14);
 }
 
+// A working set far beyond the cache (a terabyte of weights) is read from memory by passes over
+// memory_ceiling_bytes(), not over an array of its own size.
+TEST(Metrics, ACeilingInTurnsForAHugeWorkingSetReadsAnArrayOfTheMemoryCeilingsSize) {
+  const double huge = 1e12;
+  const metrics::ReadCeiling c = metrics::ReadPasses(huge).ceiling();
+  EXPECT_EQ(c.working_set_bytes, huge);
+  EXPECT_EQ(c.measured_bytes, std::floor(static_cast<double>(metrics::memory_ceiling_bytes()) / 64) * 64);
+  EXPECT_EQ(c.kind, "from memory");
+}
+
 TEST(Metrics, StepsAgainstSumsInTurnsCompareLikeWithLike) {
   metrics::ReadCeiling c;
   c.rate = metrics::spread_of({40e9, 36e9, 20e9});  // median 36, best 40
