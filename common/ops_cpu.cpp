@@ -121,7 +121,7 @@ void broadcast_rows(const float* xt, std::int64_t K, const float* w, float* y, s
   f32x16 acc[R][V] = {};
   std::int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
-    for (int r = 0; r < R; ++r) __builtin_prefetch(w + r * K + k + kPrefetchBytes / 4, 0, 2);
+#pragma GCC unroll 16  // the whole line of each weight row: one pointer step a row per 16 k
     for (int kk = 0; kk < 16; ++kk) {
       f32x16 xv[V];
       for (int v = 0; v < V; ++v) xv[v] = load<16>(xt + (k + kk) * 16 * V + 16 * v);
@@ -142,20 +142,31 @@ void broadcast_rows(const float* xt, std::int64_t K, const float* w, float* y, s
       for (int i = 0; i < 16 && 16 * v + i < M; ++i) y[(16 * v + i) * N + r] = acc[r][v][i];
 }
 
-// M ≥ 8 rows by f32 weights: V = 1 for up to 16 rows (24 weight rows a task), V = 2 for up to 32
-// (12 weight rows a task: 24 accumulators, with the loads of x and the broadcasts in registers).
+// M ≥ 8 rows by f32 weights: V = 1 for up to 16 rows, V = 2 for up to 32, 8 weight rows a task
+// (8·V accumulators). More rows a task (24 and 12 were tried) run slower: the compiler keeps
+// each row's pointer in a register and moves accumulators around; and a software prefetch of the
+// R rows' next lines is slower than the hardware's own (measured on the 100M shape's layers).
+// The threads transpose x together, a stretch of k each, before they share out the weight rows.
 template <int V>
 void gemv_broadcast(const float* X, std::int64_t M, std::int64_t K, const float* w, std::int64_t N, float* Y) {
-  constexpr int R = V == 1 ? 24 : 12;
-  thread_local std::vector<float> xt;
-  xt.assign(static_cast<std::size_t>(K * 16 * V), 0.0f);
-  for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t k = 0; k < K; ++k) xt[static_cast<std::size_t>(k * 16 * V + m)] = X[m * K + k];
-  const float* T = xt.data();
+  constexpr int R = 8;
+  constexpr std::int64_t kStretch = 64;  // values of k a transposing task
+  // On a 64-byte boundary, so that no load of 16 lanes straddles two cache lines (std::vector
+  // aligns to 16 bytes: every load of x would touch two lines, and the kernel ran 15% slower).
+  thread_local std::vector<float> buffer;
+  buffer.resize(static_cast<std::size_t>(K * 16 * V + 16));
+  float* xt = buffer.data() + (16 - reinterpret_cast<std::uintptr_t>(buffer.data()) / sizeof(float) % 16) % 16;
   const std::int64_t tiles = N / R;
-#pragma omp parallel for schedule(static) if (M * N * K >= kParallelWork)
-  for (std::int64_t i = 0; i < tiles; ++i) broadcast_rows<R, V>(T, K, w + i * R * K, Y + i * R, M, N);
-  for (std::int64_t n = tiles * R; n < N; ++n) broadcast_rows<1, V>(T, K, w + n * K, Y + n, M, N);
+#pragma omp parallel if (M * N * K >= kParallelWork)
+  {
+#pragma omp for schedule(static)
+    for (std::int64_t k0 = 0; k0 < K; k0 += kStretch)
+      for (std::int64_t k = k0; k < std::min(K, k0 + kStretch); ++k)
+        for (std::int64_t m = 0; m < 16 * V; ++m) xt[k * 16 * V + m] = m < M ? X[m * K + k] : 0.0f;
+#pragma omp for schedule(static)
+    for (std::int64_t i = 0; i < tiles; ++i) broadcast_rows<R, V>(xt, K, w + i * R * K, Y + i * R, M, N);
+  }
+  for (std::int64_t n = tiles * R; n < N; ++n) broadcast_rows<1, V>(xt, K, w + n * K, Y + n, M, N);
 }
 
 // gemv for one weight type: the tiles from 8 rows of x, else the rows kernel (two weight rows a
@@ -179,7 +190,9 @@ void gemv(const Tensor& x, const Tensor& w, Tensor& out) {
   const float* X = x.data<float>();
   float* Y = out.data<float>();
   const DType wt = w.dtype();
-  if (M >= 8 && wt == DType::F32 && g_batch_gemv.load(std::memory_order_relaxed) == BatchGemv::Broadcast)
+  const BatchGemv version = g_batch_gemv.load(std::memory_order_relaxed);
+  if (M >= 8 && wt == DType::F32 &&
+      (version == BatchGemv::Broadcast || (version == BatchGemv::Auto && M >= kBroadcastMinRows)))
     return M <= 16 ? gemv_broadcast<1>(X, M, K, w.data<float>(), N, Y) : gemv_broadcast<2>(X, M, K, w.data<float>(), N, Y);
   switch (wt) {
     case DType::F32: return gemv_of(X, M, K, w.data<float>(), N, Y);
@@ -339,6 +352,17 @@ void weighted_values(const float* p, std::int64_t n, std::int64_t G, std::int64_
   }
 }
 
+// How far ahead of the position whose keys it reads attention asks for a later position's keys:
+// a position's key rows of all heads are one stretch of memory (4 KB in a 100M model), and the
+// hardware's prefetcher stops at each 4 KB page and starts over on the next, so without being asked
+// the first lines of every position waited on memory. (The value rows are read head by head, a
+// row a position: asking for them ahead, and reading them position by position instead, were both
+// measured slower.)
+constexpr std::int64_t kAheadPositions = 4;
+inline void ask_for(const float* p, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
+}
+
 // Attention, fast path. Each task takes one query row and a range of KV heads with their whole
 // query groups: every cached key row is read once per group rather than once per query head (the
 // saving GQA is for), and every value row once per four of its group's heads (weighted_values);
@@ -391,6 +415,7 @@ void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor
         const float* qr = Q + (i * Nq + h0 * G) * Dqk;  // the range's query heads, contiguous
         for (std::int64_t j = 0; j < n; ++j) {
           const std::int64_t at = row(lo + j);
+          if (j + kAheadPositions < n) ask_for(K + (row(lo + j + kAheadPositions) * nk + h0) * Dqk, (h1 - h0) * Dqk);
           for (std::int64_t kvh = h0; kvh < h1; ++kvh) {
             const float* kr = K + (at * nk + kvh) * Dqk;  // read once for its whole group
             for (std::int64_t g = 0; g < G; ++g) {

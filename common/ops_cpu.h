@@ -195,15 +195,20 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out);
 void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& outs);
 /// How matmul multiplies 8 to 32 rows of x (a batched decode step) by f32, bf16 or f16 weights:
 /// `Rows`, the simple version, dots each weight row with eight x rows at a time (dots<8>);
-/// `Tiles` (the default) keeps a tile of 4 weight rows × 8 x rows in 32 vector accumulators of 16
-/// lanes, so that each load feeds several multiply-adds and the arithmetic, not the loads, sets
-/// the pace. `Broadcast` (f32 weights; bf16 ones take the tiles) puts the batch's rows in the
-/// lanes instead: x is transposed once, and each weight is broadcast against all of them, so
-/// every weight is read once, no lane sums remain, and x streams through L1 at 64 bytes per k
-/// and vector. All obey the reference loop's γ_K bound; benchmarks and tests pick one.
-enum class BatchGemv { Rows, Tiles, Broadcast };
+/// `Tiles` keeps a tile of 4 weight rows × 8 x rows in 32 vector accumulators of 16 lanes, so
+/// that each load feeds several multiply-adds and the arithmetic, not the loads, sets the pace.
+/// `Broadcast` (f32 weights; bf16 ones take the tiles) puts the batch's rows in the lanes
+/// instead: x is transposed once, and each weight is broadcast against all of them, so every
+/// weight is read once, no lane sums remain, and x streams through L1 at 64 bytes per k and
+/// vector. `Auto` (the default) takes the broadcast kernel from kBroadcastMinRows rows of x by
+/// f32 weights and the tiles otherwise: with fewer rows most of the broadcast's lanes are empty.
+/// All obey the reference loop's γ_K bound; benchmarks and tests pick one.
+enum class BatchGemv { Rows, Tiles, Broadcast, Auto };
 /// The version matmul uses unless set_batch_gemv chose another.
-inline constexpr BatchGemv kDefaultBatchGemv = BatchGemv::Tiles;
+inline constexpr BatchGemv kDefaultBatchGemv = BatchGemv::Auto;
+/// Where Auto changes from the tiles to the broadcast kernel (chapter 11's engine step on the
+/// 100M shape: the broadcast kernel 10% slower at 8 rows, faster from 12).
+inline constexpr std::int64_t kBroadcastMinRows = 12;
 void set_batch_gemv(BatchGemv k);
 BatchGemv batch_gemv();
 /// Attention over a checked, resolved batch (a single sequence is a batch of one).

@@ -58,11 +58,13 @@ TEST_P(MatmulTest, ReferenceAndFastPathWithinTheDotProductBound) {
   expect_within(r.to_double_vector(), exact, bound, "ref::matmul vs float64");
   std::vector<double> both(bound.size());
   for (std::size_t i = 0; i < both.size(); ++i) both[i] = 2 * bound[i];
-  // Both versions of the batched GEMV (8 to 32 rows; the others ignore the choice).
-  for (const cpu::BatchGemv kind : {cpu::BatchGemv::Rows, cpu::BatchGemv::Tiles, cpu::BatchGemv::Broadcast}) {
-    const std::string name = kind == cpu::BatchGemv::Rows    ? " (rows)"
-                             : kind == cpu::BatchGemv::Tiles ? " (tiles)"
-                                                             : " (broadcast)";
+  // Every version of the batched GEMV (8 to 32 rows; the others ignore the choice).
+  for (const cpu::BatchGemv kind :
+       {cpu::BatchGemv::Rows, cpu::BatchGemv::Tiles, cpu::BatchGemv::Broadcast, cpu::BatchGemv::Auto}) {
+    const std::string name = kind == cpu::BatchGemv::Rows        ? " (rows)"
+                             : kind == cpu::BatchGemv::Tiles     ? " (tiles)"
+                             : kind == cpu::BatchGemv::Broadcast ? " (broadcast)"
+                                                                 : " (auto)";
     cpu::set_batch_gemv(kind);
     ops::matmul(x, w, f);
     cpu::set_batch_gemv(cpu::kDefaultBatchGemv);
@@ -82,7 +84,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                                            MatmulCase{5, 1031, 64, DType::BF16}, MatmulCase{6, 64, 40, DType::F32},
                                            // a batched decode step: whole tiles, row and column tails, a K tail
                                            MatmulCase{8, 1024, 64, DType::F32}, MatmulCase{16, 1031, 130, DType::BF16},
-                                           MatmulCase{31, 70, 37, DType::F32}, MatmulCase{32, 300, 515, DType::F32}),
+                                           MatmulCase{31, 70, 37, DType::F32}, MatmulCase{32, 300, 515, DType::F32},
+                                           MatmulCase{12, 200, 41, DType::F32}),
                          [](const auto& info) {
   return "M" + std::to_string(info.param.M) + "_K" + std::to_string(info.param.K) + "_N" + std::to_string(info.param.N) +
          "_" + std::string(dtype_name(info.param.wt));
