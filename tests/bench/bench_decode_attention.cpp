@@ -11,6 +11,8 @@
 //   version 3 latent: MLA's absorbed decode as DeepSeek-V2-Lite (16 heads, r 512 + dr 64)
 //   version 5 over a batch step (BM_CudaDecodeAttentionBatch): 1, 8 and 64 sequences of 4K
 //             positions, contiguous caches and a pool of blocks, with the store of the step's rows
+//   the CPU's fast path over a batch step (BM_CpuDecodeAttentionBatch): chapter 11's engine step
+//             on the 100M shape, 8 and 32 sequences of 160 and 2,048 positions
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include "../attention_exact.h"
 #include "bench_main.h"
 #include "common/cached_batch.h"
+#include "common/ceiling.h"
 #include "common/cuda/backend.h"
 #include "common/metrics.h"
 #include "common/ops.h"
@@ -211,6 +214,60 @@ void BM_CudaDecodeAttentionBatch(benchmark::State& state) {
 BENCHMARK(BM_CudaDecodeAttentionBatch)
     ->ArgsProduct({{0, 1}, {1, 8, 64}, {4096}})
     ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// The CPU's decode attention over a batch step (ops::attention_cached: tasks over sequence × KV
+// heads on the threads), as each layer of chapter 11's engine step on chapter 01's 100M shape runs
+// it: B sequences of `len` positions, a decode row each, in contiguous caches of 16 heads of 64.
+// The caches of enough layers, read in turn, to fill the last-level cache twice over, so that a
+// layer's cache comes from memory as in a step. The first and the last sequence are checked
+// against the float64 reference first; GB/s counts every cached K and V a call reads, of_ceiling
+// divides it by the read ceiling measured for as many bytes (from memory). Args: B, positions.
+void BM_CpuDecodeAttentionBatch(benchmark::State& state) {
+  const std::int64_t B = state.range(0), S = state.range(1), N = 16, H = 64;
+  const double layer_bytes = static_cast<double>(B * S * N * H) * 2 * 4;
+  const auto layers = static_cast<std::size_t>(std::ceil(2 * metrics::last_level_cache_bytes() / layer_bytes));
+  std::mt19937_64 rng(1);
+  auto filled = [&](const inferlab::Shape& shape, float lo, float hi) {
+    Tensor t = Tensor::empty(shape, DType::F32);
+    std::uniform_real_distribution<float> d(lo, hi);
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = d(rng);
+    return t;
+  };
+  std::vector<std::vector<CachedKV>> caches(layers);
+  for (auto& layer : caches)
+    for (std::int64_t b = 0; b < B; ++b)
+      layer.push_back({filled({S, N, H}, -2, 2), filled({S, N, H}, -1, 1), nullptr, 1, S, b, b + 1, -1});
+  const Tensor q = filled({B, N, H}, -2, 2);
+  Tensor out = Tensor::empty({B, N, H}, DType::F32);
+  ops::attention_cached(q, caches[0], out);
+  for (const std::int64_t b : {std::int64_t{0}, B - 1}) {
+    const CachedKV& c = caches[0][static_cast<std::size_t>(b)];
+    const test::AttnRef e = test::attention_exact(q.slice(0, b, b + 1), c.k, c.v, {});
+    if (const std::string bad = check(out.slice(0, b, b + 1), e); !bad.empty())
+      return state.SkipWithError(("sequence " + std::to_string(b) + " outside the float64 bound at " + bad).c_str());
+  }
+  double total = 0;
+  std::size_t l = 0;
+  for (auto _ : state) {
+    metrics::Timer t;
+    ops::attention_cached(q, caches[l++ % layers], out);
+    const double dt = t.seconds();
+    state.SetIterationTime(dt);
+    total += dt;
+  }
+  const double per = total / static_cast<double>(state.iterations());
+  state.counters["GB/s"] = layer_bytes / per / 1e9;
+  state.counters["of_ceiling"] =
+      layer_bytes / per / metrics::cpu_read_ceiling(layer_bytes * static_cast<double>(layers)).bytes_per_s();
+  state.counters["us"] = per * 1e6;
+  state.SetLabel("cpu fast path over a batch step, contiguous caches, MHA N16 K16 H64 (the 100M shape), " +
+                 std::to_string(layers) + " layers' caches in turn");
+}
+BENCHMARK(BM_CpuDecodeAttentionBatch)
+    ->ArgsProduct({{8, 32}, {160, 2048}})
+    ->UseManualTime()
+    ->Iterations(64)
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
