@@ -206,9 +206,11 @@ void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::v
 enum class BatchGemv { Rows, Tiles, Broadcast, Auto };
 /// The version matmul uses unless set_batch_gemv chose another.
 inline constexpr BatchGemv kDefaultBatchGemv = BatchGemv::Auto;
-/// Where Auto changes from the tiles to the broadcast kernel (chapter 11's engine step on the
-/// 100M shape: the broadcast kernel 10% slower at 8 rows, faster from 12).
-inline constexpr std::int64_t kBroadcastMinRows = 12;
+/// Where Auto changes from the tiles to the broadcast kernel. Chapter 11's engine step on the
+/// 100M shape, the two alternating step by step: at 8 rows the tiles 31.5 ms against 32.6; at 9
+/// the broadcast kernel 34.2 against 37.4 (the tiles' ninth row is a second pass of the rows
+/// kernel), at 12 37.8 against 52.1.
+inline constexpr std::int64_t kBroadcastMinRows = 9;
 void set_batch_gemv(BatchGemv k);
 BatchGemv batch_gemv();
 /// Attention over a checked, resolved batch (a single sequence is a batch of one).
