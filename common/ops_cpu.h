@@ -201,7 +201,7 @@ void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::v
 /// instead: x is transposed once, and each weight is broadcast against all of them, so every
 /// weight is read once, no lane sums remain, and x streams through L1 at 64 bytes per k and
 /// vector. `Auto` (the default) takes the broadcast kernel from kBroadcastMinRows rows of x by
-/// f32 weights and the tiles otherwise: with fewer rows most of the broadcast's lanes are empty.
+/// f32 weights and the tiles otherwise: with 8 rows half of the broadcast's lanes are empty.
 /// All obey the reference loop's γ_K bound; benchmarks and tests pick one.
 enum class BatchGemv { Rows, Tiles, Broadcast, Auto };
 /// The version matmul uses unless set_batch_gemv chose another.

@@ -85,11 +85,40 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                                            // a batched decode step: whole tiles, row and column tails, a K tail
                                            MatmulCase{8, 1024, 64, DType::F32}, MatmulCase{16, 1031, 130, DType::BF16},
                                            MatmulCase{31, 70, 37, DType::F32}, MatmulCase{32, 300, 515, DType::F32},
-                                           MatmulCase{12, 200, 41, DType::F32}),
+                                           MatmulCase{12, 200, 41, DType::F32}, MatmulCase{9, 300, 130, DType::F32},
+                                           MatmulCase{16, 1031, 70, DType::F32}),
                          [](const auto& info) {
   return "M" + std::to_string(info.param.M) + "_K" + std::to_string(info.param.K) + "_N" + std::to_string(info.param.N) +
          "_" + std::string(dtype_name(info.param.wt));
 });
+
+// Auto, the default batched GEMV, is the broadcast kernel from kBroadcastMinRows rows of x by f32
+// weights and the tiles otherwise: the two sum in different orders, so each choice shows in the
+// bits (MatmulTest only bounds them).
+TEST(Matmul, AutoIsTheBroadcastKernelFromItsRowCountAndTheTilesBelow) {
+  test::ThreadCount threads(2);
+  auto rng = test::rng_for_test();
+  const std::int64_t K = 300, N = 130;
+  auto with = [](cpu::BatchGemv kind, const Tensor& x, const Tensor& w) {
+    cpu::set_batch_gemv(kind);
+    Tensor out = Tensor::empty({x.size(0), w.size(0)}, DType::F32);
+    ops::matmul(x, w, out);
+    cpu::set_batch_gemv(cpu::kDefaultBatchGemv);
+    return out.to_double_vector();
+  };
+  for (const DType wt : {DType::F32, DType::BF16})
+    for (const std::int64_t M :
+         {std::int64_t{8}, cpu::kBroadcastMinRows, std::int64_t{16}, std::int64_t{17}, std::int64_t{32}}) {
+      SCOPED_TRACE(std::string(dtype_name(wt)) + " weights, M = " + std::to_string(M));
+      const Tensor x = test::uniform(rng, {M, K}), w = test::uniform_as(rng, {N, K}, wt);
+      const bool broadcast = wt == DType::F32 && M >= cpu::kBroadcastMinRows;
+      const auto tiles = with(cpu::BatchGemv::Tiles, x, w), auto_ = with(cpu::BatchGemv::Auto, x, w);
+      EXPECT_EQ(auto_, broadcast ? with(cpu::BatchGemv::Broadcast, x, w) : tiles);
+      if (broadcast) {
+        EXPECT_NE(auto_, tiles) << "the two kernels sum in different orders: these shapes should show it";
+      }
+    }
+}
 
 // With 5 or 6 rows of x the fast path dots two weight rows at a time (a verification pass). Each
 // output must be what the one-weight-row kernel of the same library gives, bit for bit: the same

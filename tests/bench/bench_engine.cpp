@@ -5,7 +5,8 @@
 // of its bytes (the weights once, every sequence's cache) over the read ceiling measured for that
 // many bytes, and its FLOPs over the measured GEMM peak; of_roofline is that time over the step's.
 // The projections' product of B rows runs each version of the batched GEMV (cpu::BatchGemv:
-// rows, the simple one, tiles, the default, or broadcast), so one run compares them.
+// rows, the simple one, tiles, or broadcast, which the default, Auto, picks at 16 and 32 rows of
+// f32 weights), so one run compares them.
 //
 //   bench_engine [--benchmark_filter=...] [--benchmark_out=FILE --benchmark_out_format=json]
 #include <benchmark/benchmark.h>
