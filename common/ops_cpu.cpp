@@ -151,11 +151,11 @@ template <int V>
 void gemv_broadcast(const float* X, std::int64_t M, std::int64_t K, const float* w, std::int64_t N, float* Y) {
   constexpr int R = 8;
   constexpr std::int64_t kStretch = 64;  // values of k a transposing task
-  // On a 64-byte boundary, so that no load of 16 lanes straddles two cache lines (std::vector
-  // aligns to 16 bytes: every load of x would touch two lines, and the kernel ran 15% slower).
-  thread_local std::vector<float> buffer;
-  buffer.resize(static_cast<std::size_t>(K * 16 * V + 16));
-  float* xt = buffer.data() + (16 - reinterpret_cast<std::uintptr_t>(buffer.data()) / sizeof(float) % 16) % 16;
+  // A tensor's storage starts on a cache line, so no load of 16 lanes straddles two lines (in a
+  // std::vector, aligned to 16 bytes, every load of x touched two, and the kernel ran 15% slower).
+  thread_local Tensor buffer;
+  if (buffer.numel() < K * 16 * V) buffer = Tensor::empty({K * 16 * V}, DType::F32);
+  float* xt = buffer.data<float>();
   const std::int64_t tiles = N / R;
 #pragma omp parallel if (M * N * K >= kParallelWork)
   {
@@ -352,16 +352,13 @@ void weighted_values(const float* p, std::int64_t n, std::int64_t G, std::int64_
   }
 }
 
-// How far ahead of the position whose keys it reads attention asks for a later position's keys:
-// a position's key rows of all heads are one stretch of memory (4 KB in a 100M model), and the
-// hardware's prefetcher stops at each 4 KB page and starts over on the next, so without being asked
-// the first lines of every position waited on memory. (The value rows are read head by head, a
-// row a position: asking for them ahead, and reading them position by position instead, were both
-// measured slower.)
+// How far ahead of the position whose keys it reads attention asks for a later position's keys
+// (simd::ask_for): a position's key rows of all heads are one stretch of memory (4 KB in a 100M
+// model), and the hardware's prefetcher stops at each 4 KB page and starts over on the next, so
+// without being asked the first lines of every position waited on memory. (The value rows are read
+// head by head, a row a position: asking for them ahead, and reading them position by position
+// instead, were both measured slower.)
 constexpr std::int64_t kAheadPositions = 4;
-inline void ask_for(const float* p, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
-}
 
 // Attention, fast path. Each task takes one query row and a range of KV heads with their whole
 // query groups: every cached key row is read once per group rather than once per query head (the
@@ -415,7 +412,8 @@ void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor
         const float* qr = Q + (i * Nq + h0 * G) * Dqk;  // the range's query heads, contiguous
         for (std::int64_t j = 0; j < n; ++j) {
           const std::int64_t at = row(lo + j);
-          if (j + kAheadPositions < n) ask_for(K + (row(lo + j + kAheadPositions) * nk + h0) * Dqk, (h1 - h0) * Dqk);
+          if (j + kAheadPositions < n)
+            ask_for(K + (row(lo + j + kAheadPositions) * nk + h0) * Dqk, (h1 - h0) * Dqk * std::int64_t{sizeof(float)});
           for (std::int64_t kvh = h0; kvh < h1; ++kvh) {
             const float* kr = K + (at * nk + kvh) * Dqk;  // read once for its whole group
             for (std::int64_t g = 0; g < G; ++g) {

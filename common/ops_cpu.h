@@ -132,6 +132,11 @@ inline float widen(Half h) { return f16_to_f32(h.bits); }
 // issues M + 1 loads for M multiply-adds and the loads, not the arithmetic, hold it back; with two
 // weight rows it is M + 2 loads for 2M (docs/performance.md, "Two weight rows at a time").
 constexpr std::int64_t kPrefetchBytes = 16384;
+/// Asks for the `bytes` bytes from p into L2 (locality hint 2, for the reason above), a cache line
+/// at a time: for streams the hardware prefetcher does not follow far enough ahead on its own.
+inline void ask_for(const void* p, std::int64_t bytes) {
+  for (std::int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(static_cast<const char*>(p) + o, 0, 2);
+}
 
 // L weights from p as f32 (int8 rows come eight at a time).
 template <int L, class W>

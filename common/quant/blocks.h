@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/gguf.h"
+#include "common/ops_cpu.h"
 #include "common/tensor.h"
 
 namespace inferlab::quant {
@@ -31,9 +32,7 @@ inline constexpr std::int64_t kDirectRows = 4;
 /// ceiling.
 inline constexpr std::int64_t kAheadBytes = 16384;
 /// Asks for the `bytes` bytes kAheadBytes past p, a cache line at a time.
-inline void ask_ahead(const std::uint8_t* p, std::int64_t bytes) {
-  for (std::int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + kAheadBytes + o, 0, 2);
-}
+inline void ask_ahead(const std::uint8_t* p, std::int64_t bytes) { cpu::simd::ask_for(p + kAheadBytes, bytes); }
 
 /// x [M, n_in] as q8_0 blocks, side by side: the int8 values, each block's scale (its f16, as a
 /// float) and Σ q over the block (the minimum's term of q4_1, q5_1, q4_k and q5_k).
