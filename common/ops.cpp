@@ -479,8 +479,9 @@ Tensor yarn_inv_freq(std::int64_t rot_dim, double theta, const YarnScaling& y) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dispatch. The elementwise ops have no faster CPU version than their reference loop (they are
+// Dispatch. Most elementwise ops have no faster CPU version than their reference loop (they are
 // limited by memory, not arithmetic): on CPU tensors ops:: runs ref::, which does the checks.
+// add and swiglu run cpu::'s threaded loops, with the same bits as ref::.
 namespace ops {
 
 void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
@@ -500,9 +501,8 @@ Tensor matmul(const Tensor& x, const Tensor& w) {
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
-  if (!a.is_cuda()) return ref::add(a, b, out);
   check::add(a, b, out);
-  cuda::add(a, b, out);
+  a.is_cuda() ? cuda::add(a, b, out) : cpu::add(a, b, out);
 }
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty(a.shape(), DType::F32, a.device());
@@ -539,9 +539,8 @@ Tensor softmax(const Tensor& x) {
 }
 
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
-  if (!gate.is_cuda()) return ref::swiglu(gate, up, out);
   check::swiglu(gate, up, out);
-  cuda::swiglu(gate, up, out);
+  gate.is_cuda() ? cuda::swiglu(gate, up, out) : cpu::swiglu(gate, up, out);
 }
 Tensor swiglu(const Tensor& gate, const Tensor& up) {
   Tensor out = Tensor::empty(gate.shape(), DType::F32, gate.device());

@@ -226,6 +226,11 @@ void attention_cached(const Tensor& q, const std::vector<CachedKV>& seqs, Tensor
 /// A checked batch step's new keys and values into their slots (ops::store_cached).
 void store_cached(const CachedBatch& batch, std::int64_t layer, const Tensor& k, const Tensor& v);
 
+/// ref::add and ref::swiglu over the threads, each element by the reference's own expression (the
+/// same bits), on checked tensors.
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
+
 /// y[m·y_stride] = x[m, :] · w for m < M: M dot products of length K against one f32 (or int8)
 /// row, reading and widening the row once (the fast GEMV's inner kernel, for other chapters'
 /// formats).

@@ -209,6 +209,23 @@ TEST(Add, ExactToOneRoundingAndBroadcastsARow) {
   expect_error([&] { ops::add(a, Tensor::zeros({7}, DType::F32)); }, {"add", "one row"});
 }
 
+// ops::add runs cpu::add's threaded loop: the same bits as the reference loop, for a row or a
+// whole tensor, in place, on shapes small and large enough to be split over the threads.
+TEST(Add, ThreadedLoopEqualsTheReferenceExactly) {
+  auto rng = test::rng_for_test();
+  for (const Shape& shape : {Shape{}, Shape{5}, Shape{3, 0}, Shape{7, 13}, Shape{96, 4099}}) {
+    const std::int64_t L = shape.empty() ? 1 : shape.back();
+    Tensor a = test::uniform(rng, shape), b = test::uniform(rng, shape), row = test::uniform(rng, {L});
+    for (const Tensor* other : {&b, &row}) {
+      if (shape.empty() && other == &row) continue;  // a 0-d tensor has no row
+      Tensor want = Tensor::empty(shape, DType::F32), got = a.clone();
+      ref::add(a, *other, want);
+      ops::add(got, *other, got);  // in place, as the residual stream is updated
+      EXPECT_EQ(got.to_double_vector(), want.to_double_vector()) << shape_str(shape) << (other == &row ? " row" : "");
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 TEST(RmsNorm, WithinItsBound) {
   auto rng = test::rng_for_test();
@@ -464,6 +481,12 @@ TEST(Swiglu, WithinItsBound) {
   ref::swiglu(g, up, r);
   expect_within(r.to_double_vector(), exact, bound, "ref::swiglu");
   expect_within(ops::swiglu(g, up).to_double_vector(), exact, bound, "ops::swiglu");
+  // ops::swiglu is cpu::swiglu, the reference's expression over the threads: the same bits, also
+  // where the elements are split over the threads.
+  Tensor g2 = test::uniform(rng, {32, 2816}, -8, 8), up2 = test::uniform(rng, {32, 2816}),
+         r2 = Tensor::empty(g2.shape(), DType::F32);
+  ref::swiglu(g2, up2, r2);
+  EXPECT_EQ(ops::swiglu(g2, up2).to_double_vector(), r2.to_double_vector());
 }
 
 // ---------------------------------------------------------------------------------------------
