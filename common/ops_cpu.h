@@ -2,8 +2,9 @@
 /// @file ops_cpu.h
 /// @brief The fast CPU paths behind ops:: (inputs already checked by check::).
 ///
-/// Only matmul and attention have one: the elementwise ops are limited by memory, not
-/// arithmetic, so on CPU tensors ops:: runs their ref:: loops as they are.
+/// matmul and attention have one, and two elementwise ops of a decode step, add and swiglu, run
+/// their reference expressions over the threads (the same bits). The other elementwise ops are
+/// limited by memory, not arithmetic, so on CPU tensors ops:: runs their ref:: loops as they are.
 
 #include <cstdint>
 #include <cstring>
