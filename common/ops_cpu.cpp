@@ -80,7 +80,7 @@ void tile_4x8(const float* x, std::int64_t K, const W* w, float* y, std::int64_t
   for (; k + 16 <= K; k += 16) {
     f32x16 wv[R];
     for (int r = 0; r < R; ++r) {
-      __builtin_prefetch(reinterpret_cast<const char*>(w + r * K + k) + kPrefetchBytes, 0, 2);
+      ask_for(reinterpret_cast<const char*>(w + r * K + k) + kPrefetchBytes, 64);
       wv[r] = load<16>(w + r * K + k);
     }
     for (int m = 0; m < M; ++m) {

@@ -160,8 +160,7 @@ inline void dots(const float* x, std::int64_t K, const W* w, float* y, std::int6
     vec wv[R][U];
     for (int r = 0; r < R; ++r) {
       if constexpr (M >= 2 || L == 16)
-        for (int line = 0; line < L * U * static_cast<int>(sizeof(W)); line += 64)
-          __builtin_prefetch(reinterpret_cast<const char*>(w + r * K + k) + kPrefetchBytes + line, 0, 2);
+        ask_for(reinterpret_cast<const char*>(w + r * K + k) + kPrefetchBytes, L * U * std::int64_t{sizeof(W)});
       for (int u = 0; u < U; ++u) wv[r][u] = load_weights<L>(w + r * K + k + L * u);
     }
     for (int m = 0; m < M; ++m)

@@ -212,6 +212,7 @@ TEST(Add, ExactToOneRoundingAndBroadcastsARow) {
 // ops::add runs cpu::add's threaded loop: the same bits as the reference loop, for a row or a
 // whole tensor, in place, on shapes small and large enough to be split over the threads.
 TEST(Add, ThreadedLoopEqualsTheReferenceExactly) {
+  test::ThreadCount threads(2);
   auto rng = test::rng_for_test();
   for (const Shape& shape : {Shape{}, Shape{5}, Shape{3, 0}, Shape{7, 13}, Shape{96, 4099}}) {
     const std::int64_t L = shape.empty() ? 1 : shape.back();
@@ -483,6 +484,7 @@ TEST(Swiglu, WithinItsBound) {
   expect_within(ops::swiglu(g, up).to_double_vector(), exact, bound, "ops::swiglu");
   // ops::swiglu is cpu::swiglu, the reference's expression over the threads: the same bits, also
   // where the elements are split over the threads.
+  test::ThreadCount threads(2);
   Tensor g2 = test::uniform(rng, {32, 2816}, -8, 8), up2 = test::uniform(rng, {32, 2816}),
          r2 = Tensor::empty(g2.shape(), DType::F32);
   ref::swiglu(g2, up2, r2);

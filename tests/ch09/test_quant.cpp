@@ -1837,12 +1837,21 @@ TEST(Awq, NeverLosesToRoundToNearestAndKeepsTheFunction) {
   for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-3 * (1 + std::fabs(a[i]))) << i;
 }
 
-// Matrices of each spec quantised from random weights, then q4_k from a GGUF file's golden blocks
-// (every bit pattern of quants, scales and mins): what version 2's layout tests run over.
-std::vector<QMatrix> qgemv_matrices(std::mt19937_64& rng, std::int64_t rows, std::int64_t cols,
-                                    const std::vector<QuantSpec>& specs) {
+// What version 2's layout tests run over: a matrix of each format the layout takes (every group
+// size of the int4 formats), quantised from random weights, then q4_k from a GGUF file's golden
+// blocks (every bit pattern of quants, scales and mins).
+std::vector<QMatrix> qgemv_matrices(std::mt19937_64& rng, std::int64_t rows, std::int64_t cols) {
   std::vector<QMatrix> matrices;
-  for (const QuantSpec& spec : specs) matrices.push_back(quantize(weights(rng, rows, cols), spec));
+  for (const QuantSpec& spec : std::vector<QuantSpec>{{Format::Int8Row},
+                                                      {Format::Q8_0},
+                                                      {Format::Q4_0},
+                                                      {Format::Int4Sym, 32},
+                                                      {Format::Int4Sym, 64},
+                                                      {Format::Int4Sym, 128},
+                                                      {Format::Int4Asym, 32},
+                                                      {Format::Int4Asym, 64},
+                                                      {Format::Int4Asym, 128}})
+    matrices.push_back(quantize(weights(rng, rows, cols), spec));
   const SafetensorsFile f(kData + "/golden/quant/gguf_types.safetensors");
   const Tensor q4k = f.get("Q4_K.f32");
   matrices.emplace_back(QuantSpec{Format::Q4_K}, q4k.size(0), q4k.size(1), f.get("Q4_K.bytes").clone());
@@ -1872,15 +1881,7 @@ struct Repacked {
 TEST(QgemvLayout, RepackedQuantsHoldEveryWeightsValue) {
   using quant::qgemv::Kind;
   auto rng = test::rng_for_test();
-  const std::vector<QMatrix> matrices = qgemv_matrices(rng, 5, 256,
-                                                       {{Format::Int8Row},
-                                                        {Format::Q8_0},
-                                                        {Format::Q4_0},
-                                                        {Format::Int4Sym, 32},
-                                                        {Format::Int4Sym, 64},
-                                                        {Format::Int4Sym, 128},
-                                                        {Format::Int4Asym, 32},
-                                                        {Format::Int4Asym, 128}});
+  const std::vector<QMatrix> matrices = qgemv_matrices(rng, 5, 256);
   for (const QMatrix& q : matrices) {
     const QuantSpec& spec = q.spec;
     SCOPED_TRACE(spec.name());
@@ -1931,13 +1932,7 @@ TEST(QgemvLayout, RepackedQuantsHoldEveryWeightsValue) {
 TEST(QgemvLayout, RowsWalkedAsTheKernelDoesGiveTheProduct) {
   using quant::qgemv::Kind;
   auto rng = test::rng_for_test();
-  const std::vector<QMatrix> matrices = qgemv_matrices(rng, 7, 512,
-                                                       {{Format::Int8Row},
-                                                        {Format::Q8_0},
-                                                        {Format::Q4_0},
-                                                        {Format::Int4Sym, 32},
-                                                        {Format::Int4Sym, 128},
-                                                        {Format::Int4Asym, 64}});
+  const std::vector<QMatrix> matrices = qgemv_matrices(rng, 7, 512);
   for (const QMatrix& q : matrices) {
     SCOPED_TRACE(q.spec.name());
     const std::int64_t N = q.rows, K = q.cols, nb = K / 32;
