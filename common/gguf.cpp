@@ -182,7 +182,9 @@ struct Reader {
 
 File::File(const std::string& path) : path_(path), file_(std::make_shared<MappedFile>(path, "GGUF file")) {
   Reader r{file_->data(), file_->size(), 0, path_};
-  IL_CHECK(file_->size() >= 24 && std::memcmp(file_->data(), "GGUF", 4) == 0, path, ": not a GGUF file (no 'GGUF' magic)");
+  IL_CHECK(file_->size() >= 4 && std::memcmp(file_->data(), "GGUF", 4) == 0, path, ": not a GGUF file (no 'GGUF' magic)");
+  IL_CHECK(file_->size() >= 24, path, ": truncated after the magic (", file_->size(),
+           " bytes; a GGUF header is 24: magic, version, tensor count, metadata count)");
   r.at = 4;
   const auto version = r.get<std::uint32_t>("version");
   IL_CHECK(version == 2 || version == 3, path, ": GGUF version ", version, " is not supported (2, 3)");

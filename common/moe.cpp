@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "common/hf_config.h"
@@ -61,8 +62,10 @@ void MoeConfig::validate(const std::string& where, std::int64_t num_layers) cons
   if (grouping != MoeGrouping::None)  // the groups kept must hold at least k experts
     IL_CHECK(topk_group * (num_experts / n_group) >= top_k, where, ": topk_group ", topk_group, " groups of ",
              num_experts / n_group, " experts hold fewer than num_experts_per_tok ", top_k);
-  IL_CHECK(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0, where,
-           ": field 'routed_scaling_factor' must be positive, got ", routed_scaling_factor);
+  // The expert weights are float32: a factor past float32's range would turn every one into inf.
+  IL_CHECK(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0 &&
+               routed_scaling_factor <= std::numeric_limits<float>::max(),
+           where, ": field 'routed_scaling_factor' must be a positive float32, got ", routed_scaling_factor);
   for (std::int64_t l : dense_layers)
     IL_CHECK(l >= 0 && l < num_layers, where, ": field 'mlp_only_layers' lists layer ", l, ", outside [0, ", num_layers,
              ")");
@@ -113,7 +116,11 @@ std::optional<MoeConfig> parse_moe_config(const HfConfig& hf, const TransformerC
     // defaults 0 for V2, 3 for V3), whatever n_routed_experts says.
     m.first_dense = f.get_or<std::int64_t>("first_k_dense_replace", v3 ? 3 : 0);
     IL_CHECK(m.first_dense >= 0, hf.path, ": field 'first_k_dense_replace' must be non-negative, got ", m.first_dense);
-    if (m.first_dense >= c.num_layers) return std::nullopt;
+    // Given past the layers, the file and the checkpoint disagree (its MoE tensors would be read
+    // as dense ones); left out, V3's class default of 3 on a smaller model means every layer dense.
+    IL_CHECK(!f.has("first_k_dense_replace") || m.first_dense <= c.num_layers, hf.path,
+             ": field 'first_k_dense_replace' = ", m.first_dense, " exceeds num_hidden_layers (", c.num_layers, ")");
+    if (m.first_dense >= c.num_layers) return std::nullopt;  // every layer dense
     // DeepSeek's own code puts MoE only in every moe_layer_freq-th layer; transformers ignores it.
     IL_CHECK(f.get_or<std::int64_t>("moe_layer_freq", 1) == 1, hf.path, ": field 'moe_layer_freq' is ",
              hf.json["moe_layer_freq"].dump(), "; transformers' ", arch,

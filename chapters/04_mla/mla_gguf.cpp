@@ -166,6 +166,8 @@ MlaGgufConfig deepseek2_config(const gguf::File& f) {
     j[id] = v;
   }
   const std::int64_t first_dense = f.has(k + "leading_dense_block_count") ? count(f, k + "leading_dense_block_count", 0) : 0;
+  IL_CHECK(first_dense <= L, path, ": metadata '", k, "leading_dense_block_count' = ", first_dense, " exceeds ", k,
+           "block_count (", L, ")");
   j["first_k_dense_replace"] = first_dense;
   const bool norm = first_dense < L && read_moe(f, j, sigmoid);
   const double mscale_all_dim = read_yarn(f, j, context);
