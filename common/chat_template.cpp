@@ -22,6 +22,7 @@
 #include "common/error.h"
 #include "common/gguf.h"
 #include "common/json_file.h"
+#include "common/regex.h"
 
 namespace inferlab {
 namespace chat_detail {
@@ -1097,7 +1098,8 @@ class Interpreter {
  public:
   static constexpr std::size_t kMaxItems = 1 << 20;  // range() and string repetition stay below this
 
-  Interpreter(const std::string& origin, const std::optional<std::tm>& frozen) : origin_(origin), frozen_(frozen) {}
+  Interpreter(const std::string& origin, const std::optional<std::tm>& frozen, const RenderBudget& budget)
+      : origin_(origin), frozen_(frozen), budget_(budget) {}
 
   std::string run(const Node& root, std::unordered_map<std::string, Value> context) {
     frames_.push_back(std::move(context));
@@ -1115,7 +1117,33 @@ class Interpreter {
     fail(origin_, ": line ", line, ": ", what...);
   }
 
+  // The render's budget (RenderBudget): every statement, expression and loop iteration is a
+  // step, and every byte of text or data made or copied is charged, so that a template (a
+  // downloaded file's own) can neither run nor grow without end.
+  void step(int line) const {
+    if (++steps_ > budget_.steps)
+      fail_at(line, "the template ran past its budget of ", budget_.steps,
+              " steps (a loop that does not end, or one far too large for a prompt)");
+  }
+  void charge(std::size_t bytes, int line) const {
+    bytes_ += bytes;
+    if (bytes_ > budget_.bytes)
+      fail_at(line, "the template made more than ", budget_.bytes >> 20, " MiB of text and data (its budget)");
+  }
+  // What a value holds, roughly in bytes (a copy of it costs that much).
+  static std::size_t json_bytes(const Json& j) {
+    std::size_t b = 16;
+    if (j.is_string()) b += j.get_ref<const std::string&>().size();
+    else if (j.is_array())
+      for (const Json& e : j) b += json_bytes(e);
+    else if (j.is_object())
+      for (const auto& [k, v] : j.items()) b += k.size() + json_bytes(v);
+    return b;
+  }
+  static std::size_t value_bytes(const Value& v) { return v.is_data() ? json_bytes(v.data) : 16; }
+
   Flow exec(const Node& n, std::string& out) {
+    step(n.line);
     switch (n.kind) {
       case Node::Kind::Body:
         for (const auto& k : n.kids) {
@@ -1123,8 +1151,16 @@ class Interpreter {
           if (f != Flow::Normal) return f;
         }
         return Flow::Normal;
-      case Node::Kind::Text: out += n.value.get_ref<const std::string&>(); return Flow::Normal;
-      case Node::Kind::Output: out += to_str(eval(*n.kids[0])); return Flow::Normal;
+      case Node::Kind::Text:
+        charge(n.value.get_ref<const std::string&>().size(), n.line);
+        out += n.value.get_ref<const std::string&>();
+        return Flow::Normal;
+      case Node::Kind::Output: {
+        const std::string text = to_str(eval(*n.kids[0]));
+        charge(text.size(), n.line);
+        out += text;
+        return Flow::Normal;
+      }
       case Node::Kind::If: {
         std::size_t i = 0;
         for (; i + 1 < n.kids.size(); i += 2)
@@ -1148,7 +1184,7 @@ class Interpreter {
   }
 
   void exec_for(const Node& n, std::string& out) {
-    std::vector<Json> items = iterate(eval(*n.kids[0]), n.line);
+    std::vector<Json> items = iterate(eval_ref(*n.kids[0]).get(), n.line);
     auto bind = [&](std::unordered_map<std::string, Value>& frame, const Json& whole) {
       if (n.names.size() == 1) {
         frame[n.names[0]] = Value::of(whole);
@@ -1176,6 +1212,7 @@ class Interpreter {
     }
     const auto len = static_cast<std::int64_t>(items.size());
     for (std::int64_t i = 0; i < len; ++i) {
+      step(n.line);
       frames_.emplace_back();
       auto& frame = frames_.back();
       bind(frame, items[static_cast<std::size_t>(i)]);
@@ -1183,6 +1220,7 @@ class Interpreter {
                    {"first", i == 0}, {"last", i == len - 1}, {"length", len}};
       if (i > 0) loop["previtem"] = items[static_cast<std::size_t>(i - 1)];
       if (i + 1 < len) loop["nextitem"] = items[static_cast<std::size_t>(i + 1)];
+      charge(json_bytes(loop) + json_bytes(items[static_cast<std::size_t>(i)]), n.line);
       frame["loop"] = Value::of(std::move(loop));
       const Flow f = exec(*n.kids[1], out);
       frames_.pop_back();
@@ -1195,6 +1233,7 @@ class Interpreter {
     if (!v.is_data()) fail_at(line, "this value cannot be iterated");
     const Json& j = unwrap(v.data);
     std::vector<Json> items;
+    charge(json_bytes(j), line);  // the items are copied
     if (j.is_array()) {
       items.assign(j.begin(), j.end());
     } else if (j.is_object()) {
@@ -1347,11 +1386,18 @@ class Interpreter {
   }
 
   Value arithmetic(const std::string& op, const Value& va, const Value& vb, int line) const {
-    if (op == "~") return Value::of(to_str(va) + to_str(vb));
+    if (op == "~") {
+      std::string x = to_str(va), y = to_str(vb);
+      charge(x.size() + y.size(), line);  // before the sum is made: doubling a string stops at the budget
+      return Value::of(x + y);
+    }
     const Json& a = data(va, line, ("'" + op + "'").c_str());
     const Json& b = data(vb, line, ("'" + op + "'").c_str());
     if (op == "+") {
-      if (a.is_string() && b.is_string()) return Value::of(a.get<std::string>() + b.get<std::string>());
+      if (a.is_string() && b.is_string()) {
+        charge(a.get_ref<const std::string&>().size() + b.get_ref<const std::string&>().size(), line);
+        return Value::of(a.get<std::string>() + b.get<std::string>());
+      }
       if (a.is_array() && b.is_array()) {
         Json r = a;
         for (const Json& e : b) r.push_back(e);
@@ -1363,6 +1409,7 @@ class Interpreter {
       const std::int64_t n = as_int(a.is_array() ? b : a);
       if (n > 0 && l.size() * static_cast<std::size_t>(n) > kMaxItems)
         fail_at(line, "repeating a list ", n, " times makes more than ", kMaxItems, " items");
+      if (n > 0) charge(json_bytes(l) * static_cast<std::size_t>(n), line);
       Json r = Json::array();
       for (std::int64_t k = 0; k < n; ++k)
         for (const Json& e : l) r.push_back(e);
@@ -1374,6 +1421,7 @@ class Interpreter {
       const std::int64_t n = as_int(a.is_string() ? b : a);
       if (n > 0 && s.size() * static_cast<std::size_t>(n) > kMaxItems * 64)
         fail_at(line, "repeating a string ", n, " times makes more than ", kMaxItems * 64, " bytes");
+      if (n > 0) charge(s.size() * static_cast<std::size_t>(n), line);
       for (std::int64_t k = 0; k < n; ++k) r += s;
       return Value::of(r);
     }
@@ -1481,7 +1529,15 @@ class Interpreter {
     return Value::of(r);
   }
 
+  // An expression's value, its step and its bytes charged.
   Value eval(const Node& n) {
+    step(n.line);
+    Value v = compute(n);
+    charge(value_bytes(v), n.line);
+    return v;
+  }
+
+  Value compute(const Node& n) {
     switch (n.kind) {
       case Node::Kind::Literal: return Value::of(n.value);
       case Node::Kind::Var: return lookup(n.name);
@@ -1729,6 +1785,7 @@ class Interpreter {
     if (from.empty()) {  // Python inserts between every code point
       const auto starts = code_point_starts(s);
       for (std::size_t k = 0; k + 1 < starts.size(); ++k) {
+        charge(to.size() + 1, line);
         if (count != 0) out += to, --count;
         out += s.substr(starts[k], starts[k + 1] - starts[k]);
       }
@@ -1738,6 +1795,7 @@ class Interpreter {
     while (count != 0) {
       const std::size_t j = s.find(from, i);
       if (j == std::string::npos) break;
+      charge(j - i + to.size(), line);
       out += s.substr(i, j - i) + to;
       i = j + from.size(), --count;
     }
@@ -1877,7 +1935,9 @@ class Interpreter {
       std::string out;
       bool first = true;
       for (const Json& e : iterate(v, line)) {
-        out += (first ? "" : s) + (attr ? to_str(attribute(e, to_str(*attr), line)) : py_str(e));
+        const std::string piece = (first ? "" : s) + (attr ? to_str(attribute(e, to_str(*attr), line)) : py_str(e));
+        charge(piece.size(), line);
+        out += piece;
         first = false;
       }
       return Value::of(out);
@@ -1945,6 +2005,9 @@ class Interpreter {
 
   const std::string& origin_;
   const std::optional<std::tm>& frozen_;
+  const RenderBudget budget_;
+  mutable std::int64_t steps_ = 0;
+  mutable std::size_t bytes_ = 0;
   std::vector<std::unordered_map<std::string, Value>> frames_;
 };
 
@@ -1981,7 +2044,7 @@ std::string ChatTemplate::render_json(const nlohmann::ordered_json& messages, bo
   context["documents"] = Value::of(nullptr);
   context["add_generation_prompt"] = Value::of(add_generation_prompt);
   for (const auto& [k, v] : extra.items()) context[k] = Value::of(v);
-  chat_detail::Interpreter interp(origin_, frozen_time_);
+  chat_detail::Interpreter interp(origin_, frozen_time_, budget_);
   return interp.run(*root_, std::move(context));
 }
 
@@ -2058,7 +2121,9 @@ std::optional<ChatTemplate> ChatTemplate::for_model(const std::string& model_pat
 }
 
 ChatTemplate ChatTemplate::from_file(const std::string& path, std::string bos_token, std::string eos_token) {
-  return ChatTemplate(read_text(path), path, std::move(bos_token), std::move(eos_token));
+  std::string text = read_text(path);
+  validate_utf8(text, path + ": the chat template");
+  return ChatTemplate(std::move(text), path, std::move(bos_token), std::move(eos_token));
 }
 
 }  // namespace inferlab

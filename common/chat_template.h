@@ -53,6 +53,14 @@ namespace chat_detail {
 struct Node;
 }
 
+/// What one render may spend. A template is a program, and one that comes inside a downloaded
+/// model file is not trusted: a render that passes either budget stops with an error naming the
+/// template, rather than hang a thread or fill the memory.
+struct RenderBudget {
+  std::int64_t steps = 1 << 20;   ///< statements, expressions and loop iterations
+  std::size_t bytes = 256 << 20;  ///< bytes of text and data made or copied, in all (the output included)
+};
+
 class ChatTemplate {
  public:
   /// Parses `source`; throws inferlab::Error naming `origin` and what it cannot render. An empty
@@ -75,6 +83,9 @@ class ChatTemplate {
   /// strftime_now() reports this time instead of the clock's (local time), so that a template
   /// that prints today's date (Llama 3.x) renders the same bytes every time.
   void freeze_time(const std::tm& t) { frozen_time_ = t; }
+  /// The budget of each render (RenderBudget's defaults unless set).
+  void set_budget(const RenderBudget& b) { budget_ = b; }
+  const RenderBudget& budget() const { return budget_; }
 
   /// The model's own template: a folder's tokenizer_config.json (with its bos_token / eos_token,
   /// which may be strings or {"content":…} objects; a list of named templates gives "default";
@@ -82,13 +93,15 @@ class ChatTemplate {
   /// or a .gguf file's tokenizer.chat_template (bos/eos from its token list); nullopt when the
   /// model has none. Throws when it has one that cannot be parsed.
   static std::optional<ChatTemplate> for_model(const std::string& model_path);
-  /// --chat-template FILE; bos/eos as the model's tokenizer names them.
+  /// --chat-template FILE; bos/eos as the model's tokenizer names them. Throws naming the file
+  /// when it cannot be read, is not UTF-8, or cannot be parsed (with the line and construct).
   static ChatTemplate from_file(const std::string& path, std::string bos_token = "", std::string eos_token = "");
 
  private:
   std::string source_, origin_, bos_token_, eos_token_;
   std::shared_ptr<const chat_detail::Node> root_;
   std::optional<std::tm> frozen_time_;
+  RenderBudget budget_;
 };
 
 }  // namespace inferlab

@@ -770,7 +770,23 @@ HfTokenizer HfTokenizer::from_json_impl(const json& j, const std::string& name) 
   return HfTokenizer(std::move(impl));
 }
 
+std::vector<std::int32_t> Tokenizer::encode_with_text_ranges(std::string_view text, bool add_special_tokens,
+                                                             std::span<const TextRange>) const {
+  return encode(text, add_special_tokens);
+}
+
 std::vector<std::int32_t> HfTokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  return encode_with_text_ranges(text, add_special_tokens, {});
+}
+
+std::vector<std::string> HfTokenizer::added_token_texts() const {
+  std::vector<std::string> out;
+  for (const auto& a : impl_->added) out.push_back(a.content);
+  return out;
+}
+
+std::vector<std::int32_t> HfTokenizer::encode_with_text_ranges(std::string_view text, bool add_special_tokens,
+                                                               std::span<const TextRange> as_text) const {
   const Impl& t = *impl_;
   validate_utf8(text, "tokenizer input");
   std::vector<std::int32_t> ids;
@@ -784,10 +800,14 @@ std::vector<std::int32_t> HfTokenizer::encode(std::string_view text, bool add_sp
   };
   std::vector<Segment> segs;
   std::size_t start = 0, i = 0;
+  auto range = as_text.begin();  // the first range that does not end before i
   while (i < text.size()) {
+    while (range != as_text.end() && range->end <= i) ++range;
     const Impl::Added* hit = nullptr;
     for (const auto& a : t.added)
       if (text.compare(i, a.content.size(), a.content) == 0) {
+        // Inside a text range, or reaching into one: ordinary text there.
+        if (range != as_text.end() && range->begin < i + a.content.size()) continue;
         hit = &a;
         break;
       }

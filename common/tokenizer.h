@@ -25,6 +25,11 @@
 
 namespace inferlab {
 
+/// Bytes [begin, end) of a text.
+struct TextRange {
+  std::size_t begin = 0, end = 0;
+};
+
 /// What generation needs from a tokenizer, whatever its file format.
 class Tokenizer {
  public:
@@ -32,6 +37,14 @@ class Tokenizer {
   /// Token ids of UTF-8 `text` (throws on invalid UTF-8). With add_special_tokens, the
   /// tokenizer's own rule adds its tokens (e.g. BOS).
   virtual std::vector<std::int32_t> encode(std::string_view text, bool add_special_tokens = true) const = 0;
+  /// encode(), except that inside the byte ranges `as_text` (sorted, not overlapping) no added
+  /// token is cut out: there "<|im_end|>" is ordinary text, whatever it spells. A tokenizer
+  /// that cuts out no added tokens encodes as encode() does.
+  virtual std::vector<std::int32_t> encode_with_text_ranges(std::string_view text, bool add_special_tokens,
+                                                            std::span<const TextRange> as_text) const;
+  /// The texts encode() cuts out of its input as tokens of their own (added and special
+  /// tokens), longest first; none for a tokenizer that cuts out nothing.
+  virtual std::vector<std::string> added_token_texts() const { return {}; }
   /// Text of `ids`; throws on an id outside the vocabulary.
   virtual std::string decode(const std::vector<std::int32_t>& ids, bool skip_special_tokens = false) const = 0;
   /// Vocabulary size including added tokens (one past the largest id).
@@ -101,6 +114,9 @@ class HfTokenizer final : public Tokenizer {
   HfTokenizer& operator=(HfTokenizer&&) noexcept;
 
   std::vector<std::int32_t> encode(std::string_view text, bool add_special_tokens = true) const override;
+  std::vector<std::int32_t> encode_with_text_ranges(std::string_view text, bool add_special_tokens,
+                                                    std::span<const TextRange> as_text) const override;
+  std::vector<std::string> added_token_texts() const override;
   std::string decode(const std::vector<std::int32_t>& ids, bool skip_special_tokens = false) const override;
   std::int64_t vocab_size() const override;
   const std::string& id_to_token(std::int32_t id) const override;
