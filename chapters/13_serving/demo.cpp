@@ -32,19 +32,17 @@ void add_demo_options(CLI::App& app, DemoOptions& o) {
   add_json_option(app, o.json);
 }
 
-Listening::Listening(Server& server, const FrontEnd& front) : front_(front), http_(std::make_unique<httplib::Server>()) {
-  const std::size_t pool = http_threads(server.config());
-  http_->new_task_queue = [pool] { return new httplib::ThreadPool(pool); };
+Listening::Listening(Server& server, const FrontEnd& front, const http::Limits& limits)
+    : front_(front), http_(std::make_unique<http::Front>(front_limits(server.config(), limits))) {
   add_routes(*http_, server, front_);
-  port_ = http_->bind_to_any_port("127.0.0.1");
-  IL_CHECK(port_ > 0, "cannot listen on a loopback port: ", std::strerror(errno));
-  widen_listen_backlog(port_);
-  thread_ = std::thread([this] { http_->listen_after_bind(); });
-  while (!http_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  http_->set_access_log(http::LogFormat::None);  // tests and the demo: 5xx only
+  port_ = http_->bind("127.0.0.1", 0);
+  thread_ = std::thread([this] { http_->serve(); });
+  while (!http_->serving()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 Listening::~Listening() {
-  http_->stop();
+  http_->stop_serving();
   if (thread_.joinable()) thread_.join();
 }
 

@@ -30,19 +30,21 @@ struct DemoOptions {
 
 void add_demo_options(CLI::App& app, DemoOptions& o);
 
-/// A Server listening on a free loopback port, in a thread of its own; stops when destroyed.
-/// It keeps its own copy of `front`.
+/// A Server listening on a free loopback port behind the HTTP front (with `limits`), in a
+/// thread of its own; stops when destroyed. It keeps its own copy of `front`. Its access log
+/// has the 5xx lines only.
 class Listening {
  public:
-  Listening(Server& server, const FrontEnd& front);
+  Listening(Server& server, const FrontEnd& front, const http::Limits& limits = {});
   ~Listening();
   Listening(const Listening&) = delete;
   Listening& operator=(const Listening&) = delete;
   int port() const { return port_; }
+  http::Front& front() { return *http_; }
 
  private:
   FrontEnd front_;  // the routes refer to it
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<http::Front> http_;
   std::thread thread_;
   int port_ = 0;
 };

@@ -1,10 +1,6 @@
 #include "chapters/13_serving/http.h"
 
 #include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
-#include <filesystem>
 
 #include <algorithm>
 #include <cstdio>
@@ -13,6 +9,7 @@
 
 #include "chapters/13_serving/openai.h"
 #include "chapters/13_serving/page_html.h"
+#include "common/chat_prompt.h"
 #include "common/error.h"
 
 namespace inferlab::ch13 {
@@ -50,7 +47,7 @@ std::vector<std::int32_t> prompt_tokens(const Server& server, const FrontEnd& fr
                        "this model has no chat template (" + front.chat_template_problem +
                            "); use /v1/completions, or start the server with --chat-template FILE",
                        "messages");
-      return tok.encode(front.chat_template->render(p.messages, true), false);
+      return chat_prompt_tokens(*front.chat_template, tok, p.messages, true, front.specials_in_content);
     }
     if (p.prompt_text) return tok.encode(*p.prompt_text, true);
     return p.prompt_ids;
@@ -99,13 +96,14 @@ bool write_events(Answer& answer, Channel& channel, std::vector<bool>& started, 
     const bool first = !started[static_cast<std::size_t>(c.index)];
     started[static_cast<std::size_t>(c.index)] = true;
     if (!e.error.empty()) {
+      std::fprintf(stderr, "ch13_serve: %s: the engine failed: %s\n", answer.header.id.c_str(), e.error.c_str());
       const std::string err = sse_event(wire(error_body(ApiError(500, e.error, "", "server_error"))));
       if (!sink.write(err.data(), err.size())) return false;
     }
     const std::string event = sse_event(wire(chunk(answer.header, piece, first)));
     if (!sink.write(event.data(), event.size())) return false;
   }
-  if (answer.open > 0) return true;  // called again at once: waits for the next events
+  if (answer.open > 0) return !http::Front::client_gone();  // called again at once: waits for the next events
   std::string tail;
   if (usage) tail += sse_event(wire(usage_chunk(answer.header, answer.usage)));
   tail += sse_done();
@@ -115,7 +113,7 @@ bool write_events(Answer& answer, Channel& channel, std::vector<bool>& started, 
 }
 
 void complete(Server& server, const FrontEnd& front, const httplib::Request& req, httplib::Response& res, bool chat) {
-  const CompletionParams p = parse_completion(req.body, chat);
+  const CompletionParams p = parse_completion(req.body, chat, front.max_json_depth);
   if (!p.model.empty() && p.model != front.model_name)
     throw ApiError(404, "the model '" + p.model + "' does not exist; this server serves '" + front.model_name + "'", "model",
                    "invalid_request_error");
@@ -130,10 +128,20 @@ void complete(Server& server, const FrontEnd& front, const httplib::Request& req
   answer->open = p.n;
   for (std::int64_t i = 0; i < p.n; ++i) answer->choices.push_back({i, "", ""});
   std::shared_ptr<Channel> channel = server.submit(std::move(r), p.stop);
+  http::Front::note("prompt_tokens", answer->usage.prompt_tokens);
 
   if (!p.stream) {
-    while (answer->open > 0)
+    // Nothing is written until the end, so a client that goes away is seen by its closed socket,
+    // looked at between the engine's events: its request is aborted rather than run to max_tokens.
+    while (answer->open > 0) {
       for (const Event& e : channel->pop(std::chrono::milliseconds(100))) answer->apply(e);
+      if (answer->open > 0 && http::Front::client_gone()) {
+        channel->cancel();
+        http::Front::note("completion_tokens", answer->usage.completion_tokens);
+        throw ApiError(499, "the client closed the connection before the answer was ready", "", "client_closed");
+      }
+    }
+    http::Front::note("completion_tokens", answer->usage.completion_tokens);
     if (!answer->error.empty()) throw ApiError(500, answer->error, "", "server_error");
     res.set_content(wire(response(answer->header, answer->choices, answer->usage)), kJson);
     return;
@@ -147,7 +155,9 @@ void complete(Server& server, const FrontEnd& front, const httplib::Request& req
       "text/event-stream",
       [answer, channel, started, usage](std::size_t, httplib::DataSink& sink) {
     try {
-      return write_events(*answer, *channel, *started, usage, sink);
+      const bool more = write_events(*answer, *channel, *started, usage, sink);
+      http::Front::note("completion_tokens", answer->usage.completion_tokens);
+      return more;
     } catch (const std::exception& e) {  // nothing may leave a provider: the stream ends, the request is aborted
       std::fprintf(stderr, "ch13_serve: %s: %s\n", answer->header.id.c_str(), e.what());
       channel->cancel();
@@ -192,41 +202,18 @@ json engine_info(const Server& server, const FrontEnd& front) {
 
 }  // namespace
 
-bool widen_listen_backlog(int port) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    int fd = -1;
-    try {
-      fd = std::stoi(entry.path().filename().string());
-    } catch (const std::exception&) {
-      continue;
-    }
-    int listening = 0;
-    socklen_t len = sizeof listening;
-    sockaddr_storage addr{};
-    socklen_t alen = sizeof addr;
-    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0)
-      continue;
-    const int bound = addr.ss_family == AF_INET    ? ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port)
-                      : addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                                                   : -1;
-    if (bound == port) return ::listen(fd, SOMAXCONN) == 0;
-  }
-  return false;
+http::Limits front_limits(const ServerConfig& c, http::Limits l) {
+  l.workers = static_cast<std::size_t>(c.scheduler.max_running + c.max_waiting + 8 + kMaxWatchers);
+  return l;
 }
 
-std::size_t http_threads(const ServerConfig& c) {
-  return static_cast<std::size_t>(c.scheduler.max_running + c.max_waiting + 8 + kMaxWatchers);
-}
-
-void add_routes(httplib::Server& http, Server& server, const FrontEnd& front) {
+void add_routes(http::Front& http, Server& server, const FrontEnd& front) {
   const auto guarded = [&server](auto handler) {
     return [&server, handler](const httplib::Request& req, httplib::Response& res) {
       try {
         handler(req, res);
       } catch (const ApiError& e) {
-        if (e.status != 429 && e.status != 503) server.count_rejected();
+        if (e.status != 429 && e.status != 503 && e.status != 499) server.count_rejected();
         send_error(res, e);
       }
     };
@@ -281,7 +268,8 @@ void add_routes(httplib::Server& http, Server& server, const FrontEnd& front) {
                                     : "the request could not be served (HTTP " + std::to_string(res.status) + ")";
     send_error(res, ApiError(res.status, message));
   });
-  http.set_payload_max_length(8 << 20);
+  // What the front refuses itself (a body too large, too many headers, ...) is counted as well.
+  http.on_refusal([&server](int) { server.count_rejected(); });
 }
 
 }  // namespace inferlab::ch13

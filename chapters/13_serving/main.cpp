@@ -5,6 +5,7 @@
 #include <httplib.h>
 #include <omp.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "common/cli.h"
 #include "common/gguf.h"
 #include "common/gguf_tokenizer.h"
+#include "common/http_front.h"
 
 using namespace inferlab;
 using namespace inferlab::ch13;
@@ -58,33 +60,103 @@ std::string token_text(const Tokenizer& tok, std::optional<std::int64_t> id) {
   return id && *id >= 0 && *id < tok.vocab_size() ? tok.id_to_token(static_cast<std::int32_t>(*id)) : "";
 }
 
-FrontEnd front_end(const Loaded& l, const std::string& model_path, const std::string& name,
-                   const std::string& template_file) {
+FrontEnd front_end(const Loaded& l, const std::string& model_path, const std::string& name, const std::string& template_file,
+                   const RenderBudget& budget) {
   FrontEnd f;
   f.model_name = name.empty() ? std::filesystem::path(model_path).filename().string() : name;
   if (f.model_name.empty()) f.model_name = std::filesystem::path(model_path).parent_path().filename().string();
   f.created = static_cast<std::int64_t>(std::time(nullptr));
   const std::string bos = token_text(*l.tok, l.model.config.bos_token_id),
                     eos = token_text(*l.tok, l.eos.empty() ? std::nullopt : std::optional(l.eos[0]));
-  try {
-    if (!template_file.empty()) f.chat_template = ChatTemplate::from_file(template_file, bos, eos);
-    else f.chat_template = ChatTemplate::for_model(model_path);
-    if (!f.chat_template) f.chat_template_problem = model_path + " ships none";
-  } catch (const Error& e) {  // served without chat: completions still work, and chat says why not
-    f.chat_template_problem = e.what();
-    std::fprintf(stderr, "ch13_serve: no chat: %s\n", e.what());
+  if (!template_file.empty()) {
+    // The operator asked for this file: one that cannot be read or parsed stops the start.
+    f.chat_template = ChatTemplate::from_file(template_file, bos, eos);
+  } else {
+    try {
+      f.chat_template = ChatTemplate::for_model(model_path);
+      if (!f.chat_template) f.chat_template_problem = model_path + " ships none";
+    } catch (const Error& e) {  // the model's own: served without chat, and chat says why not
+      f.chat_template_problem = e.what();
+      std::fprintf(stderr, "ch13_serve: no chat: %s\n", e.what());
+    }
   }
+  if (f.chat_template) f.chat_template->set_budget(budget);
   return f;
 }
 
 struct Options {
   ModelOptions model;
-  std::string tokenizer, host = "127.0.0.1", name, chat_template;
+  std::string tokenizer, host = "127.0.0.1", name, chat_template, log_format = "text";
   int port = 8000, threads = 0;
   ServerConfig server;
   double kv_budget_mib = 64, drain_seconds = 30;
-  bool no_prefix_caching = false;
+  bool no_prefix_caching = false, specials_in_content = false;
+  http::Limits limits;
+  double max_body_mib = 8, max_header_kib = 64, max_receiving_mib = 256, template_mib = 256;
+  std::size_t max_json_depth = 64;
+  RenderBudget template_budget;
 };
+
+// The limits a client cannot pass (docs/reliability.md, "The server's limits").
+void add_limit_options(CLI::App& app, Options& o) {
+  http::Limits& l = o.limits;
+  const std::string g = "Limits";
+  app.add_option("--max-body-mib", o.max_body_mib, "A request body at most, MiB (more: 413)")
+      ->check(number_in(0.001, 4096))
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--max-headers", l.max_headers, "Header lines of a request at most (more: 431)")
+      ->check(number_in(1, 100000))
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--max-header-kib", o.max_header_kib, "A request's line and headers at most, KiB (more: 431)")
+      ->check(number_in(1, 65536))
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--max-json-depth", o.max_json_depth, "Nesting of a request body's JSON at most (deeper: 400)")
+      ->check(number_in(2, 10000))
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--max-connections", l.max_connections, "Open connections at most (more: 503 at once)")
+      ->check(number_in(1, 1 << 20))
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--max-receiving-mib", o.max_receiving_mib,
+                 "Request bytes held at once, all connections, MiB (more: 503); at least --max-body-mib")
+      ->check(number_in(0.001, 1 << 20))
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--header-timeout", l.header_timeout_s, "Seconds a request's line and headers may take (then 408)")
+      ->check(number_in(0.01, 3600))
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--body-timeout", l.body_timeout_s, "Seconds a request body may send nothing (then 408)")
+      ->check(number_in(0.01, 3600))
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--keep-alive-timeout", l.keep_alive_timeout_s, "Seconds an idle connection is kept between requests")
+      ->check(number_in(0.01, 3600))
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--keep-alive-requests", l.keep_alive_requests, "Requests on one connection at most")
+      ->check(number_in(1, 1000000000))
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--write-timeout", l.write_timeout_s,
+                 "Seconds a client may read nothing of its answer (then it is taken as gone, and its request aborted)")
+      ->check(number_in(0.01, 3600))
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--template-steps", o.template_budget.steps,
+                 "Steps (statements, expressions, loop turns) of one chat-template render at most (then 400)")
+      ->check(number_in(1000, 1LL << 40))
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--template-mib", o.template_mib, "Text and data one chat-template render may make, MiB (then 400)")
+      ->check(number_in(1, 1 << 20))
+      ->capture_default_str()
+      ->group(g);
+}
 
 void add_server_options(CLI::App& app, Options& o) {
   add_model_option(app, o.model);
@@ -111,6 +183,10 @@ void add_server_options(CLI::App& app, Options& o) {
   app.add_option("--threads", o.threads, "CPU threads for the model (default: OpenMP's choice)")->check(number_in(1, 1024));
   app.add_option("--chat-template", o.chat_template, "A Jinja chat template file, instead of the model's own")
       ->check(input_file("chat template"));
+  app.add_flag("--special-tokens-in-content", o.specials_in_content,
+               "Read special tokens' text in chat messages as those tokens (default: as text, so that a message "
+               "cannot forge the conversation's turns)");
+  add_limit_options(app, o);
 }
 
 int serve(const Options& o, const DemoOptions* demo) {
@@ -122,7 +198,19 @@ int serve(const Options& o, const DemoOptions* demo) {
   c.prefix_caching = !o.no_prefix_caching;
   c.scheduler.policy = ch11::Policy::Continuous;
   c.scheduler.validate();
-  const FrontEnd front = front_end(l, o.model.model, o.name, o.chat_template);
+  RenderBudget budget = o.template_budget;
+  budget.bytes = static_cast<std::size_t>(o.template_mib * (1 << 20));
+  FrontEnd front = front_end(l, o.model.model, o.name, o.chat_template, budget);
+  front.max_json_depth = o.max_json_depth;
+  front.specials_in_content = o.specials_in_content;
+  http::Limits limits = o.limits;
+  limits.max_body_bytes = static_cast<std::size_t>(o.max_body_mib * (1 << 20));
+  limits.max_head_bytes = static_cast<std::size_t>(o.max_header_kib * 1024);
+  limits.max_receiving_bytes = static_cast<std::size_t>(o.max_receiving_mib * (1 << 20));
+  limits = front_limits(c, limits);
+  IL_CHECK(limits.max_receiving_bytes >= limits.max_body_bytes, "--max-receiving-mib ", o.max_receiving_mib,
+           " is below --max-body-mib ", o.max_body_mib, ": no body could be received");
+  limits.validate();
   if (demo) {  // the same model served twice, with and without prefix caching, for the comparison
     ServerConfig plain = c;
     plain.prefix_caching = false;
@@ -132,25 +220,23 @@ int serve(const Options& o, const DemoOptions* demo) {
     return 0;
   }
 
-  // SIGTERM and SIGINT are taken by one thread (sigwait), not by a handler: every other thread
-  // starts with them blocked, and the one that waits for them drains the server and stops it.
+  // SIGTERM, SIGINT and SIGHUP (a closed terminal) are taken by one thread (sigwait), not by a
+  // handler: every other thread starts with them blocked, and the one that waits for them drains
+  // the server and stops it. Each ends the server the same way: what is in flight finishes.
   sigset_t stops;
   sigemptyset(&stops);
   sigaddset(&stops, SIGTERM);
   sigaddset(&stops, SIGINT);
+  sigaddset(&stops, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stops, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not the end of the server
 
   Server server(l.model, *l.tok, l.eos, c);
-  httplib::Server http;
-  const std::size_t pool = http_threads(c);
-  http.new_task_queue = [pool] { return new httplib::ThreadPool(pool); };
+  http::Front http(limits);
+  http.set_access_log(http::parse_log_format(o.log_format));
   add_routes(http, server, front);
-  const int port = o.port == 0 ? http.bind_to_any_port(o.host) : (http.bind_to_port(o.host, o.port) ? o.port : -1);
-  IL_CHECK(port > 0, "cannot listen on ", o.host, ":", o.port, ": ", std::strerror(errno),
-           o.port ? " (is another server on that port? --port 0 takes any free one)" : "");
-  widen_listen_backlog(port);  // a burst of clients connecting at once is queued, not reset
-  const std::string url = "http://" + o.host + ":" + std::to_string(port);
+  const int port = http.bind(o.host, o.port);
+  const std::string url = http::url(o.host, port);
   std::printf(
       "ch13_serve: serving %s on %s (%s; %s)\n", front.model_name.c_str(), url.c_str(),
       ch12::PagedPool(l.model.config, c.kv_budget_bytes, c.block_size, Device::CPU, c.prefix_caching).describe().c_str(),
@@ -159,21 +245,26 @@ int serve(const Options& o, const DemoOptions* demo) {
       "  try: curl %s/v1/completions -H 'Content-Type: application/json' -d '{\"model\": \"%s\", \"prompt\": "
       "\"Once upon a time\", \"max_tokens\": 32}'\n",
       url.c_str(), front.model_name.c_str());
-  std::printf("  stop with Ctrl-C or SIGTERM (what is in flight finishes first, up to %.0f s)\n", o.drain_seconds);
+  std::printf("  stop with Ctrl-C, SIGTERM or SIGHUP (what is in flight finishes first, up to %g s)\n", o.drain_seconds);
   std::fflush(stdout);
 
+  std::atomic<bool> served{false};
   std::thread stopper([&] {
     int sig = 0;
     sigwait(&stops, &sig);
+    if (served) return;  // woken by the main thread: the server ended without a signal
     const Gauges g = server.gauges();
-    std::fprintf(stderr, "ch13_serve: %s: no new requests; finishing the %lld in flight\n",
-                 sig == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(g.in_flight));
+    std::fprintf(stderr, "ch13_serve: %s: no new requests; finishing the %lld in flight (up to %g s)\n",
+                 sig == SIGTERM  ? "SIGTERM"
+                 : sig == SIGHUP ? "SIGHUP"
+                                 : "SIGINT",
+                 static_cast<long long>(g.in_flight), o.drain_seconds);
     server.drain(o.drain_seconds);
-    http.stop();
+    http.stop_serving();
   });
-  const bool ok = http.listen_after_bind();
-  if (!ok && http.is_running()) http.stop();
-  if (!server.draining()) pthread_kill(stopper.native_handle(), SIGTERM);  // listening failed: end the waiter
+  http.serve();
+  served = !server.draining();
+  if (served) pthread_kill(stopper.native_handle(), SIGTERM);  // serving ended without a signal: end the waiter
   stopper.join();
   std::printf("ch13_serve: stopped\n");
   return 0;
@@ -192,7 +283,11 @@ int main(int argc, char** argv) {
   add_server_options(app, o);
   app.add_option("--host", o.host, "Address to listen on (127.0.0.1: this machine only)")->capture_default_str();
   app.add_option("--port", o.port, "Port (0: any free one)")->check(number_in(0, 65535))->capture_default_str();
-  app.add_option("--drain-timeout", o.drain_seconds, "On SIGTERM, seconds to let requests in flight finish")
+  app.add_option("--log-format", o.log_format, "The access log on stderr, a line per request: text, json or none (5xx only)")
+      ->check(CLI::IsMember({"text", "json", "none"}))
+      ->capture_default_str();
+  app.add_option("--drain-timeout", o.drain_seconds,
+                 "On SIGTERM, SIGINT or SIGHUP, seconds to let requests in flight finish")
       ->check(number_in(0, 3600))
       ->capture_default_str();
   DemoOptions demo;
@@ -204,7 +299,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   return run_cli(app, argc, argv, [&] {
     if (*dm)
-      for (const char* listening : {"--host", "--port", "--drain-timeout"})
+      for (const char* listening : {"--host", "--port", "--drain-timeout", "--log-format"})
         IL_CHECK(app.count(listening) == 0, listening, " has no use with demo: it listens on a free loopback port");
     return serve(o, *dm ? &demo : nullptr);
   });

@@ -1,5 +1,6 @@
 #include "chapters/13_serving/openai.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -43,13 +44,29 @@ const json* field(const json& body, const char* name) {
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
+// An integer in [lo, hi], compared exactly: JSON keeps 2^63 as an unsigned integer and
+// 9.223372036854775807e18 as a double equal to 2^63, and neither may pass as INT64_MAX (a
+// comparison in doubles rounds hi up to 2^63 and lets both through).
 std::int64_t integer(const json& v, const std::string& name, std::int64_t lo, std::int64_t hi) {
   if (!v.is_number_integer() && !(v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))
     bad(name, "'" + name + "' must be an integer, got " + type_name(v));
-  const double d = v.get<double>();
-  if (d < static_cast<double>(lo) || d > static_cast<double>(hi))
+  auto out_of_range = [&] {
     bad(name, "'" + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
-  return v.is_number_integer() ? v.get<std::int64_t>() : static_cast<std::int64_t>(d);
+  };
+  std::int64_t x = 0;
+  if (v.is_number_unsigned()) {
+    const std::uint64_t u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) out_of_range();
+    x = static_cast<std::int64_t>(u);
+  } else if (v.is_number_integer()) {
+    x = v.get<std::int64_t>();
+  } else {
+    const double d = v.get<double>();  // integral; in int64 exactly when in [-2^63, 2^63)
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) out_of_range();
+    x = static_cast<std::int64_t>(d);
+  }
+  if (x < lo || x > hi) out_of_range();
+  return x;
 }
 
 double number(const json& v, const std::string& name, double lo, double hi) {
@@ -96,7 +113,33 @@ std::string content(const json& v, const std::string& name) {
 
 }  // namespace
 
-CompletionParams parse_completion(const std::string& body, bool chat) {
+std::size_t json_depth(std::string_view text, std::size_t limit) {
+  std::size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+CompletionParams parse_completion(const std::string& body, bool chat, std::size_t max_depth) {
+  // nlohmann's parser builds every level it reads: 8 MB of '[' is 8 million nested arrays and
+  // half a gigabyte before it fails. Counted first, nothing is built.
+  if (json_depth(body, max_depth) > max_depth)
+    throw ApiError(400, "the request body nests arrays and objects deeper than " + std::to_string(max_depth) + " levels");
   json j;
   try {
     j = json::parse(body);
@@ -119,9 +162,17 @@ CompletionParams parse_completion(const std::string& body, bool chat) {
       const json* role = field(msg, "role");
       if (!role) bad(at + ".role", "'" + at + ".role' is required");
       const json* c = field(msg, "content");
-      p.messages.push_back({text(*role, at + ".role"), c ? content(*c, at + ".content") : ""});
+      const std::string r = text(*role, at + ".role");
+      // A tool call or a tool's result would be flattened to its text and lose what it is.
+      if (const json* calls = field(msg, "tool_calls"); calls && !(calls->is_array() && calls->empty()))
+        bad(at + ".tool_calls", "'" + at + ".tool_calls': tool calls are not supported by this server");
+      if (field(msg, "function_call"))
+        bad(at + ".function_call", "'" + at + ".function_call': function calls are not supported by this server");
+      if (r == "tool" || r == "function" || field(msg, "tool_call_id"))
+        bad(at + ".role", "'" + at + "': tool and function messages are not supported by this server");
+      p.messages.push_back({r, c ? content(*c, at + ".content") : ""});
     }
-    for (const char* unsupported : {"tools", "functions", "response_format"})
+    for (const char* unsupported : {"tools", "functions", "response_format", "tool_choice", "function_call"})
       if (field(j, unsupported)) bad(unsupported, std::string("'") + unsupported + "' is not supported by this server");
     if (const json* v = field(j, "logprobs"); v && boolean(*v, "logprobs"))
       bad("logprobs", "'logprobs' is not supported by this server");
@@ -183,6 +234,15 @@ CompletionParams parse_completion(const std::string& body, bool chat) {
     if (const json* u = field(*v, "include_usage")) p.include_usage = boolean(*u, "stream_options.include_usage");
   }
   if (const json* v = field(j, "ignore_eos")) p.ignore_eos = boolean(*v, "ignore_eos");
+  // Sampling fields this server does not implement yet: refused unless they change nothing, so
+  // that no request is answered as if they had been applied.
+  for (const auto& [name, neutral] : {std::pair{"presence_penalty", 0.0}, std::pair{"frequency_penalty", 0.0},
+                                      std::pair{"repetition_penalty", 1.0}, std::pair{"min_p", 0.0}})
+    if (const json* v = field(j, name); v && number(*v, name, -1e9, 1e9) != neutral)
+      bad(name, std::string("'") + name + "' is not supported by this server yet (only " + (neutral == 0 ? "0" : "1") +
+                    ", which changes nothing)");
+  if (const json* v = field(j, "logit_bias"); v && !(v->is_object() && v->empty()))
+    bad("logit_bias", "'logit_bias' is not supported by this server yet (only {}, which changes nothing)");
   return p;
 }
 

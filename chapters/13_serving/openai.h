@@ -17,6 +17,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 #include <nlohmann/json.hpp>
 
@@ -57,10 +58,16 @@ struct CompletionParams {
 };
 
 /// Reads a request body for /v1/completions (chat = false) or /v1/chat/completions. Throws
-/// ApiError 400 naming the field: malformed JSON, a wrong type, a value out of range, a feature
-/// this server does not have (logprobs, echo, suffix, best_of, tools). Fields it does not know
-/// are ignored, as OpenAI's clients send some.
-CompletionParams parse_completion(const std::string& body, bool chat);
+/// ApiError 400 naming the field: malformed JSON, JSON nested deeper than `max_depth` (refused
+/// before it is parsed), a wrong type, a value out of range, a feature this server does not have
+/// (logprobs, echo, suffix, best_of, tools, tool messages, and the sampling fields logit_bias,
+/// presence_penalty, frequency_penalty, repetition_penalty, min_p unless they leave the
+/// distribution as it is). Fields it does not know are ignored, as OpenAI's clients send some.
+CompletionParams parse_completion(const std::string& body, bool chat, std::size_t max_depth = 64);
+
+/// How deeply `text` nests arrays and objects, counted up to `limit` + 1 (strings skipped,
+/// nothing parsed or allocated).
+std::size_t json_depth(std::string_view text, std::size_t limit);
 
 /// One choice (sample) of an answer.
 struct Choice {
