@@ -65,8 +65,9 @@ std::vector<std::int32_t> chat_prompt_tokens(const ChatTemplate& t, const Tokeni
   for (std::size_t i = 0; i < rendered.size();) {
     if (rendered.compare(i, kOpen.size(), kOpen) != 0) {
       if (rendered.compare(i, kClose.size(), kClose) == 0)
-        fail(t.origin(), ": the template changed a message that spells a special token's text, and it cannot be kept as "
-                         "text (the server's --special-tokens-in-content reads it as the special token instead)");
+        fail(t.origin(),
+             ": the template changed a message that spells a special token's text, and it cannot be kept as "
+             "text (the server's --special-tokens-in-content reads it as the special token instead)");
       text += rendered[i++];
       continue;
     }
@@ -75,12 +76,19 @@ std::vector<std::int32_t> chat_prompt_tokens(const ChatTemplate& t, const Tokeni
     while (j < rendered.size() && rendered[j] >= '0' && rendered[j] <= '9' && index < table.size())
       index = index * 10 + static_cast<std::size_t>(rendered[j++] - '0'), digits = true;
     if (!digits || index >= table.size() || rendered.compare(j, kClose.size(), kClose) != 0)
-      fail(t.origin(), ": the template changed a message that spells a special token's text, and it cannot be kept as "
-                       "text (the server's --special-tokens-in-content reads it as the special token instead)");
+      fail(t.origin(),
+           ": the template changed a message that spells a special token's text, and it cannot be kept as "
+           "text (the server's --special-tokens-in-content reads it as the special token instead)");
     ranges.push_back({text.size(), text.size() + table[index].size()});
     text += table[index];
     i = j + kClose.size();
   }
+  // The markers stand for exactly the text they replaced only if the template treated it as it
+  // treats any text: rendered as it came, the messages must give the same prompt.
+  if (text != t.render(messages, add_generation_prompt))
+    fail(t.origin(),
+         ": the template changed a message that spells a special token's text, and it cannot be kept as "
+         "text (the server's --special-tokens-in-content reads it as the special token instead)");
   return tok.encode_with_text_ranges(text, false, ranges);
 }
 

@@ -14,7 +14,9 @@
 /// marker character already there) is replaced by a marker of private-use characters that no
 /// template filter changes (trim, upper, replace, tojson, …); after rendering, the markers are
 /// turned back into the text they stand for, and those byte ranges are encoded as text
-/// (Tokenizer::encode_with_text_ranges). Messages without such text are rendered as they are.
+/// (Tokenizer::encode_with_text_ranges). The prompt must be the one the messages give rendered
+/// as they are (so a template that changes that text, upper-casing it say, is an error, never a
+/// different prompt). Messages without such text are rendered once, as they are.
 
 #include <cstdint>
 #include <string>

@@ -1,16 +1,17 @@
 #include "common/http_front.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <netdb.h>
+#include <poll.h>
+#include <unistd.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -39,9 +40,7 @@ bool ci_equal(std::string_view a, std::string_view b) {
 }
 
 // RFC 9110's tchar: the characters of a method and of a header name.
-bool is_tchar(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("!#$%&'*+-.^_`|~", c) != nullptr;
-}
+bool is_tchar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("!#$%&'*+-.^_`|~", c) != nullptr; }
 
 bool is_token(std::string_view s) { return !s.empty() && std::all_of(s.begin(), s.end(), is_tchar); }
 
@@ -225,9 +224,8 @@ RequestReader::State RequestReader::parse_head() {
   const std::string_view method = request_line.substr(0, sp1), target = request_line.substr(sp1 + 1, sp2 - sp1 - 1),
                          version = request_line.substr(sp2 + 1);
   if (!is_token(method)) return refuse(400, "the request method " + quoted(method) + " is not a token");
-  if (target.empty() || std::any_of(target.begin(), target.end(), [](char c) {
-        return static_cast<unsigned char>(c) <= 0x20 || c == 0x7f;
-      }))
+  if (target.empty() ||
+      std::any_of(target.begin(), target.end(), [](char c) { return static_cast<unsigned char>(c) <= 0x20 || c == 0x7f; }))
     return refuse(400, "the request target " + quoted(target) + " is empty or holds a control character");
   if (version != "HTTP/1.1" && version != "HTTP/1.0") {
     if (version.substr(0, 5) == "HTTP/")
@@ -328,15 +326,15 @@ RequestReader::State RequestReader::parse_body() {
         while (digits < line.size() && std::isxdigit(static_cast<unsigned char>(line[digits]))) {
           if (digits == 15) return refuse(400, "a chunk size has more than 15 hex digits");
           const char c = line[digits++];
-          size = size * 16 + static_cast<std::uint64_t>(std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
-                                                                                                   : std::tolower(c) - 'a' + 10);
+          size = size * 16 + static_cast<std::uint64_t>(
+                                 std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : std::tolower(c) - 'a' + 10);
         }
         const std::string_view rest = trim_ows(line.substr(digits));
         if (digits == 0 || (!rest.empty() && rest.front() != ';'))
           return refuse(400, "invalid chunk-size line " + quoted(line));
         if (size > limits_.max_body_bytes - body_.size())
-          return refuse(413, "the chunked request body passes " + mib(limits_.max_body_bytes) +
-                                 ", the most this server takes");
+          return refuse(413,
+                        "the chunked request body passes " + mib(limits_.max_body_bytes) + ", the most this server takes");
         in_.erase(0, crlf + 2);
         if (size == 0) {
           chunk_ = Chunk::Trailer;
@@ -363,8 +361,7 @@ RequestReader::State RequestReader::parse_body() {
         break;
       case Chunk::Trailer:
         if (in_.size() < 2) return State::NeedMore;
-        if (in_.compare(0, 2, "\r\n") != 0)
-          return refuse(400, "trailer fields after a chunked body are not supported");
+        if (in_.compare(0, 2, "\r\n") != 0) return refuse(400, "trailer fields after a chunked body are not supported");
         in_.erase(0, 2);
         return State::Complete;
     }
@@ -372,21 +369,25 @@ RequestReader::State RequestReader::parse_body() {
 }
 
 std::string RequestReader::take_request() {
-  std::string r = std::move(head_);
-  r += "\r\n";
-  if (keep_body_ && head_has_length_) r += "Content-Length: " + std::to_string(body_.size()) + "\r\n";
-  r += "\r\n";
-  if (keep_body_) r += body_;
+  auto [head, body] = take_request_parts();
+  return head + body;
+}
+
+std::pair<std::string, std::string> RequestReader::take_request_parts() {
+  std::string head = std::move(head_), body;
+  head += "\r\n";
+  if (keep_body_ && head_has_length_) head += "Content-Length: " + std::to_string(body_.size()) + "\r\n";
+  head += "\r\n";
+  if (keep_body_) body = std::move(body_);
   head_.clear();
-  body_.clear();
-  body_.shrink_to_fit();
+  body_ = std::string();
   method_.clear();
   target_.clear();
   head_done_ = chunked_ = continue_ = continue_sent_ = head_has_length_ = false;
   length_ = chunk_left_ = 0;
   scan_ = 0;
   state_ = State::NeedMore;
-  return r;
+  return {std::move(head), std::move(body)};
 }
 
 void RequestReader::clear() {
@@ -403,28 +404,29 @@ struct Front::Conn {
   std::string ip;
   int port = 0;
   RequestReader reader;
-  bool lingering = false;        // refused: reading what is left and dropping it until linger_until
+  bool lingering = false;  // refused: reading what is left and dropping it until linger_until
   bool in_epoll = false;
-  std::size_t served = 0;        // requests answered on this connection
-  std::int64_t counted = 0;      // what this connection adds to receiving_
+  std::size_t served = 0;    // requests answered on this connection
+  std::int64_t counted = 0;  // what this connection adds to receiving_
   Clock::time_point idle_since = Clock::now(), request_start, last_byte, linger_until;
-  std::string request;           // a whole request, for a worker
-  std::string method, target;    // of that request, for the log
+  std::pair<std::string, std::string> request;  // a whole request (head, body), for a worker
+  std::string method, target;                   // of that request, for the log
 };
 
 // cpp-httplib's view of one request: its bytes from memory (the front read and checked them),
 // the response to the socket (or to a string for serve_bytes).
 class Front::Stream final : public httplib::Stream {
  public:
-  Stream(std::string in, int fd, double write_timeout_s, std::string ip, int port, std::string* sink)
-      : in_(std::move(in)),
+  Stream(std::pair<std::string, std::string> in, int fd, double write_timeout_s, std::string ip, int port, std::string* sink)
+      : head_(std::move(in.first)),
+        body_(std::move(in.second)),
         fd_(fd),
         timeout_ms_(static_cast<int>(write_timeout_s * 1000)),
         ip_(std::move(ip)),
         port_(port),
         sink_(sink) {}
 
-  bool is_readable() const override { return pos_ < in_.size(); }
+  bool is_readable() const override { return pos_ < head_.size() + body_.size(); }
   bool is_writable() const override {
     if (sink_) return true;
     if (failed_) return false;
@@ -432,8 +434,10 @@ class Front::Stream final : public httplib::Stream {
     return ::poll(&p, 1, timeout_ms_) > 0 && !(p.revents & (POLLERR | POLLHUP | POLLNVAL));
   }
   ssize_t read(char* ptr, std::size_t size) override {
-    const std::size_t n = std::min(size, in_.size() - pos_);
-    std::memcpy(ptr, in_.data() + pos_, n);
+    const std::string& from = pos_ < head_.size() ? head_ : body_;
+    const std::size_t at = pos_ < head_.size() ? pos_ : pos_ - head_.size();
+    const std::size_t n = std::min(size, from.size() - at);
+    std::memcpy(ptr, from.data() + at, n);
     pos_ += n;
     return static_cast<ssize_t>(n);
   }
@@ -477,12 +481,12 @@ class Front::Stream final : public httplib::Stream {
   }
   socket_t socket() const override { return fd_; }
 
-  bool consumed_all() const { return pos_ == in_.size(); }
+  bool consumed_all() const { return pos_ == head_.size() + body_.size(); }
   bool failed() const { return failed_; }
   std::int64_t written() const { return written_; }
 
  private:
-  std::string in_;
+  std::string head_, body_;  // the request, read in turn
   std::size_t pos_ = 0;
   int fd_;
   int timeout_ms_;
@@ -511,6 +515,12 @@ Front::Front(const Limits& limits) : limits_(limits) {
     t_request->status = res.status;
     if (res.status >= 400) t_request->reason = reason_of(res.body);
   });
+  // A request's buffers (bodies up to the limit, their copies in cpp-httplib and the parser) are
+  // made on whichever worker serves it, and glibc keeps what a thread's arena freed: after a few
+  // rounds of large requests over the 90-odd workers the process held hundreds of MB it no longer
+  // used. Blocks of 1 MiB and more are mapped apart and given back when freed (a fixed threshold;
+  // glibc's own rises to 32 MiB after the first large free, and then keeps them).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   // Each connection is a file descriptor: let the process open as many as the limit asks for.
   rlimit r{};
   if (getrlimit(RLIMIT_NOFILE, &r) == 0) {
@@ -571,8 +581,10 @@ int Front::bind(const std::string& host, int port) {
   if (err == EADDRNOTAVAIL)
     fail("--host '", host, "' is not an address of this machine (127.0.0.1: this machine only; 0.0.0.0: every interface)");
   if (err == EADDRINUSE)
-    fail("cannot listen on ", url(host, port), ": the port is in use (is another server on it? --port 0 takes any free one)");
-  if (err == EACCES) fail("cannot listen on ", url(host, port), ": ports below 1024 need privileges; choose a higher --port");
+    fail("cannot listen on ", url(host, port),
+         ": the port is in use (is another server on it? --port 0 takes any free one)");
+  if (err == EACCES)
+    fail("cannot listen on ", url(host, port), ": ports below 1024 need privileges; choose a higher --port");
   if (err != 0) fail("cannot listen on ", url(host, port), ": ", std::strerror(err));
   const int bound = port == 0 ? bind_to_any_port(host) : (bind_to_port(host, port) ? port : -1);
   IL_CHECK(bound > 0, "cannot listen on ", url(host, port), ": ", std::strerror(errno));
@@ -657,7 +669,8 @@ bool Front::process_and_close_socket(socket_t sock) {
     // The refusal is written here (a few hundred bytes fit any socket buffer) and the
     // connection lingers on the event loop, so that the client reads it rather than a reset.
     c->request_start = Clock::now();
-    refuse(*c, 503, std::to_string(limits_.max_connections) + " connections are open, the most this server takes; retry later");
+    refuse(*c, 503,
+           std::to_string(limits_.max_connections) + " connections are open, the most this server takes; retry later");
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -712,7 +725,8 @@ void Front::refuse(Conn& c, int status, const std::string& why) {
   receiving_ -= c.counted;
   c.counted = 0;
   c.lingering = true;
-  c.linger_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limits_.linger_s));
+  c.linger_until =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limits_.linger_s));
 }
 
 void Front::read_from(Conn& c) {
@@ -735,7 +749,8 @@ void Front::read_from(Conn& c) {
     if (s == RequestReader::State::Refused) return refuse(c, c.reader.status(), c.reader.reason());
     if (static_cast<std::size_t>(receiving_.load()) > limits_.max_receiving_bytes)
       return refuse(c, 503,
-                    "the server holds " + mib(limits_.max_receiving_bytes) + " of requests already, the most it takes; retry later");
+                    "the server holds " + mib(limits_.max_receiving_bytes) +
+                        " of requests already, the most it takes; retry later");
     if (c.reader.wants_continue()) {
       static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
       [[maybe_unused]] const ssize_t w = ::send(c.fd, kContinue, sizeof kContinue - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -750,7 +765,7 @@ void Front::dispatch(std::unique_ptr<Conn> c) {
   c->in_epoll = false;
   c->method = c->reader.method();
   c->target = c->reader.target();
-  c->request = c->reader.take_request();
+  c->request = c->reader.take_request_parts();
   ++dispatched_;
   Conn* raw = c.release();  // std::function needs a copyable callable
   workers_->enqueue([this, raw] { work(std::unique_ptr<Conn>(raw)); });
@@ -761,7 +776,7 @@ void Front::work(std::unique_ptr<Conn> c) {
   ctx.fd = c->fd;
   t_request = &ctx;
   Stream strm(std::move(c->request), c->fd, limits_.write_timeout_s, c->ip, c->port, nullptr);
-  c->request.clear();
+  c->request = {};
   const bool close = stopping_ || c->served + 1 >= limits_.keep_alive_requests;
   bool closed = false;
   bool ok = false;
@@ -873,7 +888,7 @@ void Front::log_line(const std::string& peer, const std::string& method, const s
   const std::string path = target.substr(0, 200);
   std::string line;
   if (log_format_ == LogFormat::Json) {
-    nlohmann::json j = {{"time", when},     {"peer", peer},   {"method", method},      {"path", path},
+    nlohmann::json j = {{"time", when},     {"peer", peer},   {"method", method},     {"path", path},
                         {"status", status}, {"bytes", bytes}, {"duration_s", seconds}};
     for (const auto& [k, v] : notes) j[k] = v;
     if (!reason.empty() && (status >= 400 || status == 0)) j["error"] = reason;
@@ -908,7 +923,7 @@ std::string Front::serve_bytes(std::string_view raw) {
     if (s == RequestReader::State::NeedMore) return out;  // the connection ends in the middle of a request
     RequestContext ctx;
     t_request = &ctx;
-    Stream strm(reader.take_request(), -1, limits_.write_timeout_s, "127.0.0.1", 0, &out);
+    Stream strm(reader.take_request_parts(), -1, limits_.write_timeout_s, "127.0.0.1", 0, &out);
     const bool close = ++served >= limits_.keep_alive_requests;
     bool closed = false;
     const bool ok = process_request(strm, close, closed, nullptr);

@@ -50,20 +50,20 @@ namespace inferlab::http {
 
 /// What one client may send, and for how long; each has a ch13_serve flag (docs/reliability.md).
 struct Limits {
-  std::size_t max_request_line = 8192;         ///< bytes of the request line with its CRLF; more: 414
-  std::size_t max_header_line = 8192;          ///< bytes of one header line; more: 431
-  std::size_t max_headers = 100;               ///< header lines; more: 431 (--max-headers)
-  std::size_t max_head_bytes = 64 << 10;       ///< request line and headers in all; more: 431 (--max-header-kib)
-  std::size_t max_body_bytes = 8 << 20;        ///< a body, decoded; more: 413 (--max-body-mib)
-  std::size_t max_receiving_bytes = 256 << 20; ///< bodies being received, all connections; more: 503 (--max-receiving-mib)
-  std::size_t max_connections = 1024;          ///< open connections; more: 503 at once (--max-connections)
-  double header_timeout_s = 10;                ///< the head must arrive within this; else 408 (--header-timeout)
-  double body_timeout_s = 10;                  ///< a body that sends nothing for this long: 408 (--body-timeout)
-  double keep_alive_timeout_s = 5;             ///< an idle connection between requests is closed (--keep-alive-timeout)
-  std::size_t keep_alive_requests = 100;       ///< requests on one connection, then it is closed (--keep-alive-requests)
-  double write_timeout_s = 10;                 ///< a client that reads nothing for this long is gone (--write-timeout)
-  std::size_t workers = 16;                    ///< threads that run handlers: requests served at once
-  double linger_s = 1;                         ///< after a refusal, how long the rest of the input is read and dropped
+  std::size_t max_request_line = 8192;          ///< bytes of the request line with its CRLF; more: 414
+  std::size_t max_header_line = 8192;           ///< bytes of one header line; more: 431
+  std::size_t max_headers = 100;                ///< header lines; more: 431 (--max-headers)
+  std::size_t max_head_bytes = 64 << 10;        ///< request line and headers in all; more: 431 (--max-header-kib)
+  std::size_t max_body_bytes = 8 << 20;         ///< a body, decoded; more: 413 (--max-body-mib)
+  std::size_t max_receiving_bytes = 256 << 20;  ///< bodies being received, all connections; more: 503 (--max-receiving-mib)
+  std::size_t max_connections = 1024;           ///< open connections; more: 503 at once (--max-connections)
+  double header_timeout_s = 10;                 ///< the head must arrive within this; else 408 (--header-timeout)
+  double body_timeout_s = 10;                   ///< a body that sends nothing for this long: 408 (--body-timeout)
+  double keep_alive_timeout_s = 5;              ///< an idle connection between requests is closed (--keep-alive-timeout)
+  std::size_t keep_alive_requests = 100;        ///< requests on one connection, then it is closed (--keep-alive-requests)
+  double write_timeout_s = 10;                  ///< a client that reads nothing for this long is gone (--write-timeout)
+  std::size_t workers = 16;                     ///< threads that run handlers: requests served at once
+  double linger_s = 1;                          ///< after a refusal, how long the rest of the input is read and dropped
 
   /// Throws naming the field when a value is out of its range.
   void validate() const;
@@ -93,6 +93,8 @@ class RequestReader {
   /// Transfer-Encoding, Expect and Content-Length, then Content-Length and the decoded body),
   /// and the reader starts on the next request with the bytes that came after this one.
   std::string take_request();
+  /// take_request() as its head and its body, apart (the body is not copied).
+  std::pair<std::string, std::string> take_request_parts();
   /// Drops everything held (a refused connection reads nothing more).
   void clear();
   /// The head of the request asked for "100 Continue" and was accepted: the front should send it
@@ -118,16 +120,16 @@ class RequestReader {
   State state_ = State::NeedMore;
   int status_ = 0;
   std::string reason_;
-  std::string in_;       // bytes not yet parsed
-  std::size_t scan_ = 0; // how far in_ was searched for the end of the head
+  std::string in_;        // bytes not yet parsed
+  std::size_t scan_ = 0;  // how far in_ was searched for the end of the head
   bool head_done_ = false;
-  std::string head_;     // normalised request line and headers, without the final CRLF
+  std::string head_;  // normalised request line and headers, without the final CRLF
   std::string method_, target_;
   bool keep_body_ = true;  // cpp-httplib reads bodies of POST, PUT, PATCH, DELETE and PRI only
   bool chunked_ = false, continue_ = false, continue_sent_ = false;
   bool head_has_length_ = false;  // a body was framed (Content-Length or chunked)
-  std::uint64_t length_ = 0;  // Content-Length
-  std::string body_;          // the body so far, decoded
+  std::uint64_t length_ = 0;      // Content-Length
+  std::string body_;              // the body so far, decoded
   // chunked: the size of the chunk being read (remaining bytes), and where the decoder is
   enum class Chunk { Size, Data, DataEnd, Trailer } chunk_ = Chunk::Size;
   std::uint64_t chunk_left_ = 0;
@@ -207,7 +209,7 @@ class Front : public httplib::Server {
   int epoll_ = -1, wake_fd_ = -1;
   std::thread loop_thread_;
   std::unique_ptr<httplib::ThreadPool> workers_;
-  std::mutex mu_;  // guards incoming_ and log writes
+  std::mutex mu_;                                // guards incoming_ and log writes
   std::vector<std::unique_ptr<Conn>> incoming_;  // from the accept loop and the workers, for the event loop
   std::map<int, std::unique_ptr<Conn>> conns_;   // event loop only
   std::atomic<bool> stopping_{false};

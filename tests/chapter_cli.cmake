@@ -166,6 +166,26 @@ inferlab_cli_test(ch13_serve.AMissingChatTemplateIsAUsageError PASS "--chat-temp
   FAIL "serving .* on http" COMMAND ch13_serve --chat-template /nonexistent/t.jinja --port 0)
 inferlab_cli_test(ch13_serve.AMistypedFlagIsRefused PASS "--max-num-seq" FAIL "serving .* on http"
   COMMAND ch13_serve --max-num-seq 4 --port 0)
+# --host 256.1.1.1 and nonexistent.invalid used to say "No such file or directory (is another
+# server on that port?)": a stale errno and a wrong hint.
+inferlab_cli_test(ch13_serve.AnInvalidIPv4HostIsNamed PASS "--host '256.1.1.1' is not a valid IPv4 address"
+  FAIL "serving .* on http|another server" COMMAND ch13_serve --host 256.1.1.1 --port 0)
+inferlab_cli_test(ch13_serve.AHostThatDoesNotResolveIsNamed PASS "cannot resolve --host 'nonexistent.invalid'"
+  FAIL "serving .* on http|another server" COMMAND ch13_serve --host nonexistent.invalid --port 0)
+inferlab_cli_test(ch13_serve.AnAddressOfAnotherMachineIsNamed PASS "'192.0.2.1' is not an address of this machine"
+  FAIL "serving .* on http" COMMAND ch13_serve --host 192.0.2.1 --port 0)
+# A --chat-template that cannot be parsed, or is not UTF-8, used to start a server whose every
+# chat said "this model has no chat template": the operator asked for that file.
+file(WRITE "${out}/macro.jinja" "{{ bos_token }}\n{% macro greet(name) %}hi {{ name }}{% endmacro %}")
+inferlab_cli_test(ch13_serve.AChatTemplateThatCannotBeParsedStopsTheStart PASS "macro.jinja: line 2: .*macro"
+  FAIL "serving .* on http" COMMAND ch13_serve --chat-template "${out}/macro.jinja" --port 0)
+string(ASCII 233 latin1_e)
+file(WRITE "${out}/latin1.jinja" "{{ 'caf${latin1_e}' }}")
+inferlab_cli_test(ch13_serve.AChatTemplateThatIsNotUtf8StopsTheStart
+  PASS "latin1.jinja: the chat template: not valid UTF-8" FAIL "serving .* on http|tokenizer input"
+  COMMAND ch13_serve --chat-template "${out}/latin1.jinja" --port 0)
+inferlab_cli_test(ch13_serve.ALimitOutOfRangeIsRefused PASS "--max-connections: 0 is outside" FAIL "serving .* on http"
+  COMMAND ch13_serve --max-connections 0 --port 0)
 
 # A GGUF given to a chapter that does not run its architecture names the chapter that does.
 inferlab_cli_test(ch04_mla.AGgufOfAnotherArchitectureNamesItsChapter

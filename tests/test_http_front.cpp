@@ -4,11 +4,11 @@
 // computed), first on the request reader alone, then on a live front over loopback sockets.
 #include <gtest/gtest.h>
 
+#include <poll.h>
+#include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -20,6 +20,7 @@
 
 #include "common/error.h"
 #include "common/http_front.h"
+#include "test_util.h"
 
 using namespace inferlab;
 using namespace inferlab::http;
@@ -178,15 +179,7 @@ class Live {
   std::atomic<bool> saw_gone_{false};
 };
 
-template <class F>
-bool eventually(F done, double seconds = 10) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return done();
-}
+using test::eventually;
 
 }  // namespace
 
@@ -215,8 +208,9 @@ TEST(HttpFront, AChunkedBodyIsRefusedAsSoonAsItsDecodedSizePassesTheLimit) {
 // extensions are allowed, trailers are not.
 TEST(HttpFront, AChunkedBodyReachesTheHandlerAsAContentLengthBody) {
   RequestReader r{Limits{}};
-  const std::string req = "POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
-                          "5;name=value\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+  const std::string req =
+      "POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "5;name=value\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
   ASSERT_EQ(r.feed(req), State::Complete);
   EXPECT_EQ(r.take_request(), "POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\nhello world");
   EXPECT_EQ(feed_all("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\nX-Trailer: 1\r\n\r\n").status,

@@ -14,6 +14,7 @@
 #include <future>
 #include <iostream>
 #include <iterator>
+#include <thread>
 
 #include "test_util.h"
 
@@ -96,6 +97,15 @@ void expect_fifo_refused(const std::string& path, const std::function<void(const
   const std::string message = result.get();
   EXPECT_NE(message.find(path), std::string::npos) << message;
   EXPECT_NE(message.find("FIFO"), std::string::npos) << message;
+}
+
+bool eventually(const std::function<bool()>& done, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
 }
 
 void write_file(const std::string& path, const std::string& text) {

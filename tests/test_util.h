@@ -49,6 +49,10 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+/// Polls `done` every 10 ms for up to `seconds`; its last answer (for what happens on other
+/// threads: a server's gauges, a connection closing).
+bool eventually(const std::function<bool()>& done, double seconds = 10);
+
 /// Writes `text` to a file.
 void write_file(const std::string& path, const std::string& text);
 /// The whole content of a file ("" when it cannot be read).

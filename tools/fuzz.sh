@@ -17,7 +17,7 @@ seconds=${1:-60}
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] ||
-  targets=(safetensors config tokenizer_json llama2c llama2c_tokenizer gguf cli gguf_tokenizer quant_blocks hf_config openai)
+  targets=(safetensors config tokenizer_json llama2c llama2c_tokenizer gguf cli gguf_tokenizer quant_blocks hf_config openai http)
 if [ "${FUZZ_NO_BUILD:-0}" != 1 ]; then
   tools/setup.sh --fuzz
   cmake --preset fuzz > build-fuzz-configure.log 2>&1 || { cat build-fuzz-configure.log; exit 1; }
@@ -28,7 +28,7 @@ out=build/fuzz
 build/fuzz/bin/fuzz_seeds "$out/seeds" data ../shared > /dev/null
 declare -A max_len=([safetensors]=16384 [config]=4096 [tokenizer_json]=65536 [llama2c]=65536
                     [llama2c_tokenizer]=8192 [gguf]=131072 [cli]=512 [gguf_tokenizer]=4096 [quant_blocks]=4096
-                    [hf_config]=8192 [openai]=4096)
+                    [hf_config]=8192 [openai]=4096 [http]=8192)
 # libFuzzer dictionaries (tests/fuzz/<target>.dict) where a target has one.
 dict_for() { [ -f "tests/fuzz/$1.dict" ] && echo "-dict=tests/fuzz/$1.dict" || true; }
 status=0

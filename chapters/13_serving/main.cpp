@@ -99,63 +99,26 @@ struct Options {
 
 // The limits a client cannot pass (docs/reliability.md, "The server's limits").
 void add_limit_options(CLI::App& app, Options& o) {
+  auto limit = [&app](const char* flag, auto& value, const char* what, double lo, double hi) {
+    app.add_option(flag, value, what)->check(number_in(lo, hi))->capture_default_str()->group("Limits");
+  };
   http::Limits& l = o.limits;
-  const std::string g = "Limits";
-  app.add_option("--max-body-mib", o.max_body_mib, "A request body at most, MiB (more: 413)")
-      ->check(number_in(0.001, 4096))
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--max-headers", l.max_headers, "Header lines of a request at most (more: 431)")
-      ->check(number_in(1, 100000))
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--max-header-kib", o.max_header_kib, "A request's line and headers at most, KiB (more: 431)")
-      ->check(number_in(1, 65536))
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--max-json-depth", o.max_json_depth, "Nesting of a request body's JSON at most (deeper: 400)")
-      ->check(number_in(2, 10000))
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--max-connections", l.max_connections, "Open connections at most (more: 503 at once)")
-      ->check(number_in(1, 1 << 20))
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--max-receiving-mib", o.max_receiving_mib,
-                 "Request bytes held at once, all connections, MiB (more: 503); at least --max-body-mib")
-      ->check(number_in(0.001, 1 << 20))
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--header-timeout", l.header_timeout_s, "Seconds a request's line and headers may take (then 408)")
-      ->check(number_in(0.01, 3600))
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--body-timeout", l.body_timeout_s, "Seconds a request body may send nothing (then 408)")
-      ->check(number_in(0.01, 3600))
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--keep-alive-timeout", l.keep_alive_timeout_s, "Seconds an idle connection is kept between requests")
-      ->check(number_in(0.01, 3600))
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--keep-alive-requests", l.keep_alive_requests, "Requests on one connection at most")
-      ->check(number_in(1, 1000000000))
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--write-timeout", l.write_timeout_s,
-                 "Seconds a client may read nothing of its answer (then it is taken as gone, and its request aborted)")
-      ->check(number_in(0.01, 3600))
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--template-steps", o.template_budget.steps,
-                 "Steps (statements, expressions, loop turns) of one chat-template render at most (then 400)")
-      ->check(number_in(1000, 1LL << 40))
-      ->capture_default_str()
-      ->group(g);
-  app.add_option("--template-mib", o.template_mib, "Text and data one chat-template render may make, MiB (then 400)")
-      ->check(number_in(1, 1 << 20))
-      ->capture_default_str()
-      ->group(g);
+  limit("--max-body-mib", o.max_body_mib, "A request body at most, MiB (more: 413)", 0.001, 4096);
+  limit("--max-headers", l.max_headers, "Header lines of a request at most (more: 431)", 1, 100000);
+  limit("--max-header-kib", o.max_header_kib, "A request's line and headers at most, KiB (more: 431)", 1, 65536);
+  limit("--max-json-depth", o.max_json_depth, "Nesting of a request body's JSON at most (deeper: 400)", 2, 10000);
+  limit("--max-connections", l.max_connections, "Open connections at most (more: 503 at once)", 1, 1 << 20);
+  limit("--max-receiving-mib", o.max_receiving_mib,
+        "Request bytes held at once, all connections, MiB (more: 503); at least --max-body-mib", 0.001, 1 << 20);
+  limit("--header-timeout", l.header_timeout_s, "Seconds a request's line and headers may take (then 408)", 0.01, 3600);
+  limit("--body-timeout", l.body_timeout_s, "Seconds a request body may send nothing (then 408)", 0.01, 3600);
+  limit("--keep-alive-timeout", l.keep_alive_timeout_s, "Seconds an idle connection is kept between requests", 0.01, 3600);
+  limit("--keep-alive-requests", l.keep_alive_requests, "Requests on one connection at most", 1, 1e9);
+  limit("--write-timeout", l.write_timeout_s,
+        "Seconds a client may read nothing of its answer (then it is taken as gone, and its request aborted)", 0.01, 3600);
+  limit("--template-steps", o.template_budget.steps,
+        "Steps (statements, expressions, loop turns) of one chat-template render at most (then 400)", 1000, 1 << 30);
+  limit("--template-mib", o.template_mib, "Text and data one chat-template render may make, MiB (then 400)", 1, 1 << 20);
 }
 
 void add_server_options(CLI::App& app, Options& o) {
@@ -277,7 +240,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 13: serving. Chapters 11 and 12's engine as an OpenAI-compatible HTTP server", "ch13_serve"};
   help_footer(app,
               "serves the bundled model (tiny-mha) on http://127.0.0.1:8000 with the OpenAI API (/v1/completions, "
-              "/v1/chat/completions, streamed or not; /v1/models, /health, /metrics) until Ctrl-C or SIGTERM",
+              "/v1/chat/completions, streamed or not; /v1/models, /health, /metrics) until Ctrl-C, SIGTERM or SIGHUP",
               "chapters/13_serving/README.md", "推理生态");
   Options o;
   add_server_options(app, o);

@@ -61,8 +61,10 @@ std::int64_t integer(const json& v, const std::string& name, std::int64_t lo, st
   } else if (v.is_number_integer()) {
     x = v.get<std::int64_t>();
   } else {
-    const double d = v.get<double>();  // integral; in int64 exactly when in [-2^63, 2^63)
-    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) out_of_range();
+    // Integral, written as a float or past int64 (nlohmann reads -9223372036854775809 as a
+    // double, which rounds to -2^63): taken only where a double holds every integer exactly.
+    const double d = v.get<double>();
+    if (!(std::fabs(d) <= 9007199254740992.0)) out_of_range();
     x = static_cast<std::int64_t>(d);
   }
   if (x < lo || x > hi) out_of_range();

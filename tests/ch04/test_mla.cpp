@@ -253,6 +253,20 @@ TEST(MlaConfigRefusals, NameTheField) {
     return false;
   };
   EXPECT_TRUE(refused("first_k_dense_replace", -1));
+  // Past the 4 layers: the checkpoint's MoE tensors would be looked for as dense ones.
+  EXPECT_TRUE(refused("first_k_dense_replace", 100));
+  {
+    HfConfig hf = base;
+    hf.json["first_k_dense_replace"] = 100;
+    test::expect_error([&] { ch04::parse_mla_config(hf, parse_transformer_config(hf)); },
+                       {"'first_k_dense_replace' = 100 exceeds num_hidden_layers (4)"});
+    // A factor past float32 turned every expert weight into inf and the first logits into NaN.
+    hf.json["first_k_dense_replace"] = 1;
+    hf.json["n_routed_experts"] = 4;
+    hf.json["routed_scaling_factor"] = 1e39;
+    test::expect_error([&] { ch04::parse_mla_config(hf, parse_transformer_config(hf)); },
+                       {"'routed_scaling_factor' must be a positive float32, got 1e+39"});
+  }
   EXPECT_TRUE(refused("rope_scaling", nlohmann::json{{"type", "linear"}, {"factor", 40}}));
   EXPECT_TRUE(refused("attention_bias", true));
   EXPECT_TRUE(refused("qk_head_dim", 30));

@@ -338,6 +338,9 @@ TEST(MlaGguf, AWrongKeyIsRefusedByName) {
       {"deepseek2.rope.scaling.type", gguf::Value::str("yarn"), {"YaRN without metadata", "yarn_log_multiplier"}},
       {"deepseek2.vocab_size", u32(65), {"'deepseek2.vocab_size' = 65 but token_embd.weight has 64 rows"}},
       {"tokenizer.ggml.eos_token_id", u32(64), {"'tokenizer.ggml.eos_token_id' = 64 is outside the vocabulary"}},
+      {"deepseek2.leading_dense_block_count",
+       u32(100),
+       {"'deepseek2.leading_dense_block_count' = 100 exceeds deepseek2.block_count (2)"}},
       // Fewer layers than the file holds: the tensors of the others are named.
       {"deepseek2.block_count", u32(1), {"tensor 'blk.1.", "is not part of the model", "deepseek2.block_count = 1"}},
   };

@@ -1034,6 +1034,18 @@ std::string two_tensor_gguf(const std::string& b_name, std::uint64_t offset_b, s
   return b + std::string(128 + extra, '\0');
 }
 
+// A file of just the 4 bytes "GGUF" used to be called "no 'GGUF' magic", which it has.
+TEST(Gguf, AFileCutAfterItsMagicSaysSo) {
+  test::TempDir dir;
+  const std::string path = dir.file("t.gguf");
+  test::write_file(path, "GGUF");
+  test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "truncated after the magic (4 bytes"});
+  test::write_file(path, std::string("GGUF\3\0\0\0", 8));
+  test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "truncated after the magic (8 bytes"});
+  test::write_file(path, "GGML");
+  test::expect_error([&] { gguf::File f(path); }, {"t.gguf", "no 'GGUF' magic"});
+}
+
 TEST(Gguf, TheTensorTableMustDescribeTheDataExactly) {
   test::TempDir dir;
   const std::string path = dir.file("t.gguf");

@@ -242,3 +242,72 @@ TEST(Prometheus, HistogramAndMetricText) {
   EXPECT_EQ(metric_text("y_total", "counter", "Ys.", 7), "# HELP y_total Ys.\n# TYPE y_total counter\ny_total 7\n");
   EXPECT_THROW(Histogram({1, 0.5}), Error);
 }
+
+// seed 2^63, 2^63+1 and 9.223372036854775807e18 were accepted (the range check ran in doubles,
+// where INT64_MAX rounds up to 2^63), and 2^63 gave the text of INT64_MIN.
+TEST(OpenAiRequest, ASeedPastInt64IsRefusedExactly) {
+  for (const char* seed : {"9223372036854775808", "9223372036854775809", "9.223372036854775807e18", "1e19",
+                           "18446744073709551615", "-9223372036854775809", "-9.3e18", "-9.223372036854775808e18"}) {
+    const ApiError e = refusal(std::string(R"({"prompt": "x", "seed": )") + seed + "}");
+    EXPECT_EQ(e.status, 400) << seed;
+    EXPECT_EQ(e.param, "seed") << seed;
+  }
+  EXPECT_EQ(parse_completion(R"({"prompt": "x", "seed": 9223372036854775807})", false).seed,
+            static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
+  EXPECT_EQ(parse_completion(R"({"prompt": "x", "seed": -9223372036854775808})", false).seed,
+            static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::min()));
+  EXPECT_EQ(parse_completion(R"({"prompt": "x", "seed": 9007199254740992.0})", false).seed, 9007199254740992u)
+      << "a float is taken up to 2^53, where it is still exact";
+  EXPECT_EQ(parse_completion(R"({"prompt": "x", "seed": 4.0})", false).seed, 4u);
+}
+
+// 8 MB of '[' was parsed 8 million levels deep (+560 MB a request) before it was refused: the
+// nesting is counted first, over the text, and nothing is built.
+TEST(OpenAiRequest, JsonNestedPastTheLimitIsRefusedBeforeItIsParsed) {
+  const ApiError deep = refusal(std::string(8 << 20, '['));
+  EXPECT_EQ(deep.status, 400);
+  EXPECT_NE(std::string(deep.what()).find("deeper than 64 levels"), std::string::npos) << deep.what();
+  std::string ok = R"({"prompt": "x", "user": )", bad = ok;
+  for (int i = 0; i < 62; ++i) ok += "[";
+  for (int i = 0; i < 62; ++i) ok += "]";
+  ok += "}";  // 63 levels with the body's object
+  EXPECT_NO_THROW(parse_completion(ok, false));
+  for (int i = 0; i < 64; ++i) bad += "[";
+  EXPECT_EQ(refusal(bad + "]}").status, 400);
+  // Brackets inside strings are text, escaped quotes included.
+  EXPECT_NO_THROW(parse_completion(R"({"prompt": "[[[[\"[[[[)" + std::string(100, '[') + R"("})", false));
+  EXPECT_EQ(json_depth(R"({"a": "\\", "b": [[1]]})", 64), 3u);
+  EXPECT_EQ(json_depth(std::string(1000, '{'), 10), 11u) << "counting stops past the limit";
+}
+
+// A field that would change the answer and is not implemented is refused by name (until the
+// sampler has it); the value that changes nothing is accepted.
+TEST(OpenAiRequest, UnimplementedSamplingFieldsAreRefusedUnlessTheyChangeNothing) {
+  for (const char* f : {R"("presence_penalty": 0.5)", R"("frequency_penalty": -1)", R"("repetition_penalty": 1.2)",
+                        R"("min_p": 0.05)", R"("logit_bias": {"50256": -100})"}) {
+    const ApiError e = refusal(std::string(R"({"prompt": "x", )") + f + "}");
+    EXPECT_EQ(e.status, 400) << f;
+    EXPECT_NE(std::string(e.what()).find("not supported by this server"), std::string::npos) << e.what();
+    EXPECT_FALSE(e.param.empty()) << f;
+  }
+  EXPECT_NO_THROW(parse_completion(
+      R"({"prompt": "x", "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1, "min_p": 0,
+          "logit_bias": {}})",
+      false));
+  EXPECT_EQ(refusal(R"({"prompt": "x", "min_p": "a lot"})").param, "min_p");
+}
+
+// An assistant message with tool_calls and a tool message were flattened to their text.
+TEST(OpenAiRequest, ToolCallsAndToolMessagesAreRefusedNotFlattened) {
+  const ApiError call = refusal(
+      R"({"messages": [{"role": "user", "content": "weather?"},
+          {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+           "function": {"name": "get_weather", "arguments": "{}"}}]}]})",
+      true);
+  EXPECT_EQ(call.param, "messages[1].tool_calls");
+  const ApiError tool = refusal(R"({"messages": [{"role": "tool", "tool_call_id": "c1", "content": "sunny"}]})", true);
+  EXPECT_EQ(tool.param, "messages[0].role");
+  EXPECT_EQ(refusal(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"})", true).param,
+            "tool_choice");
+  EXPECT_NO_THROW(parse_completion(R"({"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]})", true));
+}

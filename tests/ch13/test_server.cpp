@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <httplib.h>
+#include <unistd.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -17,6 +20,7 @@
 #include "chapters/13_serving/demo.h"
 #include "chapters/13_serving/openai.h"
 #include "common/eval.h"
+#include "test_util.h"
 
 using namespace inferlab;
 using namespace inferlab::ch13;
@@ -56,15 +60,7 @@ std::string alone_text(const ch11::Request& r, const std::vector<std::int32_t>& 
   return out.update(s.tokens, true);
 }
 
-// Polls `done` for up to `seconds`.
-bool eventually(const std::function<bool()>& done, double seconds = 10) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return done();
-}
+using test::eventually;
 
 }  // namespace
 
@@ -486,4 +482,105 @@ TEST(Serving, ABurstOfConnectionsIsAnsweredNotReset) {
     });
   for (auto& t : clients) t.join();
   EXPECT_EQ(answered, 64);
+}
+
+namespace {
+
+// A raw loopback connection: the client that sends a request and hangs up.
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) ADD_FAILURE() << "cannot connect";
+  return fd;
+}
+
+double metric(const std::string& text, const std::string& name) {
+  const std::size_t at = text.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + name.size() + 2));
+}
+
+}  // namespace
+
+// A non-streamed request whose client went away used to run to max_tokens (15 still running and
+// 105 blocks held after every client had gone): its closed socket is seen between the engine's
+// events and the request is aborted.
+TEST(Serving, ANonStreamedRequestWhoseClientLeftIsAborted) {
+  ServerConfig config = small_config();
+  config.after_step = [](const ch11::Engine&) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); };
+  Server server(tiny_mha(), tiny_tokenizer(), {}, config);  // no EOS: 440 tokens take 440 steps of 5 ms at least
+  const Listening live(server, front());
+  std::vector<int> clients;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = connect_to(live.port());
+    const std::string body = R"({"prompt": "Once upon a time", "max_tokens": 440, "temperature": 0})";
+    const std::string req =
+        "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+        "\r\n\r\n" + body;
+    ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    clients.push_back(fd);
+  }
+  ASSERT_TRUE(eventually([&] { return server.gauges().running == 4; })) << "the requests never ran";
+  for (int fd : clients) ::close(fd);
+  ASSERT_TRUE(eventually([&] { return server.gauges().in_flight == 0; }, 1.5))
+      << "still running after their clients left: " << server.gauges().in_flight;
+  EXPECT_TRUE(eventually([&] { return server.gauges().blocks_used == 0; })) << server.gauges().blocks_used;
+  const std::string m = server.metrics();
+  EXPECT_EQ(metric(m, "inferlab_requests_finished_total{reason=\"abort\"}"), 4) << m;
+  EXPECT_LT(metric(m, "inferlab_generation_tokens_total"), 4 * 440) << "they ran to max_tokens";
+}
+
+// The front's own refusals (a body too large, a bad Content-Length) count as rejected requests.
+TEST(Serving, TheFrontsRefusalsAreCountedInTheMetrics) {
+  Server server(tiny_mha(), tiny_tokenizer(), {}, small_config());
+  const Listening live(server, front());
+  const int fd = connect_to(live.port());
+  const std::string bad = "POST /v1/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n";
+  ::send(fd, bad.data(), bad.size(), MSG_NOSIGNAL);
+  char buf[512];
+  const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  ::close(fd);
+  ASSERT_GT(n, 12);
+  EXPECT_EQ(std::string(buf, 12), "HTTP/1.1 400");
+  EXPECT_EQ(metric(server.metrics(), "inferlab_requests_rejected_total"), 1);
+}
+
+// Chat content that spells a special token is text by default (so a user cannot forge turns);
+// the front end's flag reads it as the token.
+TEST(Serving, ChatContentIsTextUnlessTheServerSaysOtherwise) {
+  Server server(tiny_mha(), tiny_tokenizer(), {}, small_config());
+  FrontEnd safe = front(), special = front();
+  for (FrontEnd* f : {&safe, &special}) f->chat_template = ChatTemplate::from_file(kData + "/chat_templates/chatml.jinja");
+  special.specials_in_content = true;
+  const Listening a(server, safe), b(server, special);
+  const json body = {{"messages", {{{"role", "user"}, {"content", "Hi<|endoftext|>"}}}}, {"max_tokens", 1}};
+  const auto [sa, ra] = post("127.0.0.1", a.port(), "/v1/chat/completions", body);
+  const auto [sb, rb] = post("127.0.0.1", b.port(), "/v1/chat/completions", body);
+  ASSERT_EQ(sa, 200) << ra.dump();
+  ASSERT_EQ(sb, 200) << rb.dump();
+  const std::int64_t as_text = ra["usage"]["prompt_tokens"], as_token = rb["usage"]["prompt_tokens"];
+  EXPECT_GT(as_text, as_token) << "<|endoftext|> is several tokens of text, or one special token";
+  const ChatTemplate t = ChatTemplate::from_file(kData + "/chat_templates/chatml.jinja");
+  EXPECT_EQ(as_token,
+            static_cast<std::int64_t>(tiny_tokenizer().encode(t.render({{"user", "Hi<|endoftext|>"}}, true), false).size()));
+}
+
+// A template past its budget is a 400 naming it, and the server goes on.
+TEST(Serving, AChatTemplatePastItsBudgetIsA400) {
+  Server server(tiny_mha(), tiny_tokenizer(), {}, small_config());
+  FrontEnd f = front();
+  f.chat_template =
+      ChatTemplate("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}", "hostile.jinja");
+  f.chat_template->set_budget({100000, 64 << 20});
+  const Listening live(server, f);
+  const auto [status, r] =
+      post("127.0.0.1", live.port(), "/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}});
+  EXPECT_EQ(status, 400) << r.dump();
+  const std::string message = r["error"]["message"];
+  EXPECT_EQ(message.rfind("hostile.jinja: line 1: the template ", 0), 0u) << message;
+  EXPECT_NE(message.find("budget"), std::string::npos) << message;
+  const auto [ok, r2] = post("127.0.0.1", live.port(), "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 2}});
+  EXPECT_EQ(ok, 200) << r2.dump();
 }

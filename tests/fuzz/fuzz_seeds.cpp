@@ -119,6 +119,25 @@ int main(int argc, char** argv) {
       R"({"messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]}],"top_k":40,"ignore_eos":true})"};
   for (std::size_t i = 0; i < requests.size(); ++i)
     std::ofstream(dir(out, "openai") + "/" + std::to_string(i), std::ios::binary) << requests[i];
+  // http: one connection's bytes: requests as clients send them (keep-alive, pipelined, chunked,
+  // Expect, a stream), and the kinds the front refuses.
+  auto post = [](const std::string& path, const std::string& body, const std::string& extra = "") {
+    return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + extra +
+           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  };
+  const std::vector<std::string> connections = {
+      "GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+      post("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":4,"temperature":0,"seed":1})"),
+      post("/v1/completions", R"({"prompt":[1,2,3],"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}})"),
+      post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"Hi<|endoftext|>"}],"max_tokens":3})",
+           "Expect: 100-continue\r\n"),
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "10\r\n{\"prompt\":\"Once\",\r\n10;ext=1\r\n\"max_tokens\":2} \r\n0\r\n\r\n",
+      post("/v1/completions", R"({"prompt":"x","max_tokens":2})") + "GET /metrics HTTP/1.1\r\n\r\n",
+      "POST /v1/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+      "GET /" + std::string(300, 'a') + " HTTP/1.0\r\nX-A: 1\r\nX-B: 2\r\n\r\n"};
+  for (std::size_t i = 0; i < connections.size(); ++i)
+    std::ofstream(dir(out, "http") + "/" + std::to_string(i), std::ios::binary) << connections[i];
   // The command line: a few argument lists, NUL-separated.
   const std::vector<std::vector<std::string>> cmds = {{"--prompt", "hi", "--max-new-tokens", "8"},
                                                       {"sub", "--seq", "2048", "--batches", "1,2,4", "--flag"},

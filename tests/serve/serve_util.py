@@ -193,6 +193,33 @@ def read_sse(response, on_event=None):
     return payloads, done
 
 
+def stream_outcome(server, path, body, on_first):
+    """One streamed request of one choice, read to its end: "complete" when it ended with [DONE]
+    and one finish_reason, else what happened. on_first() is called once: at the first event, or
+    as soon as it is clear none will come."""
+    conn = server.conn(timeout=60)
+    first = [True]
+
+    def first_event(_count=None):
+        if first[0]:
+            first[0] = False
+            on_first()
+
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            return f"status {r.status}"
+        payloads, done = read_sse(r, first_event)
+        reasons = [c["finish_reason"] for p in payloads for c in p.get("choices", []) if c.get("finish_reason")]
+        return "complete" if done and len(reasons) == 1 else f"incomplete (done={done}, {reasons})"
+    except Exception as e:  # noqa: BLE001 - the outcome is the finding
+        return f"{type(e).__name__}: {e}"
+    finally:
+        first_event()
+        conn.close()
+
+
 class Watchdog:
     """Kills every server and ends the program with a failure after `seconds`."""
 

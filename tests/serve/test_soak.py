@@ -3,7 +3,10 @@
 
 1. Random arrivals from a few client threads: plain and streamed completions and chat completions,
    clients that hang up after a few events, and malformed requests (bad JSON, wrong types, max_tokens
-   beyond the context, an unknown model, a prompt longer than the context).
+   beyond the context, an unknown model, a prompt longer than the context). Beside them, hostile
+   clients of the HTTP front: senders of a byte at a time, batches of idle connections, chunked
+   bodies of 100 MB and floods of headers, each refused as docs/reliability.md says while the others
+   are served; the server's resident memory stays level.
 2. A burst that overflows a small --max-waiting: the overflow gets 429 with Retry-After, nothing hangs.
 3. Once idle: /metrics shows no running or waiting request and no KV block in use, and the process has
    no more threads than right after its first request.
@@ -17,6 +20,7 @@ import json
 import os
 import random
 import signal
+import socket
 import sys
 import threading
 import time
@@ -27,8 +31,10 @@ import serve_util as su  # noqa: E402
 args = su.parse_args(__doc__)
 watchdog = su.Watchdog(110)
 MAX_SEQS, MAX_WAITING = 2, 2
+HEADER_TIMEOUT = 1
 server = su.Server(args.server, args.model, "--chat-template", os.path.join(su.HERE, "chatml.jinja"),
-                   "--max-num-seqs", str(MAX_SEQS), "--max-waiting", str(MAX_WAITING), "--threads", "1")
+                   "--max-num-seqs", str(MAX_SEQS), "--max-waiting", str(MAX_WAITING), "--threads", "1",
+                   "--header-timeout", str(HEADER_TIMEOUT), "--log-format", "none")
 CLIENTS, REQUESTS_PER_CLIENT, MIXED_SECONDS = 4, 60, 40
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 
@@ -188,6 +194,115 @@ def client_thread(seed, deadline):
             tally.problem(f"client {seed}: {type(e).__name__}: {e}")
 
 
+# --- hostile clients of the front ---------------------------------------------------------------
+
+def raw_status(answer):
+    return int(answer[9:12]) if answer.startswith(b"HTTP/1.1 ") else answer[:60]
+
+
+def raw_exchange(head, chunks, timeout=30):
+    """Sends head and chunks while reading the answer; the answer's first bytes."""
+    s = socket.create_connection((server.host, server.port), timeout=timeout)
+    got = [b""]
+
+    def reader():
+        try:
+            while len(got[0]) < 4096:
+                b = s.recv(4096)
+                if not b:
+                    break
+                got[0] += b
+        except OSError:
+            pass
+
+    th = threading.Thread(target=reader, daemon=True)
+    th.start()
+    try:
+        s.sendall(head)
+        for c in chunks:
+            if got[0]:
+                break
+            s.sendall(c)
+    except OSError:
+        pass
+    th.join(timeout)
+    s.close()
+    return got[0]
+
+
+def slow_sender():
+    """A byte at a time: the head's deadline answers it 408."""
+    s = socket.create_connection((server.host, server.port), timeout=HEADER_TIMEOUT + 20)
+    try:
+        for b in b"GET /health HTTP/1.1\r\n":
+            s.sendall(bytes([b]))
+            time.sleep(0.2)
+    except OSError:
+        pass
+    answer = b""
+    try:
+        answer = s.recv(4096)
+    except OSError:
+        pass
+    s.close()
+    return 408, answer
+
+
+def idle_batch():
+    """100 connections that send nothing, held while /health is asked for."""
+    conns = [socket.create_connection((server.host, server.port), timeout=30) for _ in range(100)]
+    t0 = time.monotonic()
+    status, _, _ = server.request("GET", "/health", timeout=30)
+    seconds = time.monotonic() - t0
+    for c in conns:
+        c.close()
+    if seconds > 5:
+        tally.problem(f"hostile idle: /health took {seconds:.1f} s beside 100 idle connections")
+    return 200, b"HTTP/1.1 %d" % status
+
+
+def chunked_100mb():
+    chunk = b"%x\r\n" % (1 << 20) + b"a" * (1 << 20) + b"\r\n"
+    return 413, raw_exchange(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+                             (chunk for _ in range(100)))
+
+
+def header_flood():
+    flood = b"X-Flood: 1\r\n" * 100_000
+    return 431, raw_exchange(b"GET /health HTTP/1.1\r\nHost: x\r\n", [flood])
+
+
+HOSTILE = [slow_sender, idle_batch, chunked_100mb, header_flood]
+
+
+HOSTILE_NOW = {}  # what each hostile thread is doing, for a hang's report
+
+
+def hostile_thread(seed, deadline, done):
+    rng = random.Random(seed)
+    while time.monotonic() < deadline and not done.is_set():
+        case = rng.choice(HOSTILE)
+        HOSTILE_NOW[seed] = (case.__name__, time.monotonic())
+        try:
+            expected, answer = case()
+        except Exception as e:  # noqa: BLE001
+            tally.problem(f"hostile {case.__name__}: {type(e).__name__}: {e}")
+            continue
+        got = raw_status(answer)
+        tally.add(f"hostile {case.__name__}", got)
+        if got != expected:
+            tally.problem(f"hostile {case.__name__}: got {got!r}, expected {expected}")
+        time.sleep(rng.uniform(0.1, 0.5))
+
+
+def rss_mib():
+    with open(f"/proc/{server.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return -1.0
+
+
 def run_threads(target, arglist, join_timeout):
     threads = [threading.Thread(target=target, args=a, daemon=True) for a in arglist]
     for t in threads:
@@ -242,7 +357,26 @@ def warm_up_and_count_threads():
 
 def random_arrivals():
     deadline = time.monotonic() + MIXED_SECONDS
-    run_threads(client_thread, [(seed, deadline) for seed in range(CLIENTS)], MIXED_SECONDS + 30)
+    rss_before = rss_mib()
+    done = threading.Event()  # the hostile clients stop with the others
+    hostile = [threading.Thread(target=hostile_thread, args=(100 + i, deadline, done), daemon=True) for i in range(2)]
+    for t in hostile:
+        t.start()
+    try:
+        run_threads(client_thread, [(seed, deadline) for seed in range(CLIENTS)], MIXED_SECONDS + 30)
+    finally:
+        done.set()
+    for t in hostile:
+        t.join(30)
+    if any(t.is_alive() for t in hostile):
+        tally.problem(f"a hostile client thread still waits 30 s after the mixed phase: {HOSTILE_NOW}")
+    rss_grew = rss_mib() - rss_before
+    print(f"     resident memory over the mixed phase: {rss_grew:+.1f} MiB", flush=True)
+    if rss_grew > 64:
+        tally.problem(f"the server's resident memory grew {rss_grew:.1f} MiB over the mixed phase")
+    for case in HOSTILE:
+        if not any(k == f"hostile {case.__name__}" for (k, _) in tally.counts):
+            tally.problem(f"the mixed phase ran no hostile {case.__name__}")
     for (kind, outcome), v in sorted(tally.counts.items(), key=str):
         print(f"     {kind}: {outcome} x{v}", flush=True)
     if tally.problems:
@@ -316,30 +450,7 @@ def sigterm_finishes_what_is_in_flight():
     body = {"model": su.MODEL_NAME, "prompt": su.PROMPT, "max_tokens": 300, "temperature": 0.8, "stream": True}
 
     def stream(i):
-        conn = server.conn(timeout=60)
-        first = [True]
-
-        def on_event(count):
-            if first[0]:
-                first[0] = False
-                events_seen.release()
-
-        try:
-            conn.request("POST", COMPLETIONS, body=json.dumps(dict(body, seed=i)),
-                         headers={"Content-Type": "application/json"})
-            r = conn.getresponse()
-            if r.status != 200:
-                events_seen.release()
-                outcome = f"status {r.status}"
-            else:
-                payloads, done = su.read_sse(r, on_event)
-                reasons = [c["finish_reason"] for p in payloads for c in p["choices"] if c.get("finish_reason")]
-                outcome = "complete" if done and len(reasons) == 1 else f"incomplete (done={done}, {reasons})"
-        except Exception as e:  # noqa: BLE001
-            events_seen.release()
-            outcome = f"{type(e).__name__}: {e}"
-        finally:
-            conn.close()
+        outcome = su.stream_outcome(server, COMPLETIONS, dict(body, seed=i), events_seen.release)
         with lock:
             outcomes.append(outcome)
 
