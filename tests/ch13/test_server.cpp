@@ -20,6 +20,7 @@
 #include "chapters/13_serving/demo.h"
 #include "chapters/13_serving/openai.h"
 #include "common/eval.h"
+#include "common/gguf.h"
 #include "test_util.h"
 
 using namespace inferlab;
@@ -567,19 +568,27 @@ TEST(Serving, ChatContentIsTextUnlessTheServerSaysOtherwise) {
             static_cast<std::int64_t>(tiny_tokenizer().encode(t.render({{"user", "Hi<|endoftext|>"}}, true), false).size()));
 }
 
-// A template past its budget is a 400 naming it, and the server goes on.
+// A template past its budget, here one a downloaded GGUF carries, is a 400 naming it, and the
+// server goes on.
 TEST(Serving, AChatTemplatePastItsBudgetIsA400) {
   Server server(tiny_mha(), tiny_tokenizer(), {}, small_config());
+  test::TempDir dir;
+  const std::string path = dir.file("hostile.gguf");
+  gguf::write(path,
+              {{"general.architecture", gguf::Value::str("llama")},
+               {"tokenizer.chat_template",
+                gguf::Value::str("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}")}},
+              {});
   FrontEnd f = front();
-  f.chat_template =
-      ChatTemplate("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}", "hostile.jinja");
+  f.chat_template = ChatTemplate::for_model(path);
+  ASSERT_TRUE(f.chat_template.has_value());
   f.chat_template->set_budget({100000, 64 << 20});
   const Listening live(server, f);
   const auto [status, r] =
       post("127.0.0.1", live.port(), "/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}});
   EXPECT_EQ(status, 400) << r.dump();
   const std::string message = r["error"]["message"];
-  EXPECT_EQ(message.rfind("hostile.jinja: line 1: the template ", 0), 0u) << message;
+  EXPECT_NE(message.find("hostile.gguf (tokenizer.chat_template): line 1: the template "), std::string::npos) << message;
   EXPECT_NE(message.find("budget"), std::string::npos) << message;
   const auto [ok, r2] = post("127.0.0.1", live.port(), "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 2}});
   EXPECT_EQ(ok, 200) << r2.dump();
