@@ -193,6 +193,16 @@ def read_sse(response, on_event=None):
     return payloads, done
 
 
+def sanitized(pid):
+    """Whether the process runs under AddressSanitizer, whose quarantine keeps freed memory (up to
+    256 MB by default): its resident memory says nothing of what the server itself holds."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return any("libasan" in line for line in f)
+    except OSError:
+        return False
+
+
 def stream_outcome(server, path, body, on_first):
     """One streamed request of one choice, read to its end: "complete" when it ended with [DONE]
     and one finish_reason, else what happened. on_first() is called once: at the first event, or
