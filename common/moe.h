@@ -18,7 +18,7 @@
 /// Two implementations behind one routing: `ref::moe_block` runs each token through its k
 /// experts one row at a time (the formula above as a loop); `moe_block` groups the batch's rows by
 /// expert, so each touched expert's weights are read once per call whatever the batch size.
-/// Both run on the CPU; a model with MoE layers is refused on CUDA (ch01::Llama::to).
+/// Both run on the CPU; a model with MoE layers is refused on CUDA (models::Llama::to).
 
 #include <array>
 #include <cstdint>
@@ -99,7 +99,7 @@ class MoeRoutingHook {
 double expected_experts_touched(std::int64_t E, std::int64_t k, std::int64_t B);
 
 /// The MoE weights of one layer under Hugging Face's names (`prefix` "model.layers.i."), from a
-/// getter get(name, shape) as ch01::read_decoder takes (the checkpoint, or random draws).
+/// getter get(name, shape) as models::read_decoder takes (the checkpoint, or random draws).
 template <class Get>
 MoeFfn read_moe(const MoeConfig& c, std::int64_t D, const std::string& prefix, Get&& get) {
   MoeFfn f;

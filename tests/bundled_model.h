@@ -7,11 +7,11 @@
 
 namespace inferlab::test {
 
-inline const ch01::Llama& bundled_llama(const std::string& name) {
-  static std::map<std::string, ch01::Llama> loaded;
+inline const models::Llama& bundled_llama(const std::string& name) {
+  static std::map<std::string, models::Llama> loaded;
   auto it = loaded.find(name);
   if (it == loaded.end())
-    it = loaded.emplace(name, ch01::load_llama(std::string(INFERLAB_DATA_DIR) + "/models/" + name)).first;
+    it = loaded.emplace(name, models::load_llama(std::string(INFERLAB_DATA_DIR) + "/models/" + name)).first;
   return it->second;
 }
 

@@ -12,6 +12,8 @@
 
 namespace inferlab::ch01 {
 
+using namespace models;
+
 namespace fs = std::filesystem;
 
 void convert_llama2c_to_hf(const std::string& checkpoint, const std::string& tokenizer, const std::string& out_dir) {

@@ -13,6 +13,7 @@
 
 using namespace inferlab;
 using namespace inferlab::ch01;
+using namespace inferlab::models;
 
 namespace {
 

@@ -4,15 +4,16 @@
 
 namespace inferlab::ch02 {
 
-Tensor decode_step(const ch01::Llama& m, const std::vector<KVCache*>& caches, const std::vector<std::int32_t>& tokens) {
+Tensor decode_step(const models::Llama& m, const std::vector<models::KVCache*>& caches,
+                   const std::vector<std::int32_t>& tokens) {
   IL_CHECK(!tokens.empty() && caches.size() == tokens.size(), "decode_step: ", tokens.size(), " tokens for ", caches.size(),
            " caches");
-  std::vector<SequenceStep> batch;
+  std::vector<models::SequenceStep> batch;
   for (std::size_t b = 0; b < tokens.size(); ++b) batch.push_back({{tokens[b]}, caches[b]});
   return forward(m, batch);
 }
 
-void fill_cache(ContiguousKVCache& cache, std::int64_t length, std::uint64_t seed) {
+void fill_cache(models::ContiguousKVCache& cache, std::int64_t length, std::uint64_t seed) {
   IL_CHECK(cache.length() == 0 && length <= cache.capacity(), "fill_cache: ", length,
            " positions do not fit an empty cache of capacity ", cache.capacity());
   for (std::int64_t l = 0; l < cache.layers(); ++l) {
@@ -23,11 +24,11 @@ void fill_cache(ContiguousKVCache& cache, std::int64_t length, std::uint64_t see
   cache.commit(length);
 }
 
-ThroughputPoint measure_decode(const ch01::Llama& m, std::int64_t batch, std::int64_t context, int steps) {
-  std::vector<std::unique_ptr<ContiguousKVCache>> caches;
-  std::vector<KVCache*> views;
+ThroughputPoint measure_decode(const models::Llama& m, std::int64_t batch, std::int64_t context, int steps) {
+  std::vector<std::unique_ptr<models::ContiguousKVCache>> caches;
+  std::vector<models::KVCache*> views;
   for (std::int64_t b = 0; b < batch; ++b) {
-    caches.push_back(std::make_unique<ContiguousKVCache>(m.config, context + steps + 1, m.device()));
+    caches.push_back(std::make_unique<models::ContiguousKVCache>(m.config, context + steps + 1, m.device()));
     fill_cache(*caches.back(), context, static_cast<std::uint64_t>(b) * 1000 + 1);
     views.push_back(caches.back().get());
   }

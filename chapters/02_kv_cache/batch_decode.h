@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "chapters/02_kv_cache/kv_cache.h"
 #include "common/decode_bench.h"
+#include "common/models/kv_cache.h"
 
 namespace inferlab::ch02 {
 
@@ -19,14 +19,15 @@ namespace inferlab::ch02 {
 /// differ). The batched forward pass with one token per sequence: the rows share every matmul
 /// (one weight read for the whole batch); attention reads each sequence's own cache. Returns
 /// logits [B, V].
-Tensor decode_step(const ch01::Llama& m, const std::vector<KVCache*>& caches, const std::vector<std::int32_t>& tokens);
+Tensor decode_step(const models::Llama& m, const std::vector<models::KVCache*>& caches,
+                   const std::vector<std::int32_t>& tokens);
 
 /// Fills positions [0, length) of an empty cache with pseudo-random values and commits them, so
 /// a benchmark can decode at a long context without paying for the prefill.
-void fill_cache(ContiguousKVCache& cache, std::int64_t length, std::uint64_t seed);
+void fill_cache(models::ContiguousKVCache& cache, std::int64_t length, std::uint64_t seed);
 
 /// Times `steps` decode steps of a batch of `batch` sequences at `context` cached positions
 /// (best of the steps, after one warm-up step), with the bytes decode_step_bytes counts.
-ThroughputPoint measure_decode(const ch01::Llama& m, std::int64_t batch, std::int64_t context, int steps);
+ThroughputPoint measure_decode(const models::Llama& m, std::int64_t batch, std::int64_t context, int steps);
 
 }  // namespace inferlab::ch02

@@ -70,8 +70,8 @@ __global__ void argmax_and_advance(const float* __restrict__ logits, int V, int*
 
 // ---------------------------------------------------------------------------------------------
 struct CudaDecoder::Impl {
-  const ch01::Llama& m;
-  ContiguousKVCache cache;
+  const models::Llama& m;
+  models::ContiguousKVCache cache;
   bool use_graph;
   std::int64_t N, Kh, H, D, F, V;
   int splits;
@@ -84,7 +84,7 @@ struct CudaDecoder::Impl {
   cuda::GemvVersion gemv, plain;
   bool fuse_norm = false;
 
-  Impl(const ch01::Llama& model, std::int64_t capacity, bool graph)
+  Impl(const models::Llama& model, std::int64_t capacity, bool graph)
       : m(model),
         cache(model.config, capacity, Device::CUDA),
         use_graph(graph),
@@ -227,7 +227,7 @@ struct CudaDecoder::Impl {
   void set_device_int(Tensor& t, std::int32_t v) { t.copy_from(Tensor::from_vector(std::vector<std::int32_t>{v}, {1})); }
 };
 
-CudaDecoder::CudaDecoder(const ch01::Llama& m, std::int64_t capacity, bool use_graph)
+CudaDecoder::CudaDecoder(const models::Llama& m, std::int64_t capacity, bool use_graph)
     : impl_((cuda::require_device(), std::make_unique<Impl>(m, capacity, use_graph))) {}  // no device: say so first
 CudaDecoder::~CudaDecoder() = default;
 
@@ -264,7 +264,7 @@ void decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::in
 }
 
 std::int64_t CudaDecoder::length() const { return impl_->cache.length(); }
-const ContiguousKVCache& CudaDecoder::cache() const { return impl_->cache; }
+const models::ContiguousKVCache& CudaDecoder::cache() const { return impl_->cache; }
 
 double CudaDecoder::step_bytes() const {
   return static_cast<double>(impl_->m.step_weight_bytes() + impl_->m.config.kv_cache_bytes(impl_->cache.length() + 1, 4));

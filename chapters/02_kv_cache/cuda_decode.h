@@ -21,15 +21,15 @@
 #include <memory>
 #include <vector>
 
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "common/models/kv_cache.h"
 
 namespace inferlab::ch02 {
 
 class CudaDecoder {
  public:
-  /// `m` must live on the GPU with bf16 matrices (ch01::Llama::to(Device::CUDA, DType::BF16)),
+  /// `m` must live on the GPU with bf16 matrices (models::Llama::to(Device::CUDA, DType::BF16)),
   /// and outlive the decoder. `capacity` is the longest sequence it will hold.
-  CudaDecoder(const ch01::Llama& m, std::int64_t capacity, bool use_graph = true);
+  CudaDecoder(const models::Llama& m, std::int64_t capacity, bool use_graph = true);
   ~CudaDecoder();
   CudaDecoder(const CudaDecoder&) = delete;
   CudaDecoder& operator=(const CudaDecoder&) = delete;
@@ -43,7 +43,7 @@ class CudaDecoder {
   std::vector<std::int32_t> greedy(std::int32_t token, int n);
 
   std::int64_t length() const;
-  const ContiguousKVCache& cache() const;
+  const models::ContiguousKVCache& cache() const;
   /// Bytes a decode step must read at the current length: weights plus the cache so far.
   double step_bytes() const;
 

@@ -4,7 +4,7 @@
 
 namespace inferlab::ch02 {
 struct CudaDecoder::Impl {};
-CudaDecoder::CudaDecoder(const ch01::Llama&, std::int64_t, bool) { cuda::require_device(); }
+CudaDecoder::CudaDecoder(const models::Llama&, std::int64_t, bool) { cuda::require_device(); }
 CudaDecoder::~CudaDecoder() = default;
 Tensor CudaDecoder::prefill(const std::vector<std::int32_t>&) {
   cuda::require_device();
@@ -19,7 +19,7 @@ std::vector<std::int32_t> CudaDecoder::greedy(std::int32_t, int) {
   return {};
 }
 std::int64_t CudaDecoder::length() const { return 0; }
-const ContiguousKVCache& CudaDecoder::cache() const {
+const models::ContiguousKVCache& CudaDecoder::cache() const {
   cuda::require_device();
   throw Error("no CUDA device available: this build has no CUDA backend");
 }

@@ -5,14 +5,16 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "chapters/01_naive_decode/generate.h"
 #include "common/cli.h"
 #include "common/cuda/backend.h"
+#include "common/models/kv_cache.h"
 #include "common/plot.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
-using namespace inferlab::ch02;
+
+using namespace inferlab::models;
 using nlohmann::json;
 
 namespace {
@@ -92,7 +94,7 @@ int main(int argc, char** argv) {
   return run_cli(app, argc, argv, [&] {
     const Device dev = o.resolved_device();
     const DType wt = dtype == "bf16" ? DType::BF16 : dtype == "f16" ? DType::F16 : DType::F32;
-    const ch01::Llama m = ch01::load_llama(o.model).to(dev, wt);
+    const models::Llama m = models::load_llama(o.model).to(dev, wt);
     const auto tok = Tokenizer::for_model(o.model, tokenizer_path);
     const auto prompt = tok->encode(o.prompt);
     std::vector<std::int64_t> eos = m.config.eos_token_ids;
@@ -101,7 +103,7 @@ int main(int argc, char** argv) {
     std::printf("%s: %s, %.2f M parameters, %s weights on %s\n", app.get_name().c_str(), m.source.c_str(),
                 static_cast<double>(c.num_parameters()) / 1e6, dtype_name(m.weight_dtype()).data(), device_name(dev).data());
     const std::int64_t S = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
-    ch01::check_context(m, prompt.size(), o.max_new_tokens);  // before allocating a cache of S positions
+    models::check_context(m, prompt.size(), o.max_new_tokens);  // before allocating a cache of S positions
     const ContiguousKVCache probe(c, S, Device::CPU);
     std::printf("KV cache for S = %lld: %s\n  = S × K × H × L × 2 × 4 bytes = %lld × %lld × %lld × %lld × 2 × 4\n\n",
                 static_cast<long long>(S), probe.layout().c_str(), static_cast<long long>(S),
@@ -132,9 +134,9 @@ int main(int argc, char** argv) {
     }
     // The whole generation, `repeats` times each, alternating; each step's time is the fastest
     // of its runs (a run on a shared machine can be stalled at any step by other work).
-    ch01::Generation g, naive;
+    models::Generation g, naive;
     std::vector<double> cached_runs, naive_runs;
-    auto keep_fastest = [](ch01::Generation& best, ch01::Generation run, bool first) {
+    auto keep_fastest = [](models::Generation& best, models::Generation run, bool first) {
       if (first) best = std::move(run);
       else
         for (std::size_t i = 0; i < std::min(best.steps.size(), run.steps.size()); ++i)
@@ -143,7 +145,7 @@ int main(int argc, char** argv) {
     TextStream stream(*tok, prompt);
     for (int r = 0; r < repeats; ++r) {
       Sampler s2(sp);
-      ch01::Generation run = generate_cached(m, prompt, o.max_new_tokens, s2, eos, [&](const ch01::Generation& gen) {
+      models::Generation run = generate_cached(m, prompt, o.max_new_tokens, s2, eos, [&](const models::Generation& gen) {
         if (r == 0) stream.print(gen.tokens);
       });
       if (r == 0) std::printf("\n\n");

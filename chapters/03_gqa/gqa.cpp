@@ -50,11 +50,11 @@ Tensor repeat_heads(const Tensor& w, std::int64_t kv_heads, std::int64_t H, std:
 
 }  // namespace
 
-ch01::Llama mean_pool_kv_heads(const ch01::Llama& m, std::int64_t kv_heads) {
+models::Llama mean_pool_kv_heads(const models::Llama& m, std::int64_t kv_heads) {
   const auto& c = m.config;
   IL_CHECK(kv_heads > 0 && c.num_kv_heads % kv_heads == 0, "mean_pool_kv_heads: ", c.num_kv_heads,
            " KV heads cannot be pooled into ", kv_heads, " groups");
-  ch01::Llama out = m;
+  models::Llama out = m;
   out.config.num_kv_heads = kv_heads;
   for (auto& l : out.layers) {
     for (Linear* w : {&l.wk, &l.wv}) {
@@ -68,10 +68,10 @@ ch01::Llama mean_pool_kv_heads(const ch01::Llama& m, std::int64_t kv_heads) {
   return out;
 }
 
-ch01::Llama repeat_kv_heads(const ch01::Llama& m) {
+models::Llama repeat_kv_heads(const models::Llama& m) {
   const auto& c = m.config;
   const std::int64_t group = c.num_heads / c.num_kv_heads;
-  ch01::Llama out = m;
+  models::Llama out = m;
   out.config.num_kv_heads = c.num_heads;
   for (auto& l : out.layers) {
     for (Linear* w : {&l.wk, &l.wv}) {

@@ -14,10 +14,10 @@ namespace inferlab::ch03 {
 /// MHA (or GQA) -> GQA with `kv_heads` KV heads, without retraining: the K and V projection heads
 /// of each group are averaged (mean pooling, the starting point of GQA uptraining in Ainslie et
 /// al. 2023, section 2.1). Query heads keep their order: group g holds heads g·N/K .. (g+1)·N/K − 1.
-ch01::Llama mean_pool_kv_heads(const ch01::Llama& m, std::int64_t kv_heads);
+models::Llama mean_pool_kv_heads(const models::Llama& m, std::int64_t kv_heads);
 
 /// The inverse view: every KV head's projection rows repeated for each query head of its
 /// group. The result is an MHA model computing exactly the same function.
-ch01::Llama repeat_kv_heads(const ch01::Llama& m);
+models::Llama repeat_kv_heads(const models::Llama& m);
 
 }  // namespace inferlab::ch03

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chapters/00_workload/workload.h"
+#include "chapters/01_naive_decode/generate.h"
 #include "chapters/02_kv_cache/batch_decode.h"
 #include "chapters/03_gqa/gqa.h"
 #include "common/ceiling.h"
@@ -25,14 +26,14 @@ using nlohmann::json;
 namespace {
 
 // The shape the throughput sweep uses: big enough that weights and caches live in DRAM.
-TransformerConfig sweep_shape(std::int64_t kv_heads) { return ch01::memory_bound_shape(8, kv_heads, 8192, 1 << 16); }
+TransformerConfig sweep_shape(std::int64_t kv_heads) { return models::memory_bound_shape(8, kv_heads, 8192, 1 << 16); }
 
 std::string variant_name(std::int64_t K, std::int64_t N) { return K == N ? "MHA" : K == 1 ? "MQA" : "GQA"; }
 
 int memory(const CommonOptions& o, std::int64_t seq, double memory_gb) {
   const HfConfig hf = load_hf_config(o.model);
   // Mixtral and Qwen2-MoE keep Llama's cache: their experts change the FFN, not the cache.
-  IL_CHECK(ch01::llama_family(hf.architecture()) || moe_llama_family(hf.architecture()), hf.path, ": architecture '",
+  IL_CHECK(models::llama_family(hf.architecture()) || moe_llama_family(hf.architecture()), hf.path, ": architecture '",
            hf.architecture(),
            "' does not keep a Llama-style cache of 2 × L × K × H values per token; this table would be wrong for it",
            where_it_runs(hf.architecture()));
@@ -92,7 +93,7 @@ int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_
   metrics::CeilingLegend legend;
   std::map<std::int64_t, double> mha;
   for (std::int64_t K : {16, 4, 1}) {
-    const ch01::Llama m = ch01::random_llama(sweep_shape(K), 1).to(dev, DType::F32);
+    const models::Llama m = models::random_llama(sweep_shape(K), 1).to(dev, DType::F32);
     for (std::int64_t B : batches) {
       const auto p = ch02::measure_decode(m, B, seq, steps);
       const auto read = metrics::read_ceiling_for(roof, p.bytes_per_step);
@@ -121,13 +122,13 @@ int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_
 
 int convert(const CommonOptions& o, std::int64_t windows, std::int64_t per_kind) {
   const std::string data = data_dir();
-  const ch01::Llama mha = ch01::load_llama(data + "/models/tiny-mha");
-  const std::vector<std::pair<std::string, ch01::Llama>> models = {
+  const models::Llama mha = models::load_llama(data + "/models/tiny-mha");
+  const std::vector<std::pair<std::string, models::Llama>> models = {
       {"tiny-mha (K = 8, trained)", mha},
       {"tiny-mha mean-pooled to K = 2", mean_pool_kv_heads(mha, 2)},
-      {"tiny-gqa (K = 2, trained)", ch01::load_llama(data + "/models/tiny-gqa")},
+      {"tiny-gqa (K = 2, trained)", models::load_llama(data + "/models/tiny-gqa")},
       {"tiny-mha mean-pooled to K = 1", mean_pool_kv_heads(mha, 1)},
-      {"tiny-mqa (K = 1, trained)", ch01::load_llama(data + "/models/tiny-mqa")}};
+      {"tiny-mqa (K = 1, trained)", models::load_llama(data + "/models/tiny-mqa")}};
   std::printf("Validation perplexity (%s windows of 512) and probe accuracy (%lld per kind), no retraining\n\n",
               windows ? std::to_string(windows).c_str() : "all", static_cast<long long>(per_kind));
   std::vector<eval::Scored> rows;
@@ -198,7 +199,7 @@ int headline(const std::string& json_path, const std::string& svg) {
     // 0.2-0.4 GB in f32), and half the time to build.
     TransformerConfig shape = sweep_shape(K);
     shape.num_layers = 4;
-    const ch01::Llama m = ch01::random_llama(shape, 1);
+    const models::Llama m = models::random_llama(shape, 1);
     const auto p = ch02::measure_decode(m, 4, 1024, 3);
     const auto read = metrics::read_ceiling_for(roof, p.bytes_per_step);
     if (K == 16) mha = p.tokens_per_s();

@@ -14,6 +14,7 @@
 #include <random>
 #include <nlohmann/json.hpp>
 
+#include "chapters/01_naive_decode/generate.h"
 #include "chapters/04_mla/mla.h"
 #include "chapters/04_mla/moe_decode.h"
 #include "common/ceiling.h"
@@ -109,8 +110,8 @@ Measured measure_block(const DecodeLayer& L, std::int64_t S, std::int64_t T, ch0
   cache.commit(S);
   Tensor h = Tensor::empty({T, L.c.hidden_size}, DType::F32);
   for (std::int64_t i = 0; i < h.numel(); ++i) h.data<float>()[i] = dist(rng);
-  std::vector<ch02::SequenceStep> seqs{{std::vector<std::int32_t>(static_cast<std::size_t>(T), 1), &cache}};
-  const ch02::Batch batch(L.m.base, seqs);
+  std::vector<models::SequenceStep> seqs{{std::vector<std::int32_t>(static_cast<std::size_t>(T), 1), &cache}};
+  const models::Batch batch(L.m.base, seqs);
   Measured out;
   {
     metrics::CountScope scope;
@@ -265,9 +266,10 @@ int quality(const std::string& json_path, std::int64_t windows, std::int64_t per
                     ch04::LatentCache cache(mla.config(), mla.mla, static_cast<std::int64_t>(t.size()));
                     return ch04::forward_cached(mla, cache, t, true);
                   }});
-  std::vector<ch01::Llama> llamas;
-  for (const char* name : {"tiny-mha", "tiny-gqa", "tiny-mqa"}) llamas.push_back(ch01::load_llama(data + "/models/" + name));
-  for (const ch01::Llama& m : llamas)
+  std::vector<models::Llama> llamas;
+  for (const char* name : {"tiny-mha", "tiny-gqa", "tiny-mqa"})
+    llamas.push_back(models::load_llama(data + "/models/" + name));
+  for (const models::Llama& m : llamas)
     rows.push_back({m.source.substr(m.source.find_last_of('/') + 1), m.config.kv_cache_bytes(1, 4),
                     [&m](const std::vector<std::int32_t>& t) { return ch01::forward(m, t, true); }});
   const json out = eval::quality_table(rows, data, windows, per_kind);
@@ -288,7 +290,7 @@ int generate(const CommonOptions& o) {
   if (gguf_file)
     for (std::int64_t id : gguf::stop_ids(gguf::File(o.model)))
       if (std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
-  ch01::check_context(m.base, prompt.size(), o.max_new_tokens);
+  models::check_context(m.base, prompt.size(), o.max_new_tokens);
   const std::int64_t S = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
   const ch04::LatentCache cache(c, m.mla, S);
   std::printf(
@@ -305,8 +307,8 @@ int generate(const CommonOptions& o) {
     const bool show = path == ch04::MlaPath::Absorbed;  // the text once; the plain path's tokens are compared
     std::optional<TextStream> stream;
     if (show) stream.emplace(*tok, prompt);
-    const ch01::Generation g =
-        ch04::generate_cached(m, prompt, o.max_new_tokens, sampler, stops, path, [&](const ch01::Generation& gen) {
+    const models::Generation g =
+        ch04::generate_cached(m, prompt, o.max_new_tokens, sampler, stops, path, [&](const models::Generation& gen) {
           if (stream) stream->print(gen.tokens);
         });
     if (show) std::printf("\n\n"), first = g.generated;

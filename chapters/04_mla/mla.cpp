@@ -7,11 +7,11 @@
 #include <limits>
 #include <random>
 
-#include "chapters/01_naive_decode/hf_weights.h"
 #include "chapters/04_mla/cuda_mla.h"
 #include "chapters/04_mla/mla_gguf.h"
 #include "common/json_file.h"
 #include "common/lab.h"
+#include "common/models/hf_weights.h"
 
 namespace inferlab::ch04 {
 
@@ -107,7 +107,7 @@ Tensor repeat_heads(const Tensor& x, std::int64_t N) {
 
 }  // namespace
 
-Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h, const ch02::Batch& batch,
+Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h, const models::Batch& batch,
                        std::int64_t layer, MlaPath path) {
   const MlaConfig& c = m.mla;
   const std::int64_t T = h.size(0), N = m.config().num_heads, dn = c.qk_nope_head_dim, dv = c.v_head_dim, r = c.kv_lora_rank,
@@ -159,23 +159,23 @@ Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h
 }
 
 // Chapter 02's batch step, with the MLA block in each layer's attention.
-Tensor forward(const MlaModel& m, std::vector<ch02::SequenceStep>& seqs, MlaPath path) {
-  return ch02::forward(
+Tensor forward(const MlaModel& m, std::vector<models::SequenceStep>& seqs, MlaPath path) {
+  return models::forward(
       m.base, seqs,
-      [&](const ch01::Llama&, const ch01::LlamaLayer&, const Tensor& h, const ch02::Batch& batch, std::int64_t layer) {
+      [&](const models::Llama&, const models::LlamaLayer&, const Tensor& h, const models::Batch& batch, std::int64_t layer) {
     return attention_block(m, m.attn[static_cast<std::size_t>(layer)], h, batch, layer, path);
       });
 }
 
 Tensor forward_cached(const MlaModel& m, LatentCache& cache, const std::vector<std::int32_t>& tokens, bool all_positions,
                       MlaPath path) {
-  std::vector<ch02::SequenceStep> one{{tokens, &cache, all_positions}};
+  std::vector<models::SequenceStep> one{{tokens, &cache, all_positions}};
   return forward(m, one, path);
 }
 
-ch01::Generation generate_cached(const MlaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                                 const std::vector<std::int64_t>& eos_ids, MlaPath path, const ch01::OnToken& on_token) {
-  return ch02::generate_with_cache(
+models::Generation generate_cached(const MlaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                                   const std::vector<std::int64_t>& eos_ids, MlaPath path, const models::OnToken& on_token) {
+  return models::generate_with_cache(
       m.config().max_position_embeddings, m.base.device(), prompt, max_new, sampler, eos_ids, on_token,
       [&](std::int64_t capacity) { return LatentCache(m.config(), m.mla, capacity, m.base.device()); },
       [&](LatentCache& cache, const std::vector<std::int32_t>& feed) {
@@ -320,7 +320,7 @@ MlaConfig parse_mla_config(const HfConfig& hf, const TransformerConfig& c) {
   IL_CHECK(!c.attention_bias, hf.path, ": field 'attention_bias' is true; chapter 04's MLA projections have no biases");
   IL_CHECK(!v2 || !c.mlp_bias, hf.path, ": field 'mlp_bias' is true; chapter 04's MLPs have no biases");
   // The MoE layers (from first_k_dense_replace on) are the core's: parse_transformer_config read
-  // them into c.moe (common/moe_config.h) and ch01::read_decoder reads their experts.
+  // them into c.moe (common/moe_config.h) and models::read_decoder reads their experts.
   IL_CHECK(f.get_or<std::int64_t>("pretraining_tp", 1) == 1, hf.path, ": field 'pretraining_tp' is not 1");
   return m;
 }
@@ -348,7 +348,7 @@ MlaModel assemble_mla(const TransformerConfig& c, const MlaConfig& mla, const Te
   const double af = mla.rope_attention_factor;
   MlaModel m;
   m.mla = mla;
-  m.base = ch01::read_decoder(c, get, [&](const std::string& p, std::int64_t, ch01::LlamaLayer&) {
+  m.base = models::read_decoder(c, get, [&](const std::string& p, std::int64_t, models::LlamaLayer&) {
     MlaAttention a;  // the layer's own wq/wk/wv/wo stay undefined
     const std::string s = p + "self_attn.";
     // Each head's q rows are [q_nope (dn) ‖ q_pe (dr)]; kv_a's rows are [c (r) ‖ kp (dr)].
@@ -382,7 +382,7 @@ MlaModel load_mla(const std::string& path) {
            "' is not DeepseekV3ForCausalLM or DeepseekV2ForCausalLM, the MLA models chapter 04 runs");
   const TransformerConfig c = parse_transformer_config(hf);
   const MlaConfig mla = parse_mla_config(hf, c);
-  ch01::HfWeights weights(hf, c, path);
+  models::HfWeights weights(hf, c, path);
   MlaModel m = assemble_mla(c, mla, std::ref(weights));
   weights.check_all_used("a multi-token-prediction layer, or num_hidden_layers too small?");
   m.base.source = path;

@@ -11,11 +11,11 @@
 ///
 /// | piece | reused as is | added here |
 /// |---|---|---|
-/// | embedding, RMSNorm, positions, SwiGLU MLP, final norm, head | `ch01::embed`, `norm`, `positions`, `mlp_block`, `head` on `MlaModel::base` (a `ch01::Llama` whose attention projections are left undefined) | |
-/// | the batch (rows, positions, logit rows) | `ch02::Batch`, `ch02::SequenceStep` | |
+/// | embedding, RMSNorm, positions, SwiGLU MLP, final norm, head | `models::embed`, `norm`, `positions`, `mlp_block`, `head` on `MlaModel::base` (a `models::Llama` whose attention projections are left undefined) | |
+/// | the batch (rows, positions, logit rows) | `models::Batch`, `models::SequenceStep` | |
 /// | attention | `ops::attention` (Dv ≠ Dqk, explicit scale) | `attention_block` below, plain and absorbed |
 /// | RoPE | `ops::rope(x, pos, freq, pairing, begin)` on the trailing dr dims | frequencies of dr (not of a head) |
-/// | the cache | the `ch02::KVCache` interface | `LatentCache`: one row [c_kv ‖ k_pe] per token |
+/// | the cache | the `models::KVCache` interface | `LatentCache`: one row [c_kv ‖ k_pe] per token |
 ///
 /// The attention block, per token (h the normed residual row, D wide):
 ///
@@ -95,7 +95,7 @@
 #include <string>
 #include <vector>
 
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "common/models/kv_cache.h"
 
 namespace inferlab::ch04 {
 
@@ -147,7 +147,7 @@ struct MlaAttention {
 /// layer i's attention. base.inv_freq are the frequencies of the dr rotary dims (YaRN's when
 /// mla.yarn is set) and base.rope_pairing follows rope_interleave.
 struct MlaModel {
-  ch01::Llama base;
+  models::Llama base;
   MlaConfig mla;
   std::vector<MlaAttention> attn;
   const TransformerConfig& config() const { return base.config; }
@@ -170,19 +170,19 @@ MlaModel load_mla(const std::string& path);
 /// GGUF file (its names translated, mla_gguf.h), or random draws.
 using TensorGetter = std::function<Tensor(const std::string& name, const Shape& shape)>;
 
-/// The model of a config from a getter: chapter 01's decoder layout (ch01::read_decoder, its MoE
+/// The model of a config from a getter: chapter 01's decoder layout (models::read_decoder, its MoE
 /// layers included) with MLA attention, the YaRN factor moved into the rope rows, the absorbed
 /// path's weights taken out of kv_b_proj, RoPE frequencies and pairing from `mla`.
 MlaModel assemble_mla(const TransformerConfig& c, const MlaConfig& mla, const TensorGetter& get);
 
-/// Random weights for a config (the two-path tests), as ch01::random_llama draws them.
+/// Random weights for a config (the two-path tests), as models::random_llama draws them.
 MlaModel random_mla(const TransformerConfig& c, const MlaConfig& mla, std::uint64_t seed);
 
 /// Fills uk_t and uv from wkv_b (load_mla and random_mla call it).
 void absorb(const MlaConfig& mla, std::int64_t num_heads, MlaAttention& a);
 
 /// The latent cache: per layer [capacity, 1, r + dr], row p = [c ‖ k_pe] of position p.
-class LatentCache : public ch02::RowCache {
+class LatentCache : public models::RowCache {
  public:
   LatentCache(const TransformerConfig& c, const MlaConfig& mla, std::int64_t capacity, Device device = Device::CPU,
               DType dtype = DType::F32);
@@ -232,19 +232,19 @@ double crossover_rows(const MlaConfig& c);
 
 /// The MLA attention block over a batch: h [T, D] (normed) -> [T, D]. Every sequence's cache
 /// must be a LatentCache.
-Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h, const ch02::Batch& batch,
+Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h, const models::Batch& batch,
                        std::int64_t layer, MlaPath path);
 
 /// Chapter 02's batched forward pass with the MLA attention block (the caches LatentCaches).
-Tensor forward(const MlaModel& m, std::vector<ch02::SequenceStep>& seqs, MlaPath path = MlaPath::Absorbed);
+Tensor forward(const MlaModel& m, std::vector<models::SequenceStep>& seqs, MlaPath path = MlaPath::Absorbed);
 
 /// One sequence: the whole prompt, or one token per decode step.
 Tensor forward_cached(const MlaModel& m, LatentCache& cache, const std::vector<std::int32_t>& tokens,
                       bool all_positions = false, MlaPath path = MlaPath::Absorbed);
 
 /// Greedy (or sampled) generation through the latent cache.
-ch01::Generation generate_cached(const MlaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                                 const std::vector<std::int64_t>& eos_ids, MlaPath path = MlaPath::Absorbed,
-                                 const ch01::OnToken& on_token = nullptr);
+models::Generation generate_cached(const MlaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                                   const std::vector<std::int64_t>& eos_ids, MlaPath path = MlaPath::Absorbed,
+                                   const models::OnToken& on_token = nullptr);
 
 }  // namespace inferlab::ch04

@@ -127,11 +127,11 @@ json model_table(const MoeShape& s) {
 
 // The routing of a model with DeepSeek-V2-Lite's router over a prompt of random tokens.
 json measured_routing() {
-  TransformerConfig c = ch01::memory_bound_shape(4, 4, 512, 512);
+  TransformerConfig c = models::memory_bound_shape(4, 4, 512, 512);
   c.hidden_size = 256, c.num_heads = 4, c.head_dim = 64, c.intermediate_size = 256;
   c.moe = deepseek(64, 6, 32, 2, MoeScoring::Softmax);
   c.moe->validate("the routing model", c.num_layers);
-  const ch01::Llama m = ch01::random_llama(c, 42);
+  const models::Llama m = models::random_llama(c, 42);
   std::mt19937_64 rng(5);
   std::vector<std::int32_t> prompt(512);
   for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(c.vocab_size));

@@ -6,16 +6,16 @@
 #include <memory>
 #include <sstream>
 
-#include "chapters/01_naive_decode/hf_weights.h"
 #include "chapters/02_kv_cache/batch_decode.h"
 #include "common/json_file.h"
 #include "common/lab.h"
+#include "common/models/hf_weights.h"
 
 namespace inferlab::ch05 {
 
-using ch01::Llama;
-using ch01::LlamaLayer;
-using ch02::Batch;
+using models::Batch;
+using models::Llama;
+using models::LlamaLayer;
 
 // ---------------------------------------------------------------------------------------------
 // The layout: groups of s consecutive layers; the first of each group stores.
@@ -122,9 +122,9 @@ ClaModel load_cla(const std::string& path) {
   const std::string arch = hf.architecture();
   if (arch != "InferLabCLAForCausalLM") {
     // A plain Llama-family model is CLA with s = 1: every layer stores.
-    IL_CHECK(ch01::llama_family(arch), hf.path, ": architecture '", arch,
+    IL_CHECK(models::llama_family(arch), hf.path, ": architecture '", arch,
              "' is neither InferLabCLAForCausalLM nor a Llama-family decoder", where_it_runs(arch));
-    ch01::Llama base = ch01::load_llama(path);
+    models::Llama base = models::load_llama(path);
     const std::int64_t L = base.config.num_layers;
     return {std::move(base), ClaLayout::groups_of(L, 1)};
   }
@@ -135,10 +135,10 @@ ClaModel load_cla(const std::string& path) {
   IL_CHECK(c.rope_scaling.is_null(), hf.path,
            ": field 'rope_scaling' is set; tools/ref_transformer.py, this model's "
            "definition, has none");
-  ch01::HfWeights weights(hf, c, path);
+  models::HfWeights weights(hf, c, path);
   const Checkpoint& ck = weights.checkpoint();
   const std::int64_t D = c.hidden_size, Q = c.num_heads * c.head_dim, KV = c.num_kv_heads * c.head_dim;
-  Llama m = ch01::read_decoder(c, std::ref(weights), [&](const std::string& p, std::int64_t i, LlamaLayer& l) {
+  Llama m = models::read_decoder(c, std::ref(weights), [&](const std::string& p, std::int64_t i, LlamaLayer& l) {
     l.wq = weights(p + "self_attn.q_proj.weight", Shape{Q, D});
     l.wo = weights(p + "self_attn.o_proj.weight", Shape{D, Q});
     if (layout.stores(i)) {
@@ -152,12 +152,12 @@ ClaModel load_cla(const std::string& path) {
     }
   });
   weights.check_all_used("do num_hidden_layers and kv_share_factor match the checkpoint?");
-  m.inv_freq = ch01::rope_frequencies(c);
+  m.inv_freq = models::rope_frequencies(c);
   m.source = path;
   return {std::move(m), layout};
 }
 
-ClaModel share_kv(const ch01::Llama& m, std::int64_t share_factor) {
+ClaModel share_kv(const models::Llama& m, std::int64_t share_factor) {
   ClaModel out{m, ClaLayout::groups_of(m.config.num_layers, share_factor)};
   for (std::int64_t i = 0; i < out.config().num_layers; ++i)
     if (!out.layout.stores(i)) {
@@ -169,7 +169,7 @@ ClaModel share_kv(const ch01::Llama& m, std::int64_t share_factor) {
 }
 
 ClaModel random_cla(const TransformerConfig& c, std::int64_t share_factor, std::uint64_t seed) {
-  return share_kv(ch01::random_llama(c, seed), share_factor);
+  return share_kv(models::random_llama(c, seed), share_factor);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -236,18 +236,18 @@ Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, con
   return linear(a.view({T, N * H}), l.wo);
 }
 
-Tensor forward(const ClaModel& m, std::vector<ch02::SequenceStep>& seqs) {
+Tensor forward(const ClaModel& m, std::vector<models::SequenceStep>& seqs) {
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     const auto* shared = dynamic_cast<const SharedKVCache*>(seqs[b].cache);
     IL_CHECK(shared != nullptr, "CLA forward: sequence ", b, "'s cache is not a SharedKVCache");
     IL_CHECK(shared->layout().storage == m.layout.storage, "CLA forward: sequence ", b, "'s cache is laid out as ",
              shared->layout().describe(), ", the model as ", m.layout.describe());
   }
-  return ch02::forward(m.base, seqs, attention_block);
+  return models::forward(m.base, seqs, attention_block);
 }
 
 Tensor forward_cached(const ClaModel& m, SharedKVCache& cache, const std::vector<std::int32_t>& tokens, bool all_positions) {
-  std::vector<ch02::SequenceStep> one{{tokens, &cache, all_positions}};
+  std::vector<models::SequenceStep> one{{tokens, &cache, all_positions}};
   return forward(m, one);
 }
 
@@ -263,9 +263,9 @@ Tensor forward_recomputed(const ClaModel& m, const std::vector<std::int32_t>& to
   return out;
 }
 
-ch01::Generation generate_cached(const ClaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                                 const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token) {
-  return ch02::generate_with_cache(
+models::Generation generate_cached(const ClaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                                   const std::vector<std::int64_t>& eos_ids, const models::OnToken& on_token) {
+  return models::generate_with_cache(
       m.config().max_position_embeddings, m.base.device(), prompt, max_new, sampler, eos_ids, on_token,
       [&](std::int64_t capacity) { return SharedKVCache(m.config(), m.layout, capacity, m.base.device()); },
       [&](SharedKVCache& cache, const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); });
@@ -276,7 +276,7 @@ ch01::Generation generate_cached(const ClaModel& m, const std::vector<std::int32
 Tensor decode_step(const ClaModel& m, const std::vector<SharedKVCache*>& caches, const std::vector<std::int32_t>& tokens) {
   IL_CHECK(!tokens.empty() && caches.size() == tokens.size(), "decode_step: ", tokens.size(), " tokens for ", caches.size(),
            " caches");
-  std::vector<ch02::SequenceStep> batch;
+  std::vector<models::SequenceStep> batch;
   for (std::size_t b = 0; b < tokens.size(); ++b) batch.push_back({{tokens[b]}, caches[b]});
   return forward(m, batch);
 }

@@ -14,9 +14,9 @@
 ///
 /// | piece | reused as is | added here |
 /// |---|---|---|
-/// | the model | `ch01::Llama`; a sharing layer leaves `wk` and `wv` undefined | `ClaLayout`: which storage layer each layer reads |
-/// | the forward pass | `ch02::forward`, the batch step | `attention_block`: chapter 02's, with k and v projected only by a group's first layer |
-/// | the cache | `ch02::ContiguousKVCache` of ceil(L/s) layers, `ch02::KVCache` | `SharedKVCache`: layer → storage layer |
+/// | the model | `models::Llama`; a sharing layer leaves `wk` and `wv` undefined | `ClaLayout`: which storage layer each layer reads |
+/// | the forward pass | `models::forward`, the batch step | `attention_block`: chapter 02's, with k and v projected only by a group's first layer |
+/// | the cache | `models::ContiguousKVCache` of ceil(L/s) layers, `models::KVCache` | `SharedKVCache`: layer → storage layer |
 /// | attention | `ops::attention` (GQA heads included) | |
 ///
 /// It composes with GQA: a storage layer holds K KV heads, so the cache is
@@ -37,8 +37,8 @@
 #include <string>
 #include <vector>
 
-#include "chapters/02_kv_cache/kv_cache.h"
 #include "common/decode_bench.h"
+#include "common/models/kv_cache.h"
 
 namespace inferlab::ch05 {
 
@@ -67,7 +67,7 @@ std::int64_t kv_cache_bytes(const TransformerConfig& c, const ClaLayout& layout,
 
 /// A CLA model: chapter 01's Llama whose sharing layers have no `wk`/`wv`, and its layout.
 struct ClaModel {
-  ch01::Llama base;
+  models::Llama base;
   ClaLayout layout;
   const TransformerConfig& config() const { return base.config; }
 };
@@ -79,20 +79,20 @@ struct ClaModel {
 /// K/V projection.
 ClaModel load_cla(const std::string& path);
 
-/// Random weights, drawn as ch01::random_llama draws them, with the sharing layers' K and V
+/// Random weights, drawn as models::random_llama draws them, with the sharing layers' K and V
 /// projections removed (the two-path tests).
 ClaModel random_cla(const TransformerConfig& c, std::int64_t share_factor, std::uint64_t seed);
 
 /// An existing model's K and V projections kept only in the first layer of each group: the
 /// model CLA would be if its sharing layers read their group's keys (no retraining, so the
 /// function changes; ch05's `quality` measures by how much).
-ClaModel share_kv(const ch01::Llama& m, std::int64_t share_factor);
+ClaModel share_kv(const models::Llama& m, std::int64_t share_factor);
 
 /// The cache of a CLA model: a ContiguousKVCache of ceil(L/s) storage layers, and the map from
 /// layer to storage layer. attend(layer, q, k, v): the first layer of a group brings k and v, which
 /// are stored and attended over; the others bring none (undefined tensors) and attend over the
 /// rows their group's first layer stored, in the same step, without a copy.
-class SharedKVCache : public ch02::KVCache {
+class SharedKVCache : public models::KVCache {
  public:
   SharedKVCache(const TransformerConfig& c, ClaLayout layout, std::int64_t capacity, Device device = Device::CPU,
                 DType dtype = DType::F32);
@@ -105,23 +105,23 @@ class SharedKVCache : public ch02::KVCache {
   void release() override;
   const ClaLayout& layout() const { return layout_; }
   /// The storage layers (for tests, benchmarks and their fill).
-  ch02::ContiguousKVCache& storage() { return store_; }
-  const ch02::ContiguousKVCache& storage() const { return store_; }
+  models::ContiguousKVCache& storage() { return store_; }
+  const models::ContiguousKVCache& storage() const { return store_; }
 
  private:
   ClaLayout layout_;
-  ch02::ContiguousKVCache store_;
+  models::ContiguousKVCache store_;
   std::vector<std::int64_t> stored_;  // per storage layer: the end of the rows stored so far
 };
 
 /// Chapter 02's attention block with cross-layer sharing: every layer projects its queries; only
 /// a layer with K and V projections (the first of its group) projects keys and values; the cache
 /// gives the others their group's.
-Tensor attention_block(const ch01::Llama& m, const ch01::LlamaLayer& l, const Tensor& h, const ch02::Batch& batch,
+Tensor attention_block(const models::Llama& m, const models::LlamaLayer& l, const Tensor& h, const models::Batch& batch,
                        std::int64_t layer);
 
 /// Chapter 02's batch step with the CLA block (every cache a SharedKVCache of the model's layout).
-Tensor forward(const ClaModel& m, std::vector<ch02::SequenceStep>& seqs);
+Tensor forward(const ClaModel& m, std::vector<models::SequenceStep>& seqs);
 
 /// One sequence: the whole prompt, or one token per decode step.
 Tensor forward_cached(const ClaModel& m, SharedKVCache& cache, const std::vector<std::int32_t>& tokens,
@@ -132,8 +132,8 @@ Tensor forward_cached(const ClaModel& m, SharedKVCache& cache, const std::vector
 Tensor forward_recomputed(const ClaModel& m, const std::vector<std::int32_t>& tokens);
 
 /// Greedy (or sampled) generation through the shared cache.
-ch01::Generation generate_cached(const ClaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                                 const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token = nullptr);
+models::Generation generate_cached(const ClaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                                   const std::vector<std::int64_t>& eos_ids, const models::OnToken& on_token = nullptr);
 
 /// One batched decode step: sequence b feeds tokens[b] through *caches[b]. Returns logits [B, V].
 Tensor decode_step(const ClaModel& m, const std::vector<SharedKVCache*>& caches, const std::vector<std::int32_t>& tokens);

@@ -30,7 +30,7 @@ using ll = long long;
 
 // The shape the throughput measurement uses (chapter 03's sweep shape, 4 layers): weights and
 // caches far beyond any on-chip cache.
-TransformerConfig sweep_shape(std::int64_t layers) { return ch01::memory_bound_shape(layers, 16, 8192, 1 << 16); }
+TransformerConfig sweep_shape(std::int64_t layers) { return models::memory_bound_shape(layers, 16, 8192, 1 << 16); }
 
 // The largest batch whose caches fit in `budget` bytes beside nothing else (the budget is for caches).
 std::int64_t batch_in(double budget, std::int64_t per_sequence) {
@@ -43,7 +43,7 @@ json budget_sweep(const metrics::Ceiling& roof, const TransformerConfig& shape, 
   json rows = json::array();
   double base = 0;
   IL_CHECK(seq > steps + 1, "the context (", seq, ") must exceed the timed steps + 1 (", steps + 1, ")");
-  const ch01::Llama model = ch01::random_llama(shape, 1).to(dev, DType::F32);  // one draw; share_kv shares its weights
+  const models::Llama model = models::random_llama(shape, 1).to(dev, DType::F32);  // one draw; share_kv shares its weights
   for (std::int64_t s : shares) {
     const ClaModel m = share_kv(model, s);
     // Every cache holds `seq` positions: decode is timed at context seq - steps - 1, so the last
@@ -245,7 +245,7 @@ int generate(const CommonOptions& o) {
   const auto tok = Tokenizer::for_model(o.model);
   const auto prompt = tok->encode(o.prompt);
   const auto& c = m.config();
-  ch01::check_context(m.base, prompt.size(), o.max_new_tokens);
+  models::check_context(m.base, prompt.size(), o.max_new_tokens);
   const std::int64_t S = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
   const SharedKVCache cache(c, m.layout, S);
   std::printf("%s: %s; shared cache for S = %lld: %s = %lld bytes (every layer storing: %lld)\n\n", m.base.source.c_str(),
@@ -254,8 +254,8 @@ int generate(const CommonOptions& o) {
   Sampler sampler(o.sampling(*tok, c.vocab_size));
   std::optional<TextStream> stream;
   stream.emplace(*tok, prompt);
-  const ch01::Generation g = generate_cached(m, prompt, o.max_new_tokens, sampler, c.eos_token_ids,
-                                             [&](const ch01::Generation& gen) { stream->print(gen.tokens); });
+  const models::Generation g = generate_cached(m, prompt, o.max_new_tokens, sampler, c.eos_token_ids,
+                                               [&](const models::Generation& gen) { stream->print(gen.tokens); });
   std::printf("\n\n%zu tokens: time to first token %.2f ms, %.2f ms per later token, %.1f tokens/s\n", g.generated.size(),
               g.ttft_s() * 1e3, g.tpot_s() * 1e3, g.tokens_per_s());
   if (!o.json.empty())

@@ -6,10 +6,10 @@
 #include <limits>
 #include <sstream>
 
-#include "chapters/01_naive_decode/hf_weights.h"
 #include "chapters/09_quantization/gguf_model.h"
 #include "common/json_file.h"
 #include "common/lab.h"
+#include "common/models/hf_weights.h"
 
 namespace inferlab::ch06 {
 
@@ -147,7 +147,7 @@ LocalLayout parse_local_layout(const HfConfig& hf, std::int64_t layers) {
     for (std::int64_t i = std::max<std::int64_t>(first, 0); i < layers; ++i) l.window[static_cast<std::size_t>(i)] = W;
     return l;
   }
-  IL_CHECK(ch01::llama_family(arch), hf.path, ": architecture '", arch,
+  IL_CHECK(models::llama_family(arch), hf.path, ": architecture '", arch,
            "' is not one chapter 06 runs (MistralForCausalLM, MinistralForCausalLM, Qwen2ForCausalLM, "
            "Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, or another Llama-family decoder without windows)",
            where_it_runs(arch));
@@ -158,7 +158,7 @@ LocalModel load_local(const std::string& path) {
   namespace fs = std::filesystem;
   IL_CHECK(fs::exists(path), "cannot open model ", path, ": no such file or folder");
   if (!fs::is_directory(path) && fs::path(path).extension() == ".bin") {  // llama2.c: no windows
-    ch01::Llama m = ch01::load_llama(path);
+    models::Llama m = models::load_llama(path);
     const std::int64_t L = m.config.num_layers;
     return {std::move(m), LocalLayout::global(L)};
   }
@@ -172,12 +172,13 @@ LocalModel load_local(const std::string& path) {
   const TransformerConfig c = parse_transformer_config(hf);
   LocalLayout layout = parse_local_layout(hf, c.num_layers);
   if (gemma_family(c.architecture)) return {load_gemma(hf, c, layout, path), std::move(layout)};
-  return {ch01::load_hf_decoder(hf, c, path), std::move(layout)};
+  return {models::load_hf_decoder(hf, c, path), std::move(layout)};
 }
 
 // Gemma 2 and 3: chapter 01's layer with the pieces their checkpoints add, under their names.
-ch01::Llama load_gemma(const HfConfig& hf, const TransformerConfig& c, const LocalLayout& layout, const std::string& path) {
-  ch01::HfWeights get(hf, c, path);
+models::Llama load_gemma(const HfConfig& hf, const TransformerConfig& c, const LocalLayout& layout,
+                         const std::string& path) {
+  models::HfWeights get(hf, c, path);
   const std::int64_t D = c.hidden_size, F = c.intermediate_size, H = c.head_dim, Q = c.num_heads * H,
                      KV = c.num_kv_heads * H;
   // Gemma's RMSNorm multiplies by 1 + w (in float32, as transformers does): kept here as the
@@ -187,15 +188,15 @@ ch01::Llama load_gemma(const HfConfig& hf, const TransformerConfig& c, const Loc
     for (std::int64_t i = 0; i < n; ++i) w.data<float>()[i] += 1.0f;
     return w;
   };
-  ch01::Llama m;
+  models::Llama m;
   m.config = c;
-  m.inv_freq = ch01::rope_frequencies(c);  // the global layers', with rope_scaling
+  m.inv_freq = models::rope_frequencies(c);  // the global layers', with rope_scaling
   // Gemma 3's local layers rotate with a base of their own, unscaled.
   const Tensor local_freq = c.rope_local_base_freq > 0 ? rope_inv_freq(H, c.rope_local_base_freq) : Tensor{};
   m.embed = get("model.embed_tokens.weight", Shape{c.vocab_size, D});
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    ch01::LlamaLayer l;
+    models::LlamaLayer l;
     l.attn_norm = norm(p + "input_layernorm.weight", D);
     l.wq = get(p + "self_attn.q_proj.weight", Shape{Q, D});
     l.wk = get(p + "self_attn.k_proj.weight", Shape{KV, D});
@@ -268,7 +269,7 @@ void RingKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, c
     // local layer's window is no mask here: every query p < sinks + W sees 0 .. p anyway.
     K.slice(0, start, end).copy_from(k);
     V.slice(0, start, end).copy_from(v);
-    AttentionParams p = ch01::attention_params(config_);  // Gemma's scale and soft-capping, else the defaults
+    AttentionParams p = models::attention_params(config_);  // Gemma's scale and soft-capping, else the defaults
     p.q_offset = start;
     ops::attention(q, K.slice(0, 0, end), V.slice(0, 0, end), out, p);
     return;
@@ -279,7 +280,7 @@ void RingKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, c
     const std::int64_t pos = start + t, s = slot(layer, pos);
     K.slice(0, s, s + 1).copy_from(k.slice(0, t, t + 1));
     V.slice(0, s, s + 1).copy_from(v.slice(0, t, t + 1));
-    AttentionParams p = ch01::attention_params(config_);
+    AttentionParams p = models::attention_params(config_);
     p.causal = false;  // every filled slot is in the window, in whatever order
     Tensor o = out.slice(0, t, t + 1);
     const std::int64_t visible = std::min(pos + 1, rows);
@@ -315,7 +316,7 @@ void RingKVCache::release() {
 // ---------------------------------------------------------------------------------------------
 // The simple way: every position kept, the window a mask.
 MaskedKVCache::MaskedKVCache(const TransformerConfig& c, LocalLayout layout, std::int64_t capacity, Device device)
-    : ch02::ContiguousKVCache(c, capacity, device), layout_(std::move(layout)), params_(ch01::attention_params(c)) {
+    : models::ContiguousKVCache(c, capacity, device), layout_(std::move(layout)), params_(models::attention_params(c)) {
   IL_CHECK(layout_.layers() == c.num_layers, "masked KV cache: a layout of ", layout_.layers(), " layers for a model of ",
            c.num_layers);
   IL_CHECK(layout_.sinks == 0, "masked KV cache: sink positions are the ring cache's (the attention op's window has none)");
@@ -362,14 +363,15 @@ bool reaches(const LocalModel& m, const std::vector<std::int32_t>& tokens, std::
 }
 
 // ---------------------------------------------------------------------------------------------
-Tensor forward_cached(const LocalModel& m, ch02::KVCache& cache, const std::vector<std::int32_t>& tokens,
+Tensor forward_cached(const LocalModel& m, models::KVCache& cache, const std::vector<std::int32_t>& tokens,
                       bool all_positions) {
-  return ch02::forward_cached(m.base, cache, tokens, all_positions);
+  return models::forward_cached(m.base, cache, tokens, all_positions);
 }
 
-ch01::Generation generate_cached(const LocalModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                                 const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token) {
-  return ch02::generate_with_cache(
+models::Generation generate_cached(const LocalModel& m, const std::vector<std::int32_t>& prompt, int max_new,
+                                   Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
+                                   const models::OnToken& on_token) {
+  return models::generate_with_cache(
       m.config().max_position_embeddings, m.base.device(), prompt, max_new, sampler, eos_ids, on_token,
       [&](std::int64_t capacity) { return RingKVCache(m.config(), m.layout, capacity, m.base.device()); },
       [&](RingKVCache& cache, const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); });

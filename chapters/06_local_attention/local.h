@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "common/models/kv_cache.h"
 
 namespace inferlab::ch06 {
 
@@ -82,7 +82,7 @@ LocalLayout parse_local_layout(const HfConfig& hf, std::int64_t layers);
 
 /// A model with its windows: chapter 01's Llama (the weights do not change) and its layout.
 struct LocalModel {
-  ch01::Llama base;
+  models::Llama base;
   LocalLayout layout;
   const TransformerConfig& config() const { return base.config; }
 };
@@ -99,12 +99,12 @@ LocalModel load_local(const std::string& path);
 /// as the 1 + w Gemma multiplies by, GeGLU, Gemma 3's q/k norms and the RoPE base of its local
 /// layers (those `layout` marks local). The config carries the rest (embedding scale, attention
 /// scale, soft-capping).
-ch01::Llama load_gemma(const HfConfig& hf, const TransformerConfig& c, const LocalLayout& layout, const std::string& path);
+models::Llama load_gemma(const HfConfig& hf, const TransformerConfig& c, const LocalLayout& layout, const std::string& path);
 
 /// The cache of a local/global stack: per local layer a ring of min(capacity, sinks + W) slots,
 /// per global layer chapter 02's rows. attend(): store the new keys and values in their slots,
 /// then attention over the rows the queries may see (see the note above).
-class RingKVCache : public ch02::RowCache {
+class RingKVCache : public models::RowCache {
  public:
   RingKVCache(const TransformerConfig& c, LocalLayout layout, std::int64_t capacity, Device device = Device::CPU,
               DType dtype = DType::F32);
@@ -131,7 +131,7 @@ class RingKVCache : public ch02::RowCache {
 /// The simple way, for the two-path tests and the lesson: every position kept in contiguous rows
 /// (chapter 02's cache) and the window applied as a mask in the attention op. It saves the
 /// arithmetic of local attention but none of its memory.
-class MaskedKVCache : public ch02::ContiguousKVCache {
+class MaskedKVCache : public models::ContiguousKVCache {
  public:
   MaskedKVCache(const TransformerConfig& c, LocalLayout layout, std::int64_t capacity, Device device = Device::CPU);
   void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) override;
@@ -149,11 +149,12 @@ class MaskedKVCache : public ch02::ContiguousKVCache {
 bool reaches(const LocalModel& m, const std::vector<std::int32_t>& tokens, std::int64_t d);
 
 /// One sequence through chapter 02's batch step with a ring cache.
-Tensor forward_cached(const LocalModel& m, ch02::KVCache& cache, const std::vector<std::int32_t>& tokens,
+Tensor forward_cached(const LocalModel& m, models::KVCache& cache, const std::vector<std::int32_t>& tokens,
                       bool all_positions = false);
 
 /// Greedy (or sampled) generation through a ring cache of prompt + max_new positions.
-ch01::Generation generate_cached(const LocalModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                                 const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token = nullptr);
+models::Generation generate_cached(const LocalModel& m, const std::vector<std::int32_t>& prompt, int max_new,
+                                   Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
+                                   const models::OnToken& on_token = nullptr);
 
 }  // namespace inferlab::ch06

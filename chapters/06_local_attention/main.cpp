@@ -120,7 +120,7 @@ json influence_table(const std::vector<std::pair<std::string, LocalModel>>& mode
 }
 
 // --- time per token against position ---------------------------------------------------------
-TransformerConfig speed_shape(std::int64_t layers) { return ch01::memory_bound_shape(layers, 16, 8192, 1 << 17); }
+TransformerConfig speed_shape(std::int64_t layers) { return models::memory_bound_shape(layers, 16, 8192, 1 << 17); }
 
 // One decode step at `position` cached positions, timed as every chapter times its steps (a warm-up,
 // then the best of `steps`); its bytes are the weights and the rows attention reads.
@@ -139,7 +139,7 @@ ThroughputPoint time_step(const LocalModel& m, std::int64_t position, int steps)
 
 json speed_table(const metrics::Ceiling& roof, std::int64_t layers, std::int64_t window,
                  const std::vector<std::int64_t>& positions, int steps, Device dev, bool indent) {
-  const ch01::Llama base = ch01::random_llama(speed_shape(layers), 1).to(dev, DType::F32);
+  const models::Llama base = models::random_llama(speed_shape(layers), 1).to(dev, DType::F32);
   const std::vector<std::pair<std::string, LocalModel>> models = {
       {"global", {base, LocalLayout::global(layers)}},
       {"local W=" + std::to_string(window), {base, LocalLayout::local(layers, window)}}};
@@ -394,7 +394,7 @@ int generate(const CommonOptions& o) {
   const bool gguf_file = std::filesystem::path(o.model).extension() == ".gguf";  // its own tokenizer (chapter 09)
   const auto tok = gguf_file ? ch09::gguf_tokenizer(gguf::File(o.model), "", o.model) : Tokenizer::for_model(o.model);
   const auto prompt = tok->encode(o.prompt);
-  ch01::check_context(m.base, prompt.size(), o.max_new_tokens);
+  models::check_context(m.base, prompt.size(), o.max_new_tokens);
   const std::int64_t S = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
   const RingKVCache cache(m.config(), m.layout, S);
   std::printf("%s: %s; cache for S = %lld: %lld bytes (every layer global: %lld)\n\n", m.base.source.c_str(),
@@ -402,8 +402,8 @@ int generate(const CommonOptions& o) {
               static_cast<ll>(m.config().kv_cache_bytes(S, 4)));
   Sampler sampler(o.sampling(*tok, m.config().vocab_size));
   TextStream stream(*tok, prompt);
-  const ch01::Generation g = generate_cached(m, prompt, o.max_new_tokens, sampler, m.config().eos_token_ids,
-                                             [&](const ch01::Generation& gen) { stream.print(gen.tokens); });
+  const models::Generation g = generate_cached(m, prompt, o.max_new_tokens, sampler, m.config().eos_token_ids,
+                                               [&](const models::Generation& gen) { stream.print(gen.tokens); });
   std::printf("\n\n%zu tokens: time to first token %.2f ms, %.2f ms per later token, %.1f tokens/s\n", g.generated.size(),
               g.ttft_s() * 1e3, g.tpot_s() * 1e3, g.tokens_per_s());
   if (!o.json.empty())

@@ -17,6 +17,7 @@
 #include <random>
 #include <nlohmann/json.hpp>
 
+#include "chapters/01_naive_decode/generate.h"
 #include "chapters/02_kv_cache/batch_decode.h"
 #include "chapters/07_mamba/mamba.h"
 #include "common/ceiling.h"
@@ -68,7 +69,7 @@ json memory_table(const MambaConfig& mamba, const std::string& mamba_name, const
 // --- time per decode token against position ------------------------------------------------
 // A transformer and a Mamba of about the same parameters: a Mamba layer (in_proj 4D², out_proj
 // 2D², the rest small) is half a Llama layer (attention 4D², MLP 8.25D²), so twice the layers.
-TransformerConfig llama_shape(std::int64_t layers) { return ch01::memory_bound_shape(layers, 16, 8192, 1 << 17); }
+TransformerConfig llama_shape(std::int64_t layers) { return models::memory_bound_shape(layers, 16, 8192, 1 << 17); }
 
 MambaConfig mamba_shape(std::int64_t layers) {
   MambaConfig c;
@@ -93,7 +94,7 @@ ThroughputPoint mamba_step(const MambaModel& m, std::int64_t position, int steps
 json speed_table(const metrics::Ceiling& roof, std::int64_t layers, const std::vector<std::int64_t>& positions, int steps,
                  Device dev, bool indent) {
   const char* pad = indent ? "  " : "";
-  const ch01::Llama llama = ch01::random_llama(llama_shape(layers), 1).to(dev, DType::F32);
+  const models::Llama llama = models::random_llama(llama_shape(layers), 1).to(dev, DType::F32);
   const MambaModel mamba = random_mamba(mamba_shape(2 * layers), 2).to(dev);
   std::printf("%s%-22s", pad, "position");
   for (std::int64_t p : positions) std::printf("  %33lld", static_cast<ll>(p));
@@ -244,7 +245,7 @@ json lti_report(bool indent) {
 // --- quality: perplexity and probes --------------------------------------------------------
 json recall_table(std::int64_t windows, std::int64_t per_kind) {
   const MambaModel lti = load_mamba(bundled_model("tiny-lti")), mamba = load_mamba(bundled_model("tiny-mamba"));
-  const ch01::Llama mha = ch01::load_llama(bundled_model("tiny-mha"));
+  const models::Llama mha = models::load_llama(bundled_model("tiny-mha"));
   auto ssm = [](const MambaModel& m) {
     return eval::LogitsFn([&m](const std::vector<std::int32_t>& t) { return forward_sequence(m, t, true); });
   };
@@ -380,7 +381,7 @@ void save_figures(const std::vector<plot::Figure>& panels, const std::string& pa
 
 int memory(const std::string& model, const std::vector<std::int64_t>& contexts, const std::string& json_path) {
   const MambaModel m = load_mamba(model.empty() ? bundled_model("tiny-mamba") : model);
-  const ch01::Llama mha = ch01::load_llama(bundled_model("tiny-mha"));
+  const models::Llama mha = models::load_llama(bundled_model("tiny-mha"));
   std::printf(
       "One sequence's memory against its length (f32): attention keeps every position, a state-space layer a "
       "summary of fixed size\n\n");
@@ -455,8 +456,8 @@ int generate(const CommonOptions& o) {
               static_cast<ll>(m.config.num_parameters()), state.layout().c_str());
   Sampler sampler(o.sampling(*tok, m.config.vocab_size));
   TextStream stream(*tok, prompt);
-  const ch01::Generation g = ch07::generate(m, prompt, o.max_new_tokens, sampler, m.config.eos_token_ids,
-                                            [&](const ch01::Generation& gen) { stream.print(gen.tokens); });
+  const models::Generation g = ch07::generate(m, prompt, o.max_new_tokens, sampler, m.config.eos_token_ids,
+                                              [&](const models::Generation& gen) { stream.print(gen.tokens); });
   std::printf(
       "\n\n%zu tokens: time to first token %.2f ms, %.2f ms per later token, %.1f tokens/s; the state stayed at "
       "%lld bytes\n",
@@ -479,7 +480,7 @@ int headline(const std::string& json_path, const std::string& svg) {
       "State-space models (lecture: 状态空间模型): a layer keeps a fixed-size state instead of every position's "
       "keys and values\n");
   const MambaModel tiny = load_mamba(bundled_model("tiny-mamba"));
-  const ch01::Llama mha = ch01::load_llama(bundled_model("tiny-mha"));
+  const models::Llama mha = models::load_llama(bundled_model("tiny-mha"));
   const json bytes = memory_table(tiny.config, "tiny-mamba", mha.config, "tiny-mha", {64, 512, 4096, 32768, 1 << 20}, true);
   const metrics::Ceiling roof = metrics::measure_cpu_ceiling(0, 1024, 3);
   std::printf(

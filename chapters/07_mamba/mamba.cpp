@@ -5,9 +5,9 @@
 #include <random>
 #include <sstream>
 
-#include "chapters/01_naive_decode/hf_weights.h"
 #include "common/error.h"
 #include "common/json_file.h"
+#include "common/models/hf_weights.h"
 #include "common/ops.h"
 
 namespace inferlab::ch07 {
@@ -193,7 +193,7 @@ MambaModel load_mamba(const std::string& path) {
   MambaModel m;
   m.config = parse_mamba_config(hf);
   const MambaConfig& c = m.config;
-  ch01::HfWeights get(hf, skeleton_config(c), path);
+  models::HfWeights get(hf, skeleton_config(c), path);
   m.skeleton.config = skeleton_config(c);
   m.skeleton.embed = f32(get("backbone.embeddings.weight", Shape{c.vocab_size, c.hidden_size}));
   for (std::int64_t i = 0; i < c.num_layers; ++i) m.layers.push_back(read_layer(c, i, get));
@@ -318,7 +318,7 @@ Tensor& MambaState::ssm(std::int64_t layer) {
 }
 
 // --- the forward pass ------------------------------------------------------------------------
-Tensor mixer_block(const MambaModel& m, std::int64_t layer, const Tensor& h, const ch02::Batch& batch, ScanPath path) {
+Tensor mixer_block(const MambaModel& m, std::int64_t layer, const Tensor& h, const models::Batch& batch, ScanPath path) {
   const MambaConfig& c = m.config;
   const MambaLayer& l = m.layers[static_cast<std::size_t>(layer)];
   const std::int64_t T = h.size(0), E = c.inner_size, N = c.state_size;
@@ -371,14 +371,14 @@ Tensor forward(const MambaModel& m, std::vector<SequenceStep>& seqs, ScanPath pa
              "forward: the convolution path runs from an empty state; sequence ", b, " has ", s->length(),
              " positions (decode with the scan)");
   }
-  const ch02::Batch batch(std::nullopt, m.device(), seqs);  // chapter 02's rows; a state has no context limit
-  Tensor x = ch01::embed(m.skeleton, batch.tokens);         // [rows, D]: the residual stream (chapter 01's)
+  const models::Batch batch(std::nullopt, m.device(), seqs);  // chapter 02's rows; a state has no context limit
+  Tensor x = models::embed(m.skeleton, batch.tokens);         // [rows, D]: the residual stream (chapter 01's)
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
-    const Tensor h = ch01::norm(m.skeleton, x, m.layers[i].norm);
+    const Tensor h = models::norm(m.skeleton, x, m.layers[i].norm);
     x = ops::add(x, mixer_block(m, static_cast<std::int64_t>(i), h, batch, path));  // no MLP: the mixer is the block
   }
   for (SequenceStep& s : seqs) s.cache->commit(static_cast<std::int64_t>(s.tokens.size()));
-  return ch01::head(m.skeleton, batch.logits_input(x));
+  return models::head(m.skeleton, batch.logits_input(x));
 }
 
 Tensor forward_cached(const MambaModel& m, MambaState& state, const std::vector<std::int32_t>& tokens, bool all_positions,
@@ -392,9 +392,9 @@ Tensor forward_sequence(const MambaModel& m, const std::vector<std::int32_t>& to
   return forward_cached(m, state, tokens, all_positions, path);
 }
 
-ch01::Generation generate(const MambaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                          const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token) {
-  return ch02::generate_with_cache(  // a fixed-size state: no context limit, no capacity
+models::Generation generate(const MambaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                            const std::vector<std::int64_t>& eos_ids, const models::OnToken& on_token) {
+  return models::generate_with_cache(  // a fixed-size state: no context limit, no capacity
       std::nullopt, m.device(), prompt, max_new, sampler, eos_ids, on_token,
       [&](std::int64_t) { return MambaState(m.config, m.device()); },
       [&](MambaState& state, const std::vector<std::int32_t>& feed) { return forward_cached(m, state, feed); });

@@ -8,7 +8,7 @@
 /// Decoding a token reads the weights and that state, whatever the position.
 ///
 /// The model is transformers' MambaForCausalLM: chapter 01's skeleton (embed → blocks → final
-/// norm → head, the same `ch01::embed`, `ch01::norm` and `ch01::head`), each block RMSNorm, the
+/// norm → head, the same `models::embed`, `models::norm` and `models::head`), each block RMSNorm, the
 /// mixer, a residual; no MLP. The mixer, per token:
 ///
 ///     x, z = in_proj(h)                    two branches of E = expand·D channels
@@ -26,8 +26,8 @@
 
 #include "chapters/01_naive_decode/generate.h"
 #include "chapters/01_naive_decode/llama.h"
-#include "chapters/02_kv_cache/kv_cache.h"
 #include "chapters/07_mamba/ssm.h"
+#include "common/models/kv_cache.h"
 
 namespace inferlab::ch07 {
 
@@ -78,8 +78,8 @@ struct MambaLayer {
 struct MambaModel {
   MambaConfig config;
   /// Chapter 01's model with no layers: its embed, final_norm and lm_head, and a config holding
-  /// D, V, eps and the token ids, so that ch01::embed and ch01::head run unchanged.
-  ch01::Llama skeleton;
+  /// D, V, eps and the token ids, so that models::embed and models::head run unchanged.
+  models::Llama skeleton;
   std::vector<MambaLayer> layers;
 
   Device device() const { return skeleton.device(); }
@@ -101,7 +101,7 @@ MambaModel random_mamba(const MambaConfig& config, std::uint64_t seed);
 /// One sequence's state: for every layer the last K − 1 inputs of the convolution [K − 1, E] and
 /// the SSM state [E, N], zeros before the first token. It implements chapter 02's Cache, so the
 /// generate loop and the batch step treat it as any cache; its bytes() never changes.
-class MambaState : public ch02::Cache {
+class MambaState : public models::Cache {
  public:
   explicit MambaState(const MambaConfig& c, Device device = Device::CPU);
   std::int64_t length() const override { return length_; }
@@ -134,12 +134,12 @@ enum class ScanPath { Reference, Fast, Parallel, Convolution };
 
 /// One sequence's part of a batched forward pass: chapter 02's, with the sequence's MambaState
 /// as its cache.
-using ch02::SequenceStep;
+using models::SequenceStep;
 
 /// The mixer of layer `layer` over the rows of all sequences (h [rows, D], already normed): the
 /// projections once for all rows, the convolution and the scan per sequence against its state
 /// (the batch's cache b).
-Tensor mixer_block(const MambaModel& m, std::int64_t layer, const Tensor& h, const ch02::Batch& batch, ScanPath path);
+Tensor mixer_block(const MambaModel& m, std::int64_t layer, const Tensor& h, const models::Batch& batch, ScanPath path);
 
 /// Chapter 02's batch step with the mixer in place of attention and MLP: the same Batch (rows,
 /// positions, the rows whose logits are wanted), the states as the caches. Every sequence's new
@@ -157,7 +157,7 @@ Tensor forward_sequence(const MambaModel& m, const std::vector<std::int32_t>& to
                         ScanPath path = ScanPath::Fast);
 
 /// Chapter 01's generate loop over the state: prefill, then one token per step.
-ch01::Generation generate(const MambaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                          const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token = nullptr);
+models::Generation generate(const MambaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                            const std::vector<std::int64_t>& eos_ids, const models::OnToken& on_token = nullptr);
 
 }  // namespace inferlab::ch07

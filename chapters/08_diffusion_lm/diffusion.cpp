@@ -38,7 +38,7 @@ DiffusionModel load_diffusion(const std::string& path) {
            "does not implement (chapter 05 does, for causal models)");
   const TransformerConfig c = parse_transformer_config(hf);
   DiffusionModel m;
-  m.base = ch01::load_hf_decoder(hf, c, path);
+  m.base = models::load_hf_decoder(hf, c, path);
   const std::int64_t mask = f.get<std::int64_t>("mask_token_id");
   IL_CHECK(mask >= 0 && mask < c.vocab_size, hf.path, ": mask_token_id ", mask, " is outside the vocabulary of ",
            c.vocab_size);
@@ -48,9 +48,9 @@ DiffusionModel load_diffusion(const std::string& path) {
 
 Tensor denoise(const DiffusionModel& m, const std::vector<std::vector<std::int32_t>>& canvases) {
   std::vector<NoCache> caches(canvases.size());
-  std::vector<ch02::SequenceStep> seqs;
+  std::vector<models::SequenceStep> seqs;
   for (std::size_t b = 0; b < canvases.size(); ++b) seqs.push_back({canvases[b], &caches[b], true});
-  return ch02::forward(m.base, seqs);  // chapter 02's batch step; NoCache makes it bidirectional
+  return models::forward(m.base, seqs);  // chapter 02's batch step; NoCache makes it bidirectional
 }
 
 Denoiser denoiser(const DiffusionModel& m) {

@@ -35,14 +35,14 @@
 #include <string>
 #include <vector>
 
-#include "chapters/02_kv_cache/kv_cache.h"
 #include "common/metrics.h"
+#include "common/models/kv_cache.h"
 
 namespace inferlab::ch08 {
 
 /// The denoiser's cache: it keeps nothing (length 0 after every call, bytes 0) and attends each
 /// query to every key of the call's own rows, without a causal mask.
-class NoCache : public ch02::KVCache {
+class NoCache : public models::KVCache {
  public:
   std::int64_t length() const override { return 0; }
   void commit(std::int64_t) override {}
@@ -53,7 +53,7 @@ class NoCache : public ch02::KVCache {
 };
 
 struct DiffusionModel {
-  ch01::Llama base;          ///< chapter 01's model; only its mask differs
+  models::Llama base;        ///< chapter 01's model; only its mask differs
   std::int32_t mask_id = 1;  ///< mask_token_id: the absorbing state
 };
 

@@ -72,13 +72,13 @@ struct Timing {
 
 // Chapter 02's autoregressive decoding of a model of the same size (tiny-mha: tiny-mdlm's shapes
 // with a causal mask), greedy, best of `reps`.
-Timing autoregressive(const ch01::Llama& m, const std::vector<std::int32_t>& prompt, std::int64_t n, int reps) {
+Timing autoregressive(const models::Llama& m, const std::vector<std::int32_t>& prompt, std::int64_t n, int reps) {
   Timing best;
   for (int i = 0; i < reps; ++i) {
     Sampler greedy({});
     metrics::CountScope count;
     metrics::Timer clock = metrics::Timer::work(m.device() == Device::CPU);
-    const auto g = ch02::generate_cached(m, prompt, static_cast<int>(n), greedy, {});
+    const auto g = models::generate_cached(m, prompt, static_cast<int>(n), greedy, {});
     const double s = clock.seconds();
     if (i == 0 || s < best.seconds)
       best = {"autoregressive (tiny-mha)", s, static_cast<double>(g.generated.size()), static_cast<double>(g.steps.size()),
@@ -102,7 +102,7 @@ Timing diffusion(const DiffusionModel& m, const std::vector<std::int32_t>& promp
   return best;
 }
 
-json speed_table(const DiffusionModel& m, const ch01::Llama& ar, const std::vector<std::int32_t>& prompt, std::int64_t n,
+json speed_table(const DiffusionModel& m, const models::Llama& ar, const std::vector<std::int32_t>& prompt, std::int64_t n,
                  const std::vector<std::int64_t>& steps, int reps, const metrics::Ceiling& roof, bool indent) {
   const char* pad = indent ? "  " : "";
   std::printf("%s%-26s %9s %8s %9s %9s %10s %22s %16s\n", pad, "", "time", "tokens/s", "forwards", "tok/pass", "FLOP/byte",
@@ -303,7 +303,7 @@ int headline(const std::string& json_path, const std::string& svg, const std::st
       "  pass reads (cache: in the last-level cache), GFLOP/s against %s (f32 GEMM):\n",
       metrics::describe(roof.compute, "FLOP").c_str());
   const auto prompt = tok->encode("Once upon a time there were");
-  const json speed = speed_table(m, ch01::load_llama(bundled_model("tiny-mha")), prompt, 64, {64, 16, 4}, 1, roof, true);
+  const json speed = speed_table(m, models::load_llama(bundled_model("tiny-mha")), prompt, 64, {64, 16, 4}, 1, roof, true);
   std::printf("  the validation ELBO against R (2 windows; probe accuracy against R: ch08_diffusion_lm quality):\n");
   const json quality = quality_table(m, *tok, {16, 4, 1}, 8, -1, 2, true);
   std::printf("  more: ch08_diffusion_lm canvas | speed | quality\n");
@@ -405,7 +405,7 @@ int main(int argc, char** argv) {
       const Device d = dev.resolved_device();
       DiffusionModel m = load_diffusion(bundled_model("tiny-mdlm"));
       m.base = m.base.to(d, DType::F32);
-      const ch01::Llama ar = ch01::load_llama(bundled_model("tiny-mha")).to(d, DType::F32);
+      const models::Llama ar = models::load_llama(bundled_model("tiny-mha")).to(d, DType::F32);
       const auto tok = Tokenizer::for_model(bundled_model("tiny-mdlm"));
       const auto roof = metrics::measure_ceiling(d);
       std::printf(

@@ -1,4 +1,5 @@
 #include "chapters/09_quantization/awq.h"
+#include "chapters/01_naive_decode/generate.h"
 
 #include <algorithm>
 #include <cmath>
@@ -94,10 +95,10 @@ Tensor scale_rows(const Tensor& w, const std::vector<float>& s, bool divide) {  
 
 }  // namespace
 
-ch01::Llama awq_scale(const ch01::Llama& m_in, const std::vector<std::int32_t>& calibration, const QuantSpec& spec,
-                      std::vector<AwqGroup>* report, int grid) {
+models::Llama awq_scale(const models::Llama& m_in, const std::vector<std::int32_t>& calibration, const QuantSpec& spec,
+                        std::vector<AwqGroup>* report, int grid) {
   IL_CHECK(!calibration.empty(), "awq: no calibration tokens");
-  const ch01::Llama m = m_in.to(Device::CPU, DType::F32);
+  const models::Llama m = m_in.to(Device::CPU, DType::F32);
   const auto& c = m.config;
   const std::int64_t L = c.num_layers, G = c.num_heads / c.num_kv_heads, H = c.head_dim;
   // 1. Collect each group's inputs on the calibration text.
@@ -119,7 +120,7 @@ ch01::Llama awq_scale(const ch01::Llama& m_in, const std::vector<std::int32_t>& 
   }
   // 2. Search each group's scales and fold them in. Groups of one layer see the inputs of the
   // original model: scaling is exact in real arithmetic, so they do not change.
-  ch01::Llama out = m;
+  models::Llama out = m;
   std::vector<std::int64_t> v_channel(static_cast<std::size_t>(c.num_heads * H));
   for (std::int64_t j = 0; j < c.num_heads * H; ++j) v_channel[j] = (j / H) / G * H + j % H;
   for (std::int64_t l = 0; l < L; ++l) {

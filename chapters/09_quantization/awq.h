@@ -29,7 +29,7 @@ struct AwqGroup {
 
 /// Returns `m` with AWQ's scales applied (the same function up to float rounding; quantise it
 /// with quantize_model afterwards). `calibration` is split into windows of the model's context.
-ch01::Llama awq_scale(const ch01::Llama& m, const std::vector<std::int32_t>& calibration, const QuantSpec& spec,
-                      std::vector<AwqGroup>* report = nullptr, int grid = 20);
+models::Llama awq_scale(const models::Llama& m, const std::vector<std::int32_t>& calibration, const QuantSpec& spec,
+                        std::vector<AwqGroup>* report = nullptr, int grid = 20);
 
 }  // namespace inferlab::ch09

@@ -73,7 +73,7 @@ std::uint32_t file_type(const Linear& head) {
 }
 }  // namespace
 
-void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer& tok) {
+void save_gguf(const std::string& path, const models::Llama& m, const HfTokenizer& tok) {
   const auto& c = m.config;
   IL_CHECK(c.rope_scaling.is_null(), path, ": ", m.source, " scales its RoPE frequencies (rope_scaling ",
            c.rope_scaling.dump(), "), which this GGUF writer does not record");
@@ -167,7 +167,7 @@ void export_gguf(const std::string& model, const QuantSpec& spec, const std::str
   check_exportable(model);
   check_not_input(out, {model});  // before the work, and before the rename would replace the model
   require_writable_file(out, "GGUF");
-  const ch01::Llama m = ch01::load_llama(model).to(Device::CPU, DType::F32);
+  const models::Llama m = models::load_llama(model).to(Device::CPU, DType::F32);
   save_gguf(out, quantize_model(m, spec), HfTokenizer::load(model));
 }
 
@@ -177,7 +177,7 @@ void export_gguf(const std::string& model, DType plain, const std::string& out) 
   check_exportable(model);
   check_not_input(out, {model});
   require_writable_file(out, "GGUF");
-  save_gguf(out, ch01::load_llama(model).to(Device::CPU, plain), HfTokenizer::load(model));
+  save_gguf(out, models::load_llama(model).to(Device::CPU, plain), HfTokenizer::load(model));
 }
 
 namespace {
@@ -312,9 +312,9 @@ TransformerConfig gguf_config(const gguf::File& f) {
   return c;
 }
 
-ch01::Llama load_gguf(const std::string& path) { return load_gguf(gguf::File(path)); }
+models::Llama load_gguf(const std::string& path) { return load_gguf(gguf::File(path)); }
 
-ch01::Llama load_gguf(const gguf::File& f) {
+models::Llama load_gguf(const gguf::File& f) {
   const TransformerConfig c = gguf_config(f);
   const auto w = gguf_windows(f, c);
   IL_CHECK(std::all_of(w.begin(), w.end(), [](std::int64_t x) { return x == 0; }), f.path(), ": ", c.architecture,
@@ -323,7 +323,7 @@ ch01::Llama load_gguf(const gguf::File& f) {
   return load_gguf_layers(f, w);
 }
 
-ch01::Llama load_gguf_layers(const gguf::File& f, const std::vector<std::int64_t>& windows) {
+models::Llama load_gguf_layers(const gguf::File& f, const std::vector<std::int64_t>& windows) {
   const std::string& path = f.path();
   const TransformerConfig c = gguf_config(f);
   IL_CHECK(static_cast<std::int64_t>(windows.size()) == c.num_layers, path, ": ", windows.size(), " windows for ",
@@ -371,12 +371,12 @@ ch01::Llama load_gguf_layers(const gguf::File& f, const std::vector<std::int64_t
       return Linear(packed(name, *packed_format(i.type), rows, cols));
     });
   };
-  ch01::Llama m;
+  models::Llama m;
   m.config = c;
   // llama.cpp's llama rotates adjacent pairs (its converter reorders q and k rows to match);
   // qwen2 rotates the two halves of a head, as Hugging Face does, and its rows are as trained.
   m.rope_pairing = c.architecture != "LlamaForCausalLM" ? RopePairing::HalfSplit : RopePairing::Adjacent;
-  m.inv_freq = ch01::rope_frequencies(c);
+  m.inv_freq = models::rope_frequencies(c);
   // Llama 3's scaling as llama.cpp stores it: one factor per pair that divides its frequency
   // (the converter computes them from rope_scaling's llama3 fields, as transformers does).
   if (f.contains("rope_freqs.weight")) {
@@ -394,7 +394,7 @@ ch01::Llama load_gguf_layers(const gguf::File& f, const std::vector<std::int64_t
                      KV = c.num_kv_heads * c.head_dim;
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
-    ch01::LlamaLayer q;
+    models::LlamaLayer q;
     q.attn_norm = dense(b + "attn_norm.weight", {D}), q.mlp_norm = dense(b + "ffn_norm.weight", {D});
     q.wq = matrix(b + "attn_q.weight", Q, D), q.wk = matrix(b + "attn_k.weight", KV, D);
     q.wv = matrix(b + "attn_v.weight", KV, D), q.wo = matrix(b + "attn_output.weight", D, Q);

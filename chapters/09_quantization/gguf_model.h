@@ -19,7 +19,7 @@ namespace inferlab::ch09 {
 /// Writes a model (q8_0 or q4_0 projections from quantize_model, or plain ones as F32, or as F16
 /// when stored in 16 bits; embeddings and norms as F32) and its tokenizer (a byte-level BPE
 /// tokenizer.json: tokens, merges, BOS/EOS) as GGUF.
-void save_gguf(const std::string& path, const ch01::Llama& m, const HfTokenizer& tok);
+void save_gguf(const std::string& path, const models::Llama& m, const HfTokenizer& tok);
 
 /// ch09_quantization export: the model at `model` (a Hugging Face folder) quantised with `spec`
 /// and saved as GGUF at `out`, which must not be one of the model's files (check_not_input).
@@ -31,11 +31,11 @@ void export_gguf(const std::string& model, DType plain, const std::string& out);
 /// head; qwen3: per-head q/k norms) whose matrices are F32, F16, BF16 or one of the block types
 /// (README: which run packed). A model with sliding-window layers (gemma2, gemma3) is refused,
 /// naming chapter 06, which reads it with load_gguf_layers.
-ch01::Llama load_gguf(const std::string& path);
-ch01::Llama load_gguf(const gguf::File& f);
+models::Llama load_gguf(const std::string& path);
+models::Llama load_gguf(const gguf::File& f);
 /// The same for any of those architectures and gemma2 / gemma3, with the windows of its layers
 /// (gguf_windows) given: they choose the RoPE base of Gemma 3's local layers.
-ch01::Llama load_gguf_layers(const gguf::File& f, const std::vector<std::int64_t>& windows);
+models::Llama load_gguf_layers(const gguf::File& f, const std::vector<std::int64_t>& windows);
 /// Per layer, the sliding window llama.cpp applies (0: global): gemma2 and gemma3 from
 /// ARCH.attention.sliding_window and ARCH.attention.sliding_window_pattern, llama.cpp's defaults when absent
 /// (gemma2: 4096, one layer in 2 global; gemma3: one in 6); 0 for every layer of the others.

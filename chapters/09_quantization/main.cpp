@@ -9,7 +9,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "chapters/01_naive_decode/generate.h"
 #include "chapters/09_quantization/awq.h"
 #include "chapters/09_quantization/gguf_model.h"
 #include "common/ceiling.h"
@@ -17,6 +17,7 @@
 #include "common/cuda/backend.h"
 #include "common/eval.h"
 #include "common/gguf_tokenizer.h"
+#include "common/models/kv_cache.h"
 #include "common/plot.h"
 
 using namespace inferlab;
@@ -39,20 +40,20 @@ void add_kernel_option(CLI::App& app, std::string& kernel) {
       ->capture_default_str();
 }
 // m with its matrices laid out for `kernel` (on the CPU: interleave_blocks for the fast one).
-ch01::Llama for_kernel(ch01::Llama m, Kernel kernel) {
+models::Llama for_kernel(models::Llama m, Kernel kernel) {
   if (kernel == Kernel::Fast && m.device() == Device::CPU) interleave_blocks(m);
   return m;
 }
 
 struct Row {
   std::string name;
-  ch01::Llama model;
+  models::Llama model;
   std::vector<std::string> kept_f32;  ///< matrices the format cannot hold, kept as they were
 };
 
 // Whether every matrix of m can take the format (its input width n_in a multiple of its block or
 // group).
-bool fits(const ch01::Llama& m, const QuantSpec& s) {
+bool fits(const models::Llama& m, const QuantSpec& s) {
   const std::int64_t g = width_multiple(s);
   const auto& c = m.config;
   for (std::int64_t n_in : {c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim})
@@ -62,24 +63,25 @@ bool fits(const ch01::Llama& m, const QuantSpec& s) {
 
 // The projections and the head as stored; a tied head counts here too (quantisation gives it
 // its own copy).
-std::int64_t matrix_bytes(const ch01::Llama& m) {
+std::int64_t matrix_bytes(const models::Llama& m) {
   return m.matrix_bytes() + (m.tied() ? static_cast<std::int64_t>(m.embed.nbytes()) : 0);
 }
 
 // Bits per weight of the projections and the head, as stored.
-double bits(const ch01::Llama& m) {
+double bits(const models::Llama& m) {
   return 8.0 * static_cast<double>(matrix_bytes(m)) / static_cast<double>(matrix_weights(m));
 }
 
-std::vector<Row> rows_for(const ch01::Llama& m, const std::vector<QuantSpec>& specs, const std::vector<QuantSpec>& awq_specs,
-                          const std::vector<std::int32_t>& calibration, Kernel kernel) {
+std::vector<Row> rows_for(const models::Llama& m, const std::vector<QuantSpec>& specs,
+                          const std::vector<QuantSpec>& awq_specs, const std::vector<std::int32_t>& calibration,
+                          Kernel kernel) {
   std::vector<Row> rows;
   rows.push_back({"f32 (unquantised)", m, {}});
   // A format that cannot hold every matrix (an input width not whole blocks or groups, as
   // stories260K's 172-wide down_proj) quantises the others; the row names the ones kept in f32.
   for (const auto& s : specs) {
     std::vector<std::string> kept;
-    ch01::Llama q = quantize_model(m, s, &kept);
+    models::Llama q = quantize_model(m, s, &kept);
     if (!q.lm_head.packed && kept.size() == q.layers[0].linears().size() + 1) {  // nothing of the format is left
       std::printf("(%s skipped: no matrix width is a multiple of its group)\n", s.name().c_str());
       continue;
@@ -89,7 +91,7 @@ std::vector<Row> rows_for(const ch01::Llama& m, const std::vector<QuantSpec>& sp
   for (const QuantSpec& s : awq_specs)
     if (fits(m, s)) {
       std::vector<AwqGroup> report;
-      const ch01::Llama q = for_kernel(quantize_model(awq_scale(m, calibration, s, &report), s), kernel);
+      const models::Llama q = for_kernel(quantize_model(awq_scale(m, calibration, s, &report), s), kernel);
       int better = 0;
       double rtn = 0, awq = 0;
       for (const auto& g : report) better += g.loss_awq < g.loss_rtn, rtn += g.loss_rtn, awq += g.loss_awq;
@@ -119,7 +121,7 @@ std::vector<QualityRow> measure_quality(const CommonOptions& o, const std::vecto
                                         std::size_t calibration_tokens, Kernel kernel,
                                         const std::function<void(const QualityRow&)>& on_row = nullptr,
                                         const std::string& tokenizer = "") {
-  const ch01::Llama m = ch01::load_llama(o.model).to(Device::CPU, DType::F32);
+  const models::Llama m = models::load_llama(o.model).to(Device::CPU, DType::F32);
   const auto tok = Tokenizer::for_model(o.model, tokenizer);  // default: a folder's tokenizer.json, a llama2.c file's .bin
   const std::string data = data_dir();
   const auto val = eval::tokenize_documents(*tok, data + "/corpus/val.txt");
@@ -233,11 +235,11 @@ SpeedRun measure_speed(Device dev, const TransformerConfig& c, const std::vector
                        Kernel kernel, const std::function<void(const SpeedRun&, const SpeedRow&)>& on_row = nullptr) {
   SpeedRun run{std::string(device_name(dev)), kernel, c, {}, context, steps, {}};
   run.roof = metrics::measure_ceiling(dev);
-  const ch01::Llama base = ch01::random_llama(c, 1, DType::F32);
+  const models::Llama base = models::random_llama(c, 1, DType::F32);
   const DType base_dtype = dev == Device::CUDA ? DType::BF16 : DType::F32;
-  auto time_steps = [&](const std::string& name, const ch01::Llama& model) {
-    ch02::ContiguousKVCache cache(c, context + steps, dev);
-    ch02::forward_cached(model, cache, std::vector<std::int32_t>(static_cast<std::size_t>(context), 3));
+  auto time_steps = [&](const std::string& name, const models::Llama& model) {
+    models::ContiguousKVCache cache(c, context + steps, dev);
+    models::forward_cached(model, cache, std::vector<std::int32_t>(static_cast<std::size_t>(context), 3));
     SpeedRow r{name, bits(model), model.matrix_bytes(), 1e300, 0};
     r.bytes = static_cast<double>(model.matrix_bytes()) + 4.0 * c.hidden_size * (2 * c.num_layers + 2) +
               static_cast<double>(c.kv_cache_bytes(context + 1, 4));
@@ -249,7 +251,7 @@ SpeedRun measure_speed(Device dev, const TransformerConfig& c, const std::vector
     if (dev == Device::CPU) passes.emplace(r.bytes);
     for (int i = 0; i < steps; ++i) {
       metrics::Timer t = metrics::Timer::work(dev == Device::CPU);
-      ch02::forward_cached(model, cache, {3});
+      models::forward_cached(model, cache, {3});
       if (dev == Device::CUDA) cuda::synchronize();
       r.seconds = std::min(r.seconds, t.seconds());
       if (passes) passes->run();
@@ -417,13 +419,13 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   const gguf::File f(file);
   // On the CPU every tensor runs as it is stored (F16 and BF16 matrices too); the GPU path takes
   // plain matrices as f32.
-  ch01::Llama m = load_gguf(f);
+  models::Llama m = load_gguf(f);
   if (dev != Device::CPU) m = m.to(dev, DType::F32);
   else m = for_kernel(std::move(m), kernel);  // the GGUF block types but q2_k and q3_k: eight rows at a time (qmodel.h)
   const auto tok = gguf_tokenizer(f, tokenizer, o.model);
   const SamplingParams sp = o.sampling(*tok, m.config.vocab_size);
   const auto ids = tok->encode(o.prompt);
-  ch01::check_context(m, ids.size(), o.max_new_tokens);  // before the prompt is echoed
+  models::check_context(m, ids.size(), o.max_new_tokens);  // before the prompt is echoed
   // It stops where llama.cpp would: the EOS id, and the end-of-turn tokens the file names.
   std::vector<std::int64_t> stops = gguf::stop_ids(f);
   for (std::int64_t e : m.config.eos_token_ids)
@@ -440,10 +442,11 @@ int run_gguf(const CommonOptions& o, const std::string& file, const std::string&
   if (dev == Device::CPU && step_bytes >= metrics::last_level_cache_bytes()) passes.emplace(step_bytes);
   Sampler sampler(sp);
   TextStream stream(*tok, ids);
-  const ch01::Generation g = ch02::generate_cached(m, ids, o.max_new_tokens, sampler, stops, [&](const ch01::Generation& g) {
-    stream.print(g.tokens);
-    if (passes) passes->run();  // between the steps, outside their timing
-  });
+  const models::Generation g =
+      models::generate_cached(m, ids, o.max_new_tokens, sampler, stops, [&](const models::Generation& g) {
+        stream.print(g.tokens);
+        if (passes) passes->run();  // between the steps, outside their timing
+      });
   std::printf("\n");
   metrics::Ceiling roof;
   roof.name = device_name(dev);

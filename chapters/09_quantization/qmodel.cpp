@@ -13,13 +13,13 @@ std::int64_t width_multiple(const QuantSpec& s) {
   return blocks_activations(s.format) ? 32 : 1;
 }
 
-ch01::Llama quantize_model(const ch01::Llama& m, const QuantSpec& spec, std::vector<std::string>* kept) {
+models::Llama quantize_model(const models::Llama& m, const QuantSpec& spec, std::vector<std::string>* kept) {
   auto keep = [&](const Linear& w, const std::string& name) {
     if (kept == nullptr || w.in_features() % width_multiple(spec) == 0) return false;
     if (std::find(kept->begin(), kept->end(), name) == kept->end()) kept->push_back(name);
     return true;
   };
-  ch01::Llama q = m;
+  models::Llama q = m;
   q.source = m.source + " (" + spec.name() + ")";
   // Errors name the matrix as the checkpoint does, in the order of LlamaLayer::linears().
   const char* names[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -49,7 +49,7 @@ ch01::Llama quantize_model(const ch01::Llama& m, const QuantSpec& spec, std::vec
   return q;
 }
 
-std::int64_t matrix_weights(const ch01::Llama& m) {
+std::int64_t matrix_weights(const models::Llama& m) {
   std::int64_t n = m.lm_head.out_features() * m.lm_head.in_features();
   for (const auto& l : m.layers) {
     for (const Linear* w : l.linears()) n += w->defined() ? w->out_features() * w->in_features() : 0;
@@ -157,7 +157,7 @@ void Interleaved8::matmul(const Tensor& x, Tensor& out) const {
   layout_.matmul(blocked_activations_fast(x), out.data<float>());
 }
 
-void interleave_blocks(ch01::Llama& m, int* count) {
+void interleave_blocks(models::Llama& m, int* count) {
   int n = 0;
   auto swap = [&](Linear& l) {
     const auto* q = dynamic_cast<const QMatrix*>(l.packed.get());

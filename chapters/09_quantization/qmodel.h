@@ -19,7 +19,7 @@ namespace inferlab::ch09 {
 /// not a multiple of width_multiple(spec) is an error; with `kept`, it stays as it is instead
 /// (llama.cpp, too, writes another type where a row is not whole blocks) and its name, as in
 /// "mlp.down_proj", is added to `kept` once.
-ch01::Llama quantize_model(const ch01::Llama& m, const QuantSpec& spec, std::vector<std::string>* kept = nullptr);
+models::Llama quantize_model(const models::Llama& m, const QuantSpec& spec, std::vector<std::string>* kept = nullptr);
 
 /// The multiple of which a matrix's input width n_in must be for `spec`: its group (int4), 32
 /// (the block formats), else 1.
@@ -27,7 +27,7 @@ std::int64_t width_multiple(const QuantSpec& spec);
 
 /// The number of weights in the projections and the head (a tied head counted too: quantising
 /// gives it its own copy).
-std::int64_t matrix_weights(const ch01::Llama& m);
+std::int64_t matrix_weights(const models::Llama& m);
 
 /// The packed matrix of a quantised Linear; throws naming `what` if it is not one of chapter
 /// 09's formats.
@@ -68,6 +68,6 @@ bool interleavable(const QMatrix& q);
 /// `m` with every matrix that can be interleaved so; the number changed in `count` when given.
 /// The fast kernel: `run` does this to a GGUF model on the CPU, ch09_quantization (--kernel fast, the
 /// default) to every quantised model.
-void interleave_blocks(ch01::Llama& m, int* count = nullptr);
+void interleave_blocks(models::Llama& m, int* count = nullptr);
 
 }  // namespace inferlab::ch09

@@ -24,7 +24,7 @@ namespace {
 using ll = long long;
 
 struct Setup {
-  ch01::Llama target, draft;
+  models::Llama target, draft;
   std::vector<std::int32_t> prompt;
   SamplingParams params;
   std::shared_ptr<Tokenizer> tok;
@@ -33,7 +33,7 @@ struct Setup {
 
 // One generation with fresh caches. With γ = 0 it is `target` alone through the same Model
 // interface (one target pass per token): the baseline every speed-up is measured against.
-SpeculativeRun run_once(const Setup& s, const ch01::Llama& target, const ch01::Llama& draft, std::int64_t gamma) {
+SpeculativeRun run_once(const Setup& s, const models::Llama& target, const models::Llama& draft, std::int64_t gamma) {
   const std::int64_t cap = static_cast<std::int64_t>(s.prompt.size()) + s.max_new + gamma + 2;
   CachedModel t(target, std::min(cap, target.config.max_position_embeddings), s.params),
       d(draft, std::min(cap, draft.config.max_position_embeddings), s.params);
@@ -49,7 +49,7 @@ struct Runs {
   SpeculativeRun target, draft;
   std::vector<SpeculativeRun> speculative;  // per γ
 };
-Runs fastest_runs(const Setup& s, const ch01::Llama& draft, const std::vector<std::int64_t>& gammas, int reps) {
+Runs fastest_runs(const Setup& s, const models::Llama& draft, const std::vector<std::int64_t>& gammas, int reps) {
   Runs best;
   best.speculative.resize(gammas.size());
   auto keep = [](SpeculativeRun& best_so_far, SpeculativeRun r, int rep) {
@@ -97,8 +97,8 @@ std::string marked(const Tokenizer& tok, const SpeculativeRun& r) {
   return s;
 }
 
-json sweep(const Setup& s, const ch01::Llama& draft, const std::string& draft_name, const std::vector<std::int64_t>& gammas,
-           int reps, bool indent) {
+json sweep(const Setup& s, const models::Llama& draft, const std::string& draft_name,
+           const std::vector<std::int64_t>& gammas, int reps, bool indent) {
   const char* pad = indent ? "  " : "";
   const Runs runs = fastest_runs(s, draft, gammas, reps);
   const SpeculativeRun &alone = runs.target, &draft_alone = runs.draft;
@@ -228,9 +228,9 @@ json example(bool indent) {
 // F = 2816, 16 heads of 64, tiny-mha's 1024-token vocabulary: about 100M parameters, 400 MB in
 // f32): the regime the lecture's argument is about. Its tokenizer is tiny-mha's.
 Setup random_setup(const GenerationOptions& g) {
-  const TransformerConfig c = ch01::memory_bound_shape(8, 16, 1024, 4096);
+  const TransformerConfig c = models::memory_bound_shape(8, 16, 1024, 4096);
   Setup s;
-  s.target = ch01::random_llama(c, 1);
+  s.target = models::random_llama(c, 1);
   s.tok = Tokenizer::for_model(bundled_model("tiny-mha"));
   s.prompt = s.tok->encode(g.prompt);
   s.params = g.sampling(*s.tok, c.vocab_size, bundled_model("tiny-mha"));
@@ -240,8 +240,8 @@ Setup random_setup(const GenerationOptions& g) {
 
 Setup setup(const std::string& target, const std::string& draft, const GenerationOptions& g) {
   Setup s;
-  s.target = ch01::load_llama(target);
-  s.draft = ch01::load_llama(draft);
+  s.target = models::load_llama(target);
+  s.draft = models::load_llama(draft);
   IL_CHECK(s.target.config.vocab_size == s.draft.config.vocab_size, "the draft (", draft, ") has a vocabulary of ",
            s.draft.config.vocab_size, " and the target (", target, ") of ", s.target.config.vocab_size,
            ": speculative sampling needs the same tokenizer");
@@ -255,8 +255,8 @@ Setup setup(const std::string& target, const std::string& draft, const Generatio
   }
   s.params = g.sampling(*s.tok, s.target.config.vocab_size, target);
   s.max_new = g.max_new_tokens;
-  ch01::check_context(s.target, s.prompt.size(), s.max_new);  // a round never holds more than prompt + max_new
-  ch01::check_context(s.draft, s.prompt.size(), s.max_new);
+  models::check_context(s.target, s.prompt.size(), s.max_new);  // a round never holds more than prompt + max_new
+  models::check_context(s.draft, s.prompt.size(), s.max_new);
   return s;
 }
 

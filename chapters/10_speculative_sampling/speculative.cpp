@@ -10,11 +10,11 @@
 
 namespace inferlab::ch10 {
 
-CachedModel::CachedModel(const ch01::Llama& m, std::int64_t capacity, const SamplingParams& params)
+CachedModel::CachedModel(const models::Llama& m, std::int64_t capacity, const SamplingParams& params)
     : m_(m), cache_(m.config, capacity, m.device()), probs_(params) {}
 
 std::vector<Distribution> CachedModel::feed(const std::vector<std::int32_t>& tokens) {
-  const Tensor logits = ch02::forward_cached(m_, cache_, tokens, true);  // [T, V]: every fed position's next token
+  const Tensor logits = models::forward_cached(m_, cache_, tokens, true);  // [T, V]: every fed position's next token
   ++forwards_;
   std::vector<Distribution> out;
   for (std::int64_t i = 0; i < logits.size(0); ++i) out.push_back(probs_.probabilities(logits.slice(0, i, i + 1)));
@@ -29,7 +29,7 @@ Tensor CachedModel::feed_on_device(const std::vector<std::int32_t>& tokens, std:
   IL_CHECK(m_.device() == Device::CUDA, "feed_on_device: the model is on the CPU");
   IL_CHECK(last >= 1 && last <= static_cast<std::int64_t>(tokens.size()), "feed_on_device: the last ", last, " of ",
            tokens.size(), " positions");
-  const Tensor logits = ch02::forward_cached(m_, cache_, tokens, true);
+  const Tensor logits = models::forward_cached(m_, cache_, tokens, true);
   ++forwards_;
   return cuda::distributions(logits.slice(0, logits.size(0) - last, logits.size(0)).contiguous(), probs_.params());
 }

@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "common/models/kv_cache.h"
 #include "common/sampling.h"
 
 namespace inferlab::ch10 {
@@ -64,7 +64,7 @@ class Model {
 /// Sampler::probabilities of each fed position's logits under `params`.
 class CachedModel : public Model {
  public:
-  CachedModel(const ch01::Llama& m, std::int64_t capacity, const SamplingParams& params);
+  CachedModel(const models::Llama& m, std::int64_t capacity, const SamplingParams& params);
   std::int64_t length() const override { return cache_.length(); }
   std::vector<Distribution> feed(const std::vector<std::int32_t>& tokens) override;
   void truncate(std::int64_t n) override { cache_.truncate(n); }
@@ -73,8 +73,8 @@ class CachedModel : public Model {
   Tensor feed_on_device(const std::vector<std::int32_t>& tokens, std::int64_t last) override;
 
  private:
-  const ch01::Llama& m_;
-  ch02::ContiguousKVCache cache_;
+  const models::Llama& m_;
+  models::ContiguousKVCache cache_;
   Sampler probs_;
   std::int64_t forwards_ = 0;
 };

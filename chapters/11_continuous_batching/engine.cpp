@@ -19,7 +19,7 @@ GrowingKVCache::GrowingKVCache(const TransformerConfig& c, Device device) : conf
 
 void GrowingKVCache::grow(std::int64_t capacity) {
   if (capacity <= this->capacity()) return;
-  auto bigger = std::make_unique<ch02::ContiguousKVCache>(config_, capacity, device_);
+  auto bigger = std::make_unique<models::ContiguousKVCache>(config_, capacity, device_);
   const std::int64_t n = length();
   if (n > 0) {
     for (std::int64_t l = 0; l < rows_->layers(); ++l) {
@@ -96,7 +96,7 @@ std::string ContiguousPool::describe() const {
 
 // ---------------------------------------------------------------------------------------------
 // The engine.
-Engine::Engine(const ch01::Llama& m, KVPool& pool, const EngineConfig& c)
+Engine::Engine(const models::Llama& m, KVPool& pool, const EngineConfig& c)
     : m_(m), pool_(pool), c_(c), scheduler_(c.scheduler, pool) {}
 
 void Engine::add(Request r) {
@@ -216,7 +216,7 @@ bool Engine::step() {
            " requests waiting and ", scheduler_.running().size(), " running");
 
   // Selective batching: chapter 02's forward pass over every planned sequence's next tokens.
-  std::vector<ch02::SequenceStep> batch;
+  std::vector<models::SequenceStep> batch;
   std::vector<std::int64_t> lengths;
   for (const Scheduled& p : plan) {
     Sequence& s = *p.seq;
@@ -233,7 +233,7 @@ bool Engine::step() {
   {
     metrics::CountScope work;
     const cuda::Launches before = cuda::launches();
-    logits = ch02::forward(m_, batch, ch02::attention_block, c_.attend_path).to(Device::CPU);  // a row per sequence
+    logits = models::forward(m_, batch, models::attention_block, c_.attend_path).to(Device::CPU);  // a row per sequence
     const cuda::Launches after = cuda::launches();
     rec.flops = work.work().flops;
     rec.launches = after.kernels - before.kernels, rec.copies = after.copies - before.copies;
@@ -274,13 +274,13 @@ void Engine::run() {
 
 // ---------------------------------------------------------------------------------------------
 // The request alone: chapter 02's generate loop, with the request's sampler and stop ids.
-Sequence run_alone(const ch01::Llama& m, const Request& r) {
+Sequence run_alone(const models::Llama& m, const Request& r) {
   Sequence s(r);
-  ch01::check_context(m, r.prompt.size(), r.max_new_tokens);
-  ch02::ContiguousKVCache cache(m.config, s.max_tokens(), m.device());
+  models::check_context(m, r.prompt.size(), r.max_new_tokens);
+  models::ContiguousKVCache cache(m.config, s.max_tokens(), m.device());
   std::vector<std::int32_t> feed = r.prompt;
   for (int i = 0; i < r.max_new_tokens; ++i) {
-    const Tensor logits = ch02::forward_cached(m, cache, feed).to(Device::CPU);
+    const Tensor logits = models::forward_cached(m, cache, feed).to(Device::CPU);
     if (r.keep_logits) s.logits.push_back(logits.to_float_vector());
     s.tokens.push_back(s.sampler.sample(logits));
     feed = {s.tokens.back()};

@@ -21,14 +21,14 @@ namespace inferlab::ch11 {
 /// Chapter 02's contiguous cache, made able to grow: a larger one is allocated and the cached
 /// rows are copied over. This copy, and the memory each cache holds beyond its last token, are
 /// what chapter 12's blocks remove.
-class GrowingKVCache : public ch02::KVCache {
+class GrowingKVCache : public models::KVCache {
  public:
   GrowingKVCache(const TransformerConfig& c, Device device);
   /// Makes room for `capacity` positions (at least length()).
   void grow(std::int64_t capacity);
   std::int64_t capacity() const { return rows_ ? rows_->capacity() : 0; }
   /// The contiguous cache it holds now (null before the first grow): for the CUDA path and tests.
-  const ch02::ContiguousKVCache* rows() const { return rows_.get(); }
+  const models::ContiguousKVCache* rows() const { return rows_.get(); }
   std::int64_t length() const override { return rows_ ? rows_->length() : 0; }
   void commit(std::int64_t T) override;
   void truncate(std::int64_t n) override;
@@ -40,7 +40,7 @@ class GrowingKVCache : public ch02::KVCache {
  private:
   TransformerConfig config_;
   Device device_;
-  std::unique_ptr<ch02::ContiguousKVCache> rows_;
+  std::unique_ptr<models::ContiguousKVCache> rows_;
 };
 
 enum class Allocation {
@@ -95,12 +95,12 @@ struct EngineConfig {
   /// Keep every StepRecord (the chapters' figures); a server that runs for days keeps the last only.
   bool keep_steps = true;
   /// Attention of a step: one call over every sequence's cache (default), or cache by cache.
-  ch02::AttendPath attend_path = ch02::AttendPath::Batched;
+  models::AttendPath attend_path = models::AttendPath::Batched;
 };
 
 class Engine {
  public:
-  Engine(const ch01::Llama& m, KVPool& pool, const EngineConfig& c);
+  Engine(const models::Llama& m, KVPool& pool, const EngineConfig& c);
   /// Queues a request for its arrival time. Throws naming the request when it cannot be served:
   /// an empty prompt, a prompt and max_new_tokens beyond the model's context, more KV memory than
   /// the whole budget, bad sampling parameters, a repeated id.
@@ -134,7 +134,7 @@ class Engine {
   // The request's other samples, forked from s as it samples its first token from `logits`.
   std::vector<Sequence*> fork(Sequence& s, const float* logits);
 
-  const ch01::Llama& m_;
+  const models::Llama& m_;
   KVPool& pool_;
   EngineConfig c_;
   Scheduler scheduler_;
@@ -147,6 +147,6 @@ class Engine {
 
 /// The simple way the engine must agree with: the request alone, prefill then one token per
 /// step, with chapter 02's cache (tokens, and with keep_logits each token's logits).
-Sequence run_alone(const ch01::Llama& m, const Request& r);
+Sequence run_alone(const models::Llama& m, const Request& r);
 
 }  // namespace inferlab::ch11

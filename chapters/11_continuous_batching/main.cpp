@@ -27,7 +27,7 @@ struct ServeOptions {
   Allocation allocation = Allocation::MaxLength;
   double budget_mib = 64;
   Clock clock = Clock::Measured;
-  ch02::AttendPath attend = ch02::AttendPath::Batched;
+  models::AttendPath attend = models::AttendPath::Batched;
 };
 
 struct Served {
@@ -36,7 +36,7 @@ struct Served {
   double end = 0;
 };
 
-Served serve(const ch01::Llama& m, const std::vector<Request>& trace, const ServeOptions& o, Policy policy) {
+Served serve(const models::Llama& m, const std::vector<Request>& trace, const ServeOptions& o, Policy policy) {
   ContiguousPool pool(m.config, static_cast<std::int64_t>(o.budget_mib * (1 << 20)), o.allocation, m.device());
   EngineConfig c;
   c.scheduler = o.scheduler;
@@ -52,7 +52,7 @@ Served serve(const ch01::Llama& m, const std::vector<Request>& trace, const Serv
 const char* policy_name(Policy p) { return p == Policy::Static ? "static" : "continuous"; }
 
 // --- the lecture's example -------------------------------------------------------------------
-json example(const ch01::Llama& m, bool indent) {
+json example(const models::Llama& m, bool indent) {
   const char* pad = indent ? "  " : "";
   ServeOptions o;
   o.scheduler.max_running = 3, o.scheduler.max_step_tokens = 3;
@@ -129,7 +129,7 @@ json print_row(const char* pad, const std::string& arrivals, Policy p, const Ser
   return j;
 }
 
-json run_trace(const ch01::Llama& m, const std::vector<std::int32_t>& text, const TraceOptions& t, const ServeOptions& o,
+json run_trace(const models::Llama& m, const std::vector<std::int32_t>& text, const TraceOptions& t, const ServeOptions& o,
                const metrics::Ceiling& roof, bool indent) {
   const char* pad = indent ? "  " : "";
   {  // warm-up: the first steps of a process pay for page faults and cold caches
@@ -184,7 +184,7 @@ json run_trace(const ch01::Llama& m, const std::vector<std::int32_t>& text, cons
   if (m.device() == Device::CUDA)  // the batched step's launches do not grow with the batch; cache by cache they do
     for (std::size_t i = 0; i < at_once.size(); ++i)
       std::printf("%sGPU, %s, %s attention, %.2f sequences a step: %s\n", pad, policy_name(t.policies[i]),
-                  o.attend == ch02::AttendPath::Batched ? "batched" : "per-sequence", at_once[i].report.mean_batch,
+                  o.attend == models::AttendPath::Batched ? "batched" : "per-sequence", at_once[i].report.mean_batch,
                   launches_line(at_once[i].report, m.config.num_layers).c_str());
   const double end = std::max(at_once.front().end, at_once.back().end);
   std::printf("%sslots in use over time, %s:\n", pad, t.rates.empty() ? "all at once" : "the first rate");
@@ -323,14 +323,14 @@ int main(int argc, char** argv) {
   bare_run_options_only(app);
   return run_cli(app, argc, argv, [&] {
     if (*se) {
-      const json r = example(ch01::load_llama(model), false);
+      const json r = example(models::load_llama(model), false);
       if (!json_path.empty()) write_json(json_path, {{"example", r}});
       return 0;
     }
     const bool bare = !*st;
     const Device d = dev.resolved_device();
-    ch01::Llama m =
-        random_model ? ch01::random_llama(ch01::memory_bound_shape(8, 16, 1024, 4096), 1) : ch01::load_llama(model);
+    models::Llama m =
+        random_model ? models::random_llama(models::memory_bound_shape(8, 16, 1024, 4096), 1) : models::load_llama(model);
     std::shared_ptr<Tokenizer> tok = Tokenizer::for_model(random_model ? bundled_model("tiny-mha") : model);
     m = m.to(d, DType::F32);
     t.spec.context = m.config.max_position_embeddings;
@@ -338,7 +338,7 @@ int main(int argc, char** argv) {
     o.budget_mib = static_cast<double>(budget_mib);
     o.allocation = allocation == "on-demand" ? Allocation::OnDemand : Allocation::MaxLength;
     o.clock = clock == "steps" ? Clock::Steps : Clock::Measured;
-    o.attend = attend == "per-sequence" ? ch02::AttendPath::PerSequence : ch02::AttendPath::Batched;
+    o.attend = attend == "per-sequence" ? models::AttendPath::PerSequence : models::AttendPath::Batched;
     if (policy != "both") t.policies = {policy == "static" ? Policy::Static : Policy::Continuous};
     o.scheduler.validate();
     const auto text = eval::tokenize_documents(*tok, data_dir() + "/corpus/val.txt");  // in the model's own tokens

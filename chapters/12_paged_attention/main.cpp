@@ -44,7 +44,7 @@ struct Served {
   std::int64_t prefill_tokens = 0;
 };
 
-Served serve(const ch01::Llama& m, const std::vector<ch11::Request>& trace, ch11::KVPool& pool, std::int64_t cap,
+Served serve(const models::Llama& m, const std::vector<ch11::Request>& trace, ch11::KVPool& pool, std::int64_t cap,
              std::int64_t step_tokens) {
   ch11::EngineConfig c;
   c.scheduler = {ch11::Policy::Continuous, cap, step_tokens};
@@ -146,7 +146,7 @@ void plot_block_tables(const std::vector<std::unique_ptr<PagedKVCache>>& caches,
 }
 
 // --- memory: contiguous max-length allocation against blocks ------------------------------------
-json memory(const ch01::Llama& m, const std::vector<std::int32_t>& text, const MemoryOptions& o, bool indent) {
+json memory(const models::Llama& m, const std::vector<std::int32_t>& text, const MemoryOptions& o, bool indent) {
   const char* pad = indent ? "  " : "";
   const auto trace = ch11::make_trace(o.spec, text);
   const auto budget = static_cast<std::int64_t>(o.budget_mib * (1 << 20));
@@ -195,7 +195,7 @@ json memory(const ch01::Llama& m, const std::vector<std::int32_t>& text, const M
 }
 
 // --- sharing: parallel samples and a shared system prompt --------------------------------------
-json sharing(const ch01::Llama& m, const std::vector<std::int32_t>& text, std::int64_t n, std::int64_t block_size,
+json sharing(const models::Llama& m, const std::vector<std::int32_t>& text, std::int64_t n, std::int64_t block_size,
              bool indent, const std::string& svg) {
   const char* pad = indent ? "  " : "";
   json out;
@@ -206,7 +206,7 @@ json sharing(const ch01::Llama& m, const std::vector<std::int32_t>& text, std::i
     std::vector<std::unique_ptr<PagedKVCache>> caches;
     caches.push_back(std::make_unique<PagedKVCache>(pool));
     IL_CHECK(caches[0]->reserve(static_cast<std::int64_t>(prompt.size())), "sharing: the pool is too small");
-    const Tensor first = ch02::forward_cached(m, *caches[0], prompt).to(Device::CPU);
+    const Tensor first = models::forward_cached(m, *caches[0], prompt).to(Device::CPU);
     for (std::int64_t i = 1; i < n; ++i) caches.push_back(caches[0]->fork());
     const std::int64_t after_fork = pool.used();
     std::vector<Sampler> samplers;
@@ -218,12 +218,12 @@ json sharing(const ch01::Llama& m, const std::vector<std::int32_t>& text, std::i
       last.push_back(samplers.back().sample(first));
     }
     for (int t = 1; t < new_tokens; ++t) {
-      std::vector<ch02::SequenceStep> steps;
+      std::vector<models::SequenceStep> steps;
       for (std::int64_t i = 0; i < n; ++i) {
         IL_CHECK(caches[static_cast<std::size_t>(i)]->reserve(1), "sharing: the pool is too small");
         steps.push_back({{last[static_cast<std::size_t>(i)]}, caches[static_cast<std::size_t>(i)].get(), false});
       }
-      const Tensor logits = ch02::forward(m, steps).to(Device::CPU);
+      const Tensor logits = models::forward(m, steps).to(Device::CPU);
       for (std::int64_t i = 0; i < n; ++i)
         last[static_cast<std::size_t>(i)] = samplers[static_cast<std::size_t>(i)].sample(logits.slice(0, i, i + 1));
     }
@@ -413,7 +413,7 @@ int main(int argc, char** argv) {
       std::printf("PagedAttention (lecture: PagedAttention 与 vLLM): the KV cache in blocks of %lld positions\n\n",
                   static_cast<ll>(mo.block_size));
     if (bare || *sm || *sh) {
-      ch01::Llama m = ch01::load_llama(model).to(d, DType::F32);
+      models::Llama m = models::load_llama(model).to(d, DType::F32);
       const auto tok = Tokenizer::for_model(model);
       const auto text = eval::tokenize_documents(*tok, data_dir() + "/corpus/val.txt");
       mo.spec.context = m.config.max_position_embeddings;

@@ -25,7 +25,7 @@ namespace inferlab::ch12 {
 bool must_copy_before_writing(const BlockPool& pool, const std::vector<std::int32_t>& table, std::int64_t length,
                               std::int64_t n);
 
-class PagedKVCache : public ch02::KVCache {
+class PagedKVCache : public models::KVCache {
  public:
   explicit PagedKVCache(BlockPool& pool);
   ~PagedKVCache() override;
@@ -86,7 +86,7 @@ class PagedPool : public ch11::KVPool {
   std::int64_t bytes_for(std::int64_t tokens) const override;
   /// A fork sharing every block of s's cache (parallel samples): no block is taken until one
   /// of them writes into the shared, partly filled last block.
-  std::unique_ptr<ch02::KVCache> fork(const ch11::Sequence& s) override;
+  std::unique_ptr<models::KVCache> fork(const ch11::Sequence& s) override;
   std::string describe() const override;
   BlockPool& blocks() { return blocks_; }
   const BlockPool& blocks() const { return blocks_; }

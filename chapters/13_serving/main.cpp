@@ -30,7 +30,7 @@ namespace {
 // A model as the server runs it: the weights, their tokenizer, the ids that end a sample.
 struct Loaded {
   std::unique_ptr<gguf::File> file;  // a GGUF's tensors are read from it while it serves
-  ch01::Llama model;
+  models::Llama model;
   std::unique_ptr<Tokenizer> tok;
   std::vector<std::int64_t> eos;
 };
@@ -47,7 +47,7 @@ Loaded load(const std::string& path, const std::string& tokenizer, Device d) {
     l.tok = ch09::gguf_tokenizer(*l.file, tokenizer, path);
     l.eos = gguf::stop_ids(*l.file);  // EOS and the end-of-turn tokens the file names, as llama.cpp stops
   } else {
-    l.model = ch01::load_llama(path).to(d, DType::F32);
+    l.model = models::load_llama(path).to(d, DType::F32);
     l.tok = Tokenizer::for_model(path, tokenizer);
   }
   for (std::int64_t e : l.model.config.eos_token_ids)

@@ -44,7 +44,7 @@ double seconds_between(Clock::time_point a, Clock::time_point b) { return std::c
 
 }  // namespace
 
-Server::Server(const ch01::Llama& m, const Tokenizer& tok, std::vector<std::int64_t> eos, const ServerConfig& c)
+Server::Server(const models::Llama& m, const Tokenizer& tok, std::vector<std::int64_t> eos, const ServerConfig& c)
     : m_(m),
       tok_(tok),
       eos_(std::move(eos)),

@@ -83,7 +83,7 @@ class Server {
  public:
   /// Serves `m` (which must outlive it) with `tok`; a sample ends at any of `eos` unless the
   /// request ignores it. Starts the engine thread.
-  Server(const ch01::Llama& m, const Tokenizer& tok, std::vector<std::int64_t> eos, const ServerConfig& c);
+  Server(const models::Llama& m, const Tokenizer& tok, std::vector<std::int64_t> eos, const ServerConfig& c);
   /// Drains (see drain()) with no time to wait, then stops the engine thread.
   ~Server();
   Server(const Server&) = delete;
@@ -114,7 +114,7 @@ class Server {
   std::shared_ptr<Subscription> watch();
   std::int64_t watchers() const { return watch_.watchers(); }
 
-  const ch01::Llama& model() const { return m_; }
+  const models::Llama& model() const { return m_; }
   const Tokenizer& tokenizer() const { return tok_; }
   const ServerConfig& config() const { return c_; }
   std::int64_t context() const { return m_.config.max_position_embeddings; }
@@ -149,7 +149,7 @@ class Server {
   void fail_everything(const std::string& why);
   void publish_gauges();
 
-  const ch01::Llama& m_;
+  const models::Llama& m_;
   const Tokenizer& tok_;
   std::vector<std::int64_t> eos_;
   ServerConfig c_;

@@ -18,10 +18,10 @@
 
 #include "bench_main.h"
 #include "chapters/02_kv_cache/cuda_decode.h"
-#include "chapters/02_kv_cache/kv_cache.h"
 #include "common/ceiling.h"
 #include "common/cuda/backend.h"
 #include "common/metrics.h"
+#include "common/models/kv_cache.h"
 
 using namespace inferlab;
 
@@ -55,18 +55,18 @@ void report(benchmark::State& state, double bytes_per_token, double s_per_token,
 
 void BM_CpuDecode(benchmark::State& state) {
   const DType wt = state.range(0) ? DType::BF16 : DType::F32;
-  static std::map<int, std::unique_ptr<ch01::Llama>> models;
+  static std::map<int, std::unique_ptr<models::Llama>> models;
   auto& m = models[static_cast<int>(state.range(0))];
-  if (!m) m = std::make_unique<ch01::Llama>(ch01::random_llama(kCpu350M, 1, wt));
+  if (!m) m = std::make_unique<models::Llama>(models::random_llama(kCpu350M, 1, wt));
   const std::vector<std::int32_t> prompt(64, 7);
-  ch02::ContiguousKVCache cache(kCpu350M, 64 + 1000);
-  ch02::forward_cached(*m, cache, prompt);
+  models::ContiguousKVCache cache(kCpu350M, 64 + 1000);
+  models::forward_cached(*m, cache, prompt);
   double total = 0, bytes = 0;
   std::int64_t n = 0;
   for (auto _ : state) {
     const double cache_bytes = static_cast<double>(kCpu350M.kv_cache_bytes(cache.length() + 1, 4));
     metrics::Timer t;
-    benchmark::DoNotOptimize(ch02::forward_cached(*m, cache, {7}).raw_data());
+    benchmark::DoNotOptimize(models::forward_cached(*m, cache, {7}).raw_data());
     const double dt = t.seconds();
     state.SetIterationTime(dt);
     total += dt, bytes += static_cast<double>(m->step_weight_bytes()) + cache_bytes, ++n;
@@ -84,16 +84,16 @@ BENCHMARK(BM_CpuDecode)->Arg(0)->Arg(1)->UseManualTime()->Iterations(20)->Unit(b
 // rows = 1 line with the others.
 void BM_CpuVerifyPass(benchmark::State& state) {
   const std::int64_t rows = state.range(0);
-  static const TransformerConfig c = ch01::memory_bound_shape(8, 16, 1024, 4096);
-  static const ch01::Llama m = ch01::random_llama(c, 1);
-  ch02::ContiguousKVCache cache(c, 16 + rows);
-  ch02::forward_cached(m, cache, std::vector<std::int32_t>(16, 5));
+  static const TransformerConfig c = models::memory_bound_shape(8, 16, 1024, 4096);
+  static const models::Llama m = models::random_llama(c, 1);
+  models::ContiguousKVCache cache(c, 16 + rows);
+  models::forward_cached(m, cache, std::vector<std::int32_t>(16, 5));
   const std::vector<std::int32_t> feed(static_cast<std::size_t>(rows), 9);
   double total = 0;
   std::int64_t n = 0;
   for (auto _ : state) {
     metrics::Timer t;
-    benchmark::DoNotOptimize(ch02::forward_cached(m, cache, feed, true).raw_data());
+    benchmark::DoNotOptimize(models::forward_cached(m, cache, feed, true).raw_data());
     const double dt = t.seconds();
     state.SetIterationTime(dt);
     total += dt, ++n;
@@ -113,9 +113,9 @@ void BM_CudaDecode(benchmark::State& state) {
     return;
   }
   const TransformerConfig& c = state.range(0) == 1 ? kLlama1B : kLlama8B;
-  static std::map<int, std::unique_ptr<ch01::Llama>> models;
+  static std::map<int, std::unique_ptr<models::Llama>> models;
   auto& m = models[static_cast<int>(state.range(0))];
-  if (!m) m = std::make_unique<ch01::Llama>(ch01::random_llama(c, 1, DType::BF16, Device::CUDA));
+  if (!m) m = std::make_unique<models::Llama>(models::random_llama(c, 1, DType::BF16, Device::CUDA));
   static const double ceiling = cuda::measure_read_bandwidth(std::size_t(4) << 30);
   const int context = 256, warmup = 4, steps = 64;
   double total = 0, bytes = 0;

@@ -25,12 +25,12 @@ using namespace inferlab;
 namespace {
 
 const TransformerConfig& shape() {
-  static const TransformerConfig c = ch01::memory_bound_shape(8, 16, 1024, 4096);
+  static const TransformerConfig c = models::memory_bound_shape(8, 16, 1024, 4096);
   return c;
 }
 
-const ch01::Llama& model() {
-  static const ch01::Llama m = ch01::random_llama(shape(), 1);
+const models::Llama& model() {
+  static const models::Llama m = models::random_llama(shape(), 1);
   return m;
 }
 
@@ -45,7 +45,7 @@ void BM_EngineDecodeStep(benchmark::State& state) {
   const bool paged = state.range(1) != 0, batched = state.range(2) != 0;
   const cpu::BatchGemv kernel = static_cast<cpu::BatchGemv>(state.range(3));
   cpu::set_batch_gemv(kernel);
-  const ch01::Llama& m = model();
+  const models::Llama& m = model();
   const std::int64_t budget = m.config.kv_cache_bytes(B * (context + 64), 4);
   std::unique_ptr<ch11::KVPool> pool;
   if (paged) pool = std::make_unique<ch12::PagedPool>(m.config, budget, 16);
@@ -53,7 +53,7 @@ void BM_EngineDecodeStep(benchmark::State& state) {
   ch11::EngineConfig c;
   c.scheduler = {ch11::Policy::Continuous, B, std::max<std::int64_t>(B, 512)};
   c.clock = ch11::Clock::Steps;
-  c.attend_path = batched ? ch02::AttendPath::Batched : ch02::AttendPath::PerSequence;
+  c.attend_path = batched ? models::AttendPath::Batched : models::AttendPath::PerSequence;
   ch11::Engine e(m, *pool, c);
   for (std::int64_t b = 0; b < B; ++b) {
     ch11::Request r;

@@ -40,7 +40,7 @@ void expect_close(const Tensor& gpu, const Tensor& cpu, const TransformerConfig&
 
 // The CPU continues from the GPU's cache, so that each decode step is compared on its own rather
 // than with the prefill's bf16 differences carried along.
-void adopt_cache(ch02::ContiguousKVCache& cpu, const ch02::CudaDecoder& dec) {
+void adopt_cache(models::ContiguousKVCache& cpu, const ch02::CudaDecoder& dec) {
   for (std::int64_t l = 0; l < cpu.layers(); ++l) cpu.k(l).copy_from(dec.cache().k(l)), cpu.v(l).copy_from(dec.cache().v(l));
   cpu.truncate(0);
   cpu.commit(dec.length());
@@ -53,20 +53,20 @@ constexpr cuda::GemvVersion kGemvVersions[] = {cuda::GemvVersion::WarpRow, cuda:
 
 TEST(CudaDecoder, MatchesTheCpuPathOnTinyMha) {
   IL_REQUIRE_CUDA();
-  const ch01::Llama cpu = ch01::load_llama(kData + "/models/tiny-mha").to(Device::CPU, DType::BF16);
-  const ch01::Llama gpu = cpu.to(Device::CUDA, DType::BF16);
+  const models::Llama cpu = models::load_llama(kData + "/models/tiny-mha").to(Device::CPU, DType::BF16);
+  const models::Llama gpu = cpu.to(Device::CUDA, DType::BF16);
   const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
   for (cuda::GemvVersion v : kGemvVersions) {
     SCOPED_TRACE(std::string("GEMV version ") + cuda::gemv_version_name(v));
     cuda::set_gemv_version(v);
     ch02::CudaDecoder dec(gpu, 64);
     cuda::set_gemv_version(cuda::kDefaultGemvVersion);
-    ch02::ContiguousKVCache cache(cpu.config, 64);
-    expect_close(dec.prefill(prompt), ch02::forward_cached(cpu, cache, prompt), cpu.config, true, "prefill");
+    models::ContiguousKVCache cache(cpu.config, 64);
+    expect_close(dec.prefill(prompt), models::forward_cached(cpu, cache, prompt), cpu.config, true, "prefill");
     EXPECT_EQ(dec.length(), cache.length());
     adopt_cache(cache, dec);
     for (std::int32_t t : {15, 7, 300, 42, 1000}) {
-      expect_close(dec.step(t), ch02::forward_cached(cpu, cache, {t}), cpu.config, false, "decode step");
+      expect_close(dec.step(t), models::forward_cached(cpu, cache, {t}), cpu.config, false, "decode step");
       EXPECT_EQ(dec.length(), cache.length());
     }
   }
@@ -74,7 +74,7 @@ TEST(CudaDecoder, MatchesTheCpuPathOnTinyMha) {
 
 TEST(CudaDecoder, GreedyOnDeviceEqualsGreedyOnHostAndGraphEqualsLaunches) {
   IL_REQUIRE_CUDA();
-  const ch01::Llama gpu = ch01::load_llama(kData + "/models/tiny-mha").to(Device::CUDA, DType::BF16);
+  const models::Llama gpu = models::load_llama(kData + "/models/tiny-mha").to(Device::CUDA, DType::BF16);
   const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
   ch02::CudaDecoder a(gpu, 128, true), b(gpu, 128, false);
   const auto la = a.prefill(prompt).to(Device::CPU), lb = b.prefill(prompt).to(Device::CPU);
@@ -101,17 +101,17 @@ TEST(CudaDecoder, SplitKAttentionOverLongContexts) {
   c.hidden_size = 256, c.intermediate_size = 512, c.num_layers = 2, c.num_heads = 8, c.num_kv_heads = 2;
   c.head_dim = 32, c.vocab_size = 500, c.max_position_embeddings = 2048, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
   c.attention_bias = true;
-  const ch01::Llama cpu = ch01::random_llama(c, 7, DType::BF16);
-  const ch01::Llama gpu = cpu.to(Device::CUDA, DType::BF16);
+  const models::Llama cpu = models::random_llama(c, 7, DType::BF16);
+  const models::Llama gpu = cpu.to(Device::CUDA, DType::BF16);
   auto rng = test::rng_for_test();
   std::vector<std::int32_t> prompt(700);
   for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % 500);
   ch02::CudaDecoder dec(gpu, 800);
-  ch02::ContiguousKVCache cache(c, 800);
-  expect_close(dec.prefill(prompt), ch02::forward_cached(cpu, cache, prompt), c, true, "long prefill");
+  models::ContiguousKVCache cache(c, 800);
+  expect_close(dec.prefill(prompt), models::forward_cached(cpu, cache, prompt), c, true, "long prefill");
   adopt_cache(cache, dec);
   for (std::int32_t t : {1, 2, 3})
-    expect_close(dec.step(t), ch02::forward_cached(cpu, cache, {t}), c, false, "long-context decode step");
+    expect_close(dec.step(t), models::forward_cached(cpu, cache, {t}), c, false, "long-context decode step");
 }
 
 // Llama's attention_bias biases o_proj too: the decode step adds it with the output projection.
@@ -123,30 +123,30 @@ TEST(CudaDecoder, LlamaAttentionBiasesIncludingOProj) {
   c.hidden_size = 256, c.intermediate_size = 512, c.num_layers = 2, c.num_heads = 8, c.num_kv_heads = 2;
   c.head_dim = 32, c.vocab_size = 500, c.max_position_embeddings = 256, c.rms_norm_eps = 1e-5, c.rope_theta = 1e4;
   c.attention_bias = c.attention_out_bias = true;
-  const ch01::Llama cpu = ch01::random_llama(c, 11, DType::BF16);
+  const models::Llama cpu = models::random_llama(c, 11, DType::BF16);
   ASSERT_TRUE(cpu.layers[0].wo.bias.defined());
-  const ch01::Llama gpu = cpu.to(Device::CUDA, DType::BF16);
+  const models::Llama gpu = cpu.to(Device::CUDA, DType::BF16);
   const std::vector<std::int32_t> prompt = {3, 141, 59, 265, 35, 89, 79, 323};
   for (cuda::GemvVersion v : kGemvVersions) {
     SCOPED_TRACE(std::string("GEMV version ") + cuda::gemv_version_name(v));
     cuda::set_gemv_version(v);
     ch02::CudaDecoder dec(gpu, 64);
     cuda::set_gemv_version(cuda::kDefaultGemvVersion);
-    ch02::ContiguousKVCache cache(c, 64);
-    expect_close(dec.prefill(prompt), ch02::forward_cached(cpu, cache, prompt), c, true, "prefill with o_proj bias");
+    models::ContiguousKVCache cache(c, 64);
+    expect_close(dec.prefill(prompt), models::forward_cached(cpu, cache, prompt), c, true, "prefill with o_proj bias");
     adopt_cache(cache, dec);
     for (std::int32_t t : {7, 8})
-      expect_close(dec.step(t), ch02::forward_cached(cpu, cache, {t}), c, false, "decode step with o_proj bias");
+      expect_close(dec.step(t), models::forward_cached(cpu, cache, {t}), c, false, "decode step with o_proj bias");
   }
   c.mlp_bias = true;
-  const ch01::Llama mlp = ch01::random_llama(c, 11, DType::BF16).to(Device::CUDA, DType::BF16);
+  const models::Llama mlp = models::random_llama(c, 11, DType::BF16).to(Device::CUDA, DType::BF16);
   test::expect_error([&] { ch02::CudaDecoder d(mlp, 16); }, {"CudaDecoder", "mlp_bias"});
 }
 
 TEST(CudaDecoder, WithoutADeviceItSaysSo) {
   const std::string reason = cuda::unavailable_reason();
   if (reason.empty()) GTEST_SKIP() << "a CUDA device is available";
-  const ch01::Llama cpu = ch01::load_llama(kData + "/models/tiny-mha");
+  const models::Llama cpu = models::load_llama(kData + "/models/tiny-mha");
   test::expect_error([&] { ch02::CudaDecoder d(cpu, 16); }, {"no CUDA device available"});
 }
 

@@ -7,8 +7,9 @@
 #include <cmath>
 #include <filesystem>
 
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "chapters/01_naive_decode/generate.h"
 #include "common/json_file.h"
+#include "common/models/kv_cache.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 #include "golden_util.h"
@@ -28,7 +29,7 @@ TEST_P(Golden, LogitsCachesAndGreedyTokensMatchTransformers) {
   const std::string name = GetParam();
   const std::string model_dir = kData + "/models/" + name, golden_dir = kData + "/golden/" + name;
   ASSERT_TRUE(std::filesystem::exists(model_dir)) << model_dir << " is missing (see tools/README.md)";
-  const ch01::Llama m = ch01::load_llama(model_dir);
+  const models::Llama m = models::load_llama(model_dir);
   const auto tok = Tokenizer::for_model(model_dir);
   const auto manifest = load_json(golden_dir + "/manifest.json");
   const SafetensorsFile g(golden_dir + "/golden.safetensors");
@@ -55,8 +56,8 @@ TEST_P(Golden, LogitsCachesAndGreedyTokensMatchTransformers) {
 
     // The KV cache after prefill (chapter 02): transformers keeps [K, T, H] per layer (keys after
     // RoPE); ours is [T, K, H].
-    ch02::ContiguousKVCache cache(c, static_cast<std::int64_t>(ids.size()));
-    const auto last = ch02::forward_cached(m, cache, ids).to_double_vector();
+    models::ContiguousKVCache cache(c, static_cast<std::int64_t>(ids.size()));
+    const auto last = models::forward_cached(m, cache, ids).to_double_vector();
     const auto want_last = g.get(key + "last_logits_f64").to_double_vector();
     for (std::size_t i = 0; i < last.size(); ++i) ASSERT_NEAR(last[i], want_last[i], bound) << "logit " << i;
     const std::int64_t T = static_cast<std::int64_t>(ids.size());
@@ -78,7 +79,7 @@ TEST_P(Golden, LogitsCachesAndGreedyTokensMatchTransformers) {
     const auto greedy = ids_of(g.get(key + "greedy_ids"));
     Sampler s1({}), s2({});
     EXPECT_EQ(ch01::generate_naive(m, ids, static_cast<int>(greedy.size()), s1, {}).generated, greedy);
-    EXPECT_EQ(ch02::generate_cached(m, ids, static_cast<int>(greedy.size()), s2, {}).generated, greedy);
+    EXPECT_EQ(models::generate_cached(m, ids, static_cast<int>(greedy.size()), s2, {}).generated, greedy);
   }
   EXPECT_GE(p, 1);
 }
@@ -107,25 +108,25 @@ TEST(LlamaRandomGolden, TheManifestListsTheModelsThisTestChecks) {
 // A random model's golden (data/golden/<set>/<name>): logits at every position through chapter
 // 01's pass and chapter 02's cache (one prefill, then a prefill of 3 and a token at a time), and
 // greedy tokens through both.
-void expect_random_golden(const ch01::Llama& m, const std::string& dir, const std::string& name) {
+void expect_random_golden(const models::Llama& m, const std::string& dir, const std::string& name) {
   const auto& c = m.config;
   const SafetensorsFile g(dir + "/golden.safetensors");
   const auto ids = ids_of(g.get("input_ids"));
   const auto want = g.get("logits").to_double_vector();
   const std::int64_t T = static_cast<std::int64_t>(ids.size()), V = c.vocab_size;
   test::expect_golden(c, ch01::forward(m, ids, true).to_double_vector(), want, name + ": chapter 01 logits");
-  ch02::ContiguousKVCache whole(c, T);
-  test::expect_golden(c, ch02::forward_cached(m, whole, ids, true).to_double_vector(), want, name + ": prefill logits");
-  ch02::ContiguousKVCache steps(c, T);
-  test::expect_golden(c, ch02::forward_cached(m, steps, {ids.begin(), ids.begin() + 3}, true).to_double_vector(),
+  models::ContiguousKVCache whole(c, T);
+  test::expect_golden(c, models::forward_cached(m, whole, ids, true).to_double_vector(), want, name + ": prefill logits");
+  models::ContiguousKVCache steps(c, T);
+  test::expect_golden(c, models::forward_cached(m, steps, {ids.begin(), ids.begin() + 3}, true).to_double_vector(),
                       test::rows_of(want, V, 0, 3), name + ": prefill of the first 3");
   for (std::int64_t t = 3; t < T; ++t)
-    test::expect_golden(c, ch02::forward_cached(m, steps, {ids[static_cast<std::size_t>(t)]}).to_double_vector(),
+    test::expect_golden(c, models::forward_cached(m, steps, {ids[static_cast<std::size_t>(t)]}).to_double_vector(),
                         test::rows_of(want, V, t, t + 1), name + ": decode step at position " + std::to_string(t));
   const auto greedy = ids_of(g.get("greedy_ids"));
   Sampler s1({}), s2({});
   EXPECT_EQ(ch01::generate_naive(m, ids, static_cast<int>(greedy.size()), s1, {}).generated, greedy);
-  EXPECT_EQ(ch02::generate_cached(m, ids, static_cast<int>(greedy.size()), s2, {}).generated, greedy);
+  EXPECT_EQ(models::generate_cached(m, ids, static_cast<int>(greedy.size()), s2, {}).generated, greedy);
 }
 
 class LlamaRandomGolden : public ::testing::TestWithParam<std::string> {};
@@ -134,7 +135,7 @@ TEST_P(LlamaRandomGolden, BiasedLogitsAndGreedyTokensMatchTransformers) {
   const std::string name = GetParam(), dir = kLlamaRandom + "/" + name;
   ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors"))
       << dir << " is missing (tools/make_llama_bias_goldens.py)";
-  const ch01::Llama m = ch01::load_llama(dir);
+  const models::Llama m = models::load_llama(dir);
   const auto& c = m.config;
   const bool mlp = name == "llama-all-bias";
   ASSERT_TRUE(c.attention_bias && c.attention_out_bias);
@@ -171,7 +172,7 @@ class Qwen3Golden : public ::testing::TestWithParam<std::string> {};
 TEST_P(Qwen3Golden, LogitsAndGreedyTokensMatchTransformers) {
   const std::string name = GetParam(), dir = kFamily + "/" + name;
   ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors")) << dir << " is missing (tools/make_family_goldens.py)";
-  const ch01::Llama m = ch01::load_llama(dir);
+  const models::Llama m = models::load_llama(dir);
   const auto& c = m.config;
   ASSERT_TRUE(c.qk_norm);
   EXPECT_EQ(m.tied(), name == "qwen3-tied");
@@ -187,7 +188,7 @@ INSTANTIATE_TEST_SUITE_P(Models, Qwen3Golden, ::testing::ValuesIn(kQwen3), test:
 // Llama 3.2's kind of folder: no lm_head tensor (tie_word_embeddings) and llama3 RoPE scaling.
 TEST(Llama32Golden, TiedHeadAndLlama3ScalingMatchTransformers) {
   const std::string dir = kFamily + "/llama32-tied";
-  const ch01::Llama m = ch01::load_llama(dir);
+  const models::Llama m = models::load_llama(dir);
   EXPECT_TRUE(m.tied());
   EXPECT_FALSE(m.config.rope_scaling.is_null());
   expect_random_golden(m, dir, "llama32-tied");
@@ -196,7 +197,7 @@ TEST(Llama32Golden, TiedHeadAndLlama3ScalingMatchTransformers) {
 // Without its per-head norms a Qwen3 is a different model: the golden would catch a loader that
 // dropped them (the test above), and this says by how much.
 TEST(Qwen3Golden, TheHeadNormsChangeTheLogits) {
-  ch01::Llama m = ch01::load_llama(kFamily + "/qwen3-gqa");
+  models::Llama m = models::load_llama(kFamily + "/qwen3-gqa");
   const SafetensorsFile g(kFamily + "/qwen3-gqa/golden.safetensors");
   const auto ids = test::ids_of(g.get("input_ids"));
   const auto want = g.get("logits").to_double_vector();
@@ -208,7 +209,7 @@ TEST(Qwen3Golden, TheHeadNormsChangeTheLogits) {
 // they refuse it and name chapter 06, which runs it.
 TEST(Qwen3Golden, GemmaIsRefusedNamingChapterSix) {
   for (const char* name : {"gemma2-alternating", "gemma3-pattern"})
-    test::expect_error([&] { ch01::load_llama(kFamily + "/" + name); }, {"chapter 06", "ch06_local_attention"});
+    test::expect_error([&] { models::load_llama(kFamily + "/" + name); }, {"chapter 06", "ch06_local_attention"});
 }
 
 }  // namespace

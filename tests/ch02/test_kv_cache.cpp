@@ -15,10 +15,11 @@
 #include <numbers>
 
 #include "chapters/01_naive_decode/convert.h"
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "chapters/01_naive_decode/generate.h"
 #include "common/cli.h"
 #include "common/json_file.h"
 #include "common/llama2c.h"
+#include "common/models/kv_cache.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 #include "golden_util.h"
@@ -27,7 +28,7 @@
 namespace inferlab {
 namespace {
 
-using ch01::Llama;
+using models::Llama;
 using test::expect_error;
 constexpr double u = 0x1p-24;
 
@@ -47,13 +48,13 @@ std::string stories_dir() {
 
 TEST(Stories260K, GreedyFromBosReproducesTheReference) {
   IL_REQUIRE_STORIES();
-  const Llama m = ch01::load_llama(stories_dir() + "/stories260K.bin");
+  const Llama m = models::load_llama(stories_dir() + "/stories260K.bin");
   EXPECT_EQ(m.config.num_kv_heads, 4);
   EXPECT_TRUE(m.config.tie_word_embeddings);
   EXPECT_EQ(m.rope_pairing, RopePairing::Adjacent);
   Sampler a({}), b({});
   const auto naive = ch01::generate_naive(m, {1}, 60, a, {});
-  const auto cached = ch02::generate_cached(m, {1}, 60, b, {});
+  const auto cached = models::generate_cached(m, {1}, 60, b, {});
   EXPECT_EQ(naive.generated, kStories260KReference);
   EXPECT_EQ(cached.generated, kStories260KReference);
   const auto tok = Tokenizer::for_model(stories_dir() + "/stories260K.bin");
@@ -84,7 +85,7 @@ TEST(Stories260K, LlamaCToHuggingFaceConversionGivesTheSameLogits) {
   // Hugging Face's rotate-half RoPE on rows permuted as its conversion script permutes them.
   IL_REQUIRE_STORIES();
   const auto ck = load_llama2c(stories_dir() + "/stories260K.bin");
-  Llama a = ch01::load_llama(stories_dir() + "/stories260K.bin");
+  Llama a = models::load_llama(stories_dir() + "/stories260K.bin");
   Llama b = a;
   b.rope_pairing = RopePairing::HalfSplit;
   for (auto& l : b.layers) {
@@ -108,13 +109,13 @@ TEST(Stories260K, ConvertedToAHuggingFaceFolderAndBack) {
   test::TempDir dir;
   const std::string hf = dir.file("hf"), back = dir.file("back.bin");
   ch01::convert_llama2c_to_hf(stories_dir() + "/stories260K.bin", "", hf);
-  const Llama a = ch01::load_llama(stories_dir() + "/stories260K.bin"), b = ch01::load_llama(hf);
+  const Llama a = models::load_llama(stories_dir() + "/stories260K.bin"), b = models::load_llama(hf);
   EXPECT_EQ(b.rope_pairing, RopePairing::HalfSplit);
   const std::vector<std::int32_t> toks = {1, 403, 407, 261, 378, 432, 383};
   const auto la = ch01::forward(a, toks, true).to_float_vector(), lb = ch01::forward(b, toks, true).to_float_vector();
   for (std::size_t i = 0; i < la.size(); ++i) ASSERT_NEAR(la[i], lb[i], 1e-4) << i;
   Sampler s({});
-  EXPECT_EQ(ch02::generate_cached(b, {1}, 60, s, {}).generated, kStories260KReference);
+  EXPECT_EQ(models::generate_cached(b, {1}, 60, s, {}).generated, kStories260KReference);
   const auto tok = Tokenizer::for_model(hf);  // the converted tokenizer.json
   EXPECT_EQ(tok->encode("Once upon a time"),
             Llama2cTokenizer::load(stories_dir() + "/tok512.bin").encode("Once upon a time"));
@@ -254,16 +255,16 @@ TEST_P(TwoPaths, PrefillThenDecodeEqualsOneForwardPass) {
   const auto [K, P, n] = GetParam();
   auto rng = test::rng_for_test();
   const auto c = small_config(K);
-  const Llama m = ch01::random_llama(c, rng());
+  const Llama m = models::random_llama(c, rng());
   const auto tokens = random_tokens(rng, P + n, c.vocab_size);
   // One forward pass over all P + n tokens (chapter 01) ...
   const auto full = ch01::forward(m, tokens, true).to_float_vector();
   // ... against prefill(P) and n single-token decode steps through the cache (chapter 02).
-  ch02::ContiguousKVCache cache(c, static_cast<std::int64_t>(P + n));
+  models::ContiguousKVCache cache(c, static_cast<std::int64_t>(P + n));
   std::vector<float> cached =
-      ch02::forward_cached(m, cache, {tokens.begin(), tokens.begin() + static_cast<long>(P)}, true).to_float_vector();
+      models::forward_cached(m, cache, {tokens.begin(), tokens.begin() + static_cast<long>(P)}, true).to_float_vector();
   for (std::size_t i = P; i < P + n; ++i) {
-    const auto row = ch02::forward_cached(m, cache, {tokens[i]}).to_float_vector();
+    const auto row = models::forward_cached(m, cache, {tokens[i]}).to_float_vector();
     cached.insert(cached.end(), row.begin(), row.end());
   }
   ASSERT_EQ(cached.size(), full.size());
@@ -288,11 +289,11 @@ TEST(TwoPaths, NaiveAndCachedGenerationChooseTheSameTokens) {
   const SamplingParams params{0.9f, 20, 0.95f, 11};
   for (std::int64_t K : {8, 2, 1}) {
     const auto c = small_config(K, 3);
-    const Llama m = ch01::random_llama(c, rng());
+    const Llama m = models::random_llama(c, rng());
     const auto prompt = random_tokens(rng, 5, c.vocab_size);
     Sampler a(params), b(params);
     const auto naive = ch01::generate_naive(m, prompt, 40, a, {});
-    const auto cached = ch02::generate_cached(m, prompt, 40, b, {});
+    const auto cached = models::generate_cached(m, prompt, 40, b, {});
     ASSERT_EQ(naive.generated.size(), cached.generated.size()) << "K = " << K;
     const auto split = std::mismatch(naive.generated.begin(), naive.generated.end(), cached.generated.begin());
     if (split.first == naive.generated.end()) continue;
@@ -306,9 +307,9 @@ TEST(TwoPaths, NaiveAndCachedGenerationChooseTheSameTokens) {
     std::vector<std::int32_t> prefix = prompt;
     prefix.insert(prefix.end(), naive.generated.begin(), naive.generated.begin() + static_cast<long>(j));
     const auto l1 = ch01::forward(m, prefix);
-    ch02::ContiguousKVCache cache(c, static_cast<std::int64_t>(prefix.size()));
-    Tensor l2 = ch02::forward_cached(m, cache, prompt);
-    for (std::size_t i = prompt.size(); i < prefix.size(); ++i) l2 = ch02::forward_cached(m, cache, {prefix[i]});
+    models::ContiguousKVCache cache(c, static_cast<std::int64_t>(prefix.size()));
+    Tensor l2 = models::forward_cached(m, cache, prompt);
+    for (std::size_t i = prompt.size(); i < prefix.size(); ++i) l2 = models::forward_cached(m, cache, {prefix[i]});
     const auto v1 = l1.to_float_vector(), v2 = l2.to_float_vector();
     double worst = 0;
     for (std::size_t i = 0; i < v1.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(v1[i] - v2[i])));
@@ -330,51 +331,51 @@ TEST(TwoPaths, NaiveAndCachedGenerationChooseTheSameTokens) {
 TEST(BatchStep, MixedPrefillChunksAndDecodeTokensEqualEachSequenceAlone) {
   auto rng = test::rng_for_test();
   const auto c = small_config(2);
-  const Llama m = ch01::random_llama(c, rng());
+  const Llama m = models::random_llama(c, rng());
   struct Seq {
     std::size_t cached, fresh;
     bool all;
   };
   const std::vector<Seq> plan = {{3, 5, false}, {11, 1, false}, {0, 7, true}, {20, 1, true}};
-  std::vector<std::unique_ptr<ch02::ContiguousKVCache>> batched, alone;
-  std::vector<ch02::SequenceStep> steps;
+  std::vector<std::unique_ptr<models::ContiguousKVCache>> batched, alone;
+  std::vector<models::SequenceStep> steps;
   std::vector<float> want;
   for (const Seq& p : plan) {
     const auto toks = random_tokens(rng, p.cached + p.fresh, c.vocab_size);
     const std::vector<std::int32_t> before(toks.begin(), toks.begin() + static_cast<long>(p.cached)),
         fresh(toks.begin() + static_cast<long>(p.cached), toks.end());
-    batched.push_back(std::make_unique<ch02::ContiguousKVCache>(c, 40));
-    alone.push_back(std::make_unique<ch02::ContiguousKVCache>(c, 40));
-    if (p.cached) ch02::forward_cached(m, *batched.back(), before), ch02::forward_cached(m, *alone.back(), before);
-    const auto one = ch02::forward_cached(m, *alone.back(), fresh, p.all).to_float_vector();
+    batched.push_back(std::make_unique<models::ContiguousKVCache>(c, 40));
+    alone.push_back(std::make_unique<models::ContiguousKVCache>(c, 40));
+    if (p.cached) models::forward_cached(m, *batched.back(), before), models::forward_cached(m, *alone.back(), before);
+    const auto one = models::forward_cached(m, *alone.back(), fresh, p.all).to_float_vector();
     want.insert(want.end(), one.begin(), one.end());
     steps.push_back({fresh, batched.back().get(), p.all});
   }
-  const auto got = ch02::forward(m, steps).to_float_vector();
+  const auto got = models::forward(m, steps).to_float_vector();
   ASSERT_EQ(got.size(), want.size());  // 1 + 1 + 7 + 1 rows of logits
   EXPECT_EQ(got.size(), static_cast<std::size_t>(10 * c.vocab_size));
   const double bound = two_path_bound(c, want);
   for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], bound) << i;
   for (std::size_t b = 0; b < plan.size(); ++b) EXPECT_EQ(batched[b]->length(), alone[b]->length());
   // Entries the batch cannot run are errors that name the sequence.
-  std::vector<ch02::SequenceStep> bad = {{{1}, batched[0].get()}, {{}, batched[1].get()}};
-  expect_error([&] { ch02::forward(m, bad); }, {"sequence 1", "no new tokens"});
+  std::vector<models::SequenceStep> bad = {{{1}, batched[0].get()}, {{}, batched[1].get()}};
+  expect_error([&] { models::forward(m, bad); }, {"sequence 1", "no new tokens"});
   bad = {{{1}, nullptr}};
-  expect_error([&] { ch02::forward(m, bad); }, {"sequence 0", "no cache"});
+  expect_error([&] { models::forward(m, bad); }, {"sequence 0", "no cache"});
 }
 
 TEST(BatchStep, ChunkedPrefillEqualsOneShotPrefill) {
   auto rng = test::rng_for_test();
   const auto c = small_config(4);
-  const Llama m = ch01::random_llama(c, rng());
+  const Llama m = models::random_llama(c, rng());
   const auto toks = random_tokens(rng, 23, c.vocab_size);
-  ch02::ContiguousKVCache whole(c, 32), chunked(c, 32);
-  const auto a = ch02::forward_cached(m, whole, toks, true).to_float_vector();
+  models::ContiguousKVCache whole(c, 32), chunked(c, 32);
+  const auto a = models::forward_cached(m, whole, toks, true).to_float_vector();
   std::vector<float> b;
   for (std::size_t at = 0; at < toks.size(); at += 5) {
     const std::vector<std::int32_t> part(toks.begin() + static_cast<long>(at),
                                          toks.begin() + static_cast<long>(std::min(toks.size(), at + 5)));
-    const auto l = ch02::forward_cached(m, chunked, part, true).to_float_vector();
+    const auto l = models::forward_cached(m, chunked, part, true).to_float_vector();
     b.insert(b.end(), l.begin(), l.end());
   }
   ASSERT_EQ(a.size(), b.size());
@@ -385,23 +386,23 @@ TEST(BatchStep, ChunkedPrefillEqualsOneShotPrefill) {
 TEST(KVCache, TruncateRollsBackExactlyAndReleaseFreesIt) {
   auto rng = test::rng_for_test();
   const auto c = small_config(2);
-  const Llama m = ch01::random_llama(c, rng());
+  const Llama m = models::random_llama(c, rng());
   const auto toks = random_tokens(rng, 14, c.vocab_size);
-  ch02::ContiguousKVCache cache(c, 20);
-  ch02::forward_cached(m, cache, {toks.begin(), toks.begin() + 10});
-  const auto first = ch02::forward_cached(m, cache, {toks[10], toks[11]}, true).to_float_vector();
-  ch02::forward_cached(m, cache, {toks[12], toks[13]});  // tokens that a rollback rejects
+  models::ContiguousKVCache cache(c, 20);
+  models::forward_cached(m, cache, {toks.begin(), toks.begin() + 10});
+  const auto first = models::forward_cached(m, cache, {toks[10], toks[11]}, true).to_float_vector();
+  models::forward_cached(m, cache, {toks[12], toks[13]});  // tokens that a rollback rejects
   EXPECT_EQ(cache.length(), 14);
   cache.truncate(10);  // speculative sampling's rollback: back to the accepted prefix
   EXPECT_EQ(cache.length(), 10);
   // The same arithmetic on the same cached rows: bit for bit the logits of before.
-  EXPECT_EQ(ch02::forward_cached(m, cache, {toks[10], toks[11]}, true).to_float_vector(), first);
+  EXPECT_EQ(models::forward_cached(m, cache, {toks[10], toks[11]}, true).to_float_vector(), first);
   expect_error([&] { cache.truncate(13); }, {"cannot truncate 12", "to 13"});
   EXPECT_GT(cache.bytes(), 0);
   cache.release();
   EXPECT_EQ(cache.bytes(), 0);
   EXPECT_EQ(cache.length(), 0);
-  expect_error([&] { ch02::forward_cached(m, cache, {1}); }, {"KV cache"});
+  expect_error([&] { models::forward_cached(m, cache, {1}); }, {"KV cache"});
 }
 
 // The cache alone, without a model: attending chunk by chunk (a prefill, then decode steps) gives
@@ -416,7 +417,7 @@ TEST(KVCache, AttendingChunkByChunkEqualsOneAttentionOverTheWholeSequence) {
     k.push_back(test::uniform(rng, {T, K, H}));
     v.push_back(test::uniform(rng, {T, K, H}));
   }
-  ch02::ContiguousKVCache cache(c, T);
+  models::ContiguousKVCache cache(c, T);
   const std::vector<std::int64_t> chunks = {0, 5, 6, 7, T};  // a prompt of 5, then one token a step
   for (std::size_t i = 0; i + 1 < chunks.size(); ++i) {
     const std::int64_t a = chunks[i], b = chunks[i + 1];
@@ -437,11 +438,11 @@ TEST(KVCache, AttendingChunkByChunkEqualsOneAttentionOverTheWholeSequence) {
 
 TEST(BatchStep, EachSequencesNewTokensSitAfterItsCachedPositions) {
   const auto c = small_config(2);
-  const Llama m = ch01::random_llama(c, 1);
-  ch02::ContiguousKVCache a(c, 16), b(c, 16), d(c, 16);
+  const Llama m = models::random_llama(c, 1);
+  models::ContiguousKVCache a(c, 16), b(c, 16), d(c, 16);
   a.commit(3), d.commit(11);  // three and eleven positions already cached, b is empty
-  std::vector<ch02::SequenceStep> seqs = {{{7, 8}, &a}, {{1, 2, 3, 4}, &b, true}, {{9}, &d}};
-  const ch02::Batch batch(m, seqs);
+  std::vector<models::SequenceStep> seqs = {{{7, 8}, &a}, {{1, 2, 3, 4}, &b, true}, {{9}, &d}};
+  const models::Batch batch(m, seqs);
   EXPECT_EQ(batch.tokens, (std::vector<std::int32_t>{7, 8, 1, 2, 3, 4, 9}));
   const std::int32_t* pos = batch.pos.data<std::int32_t>();
   EXPECT_EQ(std::vector<std::int32_t>(pos, pos + batch.pos.numel()), (std::vector<std::int32_t>{3, 4, 0, 1, 2, 3, 11}));
@@ -451,26 +452,26 @@ TEST(BatchStep, EachSequencesNewTokensSitAfterItsCachedPositions) {
 
 TEST(Llama, ADecodeStepReadsOneEmbeddingRowUnlessTheHeadIsTheTable) {
   auto c = small_config(2);
-  const Llama untied = ch01::random_llama(c, 1);
+  const Llama untied = models::random_llama(c, 1);
   const std::int64_t table = c.vocab_size * c.hidden_size * 4, row = c.hidden_size * 4;
   EXPECT_EQ(untied.step_weight_bytes(), untied.weight_bytes() - table + row);
   c.tie_word_embeddings = true;
-  const Llama tied = ch01::random_llama(c, 1);
+  const Llama tied = models::random_llama(c, 1);
   EXPECT_EQ(tied.step_weight_bytes(), tied.weight_bytes());  // the head reads the whole table
   EXPECT_EQ(untied.weight_bytes() - tied.weight_bytes(), table);
 }
 
 TEST(KVCache, BytesEqualTheFormulaAndOverflowIsAnError) {
   const auto c = small_config(2);
-  ch02::ContiguousKVCache cache(c, 100);
+  models::ContiguousKVCache cache(c, 100);
   EXPECT_EQ(cache.bytes(), 100 * c.num_kv_heads * c.head_dim * c.num_layers * 2 * 4);  // S × K × H × L × 2 × 4
-  const ch02::ContiguousKVCache bf(c, 100, Device::CPU, DType::BF16);
+  const models::ContiguousKVCache bf(c, 100, Device::CPU, DType::BF16);
   EXPECT_EQ(bf.bytes(), 100 * 2 * 8 * 2 * 2 * 2);
-  const Llama m = ch01::random_llama(c, 1);
-  ch02::forward_cached(m, cache, std::vector<std::int32_t>(98, 3));
-  expect_error([&] { ch02::forward_cached(m, cache, {1, 2, 3}); }, {"KV cache full", "98", "capacity of 100"});
+  const Llama m = models::random_llama(c, 1);
+  models::forward_cached(m, cache, std::vector<std::int32_t>(98, 3));
+  expect_error([&] { models::forward_cached(m, cache, {1, 2, 3}); }, {"KV cache full", "98", "capacity of 100"});
   Sampler s({});
-  expect_error([&] { ch02::generate_cached(m, std::vector<std::int32_t>(100, 1), 40, s, {}); },
+  expect_error([&] { models::generate_cached(m, std::vector<std::int32_t>(100, 1), 40, s, {}); },
                {"longer than the model's context of 128"});
   expect_error([&] { ch01::forward(m, {5, 97}); }, {"token id 97"});
 }
@@ -501,7 +502,7 @@ struct SmallModel {
 SmallModel small_model(const test::TempDir& dir, DType dtype = DType::F32) {
   SmallModel s{dir.file("model.bin"), dir.file("tokenizer.bin"), dir.file("hf"), small_config(2), {}};
   s.config.tie_word_embeddings = true;
-  s.tensors = tied_hf_tensors(ch01::random_llama(s.config, 5, dtype));
+  s.tensors = tied_hf_tensors(models::random_llama(s.config, 5, dtype));
   save_llama2c(s.bin, s.config, s.tensors);
   std::string tok;  // max_token_length, then per token: score, length, bytes
   auto put = [&](auto v) { tok.append(reinterpret_cast<const char*>(&v), sizeof v); };
@@ -568,7 +569,7 @@ TEST(Generate, AnErrorInAStepNamesTheTokenAndItsPosition) {
   };
   expect_error(
       [&] {
-    ch01::generate({2, 0, 2, 0}, 8, s, {}, Device::CPU, ch01::Feed::NewTokens, logits);
+    models::generate({2, 0, 2, 0}, 8, s, {}, Device::CPU, models::Feed::NewTokens, logits);
       },
       {"generating token 3 (position 6): sample: logit 0 is NaN"});
 }
@@ -579,12 +580,12 @@ TEST(Loading, NonFiniteWeightsAreRefusedNamingTheTensor) {
     SCOPED_TRACE(std::string(dtype_name(d)));
     test::TempDir dir;
     SmallModel s = small_model(dir, d);
-    EXPECT_EQ(ch01::load_llama(s.hf).layers.size(), 2u);
+    EXPECT_EQ(models::load_llama(s.hf).layers.size(), 2u);
     Tensor norm = s.tensors.at("model.layers.1.post_attention_layernorm.weight").to(DType::F32);
     norm.at<float>({17}) = std::numeric_limits<float>::quiet_NaN();
     s.tensors["model.layers.1.post_attention_layernorm.weight"] = norm.to(d);
     save_safetensors(s.hf + "/model.safetensors", {s.tensors.begin(), s.tensors.end()});
-    expect_error([&] { ch01::load_llama(s.hf); },
+    expect_error([&] { models::load_llama(s.hf); },
                  {s.hf, "model.layers.1.post_attention_layernorm.weight", "element [17] is nan"});
   }
   test::TempDir dir;
@@ -593,7 +594,7 @@ TEST(Loading, NonFiniteWeightsAreRefusedNamingTheTensor) {
   embed.at<float>({3, 5}) = -std::numeric_limits<float>::infinity();
   s.tensors["model.embed_tokens.weight"] = embed;
   save_llama2c(s.bin, s.config, s.tensors);
-  expect_error([&] { ch01::load_llama(s.bin); }, {"model.bin", "model.embed_tokens.weight", "element [3, 5] is -inf"});
+  expect_error([&] { models::load_llama(s.bin); }, {"model.bin", "model.embed_tokens.weight", "element [3, 5] is -inf"});
 }
 
 // The tensors of a one-layer model under Hugging Face names, lm_head included.
@@ -617,37 +618,38 @@ std::vector<std::pair<std::string, Tensor>> hf_tensors(const Llama& m) {
 TEST(Loading, ModelFoldersAndTheirErrors) {
   test::TempDir dir;
   auto c = small_config(2, 1);
-  const Llama m = ch01::random_llama(c, 3, DType::BF16);
+  const Llama m = models::random_llama(c, 3, DType::BF16);
   auto ts = hf_tensors(m);
   const auto& l = m.layers[0];
   save_safetensors(dir.file("model.safetensors"), ts);
   test::write_file(dir.file("config.json"), R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
       "intermediate_size":160,"num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":97,
       "max_position_embeddings":128,"rms_norm_eps":1e-5})");
-  const Llama back = ch01::load_llama(dir.path().string());
+  const Llama back = models::load_llama(dir.path().string());
   EXPECT_EQ(back.weight_dtype(), DType::BF16);
   const std::vector<std::int32_t> toks = {1, 2, 3};
   EXPECT_EQ(ch01::forward(back, toks).to_float_vector(), ch01::forward(m, toks).to_float_vector());
   // A checkpoint with more layers than the config says would otherwise run truncated.
   ts.emplace_back("model.layers.1.input_layernorm.weight", l.attn_norm);
   save_safetensors(dir.file("model.safetensors"), ts);
-  expect_error([&] { ch01::load_llama(dir.path().string()); },
+  expect_error([&] { models::load_llama(dir.path().string()); },
                {"'model.layers.1.input_layernorm.weight' is not part of the model", "num_hidden_layers"});
   test::write_file(dir.file("config.json"), R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
       "intermediate_size":128,"num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":97})");
-  expect_error([&] { ch01::load_llama(dir.path().string()); }, {"mlp.gate_proj.weight", "[160, 64]", "expected [128, 64]"});
+  expect_error([&] { models::load_llama(dir.path().string()); },
+               {"mlp.gate_proj.weight", "[160, 64]", "expected [128, 64]"});
   test::write_file(dir.file("config.json"), R"({"architectures":["MambaForCausalLM"],"hidden_size":64})");
-  expect_error([&] { ch01::load_llama(dir.path().string()); }, {"MambaForCausalLM", "not a Llama-family"});
+  expect_error([&] { models::load_llama(dir.path().string()); }, {"MambaForCausalLM", "not a Llama-family"});
   for (const char* bad : {R"({"hidden_size":64})", R"({"architectures":[]})", R"({"architectures":"LlamaForCausalLM"})"}) {
     test::write_file(dir.file("config.json"), bad);
-    expect_error([&] { ch01::load_llama(dir.path().string()); }, {"config.json", "field 'architectures'"});
+    expect_error([&] { models::load_llama(dir.path().string()); }, {"config.json", "field 'architectures'"});
   }
-  expect_error([&] { ch01::load_llama(dir.file("nothing")); }, {"nothing", "no such file"});
+  expect_error([&] { models::load_llama(dir.file("nothing")); }, {"nothing", "no such file"});
 }
 
 TEST(Loading, ConfigFieldsTheCheckpointDoesNotBackAreRefusedByName) {
   test::TempDir dir;
-  const Llama m = ch01::random_llama(small_config(2, 1), 3, DType::BF16);
+  const Llama m = models::random_llama(small_config(2, 1), 3, DType::BF16);
   auto ts = hf_tensors(m);
   const std::string config = dir.file("config.json"), base = R"({"architectures":["LlamaForCausalLM"],
       "hidden_size":64,"intermediate_size":160,"num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":2,
@@ -656,14 +658,14 @@ TEST(Loading, ConfigFieldsTheCheckpointDoesNotBackAreRefusedByName) {
   // Without lm_head.weight an untied model used to run with the embedding as its head.
   ts.erase(ts.begin() + 2);
   save_safetensors(dir.file("model.safetensors"), ts);
-  expect_error([&] { ch01::load_llama(dir.path().string()); },
+  expect_error([&] { models::load_llama(dir.path().string()); },
                {config, "field 'tie_word_embeddings' is false (its default)", "no tensor 'lm_head.weight'"});
   test::write_file(config, base + R"(,"tie_word_embeddings":true,"attention_bias":true})");
-  expect_error([&] { ch01::load_llama(dir.path().string()); },
+  expect_error([&] { models::load_llama(dir.path().string()); },
                {config, "field 'attention_bias' is true", "no tensor 'model.layers.0.self_attn.q_proj.bias'"});
   // MLP biases would be missing from the computation (this one used to load and run).
   test::write_file(config, base + R"(,"tie_word_embeddings":true,"mlp_bias":true})");
-  expect_error([&] { ch01::load_llama(dir.path().string()); },
+  expect_error([&] { models::load_llama(dir.path().string()); },
                {config, "field 'mlp_bias' is true", "no tensor 'model.layers.0.mlp.gate_proj.bias'"});
   // Llama's attention_bias biases o_proj as well: q, k and v alone are not its checkpoint.
   {
@@ -673,11 +675,11 @@ TEST(Loading, ConfigFieldsTheCheckpointDoesNotBackAreRefusedByName) {
     with_qkv.emplace_back("model.layers.0.self_attn.v_proj.bias", Tensor::zeros({16}, DType::F32));
     save_safetensors(dir.file("model.safetensors"), with_qkv);
     test::write_file(config, base + R"(,"tie_word_embeddings":true,"attention_bias":true})");
-    expect_error([&] { ch01::load_llama(dir.path().string()); },
+    expect_error([&] { models::load_llama(dir.path().string()); },
                  {config, "field 'attention_bias' is true", "no tensor 'model.layers.0.self_attn.o_proj.bias'"});
     // Biases the config leaves out are named as biases, not as a layer count that disagrees.
     test::write_file(config, base + R"(,"tie_word_embeddings":true})");
-    expect_error([&] { ch01::load_llama(dir.path().string()); },
+    expect_error([&] { models::load_llama(dir.path().string()); },
                  {"self_attn.", "_proj.bias' is not part of the model", "attention_bias / mlp_bias"});
     save_safetensors(dir.file("model.safetensors"), ts);
   }
@@ -685,28 +687,28 @@ TEST(Loading, ConfigFieldsTheCheckpointDoesNotBackAreRefusedByName) {
   qwen.replace(qwen.find("LlamaForCausalLM"), 16, "Qwen2ForCausalLM");
   test::write_file(config, qwen + R"(,"model_type":"qwen2","attention_bias":false,"tie_word_embeddings":true,
       "use_sliding_window":true,"sliding_window":4})");
-  expect_error([&] { ch01::load_llama(dir.path().string()); }, {config, "field 'use_sliding_window' is true"});
+  expect_error([&] { models::load_llama(dir.path().string()); }, {config, "field 'use_sliding_window' is true"});
   // Qwen2's q/k/v biases are implied by its architecture even without model_type: a checkpoint
   // without them used to run without them.
   test::write_file(config, qwen + R"(,"tie_word_embeddings":true})");
   expect_error(
-      [&] { ch01::load_llama(dir.path().string()); },
+      [&] { models::load_llama(dir.path().string()); },
       {config, "field 'attention_bias' is true (for Qwen2ForCausalLM)", "no tensor 'model.layers.0.self_attn.q_proj.bias'"});
   // A tensor of integers is named with its file, not left to fail inside a conversion.
   test::write_file(config, base + R"(,"tie_word_embeddings":true})");
   ts[1].second = Tensor::zeros({64}, DType::I32);  // model.norm.weight
   save_safetensors(dir.file("model.safetensors"), ts);
-  expect_error([&] { ch01::load_llama(dir.path().string()); },
+  expect_error([&] { models::load_llama(dir.path().string()); },
                {"model.safetensors", "tensor 'model.norm.weight' is I32", "F32, F16 or BF16"});
 }
 
 TEST(Loading, AFifoModelIsRefusedNotOpened) {
   test::TempDir dir;
-  test::expect_fifo_refused(dir.file("stories.bin"), [](const std::string& p) { ch01::load_llama(p); });
+  test::expect_fifo_refused(dir.file("stories.bin"), [](const std::string& p) { models::load_llama(p); });
   test::write_file(dir.file("config.json"), R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
       "intermediate_size":160,"num_hidden_layers":1,"num_attention_heads":8,"vocab_size":97})");
   test::expect_fifo_refused(dir.file("model.safetensors"),
-                            [&](const std::string&) { ch01::load_llama(dir.path().string()); });
+                            [&](const std::string&) { models::load_llama(dir.path().string()); });
 }
 
 TEST(Rope, Llama3ScalingMatchesTheReferenceFormula) {
@@ -718,7 +720,7 @@ TEST(Rope, Llama3ScalingMatchesTheReferenceFormula) {
                     {"low_freq_factor", 1.0},
                     {"high_freq_factor", 4.0},
                     {"original_max_position_embeddings", 8192}};
-  const auto f = ch01::rope_frequencies(c).to_double_vector();
+  const auto f = models::rope_frequencies(c).to_double_vector();
   const auto base = rope_inv_freq(128, 500000).to_double_vector();
   // High frequencies (wavelength < 8192/4 = 2048) are untouched; low ones (> 8192) divided by 8.
   for (std::size_t j = 0; j < f.size(); ++j) {
@@ -728,7 +730,7 @@ TEST(Rope, Llama3ScalingMatchesTheReferenceFormula) {
     else EXPECT_TRUE(f[j] < base[j] && f[j] > base[j] / 8);
   }
   c.rope_scaling = {{"rope_type", "yarn"}, {"factor", 4.0}};
-  expect_error([&] { ch01::rope_frequencies(c); }, {"rope_scaling type 'yarn'"});
+  expect_error([&] { models::rope_frequencies(c); }, {"rope_scaling type 'yarn'"});
 }
 
 }  // namespace

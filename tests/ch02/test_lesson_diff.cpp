@@ -18,5 +18,5 @@ TEST(Lesson, ChapterTwoIsChapterOnePlusTheCacheLines) {
   inferlab::test::expect_readme_shows(
       kSource + "/chapters/02_kv_cache/README.md", "of chapter 02's forward pass",
       inferlab::test::line_diff(forward_pass(kSource + "/chapters/01_naive_decode/llama.cpp"),
-                                forward_pass(kSource + "/chapters/02_kv_cache/kv_cache.cpp")));
+                                forward_pass(kSource + "/common/models/kv_cache.cpp")));
 }

@@ -10,9 +10,10 @@
 #include <random>
 #include <set>
 
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "chapters/01_naive_decode/generate.h"
 #include "common/json_file.h"
 #include "common/metrics.h"
+#include "common/models/kv_cache.h"
 #include "common/safetensors.h"
 #include "golden_util.h"
 
@@ -32,7 +33,7 @@ class MoeLlamaGolden : public ::testing::TestWithParam<std::string> {};
 TEST_P(MoeLlamaGolden, LogitsAndGreedyTokensMatchTransformers) {
   const std::string dir = kDir + "/" + GetParam();
   ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors")) << dir << " is missing (tools/make_moe_goldens.py)";
-  const ch01::Llama m = ch01::load_llama(dir);
+  const models::Llama m = models::load_llama(dir);
   const SafetensorsFile g(dir + "/golden.safetensors");
   const auto& c = m.config;
   ASSERT_TRUE(c.moe.has_value());
@@ -51,16 +52,16 @@ TEST_P(MoeLlamaGolden, LogitsAndGreedyTokensMatchTransformers) {
   const auto want = g.get("logits").to_double_vector();
 
   expect_golden(c, ch01::forward(m, ids, true).to_double_vector(), want, "chapter 01 logits");
-  ch02::ContiguousKVCache cache(c, T);
+  models::ContiguousKVCache cache(c, T);
   const std::int64_t P = 5;
-  expect_golden(c, ch02::forward_cached(m, cache, {ids.begin(), ids.begin() + P}, true).to_double_vector(),
+  expect_golden(c, models::forward_cached(m, cache, {ids.begin(), ids.begin() + P}, true).to_double_vector(),
                 test::rows_of(want, V, 0, P), "prefill of the first 5");
   for (std::int64_t t = P; t < T; ++t)
-    expect_golden(c, ch02::forward_cached(m, cache, {ids[static_cast<std::size_t>(t)]}).to_double_vector(),
+    expect_golden(c, models::forward_cached(m, cache, {ids[static_cast<std::size_t>(t)]}).to_double_vector(),
                   test::rows_of(want, V, t, t + 1), "decode step at position " + std::to_string(t));
   const auto greedy = ids_of(g.get("greedy_ids"));
   Sampler sampler({});
-  EXPECT_EQ(ch02::generate_cached(m, ids, static_cast<int>(greedy.size()), sampler, {}).generated, greedy);
+  EXPECT_EQ(models::generate_cached(m, ids, static_cast<int>(greedy.size()), sampler, {}).generated, greedy);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, MoeLlamaGolden, ::testing::Values("mixtral", "qwen2-moe"), test::ModelName());
@@ -136,7 +137,7 @@ TEST(MoeRouting, MaskedGroupsScoreZeroAsInTransformers) {
 // ---------------------------------------------------------------------------------------------
 // Two paths: the grouped block equals the ref:: loop; a batch equals its rows one at a time.
 TransformerConfig random_moe_config(MoeGrouping grouping) {
-  TransformerConfig c = ch01::memory_bound_shape(2, 4, 64, 64);
+  TransformerConfig c = models::memory_bound_shape(2, 4, 64, 64);
   c.hidden_size = 48, c.intermediate_size = 64, c.num_heads = 4, c.head_dim = 12;
   MoeConfig m;
   m.names = MoeNames::DeepSeek, m.num_experts = 8, m.top_k = 3, m.expert_size = 16, m.shared_size = 24;
@@ -161,7 +162,7 @@ Tensor random_rows(std::int64_t T, std::int64_t D, std::uint64_t seed) {
 TEST(MoeBlock, GroupedPathEqualsRefLoopAndBatchEqualsRows) {
   for (MoeGrouping grouping : {MoeGrouping::None, MoeGrouping::GroupMax, MoeGrouping::GroupTop2Sum}) {
     const TransformerConfig c = random_moe_config(grouping);
-    const ch01::Llama m = ch01::random_llama(c, 7);
+    const models::Llama m = models::random_llama(c, 7);
     ASSERT_FALSE(m.layers[0].moe.defined());
     const MoeFfn& f = m.layers[1].moe;
     ASSERT_TRUE(f.defined());
@@ -178,7 +179,7 @@ TEST(MoeBlock, GroupedPathEqualsRefLoopAndBatchEqualsRows) {
       for (double v : moe_block(f, h.slice(0, t, t + 1)).to_double_vector()) rows.push_back(v);
     test::expect_within(rows, want, std::vector<double>(want.size(), bound), "row by row vs batch");
     // And the whole layer through chapter 01's mlp_block.
-    test::expect_within(ch01::mlp_block(m.layers[1], h).to_double_vector(), want, std::vector<double>(want.size(), bound),
+    test::expect_within(models::mlp_block(m.layers[1], h).to_double_vector(), want, std::vector<double>(want.size(), bound),
                         "mlp_block");
   }
 }
@@ -188,7 +189,7 @@ TEST(MoeBlock, GroupedPathEqualsRefLoopAndBatchEqualsRows) {
 // activations they move are the same rows either way).
 TEST(MoeBlock, GroupedPathReadsEachTouchedExpertOnce) {
   const TransformerConfig c = random_moe_config(MoeGrouping::None);
-  const ch01::Llama m = ch01::random_llama(c, 3);
+  const models::Llama m = models::random_llama(c, 3);
   const MoeFfn& f = m.layers[1].moe;
   const double expert_bytes = 3.0 * static_cast<double>(f.experts[0].gate.bytes());
   for (std::int64_t T : {1, 2, 5, 40}) {
@@ -268,7 +269,7 @@ TEST(MoeConfigRefusals, NameTheField) {
 TEST(MoeConfigRefusals, ChaptersNameTheChapterThatRunsTheModel) {
   // A DeepSeek folder in chapter 01: MLA and its MoE layers are chapter 04's.
   try {
-    ch01::load_llama(kDir + "/deepseek-v3-noaux");
+    models::load_llama(kDir + "/deepseek-v3-noaux");
     ADD_FAILURE() << "chapter 01 loaded a DeepSeek model";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("it runs in chapter 04, ch04_mla"), std::string::npos) << e.what();
@@ -279,7 +280,7 @@ TEST(MoeConfigRefusals, ChaptersNameTheChapterThatRunsTheModel) {
   EXPECT_NE(where_it_runs("MinistralForCausalLM").find("ch06_local_attention"), std::string::npos);
   EXPECT_EQ(where_it_runs("GPT2LMHeadModel"), "");
   // An MoE model on CUDA: the option that runs it.
-  const ch01::Llama m = ch01::load_llama(kDir + "/mixtral");
+  const models::Llama m = models::load_llama(kDir + "/mixtral");
   try {
     m.to(Device::CUDA, DType::F32);
     ADD_FAILURE() << "an MoE model moved to CUDA";
@@ -291,7 +292,7 @@ TEST(MoeConfigRefusals, ChaptersNameTheChapterThatRunsTheModel) {
 // Parameters: an MoE layer counts every expert, and the model's count matches its tensors.
 TEST(MoeConfig, ParametersCountEveryExpert) {
   for (const char* name : {"mixtral", "qwen2-moe"}) {
-    const ch01::Llama m = ch01::load_llama(kDir + "/" + name);
+    const models::Llama m = models::load_llama(kDir + "/" + name);
     std::int64_t n = m.embed.numel() + m.final_norm.numel() + (m.tied() ? 0 : m.lm_head.weight.numel());
     for (const auto& l : m.layers) {
       n += l.attn_norm.numel() + l.mlp_norm.numel();

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <memory>
 
+#include "chapters/01_naive_decode/generate.h"
 #include "chapters/02_kv_cache/batch_decode.h"
 #include "chapters/03_gqa/gqa.h"
 #include "common/decode_bench.h"
@@ -17,7 +18,7 @@
 namespace inferlab {
 namespace {
 
-using ch01::Llama;
+using models::Llama;
 const std::string kData = INFERLAB_DATA_DIR;
 
 TransformerConfig config(std::int64_t kv_heads) {
@@ -31,10 +32,10 @@ TransformerConfig config(std::int64_t kv_heads) {
 // Prefill 20 tokens then decode 10, returning every logit. Up to 32 rows the matmuls take the
 // GEMV path, whose per-output arithmetic does not depend on how many outputs there are.
 std::vector<float> run(const Llama& m, const std::vector<std::int32_t>& toks) {
-  ch02::ContiguousKVCache cache(m.config, 64);
-  std::vector<float> out = ch02::forward_cached(m, cache, {toks.begin(), toks.begin() + 20}, true).to_float_vector();
+  models::ContiguousKVCache cache(m.config, 64);
+  std::vector<float> out = models::forward_cached(m, cache, {toks.begin(), toks.begin() + 20}, true).to_float_vector();
   for (std::size_t i = 20; i < toks.size(); ++i) {
-    const auto row = ch02::forward_cached(m, cache, {toks[i]}).to_float_vector();
+    const auto row = models::forward_cached(m, cache, {toks[i]}).to_float_vector();
     out.insert(out.end(), row.begin(), row.end());
   }
   return out;
@@ -49,7 +50,7 @@ std::vector<std::int32_t> tokens(std::mt19937_64& rng, std::size_t n) {
 TEST(Gqa, EqualsMhaOnKvHeadsRepeatedPerGroupBitForBit) {
   auto rng = test::rng_for_test();
   for (std::int64_t K : {4, 2, 1}) {
-    const Llama gqa = ch01::random_llama(config(K), rng());
+    const Llama gqa = models::random_llama(config(K), rng());
     const Llama mha = ch03::repeat_kv_heads(gqa);
     EXPECT_EQ(mha.config.num_kv_heads, 8);
     const auto t = tokens(rng, 30);
@@ -59,7 +60,7 @@ TEST(Gqa, EqualsMhaOnKvHeadsRepeatedPerGroupBitForBit) {
 
 TEST(Gqa, KEqualsNIsMhaBitForBit) {
   auto rng = test::rng_for_test();
-  const Llama mha = ch01::random_llama(config(8), rng());
+  const Llama mha = models::random_llama(config(8), rng());
   const Llama same = ch03::mean_pool_kv_heads(mha, 8);
   const auto t = tokens(rng, 30);
   EXPECT_EQ(run(same, t), run(mha, t));
@@ -69,7 +70,7 @@ TEST(Gqa, MeanPoolingKeepsTheFunctionWhenAGroupsHeadsAgree) {
   // When the two KV heads of every group already hold the same weights, pooling them changes
   // nothing: (a + a) / 2 = a exactly.
   auto rng = test::rng_for_test();
-  const Llama gqa = ch01::random_llama(config(4), rng());
+  const Llama gqa = models::random_llama(config(4), rng());
   const Llama mha = ch03::repeat_kv_heads(gqa);  // 8 heads, pairs equal
   const Llama pooled = ch03::mean_pool_kv_heads(mha, 4);
   const auto t = tokens(rng, 30);
@@ -79,16 +80,16 @@ TEST(Gqa, MeanPoolingKeepsTheFunctionWhenAGroupsHeadsAgree) {
 
 TEST(Gqa, BatchedDecodeEqualsOneSequenceAtATime) {
   auto rng = test::rng_for_test();
-  const Llama m = ch01::random_llama(config(2), rng());
+  const Llama m = models::random_llama(config(2), rng());
   // Three sequences at different lengths, decoded together and one by one.
-  std::vector<std::unique_ptr<ch02::ContiguousKVCache>> together, alone;
-  std::vector<ch02::KVCache*> batch_caches;
+  std::vector<std::unique_ptr<models::ContiguousKVCache>> together, alone;
+  std::vector<models::KVCache*> batch_caches;
   for (std::int64_t len : {1, 7, 19}) {
     const auto p = tokens(rng, static_cast<std::size_t>(len));
-    together.push_back(std::make_unique<ch02::ContiguousKVCache>(m.config, 40));
-    alone.push_back(std::make_unique<ch02::ContiguousKVCache>(m.config, 40));
-    ch02::forward_cached(m, *together.back(), p);
-    ch02::forward_cached(m, *alone.back(), p);
+    together.push_back(std::make_unique<models::ContiguousKVCache>(m.config, 40));
+    alone.push_back(std::make_unique<models::ContiguousKVCache>(m.config, 40));
+    models::forward_cached(m, *together.back(), p);
+    models::forward_cached(m, *alone.back(), p);
     batch_caches.push_back(together.back().get());
   }
   for (int step = 0; step < 5; ++step) {
@@ -96,7 +97,7 @@ TEST(Gqa, BatchedDecodeEqualsOneSequenceAtATime) {
                                             static_cast<std::int32_t>(rng() % 50)};
     const auto batch = ch02::decode_step(m, batch_caches, next).to_float_vector();
     for (std::size_t b = 0; b < 3; ++b) {
-      const auto one = ch02::forward_cached(m, *alone[b], {next[b]}).to_float_vector();
+      const auto one = models::forward_cached(m, *alone[b], {next[b]}).to_float_vector();
       // Same arithmetic but a different summation order in the matmuls (eight rows against
       // one): each within 2·P·γ_K of the other's scale, as in chapter 02's two-path tests.
       double scale = 0;
@@ -110,10 +111,10 @@ TEST(Gqa, BatchedDecodeEqualsOneSequenceAtATime) {
 
 TEST(Gqa, CacheBytesShrinkByKOverN) {
   for (std::int64_t K : {8, 2, 1}) {
-    const ch02::ContiguousKVCache cache(config(K), 100);
+    const models::ContiguousKVCache cache(config(K), 100);
     EXPECT_EQ(cache.bytes(), 100 * K * 8 * 2 * 2 * 4);  // S × K × H × L × 2 × 4
   }
-  const Llama m = ch01::random_llama(config(2), 1);
+  const Llama m = models::random_llama(config(2), 1);
   EXPECT_EQ(decode_step_bytes(static_cast<double>(m.step_weight_bytes()), m.config, {10, 30}),
             static_cast<double>(m.step_weight_bytes()) + (11 + 31) * 2 * 8 * 2 * 2 * 4.0);
 }
@@ -124,7 +125,7 @@ TEST(Eval, OurPerplexityAndProbesMatchTheModelCards) {
 #endif
   // tools/evaluate.py measured tiny-mha with PyTorch; we measure it with chapter 01's forward pass.
   const auto card = load_json(kData + "/models/tiny-mha/metrics.json");
-  const Llama m = ch01::load_llama(kData + "/models/tiny-mha");
+  const Llama m = models::load_llama(kData + "/models/tiny-mha");
   const auto tok = Tokenizer::for_model(kData + "/models/tiny-mha");
   auto logits = [&](const std::vector<std::int32_t>& t) { return ch01::forward(m, t, true); };
   const auto val = eval::tokenize_documents(*tok, kData + "/corpus/val.txt");

@@ -205,8 +205,8 @@ TEST(MlaCost, EqualsTheFlopsTheOpsCount) {
           cache.append(0, test::uniform(rng, {S, s.mla.latent_dim()}, -1, 1));
           cache.commit(S);
         }
-        std::vector<ch02::SequenceStep> seqs{{std::vector<std::int32_t>(static_cast<std::size_t>(T), 1), &cache}};
-        const ch02::Batch batch(m.base, seqs);
+        std::vector<models::SequenceStep> seqs{{std::vector<std::int32_t>(static_cast<std::size_t>(T), 1), &cache}};
+        const models::Batch batch(m.base, seqs);
         const Tensor h = test::uniform(rng, {T, s.c.hidden_size}, -1, 1);
         metrics::CountScope scope;
         ch04::attention_block(m, m.attn[0], h, batch, 0, path);

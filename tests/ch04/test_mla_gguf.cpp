@@ -204,7 +204,7 @@ TEST(MlaGguf, Q8WeightsAreTheCheckpointsWithinTheirRounding) {
     expect_near(a.wkv_b.weight, b.wkv_b.weight, Kind::F16, at + "attn_k_b and attn_v_b");
     matrix(a.wo.weight, b.wo.weight, at + "attn_output");
     expect_near(a.kv_a_norm, b.kv_a_norm, Kind::Exact, at + "attn_kv_a_norm");
-    const ch01::LlamaLayer &x = q.base.layers[l], &y = hf.base.layers[l];
+    const models::LlamaLayer &x = q.base.layers[l], &y = hf.base.layers[l];
     expect_near(x.attn_norm, y.attn_norm, Kind::Exact, at + "attn_norm");
     if (!y.moe.defined()) {
       for (auto [u, v] : {std::pair{&x.w_gate, &y.w_gate}, {&x.w_up, &y.w_up}, {&x.w_down, &y.w_down}})

@@ -61,15 +61,15 @@ TEST(ClaTwoPath, ShareFactorOneIsChapterTwoBitForBit) {
     const auto c = small_config(3, K);
     const ClaModel m = ch05::random_cla(c, 1, rng());
     const auto tokens = random_tokens(rng, 12, c.vocab_size);
-    ch02::ContiguousKVCache plain(c, 16);
+    models::ContiguousKVCache plain(c, 16);
     SharedKVCache shared(c, m.layout, 16);
     EXPECT_EQ(shared.bytes(), plain.bytes());
     const std::vector<std::int32_t> prompt(tokens.begin(), tokens.begin() + 9);
     EXPECT_EQ(as_double(ch05::forward_cached(m, shared, prompt, true)),
-              as_double(ch02::forward_cached(m.base, plain, prompt, true)));
+              as_double(models::forward_cached(m.base, plain, prompt, true)));
     for (std::size_t i = 9; i < tokens.size(); ++i)
       EXPECT_EQ(as_double(ch05::forward_cached(m, shared, {tokens[i]})),
-                as_double(ch02::forward_cached(m.base, plain, {tokens[i]})))
+                as_double(models::forward_cached(m.base, plain, {tokens[i]})))
           << "K = " << K << ", decode step at position " << i;
     for (std::int64_t l = 0; l < c.num_layers; ++l)
       EXPECT_EQ(as_double(shared.storage().k(l)), as_double(plain.k(l))) << "layer " << l;
@@ -112,7 +112,7 @@ TEST_P(ClaShapes, SharingChangesWhatTheSharingLayersSee) {
   const Shape s = GetParam();
   auto rng = test::rng_for_test();
   const auto c = small_config(s.layers, s.kv_heads);
-  const ch01::Llama base = ch01::random_llama(c, rng());
+  const models::Llama base = models::random_llama(c, rng());
   const auto tokens = random_tokens(rng, 9, c.vocab_size);
   const ClaModel shared = ch05::share_kv(base, s.share), own = ch05::share_kv(base, 1);
   const auto a = as_double(ch05::forward_recomputed(shared, tokens)), b = as_double(ch05::forward_recomputed(own, tokens));
@@ -132,7 +132,7 @@ TEST_P(ClaShapes, ABatchGivesEachSequenceWhatItGetsAlone) {
   ch05::forward_cached(m, alone_a, {a.begin(), a.begin() + 8});
   ch05::forward_cached(m, cb, {b[0]});
   ch05::forward_cached(m, alone_b, {b[0]});
-  std::vector<ch02::SequenceStep> steps{{{a[8]}, &ca}, {{b.begin() + 1, b.end()}, &cb, true}};
+  std::vector<models::SequenceStep> steps{{{a[8]}, &ca}, {{b.begin() + 1, b.end()}, &cb, true}};
   const auto got = as_double(ch05::forward(m, steps));
   auto want = as_double(ch05::forward_cached(m, alone_a, {a[8]}));
   const auto want_b = as_double(ch05::forward_cached(m, alone_b, {b.begin() + 1, b.end()}, true));
@@ -224,12 +224,12 @@ TEST(SharedKVCache, MisuseIsRefusedByName) {
   // A cache laid out for another sharing factor, or chapter 02's cache, in a CLA forward pass.
   SharedKVCache other(c, ClaLayout::groups_of(4, 4), 8);
   expect_error([&] { ch05::forward_cached(m, other, {1}); }, {"laid out as layers 0-3 read 0", "layers 0-1 read 0"});
-  ch02::ContiguousKVCache plain(c, 8);
-  std::vector<ch02::SequenceStep> steps{{{1}, &plain}};
+  models::ContiguousKVCache plain(c, 8);
+  std::vector<models::SequenceStep> steps{{{1}, &plain}};
   expect_error([&] { ch05::forward(m, steps); }, {"is not a SharedKVCache"});
   // Chapter 02's forward pass on a model with sharing layers: its cache has no keys to keep.
-  ch02::ContiguousKVCache c2(c, 8);
-  expect_error([&] { ch02::forward_cached(m.base, c2, {1}); }, {"has no weight"});
+  models::ContiguousKVCache c2(c, 8);
+  expect_error([&] { models::forward_cached(m.base, c2, {1}); }, {"has no weight"});
 }
 
 // --- loading --------------------------------------------------------------------------------

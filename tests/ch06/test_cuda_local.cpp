@@ -15,8 +15,8 @@ TEST(CudaLocal, RingDecodeMatchesTheCpuPastTheWindow) {
   c.architecture = "MinistralForCausalLM";
   c.hidden_size = 96, c.intermediate_size = 192, c.num_layers = 3, c.num_heads = 6, c.num_kv_heads = 2;
   c.head_dim = 16, c.vocab_size = 101, c.max_position_embeddings = 128, c.rms_norm_eps = 1e-5, c.rope_theta = 10000;
-  const ch01::Llama cpu = ch01::random_llama(c, rng());
-  const ch01::Llama gpu = cpu.to(Device::CUDA, DType::F32);
+  const models::Llama cpu = models::random_llama(c, rng());
+  const models::Llama gpu = cpu.to(Device::CUDA, DType::F32);
   for (std::int64_t sinks : {0, 2}) {
     ch06::LocalLayout layout = ch06::LocalLayout::hybrid(3, 6, 3);  // layers 0-1 local, 2 global
     layout.sinks = sinks;
@@ -25,11 +25,11 @@ TEST(CudaLocal, RingDecodeMatchesTheCpuPastTheWindow) {
     EXPECT_TRUE(on_gpu.k(0).is_cuda());
     EXPECT_EQ(on_gpu.bytes(), on_cpu.bytes());
     const std::vector<std::int32_t> prompt(tokens.begin(), tokens.begin() + 11);  // wraps the ring in the prefill
-    auto want = ch02::forward_cached(cpu, on_cpu, prompt, true).to_double_vector();
-    auto got = ch02::forward_cached(gpu, on_gpu, prompt, true).to_double_vector();
+    auto want = models::forward_cached(cpu, on_cpu, prompt, true).to_double_vector();
+    auto got = models::forward_cached(gpu, on_gpu, prompt, true).to_double_vector();
     for (std::size_t i = 11; i < tokens.size(); ++i) {
-      const auto a = ch02::forward_cached(cpu, on_cpu, {tokens[i]}).to_double_vector();
-      const auto b = ch02::forward_cached(gpu, on_gpu, {tokens[i]}).to_double_vector();
+      const auto a = models::forward_cached(cpu, on_cpu, {tokens[i]}).to_double_vector();
+      const auto b = models::forward_cached(gpu, on_gpu, {tokens[i]}).to_double_vector();
       want.insert(want.end(), a.begin(), a.end()), got.insert(got.end(), b.begin(), b.end());
     }
     // Each side within golden_bound of the exact logits, whatever order a device sums in.

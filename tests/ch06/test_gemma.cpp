@@ -171,9 +171,9 @@ TEST(Gemma, RefusalsNameTheChapterThatRuns) {
     j["architectures"] = {arch};
     test::write_file(dir + "/config.json", j.dump());
     test::expect_error([&] { ch06::parse_local_layout(load_hf_config(dir), 4); }, {arch, chapter});
-    test::expect_error([&] { ch01::load_llama(dir); }, {chapter});
+    test::expect_error([&] { models::load_llama(dir); }, {chapter});
   }
-  test::expect_error([&] { ch01::load_llama(kFamily + "/gemma3-gguf"); }, {"chapter 06", "ch06_local_attention"});
+  test::expect_error([&] { models::load_llama(kFamily + "/gemma3-gguf"); }, {"chapter 06", "ch06_local_attention"});
 }
 
 // Soft-capping reaches both attention paths: the reference loop and the threaded kernel agree,

@@ -34,7 +34,7 @@ TransformerConfig small_config(std::int64_t layers, std::int64_t kv_heads = 2) {
 std::vector<double> as_double(const Tensor& t) { return t.to_double_vector(); }
 
 // Feeds `chunks` (token counts) of `tokens` through a cache; the logits of every fed position.
-std::vector<double> feed(const ch01::Llama& m, ch02::KVCache& cache, const std::vector<std::int32_t>& tokens,
+std::vector<double> feed(const models::Llama& m, models::KVCache& cache, const std::vector<std::int32_t>& tokens,
                          const std::vector<std::size_t>& chunks) {
   std::vector<double> out;
   std::size_t at = 0;
@@ -42,7 +42,7 @@ std::vector<double> feed(const ch01::Llama& m, ch02::KVCache& cache, const std::
     EXPECT_LE(at + n, tokens.size()) << "the chunks ask for more tokens than the test drew";
     if (at + n > tokens.size()) break;
     const std::vector<std::int32_t> part(tokens.begin() + static_cast<long>(at), tokens.begin() + static_cast<long>(at + n));
-    const auto l = as_double(ch02::forward_cached(m, cache, part, true));
+    const auto l = as_double(models::forward_cached(m, cache, part, true));
     out.insert(out.end(), l.begin(), l.end());
     at += n;
   }
@@ -72,7 +72,7 @@ TEST(LocalLayout, WindowsRowsAndReach) {
 TEST(LocalLayout, ATokenReachesTheLastPositionExactlyWithinTheReceptiveField) {
   auto rng = test::rng_for_test();
   const auto c = small_config(3);
-  const ch01::Llama base = ch01::random_llama(c, rng());
+  const models::Llama base = models::random_llama(c, rng());
   const auto tokens = random_tokens(rng, 24, 60);  // ids 60 .. 70 unused: room for the poisoned one
   for (const LocalLayout& l : {LocalLayout::local(3, 4), LocalLayout::local(3, 1), LocalLayout::hybrid(3, 4, 3)}) {
     const LocalModel m{base, l};
@@ -99,9 +99,9 @@ TEST(RingKVCache, SlotsWrapAfterTheSinks) {
 TEST(LocalTwoPath, AWindowCoveringTheSequenceIsChapterTwoBitForBit) {
   auto rng = test::rng_for_test();
   const auto c = small_config(3);
-  const ch01::Llama m = ch01::random_llama(c, rng());
+  const models::Llama m = models::random_llama(c, rng());
   const auto tokens = random_tokens(rng, 20, c.vocab_size);
-  ch02::ContiguousKVCache plain(c, 20);
+  models::ContiguousKVCache plain(c, 20);
   RingKVCache ring(c, LocalLayout::local(3, 20), 20), global(c, LocalLayout::global(3), 20);
   const std::vector<std::size_t> chunks = {7, 1, 1, 5, 1, 1, 1, 1, 1, 1};
   const auto want = feed(m, plain, tokens, chunks);
@@ -123,7 +123,7 @@ TEST_P(RingShapes, RingEqualsMaskedFullAttentionPastTheWindow) {
   const Case& cs = GetParam();
   auto rng = test::rng_for_test();
   const auto c = small_config(static_cast<std::int64_t>(cs.windows.size()));
-  const ch01::Llama m = ch01::random_llama(c, rng());
+  const models::Llama m = models::random_llama(c, rng());
   LocalLayout layout;
   layout.window = cs.windows;
   std::size_t n = 0;
@@ -137,7 +137,7 @@ TEST_P(RingShapes, RingEqualsMaskedFullAttentionPastTheWindow) {
   RecordProperty("worst_over_bound", std::to_string(worst / bound));
   EXPECT_LT(ring.bytes(), masked.bytes());
   // And the windows matter: the dense model differs.
-  ch02::ContiguousKVCache dense(c, static_cast<std::int64_t>(n));
+  models::ContiguousKVCache dense(c, static_cast<std::int64_t>(n));
   EXPECT_GT(test::max_diff(feed(m, dense, tokens, cs.chunks), want), 100 * bound);
 }
 
@@ -152,7 +152,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RingShapes,
 
 // Sinks (StreamingLLM): a query sees positions 0 .. sinks-1 and its window. The simple way for
 // them: every position kept, each query's visible rows gathered and attended over.
-class GatheredSinkCache : public ch02::ContiguousKVCache {
+class GatheredSinkCache : public models::ContiguousKVCache {
  public:
   GatheredSinkCache(const TransformerConfig& c, std::int64_t W, std::int64_t sinks, std::int64_t capacity)
       : ContiguousKVCache(c, capacity), W_(W), sinks_(sinks) {}
@@ -186,7 +186,7 @@ class GatheredSinkCache : public ch02::ContiguousKVCache {
 TEST(RingKVCache, SinksAreKeptBesideTheWindow) {
   auto rng = test::rng_for_test();
   const auto c = small_config(2);
-  const ch01::Llama m = ch01::random_llama(c, rng());
+  const models::Llama m = models::random_llama(c, rng());
   std::vector<std::size_t> chunks = {4, 1, 1, 1, 8};  // then 18 decode steps: the ring of 6 wraps three times
   chunks.resize(chunks.size() + 18, 1);
   const auto tokens = random_tokens(rng, 33, c.vocab_size);
@@ -223,7 +223,7 @@ TEST(RingKVCache, BytesEqualTheFormulaAndTheAllocation) {
 TEST(RingKVCache, RollbackOfAFullRingIsOnePositionAtMost) {
   auto rng = test::rng_for_test();
   const auto c = small_config(2);
-  const ch01::Llama m = ch01::random_llama(c, rng());
+  const models::Llama m = models::random_llama(c, rng());
   const auto tokens = random_tokens(rng, 20, c.vocab_size);
   const LocalLayout layout = LocalLayout::local(2, 5);
   RingKVCache ring(c, layout, 20), fresh(c, layout, 20);
@@ -231,7 +231,7 @@ TEST(RingKVCache, RollbackOfAFullRingIsOnePositionAtMost) {
   ring.truncate(12);
   feed(m, fresh, tokens, {12});
   const std::vector<std::int32_t> next{tokens[15]};
-  EXPECT_EQ(as_double(ch02::forward_cached(m, ring, next)), as_double(ch02::forward_cached(m, fresh, next)));
+  EXPECT_EQ(as_double(models::forward_cached(m, ring, next)), as_double(models::forward_cached(m, fresh, next)));
   expect_error([&] { ring.truncate(11); }, {"layer 0 keeps only its last 5 positions", "rolling back from 13 to 11",
                                             "needs positions 7 .. 7", "already overwritten"});
   // Before the ring wraps, any rollback is fine.
@@ -320,10 +320,10 @@ TEST(Loading, TheZoosWindowModels) {
   EXPECT_EQ(hybrid.layout.describe(), "layers 0-2 local (W = 64), layer 3 global");
   EXPECT_EQ(ch06::load_local(kData + "/models/tiny-mha").layout.locals(), 0);
   // Chapter 01 refuses what it would run wrongly, and says where it runs.
-  expect_error([&] { ch01::load_llama(kData + "/golden/window-random/mistral-w7"); }, {"sliding window", "chapter 06"});
-  expect_error([&] { ch01::load_llama(kData + "/golden/window-random/qwen2-window"); },
+  expect_error([&] { models::load_llama(kData + "/golden/window-random/mistral-w7"); }, {"sliding window", "chapter 06"});
+  expect_error([&] { models::load_llama(kData + "/golden/window-random/qwen2-window"); },
                {"use_sliding_window", "chapter 06"});
-  EXPECT_NO_THROW(ch01::load_llama(kData + "/golden/window-random/mistral-null"));
+  EXPECT_NO_THROW(models::load_llama(kData + "/golden/window-random/mistral-null"));
   expect_error([&] { ch06::load_local(kData + "/nothing"); }, {"no such file"});
 }
 

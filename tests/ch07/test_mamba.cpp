@@ -139,12 +139,12 @@ TEST(Mamba, BadInputIsRefusedByName) {
   t.architecture = "LlamaForCausalLM";
   t.hidden_size = 32, t.intermediate_size = 64, t.num_layers = 1, t.num_heads = 2, t.num_kv_heads = 2, t.head_dim = 16;
   t.vocab_size = c.vocab_size, t.max_position_embeddings = 16;
-  const ch01::Llama llama = ch01::random_llama(t, rng());
-  ch02::ContiguousKVCache kv(t, 16);
+  const models::Llama llama = models::random_llama(t, rng());
+  models::ContiguousKVCache kv(t, 16);
   std::vector<ch07::SequenceStep> wrong = {{{1}, &kv, false}};
   test::expect_error([&] { ch07::forward(m, wrong); }, {"sequence 0", "no MambaState"});
-  std::vector<ch02::SequenceStep> also_wrong = {{{1}, &s, false}};
-  test::expect_error([&] { ch02::forward(llama, also_wrong); }, {"cache of sequence 0", "not a cache of keys and values"});
+  std::vector<models::SequenceStep> also_wrong = {{{1}, &s, false}};
+  test::expect_error([&] { models::forward(llama, also_wrong); }, {"cache of sequence 0", "not a cache of keys and values"});
 }
 
 // A config.json in a temporary folder, beside a model folder's weights.

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include "chapters/01_naive_decode/generate.h"
 #include "chapters/08_diffusion_lm/diffusion.h"
 #include "common/json_file.h"
 #include "golden_util.h"
@@ -117,12 +118,12 @@ void expect_invariants(const ch08::DiffusionRun& r, const std::vector<std::int32
   }
 }
 
-ch01::Llama small_denoiser(std::mt19937_64& rng) {
+models::Llama small_denoiser(std::mt19937_64& rng) {
   TransformerConfig c;
   c.architecture = "InferLabMDLMForMaskedDiffusion";
   c.hidden_size = 32, c.intermediate_size = 48, c.num_layers = 2, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 8;
   c.vocab_size = 30, c.max_position_embeddings = 64, c.rms_norm_eps = 1e-5, c.rope_theta = 10000;
-  return ch01::random_llama(c, rng());
+  return models::random_llama(c, rng());
 }
 
 TEST(Sampler, EachStepCommitsItsCountAndNothingElseChanges) {
@@ -246,7 +247,7 @@ TEST(DiffusionLoad, CausalModelsAndDenoisersAreToldApart) {
   const std::string mdlm = kData + "/models/tiny-mdlm", mha = kData + "/models/tiny-mha";
   if (!std::filesystem::exists(mdlm)) GTEST_SKIP() << mdlm << " is missing (see tools/README.md)";
   test::expect_error([&] { ch08::load_diffusion(mha); }, {"not a bidirectional denoiser"});
-  test::expect_error([&] { ch01::load_llama(mdlm); }, {"chapter 08"});
+  test::expect_error([&] { models::load_llama(mdlm); }, {"chapter 08"});
   {  // chapter 05's cross-layer sharing used to be ignored: the model ran with a K/V of its own per layer
     test::TempDir dir;
     nlohmann::json c = load_json(mdlm + "/config.json");

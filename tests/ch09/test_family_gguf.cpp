@@ -7,8 +7,9 @@
 
 #include <filesystem>
 
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "chapters/01_naive_decode/generate.h"
 #include "chapters/09_quantization/gguf_model.h"
+#include "common/models/kv_cache.h"
 #include "common/safetensors.h"
 #include "golden_util.h"
 #include "test_util.h"
@@ -24,7 +25,7 @@ TEST_P(Qwen3Gguf, TheGgufIsTheSameModelAsTheFolder) {
   const std::string name = GetParam(), dir = kFamily + "/" + name;
   ASSERT_TRUE(std::filesystem::exists(dir + "/model.gguf"))
       << dir << "/model.gguf is missing (tools/make_family_goldens.py)";
-  const ch01::Llama g = ch09::load_gguf(dir + "/model.gguf"), hf = ch01::load_llama(dir);
+  const models::Llama g = ch09::load_gguf(dir + "/model.gguf"), hf = models::load_llama(dir);
   const auto& c = g.config;
   EXPECT_EQ(c.architecture, "Qwen3ForCausalLM");
   EXPECT_TRUE(c.qk_norm);
@@ -35,14 +36,14 @@ TEST_P(Qwen3Gguf, TheGgufIsTheSameModelAsTheFolder) {
   const auto ids = test::ids_of(gold.get("input_ids"));
   const auto want = gold.get("logits").to_double_vector();
   const std::int64_t T = static_cast<std::int64_t>(ids.size());
-  ch02::ContiguousKVCache a(c, T), b(hf.config, T);
-  const auto got = ch02::forward_cached(g, a, ids, true).to_double_vector();
+  models::ContiguousKVCache a(c, T), b(hf.config, T);
+  const auto got = models::forward_cached(g, a, ids, true).to_double_vector();
   test::expect_golden(c, got, want, name + ".gguf: logits");
-  const auto folder = ch02::forward_cached(hf, b, ids, true).to_double_vector();
+  const auto folder = models::forward_cached(hf, b, ids, true).to_double_vector();
   EXPECT_LE(test::max_diff(got, folder), test::two_path_bound(c, folder)) << "the GGUF against the folder";
   Sampler s({});
   const auto greedy = test::ids_of(gold.get("greedy_ids"));
-  EXPECT_EQ(ch02::generate_cached(g, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
+  EXPECT_EQ(models::generate_cached(g, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Qwen3Gguf, ::testing::Values("qwen3-gqa", "qwen3-tied"), test::ModelName());
@@ -52,7 +53,7 @@ INSTANTIATE_TEST_SUITE_P(Models, Qwen3Gguf, ::testing::Values("qwen3-gqa", "qwen
 // llama.cpp's adjacent-pair order.
 TEST(Llama32Gguf, TiedHeadAndRopeFactorsAreTheFolderSModel) {
   const std::string dir = kFamily + "/llama32-tied";
-  const ch01::Llama g = ch09::load_gguf(dir + "/model.gguf"), hf = ch01::load_llama(dir);
+  const models::Llama g = ch09::load_gguf(dir + "/model.gguf"), hf = models::load_llama(dir);
   EXPECT_TRUE(g.tied());
   EXPECT_EQ(g.rope_pairing, RopePairing::Adjacent);
   const auto fg = g.inv_freq.to_double_vector(), fh = hf.inv_freq.to_double_vector();

@@ -8,9 +8,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "chapters/01_naive_decode/generate.h"
 #include "chapters/09_quantization/gguf_model.h"
 #include "chapters/09_quantization/quant.h"
+#include "common/models/kv_cache.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 #include "golden_util.h"
@@ -24,8 +25,8 @@ class MoeGguf : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MoeGguf, LogitsAndGreedyTokensMatchTransformersAndTheHfPath) {
   const std::string dir = kDir + "/" + GetParam();
-  const ch01::Llama g = ch09::load_gguf(dir + "/model.gguf");
-  const ch01::Llama hf = ch01::load_llama(dir);
+  const models::Llama g = ch09::load_gguf(dir + "/model.gguf");
+  const models::Llama hf = models::load_llama(dir);
   ASSERT_TRUE(g.config.moe.has_value());
   EXPECT_EQ(g.config.moe->num_experts, hf.config.moe->num_experts);
   EXPECT_EQ(g.config.moe->top_k, hf.config.moe->top_k);
@@ -43,7 +44,7 @@ TEST_P(MoeGguf, LogitsAndGreedyTokensMatchTransformersAndTheHfPath) {
                       "GGUF logits against the Hugging Face folder's");
   const auto greedy = test::ids_of(gold.get("greedy_ids"));
   Sampler sampler({});
-  EXPECT_EQ(ch02::generate_cached(g, ids, static_cast<int>(greedy.size()), sampler, {}).generated, greedy);
+  EXPECT_EQ(models::generate_cached(g, ids, static_cast<int>(greedy.size()), sampler, {}).generated, greedy);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, MoeGguf, ::testing::Values("mixtral", "qwen2-moe"), test::ModelName());
@@ -64,8 +65,8 @@ std::vector<double> values(const Linear& w) {
 // Each Q8_0 block of 32 holds its values to within half a step d = max|w| / 127, plus d's own F16
 // rounding times up to 127 steps (max|w| · 2^-11); F16 to 2^-11 relative (2^-25 below its normal range).
 TEST(MoeGguf, Q8ExpertsAreTheCheckpointsSlicedAtTheirRows) {
-  const ch01::Llama q = ch09::load_gguf(kDir + "/mixtral/model-q8_0.gguf");
-  const ch01::Llama hf = ch01::load_llama(kDir + "/mixtral");
+  const models::Llama q = ch09::load_gguf(kDir + "/mixtral/model-q8_0.gguf");
+  const models::Llama hf = models::load_llama(kDir + "/mixtral");
   for (std::size_t l = 0; l < q.layers.size(); ++l) {
     const MoeFfn& a = q.layers[l].moe;
     const MoeFfn& b = hf.layers[l].moe;
@@ -108,13 +109,13 @@ TEST(MoeGguf, ExportsRoundTrip) {
     for (const char* width : {"intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"})
       if (hf.json.contains(width)) hf.json[width] = 64;
     const TransformerConfig c = parse_transformer_config(hf);
-    const ch01::Llama m = ch01::random_llama(c, 9);
+    const models::Llama m = models::random_llama(c, 9);
     for (bool q8 : {false, true}) {
       SCOPED_TRACE(std::string(name) + (q8 ? " q8_0" : " f32"));
-      const ch01::Llama w = q8 ? ch09::quantize_model(m, {ch09::Format::Q8_0}) : m;
+      const models::Llama w = q8 ? ch09::quantize_model(m, {ch09::Format::Q8_0}) : m;
       test::TempDir dir;
       ch09::save_gguf(dir.file("m.gguf"), w, tok);
-      const ch01::Llama back = ch09::load_gguf(dir.file("m.gguf"));
+      const models::Llama back = ch09::load_gguf(dir.file("m.gguf"));
       ASSERT_TRUE(back.config.moe.has_value());
       EXPECT_EQ(back.config.moe->num_experts, c.moe->num_experts);
       EXPECT_EQ(back.config.moe->dense_layers, c.moe->dense_layers);

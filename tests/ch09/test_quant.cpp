@@ -19,7 +19,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "chapters/01_naive_decode/generate.h"
 #include "chapters/09_quantization/awq.h"
 #include "chapters/09_quantization/gguf_model.h"
 #include "chapters/09_quantization/qmodel.h"
@@ -27,6 +27,7 @@
 #include "common/eval.h"
 #include "common/json_file.h"
 #include "common/llama2c.h"
+#include "common/models/kv_cache.h"
 #include "common/ops_cpu.h"
 #include "common/safetensors.h"
 #include "golden_util.h"
@@ -450,7 +451,7 @@ TransformerConfig small_config(std::int64_t D, std::int64_t F, std::int64_t laye
 
 // quantize() used to say which weight was NaN but not in which of the model's matrices.
 TEST(Quant, NonFiniteWeightsNameTheMatrix) {
-  ch01::Llama m = ch01::random_llama(small_config(128, 256, 2, 8, 2), 7);  // every width a multiple of every group size
+  models::Llama m = models::random_llama(small_config(128, 256, 2, 8, 2), 7);  // every width a multiple of every group size
   m.source = "random";
   m.layers[1].w_up.weight = m.layers[1].w_up.weight.clone();
   m.layers[1].w_up.weight.at<float>({4, 9}) = std::numeric_limits<float>::infinity();
@@ -463,12 +464,12 @@ TEST(Quant, NonFiniteWeightsNameTheMatrix) {
 // to keep them, quantize_model quantises every other matrix and leaves those as they were,
 // naming them once; not asked, it refuses, naming the matrix.
 TEST(Quant, MatricesAFormatCannotHoldAreKeptWhenAskedAndNamed) {
-  ch01::Llama m = ch01::random_llama(small_config(64, 172, 2, 8, 4), 7);
+  models::Llama m = models::random_llama(small_config(64, 172, 2, 8, 4), 7);
   m.source = "random";
   std::vector<std::string> kept;
-  const ch01::Llama q = quantize_model(m, {Format::Q4_0}, &kept);
+  const models::Llama q = quantize_model(m, {Format::Q4_0}, &kept);
   EXPECT_EQ(kept, std::vector<std::string>{"mlp.down_proj"});
-  for (const ch01::LlamaLayer& l : q.layers) {
+  for (const models::LlamaLayer& l : q.layers) {
     EXPECT_FALSE(l.w_down.packed);
     EXPECT_EQ(l.w_down.weight.to_float_vector(), m.layers[&l - q.layers.data()].w_down.weight.to_float_vector());
     for (const Linear* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up}) EXPECT_EQ(w->packed->format(), "q4_0");
@@ -506,7 +507,7 @@ TEST(Quant, ScalesBeyondTheirTypeAreRefused) {
 // A logit row holding NaN or infinity (here from norms too large for f32) used to give a
 // perplexity of nan, printed by ch09_quantization table with exit status 0.
 TEST(Quant, APerplexityThatIsNotANumberIsAnError) {
-  ch01::Llama m = ch01::random_llama(small_config(64, 96, 1, 4, 2), 7);
+  models::Llama m = models::random_llama(small_config(64, 96, 1, 4, 2), 7);
   const eval::LogitsFn f = [&m](const std::vector<std::int32_t>& t) { return ch01::forward(m, t, true); };
   const std::vector<std::int32_t> tokens = {1, 5, 9, 3, 7, 2, 8, 4, 6};
   EXPECT_TRUE(std::isfinite(eval::perplexity(f, tokens, 8).ppl));
@@ -757,13 +758,13 @@ TEST(Gguf, ReadsAndWritesWhatTheGgufPackageWrites) {
 }
 
 TEST(Gguf, AQuantisedZooModelRoundTripsThroughGguf) {
-  const ch01::Llama m = ch01::load_llama(kData + "/models/tiny-mha");
+  const models::Llama m = models::load_llama(kData + "/models/tiny-mha");
   const auto tok = HfTokenizer::load(kData + "/models/tiny-mha");
   for (Format fmt : {Format::Q8_0, Format::Q4_0}) {
-    const ch01::Llama q = quantize_model(m, {fmt});
+    const models::Llama q = quantize_model(m, {fmt});
     test::TempDir dir;
     save_gguf(dir.file("m.gguf"), q, tok);
-    const ch01::Llama back = load_gguf(dir.file("m.gguf"));
+    const models::Llama back = load_gguf(dir.file("m.gguf"));
     EXPECT_EQ(back.rope_pairing, RopePairing::Adjacent);  // llama.cpp's order, rows permuted on the way out
     EXPECT_EQ(back.matrix_bytes(), q.matrix_bytes());
     const std::vector<std::int32_t> toks = {0, 523, 524, 278, 525, 522, 482};
@@ -779,7 +780,7 @@ TEST(Gguf, AQuantisedZooModelRoundTripsThroughGguf) {
 // tiny-mha quantised to q8_0 and saved as GGUF: a valid file to break one field at a time.
 std::string tiny_gguf(const test::TempDir& dir) {
   const std::string path = dir.file("tiny.gguf");
-  save_gguf(path, quantize_model(ch01::load_llama(kData + "/models/tiny-mha"), {Format::Q8_0}),
+  save_gguf(path, quantize_model(models::load_llama(kData + "/models/tiny-mha"), {Format::Q8_0}),
             HfTokenizer::load(kData + "/models/tiny-mha"));
   return path;
 }
@@ -1084,7 +1085,7 @@ TEST(Gguf, TheTensorTableMustDescribeTheDataExactly) {
 TEST(Gguf, ATiedHeadRunsInTheTypeTheEmbeddingIsStoredIn) {
   test::TempDir dir;
   const std::string q4 = dir.file("q4.gguf");
-  save_gguf(q4, quantize_model(ch01::load_llama(kData + "/models/tiny-mha"), {Format::Q4_0}),
+  save_gguf(q4, quantize_model(models::load_llama(kData + "/models/tiny-mha"), {Format::Q4_0}),
             HfTokenizer::load(kData + "/models/tiny-mha"));
   const gguf::File f(q4);
   std::vector<gguf::Output> ts;
@@ -1096,7 +1097,7 @@ TEST(Gguf, ATiedHeadRunsInTheTypeTheEmbeddingIsStoredIn) {
   }
   const std::string mixed = dir.file("mixed.gguf");
   gguf::write(mixed, {f.metadata().begin(), f.metadata().end()}, ts);
-  const ch01::Llama m = load_gguf(mixed);
+  const models::Llama m = load_gguf(mixed);
   EXPECT_EQ(qmatrix(m.lm_head, "the head").spec.format, Format::Q8_0);
   EXPECT_EQ(qmatrix(m.layers[0].wq, "wq").spec.format, Format::Q4_0);
   // The head's rows are the stored bytes, dequantised exactly as the embedding's.
@@ -1127,16 +1128,16 @@ TEST(Gguf, SixteenBitModelsRunInTheirStoredType) {
     }
     const std::string path = dir.file(gguf::type_name(type) + ".gguf");
     gguf::write(path, {f.metadata().begin(), f.metadata().end()}, ts);
-    const ch01::Llama m = load_gguf(path);
+    const models::Llama m = load_gguf(path);
     ASSERT_EQ(m.layers[0].wq.weight.dtype(), dtype) << "the projections were converted on load";
-    const ch01::Llama wide = m.to(Device::CPU, DType::F32);  // the same values in f32
+    const models::Llama wide = m.to(Device::CPU, DType::F32);  // the same values in f32
     const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
     const auto a = ch01::forward(m, prompt).to_double_vector(), b = ch01::forward(wide, prompt).to_double_vector();
     const double bound = test::two_path_bound(m.config, b);
     for (std::size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], bound) << gguf::type_name(type);
     Sampler s1({}), s2({});
-    EXPECT_EQ(ch02::generate_cached(m, prompt, 24, s1, {}).generated,
-              ch02::generate_cached(wide, prompt, 24, s2, {}).generated)
+    EXPECT_EQ(models::generate_cached(m, prompt, 24, s1, {}).generated,
+              models::generate_cached(wide, prompt, 24, s2, {}).generated)
         << gguf::type_name(type);
   }
 }
@@ -1182,7 +1183,7 @@ TEST(Gguf, BlockTypesDecodeAsTheGgufPackageDecodesThem) {
 TEST(Gguf, UnquantisedExportsRunAsTheFolderDoes) {
   test::TempDir dir;
   const std::string tiny = kData + "/models/tiny-mha";
-  const ch01::Llama hf = ch01::load_llama(tiny);
+  const models::Llama hf = models::load_llama(tiny);
   const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
   for (const DType t : {DType::F32, DType::F16}) {
     const std::string path = dir.file(std::string(dtype_name(t)) + ".gguf");
@@ -1190,7 +1191,7 @@ TEST(Gguf, UnquantisedExportsRunAsTheFolderDoes) {
     const gguf::File f(path);
     EXPECT_EQ(f.info("blk.0.attn_q.weight").type, t == DType::F32 ? gguf::Type::F32 : gguf::Type::F16);
     EXPECT_EQ(f.get_int("general.file_type"), t == DType::F32 ? 0 : 1);
-    const ch01::Llama m = load_gguf(path), want = hf.to(Device::CPU, t);
+    const models::Llama m = load_gguf(path), want = hf.to(Device::CPU, t);
     EXPECT_EQ(m.layers[0].wq.weight.dtype(), t);
     const auto a = ch01::forward(m, prompt).to_double_vector(), b = ch01::forward(want, prompt).to_double_vector();
     const double bound = test::two_path_bound(m.config, b);
@@ -1213,7 +1214,7 @@ std::string small_tokenizer(const test::TempDir& dir) {
 TEST(Gguf, AQwen2RunsAsTransformersDoes) {
   test::TempDir dir;
   const std::string model = kData + "/golden/window-random/qwen2-unused";
-  const ch01::Llama hf = ch01::load_llama(model);
+  const models::Llama hf = models::load_llama(model);
   ASSERT_TRUE(hf.layers[0].wq.bias.defined());
   const std::string path = dir.file("qwen2.gguf");
   save_gguf(path, hf, HfTokenizer::load(small_tokenizer(dir)));
@@ -1221,16 +1222,16 @@ TEST(Gguf, AQwen2RunsAsTransformersDoes) {
   EXPECT_EQ(f.get_string("general.architecture"), "qwen2");
   EXPECT_EQ(f.get_int("qwen2.block_count"), 2);
   EXPECT_TRUE(f.contains("blk.1.attn_k.bias"));
-  const ch01::Llama m = load_gguf(path);
+  const models::Llama m = load_gguf(path);
   EXPECT_EQ(m.rope_pairing, RopePairing::HalfSplit);
   const SafetensorsFile g(model + "/golden.safetensors");
   const auto ids = test::ids_of(g.get("input_ids"));
-  ch02::ContiguousKVCache cache(m.config, static_cast<std::int64_t>(ids.size()), Device::CPU);
-  test::expect_golden(m.config, ch02::forward_cached(m, cache, ids, true).to_double_vector(),
+  models::ContiguousKVCache cache(m.config, static_cast<std::int64_t>(ids.size()), Device::CPU);
+  test::expect_golden(m.config, models::forward_cached(m, cache, ids, true).to_double_vector(),
                       g.get("logits").to_double_vector(), "qwen2 through GGUF: every position's logits");
   const auto greedy = test::ids_of(g.get("greedy_ids"));
   Sampler s({});
-  EXPECT_EQ(ch02::generate_cached(m, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
+  EXPECT_EQ(models::generate_cached(m, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
   // qwen2 metadata under its own prefix: a file that names it wrongly is refused by key.
   test::expect_error(
       [&] { gguf_config(gguf::File(with_metadata(path, dir.file("bad.gguf"), "qwen2.block_count", gguf::Value::u32(0)))); },
@@ -1516,7 +1517,7 @@ void pack_block(gguf::Type t, const float* w, std::uint8_t* b) {
 std::string repacked_gguf(const test::TempDir& dir, const TransformerConfig& c,
                           const std::function<gguf::Type(const std::string&)>& type_for) {
   const std::string q8 = dir.file("q8_0.gguf");
-  save_gguf(q8, quantize_model(ch01::random_llama(c, 5), {Format::Q8_0}), HfTokenizer::load(kData + "/models/tiny-mha"));
+  save_gguf(q8, quantize_model(models::random_llama(c, 5), {Format::Q8_0}), HfTokenizer::load(kData + "/models/tiny-mha"));
   const gguf::File f(q8);
   std::vector<gguf::Output> ts;
   for (const auto& i : f.tensors()) {
@@ -1538,7 +1539,7 @@ std::string repacked_gguf(const test::TempDir& dir, const TransformerConfig& c,
 
 // tiny-mha's config at widths that are whole 256-value super-blocks, two layers, untied head.
 TransformerConfig super_block_config() {
-  TransformerConfig c = ch01::load_llama(kData + "/models/tiny-mha").config;
+  TransformerConfig c = models::load_llama(kData + "/models/tiny-mha").config;
   c.hidden_size = 256, c.intermediate_size = 512, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 64, c.num_layers = 2;
   c.tie_word_embeddings = false;
   return c;
@@ -1552,7 +1553,7 @@ TransformerConfig super_block_config() {
 // bound of the packed forward's). A random model's logits are nearly flat, so a near-tie may fall
 // either way from one build's rounding to another's; comparing two free-running greedy decodes
 // would test the rounding, not the products.
-void expect_runs_as_decoded(const ch01::Llama& m) {
+void expect_runs_as_decoded(const models::Llama& m) {
   // The decoded model's products must sum as the packed prefill does (cpu::dot_rows, the row
   // kernel): each layer rounds its input through q8_0 blocks, and that rounding is a step
   // function, so an ulp of difference upstream can move a value a whole q8_0 step and the two
@@ -1561,19 +1562,19 @@ void expect_runs_as_decoded(const ch01::Llama& m) {
     RowKernel() { cpu::set_batch_gemv(cpu::BatchGemv::Rows); }
     ~RowKernel() { cpu::set_batch_gemv(cpu::kDefaultBatchGemv); }
   } rows;
-  for (const ch01::LlamaLayer& l : m.layers)
+  for (const models::LlamaLayer& l : m.layers)
     for (const Linear* w : l.linears()) ASSERT_TRUE(w->packed) << "a projection was decoded at load";
   ASSERT_TRUE(m.lm_head.packed);
-  ch01::Llama wide = m;  // every matrix decoded to f32: the simple path
+  models::Llama wide = m;  // every matrix decoded to f32: the simple path
   auto decoded = [](const Linear& l, const char* what) {
     return Linear(std::make_shared<DecodedWithBlockedInput>(qmatrix(l, what)), l.bias);
   };
-  for (ch01::LlamaLayer& l : wide.layers)
+  for (models::LlamaLayer& l : wide.layers)
     for (Linear* w : l.linears()) *w = decoded(*w, "projection");
   wide.lm_head = decoded(m.lm_head, "head");
   const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
   Sampler sampler({});
-  const std::vector<std::int32_t> emitted = ch02::generate_cached(m, prompt, 24, sampler, {}).generated;
+  const std::vector<std::int32_t> emitted = models::generate_cached(m, prompt, 24, sampler, {}).generated;
   ASSERT_EQ(emitted.size(), 24u);
   std::vector<std::int32_t> seq = prompt;
   seq.insert(seq.end(), emitted.begin(), emitted.end() - 1);
@@ -1597,7 +1598,7 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
     const bool six = name.find("ffn_down") != std::string::npos || name == "output.weight";
     return six ? gguf::Type::Q6_K : gguf::Type::Q4_K;
   });
-  const ch01::Llama m = load_gguf(path);
+  const models::Llama m = load_gguf(path);
   EXPECT_EQ(m.layers[0].wq.packed->format(), "q4_k");
   EXPECT_EQ(m.layers[1].w_down.packed->format(), "q6_k");
   EXPECT_EQ(m.lm_head.packed->format(), "q6_k");
@@ -1610,7 +1611,7 @@ TEST(Gguf, AMixedKQuantFileRunsEveryMatrixPacked) {
 // Generates `tokens` tokens greedily from a fixed prompt with `il`, every matrix of which is
 // Interleaved8, and holds each product on the model's own activations to blocked_product's bound;
 // returns how many products it checked.
-int generate_checking_products(const ch01::Llama& il, int tokens) {
+int generate_checking_products(const models::Llama& il, int tokens) {
   int checked = 0;
   LinearHook hook([&](const Linear& l, const Tensor& x) {
     const auto* iv = dynamic_cast<const Interleaved8*>(l.packed.get());
@@ -1624,7 +1625,7 @@ int generate_checking_products(const ch01::Llama& il, int tokens) {
     ++checked;
   });
   Sampler sampler({});
-  const auto emitted = ch02::generate_cached(il, {0, 523, 524, 278, 525, 522, 482}, tokens, sampler, {}).generated;
+  const auto emitted = models::generate_cached(il, {0, 523, 524, 278, 525, 522, 482}, tokens, sampler, {}).generated;
   EXPECT_EQ(emitted.size(), static_cast<std::size_t>(tokens));
   return checked;
 }
@@ -1640,8 +1641,8 @@ TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
     test::TempDir dir;
     const TransformerConfig c = super_block_config();
     const std::string path = repacked_gguf(dir, c, [t](const std::string&) { return t; });
-    const ch01::Llama m = load_gguf(path);
-    ch01::Llama il = m;
+    const models::Llama m = load_gguf(path);
+    models::Llama il = m;
     int count = 0;
     interleave_blocks(il, &count);
     EXPECT_EQ(count, 7 * c.num_layers + 1);
@@ -1651,7 +1652,7 @@ TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
     std::int64_t scale_bytes = 0;
     if (t == gguf::Type::Q4_K || t == gguf::Type::Q5_K || t == gguf::Type::IQ4_XS) {
       const std::int64_t bb = gguf::row_bytes(t, 256), more = t == gguf::Type::IQ4_XS ? 2 : 4;
-      for (const ch01::LlamaLayer& l : m.layers)
+      for (const models::LlamaLayer& l : m.layers)
         for (const Linear* w : l.linears()) scale_bytes += w->bytes() / bb * more;
       scale_bytes += m.lm_head.bytes() / bb * more;
     }
@@ -1675,12 +1676,12 @@ TEST(Gguf, BlockFilesRunInterleavedAsInRowOrder) {
 // held to its reference by LlmInt8.TheInterleavedProductIsTheReferenceWithinItsFloatSteps).
 TEST(Quant, AQuantisedZooModelRunsOnTheFastKernel) {
   if (!quant::interleaved_kernels()) GTEST_SKIP() << "this build has no AVX2, so no interleaved kernels";
-  const ch01::Llama m = ch01::load_llama(kData + "/models/tiny-mha");
+  const models::Llama m = models::load_llama(kData + "/models/tiny-mha");
   for (const QuantSpec& spec :
        {QuantSpec{Format::Int8Row}, QuantSpec{Format::Int4Asym, 32}, QuantSpec{Format::Int4Sym, 64}}) {
     SCOPED_TRACE(spec.name());
-    const ch01::Llama q = quantize_model(m, spec);
-    ch01::Llama il = q;
+    const models::Llama q = quantize_model(m, spec);
+    models::Llama il = q;
     int count = 0;
     interleave_blocks(il, &count);
     EXPECT_EQ(count, 7 * m.config.num_layers + 1);
@@ -1706,8 +1707,8 @@ TEST(Gguf, FilesOfTheOtherBlockTypesRunPacked) {
     SCOPED_TRACE(format);
     test::TempDir dir;
     const std::string path = repacked_gguf(dir, c, [t = t](const std::string&) { return t; });
-    const ch01::Llama m = load_gguf(path);
-    for (const ch01::LlamaLayer& l : m.layers)
+    const models::Llama m = load_gguf(path);
+    for (const models::LlamaLayer& l : m.layers)
       for (const Linear* w : l.linears()) ASSERT_TRUE(w->packed && w->packed->format() == format);
     const gguf::File g(path);
     EXPECT_EQ(dequantize(qmatrix(m.layers[1].w_down, "w_down")).to_float_vector(),
@@ -1829,13 +1830,13 @@ TEST(Ch09Cli, TheTableRunsOnEitherKernel) {
 }
 
 TEST(Awq, NeverLosesToRoundToNearestAndKeepsTheFunction) {
-  const ch01::Llama m = ch01::load_llama(kData + "/models/tiny-mha");
+  const models::Llama m = models::load_llama(kData + "/models/tiny-mha");
   const auto tok = HfTokenizer::load(kData + "/models/tiny-mha");
   auto calib = eval::tokenize_documents(tok, kData + "/corpus/train-sample.txt");
   calib.resize(512);
   const QuantSpec spec{Format::Int4Asym, 32};
   std::vector<AwqGroup> report;
-  const ch01::Llama scaled = awq_scale(m, calib, spec, &report, 5);
+  const models::Llama scaled = awq_scale(m, calib, spec, &report, 5);
   ASSERT_EQ(report.size(), 4u * 4);
   // α = 0 is round-to-nearest and is on the grid, so the search cannot end above it by
   // construction (asserting that here would restate the search); what can fail is finding nothing.

@@ -186,9 +186,9 @@ TEST(CudaSpeculative, ACustomResidualRunsTheHostRound) {
 // tiny-mha verifying tiny-draft on the GPU and on the CPU, with the same seed.
 void expect_gpu_equals_cpu(const SamplingParams& sp) {
   const std::string data = INFERLAB_DATA_DIR;
-  const ch01::Llama target = ch01::load_llama(data + "/models/tiny-mha"),
-                    draft = ch01::load_llama(data + "/models/tiny-draft");
-  const ch01::Llama gt = target.to(Device::CUDA, DType::F32), gd = draft.to(Device::CUDA, DType::F32);
+  const models::Llama target = models::load_llama(data + "/models/tiny-mha"),
+                      draft = models::load_llama(data + "/models/tiny-draft");
+  const models::Llama gt = target.to(Device::CUDA, DType::F32), gd = draft.to(Device::CUDA, DType::F32);
   const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
   ch10::CachedModel ct(target, 128, sp), cd(draft, 128, sp), t(gt, 128, sp), d(gd, 128, sp);
   Sampler a(sp), b(sp);

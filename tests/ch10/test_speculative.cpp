@@ -213,10 +213,10 @@ const std::string kData = INFERLAB_DATA_DIR;
 TEST(Speculative, GreedyIsTheTargetsGreedyDecodingTokenForToken) {
   const std::string mha = kData + "/models/tiny-mha", draft_dir = kData + "/models/tiny-draft";
   ASSERT_TRUE(std::filesystem::exists(draft_dir)) << draft_dir << " is missing (see tools/README.md)";
-  const ch01::Llama target = ch01::load_llama(mha), draft = ch01::load_llama(draft_dir);
+  const models::Llama target = models::load_llama(mha), draft = models::load_llama(draft_dir);
   const std::vector<std::int32_t> prompt = {0, 523, 524, 278, 525, 522, 482};
   Sampler greedy({});
-  const auto want = ch02::generate_cached(target, prompt, 64, greedy, {}).generated;
+  const auto want = models::generate_cached(target, prompt, 64, greedy, {}).generated;
   for (const std::int64_t gamma : {1, 3, 5}) {
     ch10::CachedModel t(target, 128, {}), d(draft, 128, {});
     Sampler rng({});

@@ -13,14 +13,14 @@ namespace {
 TEST(CudaEngine, ContinuousBatchingOnTheGpuEqualsTheCpu) {
   IL_REQUIRE_CUDA();
   const std::string data = INFERLAB_DATA_DIR;
-  const ch01::Llama cpu = ch01::load_llama(data + "/models/tiny-mha"), gpu = cpu.to(Device::CUDA, DType::F32);
+  const models::Llama cpu = models::load_llama(data + "/models/tiny-mha"), gpu = cpu.to(Device::CUDA, DType::F32);
   ch11::TraceSpec t;
   t.requests = 12;
   t.context = 256;
   const auto trace = ch11::make_trace(t, eval::validation_tokens(data, 4000));
   std::vector<std::vector<std::int32_t>> out[2];
   for (const bool on_gpu : {false, true}) {
-    const ch01::Llama& m = on_gpu ? gpu : cpu;
+    const models::Llama& m = on_gpu ? gpu : cpu;
     ch11::ContiguousPool pool(m.config, m.config.kv_cache_bytes(1024, 4), ch11::Allocation::OnDemand, m.device());
     ch11::EngineConfig c;
     c.scheduler = {ch11::Policy::Continuous, 6, 24};

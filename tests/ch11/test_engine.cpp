@@ -19,7 +19,7 @@ namespace {
 
 const std::string kData = INFERLAB_DATA_DIR;
 
-const ch01::Llama& tiny_mha() { return test::bundled_llama("tiny-mha"); }
+const models::Llama& tiny_mha() { return test::bundled_llama("tiny-mha"); }
 
 // Twelve requests of real text: different prompt lengths, output lengths and arrival steps; half
 // greedy, half sampled (temperature 0.8 with top-k or top-p, each its own seed); EOS stops them.
@@ -61,7 +61,7 @@ class EngineAgrees : public ::testing::TestWithParam<Case> {};
 // prefill, preemption and recomputation) against each request run alone.
 TEST_P(EngineAgrees, EveryRequestGetsWhatItGetsAlone) {
   const Case& p = GetParam();
-  const ch01::Llama& m = tiny_mha();
+  const models::Llama& m = tiny_mha();
   ContiguousPool pool(m.config, m.config.kv_cache_bytes(p.budget_tokens, 4), p.allocation);
   EngineConfig c;
   c.scheduler = {p.policy, p.max_running, p.max_step_tokens};
@@ -113,18 +113,18 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Chunked prefill with any chunk size gives the cache and the logits one-shot prefill gives.
 TEST(ChunkedPrefill, AnyChunkSizeEqualsOneShot) {
-  const ch01::Llama& m = tiny_mha();
+  const models::Llama& m = tiny_mha();
   const auto text = eval::validation_tokens(kData, 200);
   const std::vector<std::int32_t> prompt(text.begin() + 50, text.begin() + 87);  // 37 tokens
-  ch02::ContiguousKVCache whole(m.config, 40);
-  const auto want = ch02::forward_cached(m, whole, prompt).to_double_vector();
+  models::ContiguousKVCache whole(m.config, 40);
+  const auto want = models::forward_cached(m, whole, prompt).to_double_vector();
   for (const std::int64_t chunk : {1, 3, 7, 16, 36}) {
     GrowingKVCache cache(m.config, Device::CPU);
     cache.grow(40);
     std::vector<float> got;
     for (std::size_t a = 0; a < prompt.size(); a += static_cast<std::size_t>(chunk)) {
       const auto b = std::min(prompt.size(), a + static_cast<std::size_t>(chunk));
-      got = ch02::forward_cached(m, cache, {prompt.begin() + static_cast<long>(a), prompt.begin() + static_cast<long>(b)})
+      got = models::forward_cached(m, cache, {prompt.begin() + static_cast<long>(a), prompt.begin() + static_cast<long>(b)})
                 .to_float_vector();
     }
     ASSERT_EQ(cache.length(), 37);
@@ -134,7 +134,7 @@ TEST(ChunkedPrefill, AnyChunkSizeEqualsOneShot) {
     // (a layer's rows pass through fewer stages than the logits the bound is made for).
     for (std::int64_t l = 0; l < m.config.num_layers; ++l)
       for (const bool is_k : {true, false}) {
-        const auto rows = [&](const ch02::ContiguousKVCache& x) {
+        const auto rows = [&](const models::ContiguousKVCache& x) {
           return (is_k ? x.k(l) : x.v(l)).slice(0, 0, 37).to_double_vector();
         };
         const auto a = rows(*cache.rows()), b = rows(whole);
@@ -148,7 +148,7 @@ TEST(ChunkedPrefill, AnyChunkSizeEqualsOneShot) {
 // The engine with one running sequence and a token budget of `chunk`: the first token's logits
 // and every token equal the one-shot path, for chunk sizes 1 to the whole prompt.
 TEST(ChunkedPrefill, TheEngineChunksAPromptAndGetsTheSameTokens) {
-  const ch01::Llama& m = tiny_mha();
+  const models::Llama& m = tiny_mha();
   const auto text = eval::validation_tokens(kData, 200);
   Request r;
   r.prompt.assign(text.begin() + 10, text.begin() + 43);  // 33 tokens
@@ -175,7 +175,7 @@ TEST(ChunkedPrefill, TheEngineChunksAPromptAndGetsTheSameTokens) {
 // The lecture's example on the engine, counted in steps: static batching of 10-, 50- and
 // 100-token requests at batch 3 keeps (10 + 50 + 100) / (3 · 100) of its slots busy.
 TEST(LectureExample, StaticBatchingUsesFiftyThreePercentOfItsSlots) {
-  const ch01::Llama& m = tiny_mha();
+  const models::Llama& m = tiny_mha();
   for (const Policy policy : {Policy::Static, Policy::Continuous}) {
     ContiguousPool pool(m.config, m.config.kv_cache_bytes(4096, 4), Allocation::MaxLength);
     EngineConfig c;
@@ -201,7 +201,7 @@ TEST(LectureExample, StaticBatchingUsesFiftyThreePercentOfItsSlots) {
 // Stop conditions and the clock: a stop id ends a request right after it is sampled; a request
 // arriving at an idle engine gets its first token one step later; max_new_tokens is respected.
 TEST(Engine, StopsAndTheClock) {
-  const ch01::Llama& m = tiny_mha();
+  const models::Llama& m = tiny_mha();
   Request r;
   r.prompt = {0, 523, 524, 278};
   r.max_new_tokens = 20;
@@ -237,7 +237,7 @@ TEST(Engine, StopsAndTheClock) {
 // More sequences fit a budget when caches grow on demand than when each takes its maximum length
 // at admission: the memory that chapter 12 then stops wasting.
 TEST(Engine, OnDemandAllocationRunsMoreSequencesThanMaxLength) {
-  const ch01::Llama& m = tiny_mha();
+  const models::Llama& m = tiny_mha();
   const auto text = eval::validation_tokens(kData, 4000);
   TraceSpec t;
   t.requests = 16;
@@ -259,7 +259,7 @@ TEST(Engine, OnDemandAllocationRunsMoreSequencesThanMaxLength) {
 }
 
 TEST(Engine, RefusesWhatItCannotServe) {
-  const ch01::Llama& m = tiny_mha();
+  const models::Llama& m = tiny_mha();
   ContiguousPool pool(m.config, m.config.kv_cache_bytes(100, 4), Allocation::MaxLength);
   EngineConfig c;
   Engine e(m, pool, c);

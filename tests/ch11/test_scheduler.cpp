@@ -18,7 +18,7 @@ using namespace inferlab::ch11;
 namespace {
 
 // A cache that stores nothing: it counts positions, as the scheduler sees a cache.
-class CountingCache : public ch02::KVCache {
+class CountingCache : public models::KVCache {
  public:
   std::int64_t length() const override { return n_; }
   void commit(std::int64_t T) override { n_ += T; }

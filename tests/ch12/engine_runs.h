@@ -40,8 +40,9 @@ struct Served {
 /// The requests through m on pool, continuous batching (6 sequences, 24 tokens a step, the clock
 /// in steps), attending by `path`; indexed by request id. `preemptions`: where to put how many
 /// there were.
-inline std::vector<Served> serve(const ch01::Llama& m, ch11::KVPool& pool, const std::vector<ch11::Request>& requests,
-                                 ch02::AttendPath path = ch02::AttendPath::Batched, std::int64_t* preemptions = nullptr) {
+inline std::vector<Served> serve(const models::Llama& m, ch11::KVPool& pool, const std::vector<ch11::Request>& requests,
+                                 models::AttendPath path = models::AttendPath::Batched,
+                                 std::int64_t* preemptions = nullptr) {
   ch11::EngineConfig c;
   c.scheduler = {ch11::Policy::Continuous, 6, 24};
   c.clock = ch11::Clock::Steps;

@@ -58,14 +58,14 @@ TEST(CudaPaged, AttentionMatchesTheFormula) {
 TEST(CudaPaged, TheEngineOnAPagedGpuCacheEqualsTheCpu) {
   IL_REQUIRE_CUDA();
   const std::string data = INFERLAB_DATA_DIR;
-  const ch01::Llama cpu = ch01::load_llama(data + "/models/tiny-mha"), gpu = cpu.to(Device::CUDA, DType::F32);
+  const models::Llama cpu = models::load_llama(data + "/models/tiny-mha"), gpu = cpu.to(Device::CUDA, DType::F32);
   ch11::TraceSpec t;
   t.requests = 10;
   t.context = 256;
   const auto trace = ch11::make_trace(t, eval::validation_tokens(data, 4000));
   std::vector<std::vector<std::int32_t>> out[2];
   for (const bool on_gpu : {false, true}) {
-    const ch01::Llama& m = on_gpu ? gpu : cpu;
+    const models::Llama& m = on_gpu ? gpu : cpu;
     ch12::PagedPool pool(m.config, m.config.kv_cache_bytes(1024, 4), 16, m.device());
     ch11::EngineConfig c;
     c.scheduler = {ch11::Policy::Continuous, 6, 24};
@@ -86,11 +86,11 @@ TEST(CudaPaged, TheEngineOnAPagedGpuCacheEqualsTheCpu) {
 // logits within the two-path bound.
 TEST(CudaPaged, TheBatchedStepOnTheGpuEqualsTheCpuCacheByCache) {
   IL_REQUIRE_CUDA();
-  using ch02::AttendPath;
+  using models::AttendPath;
   const auto requests = test::mixed_requests(INFERLAB_DATA_DIR);
   for (const char* name : {"tiny-mha", "tiny-gqa", "tiny-mqa"}) {
-    const ch01::Llama& cpu = test::bundled_llama(name);
-    const ch01::Llama gpu = cpu.to(Device::CUDA, DType::F32);
+    const models::Llama& cpu = test::bundled_llama(name);
+    const models::Llama gpu = cpu.to(Device::CUDA, DType::F32);
     const std::int64_t budget = cpu.config.kv_cache_bytes(4096, 4);
     ch11::ContiguousPool on_cpu(cpu.config, budget, ch11::Allocation::MaxLength);
     const auto want = test::serve(cpu, on_cpu, requests, AttendPath::PerSequence);
@@ -120,17 +120,17 @@ TEST(CudaPaged, TheBatchedStepOnTheGpuEqualsTheCpuCacheByCache) {
 // decode row for each other; contiguous caches and the paged pool.
 TEST(CudaPaged, LaunchesPerStepDoNotGrowWithTheBatch) {
   IL_REQUIRE_CUDA();
-  using ch02::AttendPath;
-  const ch01::Llama m = test::bundled_llama("tiny-gqa").to(Device::CUDA, DType::F32);
+  using models::AttendPath;
+  const models::Llama m = test::bundled_llama("tiny-gqa").to(Device::CUDA, DType::F32);
   const auto text = eval::validation_tokens(INFERLAB_DATA_DIR, 2000);
   auto launches = [&](std::int64_t B, bool paged, AttendPath path) {
     ch12::BlockPool pool(m.config, 8 * B, 16, Device::CUDA);
-    std::vector<std::unique_ptr<ch02::KVCache>> caches;
+    std::vector<std::unique_ptr<models::KVCache>> caches;
     for (std::int64_t b = 0; b < B; ++b)
-      caches.push_back(paged ? std::unique_ptr<ch02::KVCache>(std::make_unique<ch12::PagedKVCache>(pool))
-                             : std::make_unique<ch02::ContiguousKVCache>(m.config, 64, Device::CUDA));
+      caches.push_back(paged ? std::unique_ptr<models::KVCache>(std::make_unique<ch12::PagedKVCache>(pool))
+                             : std::make_unique<models::ContiguousKVCache>(m.config, 64, Device::CUDA));
     auto step = [&](std::int64_t first, std::int64_t others) {
-      std::vector<ch02::SequenceStep> seqs;
+      std::vector<models::SequenceStep> seqs;
       for (std::int64_t b = 0; b < B; ++b) {
         const std::int64_t n = b == 0 ? first : others, at = 50 * b + caches[static_cast<std::size_t>(b)]->length();
         if (paged) {
@@ -142,10 +142,10 @@ TEST(CudaPaged, LaunchesPerStepDoNotGrowWithTheBatch) {
       return seqs;
     };
     auto prompts = step(20, 20);
-    ch02::forward(m, prompts, ch02::attention_block, path);
+    models::forward(m, prompts, models::attention_block, path);
     auto seqs = step(7, 1);
     const cuda::Launches before = cuda::launches();
-    ch02::forward(m, seqs, ch02::attention_block, path);
+    models::forward(m, seqs, models::attention_block, path);
     return cuda::launches().kernels - before.kernels;
   };
   for (const bool paged : {false, true}) {

@@ -21,7 +21,7 @@ namespace {
 
 const std::string kData = INFERLAB_DATA_DIR;
 
-const ch01::Llama& tiny_mha() { return test::bundled_llama("tiny-mha"); }
+const models::Llama& tiny_mha() { return test::bundled_llama("tiny-mha"); }
 
 TransformerConfig one_layer() {
   TransformerConfig c;
@@ -188,19 +188,19 @@ TEST(PagedCache, CopyOnWriteCopiesOnlyThePartlyFilledLastBlock) {
 // Through chapter 02's forward pass, a paged cache gives what a contiguous one gives, for every
 // block size, with prefill chunks and decode steps.
 TEST(PagedCache, ForwardEqualsTheContiguousCache) {
-  const ch01::Llama& m = tiny_mha();
+  const models::Llama& m = tiny_mha();
   const auto text = eval::validation_tokens(kData, 300);
   for (const std::int64_t B : {1, 16, 32}) {
     BlockPool pool(m.config, 200 / B + 8, B);
     PagedKVCache paged(pool);
-    ch02::ContiguousKVCache contiguous(m.config, 200);
+    models::ContiguousKVCache contiguous(m.config, 200);
     std::size_t at = 0;
     for (const std::size_t n : {37u, 1u, 1u, 20u, 1u, 5u}) {
       const std::vector<std::int32_t> feed(text.begin() + static_cast<long>(at), text.begin() + static_cast<long>(at + n));
       at += n;
       ASSERT_TRUE(paged.reserve(static_cast<std::int64_t>(n)));
-      const auto got = ch02::forward_cached(m, paged, feed).to_float_vector();
-      const auto want = ch02::forward_cached(m, contiguous, feed).to_double_vector();
+      const auto got = models::forward_cached(m, paged, feed).to_float_vector();
+      const auto want = models::forward_cached(m, contiguous, feed).to_double_vector();
       const double bound = test::two_path_bound(m.config, want);
       for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], bound) << "B = " << B << ", at " << at;
     }
@@ -212,8 +212,8 @@ namespace {
 std::vector<ch11::Request> mixed_requests() { return test::mixed_requests(kData); }
 
 std::vector<test::Served> serve(ch11::KVPool& pool, const std::vector<ch11::Request>& requests,
-                                std::int64_t* preemptions = nullptr, ch02::AttendPath path = ch02::AttendPath::Batched,
-                                const ch01::Llama& m = tiny_mha()) {
+                                std::int64_t* preemptions = nullptr, models::AttendPath path = models::AttendPath::Batched,
+                                const models::Llama& m = tiny_mha()) {
   return test::serve(m, pool, requests, path, preemptions);
 }
 
@@ -223,7 +223,7 @@ std::vector<test::Served> serve(ch11::KVPool& pool, const std::vector<ch11::Requ
 // that forces preemptions) gives every request the tokens the contiguous cache gives, and logits
 // within the two-path bound.
 TEST(PagedCache, TheEnginesOutputsAreTheSameOnEitherCache) {
-  const ch01::Llama& m = tiny_mha();
+  const models::Llama& m = tiny_mha();
   const auto requests = mixed_requests();
   ch11::ContiguousPool contiguous(m.config, m.config.kv_cache_bytes(4096, 4), ch11::Allocation::MaxLength);
   const auto want = serve(contiguous, requests);
@@ -252,9 +252,9 @@ TEST(PagedCache, TheEnginesOutputsAreTheSameOnEitherCache) {
 // test above holds the batched paged step to the two-path bound there, and this one the simple
 // paged step, chapter 12's split-KV op.)
 TEST(PagedCache, TheBatchedStepEqualsTheSequenceBySequenceStep) {
-  using ch02::AttendPath;
+  using models::AttendPath;
   for (const char* name : {"tiny-mha", "tiny-gqa", "tiny-mqa"}) {
-    const ch01::Llama& m = test::bundled_llama(name);
+    const models::Llama& m = test::bundled_llama(name);
     const auto requests = mixed_requests();
     ch11::ContiguousPool contiguous(m.config, m.config.kv_cache_bytes(4096, 4), ch11::Allocation::MaxLength);
     const auto alone = serve(contiguous, requests, nullptr, AttendPath::PerSequence, m);
@@ -287,9 +287,9 @@ namespace {
 
 // A contiguous cache of another type: the batched ops do not read it (ContiguousKVCache::locate
 // refuses subclasses, which may attend their own way), so it attends on its own beside the batch.
-class OwnWayCache : public ch02::ContiguousKVCache {
+class OwnWayCache : public models::ContiguousKVCache {
  public:
-  using ch02::ContiguousKVCache::ContiguousKVCache;
+  using models::ContiguousKVCache::ContiguousKVCache;
 };
 
 // One batch's caches: two paged ones in a pool whose free list earlier allocations shuffled (their
@@ -297,19 +297,19 @@ class OwnWayCache : public ch02::ContiguousKVCache {
 struct FourCaches {
   BlockPool pool;
   PagedKVCache a, b;
-  ch02::ContiguousKVCache rows;
+  models::ContiguousKVCache rows;
   OwnWayCache own;
-  explicit FourCaches(const ch01::Llama& m)
+  explicit FourCaches(const models::Llama& m)
       : pool(m.config, 40, 4), a(pool), b(pool), rows(m.config, 48), own(m.config, 48) {
     std::vector<std::int32_t> taken;
     for (int i = 0; i < 6; ++i) taken.push_back(pool.allocate());
     for (const int i : {4, 0, 2}) pool.release(taken[static_cast<std::size_t>(i)]);
   }
   // A step of n[i] new tokens for cache i (the paged ones reserved first), from its own stretch of text.
-  std::vector<ch02::SequenceStep> step(const std::vector<std::int32_t>& text, const std::vector<std::int64_t>& n) {
+  std::vector<models::SequenceStep> step(const std::vector<std::int32_t>& text, const std::vector<std::int64_t>& n) {
     EXPECT_TRUE(a.reserve(n[0]) && b.reserve(n[1]));
-    const std::vector<ch02::KVCache*> caches = {&a, &b, &rows, &own};
-    std::vector<ch02::SequenceStep> out;
+    const std::vector<models::KVCache*> caches = {&a, &b, &rows, &own};
+    std::vector<models::SequenceStep> out;
     for (std::size_t i = 0; i < caches.size(); ++i) {
       const auto from = text.begin() + static_cast<long>(40 * i + static_cast<std::size_t>(caches[i]->length()));
       out.push_back({std::vector<std::int32_t>(from, from + n[i]), caches[i], true});
@@ -328,13 +328,13 @@ struct FourCaches {
 // store through it writes what each cache's own write would. The packed words are read with the
 // functions the CUDA kernels run.
 TEST(PagedCache, TheStepContextHoldsWhatEachCacheUses) {
-  const ch01::Llama& m = test::bundled_llama("tiny-gqa");
+  const models::Llama& m = test::bundled_llama("tiny-gqa");
   const auto text = eval::validation_tokens(kData, 400);
   FourCaches w(m);
   auto prompt = w.step(text, {9, 6, 7, 3});
-  ch02::forward(m, prompt);
-  const std::vector<ch02::SequenceStep> seqs = w.step(text, {1, 11, 5, 2});  // a decode row and three chunks
-  const ch02::Batch batch(m, seqs);
+  models::forward(m, prompt);
+  const std::vector<models::SequenceStep> seqs = w.step(text, {1, 11, 5, 2});  // a decode row and three chunks
+  const models::Batch batch(m, seqs);
   ASSERT_TRUE(batch.cached.has_value());
   EXPECT_EQ(batch.in_cached, (std::vector<bool>{true, true, true, false}));
   const CachedBatch& c = *batch.cached;
@@ -417,7 +417,7 @@ TEST(PagedCache, TheStepContextHoldsWhatEachCacheUses) {
 // Prefix caching: requests that share a prompt prefix share its blocks, compute only what
 // follows, and get what they get without the cache.
 TEST(PagedCache, SharedPrefixesGiveSharedBlocksAndTheSameOutputs) {
-  const ch01::Llama& m = tiny_mha();
+  const models::Llama& m = tiny_mha();
   const auto text = eval::validation_tokens(kData, 3000);
   std::vector<ch11::Request> requests;
   for (int i = 0; i < 6; ++i) {
@@ -589,7 +589,7 @@ TEST(PagedCache, RefusalsAndErrors) {
 // copy-on-write) and on a contiguous one (each fork computes the prompt again), and every block
 // comes back.
 TEST(PagedCache, ParallelSamplesShareThePromptAndEachGetsWhatItGetsAlone) {
-  const ch01::Llama& m = tiny_mha();
+  const models::Llama& m = tiny_mha();
   const auto text = eval::validation_tokens(kData, 400);
   ch11::Request r;
   r.id = 7;
@@ -633,7 +633,7 @@ TEST(PagedCache, ParallelSamplesShareThePromptAndEachGetsWhatItGetsAlone) {
 // A sequence can leave early, queued, waiting or running (its client went away, a stop string
 // hit): its blocks return at once and the others get what they get alone.
 TEST(PagedCache, AbortedRequestsGiveTheirBlocksBackAndTheOthersAreUnchanged) {
-  const ch01::Llama& m = tiny_mha();
+  const models::Llama& m = tiny_mha();
   const auto text = eval::validation_tokens(kData, 400);
   PagedPool pool(m.config, 4 << 20, 16);
   ch11::EngineConfig c;

@@ -31,7 +31,7 @@ namespace {
 
 const std::string kData = INFERLAB_DATA_DIR;
 
-const ch01::Llama& tiny_mha() { return test::bundled_llama("tiny-mha"); }
+const models::Llama& tiny_mha() { return test::bundled_llama("tiny-mha"); }
 
 const Tokenizer& tiny_tokenizer() {
   static const auto tok = Tokenizer::load(kData + "/models/tiny-mha");

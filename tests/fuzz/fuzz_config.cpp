@@ -10,7 +10,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const TransformerConfig c = parse_transformer_config(load_hf_config(fuzz::work_dir()));
     c.num_parameters();
     c.kv_cache_bytes(c.max_position_embeddings, 4);
-    ch01::rope_frequencies(c);
+    models::rope_frequencies(c);
   });
   return 0;
 }

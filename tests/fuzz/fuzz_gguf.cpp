@@ -1,4 +1,5 @@
 // A GGUF file: metadata, tensor table, its tokenizer, and the model chapter 09 assembles from it.
+#include "chapters/01_naive_decode/generate.h"
 #include "chapters/09_quantization/gguf_model.h"
 #include "common/gguf.h"
 #include "common/gguf_tokenizer.h"
@@ -12,7 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (const auto& t : f.tensors()) f.raw(t.name);
     if (f.has("tokenizer.ggml.model")) gguf::tokenizer(f)->encode("Once upon a time");
     gguf::stop_ids(f);
-    const ch01::Llama m = ch09::load_gguf(f);
+    const models::Llama m = ch09::load_gguf(f);
     ch01::forward(m, {0});
   });
   return 0;

@@ -73,13 +73,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const TransformerConfig c = parse_transformer_config(hf);
     c.num_parameters();
     c.kv_cache_bytes(c.max_position_embeddings, 4);
-    ch01::rope_frequencies(c);
+    models::rope_frequencies(c);
     ch04::parse_mla_config(hf, c);
     ch06::parse_local_layout(hf, c.num_layers);
   });
   fuzz::expect_clean([&] { ch07::parse_mamba_config(load_hf_config(dir)).num_parameters(); });
   for (auto load :
-       {+[](const std::string& d) { ch01::load_llama(d); }, +[](const std::string& d) { ch04::load_mla(d); },
+       {+[](const std::string& d) { models::load_llama(d); }, +[](const std::string& d) { ch04::load_mla(d); },
         +[](const std::string& d) { ch05::load_cla(d); }, +[](const std::string& d) { ch06::load_local(d); },
         +[](const std::string& d) { ch07::load_mamba(d); }, +[](const std::string& d) { ch08::load_diffusion(d); }})
     fuzz::expect_clean([&] { load(dir); });

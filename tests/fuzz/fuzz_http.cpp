@@ -20,14 +20,14 @@ using namespace inferlab;
 
 // The bundled model with a context of 48 positions: a chat request without max_tokens may use
 // the rest of the context, and 500 tokens under the sanitizers would pass libFuzzer's timeout.
-ch01::Llama short_context_model() {
-  ch01::Llama m = ch01::load_llama(default_model_path());
+models::Llama short_context_model() {
+  models::Llama m = models::load_llama(default_model_path());
   m.config.max_position_embeddings = 48;
   return m;
 }
 
 struct Served {
-  ch01::Llama model = short_context_model();
+  models::Llama model = short_context_model();
   std::unique_ptr<Tokenizer> tok = Tokenizer::for_model(default_model_path());
   ch13::Server server{model, *tok, model.config.eos_token_ids, config()};
   ch13::FrontEnd front_end = front_end_of();

@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const fs::path out = argv[1], data = argv[2], shared = argc > 3 ? argv[3] : "";
-  const ch01::Llama m = ch01::random_llama(tiny_config(), 7);
+  const models::Llama m = models::random_llama(tiny_config(), 7);
   const auto& l = m.layers[0];
 
   // safetensors: the tiny model's tensors as a Hugging Face checkpoint names them.

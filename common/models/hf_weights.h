@@ -5,11 +5,11 @@
 #include <set>
 #include <string>
 
-#include "chapters/01_naive_decode/llama.h"
+#include "common/models/llama.h"
 #include "common/hf_config.h"
 #include "common/safetensors.h"
 
-namespace inferlab::ch01 {
+namespace inferlab::models {
 
 /// A model folder's checkpoint, read tensor by tensor: each one checked for its shape, a dtype
 /// the model can run (F32, F16, BF16) and finite values, its file named in every error; and
@@ -71,4 +71,4 @@ Llama read_decoder(const TransformerConfig& c, Get&& get, Attention&& attention)
   return m;
 }
 
-}  // namespace inferlab::ch01
+}  // namespace inferlab::models

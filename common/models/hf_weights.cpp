@@ -1,10 +1,10 @@
-#include "chapters/01_naive_decode/hf_weights.h"
+#include "common/models/hf_weights.h"
 
 #include <filesystem>
 
 #include "common/json_file.h"
 
-namespace inferlab::ch01 {
+namespace inferlab::models {
 
 namespace fs = std::filesystem;
 
@@ -39,4 +39,4 @@ void HfWeights::check_all_used(const std::string& hint) const {
   }
 }
 
-}  // namespace inferlab::ch01
+}  // namespace inferlab::models

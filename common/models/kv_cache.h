@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "chapters/01_naive_decode/generate.h"
-#include "chapters/01_naive_decode/llama.h"
+#include "common/models/generate.h"
+#include "common/models/llama.h"
 #include "common/cached_batch.h"
 
-namespace inferlab::ch02 {
+namespace inferlab::models {
 
 /// What every per-sequence cache does, whatever it stores (keys and values here, chapter 04's
 /// latent rows, chapter 07's fixed-size state): count its positions, take a forward pass's new
@@ -137,7 +137,7 @@ struct Batch {
   std::vector<bool> in_cached;  ///< whether sequence b is in `cached` (else it attends on its own)
 
   /// The batch of an attention model: positions checked against its context.
-  Batch(const ch01::Llama& m, const std::vector<SequenceStep>& seqs, AttendPath path = AttendPath::Batched);
+  Batch(const Llama& m, const std::vector<SequenceStep>& seqs, AttendPath path = AttendPath::Batched);
   /// Any model's batch on `device`: positions checked against `context` where the model has one
   /// (a state-space model has none).
   Batch(std::optional<std::int64_t> context, Device device, const std::vector<SequenceStep>& seqs,
@@ -159,13 +159,13 @@ struct Batch {
 
 /// Chapter 01's attention block with a cache: each sequence's keys and values are kept, and its
 /// queries attend over everything its cache holds.
-Tensor attention_block(const ch01::Llama& m, const ch01::LlamaLayer& l, const Tensor& h, const Batch& batch,
+Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, const Batch& batch,
                        std::int64_t layer);
 
 /// The attention block a forward pass runs in every layer, with attention_block's arguments:
 /// chapter 02's own, or a later chapter's (05's cross-layer block, 04's latent one), which thus
 /// replaces this one piece and reuses the rest of the pass.
-using AttentionBlock = std::function<Tensor(const ch01::Llama& m, const ch01::LlamaLayer& l, const Tensor& h,
+using AttentionBlock = std::function<Tensor(const Llama& m, const LlamaLayer& l, const Tensor& h,
                                             const Batch& batch, std::int64_t layer)>;
 
 /// Chapter 01's forward pass with a cache, over a batch: every sequence's new tokens continue
@@ -173,18 +173,18 @@ using AttentionBlock = std::function<Tensor(const ch01::Llama& m, const ch01::Ll
 /// cached position. The projections and the MLP run once over the rows of all sequences (one
 /// weight read for the whole batch); attention reads each sequence's own cache (`path`). Returns the logits of each
 /// sequence's last new token (of all of them where all_logits is set), sequence after sequence.
-Tensor forward(const ch01::Llama& m, std::vector<SequenceStep>& seqs, const AttentionBlock& attention = attention_block,
+Tensor forward(const Llama& m, std::vector<SequenceStep>& seqs, const AttentionBlock& attention = attention_block,
                AttendPath path = AttendPath::Batched);
 
 /// One sequence: prefill is a call with the whole prompt, each decode step a call with one token.
-Tensor forward_cached(const ch01::Llama& m, KVCache& cache, const std::vector<std::int32_t>& tokens,
+Tensor forward_cached(const Llama& m, KVCache& cache, const std::vector<std::int32_t>& tokens,
                       bool all_positions = false);
 
 /// Prefill the prompt, then decode one token per step until max_new or an EOS id: chapter 01's
 /// generate loop, feeding only the new tokens.
-ch01::Generation generate_cached(const ch01::Llama& m, const std::vector<std::int32_t>& prompt, int max_new,
+Generation generate_cached(const Llama& m, const std::vector<std::int32_t>& prompt, int max_new,
                                  Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
-                                 const ch01::OnToken& on_token = nullptr);
+                                 const OnToken& on_token = nullptr);
 
 /// The generate loop of every model that keeps a cache per sequence, which each chapter's
 /// generate_cached calls with what differs: checks that the prompt plus max_new tokens fit
@@ -193,15 +193,15 @@ ch01::Generation generate_cached(const ch01::Llama& m, const std::vector<std::in
 /// feeding only the new tokens through `forward(cache, feed)`: the prompt once (prefill), then
 /// one token per step.
 template <class MakeCache, class Forward>
-ch01::Generation generate_with_cache(std::optional<std::int64_t> context, Device device,
+Generation generate_with_cache(std::optional<std::int64_t> context, Device device,
                                      const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                                     const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token,
+                                     const std::vector<std::int64_t>& eos_ids, const OnToken& on_token,
                                      const MakeCache& make_cache, const Forward& forward) {
-  if (context) ch01::check_context(*context, prompt.size(), max_new);
+  if (context) check_context(*context, prompt.size(), max_new);
   auto cache = make_cache(static_cast<std::int64_t>(prompt.size()) + max_new);
-  return ch01::generate(
-      prompt, max_new, sampler, eos_ids, device, ch01::Feed::NewTokens,
+  return generate(
+      prompt, max_new, sampler, eos_ids, device, Feed::NewTokens,
       [&](const std::vector<std::int32_t>& feed) { return forward(cache, feed); }, on_token);
 }
 
-}  // namespace inferlab::ch02
+}  // namespace inferlab::models

@@ -1,14 +1,12 @@
-#include "chapters/02_kv_cache/kv_cache.h"
+#include "common/models/kv_cache.h"
 
 #include <sstream>
 #include <typeinfo>
 
 #include "common/lab.h"
 
-namespace inferlab::ch02 {
+namespace inferlab::models {
 
-using ch01::Llama;
-using ch01::LlamaLayer;
 
 // ---------------------------------------------------------------------------------------------
 // Chapter 01's forward pass and attention block; the lines marked "cache" are what changed
@@ -209,12 +207,12 @@ Tensor forward_cached(const Llama& m, KVCache& cache, const std::vector<std::int
   return forward(m, one);
 }
 
-ch01::Generation generate_cached(const Llama& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                                 const std::vector<std::int64_t>& eos_ids, const ch01::OnToken& on_token) {
+Generation generate_cached(const Llama& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                                 const std::vector<std::int64_t>& eos_ids, const OnToken& on_token) {
   return generate_with_cache(
       m.config.max_position_embeddings, m.device(), prompt, max_new, sampler, eos_ids, on_token,
       [&](std::int64_t capacity) { return ContiguousKVCache(m.config, capacity, m.device()); },
       [&](ContiguousKVCache& cache, const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); });
 }
 
-}  // namespace inferlab::ch02
+}  // namespace inferlab::models
