@@ -5,8 +5,8 @@
 #include <functional>
 #include <vector>
 
-#include "common/models/llama.h"
 #include "common/metrics.h"
+#include "common/models/llama.h"
 #include "common/sampling.h"
 
 namespace inferlab::models {

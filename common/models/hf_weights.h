@@ -5,8 +5,8 @@
 #include <set>
 #include <string>
 
-#include "common/models/llama.h"
 #include "common/hf_config.h"
+#include "common/models/llama.h"
 #include "common/safetensors.h"
 
 namespace inferlab::models {

@@ -7,7 +7,6 @@
 
 namespace inferlab::models {
 
-
 // ---------------------------------------------------------------------------------------------
 // Chapter 01's forward pass and attention block; the lines marked "cache" are what changed
 // (chapter 02's README shows the diff).
@@ -208,7 +207,7 @@ Tensor forward_cached(const Llama& m, KVCache& cache, const std::vector<std::int
 }
 
 Generation generate_cached(const Llama& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                                 const std::vector<std::int64_t>& eos_ids, const OnToken& on_token) {
+                           const std::vector<std::int64_t>& eos_ids, const OnToken& on_token) {
   return generate_with_cache(
       m.config.max_position_embeddings, m.device(), prompt, max_new, sampler, eos_ids, on_token,
       [&](std::int64_t capacity) { return ContiguousKVCache(m.config, capacity, m.device()); },

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "common/cached_batch.h"
 #include "common/models/generate.h"
 #include "common/models/llama.h"
-#include "common/cached_batch.h"
 
 namespace inferlab::models {
 
@@ -159,14 +159,13 @@ struct Batch {
 
 /// Chapter 01's attention block with a cache: each sequence's keys and values are kept, and its
 /// queries attend over everything its cache holds.
-Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, const Batch& batch,
-                       std::int64_t layer);
+Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, const Batch& batch, std::int64_t layer);
 
 /// The attention block a forward pass runs in every layer, with attention_block's arguments:
 /// chapter 02's own, or a later chapter's (05's cross-layer block, 04's latent one), which thus
 /// replaces this one piece and reuses the rest of the pass.
-using AttentionBlock = std::function<Tensor(const Llama& m, const LlamaLayer& l, const Tensor& h,
-                                            const Batch& batch, std::int64_t layer)>;
+using AttentionBlock =
+    std::function<Tensor(const Llama& m, const LlamaLayer& l, const Tensor& h, const Batch& batch, std::int64_t layer)>;
 
 /// Chapter 01's forward pass with a cache, over a batch: every sequence's new tokens continue
 /// the sequence its cache holds; their keys and values are appended, and attention reads every
@@ -177,14 +176,12 @@ Tensor forward(const Llama& m, std::vector<SequenceStep>& seqs, const AttentionB
                AttendPath path = AttendPath::Batched);
 
 /// One sequence: prefill is a call with the whole prompt, each decode step a call with one token.
-Tensor forward_cached(const Llama& m, KVCache& cache, const std::vector<std::int32_t>& tokens,
-                      bool all_positions = false);
+Tensor forward_cached(const Llama& m, KVCache& cache, const std::vector<std::int32_t>& tokens, bool all_positions = false);
 
 /// Prefill the prompt, then decode one token per step until max_new or an EOS id: chapter 01's
 /// generate loop, feeding only the new tokens.
-Generation generate_cached(const Llama& m, const std::vector<std::int32_t>& prompt, int max_new,
-                                 Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
-                                 const OnToken& on_token = nullptr);
+Generation generate_cached(const Llama& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
+                           const std::vector<std::int64_t>& eos_ids, const OnToken& on_token = nullptr);
 
 /// The generate loop of every model that keeps a cache per sequence, which each chapter's
 /// generate_cached calls with what differs: checks that the prompt plus max_new tokens fit
@@ -193,10 +190,9 @@ Generation generate_cached(const Llama& m, const std::vector<std::int32_t>& prom
 /// feeding only the new tokens through `forward(cache, feed)`: the prompt once (prefill), then
 /// one token per step.
 template <class MakeCache, class Forward>
-Generation generate_with_cache(std::optional<std::int64_t> context, Device device,
-                                     const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
-                                     const std::vector<std::int64_t>& eos_ids, const OnToken& on_token,
-                                     const MakeCache& make_cache, const Forward& forward) {
+Generation generate_with_cache(std::optional<std::int64_t> context, Device device, const std::vector<std::int32_t>& prompt,
+                               int max_new, Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
+                               const OnToken& on_token, const MakeCache& make_cache, const Forward& forward) {
   if (context) check_context(*context, prompt.size(), max_new);
   auto cache = make_cache(static_cast<std::int64_t>(prompt.size()) + max_new);
   return generate(
