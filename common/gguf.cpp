@@ -31,8 +31,9 @@ std::int64_t row_bytes(Type t, std::int64_t n) {
     case Type::Q6_K: return n / 256 * 210;
     case Type::IQ4_NL: return n / 32 * 18;
     case Type::IQ4_XS: return n / 256 * 136;
+    default: break;
   }
-  return 0;
+  fail("gguf: ", type_name(t), " is not a tensor type of GGUF files");
 }
 
 std::int64_t block_values(Type t) {

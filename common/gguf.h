@@ -18,6 +18,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/quant/format.h"
 #include "common/tensor.h"
 
 namespace inferlab {
@@ -26,23 +27,8 @@ class MappedFile;
 
 namespace gguf {
 
-enum class Type : std::uint32_t {
-  F32 = 0,
-  F16 = 1,
-  Q4_0 = 2,
-  Q4_1 = 3,
-  Q5_0 = 6,
-  Q5_1 = 7,
-  Q8_0 = 8,
-  Q2_K = 10,
-  Q3_K = 11,
-  Q4_K = 12,
-  Q5_K = 13,
-  Q6_K = 14,
-  IQ4_NL = 20,
-  IQ4_XS = 23,
-  BF16 = 30
-};
+/// A tensor's stored type: ggml's number, as the one list of formats has it (common/quant/format.h).
+using Type = quant::Format;
 
 /// Values per block of a type (1 for the float types, 32 for Q4_0 … Q8_0 and IQ4_NL, 256 for the
 /// k-quants and IQ4_XS).

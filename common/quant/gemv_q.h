@@ -33,11 +33,13 @@
 
 #include "common/dtype.h"
 #include "common/host_device.h"
+#include "common/quant/format.h"
 
 namespace inferlab::quant::qgemv {
 
 /// The formats version 2 multiplies (chapter 09's int8_row, q8_0, q4_0, int4_gG_sym, int4_gG_asym, q4_k).
-enum class Kind { Int8Row, Q8_0, Q4_0, Int4Sym, Int4Asym, Q4_K };
+/// The formats version 2 multiplies (int8_row, q8_0, q4_0, int4 sym and asym, q4_k): of the one list.
+using Kind = Format;
 
 /// Whether a kind's quants are 4-bit (one block of 32 per 16-byte load) or 8-bit (half a block).
 IL_HD constexpr bool four_bit(Kind k) { return k != Kind::Int8Row && k != Kind::Q8_0; }
@@ -171,8 +173,7 @@ IL_HD inline BlockScale block_scale(Kind k, const Weights& w, long long n, long 
       return {half_value(w.d[o]) * static_cast<float>(w.sub[2 * blk]),
               half_value(w.d[o + 1]) * static_cast<float>(w.sub[2 * blk + 1]), 0};
     }
-    case Kind::Int4Sym:
-    case Kind::Int4Asym: break;
+    default: break;  // int4, sym and asym
   }
   const long long g = n * (w.K / w.G) + b * 32 / w.G;
   return {w.scales[g], 0.0f, k == Kind::Int4Asym ? static_cast<int>(w.zeros[g]) : 8};
@@ -226,6 +227,7 @@ inline void repack(Kind k, int G, const std::uint8_t* packed, long long rows, lo
           }
           break;
         }
+        default: break;  // not a format of version 2 (qgemv_kind() has none for it)
       }
     }
 }

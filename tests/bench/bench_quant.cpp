@@ -123,7 +123,8 @@ void quantised_on(benchmark::State& state, Device dev) {
   const QMatrix q = (from_gguf(spec.format) ? gguf_blocks(spec.format) : quantize(weights(), spec)).to(dev);
   const Tensor x = Tensor::zeros({1, K}, DType::F32, dev);
   Tensor out = Tensor::empty({1, N}, DType::F32, dev);
-  const std::string version = dev == Device::CUDA && has_qgemv_v2(spec) ? " v" + std::to_string(qgemv_version()) : "";
+  const std::string version =
+      dev == Device::CUDA && has_qgemv_v2(spec) ? " v" + std::to_string(default_qgemv_version()) : "";
   run(state, dev, static_cast<double>(q.bytes()), spec.name() + version, [&] { qmatmul(x, q, out); });
 }
 void BM_CpuMatvec(benchmark::State& state) { quantised_on(state, Device::CPU); }
@@ -137,7 +138,7 @@ void BM_CpuMatvecInterleaved(benchmark::State& state) {
     state.SkipWithError((spec.name() + " has no interleaved layout in this build").c_str());
     return;
   }
-  const Interleaved8 il(q);
+  const ch09::Interleaved8 il(q);
   const Tensor x = Tensor::zeros({1, K}, DType::F32);
   Tensor out = Tensor::empty({1, N}, DType::F32);
   run(state, Device::CPU, static_cast<double>(il.bytes()), spec.name() + " (interleaved)", [&] { il.matmul(x, out); });
@@ -147,7 +148,7 @@ BENCHMARK(BM_CpuMatvec)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchma
 BENCHMARK(BM_CpuMatvecInterleaved)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaMatvec)->DenseRange(0, kLastSpec)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
-// Every version of the CUDA product (qgemv_version) of the formats with a version 2, at the GEMV
+// Every version of the CUDA product (QMatrix::gemv_version) of the formats with a version 2, at the GEMV
 // table's Llama-3.2-1B and Llama-3.1-8B layer shapes, against the bf16 GEMV (the default version)
 // at the same shape, timed in the same run. Several copies of each matrix, rotated, so that the
 // 50 MB L2 cannot serve repeated reads (a 4-bit 14336 × 4096 matrix is 33 MB). Each version's
@@ -250,11 +251,11 @@ void BM_CudaQgemv(benchmark::State& state) {
   const QuantSpec spec = kGemvSpecs.at(static_cast<std::size_t>(spec_index));
   const auto [rows, cols] = kGemvShapes.at(static_cast<std::size_t>(shape_index));
   const QgemvCase& c = qgemv_case(spec_index, shape_index);
-  const int before = qgemv_version();
-  set_qgemv_version(version);
+  std::vector<QMatrix> copies = c.copies;  // the same matrices, running `version`
+  for (QMatrix& q : copies) q.gemv_version = version;
   Tensor out = Tensor::empty({1, rows}, DType::F32, Device::CUDA);
   // The check.
-  qmatmul(c.xd, c.copies[0], out);
+  qmatmul(c.xd, copies[0], out);
   const auto got = out.to_double_vector();
   const bool blocks = blocks_activations(spec.format) || version == 2;
   const auto want = qmatmul(blocks ? c.xhat : c.x, c.q).to_double_vector();
@@ -263,20 +264,18 @@ void BM_CudaQgemv(benchmark::State& state) {
   const double roundings = spec.format == Format::Q4_K ? 4 : 2;  // the sub-block scales' extra ones
   for (std::int64_t n = 0; n < rows; ++n)
     if (!(std::fabs(got[n] - want[n]) <= 2 * (g + roundings * u) * mag[n])) {
-      set_qgemv_version(before);
       state.SkipWithError(
           ("row " + std::to_string(n) + ": " + std::to_string(got[n]) + " against the CPU's " + std::to_string(want[n]))
               .c_str());
       return;
     }
-  const int copies = static_cast<int>(c.copies.size());
+  const int n_copies = static_cast<int>(copies.size());
   double total = 0;
   for (auto _ : state) {
-    const double dt = seconds_per_call(copies, [&](int i) { qmatmul(c.xd, c.copies[static_cast<std::size_t>(i)], out); });
+    const double dt = seconds_per_call(n_copies, [&](int i) { qmatmul(c.xd, copies[static_cast<std::size_t>(i)], out); });
     state.SetIterationTime(dt);
     total += dt;
   }
-  set_qgemv_version(before);
   const double per = total / static_cast<double>(state.iterations()), bytes = static_cast<double>(c.q.bytes());
   state.counters["GB/s"] = bytes / per / 1e9;
   state.counters["of_ceiling"] = bytes / per / ceiling(Device::CUDA, bytes);

@@ -1,4 +1,4 @@
-// Mixture-of-experts models in GGUF (chapters/09_quantization/gguf_moe.h): the random Mixtral
+// Mixture-of-experts models in GGUF (common/models/gguf_moe.h): the random Mixtral
 // (llama with expert tensors) and Qwen2-MoE (qwen2moe) of data/golden/moe-random, written in
 // llama.cpp's layout by tools/make_moe_gguf.py. Loaded from GGUF they give transformers' logits
 // and greedy tokens, and the Hugging Face path's logits; a Q8_0 file's experts are the checkpoint's

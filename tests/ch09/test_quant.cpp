@@ -88,6 +88,9 @@ double bound(const QMatrix& q, const Tensor& w, std::int64_t n, std::int64_t k) 
     case Format::Q5_1:
     case Format::IQ4_NL:
     case Format::IQ4_XS: break;  // read from GGUF files, never quantised here
+    case Format::F32:
+    case Format::F16:
+    case Format::BF16: break;  // not quantised
   }
   return 0;
 }
@@ -1932,6 +1935,7 @@ TEST(QgemvLayout, RepackedQuantsHoldEveryWeightsValue) {
             v = scale * static_cast<float>(nibble) - minimum;
             break;
           }
+          default: FAIL() << "not a format of version 2";
         }
         ASSERT_EQ(v, want.at<float>({n, k})) << "n " << n << ", k " << k;
       }
@@ -2005,13 +2009,6 @@ TEST(QgemvLayout, UnitDotsEqualPlainSums) {
   }
 }
 
-// The CUDA product's version 2 selected for a scope, and the version before it restored after.
-struct QgemvVersion {
-  int before = qgemv_version();
-  explicit QgemvVersion(int v) { set_qgemv_version(v); }
-  ~QgemvVersion() { set_qgemv_version(before); }
-};
-
 TEST(CudaQuant, ProductsMatchTheCpu) {
   IL_REQUIRE_CUDA();
   auto rng = test::rng_for_test();
@@ -2024,7 +2021,6 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
   std::vector<QuantSpec> specs = all_specs();
   specs.push_back({Format::Int4Sym, 64});
   for (const int version : {1, 2}) {
-    const QgemvVersion chosen(version);
     for (const Shape& sh : {Shape{1, 301, 1024}, Shape{3, 300, 256}, Shape{11, 7, 4096}, Shape{1, 2051, 512}})
       for (const QuantSpec& spec : specs) {
         const std::int64_t M = sh.M, N = sh.N, K = sh.K;
@@ -2040,7 +2036,7 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
         const bool blocks = blocks_activations(spec.format) || (version == 2 && has_qgemv_v2(spec));
         const Tensor xin = blocks ? q8_0_activations(x) : x;
         const auto cpu = qmatmul(xin, q).to_double_vector();
-        const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_double_vector();
+        const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA, version)).to_double_vector();
         const auto D = dequantize(q).to_double_vector();
         const auto X = xin.to_double_vector();
         std::vector<double> b(cpu.size());
@@ -2061,7 +2057,6 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
   for (const int version : {1, 2})
     for (const Format fmt : {Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K, Format::Q3_K, Format::Q4_K,
                              Format::Q5_K, Format::Q6_K, Format::IQ4_NL, Format::IQ4_XS}) {
-      const QgemvVersion chosen(version);
       const std::string name = gguf::type_name(gguf_type(fmt));
       SCOPED_TRACE(name + " version " + std::to_string(version));
       const Tensor want = f.get(name + ".f32");
@@ -2069,7 +2064,7 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
       const std::int64_t N = q.rows, K = q.cols, M = 5;
       const Tensor x = test::uniform(rng, {M, K});
       const auto cpu = qmatmul(x, q).to_double_vector();
-      const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_double_vector();
+      const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA, version)).to_double_vector();
       const auto D = want.to_double_vector(), Dm = minimum_terms(q), X = q8_0_activations(x).to_double_vector();
       std::vector<double> b(cpu.size());
       for (std::int64_t m = 0; m < M; ++m)
@@ -2089,10 +2084,9 @@ TEST(CudaQuant, ProductsMatchTheCpu) {
   EXPECT_EQ(qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_float_vector(), qmatmul(x, q).to_float_vector());
   // Version 1 scales each block's whole int32 sum once, as the CPU does; version 2 scales its two
   // halves (a 16-byte load each), so only its integer parts are exact.
-  const QgemvVersion v1(1);
   const Tensor w32 = weights(rng, 64, 32), x32 = test::uniform(rng, {2, 32});
   const QMatrix q32 = quantize(w32, {Format::Q8_0});
-  EXPECT_EQ(qmatmul(x32.to(Device::CUDA), q32.to(Device::CUDA)).to_float_vector(), qmatmul(x32, q32).to_float_vector());
+  EXPECT_EQ(qmatmul(x32.to(Device::CUDA), q32.to(Device::CUDA, 1)).to_float_vector(), qmatmul(x32, q32).to_float_vector());
 }
 
 // q8_0 over one block against identity rows: y_n = 127·q_n·d_w·d_x with q_n the n-th int8 of x's
@@ -2108,11 +2102,10 @@ TEST(CudaQuant, Q8_0BlockOfXEqualsTheCpusBitForBit) {
   // holds the product of an identity row, the other sums to 0, so version 2 is exact too.
   for (const int version : {1, 2})
     for (const float amax : {1.0f, 0.99f, 9.5f, 1e-3f, 127.0f / 128.0f}) {
-      const QgemvVersion chosen(version);
       Tensor x = test::uniform(rng, {2, 32}, -amax, amax);
       x.at<float>({0, 7}) = amax, x.at<float>({1, 30}) = -amax;
       const auto cpu = qmatmul(x, q).to_float_vector();
-      const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA)).to_float_vector();
+      const auto gpu = qmatmul(x.to(Device::CUDA), q.to(Device::CUDA, version)).to_float_vector();
       std::uint8_t block[34];
       quantize_q8_0_block(x.data<float>(), block);
       const float unit = 127.0f * from_half(q.data.data<std::uint8_t>());  // 127·d_w: y_n = unit·q_n·d_x

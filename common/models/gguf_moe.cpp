@@ -1,10 +1,12 @@
-#include "chapters/09_quantization/gguf_moe.h"
+#include "common/models/gguf_moe.h"
 
-#include "chapters/09_quantization/quant_impl.h"
+#include "common/quant/qmatrix_impl.h"
 
 #include <cstring>
 
-namespace inferlab::ch09 {
+namespace inferlab::models {
+
+using namespace quant;
 
 std::optional<MoeConfig> gguf_moe_config(const gguf::File& f, const std::string& arch, std::int64_t layers,
                                          std::int64_t intermediate_size) {
@@ -40,8 +42,7 @@ MoeFfn read_gguf_moe(const gguf::File& f, const MoeConfig& c, std::int64_t D, st
   const std::int64_t E = c.num_experts, Fe = c.expert_size;
   auto is_plain = [](gguf::Type t) { return t == gguf::Type::F32 || t == gguf::Type::F16 || t == gguf::Type::BF16; };
   auto format_of = [&](const std::string& name, gguf::Type t) {
-    for (const auto& [fmt, type] : gguf_formats())
-      if (type == t) return fmt;
+    if (blocks_activations(t)) return t;  // a block type is its format
     fail(f.path(), ": tensor ", name, " is ", gguf::type_name(t),
          "; this loader reads F32, F16, BF16 and chapter 09's block types");
   };
@@ -139,4 +140,4 @@ std::vector<std::pair<std::string, gguf::Value>> gguf_moe_metadata(const MoeConf
   return meta;
 }
 
-}  // namespace inferlab::ch09
+}  // namespace inferlab::models

@@ -1,4 +1,4 @@
-// Chapter 09's CUDA products, by number (qgemv_version()). Version 2, for int8_row, q8_0, q4_0,
+// The quantised formats' CUDA products, by number (QMatrix::gemv_version). Version 2, for int8_row, q8_0, q4_0,
 // int4 and q4_k, lives in common/quant/gemv_q.cuh: the quants repacked for 16-byte loads when the matrix
 // went to the GPU, x in int8 blocks, dp4a. The rest of this file is version 1, every format's.
 //
@@ -12,13 +12,13 @@
 
 #include <cstdint>
 
-#include "chapters/09_quantization/quant_impl.h"
+#include "common/quant/qmatrix_impl.h"
 #include "common/cuda/backend.h"
 #include "common/cuda/util.cuh"
 #include "common/quant/blocks.cuh"
 #include "common/quant/gemv_q.cuh"
 
-namespace inferlab::ch09 {
+namespace inferlab::quant {
 
 namespace {
 
@@ -274,6 +274,7 @@ void launch_v2(quant::qgemv::Kind kind, const QMatrix& w, const Tensor& x, Tenso
     case Kind::Int4Sym: return quant::qgemv::gemv<Kind::Int4Sym>(v, xp, M, y, N);
     case Kind::Int4Asym: return quant::qgemv::gemv<Kind::Int4Asym>(v, xp, M, y, N);
     case Kind::Q4_K: return quant::qgemv::gemv<Kind::Q4_K>(v, xp, M, y, N);
+    default: fail("qmatmul (CUDA): version 2 has no kernel for ", w.spec.name());
   }
 }
 
@@ -293,7 +294,7 @@ void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
   IL_CHECK(!blocks_activations(w.spec.format) || K % gguf::block_values(gguf_type(w.spec.format)) == 0,
            "qmatmul (CUDA): ", w.spec.name(), " rows are whole super-blocks of 256, got n_in = ", K);
   if (M == 0 || N == 0) return;  // nothing to compute (and a grid of zero blocks is a launch error)
-  if (qgemv_version() == 2)
+  if ((w.gemv_version ? w.gemv_version : default_qgemv_version()) == 2)
     if (const auto kind = qgemv_kind(w.spec.format)) return launch_v2(*kind, w, x, out);
   const View v{static_cast<const std::uint8_t*>(w.data.raw_data()), w.scales.defined() ? w.scales.data<float>() : nullptr,
                w.zeros.defined() ? w.zeros.data<std::uint8_t>() : nullptr, K, w.spec.group};
@@ -344,7 +345,8 @@ void cuda_qmatmul(const Tensor& x, const QMatrix& w, Tensor& out) {
       IL_CUDA_LAUNCHED();
       return;
     }
+    default: fail("qmatmul (CUDA): ", w.spec.name(), " is not a quantised format");
   }
 }
 
-}  // namespace inferlab::ch09
+}  // namespace inferlab::quant

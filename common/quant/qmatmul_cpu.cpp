@@ -1,6 +1,6 @@
 // The CPU products of a QMatrix in row order (--kernel reference), threaded over output rows: the
 // formats that keep x in f32, and LLM.int8(). The GGUF block formats, which take x as q8_0 blocks,
-// run in common/quant/blocks.cpp; the fast kernel (qmodel.h's Interleaved8) in
+// run in common/quant/blocks.cpp; the fast kernel (interleaved_matrix.h's InterleavedMatrix) in
 // common/quant/interleaved.cpp.
 //
 // Decoding (a few rows of x) is memory-bound only if turning the packed bytes into numbers costs
@@ -20,12 +20,12 @@
 #include <cstring>
 #include <vector>
 
-#include "chapters/09_quantization/quant_impl.h"
+#include "common/quant/qmatrix_impl.h"
 #include "common/ops_cpu.h"
 #include "common/quant/interleaved.h"
 #include "common/quant/simd.h"
 
-namespace inferlab::ch09 {
+namespace inferlab::quant {
 
 namespace {
 
@@ -283,4 +283,4 @@ void qmatmul_fast(const Tensor& x, const QMatrix& w, Tensor& out) {
   unpacked(X, M, w, Y);
 }
 
-}  // namespace inferlab::ch09
+}  // namespace inferlab::quant

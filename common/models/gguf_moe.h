@@ -15,7 +15,7 @@
 #include "common/gguf.h"
 #include "common/moe.h"
 
-namespace inferlab::ch09 {
+namespace inferlab::models {
 
 /// The MoE hyper-parameters of a llama or qwen2moe GGUF (`<arch>.expert_count`,
 /// `.expert_used_count`, `.expert_feed_forward_length`, `.expert_shared_feed_forward_length`),
@@ -42,4 +42,4 @@ gguf::Output stack_experts(const std::string& name, const std::vector<gguf::Outp
 std::string gguf_moe_architecture(const MoeConfig& c, bool qkv_bias);
 std::vector<std::pair<std::string, gguf::Value>> gguf_moe_metadata(const MoeConfig& c, const std::string& arch);
 
-}  // namespace inferlab::ch09
+}  // namespace inferlab::models
