@@ -12,11 +12,11 @@
 
 #include <cstdint>
 
-#include "common/quant/qmatrix_impl.h"
 #include "common/cuda/backend.h"
 #include "common/cuda/util.cuh"
 #include "common/quant/blocks.cuh"
 #include "common/quant/gemv_q.cuh"
+#include "common/quant/qmatrix_impl.h"
 
 namespace inferlab::quant {
 

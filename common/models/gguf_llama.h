@@ -18,7 +18,6 @@
 
 namespace inferlab::models {
 
-
 /// Reads a Llama GGUF (architecture llama, or qwen2: q/k/v biases, RoPE over the halves of each
 /// head; qwen3: per-head q/k norms) whose matrices are F32, F16, BF16 or one of the block types
 /// (README: which run packed). A model with sliding-window layers (gemma2, gemma3) is refused,

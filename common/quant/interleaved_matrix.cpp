@@ -41,7 +41,7 @@ Interleaved8 interleaved(const QMatrix& q) {
            q.rows, " × ", q.cols, " on ", device_name(q.device()));
   const Layout l = *layout_for(q);
   const auto* bytes = static_cast<const std::uint8_t*>(q.data.raw_data());  // int8 values or packed bytes
-  if (l.kind == Layout::Kind::Int8Rows) {                            // int8_tensor: its one scale for every row
+  if (l.kind == Layout::Kind::Int8Rows) {                                   // int8_tensor: its one scale for every row
     std::vector<float> s(static_cast<std::size_t>(q.rows), q.scales.data<float>()[0]);
     if (q.spec.format != Format::Int8Tensor) std::copy_n(q.scales.data<float>(), q.rows, s.begin());
     return Interleaved8(l, q.rows, q.cols, bytes, s.data());

@@ -20,9 +20,9 @@
 #include <cstring>
 #include <vector>
 
-#include "common/quant/qmatrix_impl.h"
 #include "common/ops_cpu.h"
 #include "common/quant/interleaved.h"
+#include "common/quant/qmatrix_impl.h"
 #include "common/quant/simd.h"
 
 namespace inferlab::quant {

@@ -112,7 +112,6 @@ float scale_for(float range, float steps) {
   return s > 0 ? s : 1.0f;
 }
 
-
 void check_block_scales(const Tensor& blocks, Format format, const std::string& what) {
   const std::int64_t bb = block_bytes(format), bv = block_values(format), rows = blocks.size(0),
                      per_row = blocks.size(1) / bb;
@@ -330,8 +329,9 @@ void check_finite_activations(const Tensor& x, const std::string& format) {
 
 // The GGUF block formats: a file's tensor type is one of them, or a float type.
 const std::vector<Format>& gguf_block_formats() {
-  static const std::vector<Format> t = {Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q2_K,
-                                        Format::Q3_K, Format::Q4_K, Format::Q5_K, Format::Q6_K, Format::IQ4_NL, Format::IQ4_XS};
+  static const std::vector<Format> t = {Format::Q8_0, Format::Q4_0, Format::Q4_1,   Format::Q5_0,
+                                        Format::Q5_1, Format::Q2_K, Format::Q3_K,   Format::Q4_K,
+                                        Format::Q5_K, Format::Q6_K, Format::IQ4_NL, Format::IQ4_XS};
   return t;
 }
 

@@ -3,10 +3,10 @@
 #include <optional>
 #include <vector>
 
-#include "common/quant/qmatrix.h"
 #include "common/gguf.h"
 #include "common/quant/blocks.h"
 #include "common/quant/gemv_q.h"
+#include "common/quant/qmatrix.h"
 
 namespace inferlab::quant {
 
