@@ -7,7 +7,7 @@
 /// 06 local attention, 07 Mamba) and the engine that reports its own (11, 13) share these:
 /// whatever the model and its cache, a step is timed the same way and judged against the same
 /// memory-bound model and roofline. The model-specific part, a batch of chapter 02 caches filled
-/// and decoded, is chapter 02's `measure_decode` (chapters/02_kv_cache/batch_decode.h).
+/// and decoded, is chapter 02's `measure_decode` (common/models/batch_decode.h).
 
 #include <algorithm>
 #include <cstdint>

@@ -10,12 +10,12 @@
 
 #include "chapters/00_workload/workload.h"
 #include "chapters/01_naive_decode/generate.h"
-#include "chapters/02_kv_cache/batch_decode.h"
 #include "chapters/03_gqa/gqa.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/cuda/backend.h"
 #include "common/eval.h"
+#include "common/models/batch_decode.h"
 #include "common/plot.h"
 #include "common/tokenizer.h"
 
@@ -95,7 +95,7 @@ int throughput(const CommonOptions& o, std::int64_t seq, std::vector<std::int64_
   for (std::int64_t K : {16, 4, 1}) {
     const models::Llama m = models::random_llama(sweep_shape(K), 1).to(dev, DType::F32);
     for (std::int64_t B : batches) {
-      const auto p = ch02::measure_decode(m, B, seq, steps);
+      const auto p = models::measure_decode(m, B, seq, steps);
       const auto read = metrics::read_ceiling_for(roof, p.bytes_per_step);
       const double bw = read.bytes_per_s();
       if (K == 16) mha[B] = p.tokens_per_s();
@@ -200,7 +200,7 @@ int headline(const std::string& json_path, const std::string& svg) {
     TransformerConfig shape = sweep_shape(K);
     shape.num_layers = 4;
     const models::Llama m = models::random_llama(shape, 1);
-    const auto p = ch02::measure_decode(m, 4, 1024, 3);
+    const auto p = models::measure_decode(m, 4, 1024, 3);
     const auto read = metrics::read_ceiling_for(roof, p.bytes_per_step);
     if (K == 16) mha = p.tokens_per_s();
     std::printf(

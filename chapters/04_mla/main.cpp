@@ -15,13 +15,13 @@
 #include <nlohmann/json.hpp>
 
 #include "chapters/01_naive_decode/generate.h"
-#include "chapters/04_mla/mla.h"
 #include "chapters/04_mla/moe_decode.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/eval.h"
 #include "common/gguf_tokenizer.h"
 #include "common/metrics.h"
+#include "common/models/mla.h"
 #include "common/plot.h"
 #include "common/tokenizer.h"
 
@@ -33,7 +33,7 @@ namespace {
 // The same heads as a Llama-style cache of K heads: per token and layer K keys of dn + dr values
 // and K values of dv. kv_cache_bytes counts 2·K·H per layer, so H = (dn + dr + dv) / 2 counts both
 // exactly (both models here have an even sum).
-TransformerConfig as_llama_cache(const TransformerConfig& c, const ch04::MlaConfig& mla, std::int64_t kv_heads) {
+TransformerConfig as_llama_cache(const TransformerConfig& c, const models::mla::MlaConfig& mla, std::int64_t kv_heads) {
   TransformerConfig t = c;
   IL_CHECK((mla.qk_head_dim() + mla.v_head_dim) % 2 == 0, "ch04: dn + dr + dv is odd; the comparison needs it even");
   t.num_kv_heads = kv_heads;
@@ -49,7 +49,7 @@ std::string ratio(std::int64_t a, std::int64_t b) {
   return buf;
 }
 
-json table(const char* name, const TransformerConfig& c, const ch04::MlaConfig& mla, std::int64_t bytes_per_value,
+json table(const char* name, const TransformerConfig& c, const models::mla::MlaConfig& mla, std::int64_t bytes_per_value,
            const char* dtype) {
   const std::int64_t N = c.num_heads;
   const std::int64_t mla_bytes = mla.latent_dim() * c.num_layers * bytes_per_value;
@@ -77,18 +77,18 @@ json table(const char* name, const TransformerConfig& c, const ch04::MlaConfig& 
 // plain path's rebuild takes a fraction of a second on a laptop.
 struct DecodeLayer {
   TransformerConfig c;
-  ch04::MlaConfig mla;
-  ch04::MlaModel m;
+  models::mla::MlaConfig mla;
+  models::mla::MlaModel m;
   DecodeLayer() {
     c.architecture = "DeepseekV3ForCausalLM";
     c.hidden_size = 2048, c.intermediate_size = 64, c.num_layers = 1, c.num_heads = 16, c.num_kv_heads = 16;
     c.head_dim = 64, c.vocab_size = 256, c.max_position_embeddings = 1 << 20, c.rms_norm_eps = 1e-6, c.rope_theta = 1e4;
     mla.kv_lora_rank = 512, mla.qk_rope_head_dim = 64, mla.qk_nope_head_dim = 128, mla.v_head_dim = 128;
-    m = ch04::random_mla(c, mla, 7);
+    m = models::mla::random_mla(c, mla, 7);
   }
   // The attention weights one step reads (W_UK and W_UV are W_KVB's values, read once either way).
   double weight_bytes() const {
-    const ch04::MlaAttention& a = m.attn[0];
+    const models::mla::MlaAttention& a = m.attn[0];
     return static_cast<double>(a.wq.weight.nbytes() + a.wkv_a.weight.nbytes() + a.wkv_b.weight.nbytes() +
                                a.wo.weight.nbytes());
   }
@@ -100,8 +100,8 @@ struct Measured {
 
 // T new rows of one sequence after S cached positions of random latent rows, through one
 // attention block: best of `reps` after a warm-up that counts the FLOPs.
-Measured measure_block(const DecodeLayer& L, std::int64_t S, std::int64_t T, ch04::MlaPath path, int reps) {
-  ch04::LatentCache cache(L.c, L.mla, S + T);
+Measured measure_block(const DecodeLayer& L, std::int64_t S, std::int64_t T, models::mla::MlaPath path, int reps) {
+  models::mla::LatentCache cache(L.c, L.mla, S + T);
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   Tensor rows = Tensor::empty({S, L.mla.latent_dim()}, DType::F32);
@@ -115,21 +115,21 @@ Measured measure_block(const DecodeLayer& L, std::int64_t S, std::int64_t T, ch0
   Measured out;
   {
     metrics::CountScope scope;
-    ch04::attention_block(L.m, L.m.attn[0], h, batch, 0, path);
+    models::mla::attention_block(L.m, L.m.attn[0], h, batch, 0, path);
     out.flops = scope.work().flops;
   }
   out.seconds = 1e300;
   for (int i = 0; i < reps; ++i) {
     metrics::Timer t(metrics::Clock::Work);  // the CPU's work
-    ch04::attention_block(L.m, L.m.attn[0], h, batch, 0, path);
+    models::mla::attention_block(L.m, L.m.attn[0], h, batch, 0, path);
     out.seconds = std::min(out.seconds, t.seconds());
   }
-  const ch04::MlaCost cost = ch04::mla_cost(L.mla, L.c.hidden_size, L.c.num_heads, T, S, path);
+  const models::mla::MlaCost cost = models::mla::mla_cost(L.mla, L.c.hidden_size, L.c.num_heads, T, S, path);
   out.bytes = L.weight_bytes() + cost.cache_bytes + cost.rebuilt_bytes;
   return out;
 }
 
-const char* path_name(ch04::MlaPath p) { return p == ch04::MlaPath::Plain ? "plain" : "absorbed"; }
+const char* path_name(models::mla::MlaPath p) { return p == models::mla::MlaPath::Plain ? "plain" : "absorbed"; }
 
 json decode_steps(const metrics::Ceiling& roof) {
   const DecodeLayer L;
@@ -146,17 +146,17 @@ json decode_steps(const metrics::Ceiling& roof) {
   metrics::CeilingLegend legend;
   for (std::int64_t S : {256, 1024, 4096}) {
     double plain_s = 0;
-    for (ch04::MlaPath path : {ch04::MlaPath::Plain, ch04::MlaPath::Absorbed}) {
+    for (models::mla::MlaPath path : {models::mla::MlaPath::Plain, models::mla::MlaPath::Absorbed}) {
       const Measured m = measure_block(L, S, 1, path, 3);
       const auto read = metrics::read_ceiling_for(roof, m.bytes);
       const double roofline = std::max(m.bytes / read.bytes_per_s(), m.flops / roof.flops_per_s);
-      if (path == ch04::MlaPath::Plain) plain_s = m.seconds;
+      if (path == models::mla::MlaPath::Plain) plain_s = m.seconds;
       std::printf("  %6lld %-9s %12.3f %10.1f %10.2f %8.1f (%3.0f%%) %6.1f (%3.0f%% %-8s) %7.2f ms",
                   static_cast<long long>(S), path_name(path), m.flops / 1e9, m.bytes / 1e6, m.seconds * 1e3,
                   m.flops / m.seconds / 1e9, 100 * m.flops / m.seconds / roof.flops_per_s, m.bytes / m.seconds / 1e9,
                   legend.percent(std::string(path_name(path)) + " at S = " + std::to_string(S), m.bytes / m.seconds, read),
                   read.kind.c_str(), roofline * 1e3);
-      if (path == ch04::MlaPath::Absorbed) std::printf("   %.1f× faster", plain_s / m.seconds);
+      if (path == models::mla::MlaPath::Absorbed) std::printf("   %.1f× faster", plain_s / m.seconds);
       std::printf("\n");
       rows.push_back({{"context", S},
                       {"rows", 1},
@@ -174,7 +174,7 @@ json decode_steps(const metrics::Ceiling& roof) {
       "  the absorbed path reads the same latent rows and multiplies only the new token's query into them.\n");
 
   const std::int64_t S = 1024;
-  const double cross = ch04::crossover_rows(L.mla);
+  const double cross = models::mla::crossover_rows(L.mla);
   std::printf(
       "\nRows per step (a prefill chunk, or speculative verification) at S = %lld cached positions: the "
       "absorbed path's\nattention works in r + dr = 576 dims instead of dn + dr = 192, so above r·(dn + dv) / "
@@ -182,8 +182,8 @@ json decode_steps(const metrics::Ceiling& roof) {
       static_cast<long long>(S), cross);
   std::printf("  %5s %16s %16s %12s %12s %10s\n", "T", "plain GFLOP", "absorbed GFLOP", "plain ms", "absorbed ms", "faster");
   for (std::int64_t T : {1, 16, 64, 256, 512}) {
-    const Measured p = measure_block(L, S, T, ch04::MlaPath::Plain, 2),
-                   a = measure_block(L, S, T, ch04::MlaPath::Absorbed, 2);
+    const Measured p = measure_block(L, S, T, models::mla::MlaPath::Plain, 2),
+                   a = measure_block(L, S, T, models::mla::MlaPath::Absorbed, 2);
     std::printf("  %5lld %16.3f %16.3f %12.2f %12.2f %10s\n", static_cast<long long>(T), p.flops / 1e9, a.flops / 1e9,
                 p.seconds * 1e3, a.seconds * 1e3, p.seconds < a.seconds ? "plain" : "absorbed");
     rows.push_back(
@@ -224,13 +224,13 @@ int headline(const std::string& json_path, const std::string& svg) {
   const std::string path = data_dir() + "/models/tiny-mla";
   const HfConfig hf = load_hf_config(path);
   const TransformerConfig c = parse_transformer_config(hf);
-  const ch04::MlaConfig mla = ch04::parse_mla_config(hf, c);
+  const models::mla::MlaConfig mla = models::mla::parse_mla_config(hf, c);
   json out;
   out["tiny-mla"] = table("tiny-mla", c, mla, 4, "f32");
   // DeepSeek-V2 (its paper, Table 1 and appendix): 60 layers, 128 heads, r = 512, dr = 64.
   TransformerConfig v2 = c;
   v2.num_layers = 60, v2.num_heads = 128, v2.num_kv_heads = 128, v2.hidden_size = 5120;
-  ch04::MlaConfig v2m;
+  models::mla::MlaConfig v2m;
   v2m.kv_lora_rank = 512, v2m.qk_nope_head_dim = 128, v2m.qk_rope_head_dim = 64, v2m.v_head_dim = 128,
   v2m.q_lora_rank = 1536;
   std::printf("\n");
@@ -261,10 +261,10 @@ int quality(const std::string& json_path, std::int64_t windows, std::int64_t per
   std::printf("Validation perplexity (%s windows of 512) and probe accuracy (%lld per kind)\n\n",
               windows ? std::to_string(windows).c_str() : "all", static_cast<long long>(per_kind));
   std::vector<eval::Scored> rows;
-  const ch04::MlaModel mla = ch04::load_mla(data + "/models/tiny-mla");
+  const models::mla::MlaModel mla = models::mla::load_mla(data + "/models/tiny-mla");
   rows.push_back({"tiny-mla", mla.mla.latent_dim() * mla.config().num_layers * 4, [&](const std::vector<std::int32_t>& t) {
-                    ch04::LatentCache cache(mla.config(), mla.mla, static_cast<std::int64_t>(t.size()));
-                    return ch04::forward_cached(mla, cache, t, true);
+                    models::mla::LatentCache cache(mla.config(), mla.mla, static_cast<std::int64_t>(t.size()));
+                    return models::mla::forward_cached(mla, cache, t, true);
                   }});
   std::vector<models::Llama> llamas;
   for (const char* name : {"tiny-mha", "tiny-gqa", "tiny-mqa"})
@@ -280,7 +280,7 @@ int quality(const std::string& json_path, std::int64_t windows, std::int64_t per
 // Text from an MLA model through the latent cache, by the absorbed path (streamed) and then the
 // plain one: the same tokens (greedy), and what each step cost.
 int generate(const CommonOptions& o) {
-  const ch04::MlaModel m = ch04::load_mla(o.model);
+  const models::mla::MlaModel m = models::mla::load_mla(o.model);
   // A GGUF file carries its tokenizer (tokenizer.ggml.*) and the ids llama.cpp stops at.
   const bool gguf_file = std::filesystem::path(o.model).extension() == ".gguf";
   const auto tok = gguf_file ? Tokenizer::load(o.model) : Tokenizer::for_model(o.model);
@@ -292,7 +292,7 @@ int generate(const CommonOptions& o) {
       if (std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
   models::check_context(m.base, prompt.size(), o.max_new_tokens);
   const std::int64_t S = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
-  const ch04::LatentCache cache(c, m.mla, S);
+  const models::mla::LatentCache cache(c, m.mla, S);
   std::printf(
       "%s, %.2f M parameters; latent cache for S = %lld: %lld bytes (r + dr = %lld values per token and "
       "layer), an MHA cache of the same heads: %lld\n\n",
@@ -302,13 +302,13 @@ int generate(const CommonOptions& o) {
   const SamplingParams sp = o.sampling(*tok, c.vocab_size);
   json runs = json::array();
   std::vector<std::int32_t> first;
-  for (ch04::MlaPath path : {ch04::MlaPath::Absorbed, ch04::MlaPath::Plain}) {
+  for (models::mla::MlaPath path : {models::mla::MlaPath::Absorbed, models::mla::MlaPath::Plain}) {
     Sampler sampler(sp);
-    const bool show = path == ch04::MlaPath::Absorbed;  // the text once; the plain path's tokens are compared
+    const bool show = path == models::mla::MlaPath::Absorbed;  // the text once; the plain path's tokens are compared
     std::optional<TextStream> stream;
     if (show) stream.emplace(*tok, prompt);
     const models::Generation g =
-        ch04::generate_cached(m, prompt, o.max_new_tokens, sampler, stops, path, [&](const models::Generation& gen) {
+        models::mla::generate_cached(m, prompt, o.max_new_tokens, sampler, stops, path, [&](const models::Generation& gen) {
           if (stream) stream->print(gen.tokens);
         });
     if (show) std::printf("\n\n"), first = g.generated;

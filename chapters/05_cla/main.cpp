@@ -13,15 +13,15 @@
 #include <nlohmann/json.hpp>
 
 #include "chapters/00_workload/workload.h"
-#include "chapters/05_cla/cla.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/eval.h"
+#include "common/models/cla.h"
 #include "common/plot.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
-using namespace inferlab::ch05;
+using namespace inferlab::models::cla;
 using nlohmann::json;
 
 namespace {

@@ -17,17 +17,17 @@
 #include <nlohmann/json.hpp>
 
 #include "chapters/00_workload/workload.h"
-#include "chapters/06_local_attention/local.h"
 #include "chapters/09_quantization/gguf_model.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/decode_bench.h"
 #include "common/eval.h"
+#include "common/models/local.h"
 #include "common/plot.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
-using namespace inferlab::ch06;
+using namespace inferlab::models::local;
 using nlohmann::json;
 
 namespace {

@@ -18,16 +18,16 @@
 #include <nlohmann/json.hpp>
 
 #include "chapters/01_naive_decode/generate.h"
-#include "chapters/02_kv_cache/batch_decode.h"
-#include "chapters/07_mamba/mamba.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/eval.h"
+#include "common/models/batch_decode.h"
+#include "common/models/mamba.h"
 #include "common/plot.h"
 #include "common/tokenizer.h"
 
 using namespace inferlab;
-using namespace inferlab::ch07;
+using namespace inferlab::models::mamba;
 using nlohmann::json;
 
 namespace {
@@ -107,7 +107,7 @@ json speed_table(const metrics::Ceiling& roof, std::int64_t layers, const std::v
     std::printf("%s%-22s", pad, name.c_str());
     json points = json::array();
     for (std::int64_t p : positions) {
-      const auto s = is_mamba ? mamba_step(mamba, p, steps) : ch02::measure_decode(llama, 1, p, steps);
+      const auto s = is_mamba ? mamba_step(mamba, p, steps) : models::measure_decode(llama, 1, p, steps);
       // Against a streaming read over as many bytes as the step reads (in cache, or from memory).
       const auto read = metrics::read_ceiling_for(roof, s.bytes_per_step);
       std::printf("  %6.2f ms %5.1f GB/s (%3.0f%% %-5s)", s.seconds_per_step * 1e3, s.achieved_bytes_per_s() / 1e9,
@@ -160,8 +160,8 @@ json scan_table(const metrics::Ceiling& roof, const std::vector<std::int64_t>& l
   };
   std::vector<Way> ways;
   if (dev == Device::CPU) {
-    ways.push_back(
-        {"ref:: loop, 1 thread", [](const ScanInputs& in, Tensor& h, Tensor& y) { ch07::ref::selective_scan(in, h, y); }});
+    ways.push_back({"ref:: loop, 1 thread",
+                    [](const ScanInputs& in, Tensor& h, Tensor& y) { models::mamba::ref::selective_scan(in, h, y); }});
     ways.push_back({"threads over channels", [](const ScanInputs& in, Tensor& h, Tensor& y) { selective_scan(in, h, y); }});
     ways.push_back({"chunked (associative)", [](const ScanInputs& in, Tensor& h, Tensor& y) { parallel_scan(in, h, y); }});
   } else {
@@ -456,8 +456,8 @@ int generate(const CommonOptions& o) {
               static_cast<ll>(m.config.num_parameters()), state.layout().c_str());
   Sampler sampler(o.sampling(*tok, m.config.vocab_size));
   TextStream stream(*tok, prompt);
-  const models::Generation g = ch07::generate(m, prompt, o.max_new_tokens, sampler, m.config.eos_token_ids,
-                                              [&](const models::Generation& gen) { stream.print(gen.tokens); });
+  const models::Generation g = models::mamba::generate(m, prompt, o.max_new_tokens, sampler, m.config.eos_token_ids,
+                                                       [&](const models::Generation& gen) { stream.print(gen.tokens); });
   std::printf(
       "\n\n%zu tokens: time to first token %.2f ms, %.2f ms per later token, %.1f tokens/s; the state stayed at "
       "%lld bytes\n",

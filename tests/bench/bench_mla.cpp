@@ -3,7 +3,7 @@
 //   absorbed  chapter 04's kernel over the latent rows themselves (each row read once for all
 //             heads, Dqk = r + dr, Dv = r)
 //   plain     rebuild every position's K [S, N, dn + dr] and V [S, N, dv] from its latent row
-//             (ch04::mla_rebuild_kv: cuBLAS GEMMs with W_KVB, and k_pe copied into every head),
+//             (models::mla::mla_rebuild_kv: cuBLAS GEMMs with W_KVB, and k_pe copied into every head),
 //             then attention over them (ops::attention, which takes Dv ≠ Dqk)
 //   rebuild   the plain path's rebuild alone, to show where its time goes
 //   GQA       chapter 03's grouped kernel on a cache of the same bytes per token: K = 3 KV heads
@@ -18,9 +18,9 @@
 
 #include "bench_main.h"
 #include "chapters/03_gqa/cuda_gqa.h"
-#include "chapters/04_mla/cuda_mla.h"
 #include "common/cuda/backend.h"
 #include "common/metrics.h"
+#include "common/models/cuda_mla.h"
 #include "common/ops.h"
 
 using namespace inferlab;
@@ -93,10 +93,10 @@ void BM_CudaMlaDecode(benchmark::State& state) {
   p.scale = scale;
   auto run = [&] {
     switch (variant) {
-      case Absorbed: ch04::mla_decode_attention(q, latent, S, scale, r, out); break;
-      case Rebuild: ch04::mla_rebuild_kv(latent, S, w_kvb, dn, k, v); break;
+      case Absorbed: models::mla::mla_decode_attention(q, latent, S, scale, r, out); break;
+      case Rebuild: models::mla::mla_rebuild_kv(latent, S, w_kvb, dn, k, v); break;
       case Plain:
-        ch04::mla_rebuild_kv(latent, S, w_kvb, dn, k, v);
+        models::mla::mla_rebuild_kv(latent, S, w_kvb, dn, k, v);
         ops::attention(q, k, v, out, p);
         break;
       case Gqa: ch03::gqa_decode_attention(q, gk, gv, S, out); break;

@@ -7,11 +7,11 @@
 #include <memory>
 
 #include "chapters/01_naive_decode/generate.h"
-#include "chapters/02_kv_cache/batch_decode.h"
 #include "chapters/03_gqa/gqa.h"
 #include "common/decode_bench.h"
 #include "common/eval.h"
 #include "common/json_file.h"
+#include "common/models/batch_decode.h"
 #include "common/tokenizer.h"
 #include "test_util.h"
 
@@ -95,7 +95,7 @@ TEST(Gqa, BatchedDecodeEqualsOneSequenceAtATime) {
   for (int step = 0; step < 5; ++step) {
     const std::vector<std::int32_t> next = {static_cast<std::int32_t>(rng() % 50), static_cast<std::int32_t>(rng() % 50),
                                             static_cast<std::int32_t>(rng() % 50)};
-    const auto batch = ch02::decode_step(m, batch_caches, next).to_float_vector();
+    const auto batch = models::decode_step(m, batch_caches, next).to_float_vector();
     for (std::size_t b = 0; b < 3; ++b) {
       const auto one = models::forward_cached(m, *alone[b], {next[b]}).to_float_vector();
       // Same arithmetic but a different summation order in the matmuls (eight rows against

@@ -7,8 +7,8 @@
 #include <limits>
 #include <vector>
 
-#include "chapters/04_mla/cuda_mla.h"
-#include "chapters/04_mla/mla.h"
+#include "common/models/cuda_mla.h"
+#include "common/models/mla.h"
 #include "test_util.h"
 
 namespace inferlab {
@@ -35,7 +35,7 @@ std::vector<double> cpu_reference(const Tensor& q, const Tensor& latent, std::in
 
 std::vector<double> gpu_result(const Tensor& q, const Tensor& latent, std::int64_t len, float scale, std::int64_t r) {
   Tensor out = Tensor::empty({1, q.size(1), r}, DType::F32, Device::CUDA);
-  ch04::mla_decode_attention(q.to(Device::CUDA), latent.to(Device::CUDA), len, scale, r, out);
+  models::mla::mla_decode_attention(q.to(Device::CUDA), latent.to(Device::CUDA), len, scale, r, out);
   return out.to_double_vector();
 }
 
@@ -102,10 +102,10 @@ TEST(CudaMla, LatentCacheDecodeStepUsesTheKernel) {
   auto rng = test::rng_for_test();
   TransformerConfig c;
   c.num_layers = 2, c.num_heads = 8, c.num_kv_heads = 8, c.head_dim = 8;
-  ch04::MlaConfig mla;
+  models::mla::MlaConfig mla;
   mla.kv_lora_rank = 32, mla.qk_nope_head_dim = 16, mla.qk_rope_head_dim = 8, mla.v_head_dim = 16;  // tiny-mla
   const std::int64_t R = mla.latent_dim(), r = mla.kv_lora_rank, P = 300;
-  ch04::LatentCache cpu(c, mla, P + 1), gpu(c, mla, P + 1, Device::CUDA);
+  models::mla::LatentCache cpu(c, mla, P + 1), gpu(c, mla, P + 1, Device::CUDA);
   const Tensor prompt = test::uniform(rng, {P, R}, -1, 1);
   cpu.append(1, prompt), gpu.append(1, prompt);
   cpu.commit(P), gpu.commit(P);
@@ -144,7 +144,7 @@ TEST(CudaMla, PlainPathRebuildMatchesTheCpu) {
       }
     Tensor k = Tensor::empty({c.len, c.N, c.dn + c.dr}, DType::F32, Device::CUDA),
            v = Tensor::empty({c.len, c.N, c.dv}, DType::F32, Device::CUDA);
-    ch04::mla_rebuild_kv(latent.to(Device::CUDA), c.len, w.to(Device::CUDA), c.dn, k, v);
+    models::mla::mla_rebuild_kv(latent.to(Device::CUDA), c.len, w.to(Device::CUDA), c.dn, k, v);
     const double b = 2 * test::gamma(c.r) * c.r;
     test::expect_within(k.to_double_vector(), k_want, std::vector<double>(k_want.size(), b), "rebuilt keys");
     test::expect_within(v.to_double_vector(), v_want, std::vector<double>(v_want.size(), b), "rebuilt values");
@@ -158,7 +158,7 @@ TEST(CudaMla, BadArgumentsAreRefusedByName) {
   const Tensor q = gpu({1, N, R}), latent = gpu({S, 1, R}), out = gpu({1, N, r});
   auto refused = [](const Tensor& q_, const Tensor& latent_, std::int64_t len, std::int64_t r_, Tensor out_,
                     std::initializer_list<std::string> parts) {
-    test::expect_error([&] { ch04::mla_decode_attention(q_, latent_, len, 0.2f, r_, out_); }, parts);
+    test::expect_error([&] { models::mla::mla_decode_attention(q_, latent_, len, 0.2f, r_, out_); }, parts);
   };
   refused(q, latent, 0, r, out, {"mla_decode_attention", "length 0", "10 positions"});
   refused(q, latent, S + 1, r, out, {"length 11", "10 positions"});

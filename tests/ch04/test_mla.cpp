@@ -6,9 +6,9 @@
 #include <cmath>
 #include <filesystem>
 
-#include "chapters/04_mla/mla.h"
 #include "common/json_file.h"
 #include "common/metrics.h"
+#include "common/models/mla.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 #include "golden_util.h"
@@ -17,7 +17,7 @@ namespace inferlab {
 namespace {
 
 const std::string kData = INFERLAB_DATA_DIR;
-using ch04::MlaPath;
+using models::mla::MlaPath;
 
 using test::golden_bound;
 using test::ids_of;
@@ -32,7 +32,7 @@ TEST_P(MlaGolden, LogitsLatentCacheAndGreedyTokensMatchTransformers) {
   const MlaPath path = GetParam();
   const std::string model_dir = kData + "/models/tiny-mla", golden_dir = kData + "/golden/tiny-mla";
   ASSERT_TRUE(std::filesystem::exists(model_dir)) << model_dir << " is missing (see tools/README.md)";
-  const ch04::MlaModel m = ch04::load_mla(model_dir);
+  const models::mla::MlaModel m = models::mla::load_mla(model_dir);
   const auto tok = Tokenizer::for_model(model_dir);
   const auto manifest = load_json(golden_dir + "/manifest.json");
   const SafetensorsFile g(golden_dir + "/golden.safetensors");
@@ -47,8 +47,8 @@ TEST_P(MlaGolden, LogitsLatentCacheAndGreedyTokensMatchTransformers) {
     const std::int64_t T = static_cast<std::int64_t>(ids.size());
 
     // Logits at every position, from one prefill through the latent cache.
-    ch04::LatentCache cache(c, m.mla, T);
-    const auto got = ch04::forward_cached(m, cache, ids, true, path).to_double_vector();
+    models::mla::LatentCache cache(c, m.mla, T);
+    const auto got = models::mla::forward_cached(m, cache, ids, true, path).to_double_vector();
     const auto want = g.get(key + "logits").to_double_vector();
     const double bound = golden_bound(c, max_abs(want));
     const double worst = max_diff(got, want);
@@ -74,7 +74,7 @@ TEST_P(MlaGolden, LogitsLatentCacheAndGreedyTokensMatchTransformers) {
     // Greedy continuation, token for token (prefill, then one token per step).
     const auto greedy = ids_of(g.get(key + "greedy_ids"));
     Sampler s({});
-    EXPECT_EQ(ch04::generate_cached(m, ids, static_cast<int>(greedy.size()), s, {}, path).generated, greedy);
+    EXPECT_EQ(models::mla::generate_cached(m, ids, static_cast<int>(greedy.size()), s, {}, path).generated, greedy);
   }
   EXPECT_GE(p, 1);
 }
@@ -85,7 +85,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, MlaGolden, ::testing::Values(MlaPath::Plain, Mla
 // A small random DeepseekV3 shape; q_lora_rank and the pairing vary.
 struct Shape4 {
   TransformerConfig c;
-  ch04::MlaConfig mla;
+  models::mla::MlaConfig mla;
 };
 
 Shape4 small(bool q_lora, bool interleave) {
@@ -106,16 +106,16 @@ TEST_P(MlaTwoPath, AbsorbedEqualsPlainAndPrefillThenDecodeEqualsOneForward) {
   const auto [q_lora, interleave] = GetParam();
   const Shape4 s = small(q_lora, interleave);
   auto rng = test::rng_for_test();
-  const ch04::MlaModel m = ch04::random_mla(s.c, s.mla, rng());
+  const models::mla::MlaModel m = models::mla::random_mla(s.c, s.mla, rng());
   std::vector<std::int32_t> ids;
   std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(s.c.vocab_size - 1));
   for (int i = 0; i < 11; ++i) ids.push_back(tok(rng));
   const std::int64_t T = static_cast<std::int64_t>(ids.size());
 
   // One full forward, both paths: every position's logits.
-  ch04::LatentCache plain_cache(s.c, s.mla, T), abs_cache(s.c, s.mla, T);
-  const auto plain = ch04::forward_cached(m, plain_cache, ids, true, MlaPath::Plain).to_double_vector();
-  const auto absorbed = ch04::forward_cached(m, abs_cache, ids, true, MlaPath::Absorbed).to_double_vector();
+  models::mla::LatentCache plain_cache(s.c, s.mla, T), abs_cache(s.c, s.mla, T);
+  const auto plain = models::mla::forward_cached(m, plain_cache, ids, true, MlaPath::Plain).to_double_vector();
+  const auto absorbed = models::mla::forward_cached(m, abs_cache, ids, true, MlaPath::Absorbed).to_double_vector();
   EXPECT_LE(max_diff(absorbed, plain), two_path_bound(s.c, plain)) << "absorbed against plain";
   // Layer 0's latent rows come before either path's attention: identical. Later layers' rows
   // inherit the paths' rounding through the residual stream.
@@ -130,10 +130,11 @@ TEST_P(MlaTwoPath, AbsorbedEqualsPlainAndPrefillThenDecodeEqualsOneForward) {
   const std::int64_t V = s.c.vocab_size, P = 4;
   for (MlaPath path : {MlaPath::Plain, MlaPath::Absorbed}) {
     SCOPED_TRACE(path == MlaPath::Plain ? "plain" : "absorbed");
-    ch04::LatentCache cache(s.c, s.mla, T);
-    ch04::forward_cached(m, cache, std::vector<std::int32_t>(ids.begin(), ids.begin() + P), false, path);
+    models::mla::LatentCache cache(s.c, s.mla, T);
+    models::mla::forward_cached(m, cache, std::vector<std::int32_t>(ids.begin(), ids.begin() + P), false, path);
     for (std::int64_t t = P; t < T; ++t) {
-      const auto step = ch04::forward_cached(m, cache, {ids[static_cast<std::size_t>(t)]}, false, path).to_double_vector();
+      const auto step =
+          models::mla::forward_cached(m, cache, {ids[static_cast<std::size_t>(t)]}, false, path).to_double_vector();
       const std::vector<double> row(plain.begin() + t * V, plain.begin() + (t + 1) * V);
       EXPECT_LE(max_diff(step, row), two_path_bound(s.c, row)) << "position " << t;
     }
@@ -150,7 +151,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MlaTwoPath,
 
 TEST(MlaCache, HoldsOneLatentRowPerTokenAndLayer) {
   const Shape4 s = small(false, false);
-  ch04::LatentCache cache(s.c, s.mla, 10);
+  models::mla::LatentCache cache(s.c, s.mla, 10);
   EXPECT_EQ(cache.bytes(), 10 * (16 + 8) * 2 * 4);
   EXPECT_EQ(cache.rows(0).shape(), (Shape{10, 1, 24}));
   cache.commit(6);
@@ -167,9 +168,9 @@ TEST(MlaCache, HoldsOneLatentRowPerTokenAndLayer) {
 TEST(MlaAbsorb, SplitsKvBProjIntoEachHeadsUkTransposedAndUv) {
   const Shape4 s = small(false, false);
   auto rng = test::rng_for_test();
-  const ch04::MlaModel m = ch04::random_mla(s.c, s.mla, rng());
+  const models::mla::MlaModel m = models::mla::random_mla(s.c, s.mla, rng());
   const std::int64_t N = s.c.num_heads, dn = s.mla.qk_nope_head_dim, dv = s.mla.v_head_dim, r = s.mla.kv_lora_rank;
-  const ch04::MlaAttention& a = m.attn[1];
+  const models::mla::MlaAttention& a = m.attn[1];
   const Tensor w = a.wkv_b.weight;
   ASSERT_EQ(a.uk_t.size(), static_cast<std::size_t>(N));
   ASSERT_EQ(a.uv.size(), static_cast<std::size_t>(N));
@@ -195,12 +196,12 @@ TEST(MlaCost, EqualsTheFlopsTheOpsCount) {
   auto rng = test::rng_for_test();
   for (bool q_lora : {false, true}) {
     const Shape4 s = small(q_lora, false);
-    const ch04::MlaModel m = ch04::random_mla(s.c, s.mla, rng());
+    const models::mla::MlaModel m = models::mla::random_mla(s.c, s.mla, rng());
     for (auto [S, T] : {std::pair<std::int64_t, std::int64_t>{0, 7}, {5, 3}, {9, 1}}) {
       for (MlaPath path : {MlaPath::Plain, MlaPath::Absorbed}) {
         SCOPED_TRACE(std::string(path == MlaPath::Plain ? "plain" : "absorbed") + ", S = " + std::to_string(S) +
                      ", T = " + std::to_string(T) + (q_lora ? ", q_lora" : ""));
-        ch04::LatentCache cache(s.c, s.mla, S + T);
+        models::mla::LatentCache cache(s.c, s.mla, S + T);
         if (S > 0) {
           cache.append(0, test::uniform(rng, {S, s.mla.latent_dim()}, -1, 1));
           cache.commit(S);
@@ -209,9 +210,9 @@ TEST(MlaCost, EqualsTheFlopsTheOpsCount) {
         const models::Batch batch(m.base, seqs);
         const Tensor h = test::uniform(rng, {T, s.c.hidden_size}, -1, 1);
         metrics::CountScope scope;
-        ch04::attention_block(m, m.attn[0], h, batch, 0, path);
+        models::mla::attention_block(m, m.attn[0], h, batch, 0, path);
         const auto& ops = scope.by_op();
-        const ch04::MlaCost cost = ch04::mla_cost(s.mla, s.c.hidden_size, s.c.num_heads, T, S, path);
+        const models::mla::MlaCost cost = models::mla::mla_cost(s.mla, s.c.hidden_size, s.c.num_heads, T, S, path);
         EXPECT_EQ(ops.at("matmul").flops + ops.at("attention").flops, cost.projection_flops + cost.cache_flops);
         EXPECT_EQ(cost.cache_bytes, static_cast<double>((S + T) * s.mla.latent_dim() * 4));
         EXPECT_EQ(cost.rebuilt_bytes > 0, path == MlaPath::Plain);
@@ -223,19 +224,19 @@ TEST(MlaCost, EqualsTheFlopsTheOpsCount) {
 // Above crossover_rows rows per step (at a long context) the plain path needs fewer FLOPs, below
 // it the absorbed one: DeepSeek-V2's dimensions.
 TEST(MlaCost, CrossoverRowsSplitsThePaths) {
-  ch04::MlaConfig v2;
+  models::mla::MlaConfig v2;
   v2.kv_lora_rank = 512, v2.qk_nope_head_dim = 128, v2.qk_rope_head_dim = 64, v2.v_head_dim = 128;
-  const double cross = ch04::crossover_rows(v2);
+  const double cross = models::mla::crossover_rows(v2);
   EXPECT_NEAR(cross, 512.0 * 256 / 768, 1e-9);
   const std::int64_t S = 1 << 22;
-  auto cache_flops = [&](std::int64_t T, MlaPath p) { return ch04::mla_cost(v2, 5120, 128, T, S, p).cache_flops; };
+  auto cache_flops = [&](std::int64_t T, MlaPath p) { return models::mla::mla_cost(v2, 5120, 128, T, S, p).cache_flops; };
   for (std::int64_t T : {std::int64_t{1}, static_cast<std::int64_t>(std::floor(cross))})
     EXPECT_LT(cache_flops(T, MlaPath::Absorbed), cache_flops(T, MlaPath::Plain)) << "T = " << T;
   for (std::int64_t T : {static_cast<std::int64_t>(std::ceil(cross)) + 1, std::int64_t{1024}})
     EXPECT_GT(cache_flops(T, MlaPath::Absorbed), cache_flops(T, MlaPath::Plain)) << "T = " << T;
   // 2r ≤ dn + dv: the absorbed path is never the costlier one, at any T.
   v2.kv_lora_rank = 128;
-  EXPECT_TRUE(std::isinf(ch04::crossover_rows(v2)));
+  EXPECT_TRUE(std::isinf(models::mla::crossover_rows(v2)));
 }
 
 // Config fields that would change the math and are not implemented are refused by name.
@@ -246,7 +247,7 @@ TEST(MlaConfigRefusals, NameTheField) {
     hf.json[field] = value;
     try {
       const TransformerConfig c = parse_transformer_config(hf);
-      ch04::parse_mla_config(hf, c);
+      models::mla::parse_mla_config(hf, c);
     } catch (const Error& e) {
       return std::string(e.what()).find(std::string("'") + field + "'") != std::string::npos;
     }
@@ -258,13 +259,13 @@ TEST(MlaConfigRefusals, NameTheField) {
   {
     HfConfig hf = base;
     hf.json["first_k_dense_replace"] = 100;
-    test::expect_error([&] { ch04::parse_mla_config(hf, parse_transformer_config(hf)); },
+    test::expect_error([&] { models::mla::parse_mla_config(hf, parse_transformer_config(hf)); },
                        {"'first_k_dense_replace' = 100 exceeds num_hidden_layers (4)"});
     // A factor past float32 turned every expert weight into inf and the first logits into NaN.
     hf.json["first_k_dense_replace"] = 1;
     hf.json["n_routed_experts"] = 4;
     hf.json["routed_scaling_factor"] = 1e39;
-    test::expect_error([&] { ch04::parse_mla_config(hf, parse_transformer_config(hf)); },
+    test::expect_error([&] { models::mla::parse_mla_config(hf, parse_transformer_config(hf)); },
                        {"'routed_scaling_factor' must be a positive float32, got 1e+39"});
   }
   EXPECT_TRUE(refused("rope_scaling", nlohmann::json{{"type", "linear"}, {"factor", 40}}));
@@ -274,7 +275,7 @@ TEST(MlaConfigRefusals, NameTheField) {
   EXPECT_TRUE(refused("qk_rope_head_dim", 7));
   HfConfig ok = base;
   const TransformerConfig c = parse_transformer_config(ok);
-  EXPECT_NO_THROW(ch04::parse_mla_config(ok, c));
+  EXPECT_NO_THROW(models::mla::parse_mla_config(ok, c));
 }
 
 }  // namespace

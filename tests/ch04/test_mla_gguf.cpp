@@ -1,4 +1,4 @@
-// Chapter 04 from llama.cpp's GGUF files (chapters/04_mla/mla_gguf.h): the four random
+// Chapter 04 from llama.cpp's GGUF files (common/models/mla_gguf.h): the four random
 // DeepSeek-V2/V3 models with MoE layers of data/golden/moe-random, and two dense MLA models of
 // data/golden/mla-random (a low-rank query; DeepSeek-V3's YaRN), written as llama.cpp's converter
 // writes architecture deepseek2 (tools/make_moe_gguf.py: kv_b_proj split into attn_k_b and
@@ -20,7 +20,7 @@
 #include <optional>
 #include <tuple>
 
-#include "chapters/04_mla/mla_gguf.h"
+#include "common/models/mla_gguf.h"
 #include "common/safetensors.h"
 #include "golden_util.h"
 #include "mla_golden_util.h"
@@ -28,7 +28,7 @@
 namespace inferlab {
 namespace {
 
-using ch04::MlaPath;
+using models::mla::MlaPath;
 
 const std::string kGolden = std::string(INFERLAB_DATA_DIR) + "/golden";
 
@@ -56,7 +56,7 @@ const std::map<std::string, Case> kCases = {
 std::string folder(const std::string& name) { return kGolden + "/" + kCases.at(name).set + "/" + name; }
 
 // The configs the file gives against the folder's: everything the forward pass reads.
-void expect_same_config(const ch04::MlaModel& g, const ch04::MlaModel& hf) {
+void expect_same_config(const models::mla::MlaModel& g, const models::mla::MlaModel& hf) {
   const TransformerConfig &a = g.config(), &b = hf.config();
   EXPECT_EQ(a.architecture, b.architecture);
   for (auto [x, y] : {std::pair{a.hidden_size, b.hidden_size},
@@ -71,7 +71,7 @@ void expect_same_config(const ch04::MlaModel& g, const ch04::MlaModel& hf) {
   EXPECT_EQ(a.rope_theta, b.rope_theta);
   EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
   EXPECT_EQ(a.eos_token_ids, b.eos_token_ids);
-  const ch04::MlaConfig &m = g.mla, &n = hf.mla;
+  const models::mla::MlaConfig &m = g.mla, &n = hf.mla;
   for (auto [x, y] : {std::pair{m.q_lora_rank, n.q_lora_rank},
                       {m.kv_lora_rank, n.kv_lora_rank},
                       {m.qk_nope_head_dim, n.qk_nope_head_dim},
@@ -107,8 +107,8 @@ TEST_P(MlaGguf, LogitsAndGreedyTokensMatchTransformersAndTheFolder) {
   const auto [name, path] = GetParam();
   const std::string dir = folder(name);
   ASSERT_TRUE(std::filesystem::exists(dir + "/model.gguf")) << dir << "/model.gguf is missing (tools/make_moe_gguf.py)";
-  const ch04::MlaModel g = ch04::load_mla(dir + "/model.gguf");
-  const ch04::MlaModel hf = ch04::load_mla(dir);
+  const models::mla::MlaModel g = models::mla::load_mla(dir + "/model.gguf");
+  const models::mla::MlaModel hf = models::mla::load_mla(dir);
   expect_same_config(g, hf);
   const auto& c = g.config();
   for (std::size_t i = 0; i < g.base.layers.size(); ++i)
@@ -118,17 +118,17 @@ TEST_P(MlaGguf, LogitsAndGreedyTokensMatchTransformersAndTheFolder) {
   const auto ids = test::ids_of(gold.get("input_ids"));
   const std::int64_t T = static_cast<std::int64_t>(ids.size());
   const auto want = gold.get("logits").to_double_vector();
-  ch04::LatentCache cache(c, g.mla, T);
-  const auto got = ch04::forward_cached(g, cache, ids, true, path).to_double_vector();
+  models::mla::LatentCache cache(c, g.mla, T);
+  const auto got = models::mla::forward_cached(g, cache, ids, true, path).to_double_vector();
   test::expect_golden(c, got, want, "GGUF prefill logits against transformers");
-  ch04::LatentCache steps(c, g.mla, T);
+  models::mla::LatentCache steps(c, g.mla, T);
   test::expect_prefill_then_steps(g, steps, ids, want, path);
   const auto greedy = test::ids_of(gold.get("greedy_ids"));
   Sampler sampler({});
-  EXPECT_EQ(ch04::generate_cached(g, ids, static_cast<int>(greedy.size()), sampler, {}, path).generated, greedy);
+  EXPECT_EQ(models::mla::generate_cached(g, ids, static_cast<int>(greedy.size()), sampler, {}, path).generated, greedy);
 
-  ch04::LatentCache hf_cache(c, hf.mla, T);
-  const auto ref = ch04::forward_cached(hf, hf_cache, ids, true, path).to_double_vector();
+  models::mla::LatentCache hf_cache(c, hf.mla, T);
+  const auto ref = models::mla::forward_cached(hf, hf_cache, ids, true, path).to_double_vector();
   const std::string& why = kCases.at(name).not_exact;
   if (why.empty()) {
     EXPECT_EQ(got, ref) << "the GGUF's logits against the folder's: the same numbers in the same order";
@@ -157,8 +157,8 @@ INSTANTIATE_TEST_SUITE_P(Models, MlaGguf,
 // exact (F32, as the converter keeps them).
 TEST(MlaGguf, Q8WeightsAreTheCheckpointsWithinTheirRounding) {
   const std::string dir = folder("deepseek-v3-noaux");
-  const ch04::MlaModel q = ch04::load_mla(dir + "/model-q8_0.gguf");
-  const ch04::MlaModel hf = ch04::load_mla(dir);
+  const models::mla::MlaModel q = models::mla::load_mla(dir + "/model-q8_0.gguf");
+  const models::mla::MlaModel hf = models::mla::load_mla(dir);
   expect_same_config(q, hf);
   {  // the file's types, as the converter's --outtype q8_0 picks them
     const gguf::File f(dir + "/model-q8_0.gguf");
@@ -198,7 +198,7 @@ TEST(MlaGguf, Q8WeightsAreTheCheckpointsWithinTheirRounding) {
   expect_near(q.base.final_norm, hf.base.final_norm, Kind::Exact, "output_norm");
   for (std::size_t l = 0; l < q.attn.size(); ++l) {
     const std::string at = "layer " + std::to_string(l) + " ";
-    const ch04::MlaAttention &a = q.attn[l], &b = hf.attn[l];
+    const models::mla::MlaAttention &a = q.attn[l], &b = hf.attn[l];
     matrix(a.wq.weight, b.wq.weight, at + "attn_q");
     matrix(a.wkv_a.weight, b.wkv_a.weight, at + "attn_kv_a_mqa");
     expect_near(a.wkv_b.weight, b.wkv_b.weight, Kind::F16, at + "attn_k_b and attn_v_b");
@@ -226,27 +226,28 @@ TEST(MlaGguf, Q8WeightsAreTheCheckpointsWithinTheirRounding) {
   // And the model runs from the file, to finite logits.
   const SafetensorsFile gold(dir + "/golden.safetensors");
   const auto ids = test::ids_of(gold.get("input_ids"));
-  ch04::LatentCache cache(q.config(), q.mla, static_cast<std::int64_t>(ids.size()));
-  for (double v : ch04::forward_cached(q, cache, ids, true).to_double_vector()) ASSERT_TRUE(std::isfinite(v));
+  models::mla::LatentCache cache(q.config(), q.mla, static_cast<std::int64_t>(ids.size()));
+  for (double v : models::mla::forward_cached(q, cache, ids, true).to_double_vector()) ASSERT_TRUE(std::isfinite(v));
 }
 
 // The Hugging Face names chapter 04 reads, as llama.cpp's deepseek2 names them.
 TEST(MlaGguf, TensorNames) {
   std::int64_t e = 0;
-  EXPECT_EQ(ch04::deepseek2_tensor_name("model.embed_tokens.weight", &e), "token_embd.weight");
+  EXPECT_EQ(models::mla::deepseek2_tensor_name("model.embed_tokens.weight", &e), "token_embd.weight");
   EXPECT_EQ(e, -1);
-  EXPECT_EQ(ch04::deepseek2_tensor_name("lm_head.weight"), "output.weight");
-  EXPECT_EQ(ch04::deepseek2_tensor_name("model.layers.12.self_attn.kv_a_proj_with_mqa.weight"),
+  EXPECT_EQ(models::mla::deepseek2_tensor_name("lm_head.weight"), "output.weight");
+  EXPECT_EQ(models::mla::deepseek2_tensor_name("model.layers.12.self_attn.kv_a_proj_with_mqa.weight"),
             "blk.12.attn_kv_a_mqa.weight");
-  EXPECT_EQ(ch04::deepseek2_tensor_name("model.layers.3.mlp.gate.e_score_correction_bias"), "blk.3.exp_probs_b.bias");
-  EXPECT_EQ(ch04::deepseek2_tensor_name("model.layers.3.mlp.experts.17.down_proj.weight", &e), "blk.3.ffn_down_exps.weight");
+  EXPECT_EQ(models::mla::deepseek2_tensor_name("model.layers.3.mlp.gate.e_score_correction_bias"), "blk.3.exp_probs_b.bias");
+  EXPECT_EQ(models::mla::deepseek2_tensor_name("model.layers.3.mlp.experts.17.down_proj.weight", &e),
+            "blk.3.ffn_down_exps.weight");
   EXPECT_EQ(e, 17);
-  EXPECT_EQ(ch04::deepseek2_tensor_name("model.layers.3.mlp.shared_experts.up_proj.weight", &e),
+  EXPECT_EQ(models::mla::deepseek2_tensor_name("model.layers.3.mlp.shared_experts.up_proj.weight", &e),
             "blk.3.ffn_up_shexp.weight");
   EXPECT_EQ(e, -1);
   for (const char* none : {"model.layers.x.mlp.gate.weight", "model.layers.1.mlp.experts.a.up_proj.weight",
                            "model.layers.1.self_attn.k_proj.weight", "model.rotary_emb.inv_freq", "model.layers..norm"})
-    EXPECT_EQ(ch04::deepseek2_tensor_name(none), "") << none;
+    EXPECT_EQ(models::mla::deepseek2_tensor_name(none), "") << none;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -278,7 +279,7 @@ gguf::Value u32(std::uint32_t v) { return gguf::Value::u32(v); }
 // head's, the tensor attn_kv_b [N·(dn + dv), r] as trained) read into the same model.
 TEST(MlaGguf, TheOlderSingleKvBTensorReadsTheSame) {
   const std::string dir = folder("deepseek-v3-noaux");
-  const ch04::MlaModel split = ch04::load_mla(dir + "/model.gguf");
+  const models::mla::MlaModel split = models::mla::load_mla(dir + "/model.gguf");
   test::TempDir tmp;
   rewrite(dir + "/model.gguf", tmp.file("old.gguf"),
           {{"deepseek2.attention.key_length_mla", std::nullopt},
@@ -298,16 +299,16 @@ TEST(MlaGguf, TheOlderSingleKvBTensorReadsTheSame) {
                         .clone()});
     }
   });
-  const ch04::MlaModel old = ch04::load_mla(tmp.file("old.gguf"));
+  const models::mla::MlaModel old = models::mla::load_mla(tmp.file("old.gguf"));
   const auto ids = test::ids_of(SafetensorsFile(dir + "/golden.safetensors").get("input_ids"));
-  ch04::LatentCache a(split.config(), split.mla, 16), b(old.config(), old.mla, 16);
-  EXPECT_EQ(ch04::forward_cached(old, b, ids, true).to_double_vector(),
-            ch04::forward_cached(split, a, ids, true).to_double_vector());
+  models::mla::LatentCache a(split.config(), split.mla, 16), b(old.config(), old.mla, 16);
+  EXPECT_EQ(models::mla::forward_cached(old, b, ids, true).to_double_vector(),
+            models::mla::forward_cached(split, a, ids, true).to_double_vector());
   // And the split form's keys without its tensors: named.
   rewrite(dir + "/model.gguf", tmp.file("bad.gguf"), {}, [&](std::vector<gguf::Output>& ts) {
     std::erase_if(ts, [](const gguf::Output& t) { return t.name == "blk.0.attn_k_b.weight"; });
   });
-  test::expect_error([&] { ch04::load_mla(tmp.file("bad.gguf")); }, {"tensor blk.0.attn_k_b.weight is missing"});
+  test::expect_error([&] { models::mla::load_mla(tmp.file("bad.gguf")); }, {"tensor blk.0.attn_k_b.weight is missing"});
 }
 
 TEST(MlaGguf, AWrongKeyIsRefusedByName) {
@@ -347,11 +348,11 @@ TEST(MlaGguf, AWrongKeyIsRefusedByName) {
   for (const Bad& c : cases) {
     SCOPED_TRACE(c.key);
     rewrite(good, bad, {{c.key, c.value}});
-    test::expect_error([&] { ch04::load_mla(bad); }, {"bad.gguf"});
-    for (const auto& w : c.words) test::expect_error([&] { ch04::load_mla(bad); }, {w});
+    test::expect_error([&] { models::mla::load_mla(bad); }, {"bad.gguf"});
+    for (const auto& w : c.words) test::expect_error([&] { models::mla::load_mla(bad); }, {w});
   }
   rewrite(good, bad, {});  // the copy itself loads
-  EXPECT_EQ(ch04::load_mla(bad).config().num_layers, 2);
+  EXPECT_EQ(models::mla::load_mla(bad).config().num_layers, 2);
 }
 
 TEST(MlaGguf, AWrongTensorIsRefusedByName) {
@@ -368,24 +369,25 @@ TEST(MlaGguf, AWrongTensorIsRefusedByName) {
   };
   test::expect_error(
       [&] {
-    ch04::load_mla(with([&](auto& ts) {
+    models::mla::load_mla(with([&](auto& ts) {
       ts.erase(std::find_if(ts.begin(), ts.end(), [](auto& t) { return t.name == "blk.1.attn_v_b.weight"; }));
     }));
       },
       {"bad.gguf: tensor blk.1.attn_v_b.weight is missing"});
   // attn_k_b as kv_b_proj's rows are stored, [N, dn, r], not transposed: dn = 8, r = 16.
-  test::expect_error([&] { ch04::load_mla(with([&](auto& ts) {
-                             named(ts, "blk.0.attn_k_b.weight").shape = {4, 8, 16};
-                           })); },
-                     {"tensor blk.0.attn_k_b.weight has shape [4, 8, 16], expected [4, 16, 8]"});
   test::expect_error(
       [&] {
-    ch04::load_mla(with([&](auto& ts) { named(ts, "blk.1.ffn_up_exps.weight").shape = {4, 24, 32}; }));
+    models::mla::load_mla(with([&](auto& ts) { named(ts, "blk.0.attn_k_b.weight").shape = {4, 8, 16}; }));
+      },
+      {"tensor blk.0.attn_k_b.weight has shape [4, 8, 16], expected [4, 16, 8]"});
+  test::expect_error(
+      [&] {
+    models::mla::load_mla(with([&](auto& ts) { named(ts, "blk.1.ffn_up_exps.weight").shape = {4, 24, 32}; }));
       },
       {"tensor blk.1.ffn_up_exps.weight has shape [4, 24, 32], expected [8, 12, 32]"});
   test::expect_error(
       [&] {
-    ch04::load_mla(with([&](auto& ts) {
+    models::mla::load_mla(with([&](auto& ts) {
       gguf::Output extra = named(ts, "output_norm.weight");
       extra.name = "blk.1.nextn.enorm.weight";
       ts.push_back(extra);
@@ -394,7 +396,7 @@ TEST(MlaGguf, AWrongTensorIsRefusedByName) {
       {"tensor 'blk.1.nextn.enorm.weight' is not part of the model"});
   test::expect_error(
       [&] {
-    ch04::load_mla(with([&](auto& ts) {
+    models::mla::load_mla(with([&](auto& ts) {
       const float nan = std::nanf("");
       std::memcpy(named(ts, "blk.1.exp_probs_b.bias").bytes.template data<std::uint8_t>() + 4 * 5, &nan, 4);
     }));
@@ -405,19 +407,20 @@ TEST(MlaGguf, AWrongTensorIsRefusedByName) {
     std::ifstream in(good, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     std::ofstream(bad, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
-    test::expect_error([&] { ch04::load_mla(bad); }, {"bad.gguf", "runs past the end of the file"});
+    test::expect_error([&] { models::mla::load_mla(bad); }, {"bad.gguf", "runs past the end of the file"});
   }
 }
 
 // The architectures chapter 04 does not run are refused naming the chapter that does; chapter
 // 04 is named for deepseek2 files (chapter 09 refuses them so: tests/ch09/test_moe_gguf.cpp).
 TEST(MlaGguf, AnotherArchitectureNamesTheChapterThatRunsIt) {
-  test::expect_error([&] { ch04::load_mla(kGolden + "/moe-random/mixtral/model.gguf"); },
+  test::expect_error([&] { models::mla::load_mla(kGolden + "/moe-random/mixtral/model.gguf"); },
                      {"mixtral/model.gguf: architecture 'llama' is not deepseek2", "ch09_quantization run FILE.gguf"});
   test::TempDir dir;
   rewrite(folder("deepseek-v2-greedy") + "/model.gguf", dir.file("g.gguf"),
           {{"general.architecture", gguf::Value::str("gemma3")}});
-  test::expect_error([&] { ch04::load_mla(dir.file("g.gguf")); }, {"'gemma3' is not deepseek2", "ch06_local_attention"});
+  test::expect_error([&] { models::mla::load_mla(dir.file("g.gguf")); },
+                     {"'gemma3' is not deepseek2", "ch06_local_attention"});
   EXPECT_NE(where_gguf_runs("deepseek2").find("ch04_mla generate --model FILE.gguf"), std::string::npos);
   EXPECT_NE(where_gguf_runs("qwen2moe").find("chapter 09"), std::string::npos);
   EXPECT_EQ(where_gguf_runs("mamba"), "");

@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <tuple>
 
-#include "chapters/04_mla/mla.h"
 #include "common/json_file.h"
+#include "common/models/mla.h"
 #include "common/safetensors.h"
 #include "golden_util.h"
 #include "mla_golden_util.h"
@@ -19,7 +19,7 @@
 namespace inferlab {
 namespace {
 
-using ch04::MlaPath;
+using models::mla::MlaPath;
 using test::golden_bound;
 using test::ids_of;
 
@@ -38,8 +38,8 @@ using test::expect_golden;
 // DeepseekV3 with rope_interleave de-interleaves k_pe before rotating it (even dims first, then
 // odd ones), where chapter 04 rotates adjacent pairs in place: its k_pe[2j] is transformers'
 // k_rope[j] and k_pe[2j + 1] is k_rope[dr/2 + j]. DeepseekV2 and the half split keep the order.
-void expect_latent_rows(const ch04::MlaModel& m, const ch04::LatentCache& cache, const SafetensorsFile& g, std::int64_t T,
-                        const std::string& when) {
+void expect_latent_rows(const models::mla::MlaModel& m, const models::mla::LatentCache& cache, const SafetensorsFile& g,
+                        std::int64_t T, const std::string& when) {
   const auto& c = m.config();
   const std::int64_t r = m.mla.kv_lora_rank, dr = m.mla.qk_rope_head_dim;
   const bool deinterleaved = c.architecture == "DeepseekV3ForCausalLM" && m.mla.rope_interleave;
@@ -73,7 +73,7 @@ TEST_P(MlaRandomGolden, LogitsLatentCacheAndGreedyTokensMatchTransformers) {
   const auto [name, path] = GetParam();
   const std::string dir = kDir + "/" + name;
   ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors")) << dir << " is missing (tools/make_mla_goldens.py)";
-  const ch04::MlaModel m = ch04::load_mla(dir);
+  const models::mla::MlaModel m = models::mla::load_mla(dir);
   const SafetensorsFile g(dir + "/golden.safetensors");
   const nlohmann::json manifest = load_json(kDir + "/manifest.json");
   nlohmann::json entry;
@@ -100,19 +100,19 @@ TEST_P(MlaRandomGolden, LogitsLatentCacheAndGreedyTokensMatchTransformers) {
 
   // One prefill of the whole sequence: every position's logits, then the latent cache.
   const auto want = g.get("logits").to_double_vector();
-  ch04::LatentCache cache(c, m.mla, T);
-  expect_golden(c, ch04::forward_cached(m, cache, ids, true, path).to_double_vector(), want, "prefill logits");
+  models::mla::LatentCache cache(c, m.mla, T);
+  expect_golden(c, models::mla::forward_cached(m, cache, ids, true, path).to_double_vector(), want, "prefill logits");
   expect_latent_rows(m, cache, g, T, "prefill");
 
   // A short prefill, then one token per step (teacher-forced): step t's logits are row t.
-  ch04::LatentCache steps(c, m.mla, T);
+  models::mla::LatentCache steps(c, m.mla, T);
   test::expect_prefill_then_steps(m, steps, ids, want, path);
   expect_latent_rows(m, steps, g, T, "prefill then decode");
 
   // Greedy continuation through the cache, token for token.
   const auto greedy = ids_of(g.get("greedy_ids"));
   Sampler sampler({});
-  EXPECT_EQ(ch04::generate_cached(m, ids, static_cast<int>(greedy.size()), sampler, {}, path).generated, greedy);
+  EXPECT_EQ(models::mla::generate_cached(m, ids, static_cast<int>(greedy.size()), sampler, {}, path).generated, greedy);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, MlaRandomGolden,
@@ -128,7 +128,7 @@ TEST(MlaRandomGoldens, RefusalsNameTheField) {
     HfConfig hf = load_hf_config(kDir + "/" + model);
     hf.json[field] = value;
     try {
-      ch04::parse_mla_config(hf, parse_transformer_config(hf));
+      models::mla::parse_mla_config(hf, parse_transformer_config(hf));
     } catch (const Error& e) {
       return e.what();
     }
@@ -150,7 +150,7 @@ TEST(MlaRandomGoldens, RefusalsNameTheField) {
   // DeepseekV2 rotates adjacent pairs whatever rope_interleave says.
   HfConfig v2 = load_hf_config(kDir + "/v2-qlora");
   v2.json["rope_interleave"] = false;
-  EXPECT_TRUE(ch04::parse_mla_config(v2, parse_transformer_config(v2)).rope_interleave);
+  EXPECT_TRUE(models::mla::parse_mla_config(v2, parse_transformer_config(v2)).rope_interleave);
 }
 
 }  // namespace

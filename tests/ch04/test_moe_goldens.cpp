@@ -10,9 +10,9 @@
 #include <filesystem>
 #include <tuple>
 
-#include "chapters/04_mla/mla.h"
 #include "chapters/04_mla/moe_decode.h"
 #include "common/json_file.h"
+#include "common/models/mla.h"
 #include "common/safetensors.h"
 #include "golden_util.h"
 #include "mla_golden_util.h"
@@ -20,7 +20,7 @@
 namespace inferlab {
 namespace {
 
-using ch04::MlaPath;
+using models::mla::MlaPath;
 using test::expect_golden;
 using test::ids_of;
 
@@ -42,7 +42,7 @@ TEST_P(MoeDeepSeekGolden, LogitsAndGreedyTokensMatchTransformers) {
   const auto [name, path] = GetParam();
   const std::string dir = kDir + "/" + name;
   ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors")) << dir << " is missing (tools/make_moe_goldens.py)";
-  const ch04::MlaModel m = ch04::load_mla(dir);
+  const models::mla::MlaModel m = models::mla::load_mla(dir);
   const auto& c = m.config();
   ASSERT_TRUE(c.moe.has_value());
   std::int64_t moe_layers = 0;
@@ -63,13 +63,13 @@ TEST_P(MoeDeepSeekGolden, LogitsAndGreedyTokensMatchTransformers) {
   const std::int64_t T = static_cast<std::int64_t>(ids.size());
   const auto want = g.get("logits").to_double_vector();
 
-  ch04::LatentCache cache(c, m.mla, T);
-  expect_golden(c, ch04::forward_cached(m, cache, ids, true, path).to_double_vector(), want, "prefill logits");
-  ch04::LatentCache steps(c, m.mla, T);
+  models::mla::LatentCache cache(c, m.mla, T);
+  expect_golden(c, models::mla::forward_cached(m, cache, ids, true, path).to_double_vector(), want, "prefill logits");
+  models::mla::LatentCache steps(c, m.mla, T);
   test::expect_prefill_then_steps(m, steps, ids, want, path);
   const auto greedy = ids_of(g.get("greedy_ids"));
   Sampler sampler({});
-  EXPECT_EQ(ch04::generate_cached(m, ids, static_cast<int>(greedy.size()), sampler, {}, path).generated, greedy);
+  EXPECT_EQ(models::mla::generate_cached(m, ids, static_cast<int>(greedy.size()), sampler, {}, path).generated, greedy);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, MoeDeepSeekGolden,

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "chapters/05_cla/cla.h"
 #include "common/json_file.h"
+#include "common/models/cla.h"
 #include "common/safetensors.h"
 #include "golden_util.h"
 
@@ -18,9 +18,9 @@ namespace inferlab {
 namespace {
 
 const std::string kData = INFERLAB_DATA_DIR;
-using ch05::ClaLayout;
-using ch05::ClaModel;
-using ch05::SharedKVCache;
+using models::cla::ClaLayout;
+using models::cla::ClaModel;
+using models::cla::SharedKVCache;
 using test::expect_error;
 using test::two_path_bound;
 
@@ -59,16 +59,16 @@ TEST(ClaTwoPath, ShareFactorOneIsChapterTwoBitForBit) {
   auto rng = test::rng_for_test();
   for (std::int64_t K : {6, 2}) {
     const auto c = small_config(3, K);
-    const ClaModel m = ch05::random_cla(c, 1, rng());
+    const ClaModel m = models::cla::random_cla(c, 1, rng());
     const auto tokens = random_tokens(rng, 12, c.vocab_size);
     models::ContiguousKVCache plain(c, 16);
     SharedKVCache shared(c, m.layout, 16);
     EXPECT_EQ(shared.bytes(), plain.bytes());
     const std::vector<std::int32_t> prompt(tokens.begin(), tokens.begin() + 9);
-    EXPECT_EQ(as_double(ch05::forward_cached(m, shared, prompt, true)),
+    EXPECT_EQ(as_double(models::cla::forward_cached(m, shared, prompt, true)),
               as_double(models::forward_cached(m.base, plain, prompt, true)));
     for (std::size_t i = 9; i < tokens.size(); ++i)
-      EXPECT_EQ(as_double(ch05::forward_cached(m, shared, {tokens[i]})),
+      EXPECT_EQ(as_double(models::cla::forward_cached(m, shared, {tokens[i]})),
                 as_double(models::forward_cached(m.base, plain, {tokens[i]})))
           << "K = " << K << ", decode step at position " << i;
     for (std::int64_t l = 0; l < c.num_layers; ++l)
@@ -88,13 +88,13 @@ TEST_P(ClaShapes, CachedDecodeEqualsRecomputingEveryPosition) {
   const Shape s = GetParam();
   auto rng = test::rng_for_test();
   const auto c = small_config(s.layers, s.kv_heads);
-  const ClaModel m = ch05::random_cla(c, s.share, rng());
+  const ClaModel m = models::cla::random_cla(c, s.share, rng());
   const auto tokens = random_tokens(rng, 20, c.vocab_size);
-  const auto want = as_double(ch05::forward_recomputed(m, tokens));
+  const auto want = as_double(models::cla::forward_recomputed(m, tokens));
   SharedKVCache cache(c, m.layout, 20);
-  auto got = as_double(ch05::forward_cached(m, cache, {tokens.begin(), tokens.begin() + 7}, true));
+  auto got = as_double(models::cla::forward_cached(m, cache, {tokens.begin(), tokens.begin() + 7}, true));
   for (std::size_t i = 7; i < tokens.size(); ++i) {
-    const auto row = as_double(ch05::forward_cached(m, cache, {tokens[i]}));
+    const auto row = as_double(models::cla::forward_cached(m, cache, {tokens[i]}));
     got.insert(got.end(), row.begin(), row.end());
   }
   ASSERT_EQ(got.size(), want.size());
@@ -114,8 +114,9 @@ TEST_P(ClaShapes, SharingChangesWhatTheSharingLayersSee) {
   const auto c = small_config(s.layers, s.kv_heads);
   const models::Llama base = models::random_llama(c, rng());
   const auto tokens = random_tokens(rng, 9, c.vocab_size);
-  const ClaModel shared = ch05::share_kv(base, s.share), own = ch05::share_kv(base, 1);
-  const auto a = as_double(ch05::forward_recomputed(shared, tokens)), b = as_double(ch05::forward_recomputed(own, tokens));
+  const ClaModel shared = models::cla::share_kv(base, s.share), own = models::cla::share_kv(base, 1);
+  const auto a = as_double(models::cla::forward_recomputed(shared, tokens)),
+             b = as_double(models::cla::forward_recomputed(own, tokens));
   EXPECT_GT(test::max_diff(a, b), 100 * two_path_bound(c, b));
 }
 
@@ -125,17 +126,17 @@ TEST_P(ClaShapes, ABatchGivesEachSequenceWhatItGetsAlone) {
   const Shape s = GetParam();
   auto rng = test::rng_for_test();
   const auto c = small_config(s.layers, s.kv_heads);
-  const ClaModel m = ch05::random_cla(c, s.share, rng());
+  const ClaModel m = models::cla::random_cla(c, s.share, rng());
   const auto a = random_tokens(rng, 11, c.vocab_size), b = random_tokens(rng, 5, c.vocab_size);
   SharedKVCache ca(c, m.layout, 16), cb(c, m.layout, 16), alone_a(c, m.layout, 16), alone_b(c, m.layout, 16);
-  ch05::forward_cached(m, ca, {a.begin(), a.begin() + 8});
-  ch05::forward_cached(m, alone_a, {a.begin(), a.begin() + 8});
-  ch05::forward_cached(m, cb, {b[0]});
-  ch05::forward_cached(m, alone_b, {b[0]});
+  models::cla::forward_cached(m, ca, {a.begin(), a.begin() + 8});
+  models::cla::forward_cached(m, alone_a, {a.begin(), a.begin() + 8});
+  models::cla::forward_cached(m, cb, {b[0]});
+  models::cla::forward_cached(m, alone_b, {b[0]});
   std::vector<models::SequenceStep> steps{{{a[8]}, &ca}, {{b.begin() + 1, b.end()}, &cb, true}};
-  const auto got = as_double(ch05::forward(m, steps));
-  auto want = as_double(ch05::forward_cached(m, alone_a, {a[8]}));
-  const auto want_b = as_double(ch05::forward_cached(m, alone_b, {b.begin() + 1, b.end()}, true));
+  const auto got = as_double(models::cla::forward(m, steps));
+  auto want = as_double(models::cla::forward_cached(m, alone_a, {a[8]}));
+  const auto want_b = as_double(models::cla::forward_cached(m, alone_b, {b.begin() + 1, b.end()}, true));
   want.insert(want.end(), want_b.begin(), want_b.end());
   EXPECT_LE(test::max_diff(got, want), two_path_bound(c, want));
   EXPECT_EQ(ca.length(), 9);
@@ -152,15 +153,16 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ClaShapes,
 TEST(SharedKVCache, TruncateRollsBackExactlyAndReleaseFreesIt) {
   auto rng = test::rng_for_test();
   const auto c = small_config(4, 2);
-  const ClaModel m = ch05::random_cla(c, 2, rng());
+  const ClaModel m = models::cla::random_cla(c, 2, rng());
   const auto tokens = random_tokens(rng, 10, c.vocab_size);
   SharedKVCache cache(c, m.layout, 12), fresh(c, m.layout, 12);
-  ch05::forward_cached(m, cache, {tokens.begin(), tokens.begin() + 6});
-  ch05::forward_cached(m, cache, {tokens[6], tokens[7], tokens[8]});  // a speculative step ...
-  cache.truncate(6);                                                  // ... rejected
+  models::cla::forward_cached(m, cache, {tokens.begin(), tokens.begin() + 6});
+  models::cla::forward_cached(m, cache, {tokens[6], tokens[7], tokens[8]});  // a speculative step ...
+  cache.truncate(6);                                                         // ... rejected
   EXPECT_EQ(cache.length(), 6);
-  ch05::forward_cached(m, fresh, {tokens.begin(), tokens.begin() + 6});
-  EXPECT_EQ(as_double(ch05::forward_cached(m, cache, {tokens[9]})), as_double(ch05::forward_cached(m, fresh, {tokens[9]})));
+  models::cla::forward_cached(m, fresh, {tokens.begin(), tokens.begin() + 6});
+  EXPECT_EQ(as_double(models::cla::forward_cached(m, cache, {tokens[9]})),
+            as_double(models::cla::forward_cached(m, fresh, {tokens[9]})));
   expect_error([&] { cache.truncate(8); }, {"cannot truncate 7", "to 8"});
   cache.release();
   EXPECT_EQ(cache.bytes(), 0);
@@ -174,8 +176,8 @@ TEST(SharedKVCache, BytesEqualTheFormulaAndTheAllocation) {
     const ClaLayout layout = ClaLayout::groups_of(s.layers, s.share);
     const std::int64_t capacity = 37, storing = (s.layers + s.share - 1) / s.share;
     const std::int64_t want = capacity * s.kv_heads * c.head_dim * storing * 2 * 4;
-    EXPECT_EQ(ch05::kv_cache_bytes(c, layout, capacity, 4), want);
-    EXPECT_EQ(ch05::kv_cache_bytes(c, layout, capacity, 2), want / 2);
+    EXPECT_EQ(models::cla::kv_cache_bytes(c, layout, capacity, 4), want);
+    EXPECT_EQ(models::cla::kv_cache_bytes(c, layout, capacity, 2), want / 2);
     const SharedKVCache cache(c, layout, capacity);
     EXPECT_EQ(cache.bytes(), want);
     std::int64_t allocated = 0;
@@ -199,20 +201,21 @@ TEST(Cla, ParameterCountEqualsTheModelsTensors) {
   };
   for (const Shape s : {Shape{4, 6, 2}, Shape{5, 2, 3}, Shape{3, 1, 1}}) {
     const auto c = small_config(s.layers, s.kv_heads);
-    const ClaModel m = ch05::random_cla(c, s.share, 1);
+    const ClaModel m = models::cla::random_cla(c, s.share, 1);
     const std::int64_t sharing = s.layers - (s.layers + s.share - 1) / s.share;
-    EXPECT_EQ(ch05::num_parameters(c, m.layout), count(m));
-    EXPECT_EQ(ch05::num_parameters(c, m.layout), c.num_parameters() - sharing * 2 * c.hidden_size * s.kv_heads * c.head_dim);
+    EXPECT_EQ(models::cla::num_parameters(c, m.layout), count(m));
+    EXPECT_EQ(models::cla::num_parameters(c, m.layout),
+              c.num_parameters() - sharing * 2 * c.hidden_size * s.kv_heads * c.head_dim);
   }
-  const ClaModel tiny = ch05::load_cla(kData + "/models/tiny-cla");
-  EXPECT_EQ(ch05::num_parameters(tiny.config(), tiny.layout), count(tiny));
+  const ClaModel tiny = models::cla::load_cla(kData + "/models/tiny-cla");
+  EXPECT_EQ(models::cla::num_parameters(tiny.config(), tiny.layout), count(tiny));
   EXPECT_EQ(count(tiny), 820352);  // the model card's count
 }
 
 TEST(SharedKVCache, MisuseIsRefusedByName) {
   auto rng = test::rng_for_test();
   const auto c = small_config(4, 2);
-  const ClaModel m = ch05::random_cla(c, 2, rng());
+  const ClaModel m = models::cla::random_cla(c, 2, rng());
   SharedKVCache cache(c, m.layout, 8);
   const Tensor q = Tensor::zeros({1, 6, 8}, DType::F32), kv = Tensor::zeros({1, 2, 8}, DType::F32);
   Tensor out = Tensor::empty({1, 6, 8}, DType::F32);
@@ -223,10 +226,10 @@ TEST(SharedKVCache, MisuseIsRefusedByName) {
   expect_error([&] { cache.attend(4, q, kv, kv, out); }, {"no layer 4"});
   // A cache laid out for another sharing factor, or chapter 02's cache, in a CLA forward pass.
   SharedKVCache other(c, ClaLayout::groups_of(4, 4), 8);
-  expect_error([&] { ch05::forward_cached(m, other, {1}); }, {"laid out as layers 0-3 read 0", "layers 0-1 read 0"});
+  expect_error([&] { models::cla::forward_cached(m, other, {1}); }, {"laid out as layers 0-3 read 0", "layers 0-1 read 0"});
   models::ContiguousKVCache plain(c, 8);
   std::vector<models::SequenceStep> steps{{{1}, &plain}};
-  expect_error([&] { ch05::forward(m, steps); }, {"is not a SharedKVCache"});
+  expect_error([&] { models::cla::forward(m, steps); }, {"is not a SharedKVCache"});
   // Chapter 02's forward pass on a model with sharing layers: its cache has no keys to keep.
   models::ContiguousKVCache c2(c, 8);
   expect_error([&] { models::forward_cached(m.base, c2, {1}); }, {"has no weight"});
@@ -255,53 +258,54 @@ std::string edited_tiny_cla(const test::TempDir& dir, const std::function<void(n
 }
 
 TEST(Loading, TinyClaAndItsRefusals) {
-  const ClaModel m = ch05::load_cla(kData + "/models/tiny-cla");
+  const ClaModel m = models::cla::load_cla(kData + "/models/tiny-cla");
   EXPECT_EQ(m.layout.share_factor, 2);
   EXPECT_EQ(m.layout.describe(), "layers 0-1 read 0, layers 2-3 read 1");
   EXPECT_FALSE(m.base.layers[1].wk.defined());
   EXPECT_TRUE(m.base.layers[2].wk.defined());
   // A Llama-family folder loads as s = 1.
-  const ClaModel mha = ch05::load_cla(kData + "/models/tiny-mha");
+  const ClaModel mha = models::cla::load_cla(kData + "/models/tiny-mha");
   EXPECT_EQ(mha.layout.storage_layers(), 4);
 
   test::TempDir dir;
-  expect_error([&] { ch05::load_cla(edited_tiny_cla(dir, [](auto& j) {
+  expect_error([&] { models::cla::load_cla(edited_tiny_cla(dir, [](auto& j) {
                        j["kv_producer_layers"] = {0, 1};
                      })); },
                {"kv_producer_layers", "[0,2]"});
   std::filesystem::remove_all(dir.file("tiny-cla"));
   // 2.5 used to be read as 2, and a string to end in the JSON library's own type error.
-  expect_error([&] { ch05::load_cla(edited_tiny_cla(dir, [](auto& j) {
+  expect_error([&] { models::cla::load_cla(edited_tiny_cla(dir, [](auto& j) {
                        j["kv_producer_layers"] = {0, 2.5};
                      })); },
                {"field 'kv_producer_layers' entry 1 must be an integer, got 2.5"});
   std::filesystem::remove_all(dir.file("tiny-cla"));
-  expect_error([&] { ch05::load_cla(edited_tiny_cla(dir, [](auto& j) {
+  expect_error([&] { models::cla::load_cla(edited_tiny_cla(dir, [](auto& j) {
                        j["kv_producer_layers"] = {"0", "2"};
                      })); },
                {"field 'kv_producer_layers' entry 0 must be an integer, got \"0\""});
   std::filesystem::remove_all(dir.file("tiny-cla"));
   expect_error(
       [&] {
-    ch05::load_cla(edited_tiny_cla(dir, [](auto& j) { j["kv_share_factor"] = 1, j.erase("kv_producer_layers"); }));
+    models::cla::load_cla(edited_tiny_cla(dir, [](auto& j) { j["kv_share_factor"] = 1, j.erase("kv_producer_layers"); }));
       },
       {"model.layers.1.self_attn.k_proj.weight"});
   std::filesystem::remove_all(dir.file("tiny-cla"));
-  expect_error([&] { ch05::load_cla(edited_tiny_cla(dir, [](auto& j) { j["kv_share_factor"] = 9; })); },
+  expect_error([&] { models::cla::load_cla(edited_tiny_cla(dir, [](auto& j) { j["kv_share_factor"] = 9; })); },
                {"kv_share_factor", "[1, 4]", "9"});
   std::filesystem::remove_all(dir.file("tiny-cla"));
   expect_error(
       [&] {
-    ch05::load_cla(edited_tiny_cla(
+    models::cla::load_cla(edited_tiny_cla(
         dir, [](auto&) {}, "model.layers.3.self_attn.v_proj.weight"));
       },
       {"layer 3 has a v_proj", "reads layer 2"});
   std::filesystem::remove_all(dir.file("tiny-cla"));
-  expect_error([&] { ch05::load_cla(edited_tiny_cla(dir, [](auto& j) { j["causal"] = false; })); }, {"causal"});
+  expect_error([&] { models::cla::load_cla(edited_tiny_cla(dir, [](auto& j) { j["causal"] = false; })); }, {"causal"});
   std::filesystem::remove_all(dir.file("tiny-cla"));
-  expect_error([&] { ch05::load_cla(edited_tiny_cla(dir, [](auto& j) { j["architectures"] = {"MambaForCausalLM"}; })); },
-               {"MambaForCausalLM", "neither"});
-  expect_error([&] { ch05::load_cla(dir.file("nothing")); }, {"no such file"});
+  expect_error(
+      [&] { models::cla::load_cla(edited_tiny_cla(dir, [](auto& j) { j["architectures"] = {"MambaForCausalLM"}; })); },
+      {"MambaForCausalLM", "neither"});
+  expect_error([&] { models::cla::load_cla(dir.file("nothing")); }, {"no such file"});
 }
 
 // --- Character.AI's recipe ------------------------------------------------------------------
@@ -310,7 +314,7 @@ TEST(Loading, TinyClaAndItsRefusals) {
 TEST(CharacterAiRecipe, EveryStepIsTheFormulaWorkedByHand) {
   TransformerConfig c = small_config(12, 8);
   c.num_heads = 8, c.head_dim = 64, c.hidden_size = 512;
-  const auto steps = ch05::character_ai_recipe(c, 8192, 1024, 6, 2, 2);
+  const auto steps = models::cla::character_ai_recipe(c, 8192, 1024, 6, 2, 2);
   ASSERT_EQ(steps.size(), 4u);
   const std::int64_t row = 64 * 2 * 2;  // one KV head's K and V per token and layer, bf16
   EXPECT_EQ(steps[0].bytes, 12 * 8 * 8192 * row);
@@ -319,8 +323,8 @@ TEST(CharacterAiRecipe, EveryStepIsTheFormulaWorkedByHand) {
   // Globals 0 and 6 share one storage layer; the two runs of 5 local layers need 3 each.
   EXPECT_EQ(steps[3].bytes, 1 * 8192 * row + 6 * 1024 * row);
   // A window longer than the context caps at the context.
-  EXPECT_EQ(ch05::character_ai_recipe(c, 512, 1024, 6, 1, 2)[2].bytes, 12 * 512 * row);
-  expect_error([&] { ch05::character_ai_recipe(c, 512, 0, 6, 1, 2); }, {"must be positive"});
+  EXPECT_EQ(models::cla::character_ai_recipe(c, 512, 1024, 6, 1, 2)[2].bytes, 12 * 512 * row);
+  expect_error([&] { models::cla::character_ai_recipe(c, 512, 0, 6, 1, 2); }, {"must be positive"});
 }
 
 }  // namespace

@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "chapters/05_cla/cla.h"
 #include "common/json_file.h"
+#include "common/models/cla.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 #include "golden_util.h"
@@ -31,7 +31,7 @@ using test::rows_of;
 
 // The storage layers' rows 0 .. T-1 against the reference's K and V of the layers that store
 // ([K, T, H]; ours [T, K, H]); storage layer j holds model layer j·s's.
-void expect_storage(const ch05::ClaModel& m, const ch05::SharedKVCache& cache, const SafetensorsFile& g,
+void expect_storage(const models::cla::ClaModel& m, const models::cla::SharedKVCache& cache, const SafetensorsFile& g,
                     const std::string& key, std::int64_t T, const std::string& when) {
   const auto& c = m.config();
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
@@ -55,37 +55,37 @@ void expect_storage(const ch05::ClaModel& m, const ch05::SharedKVCache& cache, c
 }
 
 // Everything one golden sequence checks; `key` prefixes the golden file's names ("prompt0.", "").
-void check_sequence(const ch05::ClaModel& m, const SafetensorsFile& g, const std::string& key) {
+void check_sequence(const models::cla::ClaModel& m, const SafetensorsFile& g, const std::string& key) {
   const auto& c = m.config();
   const auto ids = ids_of(g.get(key + "input_ids"));
   const std::int64_t T = static_cast<std::int64_t>(ids.size()), V = c.vocab_size;
   const auto want = g.get(key + "logits").to_double_vector();
   // One prefill of the whole sequence: every position's logits, then the cache.
-  ch05::SharedKVCache cache(c, m.layout, T);
-  expect_golden(c, ch05::forward_cached(m, cache, ids, true).to_double_vector(), want, "prefill logits");
+  models::cla::SharedKVCache cache(c, m.layout, T);
+  expect_golden(c, models::cla::forward_cached(m, cache, ids, true).to_double_vector(), want, "prefill logits");
   expect_storage(m, cache, g, key, T, "prefill");
-  ch05::SharedKVCache last(c, m.layout, T);
-  expect_golden(c, ch05::forward_cached(m, last, ids).to_double_vector(), g.get(key + "last_logits_f64").to_double_vector(),
-                "last position's logits (float64 golden)");
+  models::cla::SharedKVCache last(c, m.layout, T);
+  expect_golden(c, models::cla::forward_cached(m, last, ids).to_double_vector(),
+                g.get(key + "last_logits_f64").to_double_vector(), "last position's logits (float64 golden)");
   // A short prefill, then one token per step (teacher-forced): step t's logits are row t.
   const std::int64_t P = std::min<std::int64_t>(5, T - 1);
-  ch05::SharedKVCache steps(c, m.layout, T);
-  expect_golden(c, ch05::forward_cached(m, steps, {ids.begin(), ids.begin() + P}, true).to_double_vector(),
+  models::cla::SharedKVCache steps(c, m.layout, T);
+  expect_golden(c, models::cla::forward_cached(m, steps, {ids.begin(), ids.begin() + P}, true).to_double_vector(),
                 rows_of(want, V, 0, P), "prefill of the first " + std::to_string(P));
   for (std::int64_t t = P; t < T; ++t)
-    expect_golden(c, ch05::forward_cached(m, steps, {ids[static_cast<std::size_t>(t)]}).to_double_vector(),
+    expect_golden(c, models::cla::forward_cached(m, steps, {ids[static_cast<std::size_t>(t)]}).to_double_vector(),
                   rows_of(want, V, t, t + 1), "decode step at position " + std::to_string(t));
   expect_storage(m, steps, g, key, T, "prefill then decode");
   // Greedy continuation through the shared cache, token for token.
   const auto greedy = ids_of(g.get(key + "greedy_ids"));
   Sampler sampler({});
-  EXPECT_EQ(ch05::generate_cached(m, ids, static_cast<int>(greedy.size()), sampler, {}).generated, greedy);
+  EXPECT_EQ(models::cla::generate_cached(m, ids, static_cast<int>(greedy.size()), sampler, {}).generated, greedy);
 }
 
 TEST(ClaGolden, TinyClaMatchesItsReference) {
   const std::string model_dir = kData + "/models/tiny-cla", golden_dir = kData + "/golden/tiny-cla";
   ASSERT_TRUE(std::filesystem::exists(model_dir)) << model_dir << " is missing (see tools/README.md)";
-  const ch05::ClaModel m = ch05::load_cla(model_dir);
+  const models::cla::ClaModel m = models::cla::load_cla(model_dir);
   const auto tok = Tokenizer::for_model(model_dir);
   const auto manifest = load_json(golden_dir + "/manifest.json");
   EXPECT_EQ(manifest["compute_dtype"], "float64");  // what golden_bound assumes
@@ -113,7 +113,7 @@ class ClaRandomGolden : public ::testing::TestWithParam<std::string> {};
 TEST_P(ClaRandomGolden, LogitsStorageLayersAndGreedyTokensMatchTheReference) {
   const std::string dir = kRandom + "/" + GetParam();
   ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors")) << dir << " is missing (tools/make_cla_goldens.py)";
-  const ch05::ClaModel m = ch05::load_cla(dir);
+  const models::cla::ClaModel m = models::cla::load_cla(dir);
   const auto cfg = load_json(dir + "/config.json");
   EXPECT_EQ(m.layout.share_factor, cfg["kv_share_factor"].get<std::int64_t>());
   EXPECT_EQ(m.layout.storage_layers(), static_cast<std::int64_t>(cfg["kv_producer_layers"].size()));

@@ -15,5 +15,5 @@ std::vector<std::string> attention_block(const std::string& path) {
 TEST(Lesson, ChapterFiveIsChapterTwosAttentionBlockPlusTheSharingLines) {
   inferlab::test::expect_readme_shows(kSource + "/chapters/05_cla/README.md", "of chapter 05's attention block",
                                       inferlab::test::line_diff(attention_block(kSource + "/common/models/kv_cache.cpp"),
-                                                                attention_block(kSource + "/chapters/05_cla/cla.cpp")));
+                                                                attention_block(kSource + "/common/models/cla.cpp")));
 }

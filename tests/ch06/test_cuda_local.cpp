@@ -2,7 +2,7 @@
 // kernel (no mask, no copy), against the CPU (skipped, with the driver's reason, without a GPU).
 #include <gtest/gtest.h>
 
-#include "chapters/06_local_attention/local.h"
+#include "common/models/local.h"
 #include "golden_util.h"
 
 namespace inferlab {
@@ -18,10 +18,10 @@ TEST(CudaLocal, RingDecodeMatchesTheCpuPastTheWindow) {
   const models::Llama cpu = models::random_llama(c, rng());
   const models::Llama gpu = cpu.to(Device::CUDA, DType::F32);
   for (std::int64_t sinks : {0, 2}) {
-    ch06::LocalLayout layout = ch06::LocalLayout::hybrid(3, 6, 3);  // layers 0-1 local, 2 global
+    models::local::LocalLayout layout = models::local::LocalLayout::hybrid(3, 6, 3);  // layers 0-1 local, 2 global
     layout.sinks = sinks;
     const auto tokens = test::random_tokens(rng, 40, c.vocab_size);
-    ch06::RingKVCache on_cpu(c, layout, 40), on_gpu(c, layout, 40, Device::CUDA);
+    models::local::RingKVCache on_cpu(c, layout, 40), on_gpu(c, layout, 40, Device::CUDA);
     EXPECT_TRUE(on_gpu.k(0).is_cuda());
     EXPECT_EQ(on_gpu.bytes(), on_cpu.bytes());
     const std::vector<std::int32_t> prompt(tokens.begin(), tokens.begin() + 11);  // wraps the ring in the prefill

@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "chapters/06_local_attention/local.h"
 #include "common/json_file.h"
+#include "common/models/local.h"
 #include "common/safetensors.h"
 #include "golden_util.h"
 #include "test_util.h"
@@ -50,40 +50,42 @@ class GemmaGolden : public ::testing::TestWithParam<std::string> {};
 TEST_P(GemmaGolden, WindowsLogitsAndGreedyTokensMatchTransformers) {
   const std::string name = GetParam(), dir = kFamily + "/" + name;
   ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors")) << dir << " is missing (tools/make_family_goldens.py)";
-  const ch06::LocalModel m = ch06::load_local(dir);
+  const models::local::LocalModel m = models::local::load_local(dir);
   const auto& c = m.config();
   EXPECT_EQ(m.layout.window, entry(name)["windows"].get<std::vector<std::int64_t>>()) << "the windows transformers applies";
   const SafetensorsFile g(dir + "/golden.safetensors");
   const auto ids = test::ids_of(g.get("input_ids"));
   const auto want = g.get("logits").to_double_vector();
   const std::int64_t T = static_cast<std::int64_t>(ids.size()), V = c.vocab_size;
-  ch06::RingKVCache whole(c, m.layout, T);
-  test::expect_golden(c, ch06::forward_cached(m, whole, ids, true).to_double_vector(), want, name + ": prefill logits");
-  ch06::RingKVCache steps(c, m.layout, T);
-  test::expect_golden(c, ch06::forward_cached(m, steps, {ids.begin(), ids.begin() + 3}, true).to_double_vector(),
+  models::local::RingKVCache whole(c, m.layout, T);
+  test::expect_golden(c, models::local::forward_cached(m, whole, ids, true).to_double_vector(), want,
+                      name + ": prefill logits");
+  models::local::RingKVCache steps(c, m.layout, T);
+  test::expect_golden(c, models::local::forward_cached(m, steps, {ids.begin(), ids.begin() + 3}, true).to_double_vector(),
                       test::rows_of(want, V, 0, 3), name + ": prefill of the first 3");
   for (std::int64_t t = 3; t < T; ++t)
-    test::expect_golden(c, ch06::forward_cached(m, steps, {ids[static_cast<std::size_t>(t)]}).to_double_vector(),
+    test::expect_golden(c, models::local::forward_cached(m, steps, {ids[static_cast<std::size_t>(t)]}).to_double_vector(),
                         test::rows_of(want, V, t, t + 1), name + ": decode step at position " + std::to_string(t));
   // The simple way: every position kept, the windows a mask; the same logits.
-  ch06::MaskedKVCache masked(c, m.layout, T);
-  test::expect_golden(c, ch06::forward_cached(m, masked, ids, true).to_double_vector(), want, name + ": masked cache");
+  models::local::MaskedKVCache masked(c, m.layout, T);
+  test::expect_golden(c, models::local::forward_cached(m, masked, ids, true).to_double_vector(), want,
+                      name + ": masked cache");
   Sampler s({});
   const auto greedy = test::ids_of(g.get("greedy_ids"));
-  EXPECT_EQ(ch06::generate_cached(m, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
+  EXPECT_EQ(models::local::generate_cached(m, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GemmaGolden, ::testing::ValuesIn(kGemma), test::ModelName());
 
 TEST(Gemma, ConfigsReadAsTransformersReadsThem) {
-  const ch06::LocalModel g2 = ch06::load_local(kFamily + "/gemma2-alternating");
+  const models::local::LocalModel g2 = models::local::load_local(kFamily + "/gemma2-alternating");
   EXPECT_EQ(g2.config().attn_logit_softcapping, 3.0);
   EXPECT_EQ(g2.config().final_logit_softcapping, 4.0);
   EXPECT_EQ(g2.config().query_pre_attn_scalar, 20.0);
   EXPECT_DOUBLE_EQ(g2.config().embed_scale, std::sqrt(32.0));  // float32 weights: √D unrounded
   EXPECT_TRUE(g2.config().tie_word_embeddings);                // Gemma's default, left out of config.json
   EXPECT_FALSE(g2.config().qk_norm);
-  const ch06::LocalModel g3 = ch06::load_local(kFamily + "/gemma3-pattern");
+  const models::local::LocalModel g3 = models::local::load_local(kFamily + "/gemma3-pattern");
   EXPECT_TRUE(g3.config().qk_norm);
   EXPECT_EQ(g3.config().attn_logit_softcapping, 0.0);  // null in Gemma 3's config
   for (std::int64_t i = 0; i < g3.config().num_layers; ++i)
@@ -108,7 +110,7 @@ TEST(Gemma, BadFieldsAreRefusedByName) {
     j[k.field] = k.value;
     test::write_file(dir + "/config.json", j.dump());
     test::expect_error(
-        [&] { parse_transformer_config(load_hf_config(dir)), ch06::parse_local_layout(load_hf_config(dir), 4); },
+        [&] { parse_transformer_config(load_hf_config(dir)), models::local::parse_local_layout(load_hf_config(dir), 4); },
         {dir + "/config.json", k.field});
   }
   auto j = base;
@@ -120,7 +122,7 @@ TEST(Gemma, BadFieldsAreRefusedByName) {
   j["sliding_window_pattern"] = 0;
   j.erase("layer_types");
   test::write_file(dir + "/config.json", j.dump());
-  test::expect_error([&] { ch06::parse_local_layout(load_hf_config(dir), 4); }, {"sliding_window_pattern"});
+  test::expect_error([&] { models::local::parse_local_layout(load_hf_config(dir), 4); }, {"sliding_window_pattern"});
 }
 
 // The same models as llama.cpp's converter writes them (tools/make_family_goldens.py's model.gguf,
@@ -133,7 +135,7 @@ TEST_P(GemmaGguf, TheGgufIsTheSameModelAsTheFolder) {
   ASSERT_TRUE(std::filesystem::exists(dir + "/model.gguf"))
       << dir << "/model.gguf is missing (tools/make_family_goldens.py)";
   ASSERT_TRUE(entry(name)["gguf"].get<bool>());
-  const ch06::LocalModel g = ch06::load_local(dir + "/model.gguf"), hf = ch06::load_local(dir);
+  const models::local::LocalModel g = models::local::load_local(dir + "/model.gguf"), hf = models::local::load_local(dir);
   EXPECT_EQ(g.layout.window, entry(name)["windows"].get<std::vector<std::int64_t>>()) << "the windows llama.cpp applies";
   const auto &c = g.config(), &h = hf.config();
   EXPECT_EQ(c.architecture, h.architecture);
@@ -148,14 +150,14 @@ TEST_P(GemmaGguf, TheGgufIsTheSameModelAsTheFolder) {
   const auto ids = test::ids_of(gold.get("input_ids"));
   const auto want = gold.get("logits").to_double_vector();
   const std::int64_t T = static_cast<std::int64_t>(ids.size());
-  ch06::RingKVCache a(c, g.layout, T), b(h, hf.layout, T);
-  const auto got = ch06::forward_cached(g, a, ids, true).to_double_vector();
+  models::local::RingKVCache a(c, g.layout, T), b(h, hf.layout, T);
+  const auto got = models::local::forward_cached(g, a, ids, true).to_double_vector();
   test::expect_golden(c, got, want, name + ".gguf: logits");
-  const auto folder = ch06::forward_cached(hf, b, ids, true).to_double_vector();
+  const auto folder = models::local::forward_cached(hf, b, ids, true).to_double_vector();
   EXPECT_LE(test::max_diff(got, folder), test::two_path_bound(c, folder)) << "the GGUF against the folder";
   Sampler s({});
   const auto greedy = test::ids_of(gold.get("greedy_ids"));
-  EXPECT_EQ(ch06::generate_cached(g, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
+  EXPECT_EQ(models::local::generate_cached(g, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GemmaGguf, ::testing::Values("gemma2-gguf", "gemma3-gguf"), test::ModelName());
@@ -170,7 +172,7 @@ TEST(Gemma, RefusalsNameTheChapterThatRuns) {
                                       std::pair{"InferLabMDLMForMaskedDiffusion", "chapter 08"}}) {
     j["architectures"] = {arch};
     test::write_file(dir + "/config.json", j.dump());
-    test::expect_error([&] { ch06::parse_local_layout(load_hf_config(dir), 4); }, {arch, chapter});
+    test::expect_error([&] { models::local::parse_local_layout(load_hf_config(dir), 4); }, {arch, chapter});
     test::expect_error([&] { models::load_llama(dir); }, {chapter});
   }
   test::expect_error([&] { models::load_llama(kFamily + "/gemma3-gguf"); }, {"chapter 06", "ch06_local_attention"});

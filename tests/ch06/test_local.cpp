@@ -7,18 +7,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "chapters/06_local_attention/local.h"
 #include "common/json_file.h"
+#include "common/models/local.h"
 #include "golden_util.h"
 
 namespace inferlab {
 namespace {
 
 const std::string kData = INFERLAB_DATA_DIR;
-using ch06::LocalLayout;
-using ch06::LocalModel;
-using ch06::MaskedKVCache;
-using ch06::RingKVCache;
+using models::local::LocalLayout;
+using models::local::LocalModel;
+using models::local::MaskedKVCache;
+using models::local::RingKVCache;
 using test::expect_error;
 using test::random_tokens;
 using test::two_path_bound;
@@ -78,7 +78,7 @@ TEST(LocalLayout, ATokenReachesTheLastPositionExactlyWithinTheReceptiveField) {
     const LocalModel m{base, l};
     const std::int64_t field = l.receptive_field();
     for (std::int64_t d = 0; d < 24; ++d)
-      EXPECT_EQ(ch06::reaches(m, tokens, d), field < 0 || d < field) << l.describe() << ", d = " << d;
+      EXPECT_EQ(models::local::reaches(m, tokens, d), field < 0 || d < field) << l.describe() << ", d = " << d;
   }
 }
 
@@ -207,14 +207,14 @@ TEST(RingKVCache, BytesEqualTheFormulaAndTheAllocation) {
   for (std::int64_t T : {1, 10, 64, 65, 300}) {
     LocalLayout l = LocalLayout::hybrid(8, 64, 4);
     const std::int64_t row = 2 * 8 * 2 * 4;  // K × H × {K, V} × f32
-    EXPECT_EQ(ch06::kv_cache_bytes(c, l, T, 4), (2 * T + 6 * std::min<std::int64_t>(T, 64)) * row) << "T = " << T;
+    EXPECT_EQ(models::local::kv_cache_bytes(c, l, T, 4), (2 * T + 6 * std::min<std::int64_t>(T, 64)) * row) << "T = " << T;
     l.sinks = 4;
-    EXPECT_EQ(ch06::kv_cache_bytes(c, l, T, 4), (2 * T + 6 * std::min<std::int64_t>(T, 68)) * row) << "T = " << T;
+    EXPECT_EQ(models::local::kv_cache_bytes(c, l, T, 4), (2 * T + 6 * std::min<std::int64_t>(T, 68)) * row) << "T = " << T;
     const RingKVCache cache(c, l, T);
     std::int64_t allocated = 0;
     for (std::int64_t i = 0; i < 8; ++i) allocated += static_cast<std::int64_t>(cache.k(i).nbytes() + cache.v(i).nbytes());
     EXPECT_EQ(cache.bytes(), allocated);
-    EXPECT_EQ(cache.bytes(), ch06::kv_cache_bytes(c, l, T, 4));
+    EXPECT_EQ(cache.bytes(), models::local::kv_cache_bytes(c, l, T, 4));
   }
 }
 
@@ -252,7 +252,7 @@ HfConfig config_with(const std::string& arch, const nlohmann::json& fields) {
 }
 
 TEST(Loading, WindowsAsTransformersReadsThem) {
-  auto windows = [](const HfConfig& hf, std::int64_t L) { return ch06::parse_local_layout(hf, L).window; };
+  auto windows = [](const HfConfig& hf, std::int64_t L) { return models::local::parse_local_layout(hf, L).window; };
   using V = std::vector<std::int64_t>;
   EXPECT_EQ(windows(config_with("MistralForCausalLM", {{"sliding_window", 4096}}), 2), (V{4096, 4096}));
   EXPECT_EQ(windows(config_with("MistralForCausalLM", {{"sliding_window", nullptr}}), 2), (V{0, 0}));
@@ -313,18 +313,18 @@ TEST(Loading, WindowsAsTransformersReadsThem) {
 }
 
 TEST(Loading, TheZoosWindowModels) {
-  const LocalModel swa = ch06::load_local(kData + "/models/tiny-swa");
+  const LocalModel swa = models::local::load_local(kData + "/models/tiny-swa");
   EXPECT_EQ(swa.layout.describe(), "layers 0-3 local (W = 64)");
   EXPECT_EQ(swa.layout.receptive_field(), 253);
-  const LocalModel hybrid = ch06::load_local(kData + "/models/tiny-hybrid");
+  const LocalModel hybrid = models::local::load_local(kData + "/models/tiny-hybrid");
   EXPECT_EQ(hybrid.layout.describe(), "layers 0-2 local (W = 64), layer 3 global");
-  EXPECT_EQ(ch06::load_local(kData + "/models/tiny-mha").layout.locals(), 0);
+  EXPECT_EQ(models::local::load_local(kData + "/models/tiny-mha").layout.locals(), 0);
   // Chapter 01 refuses what it would run wrongly, and says where it runs.
   expect_error([&] { models::load_llama(kData + "/golden/window-random/mistral-w7"); }, {"sliding window", "chapter 06"});
   expect_error([&] { models::load_llama(kData + "/golden/window-random/qwen2-window"); },
                {"use_sliding_window", "chapter 06"});
   EXPECT_NO_THROW(models::load_llama(kData + "/golden/window-random/mistral-null"));
-  expect_error([&] { ch06::load_local(kData + "/nothing"); }, {"no such file"});
+  expect_error([&] { models::local::load_local(kData + "/nothing"); }, {"no such file"});
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "chapters/07_mamba/ssm.h"
+#include "common/models/ssm.h"
 #include "golden_util.h"
 
 namespace inferlab::test {
@@ -22,7 +22,7 @@ struct ScanOracle {
 
 inline double softplus64(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
 
-inline ScanOracle scan_oracle(const ch07::ScanInputs& in, const std::vector<double>& h0) {
+inline ScanOracle scan_oracle(const models::mamba::ScanInputs& in, const std::vector<double>& h0) {
   const std::int64_t T = in.T(), E = in.E(), N = in.N();
   const Tensor u = in.u.contiguous(), z = in.z.contiguous(), dt = in.dt.contiguous(), B = in.B.contiguous(),
                C = in.C.contiguous();
@@ -62,7 +62,7 @@ inline std::vector<double> scan_bound(const std::vector<double>& scale, std::int
 // half of an in_proj-like output, as the model passes them.
 struct RandomScan {
   Tensor xz, dbc, u, dt, A, D, Bc, Cc;
-  ch07::ScanInputs in;
+  models::mamba::ScanInputs in;
 };
 
 inline RandomScan random_scan(std::mt19937_64& rng, std::int64_t T, std::int64_t E, std::int64_t N, bool lti) {

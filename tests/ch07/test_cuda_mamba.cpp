@@ -9,12 +9,12 @@
 namespace inferlab {
 namespace {
 
-ch07::ScanInputs on_gpu(const ch07::ScanInputs& in, std::vector<Tensor>& keep) {
+models::mamba::ScanInputs on_gpu(const models::mamba::ScanInputs& in, std::vector<Tensor>& keep) {
   auto up = [&](const Tensor& t) {
     keep.push_back(t.contiguous().to(Device::CUDA));
     return keep.back();
   };
-  ch07::ScanInputs g = in;
+  models::mamba::ScanInputs g = in;
   g.u = up(in.u), g.dt = up(in.dt), g.A = up(in.A), g.B = up(in.B), g.C = up(in.C), g.D = up(in.D), g.z = up(in.z);
   return g;
 }
@@ -31,9 +31,9 @@ TEST(CudaMamba, ChunkedScanAndStepKernelMatchTheFloat64Recurrence) {
       const auto h0 = test::random_state(rng, E, N);
       const auto want = test::scan_oracle(r.in, h0);
       std::vector<Tensor> keep;
-      const ch07::ScanInputs g = on_gpu(r.in, keep);
+      const models::mamba::ScanInputs g = on_gpu(r.in, keep);
       Tensor h = test::state_tensor(h0, E, N).to(Device::CUDA), y = Tensor::empty({T, E}, DType::F32, Device::CUDA);
-      ch07::selective_scan(g, h, y);  // T > 1: the chunked kernel; T = 1: the step kernel
+      models::mamba::selective_scan(g, h, y);  // T > 1: the chunked kernel; T = 1: the step kernel
       test::expect_within(y.to(Device::CPU).to_double_vector(), want.y, test::scan_bound(want.y_scale, T, N), "y");
       test::expect_within(h.to(Device::CPU).to_double_vector(), want.h, test::scan_bound(want.h_scale, T, N), "state");
     }
@@ -42,21 +42,21 @@ TEST(CudaMamba, ChunkedScanAndStepKernelMatchTheFloat64Recurrence) {
 TEST(CudaMamba, PrefillAndDecodeMatchTheCpu) {
   IL_REQUIRE_CUDA();
   auto rng = test::rng_for_test();
-  ch07::MambaConfig c;
+  models::mamba::MambaConfig c;
   c.architecture = "MambaForCausalLM";
   c.hidden_size = 48, c.inner_size = 96, c.state_size = 16, c.conv_kernel = 4, c.dt_rank = 3, c.num_layers = 3;
   c.vocab_size = 101;
-  const ch07::MambaModel cpu = ch07::random_mamba(c, rng());
-  const ch07::MambaModel gpu = cpu.to(Device::CUDA);
+  const models::mamba::MambaModel cpu = models::mamba::random_mamba(c, rng());
+  const models::mamba::MambaModel gpu = cpu.to(Device::CUDA);
   const auto tokens = test::random_tokens(rng, 200, c.vocab_size);
-  ch07::MambaState on_cpu(c), on_gpu(c, Device::CUDA);
+  models::mamba::MambaState on_cpu(c), on_gpu(c, Device::CUDA);
   EXPECT_EQ(on_gpu.bytes(), on_cpu.bytes());
   const std::vector<std::int32_t> prompt(tokens.begin(), tokens.begin() + 170);
-  auto want = ch07::forward_cached(cpu, on_cpu, prompt, true).to_double_vector();
-  auto got = ch07::forward_cached(gpu, on_gpu, prompt, true).to(Device::CPU).to_double_vector();
+  auto want = models::mamba::forward_cached(cpu, on_cpu, prompt, true).to_double_vector();
+  auto got = models::mamba::forward_cached(gpu, on_gpu, prompt, true).to(Device::CPU).to_double_vector();
   for (std::size_t i = 170; i < tokens.size(); ++i) {
-    const auto a = ch07::forward_cached(cpu, on_cpu, {tokens[i]}).to_double_vector();
-    const auto b = ch07::forward_cached(gpu, on_gpu, {tokens[i]}).to(Device::CPU).to_double_vector();
+    const auto a = models::mamba::forward_cached(cpu, on_cpu, {tokens[i]}).to_double_vector();
+    const auto b = models::mamba::forward_cached(gpu, on_gpu, {tokens[i]}).to(Device::CPU).to_double_vector();
     want.insert(want.end(), a.begin(), a.end()), got.insert(got.end(), b.begin(), b.end());
   }
   EXPECT_LE(test::max_diff(got, want), test::two_path_bound(test::bound_config(c, 200), want));

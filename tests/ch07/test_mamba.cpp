@@ -16,8 +16,8 @@
 namespace inferlab {
 namespace {
 
-using ch07::MambaConfig;
-using ch07::ScanPath;
+using models::mamba::MambaConfig;
+using models::mamba::ScanPath;
 
 MambaConfig small_config(bool lti) {
   MambaConfig c;
@@ -31,17 +31,17 @@ TEST(Mamba, PrefillScanPathsAndTokenByTokenDecodeAgree) {
   auto rng = test::rng_for_test();
   for (const bool lti : {false, true}) {
     const MambaConfig c = small_config(lti);
-    const ch07::MambaModel m = ch07::random_mamba(c, rng());
+    const models::mamba::MambaModel m = models::mamba::random_mamba(c, rng());
     const auto tokens = test::random_tokens(rng, 45, c.vocab_size);
     const std::int64_t T = static_cast<std::int64_t>(tokens.size());
-    ch07::MambaState ref_state(c);
-    const auto want = ch07::forward_cached(m, ref_state, tokens, true, ScanPath::Reference).to_double_vector();
+    models::mamba::MambaState ref_state(c);
+    const auto want = models::mamba::forward_cached(m, ref_state, tokens, true, ScanPath::Reference).to_double_vector();
     const double bound = test::two_path_bound(test::bound_config(c, T), want);
     std::vector<ScanPath> paths = {ScanPath::Fast, ScanPath::Parallel};
     if (lti) paths.push_back(ScanPath::Convolution);
     for (ScanPath p : paths) {
-      ch07::MambaState s(c);
-      EXPECT_LE(test::max_diff(ch07::forward_cached(m, s, tokens, true, p).to_double_vector(), want), bound)
+      models::mamba::MambaState s(c);
+      EXPECT_LE(test::max_diff(models::mamba::forward_cached(m, s, tokens, true, p).to_double_vector(), want), bound)
           << (lti ? "LTI" : "selective") << ", path " << static_cast<int>(p);
       for (std::int64_t l = 0; l < c.num_layers; ++l) {
         EXPECT_LE(test::max_diff(s.ssm(l).to_double_vector(), ref_state.ssm(l).to_double_vector()),
@@ -53,10 +53,11 @@ TEST(Mamba, PrefillScanPathsAndTokenByTokenDecodeAgree) {
       }
     }
     // A short prefill, then the recurrent step: one token per call, O(1) state.
-    ch07::MambaState steps(c);
-    std::vector<double> got = ch07::forward_cached(m, steps, {tokens.begin(), tokens.begin() + 4}, true).to_double_vector();
+    models::mamba::MambaState steps(c);
+    std::vector<double> got =
+        models::mamba::forward_cached(m, steps, {tokens.begin(), tokens.begin() + 4}, true).to_double_vector();
     for (std::int64_t t = 4; t < T; ++t) {
-      const auto row = ch07::forward_cached(m, steps, {tokens[static_cast<std::size_t>(t)]}).to_double_vector();
+      const auto row = models::mamba::forward_cached(m, steps, {tokens[static_cast<std::size_t>(t)]}).to_double_vector();
       got.insert(got.end(), row.begin(), row.end());
     }
     EXPECT_EQ(steps.length(), T);
@@ -67,21 +68,21 @@ TEST(Mamba, PrefillScanPathsAndTokenByTokenDecodeAgree) {
 TEST(Mamba, ABatchEqualsItsSequencesAlone) {
   auto rng = test::rng_for_test();
   const MambaConfig c = small_config(false);
-  const ch07::MambaModel m = ch07::random_mamba(c, rng());
+  const models::mamba::MambaModel m = models::mamba::random_mamba(c, rng());
   const auto a = test::random_tokens(rng, 9, c.vocab_size), b = test::random_tokens(rng, 3, c.vocab_size);
-  ch07::MambaState sa(c), sb(c), ba(c), bb(c);
-  const auto alone_a = ch07::forward_cached(m, sa, a, true).to_double_vector();
-  const auto alone_b = ch07::forward_cached(m, sb, b).to_double_vector();
-  std::vector<ch07::SequenceStep> batch = {{a, &ba, true}, {b, &bb, false}};
-  auto both = ch07::forward(m, batch).to_double_vector();
+  models::mamba::MambaState sa(c), sb(c), ba(c), bb(c);
+  const auto alone_a = models::mamba::forward_cached(m, sa, a, true).to_double_vector();
+  const auto alone_b = models::mamba::forward_cached(m, sb, b).to_double_vector();
+  std::vector<models::mamba::SequenceStep> batch = {{a, &ba, true}, {b, &bb, false}};
+  auto both = models::mamba::forward(m, batch).to_double_vector();
   std::vector<double> want = alone_a;
   want.insert(want.end(), alone_b.begin(), alone_b.end());
   EXPECT_LE(test::max_diff(both, want), test::two_path_bound(test::bound_config(c, 9), want));
   // Then one decode step of each, in one batch (rows of different sequences, each its own state).
-  std::vector<ch07::SequenceStep> step = {{{7}, &ba, false}, {{8}, &bb, false}};
-  both = ch07::forward(m, step).to_double_vector();
-  want = ch07::forward_cached(m, sa, {7}).to_double_vector();
-  const auto wb = ch07::forward_cached(m, sb, {8}).to_double_vector();
+  std::vector<models::mamba::SequenceStep> step = {{{7}, &ba, false}, {{8}, &bb, false}};
+  both = models::mamba::forward(m, step).to_double_vector();
+  want = models::mamba::forward_cached(m, sa, {7}).to_double_vector();
+  const auto wb = models::mamba::forward_cached(m, sb, {8}).to_double_vector();
   want.insert(want.end(), wb.begin(), wb.end());
   EXPECT_LE(test::max_diff(both, want), test::two_path_bound(test::bound_config(c, 10), want));
   EXPECT_EQ(ba.length(), 10);
@@ -91,15 +92,15 @@ TEST(Mamba, ABatchEqualsItsSequencesAlone) {
 TEST(MambaState, BytesAreTheFormulaAndNeverGrow) {
   auto rng = test::rng_for_test();
   const MambaConfig c = small_config(false);
-  const ch07::MambaModel m = ch07::random_mamba(c, rng());
-  ch07::MambaState s(c);
+  const models::mamba::MambaModel m = models::mamba::random_mamba(c, rng());
+  models::mamba::MambaState s(c);
   const std::int64_t want = c.num_layers * c.inner_size * ((c.conv_kernel - 1) + c.state_size) * 4;
   EXPECT_EQ(s.bytes(), want);
   std::int64_t held = 0;
   for (std::int64_t l = 0; l < c.num_layers; ++l) held += static_cast<std::int64_t>(s.conv(l).nbytes() + s.ssm(l).nbytes());
   EXPECT_EQ(held, want);
-  ch07::forward_cached(m, s, test::random_tokens(rng, 300, c.vocab_size));
-  for (int i = 0; i < 20; ++i) ch07::forward_cached(m, s, {1});
+  models::mamba::forward_cached(m, s, test::random_tokens(rng, 300, c.vocab_size));
+  for (int i = 0; i < 20; ++i) models::mamba::forward_cached(m, s, {1});
   EXPECT_EQ(s.length(), 320);
   EXPECT_EQ(s.bytes(), want);  // 320 positions in, the same bytes as none
   EXPECT_NE(s.layout().find("3 layers × (conv [2, 40] + ssm [40, 5]) f32"), std::string::npos) << s.layout();
@@ -111,29 +112,29 @@ TEST(MambaState, BytesAreTheFormulaAndNeverGrow) {
 TEST(MambaState, RollbackIsRefusedExceptToTheStart) {
   auto rng = test::rng_for_test();
   const MambaConfig c = small_config(false);
-  const ch07::MambaModel m = ch07::random_mamba(c, rng());
+  const models::mamba::MambaModel m = models::mamba::random_mamba(c, rng());
   const auto tokens = test::random_tokens(rng, 6, c.vocab_size);
-  ch07::MambaState s(c);
-  const auto first = ch07::forward_cached(m, s, tokens).to_float_vector();
+  models::mamba::MambaState s(c);
+  const auto first = models::mamba::forward_cached(m, s, tokens).to_float_vector();
   s.truncate(6);  // no-op
   EXPECT_EQ(s.length(), 6);
   test::expect_error([&] { s.truncate(3); }, {"cannot roll back from position 6 to 3"});
   EXPECT_EQ(s.length(), 6);
   s.truncate(0);
   EXPECT_EQ(s.length(), 0);
-  EXPECT_EQ(ch07::forward_cached(m, s, tokens).to_float_vector(), first);  // started over: the same logits
+  EXPECT_EQ(models::mamba::forward_cached(m, s, tokens).to_float_vector(), first);  // started over: the same logits
 }
 
 TEST(Mamba, BadInputIsRefusedByName) {
   auto rng = test::rng_for_test();
   const MambaConfig c = small_config(false);
-  const ch07::MambaModel m = ch07::random_mamba(c, rng());
-  ch07::MambaState s(c);
-  test::expect_error([&] { ch07::forward_cached(m, s, {3, 99}); }, {"99"});
+  const models::mamba::MambaModel m = models::mamba::random_mamba(c, rng());
+  models::mamba::MambaState s(c);
+  test::expect_error([&] { models::mamba::forward_cached(m, s, {3, 99}); }, {"99"});
   EXPECT_EQ(s.length(), 0);
-  test::expect_error([&] { ch07::forward_cached(m, s, {}); }, {"no new tokens"});
-  ch07::forward_cached(m, s, {1, 2});
-  test::expect_error([&] { ch07::forward_cached(m, s, {3}, false, ScanPath::Convolution); }, {"empty state"});
+  test::expect_error([&] { models::mamba::forward_cached(m, s, {}); }, {"no new tokens"});
+  models::mamba::forward_cached(m, s, {1, 2});
+  test::expect_error([&] { models::mamba::forward_cached(m, s, {3}, false, ScanPath::Convolution); }, {"empty state"});
   // The batch step is chapter 02's for both kinds of model: each refuses the other's cache by name.
   TransformerConfig t;
   t.architecture = "LlamaForCausalLM";
@@ -141,8 +142,8 @@ TEST(Mamba, BadInputIsRefusedByName) {
   t.vocab_size = c.vocab_size, t.max_position_embeddings = 16;
   const models::Llama llama = models::random_llama(t, rng());
   models::ContiguousKVCache kv(t, 16);
-  std::vector<ch07::SequenceStep> wrong = {{{1}, &kv, false}};
-  test::expect_error([&] { ch07::forward(m, wrong); }, {"sequence 0", "no MambaState"});
+  std::vector<models::mamba::SequenceStep> wrong = {{{1}, &kv, false}};
+  test::expect_error([&] { models::mamba::forward(m, wrong); }, {"sequence 0", "no MambaState"});
   std::vector<models::SequenceStep> also_wrong = {{{1}, &s, false}};
   test::expect_error([&] { models::forward(llama, also_wrong); }, {"cache of sequence 0", "not a cache of keys and values"});
 }
@@ -166,16 +167,17 @@ const std::string kMamba = std::string(INFERLAB_DATA_DIR) + "/models/tiny-mamba"
 TEST(MambaConfig, ReadsAsTransformersDoes) {
   test::TempDir dir;
   // Without intermediate_size E = int(expand · D); "auto" is ceil(D / 16).
-  const auto c = ch07::parse_mamba_config(load_hf_config(folder_with(
+  const auto c = models::mamba::parse_mamba_config(load_hf_config(folder_with(
       dir, kMamba, {{"intermediate_size", nullptr}, {"expand", 1.5}, {"time_step_rank", "auto"}, {"hidden_size", 100}})));
   EXPECT_EQ(c.inner_size, 150);
   EXPECT_EQ(c.dt_rank, 7);
   EXPECT_TRUE(c.tie_word_embeddings);  // absent: PretrainedConfig's default
   EXPECT_FALSE(c.lti);
   test::TempDir given;  // a config's intermediate_size wins over expand, as PretrainedConfig sets it last
-  EXPECT_EQ(ch07::parse_mamba_config(load_hf_config(folder_with(given, kMamba, {{"intermediate_size", 999}}))).inner_size,
-            999);
-  const auto tiny = ch07::parse_mamba_config(load_hf_config(kMamba));
+  EXPECT_EQ(
+      models::mamba::parse_mamba_config(load_hf_config(folder_with(given, kMamba, {{"intermediate_size", 999}}))).inner_size,
+      999);
+  const auto tiny = models::mamba::parse_mamba_config(load_hf_config(kMamba));
   EXPECT_EQ(tiny.state_bytes(4), 116736);  // the model card's number
 }
 
@@ -196,7 +198,7 @@ TEST(MambaConfig, OtherModelsAndBadFieldsAreRefusedByName) {
            {{{"hidden_size", std::numeric_limits<std::int64_t>::min()}}, "hidden_size is -9223372036854775808"}}) {
     test::TempDir dir;
     SCOPED_TRACE(edit.dump());
-    test::expect_error([&] { ch07::parse_mamba_config(load_hf_config(folder_with(dir, kMamba, edit))); }, {says});
+    test::expect_error([&] { models::mamba::parse_mamba_config(load_hf_config(folder_with(dir, kMamba, edit))); }, {says});
   }
 }
 
@@ -206,21 +208,25 @@ TEST(MambaLoad, ACheckpointThatDisagreesWithItsConfigIsRefused) {
     test::TempDir dir;  // fewer layers than the checkpoint holds: its tensors of layer 5 are left over
     test::expect_error(
         [&] {
-      ch07::load_mamba(folder_with(dir, kMamba, {{"num_hidden_layers", 5}}));
+      models::mamba::load_mamba(folder_with(dir, kMamba, {{"num_hidden_layers", 5}}));
         },
         {"backbone.layers.5"});
   }
   {
     test::TempDir dir;  // a state size the tensors do not have
-    test::expect_error([&] { ch07::load_mamba(folder_with(dir, kMamba, {{"state_size", 8}})); }, {"x_proj"});
+    test::expect_error([&] { models::mamba::load_mamba(folder_with(dir, kMamba, {{"state_size", 8}})); }, {"x_proj"});
   }
   {
     test::TempDir dir;  // biases the checkpoint does not have
-    test::expect_error([&] { ch07::load_mamba(folder_with(dir, kMamba, {{"use_bias", true}})); }, {"in_proj.bias"});
+    test::expect_error([&] { models::mamba::load_mamba(folder_with(dir, kMamba, {{"use_bias", true}})); }, {"in_proj.bias"});
   }
   {
     test::TempDir dir;
-    test::expect_error([&] { ch07::load_mamba(folder_with(dir, kMamba, {{"tie_word_embeddings", false}})); }, {"lm_head"});
+    test::expect_error(
+        [&] {
+      models::mamba::load_mamba(folder_with(dir, kMamba, {{"tie_word_embeddings", false}}));
+        },
+        {"lm_head"});
   }
 }
 

@@ -23,23 +23,27 @@ using test::ids_of;
 using test::rows_of;
 
 // Every position's logits three ways, the states after the sequence, and the greedy tokens.
-void check_model(const ch07::MambaModel& m, const SafetensorsFile& g, const std::string& key, const std::string& what) {
+void check_model(const models::mamba::MambaModel& m, const SafetensorsFile& g, const std::string& key,
+                 const std::string& what) {
   const auto& c = m.config;
   const auto ids = ids_of(g.get(key + "input_ids"));
   const std::int64_t T = static_cast<std::int64_t>(ids.size()), V = c.vocab_size;
   const auto want = g.get(key + "logits").to_double_vector();
-  ch07::MambaState state(c);
-  test::expect_mamba_golden(c, T, ch07::forward_cached(m, state, ids, true).to_double_vector(), want,
+  models::mamba::MambaState state(c);
+  test::expect_mamba_golden(c, T, models::mamba::forward_cached(m, state, ids, true).to_double_vector(), want,
                             what + ": prefill logits");
-  ch07::MambaState chunked(c);
-  test::expect_mamba_golden(c, T, ch07::forward_cached(m, chunked, ids, true, ch07::ScanPath::Parallel).to_double_vector(),
-                            want, what + ": prefill logits, chunked scan");
+  models::mamba::MambaState chunked(c);
+  test::expect_mamba_golden(
+      c, T, models::mamba::forward_cached(m, chunked, ids, true, models::mamba::ScanPath::Parallel).to_double_vector(), want,
+      what + ": prefill logits, chunked scan");
   const std::int64_t P = std::min<std::int64_t>(3, T - 1);
-  ch07::MambaState steps(c);
-  test::expect_mamba_golden(c, T, ch07::forward_cached(m, steps, {ids.begin(), ids.begin() + P}, true).to_double_vector(),
+  models::mamba::MambaState steps(c);
+  test::expect_mamba_golden(c, T,
+                            models::mamba::forward_cached(m, steps, {ids.begin(), ids.begin() + P}, true).to_double_vector(),
                             rows_of(want, V, 0, P), what + ": prefill of the first " + std::to_string(P));
   for (std::int64_t t = P; t < T; ++t)
-    test::expect_mamba_golden(c, T, ch07::forward_cached(m, steps, {ids[static_cast<std::size_t>(t)]}).to_double_vector(),
+    test::expect_mamba_golden(c, T,
+                              models::mamba::forward_cached(m, steps, {ids[static_cast<std::size_t>(t)]}).to_double_vector(),
                               rows_of(want, V, t, t + 1), what + ": decode step at position " + std::to_string(t));
   const std::int64_t E = c.inner_size, K = c.conv_kernel;
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
@@ -57,7 +61,8 @@ void check_model(const ch07::MambaModel& m, const SafetensorsFile& g, const std:
   }
   Sampler s({});
   const auto greedy = ids_of(g.get(key + "greedy_ids"));
-  EXPECT_EQ(ch07::generate(m, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy) << what << ": greedy tokens";
+  EXPECT_EQ(models::mamba::generate(m, ids, static_cast<int>(greedy.size()), s, {}).generated, greedy)
+      << what << ": greedy tokens";
 }
 
 class ZooMambaGolden : public ::testing::TestWithParam<std::string> {};
@@ -65,7 +70,7 @@ class ZooMambaGolden : public ::testing::TestWithParam<std::string> {};
 TEST_P(ZooMambaGolden, LogitsStatesAndGreedyTokensMatchTransformers) {
   const std::string name = GetParam(), model_dir = kData + "/models/" + name, golden_dir = kData + "/golden/" + name;
   ASSERT_TRUE(std::filesystem::exists(model_dir)) << model_dir << " is missing (see tools/README.md)";
-  const ch07::MambaModel m = ch07::load_mamba(model_dir);
+  const models::mamba::MambaModel m = models::mamba::load_mamba(model_dir);
   EXPECT_EQ(m.config.lti, name == "tiny-lti");
   const auto tok = Tokenizer::for_model(model_dir);
   const auto manifest = load_json(golden_dir + "/manifest.json");
@@ -89,7 +94,7 @@ TEST(MambaRandomGolden, EveryShapeMatchesTransformers) {
   ASSERT_GE(manifest["models"].size(), 4u);
   for (const auto& [name, info] : manifest["models"].items()) {
     SCOPED_TRACE(name + ": " + info["covers"].get<std::string>());
-    const ch07::MambaModel m = ch07::load_mamba(dir + "/" + name);
+    const models::mamba::MambaModel m = models::mamba::load_mamba(dir + "/" + name);
     EXPECT_EQ(m.config.state_size, info["config"]["state_size"].get<std::int64_t>());
     const SafetensorsFile g(dir + "/" + name + "/golden.safetensors");
     check_model(m, g, "", name);
@@ -101,16 +106,16 @@ TEST(MambaRandomGolden, EveryShapeMatchesTransformers) {
 TEST(MambaCheckpoint, AUsersFolderLoadsAndGenerates) {
   const char* path = std::getenv("MAMBA_MODEL");
   if (!path) GTEST_SKIP() << "set MAMBA_MODEL to a MambaForCausalLM folder (e.g. state-spaces/mamba-130m-hf) to run it";
-  const ch07::MambaModel m = ch07::load_mamba(path);
+  const models::mamba::MambaModel m = models::mamba::load_mamba(path);
   const auto tok = Tokenizer::for_model(path);
   const auto ids = tok->encode("The capital of France is");
   Sampler s({});
-  const auto g = ch07::generate(m, ids, 8, s, {});
+  const auto g = models::mamba::generate(m, ids, 8, s, {});
   EXPECT_EQ(g.generated.size(), 8u);
   // Decoding from the state equals recomputing the whole sequence (the same model two ways).
   auto all = ids;
   all.insert(all.end(), g.generated.begin(), g.generated.end() - 1);
-  const auto last = ch07::forward_sequence(m, all).to_double_vector();
+  const auto last = models::mamba::forward_sequence(m, all).to_double_vector();
   const auto argmax = std::max_element(last.begin(), last.end()) - last.begin();
   EXPECT_EQ(argmax, g.generated.back());
 }

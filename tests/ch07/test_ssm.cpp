@@ -9,7 +9,7 @@
 namespace inferlab {
 namespace {
 
-using ch07::ScanInputs;
+using models::mamba::ScanInputs;
 
 enum class Way { Reference, Fast, Parallel1, Parallel7, Parallel64, Steps, Convolution };
 const char* name(Way w) {
@@ -35,16 +35,16 @@ ScanInputs row(const ScanInputs& in, std::int64_t t) {
 
 void run(Way w, const ScanInputs& in, Tensor& h, Tensor& y) {
   switch (w) {
-    case Way::Reference: return ch07::ref::selective_scan(in, h, y);
-    case Way::Fast: return ch07::selective_scan(in, h, y);
-    case Way::Parallel1: return ch07::parallel_scan(in, h, y, 1);
-    case Way::Parallel7: return ch07::parallel_scan(in, h, y, 7);
-    case Way::Parallel64: return ch07::parallel_scan(in, h, y, 64);
-    case Way::Convolution: return ch07::lti_convolution(in, h, y);
+    case Way::Reference: return models::mamba::ref::selective_scan(in, h, y);
+    case Way::Fast: return models::mamba::selective_scan(in, h, y);
+    case Way::Parallel1: return models::mamba::parallel_scan(in, h, y, 1);
+    case Way::Parallel7: return models::mamba::parallel_scan(in, h, y, 7);
+    case Way::Parallel64: return models::mamba::parallel_scan(in, h, y, 64);
+    case Way::Convolution: return models::mamba::lti_convolution(in, h, y);
     case Way::Steps:
       for (std::int64_t t = 0; t < in.T(); ++t) {
         Tensor y_t = y.slice(0, t, t + 1);
-        ch07::selective_scan(row(in, t), h, y_t);
+        models::mamba::selective_scan(row(in, t), h, y_t);
       }
       return;
   }
@@ -91,7 +91,7 @@ TEST(Scan, LtiKernelIsTheImpulseResponse) {
   auto rng = test::rng_for_test();
   const std::int64_t T = 20, E = 3, N = 4;
   auto r = test::random_scan(rng, T, E, N, true);
-  const Tensor K = ch07::lti_kernel(r.in.dt, r.in.A, r.in.B, r.in.C, T);
+  const Tensor K = models::mamba::lti_kernel(r.in.dt, r.in.A, r.in.B, r.in.C, T);
   ASSERT_EQ(K.shape(), (Shape{E, T}));
   Tensor u = Tensor::zeros({T, E}, DType::F32), d = Tensor::zeros({E}, DType::F32);
   for (std::int64_t c = 0; c < E; ++c) u.data<float>()[c] = 1.0f;
@@ -122,19 +122,19 @@ TEST(Scan, RefusesWhatItCannotRun) {
   auto r = test::random_scan(rng, 4, 3, 2, false);
   Tensor h = Tensor::zeros({3, 2}, DType::F32), y = Tensor::empty({4, 3}, DType::F32);
   EXPECT_THROW(
-      try { ch07::lti_convolution(r.in, h, y); } catch (const Error& e) {
+      try { models::mamba::lti_convolution(r.in, h, y); } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("do not depend on the token"), std::string::npos) << e.what();
         throw;
       },
       Error);
   Tensor wrong = Tensor::zeros({3, 5}, DType::F32);
-  EXPECT_THROW(ch07::selective_scan(r.in, wrong, y), Error);  // the state's shape is named
+  EXPECT_THROW(models::mamba::selective_scan(r.in, wrong, y), Error);  // the state's shape is named
   auto lti = test::random_scan(rng, 4, 3, 2, true);
   Tensor warm = Tensor::from_vector(std::vector<float>(6, 1.0f), {3, 2});
-  EXPECT_THROW(ch07::lti_convolution(lti.in, warm, y), Error);  // a convolution has no term for an earlier state
+  EXPECT_THROW(models::mamba::lti_convolution(lti.in, warm, y), Error);  // a convolution has no term for an earlier state
   ScanInputs bad = r.in;
   bad.B = r.dbc.slice(1, 0, 3);  // R columns where N are expected
-  EXPECT_THROW(ch07::ref::selective_scan(bad, h, y), Error);
+  EXPECT_THROW(models::mamba::ref::selective_scan(bad, h, y), Error);
 }
 
 // The convolution over a sequence equals the same convolution in pieces, the state carrying the
@@ -145,7 +145,7 @@ TEST(CausalConv, InPiecesEqualsAtOnceAndMatchesTheFormula) {
     const std::int64_t T = 11, E = 6;
     const Tensor x = test::uniform(rng, {T, E}), w = test::uniform(rng, {E, K}), b = test::uniform(rng, {E});
     Tensor state = Tensor::zeros({K - 1, E}, DType::F32), out = Tensor::empty({T, E}, DType::F32);
-    ch07::ref::causal_conv(x, w, b, state, out);
+    models::mamba::ref::causal_conv(x, w, b, state, out);
     for (std::int64_t t = 0; t < T; ++t)
       for (std::int64_t c = 0; c < E; ++c) {
         double acc = b.at<float>({c}), scale = std::fabs(acc);
@@ -168,7 +168,7 @@ TEST(CausalConv, InPiecesEqualsAtOnceAndMatchesTheFormula) {
     Tensor piece_state = Tensor::zeros({K - 1, E}, DType::F32), pieces = Tensor::empty({T, E}, DType::F32);
     for (auto [t0, t1] : {std::pair<std::int64_t, std::int64_t>{0, 1}, {1, 3}, {3, 4}, {4, 11}}) {
       Tensor o = pieces.slice(0, t0, t1);
-      ch07::causal_conv(x.slice(0, t0, t1), w, b, piece_state, o);
+      models::mamba::causal_conv(x.slice(0, t0, t1), w, b, piece_state, o);
     }
     EXPECT_EQ(pieces.to_float_vector(), out.to_float_vector()) << "K " << K;
     EXPECT_EQ(piece_state.to_float_vector(), state.to_float_vector()) << "K " << K;
@@ -181,7 +181,7 @@ TEST(FastExp, IsWithinTwoUlpOfTheExactExp) {
   double worst = 0;
   for (int i = 0; i <= 2000000; ++i) {
     const float x = -100.0f * static_cast<float>(i) / 2000000.0f;
-    const float got = ch07::exp_nonpositive(x);
+    const float got = models::mamba::exp_nonpositive(x);
     const double want = std::exp(static_cast<double>(x));
     ASSERT_LE(got, 1.0f) << x;
     if (want < 0x1p-126) {
@@ -192,8 +192,8 @@ TEST(FastExp, IsWithinTwoUlpOfTheExactExp) {
     worst = std::max(worst, std::fabs(got - want) / ulp);
   }
   EXPECT_LE(worst, 2.0) << "largest error in ulp";
-  EXPECT_EQ(ch07::exp_nonpositive(0.0f), 1.0f);
-  EXPECT_EQ(ch07::exp_nonpositive(-1e30f), 0.0f);
+  EXPECT_EQ(models::mamba::exp_nonpositive(0.0f), 1.0f);
+  EXPECT_EQ(models::mamba::exp_nonpositive(-1e30f), 0.0f);
 }
 
 }  // namespace

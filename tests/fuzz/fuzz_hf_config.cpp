@@ -10,12 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include "chapters/01_naive_decode/llama.h"
-#include "chapters/04_mla/mla.h"
-#include "chapters/05_cla/cla.h"
-#include "chapters/06_local_attention/local.h"
-#include "chapters/07_mamba/mamba.h"
 #include "chapters/08_diffusion_lm/diffusion.h"
 #include "common/hf_config.h"
+#include "common/models/cla.h"
+#include "common/models/local.h"
+#include "common/models/mamba.h"
+#include "common/models/mla.h"
 #include "fuzz_util.h"
 
 extern "C" std::size_t LLVMFuzzerMutate(std::uint8_t* data, std::size_t size, std::size_t max_size);
@@ -74,14 +74,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     c.num_parameters();
     c.kv_cache_bytes(c.max_position_embeddings, 4);
     models::rope_frequencies(c);
-    ch04::parse_mla_config(hf, c);
-    ch06::parse_local_layout(hf, c.num_layers);
+    models::mla::parse_mla_config(hf, c);
+    models::local::parse_local_layout(hf, c.num_layers);
   });
-  fuzz::expect_clean([&] { ch07::parse_mamba_config(load_hf_config(dir)).num_parameters(); });
+  fuzz::expect_clean([&] { models::mamba::parse_mamba_config(load_hf_config(dir)).num_parameters(); });
   for (auto load :
-       {+[](const std::string& d) { models::load_llama(d); }, +[](const std::string& d) { ch04::load_mla(d); },
-        +[](const std::string& d) { ch05::load_cla(d); }, +[](const std::string& d) { ch06::load_local(d); },
-        +[](const std::string& d) { ch07::load_mamba(d); }, +[](const std::string& d) { ch08::load_diffusion(d); }})
+       {+[](const std::string& d) { models::load_llama(d); }, +[](const std::string& d) { models::mla::load_mla(d); },
+        +[](const std::string& d) { models::cla::load_cla(d); }, +[](const std::string& d) { models::local::load_local(d); },
+        +[](const std::string& d) { models::mamba::load_mamba(d); }, +[](const std::string& d) { ch08::load_diffusion(d); }})
     fuzz::expect_clean([&] { load(dir); });
   return 0;
 }

@@ -1,17 +1,17 @@
-#include "chapters/07_mamba/ssm.h"
+#include "common/models/ssm.h"
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <vector>
 
-#include "chapters/07_mamba/cuda_mamba.h"
-#include "chapters/07_mamba/scan_view.h"
+#include "common/models/cuda_mamba.h"
+#include "common/models/scan_view.h"
 #include "common/error.h"
 #include "common/lab.h"
 #include "common/metrics.h"
 
-namespace inferlab::ch07 {
+namespace inferlab::models::mamba {
 
 namespace {
 
@@ -293,4 +293,4 @@ void lti_convolution(const ScanInputs& in, Tensor& h, Tensor& y) {
   }
 }
 
-}  // namespace inferlab::ch07
+}  // namespace inferlab::models::mamba

@@ -6,11 +6,11 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "chapters/04_mla/cuda_mla.h"
+#include "common/models/cuda_mla.h"
 #include "common/cuda/backend.h"
 #include "common/cuda/util.cuh"
 
-namespace inferlab::ch04 {
+namespace inferlab::models::mla {
 
 namespace {
 
@@ -65,4 +65,4 @@ void mla_rebuild_kv(const Tensor& latent, std::int64_t len, const Tensor& w_kvb,
   IL_CUDA_LAUNCHED();
 }
 
-}  // namespace inferlab::ch04
+}  // namespace inferlab::models::mla

@@ -33,7 +33,7 @@
 
 #include "common/tensor.h"
 
-namespace inferlab::ch07 {
+namespace inferlab::models::mamba {
 
 /// One sequence's inputs to the scan, all f32 on one device. Rows may be strided (columns of a
 /// wider projection output are passed as views), the last dimension must be contiguous.
@@ -114,4 +114,4 @@ Tensor lti_kernel(const Tensor& dt, const Tensor& A, const Tensor& B, const Tens
 /// to h so that decoding can continue. `in.lti` must be set; CPU.
 void lti_convolution(const ScanInputs& in, Tensor& h, Tensor& y);
 
-}  // namespace inferlab::ch07
+}  // namespace inferlab::models::mamba

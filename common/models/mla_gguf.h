@@ -48,10 +48,10 @@
 
 #include <string>
 
-#include "chapters/04_mla/mla.h"
+#include "common/models/mla.h"
 #include "common/gguf.h"
 
-namespace inferlab::ch04 {
+namespace inferlab::models::mla {
 
 /// What a deepseek2 file's metadata says: the configs load_mla would parse from the config.json
 /// it was converted from (the table above), and which form kv_b_proj is stored in.
@@ -76,4 +76,4 @@ std::string deepseek2_tensor_name(const std::string& hf_name, std::int64_t* expe
 /// that is missing or malformed, and a tensor the metadata does not account for.
 MlaModel load_mla_gguf(const std::string& path);
 
-}  // namespace inferlab::ch04
+}  // namespace inferlab::models::mla

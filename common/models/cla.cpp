@@ -1,4 +1,4 @@
-#include "chapters/05_cla/cla.h"
+#include "common/models/cla.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -6,12 +6,12 @@
 #include <memory>
 #include <sstream>
 
-#include "chapters/02_kv_cache/batch_decode.h"
+#include "common/models/batch_decode.h"
 #include "common/json_file.h"
 #include "common/lab.h"
 #include "common/models/hf_weights.h"
 
-namespace inferlab::ch05 {
+namespace inferlab::models::cla {
 
 using models::Batch;
 using models::Llama;
@@ -292,7 +292,7 @@ ThroughputPoint measure_decode(const ClaModel& m, std::int64_t batch, std::int64
   std::vector<SharedKVCache*> views;
   for (std::int64_t b = 0; b < batch; ++b) {
     caches.push_back(std::make_unique<SharedKVCache>(m.config(), m.layout, context + steps + 1, m.base.device()));
-    ch02::fill_cache(caches.back()->storage(), context, static_cast<std::uint64_t>(b) * 1000 + 1);
+    models::fill_cache(caches.back()->storage(), context, static_cast<std::uint64_t>(b) * 1000 + 1);
     views.push_back(caches.back().get());
   }
   const std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch), 3);
@@ -339,4 +339,4 @@ std::vector<RecipeStep> character_ai_recipe(const TransformerConfig& c, std::int
   return out;
 }
 
-}  // namespace inferlab::ch05
+}  // namespace inferlab::models::cla

@@ -1,8 +1,8 @@
-#include "chapters/02_kv_cache/batch_decode.h"
+#include "common/models/batch_decode.h"
 
 #include <memory>
 
-namespace inferlab::ch02 {
+namespace inferlab::models {
 
 Tensor decode_step(const models::Llama& m, const std::vector<models::KVCache*>& caches,
                    const std::vector<std::int32_t>& tokens) {
@@ -38,4 +38,4 @@ ThroughputPoint measure_decode(const models::Llama& m, std::int64_t batch, std::
                      m.device(), [&] { decode_step(m, views, tokens); });
 }
 
-}  // namespace inferlab::ch02
+}  // namespace inferlab::models

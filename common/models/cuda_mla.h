@@ -46,7 +46,7 @@
 
 #include "common/tensor.h"
 
-namespace inferlab::ch04 {
+namespace inferlab::models::mla {
 
 /// Absorbed-MLA decode attention of one query row against a layer's latent cache (CUDA, f32,
 /// contiguous): q [1, N, r + dr] in latent space, latent [S, 1, r + dr] of which the first `len`
@@ -63,4 +63,4 @@ void mla_decode_attention(const Tensor& q, const Tensor& latent, std::int64_t le
 /// recomputed: len·N·(dn + dr + dv) values written per step, and 2·len·r·N·(dn + dv) FLOPs.
 void mla_rebuild_kv(const Tensor& latent, std::int64_t len, const Tensor& w_kvb, std::int64_t dn, Tensor& k, Tensor& v);
 
-}  // namespace inferlab::ch04
+}  // namespace inferlab::models::mla

@@ -24,12 +24,12 @@
 #include <string>
 #include <vector>
 
-#include "chapters/01_naive_decode/generate.h"
-#include "chapters/01_naive_decode/llama.h"
-#include "chapters/07_mamba/ssm.h"
+#include "common/models/generate.h"
+#include "common/models/llama.h"
+#include "common/models/ssm.h"
 #include "common/models/kv_cache.h"
 
-namespace inferlab::ch07 {
+namespace inferlab::models::mamba {
 
 /// MambaConfig as transformers reads it (every field defaulted as there).
 struct MambaConfig {
@@ -160,4 +160,4 @@ Tensor forward_sequence(const MambaModel& m, const std::vector<std::int32_t>& to
 models::Generation generate(const MambaModel& m, const std::vector<std::int32_t>& prompt, int max_new, Sampler& sampler,
                             const std::vector<std::int64_t>& eos_ids, const models::OnToken& on_token = nullptr);
 
-}  // namespace inferlab::ch07
+}  // namespace inferlab::models::mamba

@@ -13,7 +13,7 @@
 #include "common/decode_bench.h"
 #include "common/models/kv_cache.h"
 
-namespace inferlab::ch02 {
+namespace inferlab::models {
 
 /// One decode step for a batch: sequence b feeds tokens[b] and owns *caches[b] (lengths may
 /// differ). The batched forward pass with one token per sequence: the rows share every matmul
@@ -30,4 +30,4 @@ void fill_cache(models::ContiguousKVCache& cache, std::int64_t length, std::uint
 /// (best of the steps, after one warm-up step), with the bytes decode_step_bytes counts.
 ThroughputPoint measure_decode(const models::Llama& m, std::int64_t batch, std::int64_t context, int steps);
 
-}  // namespace inferlab::ch02
+}  // namespace inferlab::models

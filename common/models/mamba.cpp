@@ -1,4 +1,4 @@
-#include "chapters/07_mamba/mamba.h"
+#include "common/models/mamba.h"
 
 #include <cmath>
 #include <limits>
@@ -10,7 +10,7 @@
 #include "common/models/hf_weights.h"
 #include "common/ops.h"
 
-namespace inferlab::ch07 {
+namespace inferlab::models::mamba {
 
 namespace {
 
@@ -400,4 +400,4 @@ models::Generation generate(const MambaModel& m, const std::vector<std::int32_t>
       [&](MambaState& state, const std::vector<std::int32_t>& feed) { return forward_cached(m, state, feed); });
 }
 
-}  // namespace inferlab::ch07
+}  // namespace inferlab::models::mamba

@@ -7,7 +7,7 @@
 
 #include "common/host_device.h"
 
-namespace inferlab::ch07 {
+namespace inferlab::models::mamba {
 
 struct ScanView {
   const float *u, *dt, *A, *B, *C, *D, *z;
@@ -23,4 +23,4 @@ struct ScanView {
   IL_HD float& y_at(std::int64_t t, std::int64_t c) const { return y[t * y_t + c]; }
 };
 
-}  // namespace inferlab::ch07
+}  // namespace inferlab::models::mamba

@@ -1,4 +1,4 @@
-#include "chapters/06_local_attention/local.h"
+#include "common/models/local.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,12 +6,12 @@
 #include <limits>
 #include <sstream>
 
-#include "chapters/09_quantization/gguf_model.h"
+#include "common/models/gguf_llama.h"
 #include "common/json_file.h"
 #include "common/lab.h"
 #include "common/models/hf_weights.h"
 
-namespace inferlab::ch06 {
+namespace inferlab::models::local {
 
 // ---------------------------------------------------------------------------------------------
 // The layout.
@@ -165,8 +165,8 @@ LocalModel load_local(const std::string& path) {
   if (fs::path(path).extension() == ".gguf") {  // chapter 09's reader, with the windows llama.cpp applies
     const gguf::File f(path);
     LocalLayout layout;
-    layout.window = ch09::gguf_windows(f, ch09::gguf_config(f));
-    return {ch09::load_gguf_layers(f, layout.window), std::move(layout)};
+    layout.window = models::gguf_windows(f, models::gguf_config(f));
+    return {models::load_gguf_layers(f, layout.window), std::move(layout)};
   }
   const HfConfig hf = load_hf_config(path);
   const TransformerConfig c = parse_transformer_config(hf);
@@ -377,4 +377,4 @@ models::Generation generate_cached(const LocalModel& m, const std::vector<std::i
       [&](RingKVCache& cache, const std::vector<std::int32_t>& feed) { return forward_cached(m, cache, feed); });
 }
 
-}  // namespace inferlab::ch06
+}  // namespace inferlab::models::local

@@ -97,7 +97,7 @@
 
 #include "common/models/kv_cache.h"
 
-namespace inferlab::ch04 {
+namespace inferlab::models::mla {
 
 /// The MLA fields of a DeepseekV3 config.json, in the note's letters.
 struct MlaConfig {
@@ -247,4 +247,4 @@ models::Generation generate_cached(const MlaModel& m, const std::vector<std::int
                                    const std::vector<std::int64_t>& eos_ids, MlaPath path = MlaPath::Absorbed,
                                    const models::OnToken& on_token = nullptr);
 
-}  // namespace inferlab::ch04
+}  // namespace inferlab::models::mla

@@ -40,7 +40,7 @@
 #include "common/decode_bench.h"
 #include "common/models/kv_cache.h"
 
-namespace inferlab::ch05 {
+namespace inferlab::models::cla {
 
 /// Which layers keep their own keys and values, and which storage layer every layer reads.
 struct ClaLayout {
@@ -160,4 +160,4 @@ std::vector<RecipeStep> character_ai_recipe(const TransformerConfig& c, std::int
                                             std::int64_t global_every, std::int64_t share_factor,
                                             std::int64_t bytes_per_element);
 
-}  // namespace inferlab::ch05
+}  // namespace inferlab::models::cla

@@ -1,4 +1,4 @@
-#include "chapters/04_mla/mla.h"
+#include "common/models/mla.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,13 +7,13 @@
 #include <limits>
 #include <random>
 
-#include "chapters/04_mla/cuda_mla.h"
-#include "chapters/04_mla/mla_gguf.h"
+#include "common/models/cuda_mla.h"
+#include "common/models/mla_gguf.h"
 #include "common/json_file.h"
 #include "common/lab.h"
 #include "common/models/hf_weights.h"
 
-namespace inferlab::ch04 {
+namespace inferlab::models::mla {
 
 float MlaConfig::softmax_scale() const {
   return static_cast<float>(softmax_mscale / std::sqrt(static_cast<double>(qk_head_dim())));
@@ -407,4 +407,4 @@ MlaModel random_mla(const TransformerConfig& c, const MlaConfig& mla, std::uint6
   return m;
 }
 
-}  // namespace inferlab::ch04
+}  // namespace inferlab::models::mla

@@ -37,7 +37,7 @@
 
 #include "common/models/kv_cache.h"
 
-namespace inferlab::ch06 {
+namespace inferlab::models::local {
 
 /// Which layers attend locally, and with what window.
 struct LocalLayout {
@@ -157,4 +157,4 @@ models::Generation generate_cached(const LocalModel& m, const std::vector<std::i
                                    Sampler& sampler, const std::vector<std::int64_t>& eos_ids,
                                    const models::OnToken& on_token = nullptr);
 
-}  // namespace inferlab::ch06
+}  // namespace inferlab::models::local

@@ -1,12 +1,12 @@
 // Chapter 07's kernels: see cuda_mamba.h for what each does and why.
-#include "chapters/07_mamba/cuda_mamba.h"
+#include "common/models/cuda_mamba.h"
 
 #include <algorithm>
 
 #include "common/cuda/backend.h"
 #include "common/cuda/util.cuh"
 
-namespace inferlab::ch07 {
+namespace inferlab::models::mamba {
 
 namespace {
 
@@ -158,4 +158,4 @@ void cuda_causal_conv(const float* x, std::int64_t x_t, const float* w, const fl
   }
 }
 
-}  // namespace inferlab::ch07
+}  // namespace inferlab::models::mamba

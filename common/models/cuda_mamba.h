@@ -34,9 +34,9 @@
 
 #include <cstdint>
 
-#include "chapters/07_mamba/scan_view.h"
+#include "common/models/scan_view.h"
 
-namespace inferlab::ch07 {
+namespace inferlab::models::mamba {
 
 /// selective_scan on device pointers (f32, checked by the caller): h [E, N] updated in place.
 void cuda_selective_scan(const ScanView& v, float* h);
@@ -46,4 +46,4 @@ void cuda_selective_scan(const ScanView& v, float* h);
 void cuda_causal_conv(const float* x, std::int64_t x_t, const float* w, const float* b, float* state, float* out,
                       std::int64_t out_t, std::int64_t T, std::int64_t E, std::int64_t K);
 
-}  // namespace inferlab::ch07
+}  // namespace inferlab::models::mamba

@@ -1,4 +1,4 @@
-#include "chapters/04_mla/mla_gguf.h"
+#include "common/models/mla_gguf.h"
 
 #include <cmath>
 #include <functional>
@@ -8,7 +8,7 @@
 
 #include "common/ops.h"
 
-namespace inferlab::ch04 {
+namespace inferlab::models::mla {
 
 namespace {
 
@@ -342,4 +342,4 @@ MlaModel load_mla_gguf(const std::string& path) {
   return m;
 }
 
-}  // namespace inferlab::ch04
+}  // namespace inferlab::models::mla
