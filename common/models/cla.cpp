@@ -6,9 +6,9 @@
 #include <memory>
 #include <sstream>
 
-#include "common/models/batch_decode.h"
 #include "common/json_file.h"
 #include "common/lab.h"
+#include "common/models/batch_decode.h"
 #include "common/models/hf_weights.h"
 
 namespace inferlab::models::cla {

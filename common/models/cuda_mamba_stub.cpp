@@ -1,6 +1,6 @@
 // Chapter 07's kernels in a build without CUDA.
-#include "common/models/cuda_mamba.h"
 #include "common/cuda/backend.h"
+#include "common/models/cuda_mamba.h"
 
 namespace inferlab::models::mamba {
 void cuda_selective_scan(const ScanView&, float*) { cuda::require_device(); }

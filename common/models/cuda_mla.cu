@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "common/models/cuda_mla.h"
 #include "common/cuda/backend.h"
 #include "common/cuda/util.cuh"
+#include "common/models/cuda_mla.h"
 
 namespace inferlab::models::mla {
 

@@ -1,6 +1,6 @@
 // The absorbed-MLA kernel of a build without CUDA.
-#include "common/models/cuda_mla.h"
 #include "common/cuda/backend.h"
+#include "common/models/cuda_mla.h"
 
 namespace inferlab::models::mla {
 void mla_decode_attention(const Tensor&, const Tensor&, std::int64_t, float, std::int64_t, Tensor&) {

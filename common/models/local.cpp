@@ -6,9 +6,9 @@
 #include <limits>
 #include <sstream>
 
-#include "common/models/gguf_llama.h"
 #include "common/json_file.h"
 #include "common/lab.h"
+#include "common/models/gguf_llama.h"
 #include "common/models/hf_weights.h"
 
 namespace inferlab::models::local {

@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "common/models/generate.h"
+#include "common/models/kv_cache.h"
 #include "common/models/llama.h"
 #include "common/models/ssm.h"
-#include "common/models/kv_cache.h"
 
 namespace inferlab::models::mamba {
 

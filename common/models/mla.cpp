@@ -7,11 +7,11 @@
 #include <limits>
 #include <random>
 
-#include "common/models/cuda_mla.h"
-#include "common/models/mla_gguf.h"
 #include "common/json_file.h"
 #include "common/lab.h"
+#include "common/models/cuda_mla.h"
 #include "common/models/hf_weights.h"
+#include "common/models/mla_gguf.h"
 
 namespace inferlab::models::mla {
 

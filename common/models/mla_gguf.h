@@ -48,8 +48,8 @@
 
 #include <string>
 
-#include "common/models/mla.h"
 #include "common/gguf.h"
+#include "common/models/mla.h"
 
 namespace inferlab::models::mla {
 

@@ -5,11 +5,11 @@
 #include <cmath>
 #include <vector>
 
-#include "common/models/cuda_mamba.h"
-#include "common/models/scan_view.h"
 #include "common/error.h"
 #include "common/lab.h"
 #include "common/metrics.h"
+#include "common/models/cuda_mamba.h"
+#include "common/models/scan_view.h"
 
 namespace inferlab::models::mamba {
 
