@@ -60,11 +60,25 @@ ContiguousPool::ContiguousPool(const TransformerConfig& c, std::int64_t budget_b
   IL_CHECK(chunk >= 1, "KV pool: the growth chunk must be at least 1 position, got ", chunk);
 }
 
+ContiguousPool::ContiguousPool(const models::Model& m, std::int64_t budget_bytes, Allocation a, std::int64_t chunk)
+    : ContiguousPool(m.llama() ? m.llama()->config : TransformerConfig{}, budget_bytes, a, m.device(), chunk) {
+  if (!m.llama()) model_ = &m;
+}
+
 std::int64_t ContiguousPool::bytes_for(std::int64_t tokens) const {
+  if (model_) return model_->cache_bytes(tokens);
   return config_.kv_cache_bytes(tokens, static_cast<std::int64_t>(dtype_size(DType::F32)));
 }
 
 bool ContiguousPool::reserve(Sequence& s, std::int64_t n) {
+  if (model_) {  // made at its longest, once
+    if (s.cache) return s.computed() + n <= s.max_tokens();
+    const std::int64_t extra = bytes_for(s.max_tokens());
+    if (used_ + extra > budget_) return false;
+    s.cache = model_->make_cache(s.max_tokens());
+    used_ += extra;
+    return true;
+  }
   auto* cache = static_cast<GrowingKVCache*>(s.cache.get());
   const std::int64_t have = cache ? cache->capacity() : 0, need = s.computed() + n;
   if (need <= have) return true;
@@ -82,22 +96,54 @@ bool ContiguousPool::reserve(Sequence& s, std::int64_t n) {
 
 void ContiguousPool::free(Sequence& s) {
   if (!s.cache) return;
-  used_ -= bytes_for(static_cast<GrowingKVCache*>(s.cache.get())->capacity());
+  used_ -= model_ ? bytes_for(s.max_tokens()) : bytes_for(static_cast<GrowingKVCache*>(s.cache.get())->capacity());
   s.cache.reset();
 }
 
 std::string ContiguousPool::describe() const {
   std::ostringstream os;
-  os << "contiguous caches, " << (allocation_ == Allocation::MaxLength ? "max-length allocation" : "on-demand allocation");
-  if (allocation_ == Allocation::OnDemand) os << " in chunks of " << chunk_ << " positions";
+  os << "contiguous caches, "
+     << (allocation_ == Allocation::MaxLength || model_ ? "max-length allocation" : "on-demand allocation");
+  if (allocation_ == Allocation::OnDemand && !model_) os << " in chunks of " << chunk_ << " positions";
   os << ", a budget of " << metrics::human_bytes(static_cast<double>(budget_));
   return os.str();
 }
 
 // ---------------------------------------------------------------------------------------------
 // The engine.
-Engine::Engine(const models::Llama& m, KVPool& pool, const EngineConfig& c)
+Engine::Engine(const models::Model& m, KVPool& pool, const EngineConfig& c)
     : m_(m), pool_(pool), c_(c), scheduler_(c.scheduler, pool) {}
+
+namespace {
+// A Model over a Llama held by reference: the Llama constructor's callers keep their model.
+class LlamaRef final : public models::Model {
+ public:
+  explicit LlamaRef(const models::Llama& m) : m_(m), layers_(models::attention_layers(m.config)) {}
+  const std::string& architecture() const override { return m_.config.architecture; }
+  const std::string& source() const override { return m_.source; }
+  std::int64_t vocab_size() const override { return m_.config.vocab_size; }
+  std::optional<std::int64_t> context() const override { return m_.config.max_position_embeddings; }
+  Device device() const override { return m_.device(); }
+  std::vector<std::int64_t> eos_ids() const override { return m_.config.eos_token_ids; }
+  std::optional<std::int64_t> bos_id() const override { return m_.config.bos_token_id; }
+  const std::vector<models::LayerSpec>& layers() const override { return layers_; }
+  Tensor forward(std::vector<models::SequenceStep>& seqs, models::AttendPath path) const override {
+    return models::forward(m_, seqs, models::attention_block, path);
+  }
+  std::unique_ptr<models::Cache> make_cache(std::int64_t capacity) const override {
+    return std::make_unique<models::ContiguousKVCache>(m_.config, capacity, m_.device());
+  }
+  std::int64_t step_weight_bytes() const override { return m_.step_weight_bytes(); }
+  const models::Llama* llama() const override { return &m_; }
+
+ private:
+  const models::Llama& m_;
+  std::vector<models::LayerSpec> layers_;
+};
+}  // namespace
+
+Engine::Engine(const models::Llama& m, KVPool& pool, const EngineConfig& c)
+    : owned_(std::make_unique<LlamaRef>(m)), m_(*owned_), pool_(pool), c_(c), scheduler_(c.scheduler, pool) {}
 
 void Engine::add(Request r) {
   const std::int64_t id = r.id;
@@ -106,12 +152,12 @@ void Engine::add(Request r) {
   IL_CHECK(r.arrival >= clock_, "request ", id, " arrives at ", r.arrival, ", before the engine's clock (", clock_, ")");
   IL_CHECK(std::find(ids_.begin(), ids_.end(), id) == ids_.end(), "request ", id, ": the id is already taken");
   for (std::int32_t t : r.prompt)
-    IL_CHECK(t >= 0 && t < m_.config.vocab_size, "request ", id, ": token ", t, " is outside the model's vocabulary of ",
-             m_.config.vocab_size);
+    IL_CHECK(t >= 0 && t < m_.vocab_size(), "request ", id, ": token ", t, " is outside the model's vocabulary of ",
+             m_.vocab_size());
   const std::int64_t longest = static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens;
-  IL_CHECK(longest <= m_.config.max_position_embeddings, "request ", id, ": a prompt of ", r.prompt.size(),
+  IL_CHECK(!m_.context() || longest <= *m_.context(), "request ", id, ": a prompt of ", r.prompt.size(),
            " tokens and up to ", r.max_new_tokens, " new ones need ", longest, " positions, beyond the model's context of ",
-           m_.config.max_position_embeddings);
+           m_.context().value_or(0));
   IL_CHECK(pool_.bytes_for(longest) <= pool_.budget_bytes(), "request ", id, ": at its longest (", longest,
            " positions) it needs ", metrics::human_bytes(static_cast<double>(pool_.bytes_for(longest))),
            " of KV cache, more than the pool's whole budget of ",
@@ -119,8 +165,8 @@ void Engine::add(Request r) {
   IL_CHECK(r.samples >= 1 && r.samples <= c_.scheduler.max_running, "request ", id, ": ", r.samples,
            " parallel samples need as many running slots, and the cap on running sequences is ", c_.scheduler.max_running);
   validate(r.sampling);
-  IL_CHECK(r.sampling.vocab <= m_.config.vocab_size, "request ", id, ": it samples from ", r.sampling.vocab,
-           " ids, more than the model's vocabulary of ", m_.config.vocab_size);
+  IL_CHECK(r.sampling.vocab <= m_.vocab_size(), "request ", id, ": it samples from ", r.sampling.vocab,
+           " ids, more than the model's vocabulary of ", m_.vocab_size());
   ids_.push_back(id);
   // incoming_ is kept with the latest arrival first, so the next one is at the back; equal
   // arrivals keep the order they were added in.
@@ -143,7 +189,7 @@ bool Engine::stops(const Sequence& s) const {
 }
 
 void Engine::sample(Sequence& s, const float* logits) {
-  const std::int64_t V = m_.config.vocab_size;
+  const std::int64_t V = m_.vocab_size();
   if (s.request.keep_logits) s.logits.emplace_back(logits, logits + V);
   s.tokens.push_back(s.sampler.sample(logits, V));
 }
@@ -228,12 +274,12 @@ bool Engine::step() {
   }
   rec.sequences = static_cast<std::int64_t>(plan.size());
   rec.kv_bytes = pool_.used_bytes();
-  rec.bytes_read = decode_step_bytes(static_cast<double>(m_.step_weight_bytes()), m_.config, lengths);
+  rec.bytes_read = m_.step_bytes(lengths);
   Tensor logits;
   {
     metrics::CountScope work;
     const cuda::Launches before = cuda::launches();
-    logits = models::forward(m_, batch, models::attention_block, c_.attend_path).to(Device::CPU);  // a row per sequence
+    logits = m_.forward(batch, c_.attend_path).to(Device::CPU);  // a row per sequence
     const cuda::Launches after = cuda::launches();
     rec.flops = work.work().flops;
     rec.launches = after.kernels - before.kernels, rec.copies = after.copies - before.copies;
@@ -245,7 +291,7 @@ bool Engine::step() {
   for (std::size_t b = 0; b < plan.size(); ++b) {
     Sequence& s = *plan[b].seq;
     if (s.pending() > 0) continue;  // a prefill chunk that is not the last
-    const float* row = rows + static_cast<std::int64_t>(b) * m_.config.vocab_size;
+    const float* row = rows + static_cast<std::int64_t>(b) * m_.vocab_size();
     const bool forks = s.forks_ahead();
     sample(s, row);
     sampled.push_back(&s);
@@ -274,13 +320,14 @@ void Engine::run() {
 
 // ---------------------------------------------------------------------------------------------
 // The request alone: chapter 02's generate loop, with the request's sampler and stop ids.
-Sequence run_alone(const models::Llama& m, const Request& r) {
+Sequence run_alone(const models::Model& m, const Request& r) {
   Sequence s(r);
-  models::check_context(m, r.prompt.size(), r.max_new_tokens);
-  models::ContiguousKVCache cache(m.config, s.max_tokens(), m.device());
+  if (m.context()) models::check_context(*m.context(), r.prompt.size(), r.max_new_tokens);
+  const std::unique_ptr<models::Cache> cache = m.make_cache(s.max_tokens());
   std::vector<std::int32_t> feed = r.prompt;
   for (int i = 0; i < r.max_new_tokens; ++i) {
-    const Tensor logits = models::forward_cached(m, cache, feed).to(Device::CPU);
+    std::vector<models::SequenceStep> one{{feed, cache.get(), false}};
+    const Tensor logits = m.forward(one).to(Device::CPU);
     if (r.keep_logits) s.logits.push_back(logits.to_float_vector());
     s.tokens.push_back(s.sampler.sample(logits));
     feed = {s.tokens.back()};
@@ -289,5 +336,7 @@ Sequence run_alone(const models::Llama& m, const Request& r) {
   }
   return s;
 }
+
+Sequence run_alone(const models::Llama& m, const Request& r) { return run_alone(LlamaRef(m), r); }
 
 }  // namespace inferlab::ch11

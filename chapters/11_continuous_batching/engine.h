@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "chapters/01_naive_decode/llama.h"
 #include "chapters/11_continuous_batching/scheduler.h"
+#include "common/models/model.h"
 
 namespace inferlab::ch11 {
 
@@ -49,10 +49,16 @@ enum class Allocation {
 };
 
 /// Contiguous caches under a budget of bytes: each sequence is charged the bytes() of its cache.
+/// A Llama-family model's caches grow (GrowingKVCache); another model's (latent rows, rings, a
+/// state) are made at their longest by the model (Model::make_cache), whatever the allocation:
+/// growing one would mean copying rows the pool does not know the layout of.
 class ContiguousPool : public KVPool {
  public:
+  /// A Llama-family model of config `c`.
   ContiguousPool(const TransformerConfig& c, std::int64_t budget_bytes, Allocation a, Device device = Device::CPU,
                  std::int64_t chunk = 16);
+  /// Any model (which must outlive the pool).
+  ContiguousPool(const models::Model& m, std::int64_t budget_bytes, Allocation a, std::int64_t chunk = 16);
   bool reserve(Sequence& s, std::int64_t n) override;
   void free(Sequence& s) override;
   std::int64_t used_bytes() const override { return used_; }
@@ -62,6 +68,7 @@ class ContiguousPool : public KVPool {
 
  private:
   TransformerConfig config_;
+  const models::Model* model_ = nullptr;  // set for a model that is not a plain Llama
   std::int64_t budget_, used_ = 0, chunk_;
   Allocation allocation_;
   Device device_;
@@ -100,6 +107,9 @@ struct EngineConfig {
 
 class Engine {
  public:
+  /// Runs `m` (which must outlive the engine) on `pool`'s caches.
+  Engine(const models::Model& m, KVPool& pool, const EngineConfig& c);
+  /// A Llama-family decoder (kept by reference: it must outlive the engine).
   Engine(const models::Llama& m, KVPool& pool, const EngineConfig& c);
   /// Queues a request for its arrival time. Throws naming the request when it cannot be served:
   /// an empty prompt, a prompt and max_new_tokens beyond the model's context, more KV memory than
@@ -134,7 +144,8 @@ class Engine {
   // The request's other samples, forked from s as it samples its first token from `logits`.
   std::vector<Sequence*> fork(Sequence& s, const float* logits);
 
-  const models::Llama& m_;
+  std::unique_ptr<models::Model> owned_;  // the Llama constructor's wrapper
+  const models::Model& m_;
   KVPool& pool_;
   EngineConfig c_;
   Scheduler scheduler_;
@@ -146,7 +157,9 @@ class Engine {
 };
 
 /// The simple way the engine must agree with: the request alone, prefill then one token per
-/// step, with chapter 02's cache (tokens, and with keep_logits each token's logits).
+/// step, with the model's own cache (chapter 02's for a Llama; tokens, and with keep_logits each
+/// token's logits).
+Sequence run_alone(const models::Model& m, const Request& r);
 Sequence run_alone(const models::Llama& m, const Request& r);
 
 }  // namespace inferlab::ch11

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "common/models/kv_cache.h"
+#include "common/models/model.h"
 #include "common/sampling.h"
 
 namespace inferlab::ch11 {
@@ -39,8 +39,8 @@ struct Sequence {
   explicit Sequence(Request r);
 
   Request request;
-  std::vector<std::int32_t> tokens;        ///< the prompt, then every generated token
-  std::unique_ptr<models::KVCache> cache;  ///< null while it waits (and after a preemption)
+  std::vector<std::int32_t> tokens;      ///< the prompt, then every generated token
+  std::unique_ptr<models::Cache> cache;  ///< null while it waits (and after a preemption)
   Sampler sampler;
   int index = 0;  ///< which of the request's samples it is (0 for the one that computed the prompt)
 
@@ -88,7 +88,7 @@ class KVPool {
   /// A cache holding the same positions as s's, for a parallel sample forked from it; null when
   /// this pool cannot share one (the fork then computes the prompt again). Chapter 12's pool
   /// shares every block, copying only the partly filled one when it is written.
-  virtual std::unique_ptr<models::KVCache> fork(const Sequence& s) { return nullptr; }
+  virtual std::unique_ptr<models::Cache> fork(const Sequence& s) { return nullptr; }
   /// "contiguous, max-length allocation, 8.00 MiB budget".
   virtual std::string describe() const = 0;
 };

@@ -184,7 +184,7 @@ void PagedPool::free(ch11::Sequence& s) {
   s.cache.reset();
 }
 
-std::unique_ptr<models::KVCache> PagedPool::fork(const ch11::Sequence& s) {
+std::unique_ptr<models::Cache> PagedPool::fork(const ch11::Sequence& s) {
   if (!s.cache) return nullptr;
   return static_cast<const PagedKVCache&>(*s.cache).fork();
 }

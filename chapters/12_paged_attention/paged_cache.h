@@ -86,7 +86,7 @@ class PagedPool : public ch11::KVPool {
   std::int64_t bytes_for(std::int64_t tokens) const override;
   /// A fork sharing every block of s's cache (parallel samples): no block is taken until one
   /// of them writes into the shared, partly filled last block.
-  std::unique_ptr<models::KVCache> fork(const ch11::Sequence& s) override;
+  std::unique_ptr<models::Cache> fork(const ch11::Sequence& s) override;
   std::string describe() const override;
   BlockPool& blocks() { return blocks_; }
   const BlockPool& blocks() const { return blocks_; }

@@ -135,7 +135,7 @@ class PlanRecorder : public ch11::KVPool {
   std::int64_t used_bytes() const override { return pool_.used_bytes(); }
   std::int64_t budget_bytes() const override { return pool_.budget_bytes(); }
   std::int64_t bytes_for(std::int64_t tokens) const override { return pool_.bytes_for(tokens); }
-  std::unique_ptr<models::KVCache> fork(const ch11::Sequence& s) override { return pool_.fork(s); }
+  std::unique_ptr<models::Cache> fork(const ch11::Sequence& s) override { return pool_.fork(s); }
   std::string describe() const override { return pool_.describe(); }
 
  private:
