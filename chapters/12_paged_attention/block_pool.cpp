@@ -17,16 +17,35 @@ BlockHash block_hash(BlockHash parent, const std::int32_t* tokens, std::int64_t 
   return h;
 }
 
+namespace {
+
+std::vector<PagedLayer> layers_of(const TransformerConfig& c) {
+  return std::vector<PagedLayer>(static_cast<std::size_t>(c.num_layers), PagedLayer{c.num_kv_heads, c.head_dim, c.head_dim});
+}
+
+}  // namespace
+
+std::int64_t BlockPool::bytes_of_block(const std::vector<PagedLayer>& layers, std::int64_t block_size) {
+  std::int64_t values = 0;
+  for (const PagedLayer& l : layers) values = checked_add(values, l.values(), "block values");
+  return checked_mul(checked_mul(values, block_size, "block values"), 4, "block bytes");
+}
+
 BlockPool::BlockPool(const TransformerConfig& c, std::int64_t blocks, std::int64_t block_size, Device device)
+    : BlockPool(layers_of(c), blocks, block_size, device) {}
+
+BlockPool::BlockPool(const std::vector<PagedLayer>& layers, std::int64_t blocks, std::int64_t block_size, Device device)
     : block_size_(block_size) {
   IL_CHECK(blocks >= 1, "block pool: at least one block, got ", blocks);
   IL_CHECK(block_size >= 1, "block pool: a block holds at least one position, got ", block_size);
-  const Shape shape = {blocks, block_size, c.num_kv_heads, c.head_dim};
-  for (std::int64_t l = 0; l < c.num_layers; ++l) {
-    k_.push_back(Tensor::zeros(shape, DType::F32, device));
-    v_.push_back(Tensor::zeros(shape, DType::F32, device));
+  IL_CHECK(!layers.empty(), "block pool: no layer keeps rows in blocks");
+  for (const PagedLayer& l : layers) {
+    IL_CHECK(l.heads >= 1 && l.k_dim >= 1 && l.v_dim >= 0, "block pool: a layer of ", l.heads, " heads of ", l.k_dim,
+             " and ", l.v_dim, " values");
+    k_.push_back(Tensor::zeros({blocks, block_size, l.heads, l.k_dim}, DType::F32, device));
+    v_.push_back(l.v_dim > 0 ? Tensor::zeros({blocks, block_size, l.heads, l.v_dim}, DType::F32, device) : Tensor());
   }
-  block_bytes_ = c.kv_cache_bytes(block_size, 4);
+  block_bytes_ = bytes_of_block(layers, block_size);
   refs_.assign(static_cast<std::size_t>(blocks), 0);
   hashed_.assign(static_cast<std::size_t>(blocks), false);
   hash_.assign(static_cast<std::size_t>(blocks), 0);
@@ -97,7 +116,7 @@ BlockHash BlockPool::publish(std::int32_t b, BlockHash parent, std::int32_t pare
 void BlockPool::copy(std::int32_t from, std::int32_t to) {
   for (std::size_t l = 0; l < k_.size(); ++l) {
     k_[l].slice(0, to, to + 1).copy_from(k_[l].slice(0, from, from + 1));
-    v_[l].slice(0, to, to + 1).copy_from(v_[l].slice(0, from, from + 1));
+    if (v_[l].defined()) v_[l].slice(0, to, to + 1).copy_from(v_[l].slice(0, from, from + 1));
   }
   ++copies;
 }

@@ -29,10 +29,23 @@ namespace inferlab::ch12 {
 using BlockHash = std::uint64_t;
 BlockHash block_hash(BlockHash parent, const std::int32_t* tokens, std::int64_t n);
 
+/// What one layer keeps in a block per position: K [heads, k_dim] and V [heads, v_dim]; v_dim 0
+/// for a layer whose values are its keys' first columns (MLA's latent rows: one row per
+/// position, no heads, the value its first r columns).
+struct PagedLayer {
+  std::int64_t heads = 0, k_dim = 0, v_dim = 0;
+  std::int64_t values() const { return heads * (k_dim + v_dim); }  ///< per position
+};
+
 class BlockPool {
  public:
   /// `blocks` blocks of `block_size` positions, for a model of config `c`, on `device`.
   BlockPool(const TransformerConfig& c, std::int64_t blocks, std::int64_t block_size = 16, Device device = Device::CPU);
+  /// The same for any layers: each block holds `block_size` positions of every one of them.
+  BlockPool(const std::vector<PagedLayer>& layers, std::int64_t blocks, std::int64_t block_size = 16,
+            Device device = Device::CPU);
+  /// Bytes of one block of these layers (f32).
+  static std::int64_t bytes_of_block(const std::vector<PagedLayer>& layers, std::int64_t block_size);
 
   std::int64_t block_size() const { return block_size_; }
   std::int64_t total() const { return static_cast<std::int64_t>(refs_.size()); }
@@ -65,6 +78,7 @@ class BlockPool {
   void copy(std::int32_t from, std::int32_t to);
   /// Layer `layer`'s storage, [blocks, block_size, K, H].
   const Tensor& k(std::int64_t layer) const { return k_.at(static_cast<std::size_t>(layer)); }
+  /// Undefined for a layer whose values are its keys' first columns (v_dim 0).
   const Tensor& v(std::int64_t layer) const { return v_.at(static_cast<std::size_t>(layer)); }
   std::int64_t layers() const { return static_cast<std::int64_t>(k_.size()); }
 

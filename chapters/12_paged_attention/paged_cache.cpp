@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "chapters/12_paged_attention/hybrid_cache.h"
 #include "chapters/12_paged_attention/paged_attention.h"
 #include "common/ceiling.h"
 #include "common/error.h"
@@ -97,6 +98,44 @@ void PagedKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, 
   paged_attention(q, kv, length_, out);
 }
 
+void PagedKVCache::store(std::int64_t layer, const Tensor& k, const Tensor& v) {
+  check_writable(layer, k.size(0));
+  const Tensor& kp = pool_.k(layer);
+  IL_CHECK(k.ndim() == 3 && k.size(1) == kp.size(2) && k.size(2) == kp.size(3), "paged cache: new rows ", k.describe(),
+           " do not fit layer ", layer, "'s blocks ", kp.describe());
+  const std::int64_t B = pool_.block_size(), T = k.size(0);
+  IL_CHECK(length_ + T <= static_cast<std::int64_t>(table_.size()) * B, "paged cache: positions up to ", length_ + T,
+           " but the block table holds ", table_.size(), " blocks (reserve first)");
+  const Tensor& vp = pool_.v(layer);
+  for (std::int64_t t = 0; t < T;) {  // a run of positions in one block is one copy
+    const std::int64_t p = length_ + t, run = std::min(T - t, B - p % B), row = slot(table_, B, p);
+    const std::int64_t blk = row / B, off = row % B;
+    kp.slice(0, blk, blk + 1).view({B, kp.size(2), kp.size(3)}).slice(0, off, off + run).copy_from(k.slice(0, t, t + run));
+    if (vp.defined())
+      vp.slice(0, blk, blk + 1).view({B, vp.size(2), vp.size(3)}).slice(0, off, off + run).copy_from(v.slice(0, t, t + run));
+    t += run;
+  }
+}
+
+void PagedKVCache::read(std::int64_t layer, const Tensor& q, Tensor& out) const {
+  const PagedKV kv{pool_.k(layer), pool_.v(layer), table_, pool_.block_size()};
+  paged_attention(q, kv, length_, out);
+}
+
+Tensor PagedKVCache::gather(std::int64_t layer, bool values, std::int64_t positions) const {
+  const Tensor& p = values ? pool_.v(layer) : pool_.k(layer);
+  IL_CHECK(p.defined(), "paged cache: layer ", layer, " keeps no values of its own");
+  const std::int64_t B = pool_.block_size();
+  IL_CHECK(positions >= 0 && positions <= static_cast<std::int64_t>(table_.size()) * B, "paged cache: ", positions,
+           " positions, but the block table holds ", table_.size(), " blocks");
+  Tensor rows = Tensor::empty({positions, p.size(2), p.size(3)}, DType::F32, p.device());
+  for (std::int64_t b = 0; b * B < positions; ++b) {
+    const std::int64_t n = std::min(B, positions - b * B), blk = table_[static_cast<std::size_t>(b)];
+    rows.slice(0, b * B, b * B + n).copy_from(p.slice(0, blk, blk + 1).view({B, p.size(2), p.size(3)}).slice(0, 0, n));
+  }
+  return rows;
+}
+
 bool PagedKVCache::locate(std::int64_t T, CachedSeq& where) {
   const std::int64_t B = pool_.block_size();
   IL_CHECK(length_ + T <= static_cast<std::int64_t>(table_.size()) * B, "paged cache: positions up to ", length_ + T,
@@ -152,51 +191,147 @@ void PagedKVCache::publish(const std::vector<std::int32_t>& tokens) {
 // ---------------------------------------------------------------------------------------------
 PagedPool::PagedPool(const TransformerConfig& c, std::int64_t budget_bytes, std::int64_t block_size, Device device,
                      bool prefix_caching)
-    : blocks_(c, std::max<std::int64_t>(1, budget_bytes / c.kv_cache_bytes(block_size, 4)), block_size, device),
-      prefix_caching_(prefix_caching) {
+    : prefix_caching_(prefix_caching) {
+  IL_CHECK(block_size >= 1, "paged KV pool: a block holds at least one position, got ", block_size);
   IL_CHECK(budget_bytes >= c.kv_cache_bytes(block_size, 4), "paged KV pool: a budget of ", budget_bytes,
            " bytes holds no block of ", c.kv_cache_bytes(block_size, 4), " bytes");
+  blocks_ = std::make_unique<BlockPool>(c, budget_bytes / c.kv_cache_bytes(block_size, 4), block_size, device);
+}
+
+PagedPool::PagedPool(const models::Model& m, std::int64_t budget_bytes, std::int64_t block_size, bool prefix_caching,
+                     std::int64_t slots)
+    : layout_(std::make_unique<PagedLayout>(PagedLayout::of(m))), model_(&m), prefix_caching_(prefix_caching) {
+  const PagedLayout& L = *layout_;
+  IL_CHECK(block_size >= 1, "paged KV pool: a block holds at least one position, got ", block_size);
+  IL_CHECK(!(prefix_caching && L.fixed), "paged KV pool: prefix caching shares blocks of cached positions, and ",
+           m.architecture(), " keeps ", L.describe(),
+           ": a ring has overwritten its early positions and a state keeps none, so no prefix can be shared "
+           "(turn prefix caching off for this model)");
+  if (L.fixed) {
+    slots_ = L.blocks.empty() ? budget_bytes / L.slot_bytes : slots;
+    IL_CHECK(slots_ >= 1 && slots_ <= budget_bytes / L.slot_bytes, "paged KV pool: a budget of ",
+             metrics::human_bytes(static_cast<double>(budget_bytes)), " holds ", budget_bytes / L.slot_bytes, " slots of ",
+             metrics::human_bytes(static_cast<double>(L.slot_bytes)), " (", L.describe(), "), not ", slots_,
+             " (one for each sequence that runs at once)");
+  }
+  if (!L.blocks.empty()) {
+    const std::int64_t block = L.block_bytes(block_size), left = budget_bytes - slots_ * L.slot_bytes;
+    IL_CHECK(left >= block, "paged KV pool: a budget of ", metrics::human_bytes(static_cast<double>(budget_bytes)),
+             L.fixed ? " less its slots" : "", " holds no block of ", block, " bytes (", L.describe(), ")");
+    blocks_ = std::make_unique<BlockPool>(L.blocks, left / block, block_size, m.device());
+  }
+}
+
+PagedPool::~PagedPool() = default;
+
+BlockPool& PagedPool::blocks() {
+  IL_CHECK(blocks_ != nullptr, "paged KV pool: this model's layers keep no blocks, only slots");
+  return *blocks_;
+}
+
+const BlockPool& PagedPool::blocks() const { return const_cast<PagedPool*>(this)->blocks(); }
+
+std::int64_t PagedPool::slot_bytes() const { return layout_ ? layout_->slot_bytes : 0; }
+
+std::int64_t PagedPool::used_bytes() const { return blocks_used() * block_bytes() + slots_used_ * slot_bytes(); }
+
+std::int64_t PagedPool::budget_bytes() const { return blocks_total() * block_bytes() + slots_ * slot_bytes(); }
+
+const PagedKVCache* PagedPool::blocks_of(const models::Cache* c) {
+  if (auto* p = dynamic_cast<const PagedKVCache*>(c)) return p;
+  if (auto* h = dynamic_cast<const HybridCache*>(c)) return &h->paged();
+  return nullptr;
+}
+
+namespace {
+
+PagedKVCache* table_of(models::Cache* c) { return const_cast<PagedKVCache*>(PagedPool::blocks_of(c)); }
+
+}  // namespace
+
+std::unique_ptr<models::Cache> PagedPool::open(ch11::Sequence& s) {
+  if (!layout_ || layout_->plain) return std::make_unique<PagedKVCache>(*blocks_);
+  if (layout_->fixed && slots_used_ == slots_) return nullptr;  // every slot taken: wait for one
+  std::unique_ptr<models::Cache> slot = layout_->fixed ? model_->make_fixed_cache() : nullptr;
+  IL_CHECK(!layout_->fixed || slot, "paged KV pool: ", model_->architecture(), " made no slot for its fixed layers");
+  if (layout_->fixed) ++slots_used_;
+  (void)s;
+  if (!blocks_) return slot;  // a model of fixed layers only: the slot is the cache (Mamba's state)
+  return std::make_unique<HybridCache>(*layout_, *blocks_, std::move(slot));
 }
 
 bool PagedPool::reserve(ch11::Sequence& s, std::int64_t n) {
   const bool opening = !s.cache;
   std::int64_t adopted = 0;
   if (opening) {
-    auto c = std::make_unique<PagedKVCache>(blocks_);
+    std::unique_ptr<models::Cache> c = open(s);
+    if (!c) return false;
     // Never the whole sequence: its last token must go through the model to give logits.
-    if (prefix_caching_) adopted = c->adopt_prefix(s.tokens, static_cast<std::int64_t>(s.tokens.size()) - 1);
+    if (prefix_caching_) adopted = table_of(c.get())->adopt_prefix(s.tokens, static_cast<std::int64_t>(s.tokens.size()) - 1);
     s.cache = std::move(c);
     n = std::min(n, s.pending());
   }
-  auto& c = static_cast<PagedKVCache&>(*s.cache);
-  if (prefix_caching_) c.publish(s.tokens);  // the blocks earlier steps filled
-  if (c.reserve(n)) return true;
+  PagedKVCache* c = table_of(s.cache.get());
+  if (!c) return true;                        // a slot alone: its bytes do not grow
+  if (prefix_caching_) c->publish(s.tokens);  // the blocks earlier steps filled
+  if (c->reserve(n)) return true;
   if (opening) {  // back to how it was: its adopted blocks stay cached, and were not reused after all
     s.cache.reset();
-    blocks_.hits -= adopted / blocks_.block_size();
+    if (layout_ && layout_->fixed) --slots_used_;
+    blocks_->hits -= adopted / blocks_->block_size();
   }
   return false;
 }
 
 void PagedPool::free(ch11::Sequence& s) {
   if (!s.cache) return;
-  if (prefix_caching_) static_cast<PagedKVCache&>(*s.cache).publish(s.tokens);
+  if (prefix_caching_) table_of(s.cache.get())->publish(s.tokens);
+  if (layout_ && layout_->fixed) --slots_used_;
   s.cache.reset();
 }
 
 std::unique_ptr<models::Cache> PagedPool::fork(const ch11::Sequence& s) {
   if (!s.cache) return nullptr;
-  return static_cast<const PagedKVCache&>(*s.cache).fork();
+  if (auto* p = dynamic_cast<const PagedKVCache*>(s.cache.get())) return p->fork();
+  if (slots_used_ == slots_) return nullptr;  // no slot for a copy: the fork computes its prompt when one is free
+  std::unique_ptr<models::Cache> c;
+  if (auto* h = dynamic_cast<const HybridCache*>(s.cache.get())) c = h->fork();
+  else c = s.cache->clone();
+  if (c) ++slots_used_;
+  return c;
 }
 
 std::int64_t PagedPool::bytes_for(std::int64_t tokens) const {
-  return (tokens + blocks_.block_size() - 1) / blocks_.block_size() * blocks_.block_bytes();
+  const std::int64_t blocks = blocks_ ? (tokens + blocks_->block_size() - 1) / blocks_->block_size() * block_bytes() : 0;
+  return blocks + slot_bytes();
+}
+
+std::vector<std::int64_t> PagedPool::used_by_kind() const {
+  std::vector<std::int64_t> by(5, 0);
+  if (!layout_) {
+    by[static_cast<std::size_t>(models::LayerKind::Attention)] = used_bytes();
+    return by;
+  }
+  const PagedLayout& L = *layout_;
+  const std::int64_t B = blocks_ ? blocks_->block_size() : 0;
+  for (std::size_t l = 0; l < L.layers.size(); ++l) {
+    const models::LayerSpec& s = L.layers[l];
+    std::int64_t& b = by[static_cast<std::size_t>(s.kind)];
+    if (L.pool_layer[l] >= 0) b += blocks_used() * B * L.blocks[static_cast<std::size_t>(L.pool_layer[l])].values() * 4;
+    else if (s.kind == models::LayerKind::Window || s.kind == models::LayerKind::Recurrent) b += slots_used_ * s.bytes(0);
+  }
+  return by;
 }
 
 std::string PagedPool::describe() const {
   std::ostringstream os;
-  os << "paged: " << blocks_.total() << " blocks of " << blocks_.block_size() << " positions ("
-     << metrics::human_bytes(static_cast<double>(budget_bytes())) << ")" << (prefix_caching_ ? ", prefix caching" : "");
+  os << "paged: ";
+  if (blocks_) os << blocks_->total() << " blocks of " << blocks_->block_size() << " positions";
+  if (blocks_ && slots_) os << " and ";
+  if (slots_) os << slots_ << " slots of " << metrics::human_bytes(static_cast<double>(slot_bytes()));
+  os << " (" << metrics::human_bytes(static_cast<double>(budget_bytes())) << ")"
+     << (prefix_caching_ ? ", prefix caching" : "");
+  if (layout_ && !layout_->plain) os << "; " << layout_->describe();
   return os.str();
 }
 

@@ -135,9 +135,9 @@ struct Bound {
   metrics::ReadCeiling read;
 };
 
-Bound decode_bound(const models::Llama& m, int clients, std::int64_t mean_length) {
+Bound decode_bound(const models::Model& m, int clients, std::int64_t mean_length) {
   const std::vector<std::int64_t> lengths(static_cast<std::size_t>(clients), mean_length);
-  const double bytes = decode_step_bytes(static_cast<double>(m.step_weight_bytes()), m.config, lengths);
+  const double bytes = m.step_bytes(lengths);  // the weights once, every sequence's cache by its layers' kinds
   Bound b;
   b.step_bytes = bytes;
   b.read = m.device() == Device::CPU ? metrics::cpu_read_ceiling(bytes)
@@ -150,7 +150,7 @@ Bound decode_bound(const models::Llama& m, int clients, std::int64_t mean_length
 
 json run_demo(Server& server, Server& no_prefix, const FrontEnd& front, const DemoOptions& o) {
   const Tokenizer& tok = server.tokenizer();
-  const models::Llama& m = server.model();
+  const models::Model& m = server.model();
   const auto lines = stories();
   std::vector<std::string> prompts;
   for (const std::string& s : lines) prompts.push_back(first_tokens(tok, s, 24));

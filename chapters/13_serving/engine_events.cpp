@@ -60,17 +60,24 @@ void Subscription::offer(const std::shared_ptr<const Snapshot>& s) {
 // ---------------------------------------------------------------------------------------------
 void PlanRecorder::begin(bool on) {
   rows_.clear();
-  if (on && !on_) cow_.assign(static_cast<std::size_t>(pool_.blocks().total()), false);  // marks from before are stale
+  if (on && !on_) cow_.assign(static_cast<std::size_t>(pool_.blocks_total()), false);  // marks from before are stale
   on_ = on;
 }
 
 bool PlanRecorder::reserve(ch11::Sequence& s, std::int64_t n) {
   if (!on_) return pool_.reserve(s, n);
+  if (!pool_.has_blocks()) {  // a model of fixed slots only (Mamba): nothing to draw but the step
+    if (!pool_.reserve(s, n)) return false;
+    n = std::min(n, s.pending());
+    const bool prefill = !(s.pending() == 1 && s.generated() > 0);
+    rows_.push_back({s.request.id, s.index, n, prefill, prefill && s.generated() > 0, 0, s.computed() + n, 0});
+    return true;
+  }
   const ch12::BlockPool& blocks = pool_.blocks();
   const std::int64_t hits = blocks.hits, copies = blocks.copies;
-  const std::size_t had = s.cache ? static_cast<const ch12::PagedKVCache&>(*s.cache).block_table().size() : 0;
+  const std::size_t had = s.cache ? ch12::PagedPool::blocks_of(s.cache.get())->block_table().size() : 0;
   if (!pool_.reserve(s, n)) return false;
-  const auto& table = static_cast<const ch12::PagedKVCache&>(*s.cache).block_table();
+  const auto& table = ch12::PagedPool::blocks_of(s.cache.get())->block_table();
   const std::int64_t adopted = blocks.hits - hits;  // blocks found in the prefix cache as it opened
   n = std::min(n, s.pending());                     // what the scheduler plans, as the engine runs it
   // Blocks this reservation allocated are fresh; the one the next position goes into was copied
@@ -107,8 +114,9 @@ void EngineWatch::tpot(std::int64_t id, std::int64_t sample, double seconds) {
 }
 
 std::shared_ptr<const BlockMap> EngineWatch::draw() const {
-  const ch12::BlockPool& b = blocks_.blocks();
   auto m = std::make_shared<BlockMap>();
+  if (!blocks_.has_blocks()) return m;  // slots only: no block to draw
+  const ch12::BlockPool& b = blocks_.blocks();
   m->cells.resize(static_cast<std::size_t>(b.total()));
   for (std::int32_t i = 0; i < static_cast<std::int32_t>(b.total()); ++i) {
     const int refs = b.refs(i);
@@ -149,9 +157,13 @@ void EngineWatch::publish(const ch11::Engine& e, bool stepped, const std::functi
     if (s->queue.size() == kQueueShown) break;
     s->queue.push_back({q->request.id, q->index, static_cast<std::int64_t>(q->tokens.size()), q->preemptions > 0});
   }
-  const ch12::BlockPool& b = blocks_.blocks();
-  s->blocks_used = b.used(), s->blocks_total = b.total(), s->block_size = b.block_size();
-  s->prefix_hits = b.hits, s->cow_copies = b.copies, s->evictions = b.evictions;
+  if (blocks_.has_blocks()) {
+    const ch12::BlockPool& b = blocks_.blocks();
+    s->blocks_used = b.used(), s->blocks_total = b.total(), s->block_size = b.block_size();
+    s->prefix_hits = b.hits, s->cow_copies = b.copies, s->evictions = b.evictions;
+  }
+  s->slots_used = blocks_.slots_used(), s->slots_total = blocks_.slots_total();
+  s->bytes_by_kind = blocks_.used_by_kind();
   s->preemptions = e.scheduler().preemptions();
   s->ttft.swap(ttft_);
   s->tpot.swap(tpot_);
@@ -188,6 +200,9 @@ json to_json(const Update& u) {
   for (const WaitingRow& w : s.queue)
     queue.push_back({{"id", w.id}, {"sample", w.sample}, {"tokens", w.tokens}, {"preempted", w.preempted}});
   json blocks = {{"used", s.blocks_used}, {"total", s.blocks_total}, {"size", s.block_size}};
+  json by_kind = json::object();
+  for (std::size_t k = 0; k < s.bytes_by_kind.size(); ++k)
+    by_kind[models::layer_kind_name(static_cast<models::LayerKind>(k))] = s.bytes_by_kind[k];
   if (u.map)
     blocks.update({{"map", u.map->cells},
                    {"free", u.map->free},
@@ -204,6 +219,8 @@ json to_json(const Update& u) {
           {"waiting", s.waiting},
           {"queue", queue},
           {"blocks", blocks},
+          {"slots", {{"used", s.slots_used}, {"total", s.slots_total}}},
+          {"bytes_by_kind", by_kind},
           {"prefix_hits", s.prefix_hits},
           {"cow_copies", s.cow_copies},
           {"evictions", s.evictions},

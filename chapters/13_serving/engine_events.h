@@ -74,6 +74,8 @@ struct Snapshot {
   std::int64_t running = 0, waiting = 0;  ///< waiting: sequences and requests queued
   std::vector<WaitingRow> queue;          ///< the first of the waiting sequences, in order
   std::int64_t blocks_used = 0, blocks_total = 0, block_size = 0;
+  std::int64_t slots_used = 0, slots_total = 0;  ///< fixed slots (windows' rings, recurrent states)
+  std::vector<std::int64_t> bytes_by_kind;       ///< bytes held by the layers of each models::LayerKind
   std::int64_t prefix_hits = 0, cow_copies = 0, evictions = 0, preemptions = 0;  ///< so far
   std::shared_ptr<const BlockMap> map;                                           ///< null when not drawn again this step
   std::vector<Latency> ttft, tpot;                                               ///< what happened since the last snapshot

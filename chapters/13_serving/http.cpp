@@ -196,7 +196,10 @@ json engine_info(const Server& server, const FrontEnd& front) {
           {"max_num_seqs", c.scheduler.max_running},
           {"max_batched_tokens", c.scheduler.max_step_tokens},
           {"block_size", c.block_size},
-          {"prefix_caching", c.prefix_caching},
+          {"prefix_caching", server.prefix_caching()},
+          {"architecture", server.model().architecture()},
+          {"layers", server.model().describe_layers()},
+          {"pool", server.pool().describe()},
           {"max_waiting", c.max_waiting}};
 }
 

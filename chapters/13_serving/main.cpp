@@ -13,46 +13,32 @@
 #include <filesystem>
 #include <thread>
 
-#include "chapters/09_quantization/gguf_model.h"
-#include "chapters/09_quantization/qmodel.h"
 #include "chapters/13_serving/demo.h"
 #include "chapters/13_serving/http.h"
 #include "common/cli.h"
 #include "common/gguf.h"
 #include "common/gguf_tokenizer.h"
 #include "common/http_front.h"
+#include "common/models/model.h"
 
 using namespace inferlab;
 using namespace inferlab::ch13;
 
 namespace {
 
-// A model as the server runs it: the weights, their tokenizer, the ids that end a sample.
+// A model as the server runs it: any architecture the core loads (common/models/model.h), its
+// tokenizer, the ids that end a sample.
 struct Loaded {
-  std::unique_ptr<gguf::File> file;  // a GGUF's tensors are read from it while it serves
-  models::Llama model;
+  std::unique_ptr<models::Model> model;
   std::unique_ptr<Tokenizer> tok;
   std::vector<std::int64_t> eos;
 };
 
-bool is_gguf(const std::string& path) { return std::filesystem::path(path).extension() == ".gguf"; }
-
 Loaded load(const std::string& path, const std::string& tokenizer, Device d) {
   Loaded l;
-  if (is_gguf(path)) {  // on the CPU every tensor runs as it is stored (chapter 09)
-    l.file = std::make_unique<gguf::File>(path);
-    l.model = ch09::load_gguf(*l.file);
-    if (d == Device::CPU) ch09::interleave_blocks(l.model);
-    else l.model = l.model.to(d, DType::F32);
-    l.tok = ch09::gguf_tokenizer(*l.file, tokenizer, path);
-    l.eos = gguf::stop_ids(*l.file);  // EOS and the end-of-turn tokens the file names, as llama.cpp stops
-  } else {
-    l.model = models::load_llama(path).to(d, DType::F32);
-    l.tok = Tokenizer::for_model(path, tokenizer);
-  }
-  for (std::int64_t e : l.model.config.eos_token_ids)
-    if (std::find(l.eos.begin(), l.eos.end(), e) == l.eos.end()) l.eos.push_back(e);
-  check_tokenizer_vocab(*l.tok, l.model.config.vocab_size, path);
+  l.model = models::load_model(path, d);  // on the CPU a GGUF's tensors run as they are stored (chapter 09)
+  l.tok = models::load_model_tokenizer(*l.model, tokenizer);
+  l.eos = models::stop_ids(*l.model);  // EOS, and a GGUF's end-of-turn tokens, as llama.cpp stops
   return l;
 }
 
@@ -66,7 +52,7 @@ FrontEnd front_end(const Loaded& l, const std::string& model_path, const std::st
   f.model_name = name.empty() ? std::filesystem::path(model_path).filename().string() : name;
   if (f.model_name.empty()) f.model_name = std::filesystem::path(model_path).parent_path().filename().string();
   f.created = static_cast<std::int64_t>(std::time(nullptr));
-  const std::string bos = token_text(*l.tok, l.model.config.bos_token_id),
+  const std::string bos = token_text(*l.tok, l.model->bos_id()),
                     eos = token_text(*l.tok, l.eos.empty() ? std::nullopt : std::optional(l.eos[0]));
   if (!template_file.empty()) {
     // The operator asked for this file: one that cannot be read or parsed stops the start.
@@ -177,7 +163,7 @@ int serve(const Options& o, const DemoOptions* demo) {
   if (demo) {  // the same model served twice, with and without prefix caching, for the comparison
     ServerConfig plain = c;
     plain.prefix_caching = false;
-    Server server(l.model, *l.tok, l.eos, c), no_prefix(l.model, *l.tok, l.eos, plain);
+    Server server(*l.model, *l.tok, l.eos, c), no_prefix(*l.model, *l.tok, l.eos, plain);
     const nlohmann::json r = run_demo(server, no_prefix, front, *demo);
     if (!demo->json.empty()) write_json(demo->json, r, {o.model.model});
     return 0;
@@ -194,16 +180,18 @@ int serve(const Options& o, const DemoOptions* demo) {
   pthread_sigmask(SIG_BLOCK, &stops, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not the end of the server
 
-  Server server(l.model, *l.tok, l.eos, c);
+  Server server(*l.model, *l.tok, l.eos, c);
+  if (c.prefix_caching && !server.prefix_caching())
+    std::fprintf(stderr, "ch13_serve: prefix caching off: %s keeps %s, and a ring or a state has no prefix to share\n",
+                 l.model->architecture().c_str(), l.model->describe_layers().c_str());
   http::Front http(limits);
   http.set_access_log(http::parse_log_format(o.log_format));
   add_routes(http, server, front);
   const int port = http.bind(o.host, o.port);
   const std::string url = http::url(o.host, port);
-  std::printf(
-      "ch13_serve: serving %s on %s (%s; %s)\n", front.model_name.c_str(), url.c_str(),
-      ch12::PagedPool(l.model.config, c.kv_budget_bytes, c.block_size, Device::CPU, c.prefix_caching).describe().c_str(),
-      front.chat_template ? ("chat template " + front.chat_template->origin()).c_str() : "no chat template");
+  std::printf("ch13_serve: serving %s on %s (%s; %s)\n", front.model_name.c_str(), url.c_str(),
+              server.pool().describe().c_str(),
+              front.chat_template ? ("chat template " + front.chat_template->origin()).c_str() : "no chat template");
   std::printf(
       "  try: curl %s/v1/completions -H 'Content-Type: application/json' -d '{\"model\": \"%s\", \"prompt\": "
       "\"Once upon a time\", \"max_tokens\": 32}'\n",

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 #include "chapters/13_serving/openai.h"
@@ -42,18 +43,37 @@ ch11::EngineConfig engine_config(const ServerConfig& c) {
 
 double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
+// A window's rings or a recurrent state: no prefix of cached blocks to share (hybrid_cache.h).
+bool has_fixed_layers(const models::Model& m) {
+  for (const models::LayerSpec& s : m.layers())
+    if (!s.grows() && s.kind != models::LayerKind::Shared) return true;
+  return false;
+}
+
 }  // namespace
 
 Server::Server(const models::Llama& m, const Tokenizer& tok, std::vector<std::int64_t> eos, const ServerConfig& c)
-    : m_(m),
+    : Server(models::as_model(models::Llama(m)), nullptr, tok, std::move(eos), c) {}
+
+Server::Server(const models::Model& m, const Tokenizer& tok, std::vector<std::int64_t> eos, const ServerConfig& c)
+    : Server(nullptr, &m, tok, std::move(eos), c) {}
+
+Server::Server(std::unique_ptr<models::Model> owned, const models::Model* m, const Tokenizer& tok,
+               std::vector<std::int64_t> eos, const ServerConfig& c)
+    : owned_(std::move(owned)),
+      m_(m ? *m : *owned_),
       tok_(tok),
       eos_(std::move(eos)),
       c_(c),
-      pool_(m.config, c.kv_budget_bytes, c.block_size, m.device(), c.prefix_caching),
-      engine_(m, watch_.pool(), engine_config(c)) {
+      pool_(m_, c.kv_budget_bytes, c.block_size, c.prefix_caching && !has_fixed_layers(m_), c.scheduler.max_running),
+      engine_(m_, watch_.pool(), engine_config(c)) {
   IL_CHECK(c.max_waiting >= 1, "server: the waiting queue must hold at least 1 request, got ", c.max_waiting);
   publish_gauges();
   thread_ = std::thread([this] { loop(); });
+}
+
+std::int64_t Server::context() const {
+  return m_.context().value_or(std::numeric_limits<int>::max());  // max_new_tokens is an int
 }
 
 Server::~Server() {
@@ -68,11 +88,10 @@ ch11::Request Server::make_request(std::vector<std::int32_t> prompt, const std::
   const std::int64_t P = static_cast<std::int64_t>(prompt.size()), C = context();
   if (P == 0) throw ApiError(400, "the prompt is empty (it gave no tokens)", prompt_field);
   for (std::int32_t t : prompt)
-    if (t < 0 || t >= m_.config.vocab_size)
-      throw ApiError(400,
-                     "token id " + std::to_string(t) + " is outside the model's vocabulary of " +
-                         std::to_string(m_.config.vocab_size),
-                     prompt_field);
+    if (t < 0 || t >= m_.vocab_size())
+      throw ApiError(
+          400, "token id " + std::to_string(t) + " is outside the model's vocabulary of " + std::to_string(m_.vocab_size()),
+          prompt_field);
   if (P >= C)
     throw ApiError(400,
                    "this model's maximum context length is " + std::to_string(C) + " tokens, and the prompt has " +
@@ -101,7 +120,7 @@ ch11::Request Server::make_request(std::vector<std::int32_t> prompt, const std::
   r.prompt = std::move(prompt);
   r.max_new_tokens = static_cast<int>(max_new);
   r.sampling = sampling;
-  r.sampling.vocab = std::min<std::int64_t>(tok_.vocab_size(), m_.config.vocab_size);
+  r.sampling.vocab = std::min<std::int64_t>(tok_.vocab_size(), m_.vocab_size());
   try {
     validate(r.sampling);
   } catch (const Error& e) {
@@ -296,9 +315,12 @@ void Server::publish_gauges() {
   std::lock_guard lk(mu_);
   gauges_.running = static_cast<std::int64_t>(engine_.scheduler().running().size());
   gauges_.waiting = static_cast<std::int64_t>(engine_.scheduler().waiting().size());
-  gauges_.blocks_used = pool_.blocks().used();
-  gauges_.blocks_total = pool_.blocks().total();
-  gauges_.prefix_hit_blocks = pool_.blocks().hits;
+  gauges_.blocks_used = pool_.blocks_used();
+  gauges_.blocks_total = pool_.blocks_total();
+  gauges_.prefix_hit_blocks = pool_.prefix_hits();
+  gauges_.slots_used = pool_.slots_used();
+  gauges_.slots_total = pool_.slots_total();
+  gauges_.bytes_by_kind = pool_.used_by_kind();
   gauges_.in_flight = in_flight_;
 }
 
@@ -342,7 +364,18 @@ std::string Server::metrics() const {
      << metric_text("inferlab_kv_blocks_total", "gauge", "KV cache blocks in the pool.", static_cast<double>(g.blocks_total))
      << metric_text("inferlab_prefix_cache_hit_blocks_total", "counter",
                     "Blocks a new sequence found already computed in the prefix cache.",
-                    static_cast<double>(g.prefix_hit_blocks));
+                    static_cast<double>(g.prefix_hit_blocks))
+     << metric_text("inferlab_kv_slots_used", "gauge",
+                    "Fixed per-sequence slots (a window's rings, a recurrent state) held by sequences.",
+                    static_cast<double>(g.slots_used))
+     << metric_text("inferlab_kv_slots_total", "gauge", "Fixed per-sequence slots set aside in the pool.",
+                    static_cast<double>(g.slots_total));
+  // The bytes each kind of layer holds (common/models/model.h's LayerKind): one family, a label each.
+  os << "# HELP inferlab_kv_bytes_used KV cache bytes held, by the kind of layer that keeps them.\n"
+     << "# TYPE inferlab_kv_bytes_used gauge\n";
+  for (std::size_t k = 0; k < g.bytes_by_kind.size(); ++k)
+    os << "inferlab_kv_bytes_used{kind=\"" << models::layer_kind_name(static_cast<models::LayerKind>(k)) << "\"} "
+       << g.bytes_by_kind[k] << "\n";
   return os.str();
 }
 

@@ -76,13 +76,19 @@ class Channel {
 struct Gauges {
   std::int64_t running = 0, waiting = 0;  ///< sequences running; requests queued (inbox and scheduler)
   std::int64_t blocks_used = 0, blocks_total = 0, prefix_hit_blocks = 0;
-  std::int64_t in_flight = 0;  ///< requests accepted and not yet finished
+  std::int64_t slots_used = 0, slots_total = 0;  ///< fixed slots (a window's rings, a recurrent state)
+  std::vector<std::int64_t> bytes_by_kind;       ///< KV bytes held by the layers of each models::LayerKind
+  std::int64_t in_flight = 0;                    ///< requests accepted and not yet finished
 };
 
 class Server {
  public:
-  /// Serves `m` (which must outlive it) with `tok`; a sample ends at any of `eos` unless the
-  /// request ignores it. Starts the engine thread.
+  /// Serves `m` (which must outlive it), any architecture the core loads, with `tok`; a sample
+  /// ends at any of `eos` unless the request ignores it. The pool is chapter 12's for the model's
+  /// layers (hybrid_cache.h); prefix caching, asked for by `c`, stays off for a model with a
+  /// fixed slot (prefix_caching() says which). Starts the engine thread.
+  Server(const models::Model& m, const Tokenizer& tok, std::vector<std::int64_t> eos, const ServerConfig& c);
+  /// A Llama-family decoder (kept by reference: it must outlive the server).
   Server(const models::Llama& m, const Tokenizer& tok, std::vector<std::int64_t> eos, const ServerConfig& c);
   /// Drains (see drain()) with no time to wait, then stops the engine thread.
   ~Server();
@@ -114,12 +120,18 @@ class Server {
   std::shared_ptr<Subscription> watch();
   std::int64_t watchers() const { return watch_.watchers(); }
 
-  const models::Llama& model() const { return m_; }
+  const models::Model& model() const { return m_; }
   const Tokenizer& tokenizer() const { return tok_; }
   const ServerConfig& config() const { return c_; }
-  std::int64_t context() const { return m_.config.max_position_embeddings; }
+  /// Positions a sequence may reach (a model without a limit, Mamba: as many as an int holds).
+  std::int64_t context() const;
+  const ch12::PagedPool& pool() const { return pool_; }
+  /// Whether prefix caching is on: asked for, and possible for this model's layers.
+  bool prefix_caching() const { return pool_.prefix_caching(); }
 
  private:
+  Server(std::unique_ptr<models::Model> owned, const models::Model* m, const Tokenizer& tok, std::vector<std::int64_t> eos,
+         const ServerConfig& c);
   struct Job {
     ch11::Request request;
     std::vector<std::string> stop;
@@ -149,7 +161,8 @@ class Server {
   void fail_everything(const std::string& why);
   void publish_gauges();
 
-  const models::Llama& m_;
+  std::unique_ptr<models::Model> owned_;  // the Llama constructor's wrapper
+  const models::Model& m_;
   const Tokenizer& tok_;
   std::vector<std::int64_t> eos_;
   ServerConfig c_;

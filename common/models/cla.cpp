@@ -238,10 +238,14 @@ Tensor attention_block(const Llama& m, const LlamaLayer& l, const Tensor& h, con
 
 Tensor forward(const ClaModel& m, std::vector<models::SequenceStep>& seqs) {
   for (std::size_t b = 0; b < seqs.size(); ++b) {
+    // A SharedKVCache of the model's layout, or a cache that knows the layers (chapter 12's, from
+    // the model's layer specs: a sharing layer reads its source's blocks).
     const auto* shared = dynamic_cast<const SharedKVCache*>(seqs[b].cache);
-    IL_CHECK(shared != nullptr, "CLA forward: sequence ", b, "'s cache is not a SharedKVCache");
-    IL_CHECK(shared->layout().storage == m.layout.storage, "CLA forward: sequence ", b, "'s cache is laid out as ",
-             shared->layout().describe(), ", the model as ", m.layout.describe());
+    IL_CHECK(dynamic_cast<const models::KVCache*>(seqs[b].cache) != nullptr, "CLA forward: sequence ", b,
+             "'s cache keeps no keys and values");
+    if (shared != nullptr)
+      IL_CHECK(shared->layout().storage == m.layout.storage, "CLA forward: sequence ", b, "'s cache is laid out as ",
+               shared->layout().describe(), ", the model as ", m.layout.describe());
   }
   return models::forward(m.base, seqs, attention_block);
 }

@@ -13,6 +13,7 @@
 /// shared (05) or a paged (12) cache is another implementation of KVCache.
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +40,10 @@ class Cache {
   virtual std::int64_t bytes() const = 0;
   /// Gives its memory back; afterwards it holds nothing and can store nothing.
   virtual void release() = 0;
+  /// A copy holding the same positions, for a parallel sample forked from this one (chapter 12's
+  /// pool copies a fixed slot this way: a ring or a recurrent state cannot share blocks); null
+  /// where this cache cannot be copied (the fork then computes its prompt again).
+  virtual std::unique_ptr<Cache> clone() const { return nullptr; }
 };
 
 /// A cache of keys and values that also runs the attention reading them: the cache stores and

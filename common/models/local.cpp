@@ -245,6 +245,26 @@ RingKVCache::RingKVCache(const TransformerConfig& c, LocalLayout layout, std::in
       });
 }
 
+RingKVCache RingKVCache::rings_only(const TransformerConfig& c, LocalLayout layout, Device device) {
+  RingKVCache r(c, LocalLayout::local(c.num_layers, 1), 1, device);  // one row a layer, replaced below
+  r.layout_ = std::move(layout), r.rings_only_ = true;
+  r.capacity_ = std::numeric_limits<std::int64_t>::max() / 4;  // no length limit: a ring is bounded by its window
+  r.k_.clear(), r.v_.clear();
+  for (std::int64_t l = 0; l < c.num_layers; ++l) {
+    const std::int64_t rows = r.layout_.is_local(l) ? r.layout_.sinks + r.layout_.window[static_cast<std::size_t>(l)] : 0;
+    r.k_.push_back(Tensor::zeros({rows, c.num_kv_heads, c.head_dim}, DType::F32, device));
+    r.v_.push_back(Tensor::zeros({rows, c.num_kv_heads, c.head_dim}, DType::F32, device));
+  }
+  return r;
+}
+
+std::unique_ptr<models::Cache> RingKVCache::clone() const {
+  auto r = std::make_unique<RingKVCache>(*this);  // the tensors are handles: give the copy storage of its own
+  for (Tensor& t : r->k_) t = t.clone();
+  for (Tensor& t : r->v_) t = t.clone();
+  return r;
+}
+
 std::int64_t RingKVCache::slot(std::int64_t layer, std::int64_t p) const {
   const std::int64_t ns = layout_.sinks, W = layout_.window.at(static_cast<std::size_t>(layer));
   // EXERCISE 06.2 BEGIN: the slot of a position
@@ -261,6 +281,8 @@ std::int64_t RingKVCache::slot(std::int64_t layer, std::int64_t p) const {
 void RingKVCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
   IL_CHECK(layer >= 0 && layer < static_cast<std::int64_t>(k_.size()), "ring KV cache: no layer ", layer);
   IL_CHECK(k.defined() && v.defined(), "ring KV cache: layer ", layer, " brings no keys and values to keep");
+  IL_CHECK(!rings_only_ || layout_.is_local(layer), "ring KV cache: layer ", layer,
+           " is global, and this cache keeps only the local layers' rings (its rows are the paged pool's)");
   const std::int64_t start = length_, T = k.size(0), end = end_of_step(T);
   Tensor &K = k_[static_cast<std::size_t>(layer)], &V = v_[static_cast<std::size_t>(layer)];
   const std::int64_t rows = K.size(0);
@@ -305,6 +327,11 @@ void RingKVCache::truncate(std::int64_t n) {
 }
 
 std::int64_t RingKVCache::bytes() const {
+  if (rings_only_) {
+    std::int64_t b = 0;
+    for (const Tensor& t : k_) b += 2 * static_cast<std::int64_t>(t.nbytes());
+    return b;
+  }
   return kv_cache_bytes(config_, layout_, capacity_, static_cast<std::int64_t>(dtype_size(dtype_)));  // 0 once released
 }
 

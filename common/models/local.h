@@ -108,6 +108,10 @@ class RingKVCache : public models::RowCache {
  public:
   RingKVCache(const TransformerConfig& c, LocalLayout layout, std::int64_t capacity, Device device = Device::CPU,
               DType dtype = DType::F32);
+  /// Only the local layers' rings, for any length: a global layer keeps nothing here (chapter 12's
+  /// paged pool keeps its rows in blocks) and attending in one is refused.
+  static RingKVCache rings_only(const TransformerConfig& c, LocalLayout layout, Device device = Device::CPU);
+  std::unique_ptr<models::Cache> clone() const override;
   void attend(std::int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) override;
   /// Forgets positions from n on. A full ring has overwritten what lies before its window, so
   /// rolling back more than one position of a full ring is refused, naming the positions lost.
@@ -125,6 +129,7 @@ class RingKVCache : public models::RowCache {
   TransformerConfig config_;
   LocalLayout layout_;
   DType dtype_;
+  bool rings_only_ = false;
   std::vector<Tensor> k_, v_;
 };
 

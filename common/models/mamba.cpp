@@ -270,6 +270,14 @@ MambaState::MambaState(const MambaConfig& c, Device device) : config_(c), device
   }
 }
 
+std::unique_ptr<models::Cache> MambaState::clone() const {
+  IL_CHECK(!released_, "Mamba state: used after release()");
+  auto s = std::make_unique<MambaState>(*this);  // the tensors are handles: give the copy storage of its own
+  for (Tensor& t : s->conv_) t = t.clone();
+  for (Tensor& t : s->ssm_) t = t.clone();
+  return s;
+}
+
 void MambaState::commit(std::int64_t T) {
   IL_CHECK(!released_, "Mamba state: used after release()");
   IL_CHECK(T >= 0, "Mamba state: commit of ", T, " positions");

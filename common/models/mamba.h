@@ -112,6 +112,8 @@ class MambaState : public models::Cache {
   void truncate(std::int64_t n) override;
   std::int64_t bytes() const override;
   void release() override;
+  /// A copy of the state (a parallel sample forks from the state after its prompt).
+  std::unique_ptr<models::Cache> clone() const override;
   /// "6 layers × (conv [3, 256] + ssm [256, 16]) f32 = 116,736 bytes"
   std::string layout() const;
   Tensor& conv(std::int64_t layer);

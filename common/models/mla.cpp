@@ -123,11 +123,11 @@ Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h
   Tensor o = Tensor::empty({T, N, dv}, DType::F32);
   for (std::size_t b = 0; b < batch.caches.size(); ++b) {
     const std::int64_t r0 = batch.begin[b], r1 = batch.begin[b + 1], Tb = r1 - r0;
-    LatentCache& cache = batch.cache<LatentCache>(b, "a LatentCache (MLA keeps latent rows)");
     const Tensor qb = q.slice(0, r0, r1);
     Tensor ob = o.slice(0, r0, r1);
     if (path == MlaPath::Plain) {
       // Rebuild every cached position's K and V from its latent row, then attend as MHA does.
+      LatentCache& cache = batch.cache<LatentCache>(b, "a LatentCache (the plain path rebuilds K and V from its rows)");
       const Tensor rows = cache.append(layer, latent_rows.slice(0, r0, r1));  // [S, r + dr]
       const std::int64_t S = rows.size(0);
       const Tensor up = linear(rows.slice(1, 0, r).contiguous(), a.wkv_b).view({S, N, dn + dv});  // [k_nope ‖ v] per head
@@ -138,6 +138,7 @@ Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h
       p.scale = c.softmax_scale();
       ops::attention(qb, k, v, ob, p);
     } else {
+      models::KVCache& cache = batch.cache<models::KVCache>(b, "a cache of latent rows");  // a LatentCache, or paged
       // EXERCISE 04.2 BEGIN: absorbed attention: fold W_UK into the query, W_UV into the output
       // q_lat = q_nope · W_UK per head, next to q_pe: a query in the latent rows' own space.
       const Tensor ql =
@@ -147,7 +148,7 @@ Tensor attention_block(const MlaModel& m, const MlaAttention& a, const Tensor& h
       cache.attend(layer, ql, kb, kb.slice(2, 0, r), ol);  // one KV head: the rows are keys, their c part values
       ob.copy_from(per_head(ol, a.uv, dv));                // out_h = W_UV o_lat, per head
       // EXERCISE 04.2 STUB
-      // (void)&per_head;
+      // (void)&per_head, (void)cache;
       // lab::not_done("04.2", "turn each head's q_nope into latent space with per_head(·, a.uk_t, r) and put q_pe "
       //                       "after it (cat_last); let cache.attend store this sequence's latent rows (k = the rows "
       //                       "[Tb, 1, r + dr], v = their first r columns) and attend into a [Tb, N, r] output; bring "

@@ -152,6 +152,9 @@ class LocalAdapter final : public DecoderBased {
   std::unique_ptr<Cache> make_cache(std::int64_t capacity) const override {
     return std::make_unique<local::RingKVCache>(m_.base.config, m_.layout, capacity, m_.base.device());
   }
+  std::unique_ptr<Cache> make_fixed_cache() const override {
+    return std::make_unique<local::RingKVCache>(local::RingKVCache::rings_only(m_.base.config, m_.layout, m_.base.device()));
+  }
 
  private:
   const Llama& base() const override { return m_.base; }
@@ -233,6 +236,7 @@ class MambaAdapter final : public Model {
   std::unique_ptr<Cache> make_cache(std::int64_t) const override {
     return std::make_unique<mamba::MambaState>(m_.config, m_.device());
   }
+  std::unique_ptr<Cache> make_fixed_cache() const override { return make_cache(0); }
   std::int64_t step_weight_bytes() const override { return m_.step_weight_bytes(); }
 
  private:
@@ -305,7 +309,8 @@ std::unique_ptr<Model> load_model(const std::string& path, Device device) {
     m.base = m.base.to(device, DType::F32);
     return as_model(std::move(m));
   }
-  if (arch == "MambaForCausalLM" || arch == "InferLabLTIMambaForCausalLM") return as_model(mamba::load_mamba(path).to(device));
+  if (arch == "MambaForCausalLM" || arch == "InferLabLTIMambaForCausalLM")
+    return as_model(mamba::load_mamba(path).to(device));
   IL_CHECK(arch != "InferLabMDLMForMaskedDiffusion", hf.path,
            ": a masked-diffusion denoiser: it fills a block of masked positions at once, attending both ways, so there "
            "is no next token whose cache the engine could grow (chapter 08, ch08_diffusion_lm, runs it)");

@@ -110,6 +110,10 @@ class Model {
   virtual Tensor forward(std::vector<SequenceStep>& seqs, AttendPath path = AttendPath::Batched) const = 0;
   /// A cache for one sequence of up to `capacity` positions, of the family's simple kind.
   virtual std::unique_ptr<Cache> make_cache(std::int64_t capacity) const = 0;
+  /// A cache of only the layers that keep a fixed amount per sequence (the Window layers' rings,
+  /// the Recurrent layers' state), for a pool that keeps the growing layers' rows itself (chapter
+  /// 12's paged pool): its other layers keep nothing. Null when every layer grows or shares.
+  virtual std::unique_ptr<Cache> make_fixed_cache() const { return nullptr; }
   /// Bytes of weights one decode step reads.
   virtual std::int64_t step_weight_bytes() const = 0;
   /// The Llama-family decoder underneath, where the model is one (plain, windowed or shared
