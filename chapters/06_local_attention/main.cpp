@@ -17,11 +17,11 @@
 #include <nlohmann/json.hpp>
 
 #include "chapters/00_workload/workload.h"
-#include "chapters/09_quantization/gguf_model.h"
 #include "common/ceiling.h"
 #include "common/cli.h"
 #include "common/decode_bench.h"
 #include "common/eval.h"
+#include "common/models/gguf_llama.h"
 #include "common/models/local.h"
 #include "common/plot.h"
 #include "common/tokenizer.h"
@@ -392,7 +392,7 @@ int gemma(const std::string& model, const std::vector<std::int64_t>& contexts, s
 int generate(const CommonOptions& o) {
   const LocalModel m = load_local(o.model);
   const bool gguf_file = std::filesystem::path(o.model).extension() == ".gguf";  // its own tokenizer (chapter 09)
-  const auto tok = gguf_file ? ch09::gguf_tokenizer(gguf::File(o.model), "", o.model) : Tokenizer::for_model(o.model);
+  const auto tok = gguf_file ? models::gguf_tokenizer(gguf::File(o.model), "", o.model) : Tokenizer::for_model(o.model);
   const auto prompt = tok->encode(o.prompt);
   models::check_context(m.base, prompt.size(), o.max_new_tokens);
   const std::int64_t S = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;

@@ -56,14 +56,17 @@ std::string PagedLayout::describe() const {
   for (const models::LayerSpec& s : layers) ++by_kind[static_cast<int>(s.kind)];
   std::ostringstream os;
   const auto n = [&](LayerKind k) { return by_kind[static_cast<int>(k)]; };
-  os << blocks.size() << " layers in blocks";
-  if (!blocks.empty()) os << " (" << n(LayerKind::Attention) << " attention, " << n(LayerKind::Latent) << " latent)";
-  if (n(LayerKind::Shared)) os << ", " << n(LayerKind::Shared) << " reading another's";
+  const auto layers = [](std::int64_t k) { return std::to_string(k) + (k == 1 ? " layer" : " layers"); };
+  std::string kinds;
+  if (n(LayerKind::Attention)) kinds += std::to_string(n(LayerKind::Attention)) + " attention";
+  if (n(LayerKind::Latent)) kinds += (kinds.empty() ? "" : ", ") + std::to_string(n(LayerKind::Latent)) + " latent";
+  os << layers(static_cast<std::int64_t>(blocks.size())) << " in blocks";
+  if (!blocks.empty()) os << " (" << kinds << ")";
+  if (n(LayerKind::Shared)) os << ", " << layers(n(LayerKind::Shared)) << " reading another's";
   if (fixed)
-    os << ", " << n(LayerKind::Window) + n(LayerKind::Recurrent) << " in a slot of "
-       << metrics::human_bytes(static_cast<double>(slot_bytes)) << " ("
-       << (n(LayerKind::Window) ? "rings" : "") << (n(LayerKind::Window) && n(LayerKind::Recurrent) ? ", " : "")
-       << (n(LayerKind::Recurrent) ? "state" : "") << ")";
+    os << ", " << layers(n(LayerKind::Window) + n(LayerKind::Recurrent)) << " in a slot of "
+       << metrics::human_bytes(static_cast<double>(slot_bytes)) << " (" << (n(LayerKind::Window) ? "rings" : "")
+       << (n(LayerKind::Window) && n(LayerKind::Recurrent) ? ", " : "") << (n(LayerKind::Recurrent) ? "state" : "") << ")";
   return os.str();
 }
 
@@ -71,7 +74,8 @@ std::string PagedLayout::describe() const {
 HybridCache::HybridCache(const PagedLayout& layout, BlockPool& pool, std::unique_ptr<models::Cache> fixed)
     : HybridCache(layout, std::make_unique<PagedKVCache>(pool), std::move(fixed)) {}
 
-HybridCache::HybridCache(const PagedLayout& layout, std::unique_ptr<PagedKVCache> paged, std::unique_ptr<models::Cache> fixed)
+HybridCache::HybridCache(const PagedLayout& layout, std::unique_ptr<PagedKVCache> paged,
+                         std::unique_ptr<models::Cache> fixed)
     : layout_(layout), paged_(std::move(paged)), fixed_(std::move(fixed)) {
   IL_CHECK(layout_.fixed == (fixed_ != nullptr), "hybrid cache: the layout ", layout_.fixed ? "has" : "has no",
            " fixed layers, and the cache was given ", fixed_ ? "a slot" : "none");
@@ -103,7 +107,9 @@ void HybridCache::attend(std::int64_t layer, const Tensor& q, const Tensor& k, c
       IL_CHECK(ring != nullptr, "hybrid cache: window layer ", layer, " has no ring in the slot");
       return ring->attend(layer, q, k, v, out);
     }
-    case LayerKind::Recurrent: IL_CHECK(false, "hybrid cache: layer ", layer, " is recurrent: it keeps a state, not keys"); return;
+    case LayerKind::Recurrent:
+      IL_CHECK(false, "hybrid cache: layer ", layer, " is recurrent: it keeps a state, not keys");
+      return;
     case LayerKind::Shared: {
       const std::int64_t at = layout_.pool_layer.at(static_cast<std::size_t>(s.source));
       IL_CHECK(!k.defined(), "hybrid cache: layer ", layer, " reads layer ", s.source, "'s rows and stores none");

@@ -43,10 +43,10 @@ namespace inferlab::ch12 {
 /// Where each of a model's layers keeps its cache in the paged pool.
 struct PagedLayout {
   std::vector<models::LayerSpec> layers;
-  std::vector<std::int64_t> pool_layer;   ///< per model layer: its layer in the block pool, or −1
-  std::vector<PagedLayer> blocks;         ///< the pool's layers: each growing layer of the model
-  bool fixed = false;                     ///< some layer keeps a fixed slot (a window, a state)
-  std::int64_t slot_bytes = 0;            ///< bytes of one sequence's slot
+  std::vector<std::int64_t> pool_layer;  ///< per model layer: its layer in the block pool, or −1
+  std::vector<PagedLayer> blocks;        ///< the pool's layers: each growing layer of the model
+  bool fixed = false;                    ///< some layer keeps a fixed slot (a window, a state)
+  std::int64_t slot_bytes = 0;           ///< bytes of one sequence's slot
   /// Every layer full attention at the default scale and without soft-capping: chapter 12's
   /// cache and kernel as they are (PagedKVCache, the batched step's one call).
   bool plain = true;

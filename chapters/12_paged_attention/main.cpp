@@ -4,12 +4,15 @@
 //   ch12_paged_attention memory     the trace under both caches, any budget, cap and block size
 //   ch12_paged_attention sharing    n parallel samples (fork, copy-on-write) and a shared system prompt
 //   ch12_paged_attention speed      paged against contiguous attention at long contexts
+//   ch12_paged_attention kinds      one budget for every kind of layer: bytes per sequence, sequences, speed
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 #include <nlohmann/json.hpp>
 
 #include "chapters/11_continuous_batching/trace.h"
+#include "chapters/12_paged_attention/hybrid_cache.h"
 #include "chapters/12_paged_attention/paged_attention.h"
 #include "chapters/12_paged_attention/paged_cache.h"
 #include "common/ceiling.h"
@@ -278,6 +281,107 @@ json sharing(const models::Llama& m, const std::vector<std::int32_t>& text, std:
   return out;
 }
 
+// --- kinds: one budget, every kind of layer ----------------------------------------------------
+struct KindsOptions {
+  std::vector<std::string> models;
+  ch11::TraceSpec spec;
+  std::int64_t max_running = 32, step_tokens = 128, block_size = 16, length = 256;
+  double budget_mib = 4;
+};
+
+// Chapter 11's trace on each model through the hybrid pool (hybrid_cache.h), under one budget:
+// what a sequence of `length` positions keeps, how many such sequences the budget holds, and what
+// the engine then ran: sequences per step, preemptions, tokens per second and GB/s against the
+// read ceiling of the steps' kind. The first model is the one the others are compared with.
+json kinds(const KindsOptions& o, const metrics::Ceiling& roof, bool indent) {
+  const char* pad = indent ? "  " : "";
+  const auto budget = static_cast<std::int64_t>(o.budget_mib * (1 << 20));
+  std::printf(
+      "%sOne KV budget of %s for every kind of layer: %lld requests all at once (outputs log-normal, median %.0f),\n"
+      "%scap %lld sequences, blocks of %lld positions, a slot per running sequence where a layer keeps one\n",
+      pad, metrics::human_bytes(static_cast<double>(budget)).c_str(), static_cast<ll>(o.spec.requests), o.spec.output_median,
+      pad, static_cast<ll>(o.max_running), static_cast<ll>(o.block_size));
+  std::printf("%s  %-12s %-36s %12s %9s %9s %6s %8s %23s\n", pad, "model", "layers",
+              ("KV at " + std::to_string(o.length)).c_str(), "fit", "batch", "preem", "tok/s", "GB/s (of its ceiling)");
+  json rows = json::array();
+  metrics::CeilingLegend legend;
+  struct Row {
+    std::string name;
+    double bytes = 0, fit = 0, batch = 0, tps = 0;
+    bool gathers = false;  // some layer gathers its rows out of the blocks each step (hybrid_cache.h)
+  };
+  std::vector<Row> seen;
+  for (const std::string& path : o.models) {
+    const auto m = models::load_model(path);
+    const auto tok = models::load_model_tokenizer(*m);
+    const auto text = eval::tokenize_documents(*tok, data_dir() + "/corpus/val.txt");
+    ch11::TraceSpec spec = o.spec;
+    spec.context = std::min<std::int64_t>(spec.context, m->context().value_or(spec.context));
+    spec.sampling.vocab = std::min<std::int64_t>(tok->vocab_size(), m->vocab_size());
+    const auto trace = ch11::make_trace(spec, text);
+    const PagedLayout layout = PagedLayout::of(*m);
+    // Slots where some layer keeps one: as many as sequences of `length` positions fit beside their
+    // blocks, at most the cap (a model of slots alone gets what the budget holds).
+    const std::int64_t per_length = (o.length + o.block_size - 1) / o.block_size * layout.block_bytes(o.block_size);
+    const std::int64_t slots =
+        layout.blocks.empty()
+            ? 0
+            : std::max<std::int64_t>(1, std::min(o.max_running, budget / (layout.slot_bytes + per_length)));
+    PagedPool pool(*m, budget, o.block_size, false, slots);
+    ch11::EngineConfig c;
+    c.scheduler = {ch11::Policy::Continuous, o.max_running, o.step_tokens};
+    ch11::Engine e(*m, pool, c);
+    for (const ch11::Request& r : trace) e.add(r);
+    e.run();
+    const ch11::Report r = ch11::report(e);
+    const double per_seq = static_cast<double>(pool.bytes_for(o.length));
+    // Sequences of `length` positions the budget holds: the blocks left beside the slots, or the slots.
+    double fit = layout.blocks.empty() ? static_cast<double>(pool.slots_total())
+                                       : static_cast<double>(pool.blocks_total()) /
+                                             static_cast<double>((o.length + o.block_size - 1) / o.block_size);
+    if (layout.fixed && !layout.blocks.empty()) fit = std::min(fit, static_cast<double>(pool.slots_total()));
+    const double gbs = r.busy > 0 ? r.bytes_read / r.busy : 0;
+    const metrics::ReadCeiling read =
+        metrics::read_ceiling_for(roof, r.steps > 0 ? r.bytes_read / static_cast<double>(r.steps) : 0);
+    const std::string name = std::filesystem::path(path).filename().string();
+    std::string layers = m->describe_layers();
+    if (layers.size() > 36) layers = layers.substr(0, 35) + "…";
+    std::printf("%s  %-12s %-36s %12s %9.0f %9.2f %6lld %8.0f %6.2f (%3.0f%% %-5s)\n", pad, name.c_str(), layers.c_str(),
+                metrics::human_bytes(per_seq).c_str(), fit, r.mean_batch, static_cast<ll>(r.preemptions), r.throughput,
+                gbs / 1e9, legend.percent(name, gbs, read), read.abbrev());
+    std::fflush(stdout);
+    json j = ch11::to_json(r);
+    j["model"] = name, j["layers"] = m->describe_layers(), j["pool"] = pool.describe();
+    j["kv_bytes_per_sequence"] = per_seq, j["sequences_that_fit"] = fit, j["length"] = o.length;
+    j["achieved_bytes_per_s"] = gbs, j["read_ceiling"] = metrics::to_json(read);
+    rows.push_back(j);
+    seen.push_back({name, per_seq, fit, r.mean_batch, r.throughput, !layout.plain && !layout.blocks.empty()});
+  }
+  legend.print(pad);
+  // What this run shows, against the lecture's argument (smaller caches: more sequences in the same
+  // memory, and in a memory-bound decode more tokens per second).
+  const Row& base = seen.front();
+  for (std::size_t i = 1; i < seen.size(); ++i) {
+    const Row& x = seen[i];
+    const double bytes = x.bytes / base.bytes, batch = x.batch / base.batch, tps = x.tps / base.tps;
+    std::printf(
+        "%s  %s against %s: %.2fx the KV bytes of a %lld-position sequence, %.2fx the sequences per step, "
+        "%.2fx the tokens per second%s\n",
+        pad, x.name.c_str(), base.name.c_str(), bytes, static_cast<ll>(o.length), batch, tps,
+        batch > 1.05 && tps < 1
+            ? (x.gathers ? " (more sequences ran, but each step cost more: its layers copy their rows out of "
+                           "the blocks for the attention op every step, and at this size the cache reads are "
+                           "not what sets the pace, the GB/s column says how far from the read ceiling)"
+                         : " (more sequences ran, but each step cost more than the bytes it saved: at this "
+                           "size the cache reads are not what sets the pace, the GB/s column says how far "
+                           "from the read ceiling)")
+        : batch <= 1.05 && bytes < 0.95 ? " (the cap or the trace, not the memory, set the batch: the "
+                                          "smaller cache had nothing more to admit)"
+                                        : "");
+  }
+  return {{"rows", rows}, {"budget_bytes", budget}};
+}
+
 // --- speed: the paged op against the contiguous one --------------------------------------------
 json speed(std::int64_t context, std::int64_t block_size, Device d, const metrics::Ceiling& roof, bool indent) {
   const char* pad = indent ? "  " : "";
@@ -403,11 +507,32 @@ int main(int argc, char** argv) {
   sp->add_option("--block-size", mo.block_size, "Positions per block")->check(number_in(1, 4096))->capture_default_str();
   add_device_option(*sp, dev);
   add_json_option(*sp, json_path);
+  KindsOptions ko;
+  for (const char* z : {"tiny-mha", "tiny-mla", "tiny-cla", "tiny-hybrid", "tiny-swa", "tiny-mamba"})
+    ko.models.push_back(bundled_model(z));
+  ko.spec.output_median = 96;
+  auto* sk = app.add_subcommand("kinds", "One KV budget for every kind of layer: what a sequence keeps, how many run");
+  sk->add_option("--models", ko.models, "Model files or folders, the first the one compared with")->delimiter(',');
+  sk->add_option("--requests", ko.spec.requests, "Requests in the trace")->check(number_in(1, 1e6))->capture_default_str();
+  sk->add_option("--output-median", ko.spec.output_median, "Median output length")
+      ->check(number_in(1, 1e6))
+      ->capture_default_str();
+  sk->add_option("--max-running", ko.max_running, "Sequences per step at most")
+      ->check(number_in(1, 4096))
+      ->capture_default_str();
+  sk->add_option("--budget-mib", ko.budget_mib, "The KV budget, MiB")
+      ->check(number_in(0.01, 1 << 20))
+      ->capture_default_str();
+  sk->add_option("--block-size", ko.block_size, "Positions per block")->check(number_in(1, 4096))->capture_default_str();
+  sk->add_option("--length", ko.length, "The sequence length whose KV bytes are compared")
+      ->check(number_in(1, 1 << 24))
+      ->capture_default_str();
+  add_json_option(*sk, json_path);
   app.require_subcommand(0, 1);
   bare_run_options_only(app);
   return run_cli(app, argc, argv, [&] {
     const Device d = dev.resolved_device();
-    const bool bare = !*sm && !*sh && !*sp;
+    const bool bare = !*sm && !*sh && !*sp && !*sk;
     json out;
     if (bare)
       std::printf("PagedAttention (lecture: PagedAttention 与 vLLM): the KV cache in blocks of %lld positions\n\n",
@@ -428,7 +553,12 @@ int main(int argc, char** argv) {
       out["speed"] = speed(context, mo.block_size, d, roof, bare);
       out["ceiling"] = metrics::to_json(roof);
     }
-    if (bare) std::printf("  more: ch12_paged_attention memory | sharing | speed (--help for each)\n");
+    if (*sk) {
+      const metrics::Ceiling roof = metrics::measure_ceiling(Device::CPU);
+      out["kinds"] = kinds(ko, roof, false);
+      out["ceiling"] = metrics::to_json(roof);
+    }
+    if (bare) std::printf("  more: ch12_paged_attention memory | sharing | speed | kinds (--help for each)\n");
     if (!json_path.empty()) write_json(json_path, out, {model});
     return 0;
   });

@@ -325,9 +325,20 @@ std::unique_ptr<Model> load_model(const std::string& path, Device device) {
 
 std::unique_ptr<Tokenizer> load_model_tokenizer(const Model& m, const std::string& explicit_path) {
   std::unique_ptr<Tokenizer> tok;
-  if (is_gguf(m.source())) {
+  if (is_gguf(m.source()) && explicit_path.empty()) {
+    // The file's own (tokenizer.ggml.*), else one beside it, as gguf_tokenizer() finds them; the
+    // vocabulary is the model's, whatever its family (DeepSeek's config is not a Llama's).
     const gguf::File f(m.source());
-    tok = gguf_tokenizer(f, explicit_path, m.source());
+    if (f.has("tokenizer.ggml.model")) {
+      tok = gguf::tokenizer(f);
+    } else {
+      tok = Tokenizer::for_model(m.source());
+      IL_CHECK(tok->vocab_size() == m.vocab_size(), m.source(), " has no tokenizer of its own (tokenizer.ggml.*) and ",
+               m.vocab_size(), " embedding rows, not the ", tok->vocab_size(), " tokens of ", tok->path(),
+               "; pass the model's own tokenizer with --tokenizer");
+    }
+  } else if (is_gguf(m.source())) {
+    tok = Tokenizer::load(explicit_path);
   } else {
     tok = Tokenizer::for_model(m.source(), explicit_path);
   }

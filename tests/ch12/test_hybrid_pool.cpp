@@ -36,8 +36,8 @@ void PrintTo(const Arch& a, std::ostream* os) { *os << a.name; }
 
 std::vector<Arch> archs() {
   std::vector<Arch> a;
-  for (const char* z : {"tiny-mha", "tiny-gqa", "tiny-mqa", "tiny-mla", "tiny-cla", "tiny-swa", "tiny-hybrid", "tiny-mamba",
-                        "tiny-lti"})
+  for (const char* z :
+       {"tiny-mha", "tiny-gqa", "tiny-mqa", "tiny-mla", "tiny-cla", "tiny-swa", "tiny-hybrid", "tiny-mamba", "tiny-lti"})
     a.push_back({z, kData + "/models/" + z, kData + "/models/" + z});
   const auto golden = [&](const std::string& name, const std::string& dir, bool gguf) {
     a.push_back({name, dir + (gguf ? "/model.gguf" : ""), dir});
@@ -89,10 +89,11 @@ std::vector<ch11::Request> requests_for(const models::Model& m) {
   for (int i = 0; i < 16; ++i) {
     ch11::Request r;
     r.id = i;
-    r.prompt = test::random_tokens(rng, 3 + static_cast<std::size_t>((i * 13) % std::min<std::int64_t>(38, third)),
-                                   m.vocab_size());
+    r.prompt =
+        test::random_tokens(rng, 3 + static_cast<std::size_t>((i * 13) % std::min<std::int64_t>(38, third)), m.vocab_size());
     if (i % 4 == 1) r.prompt.insert(r.prompt.begin(), prefix.begin(), prefix.end());
-    r.max_new_tokens = static_cast<int>(std::min<std::int64_t>(6 + (i * 7) % 19, room - static_cast<std::int64_t>(r.prompt.size())));
+    r.max_new_tokens =
+        static_cast<int>(std::min<std::int64_t>(6 + (i * 7) % 19, room - static_cast<std::int64_t>(r.prompt.size())));
     if (i % 2) r.sampling.temperature = 0.8f, r.sampling.seed = 100 + static_cast<std::uint64_t>(i);
     if (i == 3 || i == 6) r.samples = 3;
     r.sampling.vocab = m.vocab_size();
@@ -114,7 +115,8 @@ TEST_P(HybridPoolServes, EveryRequestGetsWhatItGetsAloneAndThePoolEmpties) {
   const std::int64_t B = 4, running = 8;
   // Room for about two of the longest requests' blocks besides the slots: a tight pool.
   std::int64_t longest = 0;
-  for (const auto& r : requests) longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens);
+  for (const auto& r : requests)
+    longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens);
   const std::int64_t blocks = layout.blocks.empty() ? 0 : 2 * ((longest + B - 1) / B) + 2;
   const std::int64_t slots = layout.fixed ? (layout.blocks.empty() ? 4 : running) : 0;
   PagedPool pool(*m, blocks * layout.block_bytes(B) + slots * layout.slot_bytes, B, !layout.fixed, running);
@@ -160,13 +162,12 @@ TEST_P(HybridPoolServes, EveryRequestGetsWhatItGetsAloneAndThePoolEmpties) {
   EXPECT_EQ(seen, 16u + 2 * 2) << "every request and every parallel sample finished";
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryArchitecture, HybridPoolServes, ::testing::ValuesIn(archs()),
-                         [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(EveryArchitecture, HybridPoolServes, ::testing::ValuesIn(archs()), [](const auto& info) {
   std::string n = info.param.name;
   for (char& ch : n)
     if (ch == '-') ch = '_';
   return n;
-                         });
+});
 
 const models::Model& bundled(const std::string& name) {
   static std::map<std::string, std::unique_ptr<models::Model>> loaded;
