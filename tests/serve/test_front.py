@@ -198,8 +198,11 @@ def health_beside_idle_and_slow_connections():
     su.eq(parsed["usage"]["completion_tokens"], 16, "its tokens")
     print(f"     /health beside 1,000 idle connections {idle_ms:.1f} ms; beside 700 idle and 300 slow ones {ms:.1f} ms, "
           f"a 16-token completion {completion_ms:.0f} ms", flush=True)
-    if max(ms, idle_ms) > 1000:
-        raise AssertionError(f"/health took {max(ms, idle_ms):.0f} ms beside idle connections")
+    # Not a speed target (those live in benchmarks): the bug was a wait of 15-35 s behind the
+    # connections, and a 2-core machine running the tests two at a time answers in a fraction of 5 s.
+    if max(ms, idle_ms) > 5000:
+        raise AssertionError(f"/health took {max(ms, idle_ms):.0f} ms beside idle connections: "
+                             "it waited behind them")
     for s in slow:  # a byte a second: still a head that takes too long
         s.sendall(b"E")
     answers = [read_all(s, timeout=HEADER_TIMEOUT + 10) for s in slow[:20]]
