@@ -145,6 +145,12 @@ inferlab_svg_test(ch09_quantization.SvgParses FILE "${out}/ch09.svg" LAB 09.1
   COMMAND $<TARGET_FILE:ch09_quantization> --svg "${out}/ch09.svg")
 inferlab_svg_test(ch10_speculative_sampling.SvgParses FILE "${out}/ch10.svg" LAB 10.3
   COMMAND $<TARGET_FILE:ch10_speculative_sampling> sweep --max-new-tokens 8 --gamma 1,2 --reps 1 --svg "${out}/ch10.svg")
+# One budget for every kind of layer: each model's bytes per sequence and what ran, and the
+# comparison lines computed from them.
+inferlab_cli_test(ch12_paged_attention.KindsComparesEachKindOfLayer
+  PASS "tiny-mamba against tiny-mha: [0-9.]+x the KV bytes of a 256-position sequence, [0-9.]+x the sequences per step"
+  LAB 12.3 COMMAND ch12_paged_attention kinds --requests 6
+  --models "${PROJECT_SOURCE_DIR}/data/models/tiny-mha,${PROJECT_SOURCE_DIR}/data/models/tiny-mamba")
 inferlab_svg_test(ch12_paged_attention.WasteSvgParses FILE "${out}/ch12_waste.svg" LAB 12.3
   COMMAND $<TARGET_FILE:ch12_paged_attention> memory --requests 4 --more-block-sizes 64 --svg "${out}/ch12_waste.svg")
 inferlab_svg_test(ch12_paged_attention.BlockTableSvgParses FILE "${out}/ch12_table.svg" LAB 12.3
