@@ -11,10 +11,10 @@
 #include <random>
 #include <thread>
 
+#include "chapters/12_paged_attention/hybrid_cache.h"
 #include "chapters/13_serving/client.h"
 #include "chapters/13_serving/demo.h"
 #include "chapters/13_serving/server.h"
-#include "chapters/12_paged_attention/hybrid_cache.h"
 #include "common/json_file.h"
 #include "golden_util.h"
 #include "test_util.h"
@@ -54,8 +54,10 @@ std::unique_ptr<Tokenizer> tokenizer_for(const models::Model& m) {
     if (v.get<std::int64_t>() < V) vocab[k] = v;
   json merges = json::array();
   for (const auto& mg : j["model"]["merges"]) {
-    const std::string a = mg.is_array() ? mg[0].get<std::string>() : mg.get<std::string>().substr(0, mg.get<std::string>().find(' '));
-    const std::string b = mg.is_array() ? mg[1].get<std::string>() : mg.get<std::string>().substr(mg.get<std::string>().find(' ') + 1);
+    const std::string a =
+        mg.is_array() ? mg[0].get<std::string>() : mg.get<std::string>().substr(0, mg.get<std::string>().find(' '));
+    const std::string b =
+        mg.is_array() ? mg[1].get<std::string>() : mg.get<std::string>().substr(mg.get<std::string>().find(' ') + 1);
     if (vocab.contains(a) && vocab.contains(b) && vocab.contains(a + b)) merges.push_back(mg);
   }
   j["model"]["vocab"] = vocab, j["model"]["merges"] = merges;
@@ -97,16 +99,18 @@ TEST_P(ServedModel, SixteenClientsGetWhatTheyGetAloneAndThePoolEmpties) {
   for (int i = 0; i < 16; ++i) {
     auto prompt = test::random_tokens(rng, 2 + static_cast<std::size_t>((i * 7) % 20), vocab);
     if (i % 4 == 0) prompt.insert(prompt.begin(), prefix.begin(), prefix.end());
-    const int max_tokens = static_cast<int>(std::min<std::int64_t>(4 + (i * 5) % 17, room - static_cast<std::int64_t>(prompt.size())));
-    asks.push_back({prompt, max_tokens, i == 5 ? 3 : 1, i % 3 == 0 ? 0.0 : 0.8, static_cast<std::uint64_t>(40 + i), i % 2 == 0});
+    const int max_tokens =
+        static_cast<int>(std::min<std::int64_t>(4 + (i * 5) % 17, room - static_cast<std::int64_t>(prompt.size())));
+    asks.push_back(
+        {prompt, max_tokens, i == 5 ? 3 : 1, i % 3 == 0 ? 0.0 : 0.8, static_cast<std::uint64_t>(40 + i), i % 2 == 0});
   }
   std::vector<std::vector<std::string>> got(asks.size());
   std::vector<std::thread> clients;
   for (std::size_t i = 0; i < asks.size(); ++i)
     clients.emplace_back([&, i] {
       const Ask& a = asks[i];
-      const json body = {{"prompt", a.prompt}, {"max_tokens", a.max_tokens}, {"temperature", a.temperature},
-                         {"seed", a.seed},     {"n", a.n}};
+      const json body = {
+          {"prompt", a.prompt}, {"max_tokens", a.max_tokens}, {"temperature", a.temperature}, {"seed", a.seed}, {"n", a.n}};
       if (a.stream) {
         const Streamed s = stream("127.0.0.1", live.port(), "/v1/completions", body);
         ASSERT_EQ(s.status, 200) << s.body;
@@ -129,7 +133,8 @@ TEST_P(ServedModel, SixteenClientsGetWhatTheyGetAloneAndThePoolEmpties) {
       r.stop_ids = eos;
       const ch11::Sequence s = ch11::run_alone(*m, r);
       OutputText out(*tok, a.prompt, {});
-      EXPECT_EQ(got[i][static_cast<std::size_t>(k)], out.update(s.tokens, true)) << p.name << ", request " << i << ", sample " << k;
+      EXPECT_EQ(got[i][static_cast<std::size_t>(k)], out.update(s.tokens, true))
+          << p.name << ", request " << i << ", sample " << k;
     }
   }
   EXPECT_TRUE(test::eventually([&] {
@@ -138,13 +143,12 @@ TEST_P(ServedModel, SixteenClientsGetWhatTheyGetAloneAndThePoolEmpties) {
   })) << server.metrics();
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryKindOfModel, ServedModel, ::testing::ValuesIn(served_models()),
-                         [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(EveryKindOfModel, ServedModel, ::testing::ValuesIn(served_models()), [](const auto& info) {
   std::string n = info.param.name;
   for (char& ch : n)
     if (ch == '-') ch = '_';
   return n;
-                         });
+});
 
 // /metrics gives the bytes each kind of layer holds, as the pool counts them: a hybrid model's
 // global layer in blocks, its window layers' rings in one slot, while a long request runs.
@@ -168,7 +172,8 @@ TEST(ServedModel, TheMetricsCountTheBytesOfEachKindOfLayer) {
   f.model_name = "tiny-hybrid";
   f.chat_template_problem = "none";
   const Listening live(server, f);
-  const auto [status, r] = post("127.0.0.1", live.port(), "/v1/completions", json{{"prompt", "Once upon a time"}, {"max_tokens", 120}});
+  const auto [status, r] =
+      post("127.0.0.1", live.port(), "/v1/completions", json{{"prompt", "Once upon a time"}, {"max_tokens", 120}});
   ASSERT_EQ(status, 200) << r.dump();
   ASSERT_FALSE(mid.empty()) << "the request never held 4 blocks";
   const auto value = [&](const std::string& name) {
