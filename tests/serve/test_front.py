@@ -268,8 +268,12 @@ def the_access_log_has_a_line_per_request():
     marker = f"/v1/models?log-check-{time.time_ns()}"
     server.request("GET", marker)
     server.request("GET", "/no-such-path")
-    end = time.monotonic() + 5
-    while time.monotonic() < end and not any(marker in line for line in server.stderr):
+    # Each line is written after its answer is sent: wait for both (a slow machine, or ASan, writes them late).
+    def logged():
+        return (any(marker in line for line in server.stderr)
+                and any('"GET /no-such-path" 404 ' in line for line in server.stderr))
+    end = time.monotonic() + 10
+    while time.monotonic() < end and not logged():
         time.sleep(0.05)
     lines = [line for line in server.stderr if marker in line]
     su.eq(len(lines), 1, f"access-log lines for {marker}")
