@@ -249,13 +249,12 @@ PagedKVCache* table_of(models::Cache* c) { return const_cast<PagedKVCache*>(Page
 
 }  // namespace
 
-std::unique_ptr<models::Cache> PagedPool::open(ch11::Sequence& s) {
+std::unique_ptr<models::Cache> PagedPool::open() {
   if (!layout_ || layout_->plain) return std::make_unique<PagedKVCache>(*blocks_);
   if (layout_->fixed && slots_used_ == slots_) return nullptr;  // every slot taken: wait for one
   std::unique_ptr<models::Cache> slot = layout_->fixed ? model_->make_fixed_cache() : nullptr;
   IL_CHECK(!layout_->fixed || slot, "paged KV pool: ", model_->architecture(), " made no slot for its fixed layers");
   if (layout_->fixed) ++slots_used_;
-  (void)s;
   if (!blocks_) return slot;  // a model of fixed layers only: the slot is the cache (Mamba's state)
   return std::make_unique<HybridCache>(*layout_, *blocks_, std::move(slot));
 }
@@ -264,7 +263,7 @@ bool PagedPool::reserve(ch11::Sequence& s, std::int64_t n) {
   const bool opening = !s.cache;
   std::int64_t adopted = 0;
   if (opening) {
-    std::unique_ptr<models::Cache> c = open(s);
+    std::unique_ptr<models::Cache> c = open();
     if (!c) return false;
     // Never the whole sequence: its last token must go through the model to give logits.
     if (prefix_caching_) adopted = table_of(c.get())->adopt_prefix(s.tokens, static_cast<std::int64_t>(s.tokens.size()) - 1);
@@ -293,11 +292,12 @@ void PagedPool::free(ch11::Sequence& s) {
 std::unique_ptr<models::Cache> PagedPool::fork(const ch11::Sequence& s) {
   if (!s.cache) return nullptr;
   if (auto* p = dynamic_cast<const PagedKVCache*>(s.cache.get())) return p->fork();
-  if (slots_used_ == slots_) return nullptr;  // no slot for a copy: the fork computes its prompt when one is free
+  const bool slot = layout_ && layout_->fixed;
+  if (slot && slots_used_ == slots_) return nullptr;  // no slot for a copy: the fork computes its prompt when one is free
   std::unique_ptr<models::Cache> c;
   if (auto* h = dynamic_cast<const HybridCache*>(s.cache.get())) c = h->fork();
   else c = s.cache->clone();
-  if (c) ++slots_used_;
+  if (c && slot) ++slots_used_;
   return c;
 }
 

@@ -129,7 +129,7 @@ class PagedPool : public ch11::KVPool {
   std::vector<std::int64_t> used_by_kind() const;
 
  private:
-  std::unique_ptr<models::Cache> open(ch11::Sequence& s);
+  std::unique_ptr<models::Cache> open();
   std::unique_ptr<PagedLayout> layout_;
   const models::Model* model_ = nullptr;
   std::unique_ptr<BlockPool> blocks_;

@@ -244,6 +244,30 @@ TEST(HybridPool, EachKindOfLayerCostsWhatItKeeps) {
   }
 }
 
+// Parallel samples share the prompt on every kind of model: its positions go through the model once
+// (the forks share its blocks and copy the slot), not once a sample.
+TEST(HybridPool, ParallelSamplesComputeThePromptOnce) {
+  for (const char* name : {"tiny-mha", "tiny-mla", "tiny-cla", "tiny-hybrid", "tiny-mamba"}) {
+    const auto& m = bundled(name);
+    ch12::PagedPool pool(m, 16 << 20, 16, false, 8);
+    ch11::EngineConfig c;
+    c.scheduler = {ch11::Policy::Continuous, 8, 64};
+    c.clock = ch11::Clock::Steps;
+    ch11::Engine e(m, pool, c);
+    ch11::Request r;
+    r.prompt.assign(37, 5);
+    r.max_new_tokens = 4, r.samples = 3;
+    r.sampling.temperature = 0.8f, r.sampling.seed = 9, r.sampling.vocab = m.vocab_size();
+    e.add(r);
+    e.run();
+    std::int64_t prefill = 0;
+    for (const auto& s : e.steps()) prefill += s.prefill_tokens;
+    EXPECT_EQ(prefill, 37) << name << ": a fork computed the prompt again";
+    EXPECT_EQ(e.finished().size(), 3u) << name;
+    EXPECT_EQ(pool.used_bytes(), 0) << name;
+  }
+}
+
 // A budget that cannot hold the slots the running sequences need is refused by name, as is one
 // that leaves no block beside them.
 TEST(HybridPool, ABudgetTooSmallForItsSlotsIsRefused) {
